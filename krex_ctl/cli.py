@@ -1,0 +1,32 @@
+"""The `krex` command line: one module per subcommand under commands/; errors printed in one place."""
+
+import sys
+
+import click
+
+from . import __version__
+from .errors import KrexCommandError, KrexError
+
+
+class KrexGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KrexCommandError as e:
+            click.echo(f"krex: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KrexError as e:
+            click.echo(f"krex: {e}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=KrexGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="krex")
+def cli() -> None:
+    """Run many GPU kernel benchmarks at once without corrupting a single measurement."""
+
+
+def main() -> None:
+    from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
+
+    cli(prog_name="krex")

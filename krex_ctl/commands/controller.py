@@ -1,0 +1,44 @@
+"""`krex controller`: the per-node daemon a sysadmin runs (or `krex run` starts one per user)."""
+
+import logging
+import os
+
+import click
+
+from .. import config, paths
+from ..cli import cli
+from ..controller import Controller, bind
+
+
+@cli.command()
+@click.option("--socket", "socket_path", type=click.Path(), default=None,
+              help="Socket to serve (default: KREX_SOCKET, else the per-user socket).")
+@click.option("--config", "config_file", type=click.Path(), default=None, help="JSON config file.")
+@click.option("--gpus", default=None, help="GPUs this controller manages, e.g. 0-7 (default: any).")
+@click.option("--reserved-cores", default=None,
+              help="CPUs given to a region owner, e.g. 60-63 (default: the last eighth of the CPUs).")
+@click.option("--region-time-limit", type=float, default=None, help="Seconds before a region is revoked (60).")
+@click.option("--drain-timeout", type=float, default=None, help="Seconds to wait for a sibling's drain (2).")
+@click.option("--socket-mode", default=None, help="Socket permissions in octal (0600; 0660 with --socket-group).")
+@click.option("--socket-group", default=None, help="Group that may use the socket.")
+@click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
+@click.option("--no-cpu-isolation", is_flag=True, help="Do not re-pin threads during regions.")
+@click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
+@click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
+def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
+               socket_group, state_file, no_cpu_isolation, embedded, log_level) -> None:
+    """Serve region requests for this node's GPUs."""
+    level = (log_level or os.environ.get("KREX_LOG_LEVEL") or "info").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
+    path = socket_path or os.environ.get("KREX_SOCKET") or str(paths.user_socket())
+    if path == str(paths.user_socket()):
+        paths.ensure_runtime_dir()
+    cfg = config.load(
+        config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
+        drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
+        socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
+        idle_exit_s=30.0 if embedded else None)
+    listener, _lock = bind(cfg, path)
+    logging.getLogger("krex.controller").info("serving %s", path)
+    Controller(cfg, listener, path).serve_forever()

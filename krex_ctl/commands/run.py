@@ -1,0 +1,163 @@
+"""`krex run [--gpu N] [--report FILE] [--cold] -- CMD ARGS...`: run a command under the shim.
+
+The wrapper is never frozen. It holds the job's connection to the controller and guards it: if the
+controller goes away, it resumes (SIGCONT) every process of its job and gives them back their CPUs."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .. import paths, procs, shm
+from ..cli import cli
+from ..embedded import ensure_controller
+from ..environ import RunOptions, preload_environ
+from ..errors import KrexCommandError
+from ..proto import C, MSG, Connection
+
+
+class Guardian(threading.Thread):
+    """Reads the wrapper's connection; when it closes, nothing of this job may stay stopped."""
+
+    def __init__(self, conn: Connection, root_pid: int):
+        super().__init__(daemon=True, name="krex-guardian")
+        self.conn, self.root_pid = conn, root_pid
+        self.replies: "queue.Queue" = queue.Queue()
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                f = self.conn.recv()
+                if f.name in ("JSON_REPLY", "ERROR"):
+                    self.replies.put(f)
+        except (OSError, ConnectionError, ValueError):
+            pass
+        if not self.done.is_set():
+            self.lost.set()
+            resume_tree(self.root_pid)
+            print("krex: lost the controller; resumed this command's processes and continuing without "
+                  "region exclusivity", file=sys.stderr)
+        self.replies.put(None)
+
+    def request(self, op: str, timeout: float = 5.0, **args) -> Optional[dict]:
+        if self.lost.is_set():
+            return None
+        try:
+            self.conn.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
+            f = self.replies.get(timeout=timeout)
+        except (OSError, queue.Empty):
+            return None
+        if f is None or f.name != "JSON_REPLY":
+            return None
+        return json.loads(f.payload)
+
+
+def resume_tree(root: int) -> None:
+    cpus = os.sched_getaffinity(0)
+    for pid in procs.descendants(root):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            continue
+        procs.set_affinity(procs.threads(pid), lambda old: cpus, {})
+
+
+def _job_counters_path(job: int) -> Path:
+    d = paths.ensure_runtime_dir()
+    return d / f"job-{os.getpid()}-{job}.counters"
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--gpu", type=click.IntRange(0, C.KREX_MAX_GPUS - 1), default=None,
+              help="Run on this node-wide GPU (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write a JSON report of launches, contexts and regions here.")
+@click.option("--cold", is_flag=True, help="Never dispatch to a warm worker (every command is cold today).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(gpu, report_path, cold, command) -> None:
+    """Run COMMAND with krex's shim and hooks; pass its exit status through."""
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise KrexCommandError("no command given: krex run [OPTIONS] -- CMD ARGS...", 2)
+    shim = paths.shim_library()
+    if not shim.exists():
+        raise KrexCommandError(f"the shim library {shim} is missing: run `make` (or reinstall krex)", 2)
+
+    conn: Optional[Connection] = None
+    sock = paths.default_socket()
+    try:
+        sock = ensure_controller()
+        conn = Connection(sock, C.KREX_ROLE_WRAPPER)
+    except KrexCommandError as e:
+        print(f"krex: {e}; running without region exclusivity", file=sys.stderr)
+    job = conn.job if conn else 0
+    counters = _job_counters_path(job)
+    shm.create_counters(counters)
+    env = preload_environ(os.environ, RunOptions(shim=str(shim), socket=str(sock), job=job, counters=str(counters), gpu=gpu))
+
+    guardian = Guardian(conn, os.getpid()) if conn else None
+    if guardian:
+        guardian.start()
+        guardian.request("job_command", command=command)
+
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        counters.unlink(missing_ok=True)
+        raise KrexCommandError(f"command not found: {command[0]}", 127) from None
+    except PermissionError:
+        counters.unlink(missing_ok=True)
+        raise KrexCommandError(f"permission denied: {command[0]}", 126) from None
+
+    # the terminal's Ctrl-C reaches the child directly; the wrapper stays to report and guard
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    rc = child.wait()
+    exit_code = rc if rc >= 0 else 128 - rc
+    if rc < 0:
+        print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
+
+    regions = []
+    if guardian:
+        reply = guardian.request("job_report")
+        regions = reply["regions"] if reply else []
+        guardian.done.set()
+        conn.close()  # type: ignore[union-attr]
+    totals = shm.read_counters(counters)
+    counters.unlink(missing_ok=True)
+    if report_path:
+        write_report(Path(report_path), command, exit_code, totals, regions)
+    sys.exit(exit_code)
+
+
+def write_report(path: Path, command: list, exit_code: int, totals: dict, regions: list) -> None:
+    region_wait = sum(max(0, (r["granted_ns"] or r["ended_ns"]) - r["requested_ns"]) for r in regions)
+    report = {
+        "version": 1,
+        "command": command,
+        "exit_code": exit_code,
+        "launches": totals["kernels"] + totals["graphs"] + totals["copies"] + totals["other"],
+        "context_creations": totals["contexts"],
+        "regions": regions,
+        "waited_ns": totals["waited_ns"] + region_wait,
+        "submissions": {k: totals[k] for k in ("kernels", "graphs", "copies", "other", "captured")},
+        "gate_waited_ns": totals["waited_ns"],
+        "region_waited_ns": region_wait,
+        "processes": totals["processes"],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)

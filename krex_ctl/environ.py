@@ -1,0 +1,43 @@
+"""The environment a `krex run` command gets: a pure function of the caller's environment and options."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+HOOKS_DIR = Path(__file__).resolve().parent.parent / "hooks" / "site"
+
+
+@dataclass
+class RunOptions:
+    shim: str
+    socket: str
+    job: int
+    counters: Optional[str] = None
+    gpu: Optional[int] = None
+    hooks: Optional[str] = None
+
+
+def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]:
+    """Return the command's environment: the shim first in LD_PRELOAD (once), the controller's socket,
+    the job, the counters file, the GPU pinning and the hook switch. base is not modified."""
+    env = dict(base)
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+    shim_name = os.path.basename(opts.shim)
+    preload = [p for p in preload if os.path.basename(p) != shim_name]
+    env["LD_PRELOAD"] = " ".join([opts.shim] + preload)
+    env["KREX_SOCKET"] = str(opts.socket)
+    env["KREX_JOB"] = str(opts.job)
+    if opts.counters:
+        env["KREX_COUNTERS"] = str(opts.counters)
+    if opts.gpu is not None:
+        env["KREX_GPU"] = str(opts.gpu)
+        env["CUDA_VISIBLE_DEVICES"] = str(opts.gpu)
+        env["HIP_VISIBLE_DEVICES"] = str(opts.gpu)
+    hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")
+    if hooks:
+        env["KREX_HOOKS"] = hooks
+        site = str(HOOKS_DIR)
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+        env["PYTHONPATH"] = os.pathsep.join([site] + parts)
+    return env

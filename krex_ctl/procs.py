@@ -1,0 +1,115 @@
+"""Processes the controller acts on: pidfds (never a bare pid that may have been reused), ancestry,
+stop state, and CPU affinity of every thread."""
+
+import os
+import signal
+from typing import Callable, Iterable, Optional
+
+
+def start_time(pid: int) -> Optional[int]:
+    """Field 22 of /proc/pid/stat (clock ticks since boot): with the pid, a process's identity."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def state(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return chr(data[data.rindex(b")") + 2])
+
+
+def parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[1])
+
+
+def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
+    p: Optional[int] = pid
+    for _ in range(max_depth):
+        if p is None or p <= 1:
+            return False
+        if p == ancestor:
+            return True
+        p = parent(p)
+    return False
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of root (not root itself), from /proc, without psutil's per-process cost."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            pp = parent(int(name))
+            if pp is not None:
+                children.setdefault(pp, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+class Pidfd:
+    """A process handle that stays bound to one process even after its pid is reused."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.fd = os.pidfd_open(pid)
+        self.start_time = start_time(pid)
+
+    def signal(self, sig: int) -> bool:
+        try:
+            signal.pidfd_send_signal(self.fd, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def alive(self) -> bool:
+        return self.signal(0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def set_affinity(tids: Iterable[int], new_mask: Callable[[set[int]], set[int]], saved: dict[int, set[int]]) -> None:
+    """Give each thread new_mask(its mask), remembering the previous mask in saved (first change wins)."""
+    for tid in tids:
+        try:
+            old = os.sched_getaffinity(tid)
+            cpus = new_mask(old)
+            if not cpus or cpus == old:
+                continue
+            os.sched_setaffinity(tid, cpus)
+            saved.setdefault(tid, old)
+        except OSError:
+            pass
+
+
+def restore_affinity(saved: dict[int, set[int]]) -> None:
+    for tid, cpus in saved.items():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+    saved.clear()

@@ -1,0 +1,187 @@
+"""The wire format, read from shim/krex_proto.h through cffi, and a blocking client connection.
+
+Every frame is `struct krex_frame_hdr` (magic, type, flags, length, seq) and `length` payload bytes.
+Message types and structs come from the header itself, so C and Python cannot drift apart."""
+
+import array
+import json
+import re
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from cffi import FFI
+
+from . import paths
+from .errors import KrexCommandError, KrexError
+
+ffi = FFI()
+_HEADER_TEXT = paths.proto_header().read_text()
+ffi.cdef(_HEADER_TEXT)
+C = ffi.dlopen(None)  # enums and #defines are reachable through any library object
+
+MAGIC = C.KREX_MAGIC
+VERSION = C.KREX_PROTO_VERSION
+MAX_PAYLOAD = C.KREX_MAX_PAYLOAD
+HDR_SIZE = ffi.sizeof("struct krex_frame_hdr")
+_HDR = struct.Struct("<IHHII")
+assert _HDR.size == HDR_SIZE
+
+# message type code -> (name, payload struct or None for JSON)
+MESSAGES: dict[int, tuple[str, Optional[str]]] = {}
+for _name, _struct in [
+    ("HELLO", "krex_hello"), ("WELCOME", "krex_welcome"), ("ERROR", "krex_error"),
+    ("CONTEXT", "krex_context"), ("REGION_BEGIN", "krex_region_begin"),
+    ("REGION_GRANTED", "krex_region_granted"), ("REGION_END", "krex_region_end"),
+    ("REGION_ENDED", "krex_region_ended"), ("DRAIN", "krex_drain"), ("DRAINED", "krex_drained"),
+    ("JSON", None), ("JSON_REPLY", None),
+]:
+    MESSAGES[getattr(C, f"KREX_MSG_{_name}")] = (_name, f"struct {_struct}" if _struct else None)
+MSG = {name: code for code, (name, _) in MESSAGES.items()}
+
+
+def struct_names() -> list[str]:
+    """Every struct the header defines (for the layout test)."""
+    return re.findall(r"^struct (\w+) \{", _HEADER_TEXT, flags=re.M)
+
+
+class ProtocolError(KrexError):
+    """A frame that is malformed, oversized or of an unknown type."""
+
+
+def pack(msg_type: int, payload: bytes, seq: int = 0) -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise ProtocolError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    return _HDR.pack(MAGIC, msg_type, 0, len(payload), seq) + payload
+
+
+def unpack_header(data: bytes) -> tuple[int, int, int]:
+    """-> (type, length, seq); raises ProtocolError on a bad magic or length."""
+    magic, mtype, _flags, length, seq = _HDR.unpack_from(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {magic:#x}")
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(f"frame length {length} exceeds {MAX_PAYLOAD}")
+    return mtype, length, seq
+
+
+def encode(ctype: str, **fields: Any) -> bytes:
+    obj = ffi.new(ctype + " *")
+    for k, v in fields.items():
+        if isinstance(v, str):
+            v = v.encode()
+        if isinstance(v, bytes):
+            ffi.memmove(getattr(obj, k), v[: ffi.sizeof(getattr(obj, k)) - 1], min(len(v), ffi.sizeof(getattr(obj, k)) - 1))
+        else:
+            setattr(obj, k, v)
+    return bytes(ffi.buffer(obj))
+
+
+def decode(ctype: str, payload: bytes) -> Any:
+    """A cffi struct copied from payload; raises ProtocolError if it is too short."""
+    size = ffi.sizeof(ctype)
+    if len(payload) < size:
+        raise ProtocolError(f"{ctype} needs {size} bytes, got {len(payload)}")
+    obj = ffi.new(ctype + " *")
+    ffi.memmove(obj, payload[:size], size)
+    return obj
+
+
+def cstr(arr: Any) -> str:
+    return ffi.string(arr).decode(errors="replace")
+
+
+def error_payload(code: int, text: str) -> bytes:
+    return encode("struct krex_error", code=code, text=text)
+
+
+@dataclass
+class Frame:
+    type: int
+    payload: bytes
+    seq: int = 0
+    fds: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return MESSAGES.get(self.type, (f"#{self.type}", None))[0]
+
+
+class Connection:
+    """A blocking client connection to a controller (used by `krex run`, `krex status`, krex.region)."""
+
+    def __init__(self, path, role: int, job: int = 0, timeout: Optional[float] = 10.0):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(self.path)
+        except OSError as e:
+            self.sock.close()
+            raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror})", 3) from None
+        self._seq = 0
+        self._buf = b""
+        self.send(MSG["HELLO"], encode("struct krex_hello", magic=MAGIC, version=VERSION, role=role, job=job))
+        reply = self.recv()
+        if reply.name == "ERROR":
+            err = decode("struct krex_error", reply.payload)
+            raise KrexCommandError(f"controller at {self.path} refused: {cstr(err.text)}", 3)
+        if reply.name != "WELCOME":
+            raise ProtocolError(f"expected WELCOME, got {reply.name}")
+        self.welcome = decode("struct krex_welcome", reply.payload)
+        if self.welcome.version != VERSION:
+            raise KrexCommandError(
+                f"controller at {self.path} speaks protocol {self.welcome.version}, this krex {VERSION}: upgrade one", 3)
+        self.gate_fd = reply.fds[0] if reply.fds else None
+        self.job = self.welcome.job
+
+    def send(self, msg_type: int, payload: bytes) -> int:
+        self._seq += 1
+        self.sock.sendall(pack(msg_type, payload, self._seq))
+        return self._seq
+
+    def recv(self) -> Frame:
+        fds: list[int] = []
+        while len(self._buf) < HDR_SIZE:
+            self._buf += self._recv_some(fds)
+        mtype, length, seq = unpack_header(self._buf)
+        while len(self._buf) < HDR_SIZE + length:
+            self._buf += self._recv_some(fds)
+        payload = self._buf[HDR_SIZE:HDR_SIZE + length]
+        self._buf = self._buf[HDR_SIZE + length:]
+        return Frame(mtype, payload, seq, tuple(fds))
+
+    def _recv_some(self, fds: list) -> bytes:
+        data, anc, _flags, _addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(cdata[: len(cdata) - len(cdata) % a.itemsize])
+                fds.extend(a)
+        if not data:
+            raise ConnectionError(f"controller at {self.path} closed the connection")
+        return data
+
+    def request(self, op: str, **args: Any) -> dict:
+        """One JSON request, one JSON reply (errors come back as {"error": ...})."""
+        self.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
+        while True:
+            f = self.recv()
+            if f.name == "JSON_REPLY":
+                reply = json.loads(f.payload)
+                if "error" in reply:
+                    raise KrexCommandError(f"controller: {reply['error']}", 1)
+                return reply
+            if f.name == "ERROR":
+                raise KrexCommandError(f"controller: {cstr(decode('struct krex_error', f.payload).text)}", 1)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            if self.gate_fd is not None:
+                import os
+
+                os.close(self.gate_fd)
+                self.gate_fd = None

@@ -1,0 +1,145 @@
+/* gate.c: the launch path. Outside regions a submission costs an in-flight increment, one acquire
+ * load of the gate word of each GPU this process uses (almost always one), a relaxed counter add and
+ * the in-flight decrement. When a gate is closed for another job, the thread leaves the in-flight
+ * set and sleeps on the gate word (futex) until the controller opens it.
+ *
+ * The in-flight counter closes the race nvshare had: a thread already past the gate check when the
+ * gate closes is still counted, and the drain (client.c) waits for the count to reach zero before it
+ * synchronizes. The increment is sequentially consistent and precedes the gate load, so either the
+ * drain sees the thread, or the thread sees the closed gate. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include "shim.h"
+
+volatile int krex_captures_active;
+static int krex_inflight_count;
+static struct krex_counter_slot krex_local_slot;          /* when no KREX_COUNTERS file is given */
+static struct krex_counter_slot *volatile krex_slot;
+static pthread_mutex_t krex_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST); }
+
+/* Claim this process's slot in the job's counters file (KREX_COUNTERS), once per process. */
+static struct krex_counter_slot *krex_slot_attach(void) {
+    pthread_mutex_lock(&krex_slot_lock);
+    struct krex_counter_slot *slot = krex_slot;
+    if (!slot) {
+        slot = &krex_local_slot;
+        const char *path = getenv("KREX_COUNTERS");
+        int fd = path && *path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+        if (fd >= 0) {
+            void *m = mmap(NULL, KREX_COUNTERS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            struct krex_counters_hdr *h = m == MAP_FAILED ? NULL : m;
+            if (h && h->magic == KREX_COUNTERS_MAGIC && h->version == KREX_PROTO_VERSION) {
+                uint32_t i = __atomic_fetch_add(&h->next_slot, 1, __ATOMIC_RELAXED);
+                if (i < h->slots && i < KREX_COUNTER_SLOTS) {
+                    slot = (struct krex_counter_slot *)(h + 1) + i;
+                    slot->pid = getpid();
+                } else {
+                    krex_log(KREX_LOG_WARNING, "counters file %s is full; this process is not counted", path);
+                }
+            } else if (h) {
+                krex_log(KREX_LOG_WARNING, "counters file %s has a foreign format; ignored", path);
+            }
+        } else if (path && *path) {
+            krex_log(KREX_LOG_WARNING, "cannot open counters file %s: %s", path, strerror(errno));
+        }
+        __atomic_store_n(&krex_slot, slot, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&krex_slot_lock);
+    return slot;
+}
+
+static inline struct krex_counter_slot *krex_counters(void) {
+    struct krex_counter_slot *s = __atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE);
+    return KREX_UNLIKELY(!s) ? krex_slot_attach() : s;
+}
+
+void krex_gate_reset_after_fork(void) {
+    krex_slot = NULL;
+    krex_inflight_count = 0;
+    krex_captures_active = 0;
+    memset(&krex_local_slot, 0, sizeof krex_local_slot);
+}
+
+void krex_count_context(int vendor) {
+    struct krex_counter_slot *s = krex_counters();
+    __atomic_fetch_add(&s->contexts, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_or(&s->vendor_mask, 1u << vendor, __ATOMIC_RELAXED);
+}
+
+static const struct krex_gate *krex_closed_gate(void) {
+    const struct krex_gate *g = krex_gates;
+    if (!g) return NULL;
+    uint64_t m = krex_dev_mask;
+    int32_t job = krex_job;
+    while (m) {
+        int d = __builtin_ctzll(m);
+        m &= m - 1;
+        uint32_t owner = __atomic_load_n(&g[d].owner_job, __ATOMIC_ACQUIRE);
+        if (owner && owner != (uint32_t)job) return &g[d];
+    }
+    return NULL;
+}
+
+static void krex_gate_wait(struct krex_counter_slot *s) {
+    int64_t t0 = krex_now_ns();
+    const struct krex_gate *g;
+    while ((g = krex_closed_gate()) && !krex_failopen) {
+        __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
+        uint32_t owner = __atomic_load_n(&g->owner_job, __ATOMIC_ACQUIRE);
+        if (owner) {
+            /* bounded sleep: a controller that dies without waking us is noticed by the client
+             * thread, which sets krex_failopen */
+            struct timespec to = {0, 50 * 1000 * 1000};
+            syscall(SYS_futex, &g->owner_job, FUTEX_WAIT, owner, &to, NULL, 0);
+        }
+        __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
+    }
+    __atomic_fetch_add(&s->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
+}
+
+static int krex_stream_capturing(int vendor, void *stream, int id) {
+    int status = 0;
+    if (vendor == KREX_VENDOR_CUDA) {
+        int ptsz = strstr(krex_hook_names[id], "_pt") != NULL;
+        CUresult (*f)(CUstream, int *) = krex_real(ptsz ? KREX_H_cuStreamIsCapturing_ptsz : KREX_H_cuStreamIsCapturing);
+        if (!f || f((CUstream)stream, &status) != CUDA_SUCCESS) return 0;
+    } else {
+        hipError_t (*f)(hipStream_t, int *) = krex_real(KREX_H_hipStreamIsCapturing);
+        if (!f || f((hipStream_t)stream, &status) != hipSuccess) return 0;
+    }
+    return status != 0;
+}
+
+int krex_submit_enter(int vendor, int kind, void *stream, int id) {
+    struct krex_counter_slot *s = krex_counters();
+    if (KREX_UNLIKELY(krex_captures_active) && krex_stream_capturing(vendor, stream, id)) {
+        /* recorded into a graph, not run: gate and count the graph launch instead */
+        __atomic_fetch_add(&s->captured, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    if (KREX_UNLIKELY(!krex_device_known)) krex_register_current_device(vendor);
+    __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
+    if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s);
+    uint64_t *counter = kind == KREX_KIND_KERNEL ? &s->kernels
+                        : kind == KREX_KIND_GRAPH ? &s->graphs
+                        : kind == KREX_KIND_COPY  ? &s->copies
+                                                  : &s->other;
+    __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+void krex_submit_leave(int entered) {
+    if (entered) __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_RELEASE);
+}

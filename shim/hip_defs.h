@@ -1,0 +1,49 @@
+/* hip_defs.h: the HIP types the shim needs, declared by hand so no ROCm SDK is needed to build. */
+#ifndef KREX_HIP_DEFS_H
+#define KREX_HIP_DEFS_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int hipError_t;
+typedef int hipDevice_t;
+typedef struct ihipCtx_t *hipCtx_t;
+typedef struct ihipStream_t *hipStream_t;
+typedef struct ihipModule_t *hipModule_t;
+typedef struct ihipModuleSymbol_t *hipFunction_t;
+typedef struct ihipEvent_t *hipEvent_t;
+typedef struct ihipGraph *hipGraph_t;
+typedef struct hipGraphExec *hipGraphExec_t;
+typedef void (*hipHostFn_t)(void *userData);
+typedef struct { uint32_t x, y, z; } dim3;
+typedef int hipDriverProcAddressQueryResult;
+
+#define hipSuccess 0
+#define hipStreamCaptureStatusNone 0
+
+typedef struct hipLaunchConfig_st {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    hipStream_t stream;
+    void *attrs;
+    unsigned int numAttrs;
+} hipLaunchConfig_t;
+
+typedef struct HIP_LAUNCH_CONFIG_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    hipStream_t hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} HIP_LAUNCH_CONFIG;
+
+typedef struct hipKernelNodeParams_st {
+    dim3 blockDim;
+    void **extra;
+    void *func;
+    dim3 gridDim;
+    void **kernelParams;
+    unsigned int sharedMemBytes;
+} hipKernelNodeParams;
+#endif

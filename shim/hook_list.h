@@ -1,0 +1,180 @@
+/* hook_list.h: the one list of every driver entry point the shim intercepts.
+ *
+ * From these lists the shim generates the real-pointer table, the exact-name routing used by dlsym /
+ * cuGetProcAddress / hipGetProcAddress, and the exported wrappers. A name missing here is a launch
+ * krex cannot see, so check additions against `nm -D libcuda.so.1` on a real machine.
+ *
+ * KREX_SUBMISSIONS(X): X(vendor, kind, name, params, args, stream) — GPU work: gated and counted.
+ *   kind is KERNEL, GRAPH, COPY or OTHER (the counter it lands in); stream is an expression over the
+ *   parameters naming the stream the work goes to (for the stream-capture check).
+ * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c: context creation,
+ *   capture bookkeeping and the resolvers. */
+#ifndef KREX_HOOK_LIST_H
+#define KREX_HOOK_LIST_H
+#include "cuda_defs.h"
+#include "hip_defs.h"
+
+/* a name and its per-thread-default-stream twin share one signature */
+#define KREX_PTSZ(X, V, K, n, P, A, S) X(V, K, n, P, A, S) X(V, K, n##_ptsz, P, A, S)
+#define KREX_PTDS(X, V, K, n, P, A, S) X(V, K, n, P, A, S) X(V, K, n##_ptds, P, A, S)
+#define KREX_SPT(X, V, K, n, P, A, S) X(V, K, n, P, A, S) X(V, K, n##_spt, P, A, S)
+
+#define KREX_P_LAUNCH (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+                       unsigned bz, unsigned smem, CUstream s, void **kp, void **ex)
+#define KREX_A_LAUNCH (f, gx, gy, gz, bx, by, bz, smem, s, kp, ex)
+#define KREX_P_COOP (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+                     unsigned bz, unsigned smem, CUstream s, void **kp)
+#define KREX_A_COOP (f, gx, gy, gz, bx, by, bz, smem, s, kp)
+#define KREX_P_BATCH12 (CUdeviceptr *d, CUdeviceptr *sr, size_t *sz, size_t n, void *at, size_t *ai, \
+                        size_t na, size_t *fail, CUstream s)
+#define KREX_A_BATCH12 (d, sr, sz, n, at, ai, na, fail, s)
+#define KREX_P_BATCH13 (CUdeviceptr *d, CUdeviceptr *sr, size_t *sz, size_t n, void *at, size_t *ai, \
+                        size_t na, CUstream s)
+#define KREX_A_BATCH13 (d, sr, sz, n, at, ai, na, s)
+#define KREX_P_WAITV32 (CUstream s, CUdeviceptr a, uint32_t v, unsigned fl)
+#define KREX_P_WAITV64 (CUstream s, CUdeviceptr a, uint64_t v, unsigned fl)
+#define KREX_A_WAITV (s, a, v, fl)
+
+#define KREX_CUDA_SUBMISSIONS(X) \
+    KREX_PTSZ(X, CUDA, KERNEL, cuLaunchKernel, KREX_P_LAUNCH, KREX_A_LAUNCH, s) \
+    KREX_PTSZ(X, CUDA, KERNEL, cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **kp, void **ex), \
+              (c, f, kp, ex), (c ? c->hStream : NULL)) \
+    KREX_PTSZ(X, CUDA, KERNEL, cuLaunchCooperativeKernel, KREX_P_COOP, KREX_A_COOP, s) \
+    X(CUDA, KERNEL, cuLaunchCooperativeKernelMultiDevice, (CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned fl), \
+      (l, n, fl), (l && n ? l[0].hStream : NULL)) \
+    KREX_PTSZ(X, CUDA, GRAPH, cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuLaunchHostFunc, (CUstream s, CUhostFn fn, void *u), (s, fn, u), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyHtoDAsync_v2, (CUdeviceptr d, const void *sr, size_t n, CUstream s), \
+              (d, sr, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyDtoHAsync_v2, (void *d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyDtoDAsync_v2, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s), \
+              (d, sr, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyPeerAsync, (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, \
+              size_t n, CUstream s), (d, dc, sr, sc, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy2DAsync_v2, (const void *p, CUstream s), (p, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DAsync_v2, (const void *p, CUstream s), (p, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DPeerAsync, (const void *p, CUstream s), (p, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyBatchAsync, KREX_P_BATCH12, KREX_A_BATCH12, s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyBatchAsync_v2, KREX_P_BATCH13, KREX_A_BATCH13, s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream s), \
+              (d, v, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream s), \
+              (d, v, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD32Async, (CUdeviceptr d, unsigned int v, size_t n, CUstream s), \
+              (d, v, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD2D8Async, (CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, \
+              CUstream s), (d, p, v, w, h, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD2D16Async, (CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, \
+              CUstream s), (d, p, v, w, h, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemsetD2D32Async, (CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, \
+              CUstream s), (d, p, v, w, h, s), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamBatchMemOp, (CUstream s, unsigned n, void *ops, unsigned fl), \
+              (s, n, ops, fl), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamBatchMemOp_v2, (CUstream s, unsigned n, void *ops, unsigned fl), \
+              (s, n, ops, fl), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWaitValue32, KREX_P_WAITV32, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWaitValue32_v2, KREX_P_WAITV32, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWaitValue64, KREX_P_WAITV64, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWaitValue64_v2, KREX_P_WAITV64, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWriteValue32, KREX_P_WAITV32, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWriteValue32_v2, KREX_P_WAITV32, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWriteValue64, KREX_P_WAITV64, KREX_A_WAITV, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamWriteValue64_v2, KREX_P_WAITV64, KREX_A_WAITV, s) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpy, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyHtoD_v2, (CUdeviceptr d, const void *sr, size_t n), (d, sr, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyDtoH_v2, (void *d, CUdeviceptr sr, size_t n), (d, sr, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyDtoD_v2, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyPeer, (CUdeviceptr d, CUcontext dc, CUdeviceptr sr, CUcontext sc, size_t n), \
+              (d, dc, sr, sc, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpy2D_v2, (const void *p), (p), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpy2DUnaligned_v2, (const void *p), (p), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpy3D_v2, (const void *p), (p), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n), NULL)
+
+#define KREX_P_HMLAUNCH (hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+                         unsigned bz, unsigned smem, hipStream_t s, void **kp, void **ex)
+#define KREX_P_HEXT (hipFunction_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t lx, uint32_t ly, \
+                     uint32_t lz, size_t smem, hipStream_t s, void **kp, void **ex, hipEvent_t e0, \
+                     hipEvent_t e1, uint32_t fl)
+#define KREX_A_HEXT (f, gx, gy, gz, lx, ly, lz, smem, s, kp, ex, e0, e1, fl)
+
+#define KREX_HIP_SUBMISSIONS(X) \
+    KREX_SPT(X, HIP, KERNEL, hipModuleLaunchKernel, KREX_P_HMLAUNCH, KREX_A_LAUNCH, s) \
+    X(HIP, KERNEL, hipModuleLaunchCooperativeKernel, (hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, \
+      unsigned bx, unsigned by, unsigned bz, unsigned smem, hipStream_t s, void **kp), KREX_A_COOP, s) \
+    X(HIP, KERNEL, hipExtModuleLaunchKernel, KREX_P_HEXT, KREX_A_HEXT, s) \
+    X(HIP, KERNEL, hipHccModuleLaunchKernel, KREX_P_HEXT, KREX_A_HEXT, s) \
+    KREX_SPT(X, HIP, KERNEL, hipLaunchKernel, (const void *fn, dim3 g, dim3 b, void **a, size_t smem, \
+             hipStream_t s), (fn, g, b, a, smem, s), s) \
+    KREX_SPT(X, HIP, KERNEL, hipLaunchCooperativeKernel, (const void *fn, dim3 g, dim3 b, void **a, \
+             unsigned smem, hipStream_t s), (fn, g, b, a, smem, s), s) \
+    X(HIP, KERNEL, hipExtLaunchKernel, (const void *fn, dim3 g, dim3 b, void **a, size_t smem, hipStream_t s, \
+      hipEvent_t e0, hipEvent_t e1, int fl), (fn, g, b, a, smem, s, e0, e1, fl), s) \
+    X(HIP, KERNEL, hipLaunchKernelExC, (const hipLaunchConfig_t *c, const void *fn, void **a), (c, fn, a), \
+      (c ? c->stream : NULL)) \
+    X(HIP, KERNEL, hipDrvLaunchKernelEx, (const HIP_LAUNCH_CONFIG *c, hipFunction_t f, void **kp, void **ex), \
+      (c, f, kp, ex), (c ? c->hStream : NULL)) \
+    KREX_SPT(X, HIP, GRAPH, hipGraphLaunch, (hipGraphExec_t g, hipStream_t s), (g, s), s) \
+    KREX_SPT(X, HIP, OTHER, hipLaunchHostFunc, (hipStream_t s, hipHostFn_t fn, void *u), (s, fn, u), s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyAsync, (void *d, const void *sr, size_t n, int k, hipStream_t s), \
+             (d, sr, n, k, s), s) \
+    X(HIP, COPY, hipMemcpyHtoDAsync, (void *d, void *sr, size_t n, hipStream_t s), (d, sr, n, s), s) \
+    X(HIP, COPY, hipMemcpyDtoHAsync, (void *d, void *sr, size_t n, hipStream_t s), (d, sr, n, s), s) \
+    X(HIP, COPY, hipMemcpyDtoDAsync, (void *d, void *sr, size_t n, hipStream_t s), (d, sr, n, s), s) \
+    KREX_SPT(X, HIP, COPY, hipMemsetAsync, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    X(HIP, COPY, hipMemsetD8Async, (void *d, unsigned char v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    X(HIP, COPY, hipMemsetD16Async, (void *d, unsigned short v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    X(HIP, COPY, hipMemsetD32Async, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy, (void *d, const void *sr, size_t n, int k), (d, sr, n, k), NULL) \
+    X(HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL)
+
+/* written by hand: X(vendor, name, ret, params) */
+#define KREX_SPECIALS(X) \
+    X(CUDA, cuInit, CUresult, (unsigned fl)) \
+    X(CUDA, cuCtxCreate, CUresult, (CUcontext *c, unsigned fl, CUdevice d)) \
+    X(CUDA, cuCtxCreate_v2, CUresult, (CUcontext *c, unsigned fl, CUdevice d)) \
+    X(CUDA, cuCtxCreate_v3, CUresult, (CUcontext *c, void *p, int np, unsigned fl, CUdevice d)) \
+    X(CUDA, cuCtxCreate_v4, CUresult, (CUcontext *c, void *p, unsigned fl, CUdevice d)) \
+    X(CUDA, cuDevicePrimaryCtxRetain, CUresult, (CUcontext *c, CUdevice d)) \
+    X(CUDA, cuCtxDestroy_v2, CUresult, (CUcontext c)) \
+    X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
+    X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
+    X(CUDA, cuStreamBeginCapture_v2, CUresult, (CUstream s, int mode)) \
+    X(CUDA, cuStreamBeginCapture_v2_ptsz, CUresult, (CUstream s, int mode)) \
+    X(CUDA, cuStreamBeginCaptureToGraph, CUresult, (CUstream s, CUgraph g, const CUgraphNode *d, \
+      const void *e, size_t n, int mode)) \
+    X(CUDA, cuStreamBeginCaptureToGraph_ptsz, CUresult, (CUstream s, CUgraph g, const CUgraphNode *d, \
+      const void *e, size_t n, int mode)) \
+    X(CUDA, cuStreamEndCapture, CUresult, (CUstream s, CUgraph *g)) \
+    X(CUDA, cuStreamEndCapture_ptsz, CUresult, (CUstream s, CUgraph *g)) \
+    X(CUDA, cuGetProcAddress, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl)) \
+    X(CUDA, cuGetProcAddress_v2, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl, \
+      CUdriverProcAddressQueryResult *st)) \
+    X(HIP, hipInit, hipError_t, (unsigned fl)) \
+    X(HIP, hipSetDevice, hipError_t, (int d)) \
+    X(HIP, hipDevicePrimaryCtxRetain, hipError_t, (hipCtx_t *c, hipDevice_t d)) \
+    X(HIP, hipCtxCreate, hipError_t, (hipCtx_t *c, unsigned fl, hipDevice_t d)) \
+    X(HIP, hipStreamBeginCapture, hipError_t, (hipStream_t s, int mode)) \
+    X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
+    X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
+    X(HIP, hipStreamEndCapture_spt, hipError_t, (hipStream_t s, hipGraph_t *g)) \
+    X(HIP, hipGetProcAddress, hipError_t, (const char *sym, void **pfn, int ver, uint64_t fl, \
+      hipDriverProcAddressQueryResult *st))
+
+/* driver functions the shim calls but does not wrap: X(vendor, name, ret, params) */
+#define KREX_HELPERS(X) \
+    X(CUDA, cuCtxPushCurrent_v2, CUresult, (CUcontext c)) \
+    X(CUDA, cuCtxPopCurrent_v2, CUresult, (CUcontext *c)) \
+    X(CUDA, cuCtxSynchronize, CUresult, (void)) \
+    X(CUDA, cuCtxGetDevice, CUresult, (CUdevice *d)) \
+    X(CUDA, cuCtxGetCurrent, CUresult, (CUcontext *c)) \
+    X(CUDA, cuStreamIsCapturing, CUresult, (CUstream s, int *st)) \
+    X(CUDA, cuStreamIsCapturing_ptsz, CUresult, (CUstream s, int *st)) \
+    X(HIP, hipGetDevice, hipError_t, (int *d)) \
+    X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
+    X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st))
+
+#endif

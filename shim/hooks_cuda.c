@@ -1,0 +1,95 @@
+/* hooks_cuda.c: CUDA entry points that are not plain submissions: context creation (so the controller
+ * learns which GPUs this process uses), stream capture bookkeeping, and the resolvers. */
+#include <string.h>
+#include "shim.h"
+
+#define REAL(n) ((__typeof__(&n))krex_real(KREX_H_##n))
+#define NO_DRIVER CUDA_ERROR_NOT_INITIALIZED
+
+static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
+    if (r == CUDA_SUCCESS && c) {
+        krex_count_context(KREX_VENDOR_CUDA);
+        krex_register_context(KREX_VENDOR_CUDA, d, *c);
+    }
+    return r;
+}
+
+KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl) : NO_DRIVER; }
+
+KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
+    return REAL(cuCtxCreate) ? after_context(REAL(cuCtxCreate)(c, fl, d), c, d) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) {
+    return REAL(cuCtxCreate_v2) ? after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) {
+    return REAL(cuCtxCreate_v3) ? after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) {
+    return REAL(cuCtxCreate_v4) ? after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    return REAL(cuDevicePrimaryCtxRetain) ? after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
+    krex_forget_context(c);
+    return REAL(cuCtxDestroy_v2)(c);
+}
+
+/* While a capture is open, launches on capturing streams are recorded, not run: they pass the gate
+ * and are counted as captured; the graph launch that replays them is gated. */
+static CUresult capture_began(CUresult r) {
+    if (r == CUDA_SUCCESS) __atomic_fetch_add(&krex_captures_active, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+static CUresult capture_ended(CUresult r) {
+    if (__atomic_load_n(&krex_captures_active, __ATOMIC_SEQ_CST) > 0)
+        __atomic_fetch_sub(&krex_captures_active, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+KREX_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
+    return REAL(cuStreamBeginCapture) ? capture_began(REAL(cuStreamBeginCapture)(s)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+    return REAL(cuStreamBeginCapture_ptsz) ? capture_began(REAL(cuStreamBeginCapture_ptsz)(s)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    return REAL(cuStreamBeginCapture_v2) ? capture_began(REAL(cuStreamBeginCapture_v2)(s, mode)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+    return REAL(cuStreamBeginCapture_v2_ptsz) ? capture_began(REAL(cuStreamBeginCapture_v2_ptsz)(s, mode)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *d, const void *e,
+                                                 size_t n, int mode) {
+    if (!REAL(cuStreamBeginCaptureToGraph)) return NO_DRIVER;
+    return capture_began(REAL(cuStreamBeginCaptureToGraph)(s, g, d, e, n, mode));
+}
+KREX_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *d, const void *e,
+                                                      size_t n, int mode) {
+    if (!REAL(cuStreamBeginCaptureToGraph_ptsz)) return NO_DRIVER;
+    return capture_began(REAL(cuStreamBeginCaptureToGraph_ptsz)(s, g, d, e, n, mode));
+}
+KREX_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    return REAL(cuStreamEndCapture) ? capture_ended(REAL(cuStreamEndCapture)(s, g)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
+    return REAL(cuStreamEndCapture_ptsz) ? capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g)) : NO_DRIVER;
+}
+
+KREX_EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl) {
+    if (!REAL(cuGetProcAddress)) return NO_DRIVER;
+    CUresult r = REAL(cuGetProcAddress)(sym, pfn, ver, fl);
+    if (r == CUDA_SUCCESS && pfn)
+        *pfn = krex_route(sym, *pfn, (fl & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
+    return r;
+}
+
+KREX_EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t fl,
+                                         CUdriverProcAddressQueryResult *st) {
+    if (!REAL(cuGetProcAddress_v2)) return NO_DRIVER;
+    CUresult r = REAL(cuGetProcAddress_v2)(sym, pfn, ver, fl, st);   /* st may be NULL: passed as is */
+    if (r == CUDA_SUCCESS && pfn)
+        *pfn = krex_route(sym, *pfn, (fl & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
+    return r;
+}

@@ -1,0 +1,59 @@
+/* hooks_hip.c: HIP entry points that are not plain submissions: device and context selection, stream
+ * capture bookkeeping, and hipGetProcAddress (HIP 6.2+), hooked like cuGetProcAddress. */
+#include "shim.h"
+
+#define REAL(n) ((__typeof__(&n))krex_real(KREX_H_##n))
+#define NO_DRIVER 3 /* hipErrorNotInitialized */
+
+KREX_EXPORT hipError_t hipInit(unsigned fl) { return REAL(hipInit) ? REAL(hipInit)(fl) : NO_DRIVER; }
+
+/* HIP's drain target is the device itself: the shim stores the ordinal in place of a context */
+KREX_EXPORT hipError_t hipSetDevice(int d) {
+    if (!REAL(hipSetDevice)) return NO_DRIVER;
+    hipError_t r = REAL(hipSetDevice)(d);
+    if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
+    return r;
+}
+static hipError_t after_context(hipError_t r, hipDevice_t d) {
+    if (r == hipSuccess) {
+        krex_count_context(KREX_VENDOR_HIP);
+        krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
+    }
+    return r;
+}
+KREX_EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
+    return REAL(hipDevicePrimaryCtxRetain) ? after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d) : NO_DRIVER;
+}
+KREX_EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
+    return REAL(hipCtxCreate) ? after_context(REAL(hipCtxCreate)(c, fl, d), d) : NO_DRIVER;
+}
+
+static hipError_t capture_began(hipError_t r) {
+    if (r == hipSuccess) __atomic_fetch_add(&krex_captures_active, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+static hipError_t capture_ended(hipError_t r) {
+    if (__atomic_load_n(&krex_captures_active, __ATOMIC_SEQ_CST) > 0)
+        __atomic_fetch_sub(&krex_captures_active, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+KREX_EXPORT hipError_t hipStreamBeginCapture(hipStream_t s, int mode) {
+    return REAL(hipStreamBeginCapture) ? capture_began(REAL(hipStreamBeginCapture)(s, mode)) : NO_DRIVER;
+}
+KREX_EXPORT hipError_t hipStreamBeginCapture_spt(hipStream_t s, int mode) {
+    return REAL(hipStreamBeginCapture_spt) ? capture_began(REAL(hipStreamBeginCapture_spt)(s, mode)) : NO_DRIVER;
+}
+KREX_EXPORT hipError_t hipStreamEndCapture(hipStream_t s, hipGraph_t *g) {
+    return REAL(hipStreamEndCapture) ? capture_ended(REAL(hipStreamEndCapture)(s, g)) : NO_DRIVER;
+}
+KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
+    return REAL(hipStreamEndCapture_spt) ? capture_ended(REAL(hipStreamEndCapture_spt)(s, g)) : NO_DRIVER;
+}
+
+KREX_EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl,
+                                         hipDriverProcAddressQueryResult *st) {
+    if (!REAL(hipGetProcAddress)) return NO_DRIVER;
+    hipError_t r = REAL(hipGetProcAddress)(sym, pfn, ver, fl, st);
+    if (r == hipSuccess && pfn) *pfn = krex_route(sym, *pfn, (fl & 2) != 0);
+    return r;
+}

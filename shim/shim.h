@@ -1,0 +1,58 @@
+/* shim.h: what the parts of libkrex.so share: the hook table, the gate fast path and the client. */
+#ifndef KREX_SHIM_H
+#define KREX_SHIM_H
+#include <stdint.h>
+#include "krex_wire.h"
+#include "hook_list.h"
+
+#define KREX_EXPORT __attribute__((visibility("default")))
+#define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+enum krex_kind { KREX_KIND_KERNEL, KREX_KIND_GRAPH, KREX_KIND_COPY, KREX_KIND_OTHER };
+
+/* one index per intercepted or helper name, in list order */
+enum krex_hook_id {
+#define KREX_ID_SUBMIT(V, K, n, P, A, S) KREX_H_##n,
+#define KREX_ID_SPECIAL(V, n, R, P) KREX_H_##n,
+    KREX_CUDA_SUBMISSIONS(KREX_ID_SUBMIT)
+    KREX_HIP_SUBMISSIONS(KREX_ID_SUBMIT)
+    KREX_SPECIALS(KREX_ID_SPECIAL)
+    KREX_HELPERS(KREX_ID_SPECIAL)
+#undef KREX_ID_SUBMIT
+#undef KREX_ID_SPECIAL
+    KREX_HOOK_COUNT
+};
+
+/* resolve.c */
+void *krex_real(int id);                      /* the driver's own function, resolved lazily */
+int krex_hook_lookup(const char *name);        /* exact name -> id, or -1 */
+void *krex_route(const char *name, void *real, int per_thread); /* wrapper for a resolved pointer */
+extern const char *const krex_hook_names[KREX_HOOK_COUNT];
+extern void *const krex_hook_wrappers[KREX_HOOK_COUNT];
+extern const uint8_t krex_hook_vendor[KREX_HOOK_COUNT];
+
+/* log.c */
+enum krex_level { KREX_LOG_ERROR, KREX_LOG_WARNING, KREX_LOG_INFO, KREX_LOG_DEBUG };
+void krex_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int64_t krex_now_ns(void);
+
+/* gate.c: the launch path */
+extern volatile int krex_captures_active;      /* stream captures in progress in this process */
+int krex_submit_enter(int vendor, int kind, void *stream, int id);
+void krex_submit_leave(int entered);
+void krex_count_context(int vendor);
+int krex_inflight(void);
+void krex_gate_reset_after_fork(void);
+
+/* client.c: the controller connection */
+struct krex_gate;
+extern const struct krex_gate *volatile krex_gates; /* NULL: no controller, everything passes */
+extern volatile uint64_t krex_dev_mask;           /* node-wide GPUs this process has contexts on */
+extern volatile int32_t krex_job;
+extern volatile int krex_failopen;
+extern volatile int krex_device_known;         /* a device was registered, or looked up and failed */
+void krex_register_context(int vendor, int local_device, void *ctx);
+void krex_forget_context(void *ctx);
+void krex_register_current_device(int vendor);
+int krex_physical_device(int vendor, int local_device);
+#endif

@@ -1,0 +1,16 @@
+/* submit.c: the generated wrappers of every GPU submission in hook_list.h: gate, count, call through. */
+#include "shim.h"
+
+#define KREX_GEN_SUBMIT(V, K, n, P, A, S)                                                  \
+    KREX_EXPORT int n P {                                                                  \
+        typedef int(*krex_fn_t) P;                                                         \
+        krex_fn_t real = (krex_fn_t)krex_real(KREX_H_##n);                                 \
+        if (KREX_UNLIKELY(!real)) return 1; /* CUDA_ERROR_INVALID_VALUE / hipErrorInvalidValue */ \
+        int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_##K, (void *)(S), KREX_H_##n); \
+        int r = real A;                                                                    \
+        krex_submit_leave(entered);                                                        \
+        return r;                                                                          \
+    }
+
+KREX_CUDA_SUBMISSIONS(KREX_GEN_SUBMIT)
+KREX_HIP_SUBMISSIONS(KREX_GEN_SUBMIT)

@@ -1,0 +1,253 @@
+/* engine.c: streams with executor threads, events, graphs and the kernel trace (see engine.h). */
+#define _GNU_SOURCE
+#include "engine.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct fk_op {
+    struct fk_op *next;
+    int kind;
+    unsigned us;
+    char name[96];
+    void *dst;
+    const void *src;
+    size_t n, elem;
+    int value;
+    void (*fn)(void *);
+    void *arg;
+    struct fk_event *ev;
+};
+
+static int next_stream_id = 1;
+
+int64_t fk_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int fk_device_count(void) {
+    const char *v = getenv("KREX_FAKE_GPUS");
+    int n = v && *v ? atoi(v) : 2;
+    return n < 0 ? 0 : n > 64 ? 64 : n;
+}
+
+static void trace(int stream_id, int64_t start, int64_t end, const char *name) {
+    static int fd = -2;
+    if (fd == -2) {
+        const char *p = getenv("KREX_FAKE_TRACE");
+        fd = p && *p ? open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
+    }
+    if (fd < 0) return;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%d %d %lld %lld %s\n", (int)getpid(), stream_id, (long long)start,
+                     (long long)end, name);
+    ssize_t w = write(fd, line, (size_t)n);   /* one write, O_APPEND: lines never interleave */
+    (void)w;
+}
+
+static void run_op(struct fk_stream *s, struct fk_op *op) {
+    switch (op->kind) {
+    case FK_KERNEL: {
+        int64_t start = fk_now_ns();
+        int64_t end = start + (int64_t)op->us * 1000;
+        struct timespec ts = {end / 1000000000LL, end % 1000000000LL};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {}
+        trace(s->id, start, fk_now_ns(), op->name);
+        break;
+    }
+    case FK_EVENT:
+        pthread_mutex_lock(&op->ev->mu);
+        op->ev->time_ns = fk_now_ns();
+        op->ev->pending--;
+        pthread_cond_broadcast(&op->ev->cv);
+        pthread_mutex_unlock(&op->ev->mu);
+        break;
+    case FK_COPY: memmove(op->dst, op->src, op->n); break;
+    case FK_SET:
+        for (size_t i = 0; i < op->n; i++) {
+            char *d = (char *)op->dst + i * op->elem;
+            if (op->elem == 1) *(uint8_t *)d = (uint8_t)op->value;
+            else if (op->elem == 2) *(uint16_t *)d = (uint16_t)op->value;
+            else *(uint32_t *)d = (uint32_t)op->value;
+        }
+        break;
+    case FK_HOSTFN: op->fn(op->arg); break;
+    }
+}
+
+static void *executor(void *arg) {
+    struct fk_stream *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break;
+        struct fk_op *op = s->head;
+        pthread_mutex_unlock(&s->mu);
+        run_op(s, op);
+        pthread_mutex_lock(&s->mu);
+        s->head = op->next;
+        if (!s->head) s->tail = NULL;
+        s->completed++;
+        free(op);
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void enqueue(struct fk_stream *s, struct fk_op *op) {
+    pthread_mutex_lock(&s->mu);
+    op->next = NULL;
+    if (s->tail) s->tail->next = op;
+    else s->head = op;
+    s->tail = op;
+    s->submitted++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+struct fk_ctx *fk_ctx_new(int device, int primary) {
+    struct fk_ctx *c = calloc(1, sizeof *c);
+    c->device = device, c->primary = primary, c->valid = 1, c->refcount = 1;
+    pthread_mutex_init(&c->mu, NULL);
+    c->default_stream = fk_stream_new(c, 0);
+    return c;
+}
+
+struct fk_stream *fk_stream_new(struct fk_ctx *c, int priority) {
+    struct fk_stream *s = calloc(1, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_RELAXED);
+    s->priority = priority, s->ctx = c;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_create(&s->thread, NULL, executor, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_mutex_lock(&c->mu);
+    s->next_in_ctx = c->streams;
+    c->streams = s;
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+void fk_stream_free(struct fk_stream *s) {
+    struct fk_ctx *c = s->ctx;
+    pthread_mutex_lock(&c->mu);
+    for (struct fk_stream **p = &c->streams; *p; p = &(*p)->next_in_ctx)
+        if (*p == s) {
+            *p = s->next_in_ctx;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);   /* finishes queued work first */
+    free(s);
+}
+
+void fk_ctx_free(struct fk_ctx *c) {
+    while (c->streams) fk_stream_free(c->streams);
+    c->valid = 0;   /* kept allocated: stale handles fail with an error instead of crashing */
+}
+
+void fk_stream_sync(struct fk_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->submitted;
+    while (s->completed < target) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int fk_stream_idle(struct fk_stream *s) {
+    pthread_mutex_lock(&s->mu);
+    int idle = s->completed == s->submitted;
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+int fk_ctx_sync(struct fk_ctx *c) {
+    struct fk_stream *list[256];
+    int n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (struct fk_stream *s = c->streams; s && n < 256; s = s->next_in_ctx) list[n++] = s;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < n; i++) fk_stream_sync(list[i]);
+    return 0;
+}
+
+int fk_kernel(struct fk_stream *s, unsigned us, const char *name) {
+    if (s->capture) {
+        fk_graph_add(s->capture, us, name);
+        return 0;
+    }
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = FK_KERNEL, op->us = us;
+    snprintf(op->name, sizeof op->name, "%s", name ? name : "kernel");
+    enqueue(s, op);
+    return 0;
+}
+
+void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = FK_COPY, op->dst = dst, op->src = src, op->n = n;
+    enqueue(s, op);
+}
+
+void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count) {
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = FK_SET, op->dst = dst, op->value = value, op->elem = elem, op->n = count;
+    enqueue(s, op);
+}
+
+void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg) {
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = FK_HOSTFN, op->fn = fn, op->arg = arg;
+    enqueue(s, op);
+}
+
+struct fk_event *fk_event_new(void) {
+    struct fk_event *e = calloc(1, sizeof *e);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    return e;
+}
+
+void fk_event_record(struct fk_stream *s, struct fk_event *e) {
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = FK_EVENT, op->ev = e;
+    pthread_mutex_lock(&e->mu);
+    e->pending++, e->recorded = 1;
+    pthread_mutex_unlock(&e->mu);
+    enqueue(s, op);
+}
+
+void fk_event_sync(struct fk_event *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->pending) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+struct fk_graph *fk_graph_new(void) { return calloc(1, sizeof(struct fk_graph)); }
+
+void fk_graph_add(struct fk_graph *g, unsigned us, const char *name) {
+    if (g->n == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 16;
+        g->nodes = realloc(g->nodes, (size_t)g->cap * sizeof *g->nodes);
+    }
+    g->nodes[g->n].us = us;
+    snprintf(g->nodes[g->n].name, sizeof g->nodes[g->n].name, "%s", name ? name : "kernel");
+    g->n++;
+}
+
+void fk_graph_launch(struct fk_stream *s, const struct fk_graph *g) {
+    for (int i = 0; i < g->n; i++) fk_kernel(s, g->nodes[i].us, g->nodes[i].name);
+}

@@ -1,0 +1,71 @@
+/* engine.h: the asynchronous execution model shared by the fake CUDA and HIP drivers.
+ * A kernel "runs" for gridDimX microseconds on its stream's executor thread; streams run concurrently;
+ * work on one stream runs in launch order; synchronize calls wait. With KREX_FAKE_TRACE=path each
+ * finished kernel appends `pid stream_id start_ns end_ns name` (CLOCK_MONOTONIC, O_APPEND). */
+#ifndef FK_ENGINE_H
+#define FK_ENGINE_H
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum fk_op_kind { FK_KERNEL, FK_EVENT, FK_COPY, FK_SET, FK_HOSTFN };
+
+struct fk_event {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t time_ns;
+    uint64_t pending;                   /* records enqueued but not reached */
+    int recorded;
+};
+
+struct fk_node {                        /* a graph node: kernels only */
+    unsigned us;
+    char name[96];
+};
+
+struct fk_graph {
+    struct fk_node *nodes;
+    int n, cap;
+};
+
+struct fk_ctx;
+struct fk_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct fk_op *head, *tail;
+    uint64_t submitted, completed;
+    int id, priority, stop;
+    struct fk_graph *capture;           /* non-NULL while capturing */
+    struct fk_ctx *ctx;
+    struct fk_stream *next_in_ctx;
+    pthread_t thread;
+};
+
+struct fk_ctx {
+    int device, primary, refcount, valid;
+    pthread_mutex_t mu;
+    struct fk_stream *streams;          /* includes the default stream */
+    struct fk_stream *default_stream;
+};
+
+int64_t fk_now_ns(void);
+int fk_device_count(void);
+struct fk_ctx *fk_ctx_new(int device, int primary);
+void fk_ctx_free(struct fk_ctx *c);
+int fk_ctx_sync(struct fk_ctx *c);
+struct fk_stream *fk_stream_new(struct fk_ctx *c, int priority);
+void fk_stream_free(struct fk_stream *s);
+void fk_stream_sync(struct fk_stream *s);
+int fk_stream_idle(struct fk_stream *s);
+/* returns 0, or nonzero when the stream is capturing and the op kind cannot be captured */
+int fk_kernel(struct fk_stream *s, unsigned us, const char *name);
+void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
+void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
+void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
+void fk_event_record(struct fk_stream *s, struct fk_event *e);
+struct fk_event *fk_event_new(void);
+void fk_event_sync(struct fk_event *e);
+struct fk_graph *fk_graph_new(void);
+void fk_graph_add(struct fk_graph *g, unsigned us, const char *name);
+void fk_graph_launch(struct fk_stream *s, const struct fk_graph *g);
+#endif

@@ -1,0 +1,505 @@
+/* fake_cuda.c: a fake libcuda.so.1 for machines without a GPU (the DESIGN.md contract). Real error
+ * codes for misuse, a real asynchronous execution model (engine.c), kernel duration = gridDimX us. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../../shim/cuda_defs.h"
+#include "engine.h"
+
+#define EXPORT __attribute__((visibility("default")))
+enum {
+    OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_CONTEXT = 201,
+    E_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600, E_CAPTURE_UNSUPPORTED = 900,
+    E_CAPTURE_INVALIDATED = 901, E_NOT_CAPTURED = 906
+};
+
+struct CUctx_st { struct fk_ctx *fk; };
+struct CUstream_st { struct fk_stream *fk; };
+struct CUmod_st { int loaded; };
+struct CUfunc_st { char name[96]; };
+struct CUevent_st { struct fk_event *fk; };
+struct CUgraph_st { struct fk_graph *fk; };
+struct CUgraphNode_st { int index; };
+struct CUgraphExec_st { struct fk_graph *fk; };
+
+static int initialized;
+static struct CUctx_st *primary[64];
+static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread struct CUctx_st *ctx_stack[16];
+static __thread int ctx_depth;
+
+static struct CUctx_st *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+#define NEED_INIT() do { if (!initialized) return E_NOT_INIT; } while (0)
+#define NEED_CTX()  do { NEED_INIT(); if (!current() || !current()->fk->valid) return E_CONTEXT; } while (0)
+
+static struct fk_stream *stream_of(CUstream s) {
+    if (s == NULL || s == (CUstream)0x1 || s == (CUstream)0x2) return current()->fk->default_stream;
+    return s->fk;
+}
+
+EXPORT CUresult cuInit(unsigned flags) {
+    if (flags) return E_VALUE;
+    initialized = 1;
+    return OK;
+}
+EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return E_VALUE; *v = 13000; return OK; }
+EXPORT CUresult cuDeviceGetCount(int *n) { NEED_INIT(); if (!n) return E_VALUE; *n = fk_device_count(); return OK; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    NEED_INIT();
+    if (!d) return E_VALUE;
+    if (ordinal < 0 || ordinal >= fk_device_count()) return E_DEVICE;
+    *d = ordinal;
+    return OK;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    NEED_INIT();
+    if (!name || len <= 0) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    snprintf(name, (size_t)len, "krex fake GPU %d", d);
+    return OK;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    NEED_INIT();
+    if (!v) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    *v = attr == 16 ? 132 : attr == 75 ? 9 : attr == 76 ? 0 : 1; /* SM count, cc major/minor */
+    return OK;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
+    NEED_INIT();
+    if (!b) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    *b = (size_t)80 << 30;
+    return OK;
+}
+EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice d) {
+    NEED_INIT();
+    if (!id || len <= 0) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    snprintf(id, (size_t)len, "0000:%02x:00.0", d + 1);
+    return OK;
+}
+
+static CUresult push(struct CUctx_st *c) {
+    if (ctx_depth == 16) return E_VALUE;
+    ctx_stack[ctx_depth++] = c;
+    return OK;
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
+    NEED_INIT();
+    if (!pctx) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    c->fk = fk_ctx_new(d, 0);
+    *pctx = c;
+    return push(c);
+}
+EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) { return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) { return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) { return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) { return ctx_create(c, d); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    NEED_INIT();
+    if (!c || !c->fk->valid || c->fk->primary) return E_CONTEXT;
+    fk_ctx_free(c->fk);
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == c) ctx_stack[i] = ctx_stack[--ctx_depth];
+    return OK;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
+    NEED_INIT();
+    if (!pctx) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    pthread_mutex_lock(&primary_mu);
+    if (!primary[d]) {
+        primary[d] = calloc(1, sizeof(struct CUctx_st));
+        primary[d]->fk = fk_ctx_new(d, 1);
+    } else {
+        primary[d]->fk->refcount++;
+    }
+    *pctx = primary[d];
+    pthread_mutex_unlock(&primary_mu);
+    return OK;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    NEED_INIT();
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    pthread_mutex_lock(&primary_mu);
+    CUresult r = primary[d] && primary[d]->fk->refcount > 0 ? (primary[d]->fk->refcount--, OK) : E_CONTEXT;
+    pthread_mutex_unlock(&primary_mu);
+    return r;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    NEED_INIT();
+    if (!c) {
+        if (ctx_depth) ctx_depth--;
+        return OK;
+    }
+    if (!c->fk->valid) return E_CONTEXT;
+    if (ctx_depth) ctx_stack[ctx_depth - 1] = c;
+    else ctx_stack[ctx_depth++] = c;
+    return OK;
+}
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); if (!c) return E_VALUE; *c = current(); return OK; }
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) { NEED_INIT(); if (!c || !c->fk->valid) return E_CONTEXT; return push(c); }
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
+    NEED_INIT();
+    if (!ctx_depth) return E_CONTEXT;
+    struct CUctx_st *top = ctx_stack[--ctx_depth];
+    if (c) *c = top;
+    return OK;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) { NEED_CTX(); if (!d) return E_VALUE; *d = current()->fk->device; return OK; }
+EXPORT CUresult cuCtxSynchronize(void) { NEED_CTX(); return fk_ctx_sync(current()->fk); }
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned fl) {
+    NEED_CTX();
+    if (!s) return E_VALUE;
+    *s = calloc(1, sizeof(struct CUstream_st));
+    (*s)->fk = fk_stream_new(current()->fk, 0);
+    return OK;
+}
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned fl, int prio) {
+    CUresult r = cuStreamCreate(s, fl);
+    if (r == OK) (*s)->fk->priority = prio;
+    return r;
+}
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return OK;
+}
+EXPORT CUresult cuStreamGetPriority(CUstream s, int *p) { NEED_CTX(); if (!p) return E_VALUE; *p = stream_of(s)->priority; return OK; }
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    NEED_INIT();
+    if (!s) return E_HANDLE;
+    fk_stream_free(s->fk);
+    free(s);
+    return OK;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); return OK; }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+EXPORT CUresult cuStreamQuery(CUstream s) { NEED_CTX(); return fk_stream_idle(stream_of(s)) ? OK : E_NOT_READY; }
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    NEED_CTX();
+    if (!s) return E_CAPTURE_UNSUPPORTED;   /* the legacy stream cannot be captured */
+    if (s->fk->capture) return E_CAPTURE_INVALIDATED;
+    s->fk->capture = fk_graph_new();
+    return OK;
+}
+EXPORT CUresult cuStreamBeginCapture(CUstream s) { return cuStreamBeginCapture_v2(s, 0); }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) { return cuStreamBeginCapture_v2(s, 0); }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    NEED_CTX();
+    if (!s || !s->fk->capture) return E_NOT_CAPTURED;
+    if (!g) return E_VALUE;
+    *g = calloc(1, sizeof(struct CUgraph_st));
+    (*g)->fk = s->fk->capture;
+    s->fk->capture = NULL;
+    return OK;
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return cuStreamEndCapture(s, g); }
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *st) {
+    NEED_CTX();
+    if (!st) return E_VALUE;
+    *st = s && s->fk->capture ? 1 : 0;
+    return OK;
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *st) { return cuStreamIsCapturing(s, st); }
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    NEED_CTX();
+    if (!m || !image) return E_VALUE;
+    *m = calloc(1, sizeof(struct CUmod_st));
+    (*m)->loaded = 1;
+    return OK;
+}
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) { return cuModuleLoadData(m, path); }
+EXPORT CUresult cuModuleUnload(CUmodule m) { NEED_INIT(); if (!m) return E_HANDLE; m->loaded = 0; return OK; }
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    NEED_CTX();
+    if (!f || !name) return E_VALUE;
+    if (!m || !m->loaded) return E_HANDLE;
+    *f = calloc(1, sizeof(struct CUfunc_st));
+    snprintf((*f)->name, sizeof (*f)->name, "%s", name);
+    return OK;
+}
+EXPORT CUresult cuFuncGetName(const char **name, CUfunction f) {
+    if (!name || !f) return E_VALUE;
+    *name = f->name;
+    return OK;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       CUstream s) {
+    NEED_CTX();
+    if (!f) return E_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024) return E_VALUE;
+    fk_kernel(stream_of(s), gx, f->name);
+    return OK;
+}
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned smem, CUstream s, void **kp, void **ex) {
+    return launch(f, gx, gy, gz, bx, by, bz, s);
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned smem, CUstream s, void **kp, void **ex) {
+    return launch(f, gx, gy, gz, bx, by, bz, s);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **ex) {
+    if (!c) return E_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->hStream);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kp, void **ex) {
+    return cuLaunchKernelEx(c, f, kp, ex);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned smem, CUstream s, void **kp) {
+    return launch(f, gx, gy, gz, bx, by, bz, s);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned smem, CUstream s, void **kp) {
+    return launch(f, gx, gy, gz, bx, by, bz, s);
+}
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned fl) {
+    if (!l || !n) return E_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        CUresult r = launch(l[i].function, l[i].gridDimX, l[i].gridDimY, l[i].gridDimZ, l[i].blockDimX,
+                            l[i].blockDimY, l[i].blockDimZ, l[i].hStream);
+        if (r) return r;
+    }
+    return OK;
+}
+EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *u) {
+    NEED_CTX();
+    if (!fn) return E_VALUE;
+    fk_hostfn(stream_of(s), fn, u);
+    return OK;
+}
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *u) { return cuLaunchHostFunc(s, fn, u); }
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned fl) {
+    if (!g) return E_VALUE;
+    *g = calloc(1, sizeof(struct CUgraph_st));
+    (*g)->fk = fk_graph_new();
+    return OK;
+}
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                        const CUDA_KERNEL_NODE_PARAMS *p) {
+    if (!node || !g || !p || !p->func) return E_VALUE;
+    fk_graph_add(g->fk, p->gridDimX, p->func->name);
+    *node = calloc(1, sizeof(struct CUgraphNode_st));
+    (*node)->index = g->fk->n - 1;
+    return OK;
+}
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                     const CUDA_KERNEL_NODE_PARAMS *p) {
+    return cuGraphAddKernelNode_v2(node, g, deps, n, p);
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long fl) {
+    if (!e || !g) return E_VALUE;
+    *e = calloc(1, sizeof(struct CUgraphExec_st));
+    (*e)->fk = fk_graph_new();
+    for (int i = 0; i < g->fk->n; i++) fk_graph_add((*e)->fk, g->fk->nodes[i].us, g->fk->nodes[i].name);
+    return OK;
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, void *err_node, char *log, size_t n) {
+    return cuGraphInstantiateWithFlags(e, g, 0);
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    NEED_CTX();
+    if (!e) return E_HANDLE;
+    fk_graph_launch(stream_of(s), e->fk);
+    return OK;
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { if (!e) return E_HANDLE; free(e->fk->nodes); free(e->fk); free(e); return OK; }
+EXPORT CUresult cuGraphDestroy(CUgraph g) { if (!g) return E_HANDLE; free(g->fk->nodes); free(g->fk); free(g); return OK; }
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned fl) {
+    NEED_CTX();
+    if (!e) return E_VALUE;
+    *e = calloc(1, sizeof(struct CUevent_st));
+    (*e)->fk = fk_event_new();
+    return OK;
+}
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { NEED_CTX(); if (!e) return E_HANDLE; fk_event_record(stream_of(s), e->fk); return OK; }
+EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned fl) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventSynchronize(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; fk_event_sync(e->fk); return OK; }
+EXPORT CUresult cuEventQuery(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; return e->fk->pending ? E_NOT_READY : OK; }
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    NEED_INIT();
+    if (!ms) return E_VALUE;
+    if (!a || !b) return E_HANDLE;
+    if (!a->fk->recorded || !b->fk->recorded) return E_VALUE;
+    if (a->fk->pending || b->fk->pending) return E_NOT_READY;
+    *ms = (float)((double)(b->fk->time_ns - a->fk->time_ns) / 1e6);
+    return OK;
+}
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+EXPORT CUresult cuEventDestroy_v2(CUevent e) { if (!e) return E_HANDLE; free(e); return OK; }
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    NEED_CTX();
+    if (!p || !n) return E_VALUE;
+    void *m = calloc(1, n);
+    if (!m) return E_MEMORY;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return OK;
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { NEED_CTX(); free((void *)(uintptr_t)p); return OK; }
+EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *total) {
+    NEED_CTX();
+    if (fr) *fr = (size_t)79 << 30;
+    if (total) *total = (size_t)80 << 30;
+    return OK;
+}
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+static CUresult copy_async(void *d, const void *s, size_t n, CUstream st) {
+    NEED_CTX();
+    if ((!d || !s) && n) return E_VALUE;
+    fk_copy(stream_of(st), d, s, n);
+    return OK;
+}
+static CUresult copy_sync(void *d, const void *s, size_t n) {
+    CUresult r = copy_async(d, s, n, NULL);
+    if (r == OK) fk_stream_sync(current()->fk->default_stream);
+    return r;
+}
+static CUresult set_async(CUdeviceptr d, int v, size_t elem, size_t n, CUstream st) {
+    NEED_CTX();
+    if (!d && n) return E_VALUE;
+    fk_set(stream_of(st), PTR(d), v, elem, n);
+    return OK;
+}
+static CUresult set_sync(CUdeviceptr d, int v, size_t elem, size_t n) {
+    CUresult r = set_async(d, v, elem, n, NULL);
+    if (r == OK) fk_stream_sync(current()->fk->default_stream);
+    return r;
+}
+#define ASYNC2(name, DT, ST, dexpr, sexpr)                                                          \
+    EXPORT CUresult name(DT d, ST s, size_t n, CUstream st) { return copy_async(dexpr, sexpr, n, st); } \
+    EXPORT CUresult name##_ptsz(DT d, ST s, size_t n, CUstream st) { return copy_async(dexpr, sexpr, n, st); }
+ASYNC2(cuMemcpyAsync, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
+ASYNC2(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, PTR(d), s)
+ASYNC2(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, d, PTR(s))
+ASYNC2(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
+#define SYNC2(name, DT, ST, dexpr, sexpr)                                                     \
+    EXPORT CUresult name(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }         \
+    EXPORT CUresult name##_ptds(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }
+SYNC2(cuMemcpy, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
+SYNC2(cuMemcpyHtoD_v2, CUdeviceptr, const void *, PTR(d), s)
+SYNC2(cuMemcpyDtoH_v2, void *, CUdeviceptr, d, PTR(s))
+SYNC2(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
+#define SETS(bits, T)                                                                                   \
+    EXPORT CUresult cuMemsetD##bits##Async(CUdeviceptr d, T v, size_t n, CUstream s) { return set_async(d, v, bits / 8, n, s); } \
+    EXPORT CUresult cuMemsetD##bits##Async_ptsz(CUdeviceptr d, T v, size_t n, CUstream s) { return set_async(d, v, bits / 8, n, s); } \
+    EXPORT CUresult cuMemsetD##bits##_v2(CUdeviceptr d, T v, size_t n) { return set_sync(d, v, bits / 8, n); } \
+    EXPORT CUresult cuMemsetD##bits##_v2_ptds(CUdeviceptr d, T v, size_t n) { return set_sync(d, v, bits / 8, n); }
+SETS(8, unsigned char)
+SETS(16, unsigned short)
+SETS(32, unsigned int)
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    if (!s) return E_VALUE;
+    switch (e) {
+    case OK: *s = "no error"; break;
+    case E_VALUE: *s = "invalid argument"; break;
+    case E_MEMORY: *s = "out of memory"; break;
+    case E_NOT_INIT: *s = "initialization error"; break;
+    case E_DEVICE: *s = "invalid device ordinal"; break;
+    case E_CONTEXT: *s = "invalid device context"; break;
+    case E_HANDLE: *s = "invalid resource handle"; break;
+    case E_NOT_FOUND: *s = "named symbol not found"; break;
+    case E_NOT_READY: *s = "device not ready"; break;
+    case E_CAPTURE_UNSUPPORTED: *s = "operation not permitted when stream is capturing"; break;
+    default: *s = NULL; return E_VALUE;
+    }
+    return OK;
+}
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+    if (!s) return E_VALUE;
+    switch (e) {
+    case OK: *s = "CUDA_SUCCESS"; break;
+    case E_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case E_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case E_NOT_INIT: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case E_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case E_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case E_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case E_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case E_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    default: *s = NULL; return E_VALUE;
+    }
+    return OK;
+}
+
+/* The resolver: a static table, as a real driver has (it never goes through dlsym). */
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl);
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t fl, int *st);
+#define FK_TABLE(X) X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) \
+    X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
+    X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
+    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
+    X(cuCtxSynchronize) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
+    X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
+    X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \
+    X(cuModuleLoadData) X(cuModuleLoad) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetName) \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice) \
+    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \
+    X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \
+    X(cuEventRecordWithFlags) X(cuEventSynchronize) X(cuEventQuery) X(cuEventElapsedTime) X(cuEventElapsedTime_v2) \
+    X(cuEventDestroy_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) \
+    X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyHtoDAsync_v2_ptsz) \
+    X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoHAsync_v2_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) \
+    X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) \
+    X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) X(cuMemsetD8_v2) \
+    X(cuMemsetD8_v2_ptds) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds) \
+    X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz) X(cuMemsetD32_v2) X(cuMemsetD32_v2_ptds) \
+    X(cuGetErrorString) X(cuGetErrorName) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+
+static const struct { const char *name; void *fn; } table[] = {
+#define FK_ENTRY(n) {#n, (void *)&n},
+    FK_TABLE(FK_ENTRY)
+};
+
+static void *find(const char *name) {
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(table[i].name, name)) return table[i].fn;
+    return NULL;
+}
+
+static CUresult resolve(const char *sym, void **pfn, int ver, cuuint64_t fl, int *st) {
+    if (!sym || !pfn) return E_VALUE;
+    *pfn = NULL;
+    char buf[160];
+    if (!strcmp(sym, "cuGetProcAddress")) {
+        *pfn = ver >= 12000 ? (void *)&cuGetProcAddress_v2 : (void *)&cuGetProcAddress;
+    } else {
+        /* the newest versioned name wins; per-thread-stream callers get the _ptsz/_ptds twin */
+        static const char *const vers[] = {"_v4", "_v3", "_v2", ""};
+        static const char *const pts[] = {"_ptsz", "_ptds", ""};
+        int per_thread = (fl & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+        for (int p = per_thread ? 0 : 2; p < 3 && !*pfn; p++)
+            for (int v = 0; v < 4 && !*pfn; v++) {
+                snprintf(buf, sizeof buf, "%s%s%s", sym, vers[v], pts[p]);
+                *pfn = find(buf);
+            }
+    }
+    if (st) *st = *pfn ? 0 : 1;   /* CU_GET_PROC_ADDRESS_SUCCESS / _SYMBOL_NOT_FOUND */
+    return *pfn ? OK : E_NOT_FOUND;
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl) { return resolve(sym, pfn, ver, fl, NULL); }
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t fl, int *st) {
+    return resolve(sym, pfn, ver, fl, st);
+}

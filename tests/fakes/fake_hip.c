@@ -1,0 +1,269 @@
+/* fake_hip.c: a fake libamdhip64.so in HIP terms, on the same execution model as the fake libcuda. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../../shim/hip_defs.h"
+#include "engine.h"
+
+#define EXPORT __attribute__((visibility("default")))
+enum { OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_HANDLE = 400, E_NOT_FOUND = 500,
+       E_NOT_READY = 600, E_CAPTURE_UNSUPPORTED = 900, E_NOT_CAPTURED = 906 };
+
+struct ihipCtx_t { struct fk_ctx *fk; };
+struct ihipStream_t { struct fk_stream *fk; };
+struct ihipModule_t { int loaded; };
+struct ihipModuleSymbol_t { char name[96]; };
+struct ihipEvent_t { struct fk_event *fk; };
+struct ihipGraph { struct fk_graph *fk; };
+struct hipGraphExec { struct fk_graph *fk; };
+
+static struct ihipCtx_t *devices[64];
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int cur_dev;
+
+/* HIP initializes implicitly; each device has one context with a null stream */
+static struct ihipCtx_t *dev_ctx(int d) {
+    pthread_mutex_lock(&dev_mu);
+    if (!devices[d]) {
+        devices[d] = calloc(1, sizeof(struct ihipCtx_t));
+        devices[d]->fk = fk_ctx_new(d, 1);
+    }
+    pthread_mutex_unlock(&dev_mu);
+    return devices[d];
+}
+static struct fk_stream *stream_of(hipStream_t s) { return s ? s->fk : dev_ctx(cur_dev)->fk->default_stream; }
+#define DEV_OK(d) ((d) >= 0 && (d) < fk_device_count())
+
+EXPORT hipError_t hipInit(unsigned fl) { return fl ? E_VALUE : OK; }
+EXPORT hipError_t hipDriverGetVersion(int *v) { if (!v) return E_VALUE; *v = 60400000; return OK; }
+EXPORT hipError_t hipRuntimeGetVersion(int *v) { if (!v) return E_VALUE; *v = 60400000; return OK; }
+EXPORT hipError_t hipGetDeviceCount(int *n) { if (!n) return E_VALUE; *n = fk_device_count(); return OK; }
+EXPORT hipError_t hipSetDevice(int d) { if (!DEV_OK(d)) return E_DEVICE; cur_dev = d; return OK; }
+EXPORT hipError_t hipGetDevice(int *d) { if (!d) return E_VALUE; *d = cur_dev; return OK; }
+EXPORT hipError_t hipDeviceSynchronize(void) { return fk_ctx_sync(dev_ctx(cur_dev)->fk); }
+EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
+    if (!c) return E_VALUE;
+    if (!DEV_OK(d)) return E_DEVICE;
+    *c = dev_ctx(d);
+    return OK;
+}
+EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
+    hipError_t r = hipDevicePrimaryCtxRetain(c, d);
+    if (r == OK) cur_dev = d;
+    return r;
+}
+EXPORT hipError_t hipStreamCreate(hipStream_t *s) {
+    if (!s) return E_VALUE;
+    *s = calloc(1, sizeof(struct ihipStream_t));
+    (*s)->fk = fk_stream_new(dev_ctx(cur_dev)->fk, 0);
+    return OK;
+}
+EXPORT hipError_t hipStreamCreateWithPriority(hipStream_t *s, unsigned fl, int prio) {
+    hipError_t r = hipStreamCreate(s);
+    if (r == OK) (*s)->fk->priority = prio;
+    return r;
+}
+EXPORT hipError_t hipStreamDestroy(hipStream_t s) { if (!s) return E_HANDLE; fk_stream_free(s->fk); free(s); return OK; }
+EXPORT hipError_t hipStreamSynchronize(hipStream_t s) { fk_stream_sync(stream_of(s)); return OK; }
+EXPORT hipError_t hipStreamQuery(hipStream_t s) { return fk_stream_idle(stream_of(s)) ? OK : E_NOT_READY; }
+EXPORT hipError_t hipStreamIsCapturing(hipStream_t s, int *st) { if (!st) return E_VALUE; *st = s && s->fk->capture; return OK; }
+EXPORT hipError_t hipStreamBeginCapture(hipStream_t s, int mode) {
+    if (!s) return E_CAPTURE_UNSUPPORTED;
+    if (s->fk->capture) return E_VALUE;
+    s->fk->capture = fk_graph_new();
+    return OK;
+}
+EXPORT hipError_t hipStreamBeginCapture_spt(hipStream_t s, int mode) { return hipStreamBeginCapture(s, mode); }
+EXPORT hipError_t hipStreamEndCapture(hipStream_t s, hipGraph_t *g) {
+    if (!s || !s->fk->capture) return E_NOT_CAPTURED;
+    if (!g) return E_VALUE;
+    *g = calloc(1, sizeof(struct ihipGraph));
+    (*g)->fk = s->fk->capture;
+    s->fk->capture = NULL;
+    return OK;
+}
+EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) { return hipStreamEndCapture(s, g); }
+
+EXPORT hipError_t hipModuleLoadData(hipModule_t *m, const void *image) {
+    if (!m || !image) return E_VALUE;
+    *m = calloc(1, sizeof(struct ihipModule_t));
+    (*m)->loaded = 1;
+    return OK;
+}
+EXPORT hipError_t hipModuleGetFunction(hipFunction_t *f, hipModule_t m, const char *name) {
+    if (!f || !name) return E_VALUE;
+    if (!m || !m->loaded) return E_HANDLE;
+    *f = calloc(1, sizeof(struct ihipModuleSymbol_t));
+    snprintf((*f)->name, sizeof (*f)->name, "%s", name);
+    return OK;
+}
+
+static hipError_t launch(const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                         unsigned bz, hipStream_t s) {
+    if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024) return E_VALUE;
+    fk_kernel(stream_of(s), gx, name);
+    return OK;
+}
+/* host-stub launches (hipLaunchKernel): name the kernel by its stub's symbol when it has one */
+static const char *stub_name(const void *fn, char *buf, size_t n) {
+    Dl_info info;
+    if (dladdr(fn, &info) && info.dli_sname && info.dli_saddr == fn) return info.dli_sname;
+    snprintf(buf, n, "kernel@%p", fn);
+    return buf;
+}
+#define MLAUNCH_P hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+    unsigned smem, hipStream_t s
+EXPORT hipError_t hipModuleLaunchKernel(MLAUNCH_P, void **kp, void **ex) {
+    return f ? launch(f->name, gx, gy, gz, bx, by, bz, s) : E_HANDLE;
+}
+EXPORT hipError_t hipModuleLaunchKernel_spt(MLAUNCH_P, void **kp, void **ex) { return hipModuleLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, kp, ex); }
+EXPORT hipError_t hipModuleLaunchCooperativeKernel(MLAUNCH_P, void **kp) { return hipModuleLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, kp, NULL); }
+/* hipExtModuleLaunchKernel takes the global size in work items, as HIP does */
+EXPORT hipError_t hipExtModuleLaunchKernel(hipFunction_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t lx,
+                                           uint32_t ly, uint32_t lz, size_t smem, hipStream_t s, void **kp,
+                                           void **ex, hipEvent_t e0, hipEvent_t e1, uint32_t fl) {
+    if (!f) return E_HANDLE;
+    if (!lx || !ly || !lz) return E_VALUE;
+    return launch(f->name, gx / lx, gy / ly, gz / lz, lx, ly, lz, s);
+}
+EXPORT hipError_t hipHccModuleLaunchKernel(hipFunction_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t lx,
+                                           uint32_t ly, uint32_t lz, size_t smem, hipStream_t s, void **kp,
+                                           void **ex, hipEvent_t e0, hipEvent_t e1, uint32_t fl) {
+    return hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, smem, s, kp, ex, e0, e1, fl);
+}
+EXPORT hipError_t hipLaunchKernel(const void *fn, dim3 g, dim3 b, void **a, size_t smem, hipStream_t s) {
+    char buf[48];
+    return fn ? launch(stub_name(fn, buf, sizeof buf), g.x, g.y, g.z, b.x, b.y, b.z, s) : E_VALUE;
+}
+EXPORT hipError_t hipLaunchKernel_spt(const void *fn, dim3 g, dim3 b, void **a, size_t smem, hipStream_t s) { return hipLaunchKernel(fn, g, b, a, smem, s); }
+EXPORT hipError_t hipLaunchCooperativeKernel(const void *fn, dim3 g, dim3 b, void **a, unsigned smem, hipStream_t s) { return hipLaunchKernel(fn, g, b, a, smem, s); }
+EXPORT hipError_t hipLaunchCooperativeKernel_spt(const void *fn, dim3 g, dim3 b, void **a, unsigned smem, hipStream_t s) { return hipLaunchKernel(fn, g, b, a, smem, s); }
+EXPORT hipError_t hipExtLaunchKernel(const void *fn, dim3 g, dim3 b, void **a, size_t smem, hipStream_t s,
+                                     hipEvent_t e0, hipEvent_t e1, int fl) { return hipLaunchKernel(fn, g, b, a, smem, s); }
+EXPORT hipError_t hipLaunchKernelExC(const hipLaunchConfig_t *c, const void *fn, void **a) {
+    return c ? hipLaunchKernel(fn, c->gridDim, c->blockDim, a, c->dynamicSmemBytes, c->stream) : E_VALUE;
+}
+EXPORT hipError_t hipDrvLaunchKernelEx(const HIP_LAUNCH_CONFIG *c, hipFunction_t f, void **kp, void **ex) {
+    if (!c) return E_VALUE;
+    return hipModuleLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                                 c->sharedMemBytes, c->hStream, kp, ex);
+}
+EXPORT hipError_t hipLaunchHostFunc(hipStream_t s, hipHostFn_t fn, void *u) { if (!fn) return E_VALUE; fk_hostfn(stream_of(s), fn, u); return OK; }
+EXPORT hipError_t hipLaunchHostFunc_spt(hipStream_t s, hipHostFn_t fn, void *u) { return hipLaunchHostFunc(s, fn, u); }
+
+EXPORT hipError_t hipGraphCreate(hipGraph_t *g, unsigned fl) {
+    if (!g) return E_VALUE;
+    *g = calloc(1, sizeof(struct ihipGraph));
+    (*g)->fk = fk_graph_new();
+    return OK;
+}
+EXPORT hipError_t hipGraphAddKernelNode(void **node, hipGraph_t g, const void *deps, size_t n, const hipKernelNodeParams *p) {
+    if (!node || !g || !p || !p->func) return E_VALUE;
+    char buf[48];
+    fk_graph_add(g->fk, p->gridDim.x, stub_name(p->func, buf, sizeof buf));
+    *node = g;
+    return OK;
+}
+EXPORT hipError_t hipGraphInstantiate(hipGraphExec_t *e, hipGraph_t g, void *err, char *log, size_t n) {
+    if (!e || !g) return E_VALUE;
+    *e = calloc(1, sizeof(struct hipGraphExec));
+    (*e)->fk = fk_graph_new();
+    for (int i = 0; i < g->fk->n; i++) fk_graph_add((*e)->fk, g->fk->nodes[i].us, g->fk->nodes[i].name);
+    return OK;
+}
+EXPORT hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t s) { if (!e) return E_HANDLE; fk_graph_launch(stream_of(s), e->fk); return OK; }
+EXPORT hipError_t hipGraphLaunch_spt(hipGraphExec_t e, hipStream_t s) { return hipGraphLaunch(e, s); }
+EXPORT hipError_t hipGraphExecDestroy(hipGraphExec_t e) { if (!e) return E_HANDLE; free(e); return OK; }
+EXPORT hipError_t hipGraphDestroy(hipGraph_t g) { if (!g) return E_HANDLE; free(g); return OK; }
+
+EXPORT hipError_t hipEventCreate(hipEvent_t *e) { if (!e) return E_VALUE; *e = calloc(1, sizeof(struct ihipEvent_t)); (*e)->fk = fk_event_new(); return OK; }
+EXPORT hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { if (!e) return E_HANDLE; fk_event_record(stream_of(s), e->fk); return OK; }
+EXPORT hipError_t hipEventSynchronize(hipEvent_t e) { if (!e) return E_HANDLE; fk_event_sync(e->fk); return OK; }
+EXPORT hipError_t hipEventElapsedTime(float *ms, hipEvent_t a, hipEvent_t b) {
+    if (!ms) return E_VALUE;
+    if (!a || !b) return E_HANDLE;
+    if (a->fk->pending || b->fk->pending) return E_NOT_READY;
+    *ms = (float)((double)(b->fk->time_ns - a->fk->time_ns) / 1e6);
+    return OK;
+}
+EXPORT hipError_t hipEventDestroy(hipEvent_t e) { if (!e) return E_HANDLE; free(e); return OK; }
+
+EXPORT hipError_t hipMalloc(void **p, size_t n) { if (!p) return E_VALUE; *p = calloc(1, n ? n : 1); return *p ? OK : E_MEMORY; }
+EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
+EXPORT hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, int k, hipStream_t st) {
+    if ((!d || !s) && n) return E_VALUE;
+    fk_copy(stream_of(st), d, s, n);
+    return OK;
+}
+EXPORT hipError_t hipMemcpyAsync_spt(void *d, const void *s, size_t n, int k, hipStream_t st) { return hipMemcpyAsync(d, s, n, k, st); }
+EXPORT hipError_t hipMemcpyHtoDAsync(void *d, void *s, size_t n, hipStream_t st) { return hipMemcpyAsync(d, s, n, 1, st); }
+EXPORT hipError_t hipMemcpyDtoHAsync(void *d, void *s, size_t n, hipStream_t st) { return hipMemcpyAsync(d, s, n, 2, st); }
+EXPORT hipError_t hipMemcpyDtoDAsync(void *d, void *s, size_t n, hipStream_t st) { return hipMemcpyAsync(d, s, n, 3, st); }
+EXPORT hipError_t hipMemcpy(void *d, const void *s, size_t n, int k) {
+    hipError_t r = hipMemcpyAsync(d, s, n, k, NULL);
+    if (r == OK) fk_stream_sync(stream_of(NULL));
+    return r;
+}
+EXPORT hipError_t hipMemcpy_spt(void *d, const void *s, size_t n, int k) { return hipMemcpy(d, s, n, k); }
+static hipError_t set_async(void *d, int v, size_t elem, size_t n, hipStream_t s) {
+    if (!d && n) return E_VALUE;
+    fk_set(stream_of(s), d, v, elem, n);
+    return OK;
+}
+EXPORT hipError_t hipMemsetAsync(void *d, int v, size_t n, hipStream_t s) { return set_async(d, v, 1, n, s); }
+EXPORT hipError_t hipMemsetAsync_spt(void *d, int v, size_t n, hipStream_t s) { return set_async(d, v, 1, n, s); }
+EXPORT hipError_t hipMemsetD8Async(void *d, unsigned char v, size_t n, hipStream_t s) { return set_async(d, v, 1, n, s); }
+EXPORT hipError_t hipMemsetD16Async(void *d, unsigned short v, size_t n, hipStream_t s) { return set_async(d, v, 2, n, s); }
+EXPORT hipError_t hipMemsetD32Async(void *d, int v, size_t n, hipStream_t s) { return set_async(d, v, 4, n, s); }
+EXPORT hipError_t hipMemset(void *d, int v, size_t n) {
+    hipError_t r = set_async(d, v, 1, n, NULL);
+    if (r == OK) fk_stream_sync(stream_of(NULL));
+    return r;
+}
+EXPORT const char *hipGetErrorString(hipError_t e) {
+    switch (e) {
+    case OK: return "no error";
+    case E_VALUE: return "invalid argument";
+    case E_MEMORY: return "out of memory";
+    case E_DEVICE: return "invalid device ordinal";
+    case E_HANDLE: return "invalid resource handle";
+    case E_NOT_FOUND: return "named symbol not found";
+    case E_NOT_READY: return "device not ready";
+    default: return "unknown error";
+    }
+}
+EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess" : "hipErrorUnknown"; }
+
+EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
+#define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
+    X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
+    X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \
+    X(hipModuleLaunchCooperativeKernel) X(hipExtModuleLaunchKernel) X(hipHccModuleLaunchKernel) X(hipLaunchKernel) \
+    X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipLaunchCooperativeKernel_spt) X(hipExtLaunchKernel) \
+    X(hipLaunchKernelExC) X(hipDrvLaunchKernelEx) X(hipLaunchHostFunc) X(hipLaunchHostFunc_spt) X(hipGraphCreate) \
+    X(hipGraphAddKernelNode) X(hipGraphInstantiate) X(hipGraphLaunch) X(hipGraphLaunch_spt) X(hipGraphExecDestroy) \
+    X(hipGraphDestroy) X(hipEventCreate) X(hipEventRecord) X(hipEventSynchronize) X(hipEventElapsedTime) \
+    X(hipEventDestroy) X(hipMalloc) X(hipFree) X(hipMemcpyAsync) X(hipMemcpyAsync_spt) X(hipMemcpyHtoDAsync) \
+    X(hipMemcpyDtoHAsync) X(hipMemcpyDtoDAsync) X(hipMemcpy) X(hipMemcpy_spt) X(hipMemsetAsync) X(hipMemsetAsync_spt) \
+    X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
+    X(hipGetErrorName) X(hipGetProcAddress)
+static const struct { const char *name; void *fn; } table[] = {
+#define FK_ENTRY(n) {#n, (void *)&n},
+    FK_TABLE(FK_ENTRY)
+};
+EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st) {
+    if (!sym || !pfn) return E_VALUE;
+    *pfn = NULL;
+    char buf[160];
+    for (int p = (fl & 2) ? 0 : 1; p < 2 && !*pfn; p++) {
+        snprintf(buf, sizeof buf, "%s%s", sym, p == 0 ? "_spt" : "");
+        for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+            if (!strcmp(table[i].name, buf)) *pfn = table[i].fn;
+    }
+    if (st) *st = *pfn ? 0 : 1;
+    return *pfn ? OK : E_NOT_FOUND;
+}

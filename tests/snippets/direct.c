@@ -1,0 +1,34 @@
+/* direct.c: calls the driver by symbol (linked against libcuda.so.1), the way Triton's driver.c does.
+ * Launches N kernels (SNIPPET_N, default 5) of SNIPPET_US microseconds each on one stream. */
+#include "common.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuStreamSynchronize(CUstream);
+
+int main(void) {
+    int n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 10);
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CUstream s;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, env_int("SNIPPET_DEVICE", 0)));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "image"));
+    CHECK(cuModuleGetFunction(&f, mod, getenv("SNIPPET_NAME") ? getenv("SNIPPET_NAME") : "direct_kernel"));
+    CHECK(cuStreamCreate(&s, 0));
+    for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
+    CHECK(cuStreamSynchronize(s));
+    printf("launched %d\n", n);
+    return 0;
+}
