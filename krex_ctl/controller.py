@@ -85,6 +85,7 @@ class Region:
         self.frozen: list[procs.Pidfd] = []
         self.saved_affinity: dict[int, set[int]] = {}
         self.granted_ns = 0
+        self.phase_ns: dict[str, int] = {}   # drain, freeze, isolate: where the hand-off time goes
         self.timer: Optional["Timer"] = None
 
 
@@ -494,6 +495,7 @@ class Controller:
         if region.timer:
             region.timer.cancelled = True
         region.state = "freezing"
+        region.phase_ns["drain"] = now_ns() - region.drain_started_ns
         targets = [c for c in self.siblings(region) if c.pidfd is not None]
         self.write_state_file(extra=[(c.pid, c.pidfd.start_time) for c in targets])  # type: ignore[union-attr]
         for c in targets:
@@ -508,11 +510,14 @@ class Controller:
             return
         running = [p for p in region.frozen if procs.state(p.pid) not in ("T", "t", "Z", "X", None)]
         if running and time.monotonic() < deadline:
-            self.after(0.0005, lambda: self.await_stopped(region, deadline))
+            self.after(0.0001, lambda: self.await_stopped(region, deadline))
             return
         if running:
             log.warning("region %d: pids %s not yet stopped; granting anyway", region.id, [p.pid for p in running])
+        t0 = now_ns()
+        region.phase_ns["freeze"] = t0 - region.drain_started_ns - region.phase_ns["drain"]
         self.isolate_cpus(region)
+        region.phase_ns["isolate"] = now_ns() - t0
         self.grant(region)
 
     def isolate_cpus(self, region: Region) -> None:
@@ -554,6 +559,7 @@ class Controller:
     def end_region(self, region: Region, reason: int) -> None:
         if self.regions.pop(region.id, None) is None:
             return
+        ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
         if region.timer:
             region.timer.cancelled = True
         procs.restore_affinity(region.saved_affinity)
@@ -564,13 +570,14 @@ class Controller:
         self.write_state_file()
         for g in mask_to_list(region.req.gpu_mask):
             self.gate.open_gate(g)
-        ended = now_ns()
         region.job.regions.append({
             "name": region.req.name, "gpu": mask_to_list(region.req.gpu_mask),
             "requested_ns": region.req.requested_ns, "granted_ns": region.granted_ns or None, "ended_ns": ended,
             "pid": region.owner.pid, "end": {C.KREX_END_NORMAL: "normal", C.KREX_END_TIME_LIMIT: "revoked",
                                              C.KREX_END_OWNER_GONE: "owner_gone"}[reason],
             "frozen": frozen, "drain_timeouts": region.drain_timeouts,
+            "queued_ns": region.drain_started_ns - region.req.requested_ns,
+            **{f"{k}_ns": v for k, v in region.phase_ns.items()},
         })
         if reason != C.KREX_END_OWNER_GONE and region.owner.fd in self.clients:
             self.send(region.owner, MSG["REGION_ENDED"], proto.encode(

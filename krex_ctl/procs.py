@@ -45,8 +45,40 @@ def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
     return False
 
 
+def children(pid: int) -> Optional[list[int]]:
+    """Direct children from /proc/pid/task/*/children (None when the kernel lacks that file)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue
+            return None
+        except OSError:
+            continue
+    return out
+
+
 def descendants(root: int) -> list[int]:
-    """All live descendants of root (not root itself), from /proc, without psutil's per-process cost."""
+    """All live descendants of root (not root itself): a walk over /proc/*/task/*/children, or one
+    scan of /proc where the kernel does not provide those files."""
+    out, todo = [], [root]
+    while todo:
+        kids = children(todo.pop())
+        if kids is None:
+            return _descendants_by_scan(root)
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _descendants_by_scan(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():

@@ -1,0 +1,63 @@
+/* hog.c: a busy neighbour. Launches SNIPPET_US-microsecond kernels named "hog" on SNIPPET_STREAMS
+ * streams (one thread each) until SNIPPET_SECONDS pass, keeping at most 4 kernels queued per stream. */
+#include <pthread.h>
+#include <time.h>
+#include "common.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuStreamSynchronize(CUstream);
+
+static CUcontext ctx;
+static CUfunction f;
+static double seconds;
+static int us;
+static long launched[64];
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *worker(void *arg) {
+    int i = (int)(long)arg;
+    CUstream s;
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuStreamCreate(&s, 0));
+    double end = now() + seconds;
+    while (now() < end) {
+        for (int k = 0; k < 4; k++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        launched[i] += 4;
+        CHECK(cuStreamSynchronize(s));
+    }
+    return NULL;
+}
+
+int main(void) {
+    int streams = env_int("SNIPPET_STREAMS", 2);
+    seconds = env_int("SNIPPET_MS", 2000) / 1000.0;
+    us = env_int("SNIPPET_US", 500);
+    CUmodule mod;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "image"));
+    CHECK(cuModuleGetFunction(&f, mod, "hog"));
+    pthread_t t[64];
+    if (streams > 64) streams = 64;
+    for (int i = 0; i < streams; i++) pthread_create(&t[i], NULL, worker, (void *)(long)i);
+    long total = 0;
+    for (int i = 0; i < streams; i++) {
+        pthread_join(t[i], NULL);
+        total += launched[i];
+    }
+    printf("hog launched %ld\n", total);
+    return 0;
+}

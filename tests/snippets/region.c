@@ -1,0 +1,58 @@
+/* region.c: a benchmark marking its timed part with krex.h. SNIPPET_REGIONS times: begin a region,
+ * launch SNIPPET_N kernels named "timed" of SNIPPET_US microseconds, synchronize, end the region.
+ * Prints the status of each begin and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <string.h>
+#include <unistd.h>
+#include "../../shim/krex.h"
+#include "common.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuStreamSynchronize(CUstream);
+
+static void print_affinity(FILE *out, const char *when) {
+    cpu_set_t set;
+    sched_getaffinity(0, sizeof set, &set);
+    fprintf(out, "%s", when);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) fprintf(out, " %d", c);
+    fprintf(out, "\n");
+}
+
+int main(void) {
+    int regions = env_int("SNIPPET_REGIONS", 3), n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 1000);
+    int sleep_us = env_int("SNIPPET_HOLD_US", 0);
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CUstream s;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "image"));
+    CHECK(cuModuleGetFunction(&f, mod, "timed"));
+    CHECK(cuStreamCreate(&s, 0));
+    FILE *aff = getenv("SNIPPET_AFFINITY_FILE") ? fopen(getenv("SNIPPET_AFFINITY_FILE"), "a") : NULL;
+    for (int r = 0; r < regions; r++) {
+        if (aff) print_affinity(aff, "before");
+        int st = krex_begin("timed");
+        if (aff) print_affinity(aff, "inside");
+        for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        CHECK(cuStreamSynchronize(s));
+        if (sleep_us) usleep((useconds_t)sleep_us);
+        int e = krex_end();
+        if (aff) print_affinity(aff, "after");
+        printf("region %d begin=%d end=%d\n", r, st, e);
+        fflush(stdout);
+    }
+    if (aff) fclose(aff);
+    return 0;
+}
