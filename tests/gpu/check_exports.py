@@ -1,0 +1,23 @@
+"""Compare the shim's hook table with what a real libcuda exports: launch-like names the driver has
+and the shim does not wrap are printed first (each one a way to submit work unseen)."""
+
+import re
+import subprocess
+import sys
+
+libcuda, libkrex = sys.argv[1], sys.argv[2]
+
+
+def exports(path: str) -> set:
+    out = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+drv, ours = exports(libcuda), {n for n in exports(libkrex) if n.startswith("cu")}
+submit = re.compile(r"^cu(Launch|Graph(Exec)?Launch|Memcpy|Memset|StreamBatchMemOp|StreamWaitValue|StreamWriteValue)")
+missing = sorted(n for n in drv if submit.match(n) and n not in ours)
+print(f"libcuda exports {len(drv)} symbols; shim wraps {len(ours)} cu* names")
+print(f"submission-like driver names NOT wrapped ({len(missing)}):")
+for n in missing:
+    print("  ", n)
+print("shim names the driver does not export:", sorted(n for n in ours if n not in drv))

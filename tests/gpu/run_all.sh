@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
+#   interception coverage matrix, hook table vs libcuda exports, launch overhead, explicit-region fidelity.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/krex-out}
+mkdir -p "$OUT" /tmp/krex-gpu
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
+STEPS=${STEPS:-"info build exports coverage overhead fidelity"}
+B=build/gpu; mkdir -p $B
+for step in $STEPS; do
+  echo "=== $step $(date +%T)"
+  case $step in
+  info)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/info.txt
+    python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/info.txt
+    nproc | tee -a $OUT/info.txt ;;
+  build)
+    make -s shim || exit 1
+    LIBCUDA=$(python3 -c 'import ctypes;ctypes.CDLL("libcuda.so.1");print([l.split()[-1] for l in open("/proc/self/maps") if "libcuda.so" in l][0])')
+    echo "$LIBCUDA" > $B/libcuda.path
+    nvcc -O2 -o $B/rt_launch tests/gpu/rt_launch.cu || exit 1
+    gcc -O2 -o $B/spin_bench examples/c/spin_bench.c "$LIBCUDA" || exit 1 ;;
+  exports)
+    python3 tests/gpu/check_exports.py "$(cat $B/libcuda.path)" build/libkrex.so | tee $OUT/exports-check.txt ;;
+  coverage)
+    python3 tests/gpu/coverage.py --build $B --out $OUT/interception.json --log $OUT/coverage.log ;;
+  overhead)
+    python3 bench/launch_overhead.py --bin $B/spin_bench --out $OUT/overhead.json ;;
+  fidelity)
+    python3 bench/fidelity_explicit.py --rounds ${ROUNDS:-3} --out $OUT/fidelity-explicit.json 2>&1 | tail -40 ;;
+  esac
+done
+cp /tmp/krex-gpu/*.log $OUT/ 2>/dev/null
+echo "=== done $(date +%T)"

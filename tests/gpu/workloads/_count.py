@@ -1,0 +1,30 @@
+"""Shared by the coverage workloads: the shim's counters of this job (KREX_COUNTERS) and one JSON line."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from krex_ctl.shm import read_counters  # noqa: E402
+
+
+def shim_counts() -> dict:
+    return read_counters(os.environ["KREX_COUNTERS"]) if os.environ.get("KREX_COUNTERS") else {}
+
+
+def delta(before: dict, after: dict) -> dict:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in ("kernels", "graphs", "copies", "other", "captured")}
+
+
+def profiler_kernels(prof) -> int:
+    """Kernels the GPU ran, as CUPTI saw them (independent of the shim)."""
+    n = 0
+    for e in prof.events():
+        dt = getattr(e, "device_type", None)
+        if dt is not None and "CUDA" in str(dt) and not e.name.startswith("Memcpy") and not e.name.startswith("Memset"):
+            n += 1
+    return n
+
+
+def emit(**row) -> None:
+    print("KREX_ROW " + json.dumps(row), flush=True)
