@@ -111,7 +111,10 @@ class Frame:
 class Connection:
     """A blocking client connection to a controller (used by `krex run`, `krex status`, krex.region)."""
 
-    def __init__(self, path, role: int, job: int = 0, timeout: Optional[float] = 10.0):
+    def __init__(self, path, role: int, job: int = 0, timeout: Optional[float] = 10.0,
+                 io_timeout: Optional[float] = None):
+        """timeout bounds the connect and handshake; io_timeout every later receive (None: block, as
+        the `krex run` guardian must: a quiet controller is not a dead one)."""
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.settimeout(timeout)
@@ -135,6 +138,7 @@ class Connection:
                 f"controller at {self.path} speaks protocol {self.welcome.version}, this krex {VERSION}: upgrade one", 3)
         self.gate_fd = reply.fds[0] if reply.fds else None
         self.job = self.welcome.job
+        self.sock.settimeout(io_timeout)
 
     def send(self, msg_type: int, payload: bytes) -> int:
         self._seq += 1

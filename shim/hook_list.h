@@ -92,7 +92,65 @@
     KREX_PTDS(X, CUDA, COPY, cuMemcpy3D_v2, (const void *p), (p), NULL) \
     KREX_PTDS(X, CUDA, COPY, cuMemsetD8_v2, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n), NULL) \
     KREX_PTDS(X, CUDA, COPY, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n), NULL) \
-    KREX_PTDS(X, CUDA, COPY, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n), NULL)
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n), NULL) \
+    KREX_CUDA_SUBMISSIONS_MORE(X) \
+    KREX_CUDA_SUBMISSIONS_LEGACY(X)
+
+/* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
+#define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
+#define KREX_A_A2A (d, doff, sr, soff, n)
+#define KREX_P_3DBATCH12 (size_t n, void *ops, size_t *fail, unsigned long long fl, CUstream s)
+#define KREX_P_3DBATCH13 (size_t n, void *ops, unsigned long long fl, CUstream s)
+#define KREX_CUDA_SUBMISSIONS_MORE(X) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyAtoA_v2, KREX_P_A2A, KREX_A_A2A, NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyAtoD_v2, (CUdeviceptr d, void *sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyAtoH_v2, (void *d, void *sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyDtoA_v2, (void *d, size_t off, CUdeviceptr sr, size_t n), (d, off, sr, n), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpyHtoA_v2, (void *d, size_t off, const void *sr, size_t n), (d, off, sr, n), NULL) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyAtoHAsync_v2, (void *d, void *sr, size_t off, size_t n, CUstream s), \
+              (d, sr, off, n, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpyHtoAAsync_v2, (void *d, size_t off, const void *sr, size_t n, CUstream s), \
+              (d, off, sr, n, s), s) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD2D8_v2, (CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h), \
+              (d, p, v, w, h), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD2D16_v2, (CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h), \
+              (d, p, v, w, h), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemsetD2D32_v2, (CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h), \
+              (d, p, v, w, h), NULL) \
+    KREX_PTDS(X, CUDA, COPY, cuMemcpy3DPeer, (const void *p), (p), NULL) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DBatchAsync, KREX_P_3DBATCH12, (n, ops, fail, fl, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DBatchAsync_v2, KREX_P_3DBATCH13, (n, ops, fl, s), s)
+
+/* Pre-CUDA-3.2 names, still exported: their narrower integer arguments travel in the same registers,
+ * so passing them through unchanged is exact. */
+#define KREX_CUDA_SUBMISSIONS_LEGACY(X) \
+    X(CUDA, KERNEL, cuLaunch, (CUfunction f), (f), NULL) \
+    X(CUDA, KERNEL, cuLaunchGrid, (CUfunction f, int w, int h), (f, w, h), NULL) \
+    X(CUDA, KERNEL, cuLaunchGridAsync, (CUfunction f, int w, int h, CUstream s), (f, w, h, s), s) \
+    X(CUDA, COPY, cuMemcpy2D, (const void *p), (p), NULL) \
+    X(CUDA, COPY, cuMemcpy2DAsync, (const void *p, CUstream s), (p, s), s) \
+    X(CUDA, COPY, cuMemcpy2DUnaligned, (const void *p), (p), NULL) \
+    X(CUDA, COPY, cuMemcpy3D, (const void *p), (p), NULL) \
+    X(CUDA, COPY, cuMemcpy3DAsync, (const void *p, CUstream s), (p, s), s) \
+    X(CUDA, COPY, cuMemcpyAtoA, KREX_P_A2A, KREX_A_A2A, NULL) \
+    X(CUDA, COPY, cuMemcpyAtoD, (CUdeviceptr d, void *sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    X(CUDA, COPY, cuMemcpyAtoH, (void *d, void *sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    X(CUDA, COPY, cuMemcpyAtoHAsync, (void *d, void *sr, size_t off, size_t n, CUstream s), (d, sr, off, n, s), s) \
+    X(CUDA, COPY, cuMemcpyDtoA, (void *d, size_t off, CUdeviceptr sr, size_t n), (d, off, sr, n), NULL) \
+    X(CUDA, COPY, cuMemcpyHtoA, (void *d, size_t off, const void *sr, size_t n), (d, off, sr, n), NULL) \
+    X(CUDA, COPY, cuMemcpyHtoAAsync, (void *d, size_t off, const void *sr, size_t n, CUstream s), (d, off, sr, n, s), s) \
+    X(CUDA, COPY, cuMemcpyDtoD, (CUdeviceptr d, CUdeviceptr sr, size_t n), (d, sr, n), NULL) \
+    X(CUDA, COPY, cuMemcpyDtoDAsync, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
+    X(CUDA, COPY, cuMemcpyDtoH, (void *d, CUdeviceptr sr, size_t n), (d, sr, n), NULL) \
+    X(CUDA, COPY, cuMemcpyDtoHAsync, (void *d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
+    X(CUDA, COPY, cuMemcpyHtoD, (CUdeviceptr d, const void *sr, size_t n), (d, sr, n), NULL) \
+    X(CUDA, COPY, cuMemcpyHtoDAsync, (CUdeviceptr d, const void *sr, size_t n, CUstream s), (d, sr, n, s), s) \
+    X(CUDA, COPY, cuMemsetD8, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n), NULL) \
+    X(CUDA, COPY, cuMemsetD16, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n), NULL) \
+    X(CUDA, COPY, cuMemsetD32, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n), NULL) \
+    X(CUDA, COPY, cuMemsetD2D8, (CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h), (d, p, v, w, h), NULL) \
+    X(CUDA, COPY, cuMemsetD2D16, (CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h), (d, p, v, w, h), NULL) \
+    X(CUDA, COPY, cuMemsetD2D32, (CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h), (d, p, v, w, h), NULL)
 
 #define KREX_P_HMLAUNCH (hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
                          unsigned bz, unsigned smem, hipStream_t s, void **kp, void **ex)

@@ -15,7 +15,7 @@ from ..proto import C, Connection
               help="Controller socket (default: KREX_SOCKET, /run/krex/krex.sock, then the per-user one).")
 def status(as_json: bool, socket_path) -> None:
     """Show what a controller is doing."""
-    conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI)
+    conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI, io_timeout=10.0)
     try:
         st = conn.request("status")
     finally:
