@@ -20,8 +20,9 @@ venv: $(VENV)/.installed  ## create .venv with krex and its test dependencies
 shim:  ## build build/libkrex.so
 	$(MAKE) -C shim OUT=$(BUILD)
 
-fakes:  ## build the fake GPU drivers into build/fakes
+fakes:  ## build the fake GPU drivers and the snippet programs into build/
 	$(MAKE) -C tests/fakes OUT=$(BUILD)
+	$(MAKE) -C tests/snippets OUT=$(BUILD)
 
 demo: venv shim fakes  ## run several benchmark commands at once under krex (GPU if present, else fake driver)
 	$(PY) examples/demo.py

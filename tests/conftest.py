@@ -1,0 +1,147 @@
+"""Fixtures: the native build, and an isolated controller per test with real processes and sockets."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+SNIP = BUILD / "snippets"
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_build():
+    subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def proc_state(pid: int):
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return chr(data[data.rindex(b")") + 2])
+
+
+def stopped_processes_under(marker: str) -> list[int]:
+    """Processes in state T whose command line mentions marker (a test's private directory)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+            env = Path(f"/proc/{name}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if (marker in cmd or marker in env) and proc_state(int(name)) in ("T", "t"):
+            out.append(int(name))
+    return out
+
+
+class Krex:
+    """One isolated krex world: its own controller socket, state file, trace file and environment."""
+
+    def __init__(self, tmp: Path):
+        self.dir = tmp
+        self.socket = tmp / "ctl.sock"
+        self.trace = tmp / "trace"
+        self.state_file = tmp / "ctl.state"
+        self.env = dict(os.environ)
+        for k in list(self.env):
+            if k.startswith("KREX_") or k == "LD_PRELOAD":
+                del self.env[k]
+        self.env.update(KREX_SOCKET=str(self.socket), KREX_FAKE_TRACE=str(self.trace), KREX_LOG_LEVEL="warning",
+                        PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp))
+        self.ctl = None
+        self.ctl_log = tmp / "controller.log"
+
+    def start_controller(self, *args: str) -> subprocess.Popen:
+        log = open(self.ctl_log, "ab")
+        cpus = sorted(os.sched_getaffinity(0))
+        reserved = [] if any(a.startswith("--reserved-cores") for a in args) else ["--reserved-cores", str(cpus[-1])]
+        self.ctl = subprocess.Popen(
+            [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.socket), "--state-file",
+             str(self.state_file), *reserved, *args], env=self.env, stdout=log, stderr=log)
+        wait_for(self.answers, what="controller socket")
+        return self.ctl
+
+    def answers(self) -> bool:
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(str(self.socket))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def run_cmd(self, cmd, report=None, env=None, **kw) -> list[str]:
+        full = [sys.executable, "-m", "krex_ctl", "run"]
+        if report:
+            full += ["--report", str(report)]
+        return full + ["--"] + [str(c) for c in cmd]
+
+    def run(self, cmd, report=None, env=None, timeout=60, **kw) -> subprocess.CompletedProcess:
+        e = dict(self.env, **(env or {}))
+        return subprocess.run(self.run_cmd(cmd, report), env=e, capture_output=True, text=True, timeout=timeout, **kw)
+
+    def popen(self, cmd, report=None, env=None, **kw) -> subprocess.Popen:
+        e = dict(self.env, **(env or {}))
+        return subprocess.Popen(self.run_cmd(cmd, report), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, **kw)
+
+    def status(self) -> dict:
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=self.env,
+                             capture_output=True, text=True, timeout=20, check=True)
+        return json.loads(out.stdout)
+
+    def trace_lines(self) -> list[tuple]:
+        if not self.trace.exists():
+            return []
+        out = []
+        for line in self.trace.read_text().splitlines():
+            pid, sid, start, end, name = line.split(" ", 4)
+            out.append((int(pid), int(sid), int(start), int(end), name))
+        return out
+
+    def stop(self) -> None:
+        if self.ctl and self.ctl.poll() is None:
+            self.ctl.send_signal(signal.SIGTERM)
+            try:
+                self.ctl.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.ctl.kill()
+                self.ctl.wait()
+
+
+@pytest.fixture
+def krex(tmp_path):
+    k = Krex(tmp_path)
+    yield k
+    k.stop()
+    left = stopped_processes_under(str(tmp_path))
+    for pid in left:
+        os.kill(pid, signal.SIGCONT)
+    assert not left, f"processes left stopped: {left}"
+
+
+def report_of(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

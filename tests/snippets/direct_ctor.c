@@ -1,0 +1,28 @@
+/* direct_ctor.c: the shared library's constructor creates a context and launches before main (and so
+ * before anything in the shim could have been initialized by a constructor of its own). */
+#include "common.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuCtxSynchronize(void);
+
+static int launched;
+int snippet_ctor_launched(void) { return launched; }
+
+__attribute__((constructor)) static void launch_early(void) {
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "image"));
+    CHECK(cuModuleGetFunction(&f, mod, "ctor_kernel"));
+    for (int i = 0; i < 3; i++, launched++) CHECK(cuLaunchKernel(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(cuCtxSynchronize());
+}

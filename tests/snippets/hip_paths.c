@@ -1,0 +1,65 @@
+/* hip_paths.c: the HIP entry paths (direct symbol, dlsym, hipGetProcAddress, the dim3-by-value
+ * hipLaunchKernel, hipExtModuleLaunchKernel, graph launch); prints the expected counts. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+#include "../../shim/hip_defs.h"
+#include "common.h"
+
+hipError_t hipSetDevice(int);
+hipError_t hipModuleLoadData(hipModule_t *, const void *);
+hipError_t hipModuleGetFunction(hipFunction_t *, hipModule_t, const char *);
+hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 hipStream_t, void **, void **);
+hipError_t hipLaunchKernel(const void *, dim3, dim3, void **, size_t, hipStream_t);
+hipError_t hipExtModuleLaunchKernel(hipFunction_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, size_t,
+                                    hipStream_t, void **, void **, hipEvent_t, hipEvent_t, uint32_t);
+hipError_t hipGetProcAddress(const char *, void **, int, uint64_t, int *);
+hipError_t hipDeviceSynchronize(void);
+hipError_t hipMemcpyAsync(void *, const void *, size_t, int, hipStream_t);
+hipError_t hipMalloc(void **, size_t);
+
+void hip_stub_kernel(void) {}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "direct";
+    int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0;
+    hipModule_t m;
+    hipFunction_t f;
+    CHECK(hipSetDevice(0));
+    CHECK(hipModuleLoadData(&m, "image"));
+    CHECK(hipModuleGetFunction(&f, m, "hip_snippet"));
+    if (!strcmp(mode, "direct")) {
+        for (int i = 0; i < n; i++) CHECK(hipModuleLaunchKernel(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        dim3 g = {5, 1, 1}, b = {1, 1, 1};
+        for (int i = 0; i < n; i++) CHECK(hipLaunchKernel((const void *)hip_stub_kernel, g, b, NULL, 0, NULL));
+        for (int i = 0; i < n; i++) CHECK(hipExtModuleLaunchKernel(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL, NULL, NULL, 0));
+        kernels = 3 * n;
+    } else if (!strcmp(mode, "dlsym")) {
+        void *lib = dlopen("libamdhip64.so", RTLD_NOW | RTLD_NOLOAD);
+        if (!lib) return 11;
+        hipError_t (*launch)(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             hipStream_t, void **, void **) = dlsym(lib, "hipModuleLaunchKernel");
+        for (int i = 0; i < n; i++) CHECK(launch(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        kernels = n;
+    } else if (!strcmp(mode, "procaddr")) {
+        void *p = NULL;
+        int st;
+        CHECK(hipGetProcAddress("hipLaunchKernel", &p, 60200000, 0, &st));
+        hipError_t (*launch)(const void *, dim3, dim3, void **, size_t, hipStream_t) = p;
+        dim3 g = {5, 1, 1}, b = {1, 1, 1};
+        for (int i = 0; i < n; i++) CHECK(launch((const void *)hip_stub_kernel, g, b, NULL, 0, NULL));
+        CHECK(hipGetProcAddress("hipMemcpyAsync", &p, 60200000, 2, &st));   /* per-thread stream: _spt */
+        hipError_t (*copy)(void *, const void *, size_t, int, hipStream_t) = p;
+        void *d;
+        char h[16] = {0};
+        CHECK(hipMalloc(&d, 16));
+        CHECK(copy(d, h, 16, 1, NULL));
+        kernels = n, copies = 1;
+    } else {
+        return 2;
+    }
+    CHECK(hipDeviceSynchronize());
+    printf("expect kernels=%d graphs=0 copies=%d other=0 captured=0\n", kernels, copies);
+    return 0;
+}

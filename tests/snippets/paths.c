@@ -1,0 +1,140 @@
+/* paths.c: one way of reaching the CUDA driver per mode, each making a known number of submissions.
+ * Prints "expect kernels=K graphs=G copies=C other=O captured=P" for the test to compare with the
+ * shim's counts (krex run --report). Modes: direct dlsym dlsym-versioned procaddr-v1 procaddr-v2
+ * procaddr-v2-nullstatus procaddr-ptsz procaddr-self capture all-kinds dlsym-next */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+#include "common.h"
+
+typedef CUresult (*init_t)(unsigned);
+typedef CUresult (*retain_t)(CUcontext *, CUdevice);
+typedef CUresult (*setcur_t)(CUcontext);
+typedef CUresult (*modload_t)(CUmodule *, const void *);
+typedef CUresult (*getfn_t)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+typedef CUresult (*launchex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*sync_t)(void);
+typedef CUresult (*gpa1_t)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa2_t)(const char *, void **, int, cuuint64_t, int *);
+typedef CUresult (*htod_t)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+typedef CUresult (*stream_t)(CUstream *, unsigned);
+typedef CUresult (*capbeg_t)(CUstream, int);
+typedef CUresult (*capend_t)(CUstream, CUgraph *);
+typedef CUresult (*inst_t)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*glaunch_t)(CUgraphExec, CUstream);
+typedef CUresult (*ssync_t)(CUstream);
+typedef CUresult (*memset_t)(CUdeviceptr, unsigned char, size_t, CUstream);
+typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
+typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
+
+static void *lib;
+static void *sym(const char *n) {
+    void *p = dlsym(lib, n);
+    if (!p) {
+        fprintf(stderr, "paths: no %s in the driver\n", n);
+        exit(11);
+    }
+    return p;
+}
+
+static gpa2_t gpa2;
+static void *proc(const char *n, int ver, cuuint64_t flags) {
+    void *p = NULL;
+    int st = -1;
+    CHECK(gpa2(n, &p, ver, flags, &st));
+    if (!p || st != 0) exit(12);
+    return p;
+}
+
+static CUfunction setup(void) {
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CHECK(((init_t)sym("cuInit"))(0));
+    CHECK(((retain_t)sym("cuDevicePrimaryCtxRetain"))(&ctx, 0));
+    CHECK(((setcur_t)sym("cuCtxSetCurrent"))(ctx));
+    CHECK(((modload_t)sym("cuModuleLoadData"))(&mod, "image"));
+    CHECK(((getfn_t)sym("cuModuleGetFunction"))(&f, mod, "snippet"));
+    return f;
+}
+
+static void host_fn(void *arg) { (void)arg; }
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "dlsym";
+    int n = env_int("SNIPPET_N", 7);
+    int kernels = 0, graphs = 0, copies = 0, other = 0, captured = 0;
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        fprintf(stderr, "paths: %s\n", dlerror());
+        return 11;
+    }
+    gpa2 = (gpa2_t)sym("cuGetProcAddress_v2");
+    CUfunction f = setup();
+    launch_t launch = NULL;
+    if (!strcmp(mode, "dlsym")) launch = (launch_t)sym("cuLaunchKernel");
+    else if (!strcmp(mode, "dlsym-versioned")) launch = (launch_t)sym("cuLaunchKernel_ptsz");
+    else if (!strcmp(mode, "dlsym-next")) launch = (launch_t)dlsym(RTLD_NEXT, "cuLaunchKernel");
+    else if (!strcmp(mode, "procaddr-v1")) {
+        gpa1_t gpa1 = (gpa1_t)sym("cuGetProcAddress");
+        void *p = NULL;
+        CHECK(gpa1("cuLaunchKernel", &p, 11030, 0));
+        launch = (launch_t)p;
+    } else if (!strcmp(mode, "procaddr-v2")) launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
+    else if (!strcmp(mode, "procaddr-v2-nullstatus")) {
+        void *p = NULL;
+        CHECK(gpa2("cuLaunchKernel", &p, 12000, 0, NULL));   /* status may be NULL */
+        launch = (launch_t)p;
+    } else if (!strcmp(mode, "procaddr-ptsz")) {
+        launch = (launch_t)proc("cuLaunchKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    } else if (!strcmp(mode, "procaddr-self")) {
+        /* the runtime asks the resolver for the resolver itself: everything after must still be seen */
+        gpa2_t again = (gpa2_t)proc("cuGetProcAddress", 12000, 0);
+        void *p = NULL;
+        int st;
+        CHECK(again("cuLaunchKernelEx", &p, 12000, 0, &st));
+        launchex_t ex = (launchex_t)p;
+        CUlaunchConfig cfg = {5, 1, 1, 1, 1, 1, 0, NULL, NULL, 0};
+        for (int i = 0; i < n; i++) CHECK(ex(&cfg, f, NULL, NULL));
+        kernels = n;
+    } else if (!strcmp(mode, "capture")) {
+        CUstream s;
+        CUgraph g;
+        CUgraphExec e;
+        launch = (launch_t)sym("cuLaunchKernel");
+        CHECK(((stream_t)proc("cuStreamCreate", 12000, 0))(&s, 0));
+        CHECK(((capbeg_t)proc("cuStreamBeginCapture", 12000, 0))(s, 0));
+        for (int i = 0; i < n; i++) CHECK(launch(f, 5, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        CHECK(((capend_t)proc("cuStreamEndCapture", 12000, 0))(s, &g));
+        CHECK(((inst_t)proc("cuGraphInstantiateWithFlags", 12000, 0))(&e, g, 0));
+        glaunch_t gl = (glaunch_t)proc("cuGraphLaunch", 12000, 0);
+        for (int i = 0; i < 3; i++) CHECK(gl(e, s));
+        CHECK(((ssync_t)proc("cuStreamSynchronize", 12000, 0))(s));
+        captured = n, graphs = 3;
+        launch = NULL;
+    } else if (!strcmp(mode, "all-kinds")) {
+        CUdeviceptr d;
+        char host[64] = {0};
+        CHECK(((alloc_t)proc("cuMemAlloc", 12000, 0))(&d, 64));
+        CHECK(((htod_t)proc("cuMemcpyHtoDAsync", 12000, 0))(d, host, 64, NULL));
+        CHECK(((htod_t)proc("cuMemcpyHtoDAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(d, host, 64, NULL));
+        CHECK(((memset_t)sym("cuMemsetD8Async"))(d, 1, 64, NULL));
+        CHECK(((dtoh_t)sym("cuMemcpyDtoH_v2"))(host, d, 64));
+        CHECK(((hostfn_t)proc("cuLaunchHostFunc", 12000, 0))(NULL, host_fn, NULL));
+        launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
+        copies = 4, other = 1;
+    } else if (strcmp(mode, "direct")) {
+        fprintf(stderr, "paths: unknown mode %s\n", mode);
+        return 2;
+    }
+    if (launch) {
+        for (int i = 0; i < n; i++) CHECK(launch(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        kernels += n;
+    }
+    CHECK(((sync_t)sym("cuCtxSynchronize"))());
+    printf("expect kernels=%d graphs=%d copies=%d other=%d captured=%d\n", kernels, graphs, copies, other, captured);
+    return 0;
+}

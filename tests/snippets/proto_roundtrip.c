@@ -1,0 +1,66 @@
+/* proto_roundtrip.c: the C side of the message round-trip test. `encode` writes one frame of each
+ * shim-sent message type to stdout (fixed values); `decode` reads frames from stdin and prints each
+ * frame's type and fields, so Python-encoded messages are checked by the C definitions. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "../../shim/krex_wire.h"
+
+static void frame(int type, const void *p, uint32_t len) {
+    struct krex_frame_hdr h = {KREX_MAGIC, (uint16_t)type, 0, len, 7};
+    fwrite(&h, sizeof h, 1, stdout);
+    fwrite(p, len, 1, stdout);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "encode")) {
+        struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, 42};
+        struct krex_context ctx = {KREX_VENDOR_HIP, 3};
+        struct krex_region_begin b = {0x5, 123456789, "matmul"};
+        struct krex_region_end e = {77, 987654321};
+        struct krex_drained d = {9, -3, 250};
+        frame(KREX_MSG_HELLO, &hello, sizeof hello);
+        frame(KREX_MSG_CONTEXT, &ctx, sizeof ctx);
+        frame(KREX_MSG_REGION_BEGIN, &b, sizeof b);
+        frame(KREX_MSG_REGION_END, &e, sizeof e);
+        frame(KREX_MSG_DRAINED, &d, sizeof d);
+        return 0;
+    }
+    struct krex_frame_hdr h;
+    char buf[KREX_MAX_PAYLOAD];
+    while (fread(&h, sizeof h, 1, stdin) == 1) {
+        if (h.magic != KREX_MAGIC || h.length > sizeof buf || fread(buf, 1, h.length, stdin) != h.length) return 1;
+        switch (h.type) {
+        case KREX_MSG_WELCOME: {
+            struct krex_welcome *w = (void *)buf;
+            printf("WELCOME %u %u %u %d %u %u %u %u\n", w->magic, w->version, w->client_id, w->job, w->max_gpus,
+                   w->gate_stride, w->gate_offset, w->has_gate_fd);
+            break;
+        }
+        case KREX_MSG_ERROR: {
+            struct krex_error *er = (void *)buf;
+            printf("ERROR %d %s\n", er->code, er->text);
+            break;
+        }
+        case KREX_MSG_REGION_GRANTED: {
+            struct krex_region_granted *g = (void *)buf;
+            printf("GRANTED %llu %llu %lld %lld %u %u %lld\n", (unsigned long long)g->region_id,
+                   (unsigned long long)g->gpu_mask, (long long)g->requested_ns, (long long)g->granted_ns, g->frozen,
+                   g->drain_timeouts, (long long)g->time_limit_ns);
+            break;
+        }
+        case KREX_MSG_REGION_ENDED: {
+            struct krex_region_ended *x = (void *)buf;
+            printf("ENDED %llu %lld %u\n", (unsigned long long)x->region_id, (long long)x->ended_ns, x->reason);
+            break;
+        }
+        case KREX_MSG_DRAIN: {
+            struct krex_drain *x = (void *)buf;
+            printf("DRAIN %llu %llu\n", (unsigned long long)x->drain_id, (unsigned long long)x->gpu_mask);
+            break;
+        }
+        default: printf("TYPE %u\n", h.type);
+        }
+    }
+    return 0;
+}

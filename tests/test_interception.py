@@ -1,0 +1,76 @@
+"""One snippet program per entry path into the fake drivers: the shim must see exactly the submissions
+made (kernels, graph launches, copies, other), no more, no fewer."""
+
+import re
+
+import pytest
+
+from conftest import SNIP, report_of
+
+CUDA_MODES = ["direct", "dlsym", "dlsym-versioned", "dlsym-next", "procaddr-v1", "procaddr-v2",
+              "procaddr-v2-nullstatus", "procaddr-ptsz", "procaddr-self", "capture", "all-kinds"]
+
+
+def expected(stdout: str) -> dict:
+    m = re.search(r"expect (.*)", stdout)
+    assert m, stdout
+    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+
+
+def check(krex, cmd, tmp_path):
+    rep = tmp_path / "r.json"
+    out = krex.run(cmd, report=rep)
+    assert out.returncode == 0, out.stderr
+    want = expected(out.stdout)
+    got = report_of(rep)["submissions"]
+    assert got == want, f"{cmd}: shim saw {got}, program made {want}"
+    return report_of(rep)
+
+
+@pytest.mark.parametrize("mode", CUDA_MODES)
+def test_cuda_entry_path(krex, tmp_path, mode):
+    krex.start_controller()
+    cmd = [SNIP / "direct"] if mode == "direct" else [SNIP / "paths", mode]
+    if mode == "direct":
+        out = krex.run(cmd, report=tmp_path / "r.json", env={"SNIPPET_N": "6"})
+        assert out.returncode == 0, out.stderr
+        rep = report_of(tmp_path / "r.json")
+        assert rep["submissions"]["kernels"] == 6 and rep["launches"] == 6
+        assert rep["context_creations"] == 1
+        return
+    check(krex, cmd, tmp_path)
+
+
+def test_launch_from_library_constructor(krex, tmp_path):
+    """A DT_NEEDED library launches in its constructor, before main and before any shim set-up."""
+    krex.start_controller()
+    check(krex, [SNIP / "ctor_main"], tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["direct", "dlsym", "procaddr"])
+def test_hip_entry_path(krex, tmp_path, mode):
+    krex.start_controller()
+    check(krex, [SNIP / "hip_paths", mode], tmp_path)
+
+
+def test_counts_without_controller(krex, tmp_path):
+    """Fail open: no controller anywhere, the command still runs, is counted and says so once."""
+    env = {"KREX_SOCKET": str(tmp_path / "missing" / "ctl.sock")}
+    out = krex.run([SNIP / "direct"], report=tmp_path / "r.json", env=env)
+    assert out.returncode == 0
+    assert "running without region exclusivity" in out.stderr
+    assert report_of(tmp_path / "r.json")["submissions"]["kernels"] == 5
+
+
+def test_shim_alone_without_controller(tmp_path):
+    """LD_PRELOAD without krex run and with no controller: one warning line, everything passes through."""
+    import os
+    import subprocess
+
+    from conftest import BUILD
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(LD_PRELOAD=str(BUILD / "libkrex.so"), KREX_SOCKET=str(tmp_path / "none.sock"))
+    out = subprocess.run([SNIP / "direct"], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "launched 5" in out.stdout
+    assert out.stderr.count("no controller at") == 1

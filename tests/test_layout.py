@@ -1,0 +1,74 @@
+"""Every protocol struct has the same size and field offsets in C as cffi reads from krex_proto.h,
+and messages encoded on one side decode on the other."""
+
+import subprocess
+
+from conftest import BUILD, ROOT, SNIP
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG, ffi
+
+
+def test_c_and_cffi_agree_on_every_struct(tmp_path):
+    lines = ['#include <stdio.h>', '#include <stddef.h>', f'#include "{ROOT}/shim/krex_wire.h"', "int main(void) {"]
+    expect = []
+    for name in proto.struct_names():
+        t = f"struct {name}"
+        lines.append(f'printf("{name} %zu\\n", sizeof({t}));')
+        expect.append(f"{name} {ffi.sizeof(t)}")
+        for field, _ in ffi.typeof(t).fields:
+            lines.append(f'printf("{name}.{field} %zu\\n", offsetof({t}, {field}));')
+            expect.append(f"{name}.{field} {ffi.offsetof(t, field)}")
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", tmp_path / "layout", src], check=True)
+    got = subprocess.run([tmp_path / "layout"], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert [g for g in got if g] == expect
+    assert len(proto.struct_names()) >= 14
+
+
+def frames(data: bytes):
+    while data:
+        mtype, length, seq = proto.unpack_header(data)
+        yield mtype, data[proto.HDR_SIZE:proto.HDR_SIZE + length], seq
+        data = data[proto.HDR_SIZE + length:]
+
+
+def test_c_encoded_messages_decode_in_python():
+    data = subprocess.run([SNIP / "proto_roundtrip", "encode"], capture_output=True, check=True).stdout
+    got = {proto.MESSAGES[t][0]: (p, s) for t, p, s in frames(data)}
+    hello = proto.decode("struct krex_hello", got["HELLO"][0])
+    assert (hello.magic, hello.version, hello.role, hello.job) == (proto.MAGIC, proto.VERSION, C.KREX_ROLE_SHIM, 42)
+    ctx = proto.decode("struct krex_context", got["CONTEXT"][0])
+    assert (ctx.vendor, ctx.device) == (C.KREX_VENDOR_HIP, 3)
+    b = proto.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
+    assert (b.gpu_mask, b.requested_ns, proto.cstr(b.name)) == (5, 123456789, "matmul")
+    e = proto.decode("struct krex_region_end", got["REGION_END"][0])
+    assert (e.region_id, e.ended_ns) == (77, 987654321)
+    d = proto.decode("struct krex_drained", got["DRAINED"][0])
+    assert (d.drain_id, d.status, d.waited_us) == (9, -3, 250)
+    assert all(seq == 7 for _, seq in got.values())
+
+
+def test_python_encoded_messages_decode_in_c():
+    data = b"".join([
+        proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC, version=proto.VERSION,
+                                                client_id=3, job=4, max_gpus=64, gate_stride=64, gate_offset=64,
+                                                has_gate_fd=1)),
+        proto.pack(MSG["ERROR"], proto.error_payload(C.KREX_ERR_VERSION, "versions differ")),
+        proto.pack(MSG["REGION_GRANTED"], proto.encode("struct krex_region_granted", region_id=11, gpu_mask=2,
+                                                       requested_ns=100, granted_ns=200, frozen=3, drain_timeouts=1,
+                                                       time_limit_ns=5)),
+        proto.pack(MSG["REGION_ENDED"], proto.encode("struct krex_region_ended", region_id=11, ended_ns=300,
+                                                     reason=C.KREX_END_TIME_LIMIT)),
+        proto.pack(MSG["DRAIN"], proto.encode("struct krex_drain", drain_id=12, gpu_mask=1)),
+    ])
+    out = subprocess.run([SNIP / "proto_roundtrip", "decode"], input=data, capture_output=True, check=True).stdout
+    assert out.decode().splitlines() == [
+        f"WELCOME {proto.MAGIC} {proto.VERSION} 3 4 64 64 64 1",
+        f"ERROR {C.KREX_ERR_VERSION} versions differ",
+        "GRANTED 11 2 100 200 3 1 5",
+        f"ENDED 11 300 {C.KREX_END_TIME_LIMIT}",
+        "DRAIN 12 1",
+    ]
+    assert BUILD.exists()
