@@ -1,0 +1,175 @@
+"""Region exclusivity with real processes on the fake driver: hogs launch continuously on several
+streams while owners take regions; the kernel trace proves no hog kernel ran inside any region."""
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import SNIP, proc_state, report_of, wait_for
+
+
+def overlaps(trace, regions, name="hog"):
+    bad = []
+    for pid, sid, start, end, kname in trace:
+        if kname != name:
+            continue
+        for r in regions:
+            if start < r["ended_ns"] and end > r["granted_ns"]:
+                bad.append((pid, sid, start, end, r["name"]))
+    return bad
+
+
+def test_no_sibling_kernel_inside_any_region(krex, tmp_path):
+    krex.start_controller()
+    hogs = [krex.popen([SNIP / "hog"], report=tmp_path / f"hog{i}.json",
+                       env={"SNIPPET_STREAMS": "3", "SNIPPET_US": "400", "SNIPPET_MS": "3500"}) for i in range(2)]
+    time.sleep(0.5)
+    owners = [krex.popen([SNIP / "region"], report=tmp_path / f"own{i}.json",
+                         env={"SNIPPET_REGIONS": "6", "SNIPPET_N": "4", "SNIPPET_US": "800"}) for i in range(2)]
+    for p in owners + hogs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    regions = [r for i in range(2) for r in report_of(tmp_path / f"own{i}.json")["regions"]]
+    assert len(regions) == 12 and all(r["end"] == "normal" and r["granted_ns"] for r in regions)
+    trace = krex.trace_lines()
+    hog_kernels = [t for t in trace if t[4] == "hog"]
+    assert len(hog_kernels) > 500
+    assert overlaps(trace, regions) == []
+    # the owners' own kernels all ran inside their regions
+    timed = [t for t in trace if t[4] == "timed"]
+    assert len(timed) == 48
+    assert all(any(r["granted_ns"] <= s and e <= r["ended_ns"] for r in regions) for _, _, s, e, _ in timed)
+    # regions never overlap each other on one GPU
+    spans = sorted((r["granted_ns"], r["ended_ns"]) for r in regions)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    # hogs progress outside regions: before the first, between them and after the last
+    assert any(e <= spans[0][0] for _, _, s, e, _ in hog_kernels)
+    assert any(s >= spans[-1][1] for _, _, s, e, _ in hog_kernels)
+    assert any(spans[0][1] <= s and e <= spans[-1][0] for _, _, s, e, _ in hog_kernels)
+    hog_reports = [report_of(tmp_path / f"hog{i}.json") for i in range(2)]
+    assert sum(r["launches"] for r in hog_reports) == len(hog_kernels)   # every traced hog kernel was counted
+    assert any(r["gate_waited_ns"] > 0 for r in hog_reports)            # and some waited at a closed gate
+
+
+def test_grants_are_fifo(krex, tmp_path):
+    krex.start_controller()
+    holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",
+                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "4000000"})
+    wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="first region")
+    waiters = []
+    for i in range(3):
+        waiters.append(krex.popen([SNIP / "region"], report=tmp_path / f"w{i}.json",
+                                  env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"}))
+        wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == i + 1, what=f"waiter {i} queued")
+    for p in [holder] + waiters:
+        p.communicate(timeout=60)
+        assert p.returncode == 0
+    grants = [report_of(tmp_path / f"w{i}.json")["regions"][0] for i in range(3)]
+    assert [g["requested_ns"] for g in grants] == sorted(g["requested_ns"] for g in grants)
+    assert [g["granted_ns"] for g in grants] == sorted(g["granted_ns"] for g in grants)
+    assert report_of(tmp_path / "w0.json")["regions"][0]["granted_ns"] >= report_of(tmp_path / "a.json")["regions"][0]["ended_ns"]
+
+
+def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        import pytest
+        pytest.skip("needs two CPUs")
+    krex.start_controller()
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "2500"})
+    aff = tmp_path / "aff"
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "3", "SNIPPET_AFFINITY_FILE": str(aff)})
+    assert out.returncode == 0, out.stderr
+    lines = aff.read_text().splitlines()
+    for before, inside, after in zip(lines[0::3], lines[1::3], lines[2::3]):
+        assert inside.split()[1:] == [str(cpus[-1])]
+        assert before.split()[1:] == after.split()[1:] == [str(c) for c in cpus]
+    hog.communicate(timeout=30)
+    assert hog.returncode == 0
+
+
+def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
+    krex.start_controller()
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"})
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
+    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "800000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    assert proc_state(hog_pid) in ("T", "t")
+    owner.communicate(timeout=30)
+    wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=2, what="hog resumed")
+    hog.communicate(timeout=30)
+    assert hog.returncode == 0
+
+
+def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
+    krex.start_controller()
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"}, )
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
+    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "10000000"})
+    g = wait_for(lambda: next((g for g in krex.status()["gpus"] if g["owner"] and g["owner"]["state"] == "held"), None),
+                 what="grant")
+    assert proc_state(hog_pid) in ("T", "t")
+    t_kill = time.monotonic()
+    os.kill(g["owner"]["pid"], signal.SIGKILL)
+    wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=1.0, interval=0.005, what="hog resumed")
+    assert time.monotonic() - t_kill < 1.0
+    owner.communicate(timeout=30)
+    assert owner.returncode == 128 + signal.SIGKILL
+    rep = report_of(tmp_path / "o.json")
+    assert rep["regions"][0]["end"] == "owner_gone"
+    hog.communicate(timeout=30)
+    assert hog.returncode == 0
+    st = krex.status()
+    assert all(g["owner"] is None for g in st["gpus"]) and st["counters"]["owner_deaths"] == 1
+
+
+def test_region_past_time_limit_is_revoked(krex, tmp_path):
+    krex.start_controller("--region-time-limit", "0.3")
+    out = krex.run([SNIP / "region"], report=tmp_path / "r.json",
+                   env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "900000"})
+    assert out.returncode == 0
+    assert "begin=0 end=1" in out.stdout           # krex_region_end reports the revocation
+    r = report_of(tmp_path / "r.json")["regions"][0]
+    assert r["end"] == "revoked"
+    assert 0.25e9 < r["ended_ns"] - r["granted_ns"] < 0.8e9
+
+
+def test_python_region_api_with_and_without_shim(krex, tmp_path):
+    krex.start_controller()
+    code = ("import krex\n"
+            "with krex.region('outer') as r:\n"
+            "    with krex.region('inner'):\n"
+            "        pass\n"
+            "@krex.region('deco')\n"
+            "def f(): return 7\n"
+            "assert f() == 7\n"
+            "print('status', r.status)\n")
+    import sys
+
+    out = krex.run([sys.executable, "-c", code], report=tmp_path / "with.json")
+    assert out.returncode == 0, out.stderr
+    assert "status 0" in out.stdout
+    assert [r["name"] for r in report_of(tmp_path / "with.json")["regions"]] == ["outer", "deco"]
+    # without the shim: the same API talks to the controller itself
+    env = dict(krex.env)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "status 0" in out.stdout
+    assert krex.status()["counters"]["regions_granted"] == 4
+
+
+def test_python_region_without_any_controller(tmp_path):
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(KREX_SOCKET=str(tmp_path / "nothing.sock"), PYTHONPATH=str(ROOT))
+    code = "import krex\nwith krex.region('x') as r:\n    pass\nwith krex.region('y'):\n    pass\nprint(r.status)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "-1"
+    assert out.stderr.count("running without region exclusivity") == 1
