@@ -1,0 +1,108 @@
+"""`krex run`, `krex status`, `krex controller` from the outside: exit codes, reports, one-line errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SNIP, report_of
+
+
+def krex_cli(krex, *args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "krex_ctl", *args], env=krex.env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_exit_status_passes_through(krex, tmp_path):
+    krex.start_controller()
+    assert krex.run(["sh", "-c", "exit 3"]).returncode == 3
+    out = krex.run(["sh", "-c", "kill -TERM $$"])
+    assert out.returncode == 128 + signal.SIGTERM
+    assert "krex: command killed by SIGTERM" in out.stderr
+    out = krex.run(["no-such-command-krex"])
+    assert out.returncode == 127 and out.stderr.strip() == "krex: command not found: no-such-command-krex"
+
+
+def test_report_contract(krex, tmp_path):
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "2", "SNIPPET_N": "3"})
+    assert out.returncode == 0, out.stderr
+    r = report_of(rep)
+    assert r["version"] == 1 and r["exit_code"] == 0
+    assert r["command"] == [str(SNIP / "region")]
+    assert r["launches"] == 6 and r["context_creations"] == 1 and isinstance(r["waited_ns"], int)
+    assert len(r["regions"]) == 2
+    for reg in r["regions"]:
+        assert reg["name"] == "timed" and reg["gpu"] == [0]
+        assert 0 < reg["requested_ns"] <= reg["granted_ns"] <= reg["ended_ns"]
+
+
+def test_launches_are_summed_over_every_process_of_the_command(krex, tmp_path):
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    script = f"{SNIP / 'direct'} & {SNIP / 'direct'} & SNIPPET_N=3 {SNIP / 'direct'}; wait"
+    out = krex.run(["sh", "-c", script], report=rep)
+    assert out.returncode == 0
+    r = report_of(rep)
+    assert r["launches"] == 13 and r["context_creations"] == 3 and r["processes"] >= 3
+
+
+def test_gpu_option_pins_the_command(krex, tmp_path):
+    krex.start_controller()
+    out = krex.run(["--gpu", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KREX_GPU"][0:0] + ["sh", "-c", "true"])
+    assert out.returncode == 0
+    full = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "1", "--report", str(tmp_path / "r.json"), "--",
+            str(SNIP / "region")]
+    out = subprocess.run(full, env=dict(krex.env, SNIPPET_REGIONS="1"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert report_of(tmp_path / "r.json")["regions"][0]["gpu"] == [1]
+
+
+def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
+    out = krex_cli(krex, "run", "--gpu", "99", "--", "true")
+    assert out.returncode == 2 and "--gpu" in out.stderr
+    out = krex_cli(krex, "run")
+    assert out.returncode == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--config", str(bad))
+    assert out.returncode == 2 and out.stderr.strip().startswith("krex: config") and len(out.stderr.strip().splitlines()) == 1
+    bad.write_text(json.dumps({"frobnicate": 1}))
+    out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--config", str(bad))
+    assert out.returncode == 2 and "unknown setting 'frobnicate'" in out.stderr
+    out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--reserved-cores", "3-1")
+    assert out.returncode == 2 and "bad CPU range" in out.stderr
+    out = krex_cli(krex, "status", "--socket", str(tmp_path / "none.sock"))
+    assert out.returncode == 3 and out.stderr.startswith("krex: no krex controller answers at")
+
+
+def test_status_and_version(krex):
+    krex.start_controller()
+    out = krex_cli(krex, "status")
+    assert out.returncode == 0 and out.stdout.startswith("controller pid")
+    st = json.loads(krex_cli(krex, "status", "--json").stdout)
+    assert set(st) == {"controller", "gpus", "clients", "jobs", "counters"}
+    out = krex_cli(krex, "--version")
+    assert out.returncode == 0 and out.stdout.startswith("krex, version ")
+
+
+def test_embedded_controller_starts_on_demand_with_private_socket(tmp_path):
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", str(SNIP / "region")],
+                         env=dict(env, SNIPPET_REGIONS="1"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "begin=0 end=0" in out.stdout
+    sock = tmp_path / "krex" / "krex.sock"
+    assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(tmp_path / "krex").st_mode & 0o777) == "0o700"
+    st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True,
+                        text=True, timeout=30)
+    pid = json.loads(st.stdout)["controller"]["pid"]
+    os.kill(pid, signal.SIGTERM)

@@ -1,0 +1,209 @@
+"""Faults and bad input: nothing is left stopped, nobody gets in, the controller keeps serving."""
+
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import SNIP, proc_state, wait_for
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG
+
+
+def raw_client(krex) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(krex.socket))
+    return s
+
+
+def read_frame(s: socket.socket):
+    hdr = b""
+    while len(hdr) < proto.HDR_SIZE:
+        chunk = s.recv(proto.HDR_SIZE - len(hdr))
+        if not chunk:
+            return None
+        hdr += chunk
+    mtype, length, _ = proto.unpack_header(hdr)
+    body = b""
+    while len(body) < length:
+        body += s.recv(length - len(body))
+    return mtype, body
+
+
+def test_version_mismatch_is_one_clear_sentence(krex):
+    krex.start_controller()
+    s = raw_client(krex)
+    s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC, version=99,
+                                                    role=C.KREX_ROLE_SHIM, job=0)))
+    mtype, body = read_frame(s)
+    assert mtype == MSG["ERROR"]
+    err = proto.decode("struct krex_error", body)
+    assert err.code == C.KREX_ERR_VERSION
+    assert "protocol 1" in proto.cstr(err.text) and "99" in proto.cstr(err.text)
+    assert read_frame(s) is None     # and the connection is closed
+    assert krex.status()["controller"]["protocol"] == 1
+
+
+def test_garbage_frames_get_an_error_and_the_controller_lives(krex):
+    krex.start_controller()
+    rng = random.Random(1234)
+    cases = [b"\x00" * 16, b"GET / HTTP/1.1\r\n\r\n",
+             struct.pack("<IHHII", proto.MAGIC, MSG["HELLO"], 0, 1 << 30, 0),        # oversized
+             struct.pack("<IHHII", proto.MAGIC, MSG["HELLO"], 0, 3, 0) + b"abc",     # truncated struct
+             struct.pack("<IHHII", proto.MAGIC, 999, 0, 0, 0)]                      # unknown first type
+    cases += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))) for _ in range(40)]
+    for data in cases:
+        s = raw_client(krex)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        f = read_frame(s)
+        assert f is None or f[0] == MSG["ERROR"]
+        s.close()
+    st = krex.status()
+    assert st["counters"]["bad_frames"] >= 5
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0 and "begin=0 end=0" in out.stdout
+
+
+def test_disconnect_mid_handshake(krex):
+    krex.start_controller()
+    for n in (1, 8, 17):
+        s = raw_client(krex)
+        s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
+                                                        version=proto.VERSION, role=2, job=0))[:n])
+        s.close()
+    assert krex.status()["counters"]["clients_total"] >= 3
+
+
+def test_second_controller_on_the_same_socket_is_refused(krex):
+    krex.start_controller()
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(krex.socket)],
+                         env=krex.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 4
+    assert out.stderr.strip().splitlines()[-1] == f"krex: another krex controller is already serving {krex.socket}"
+    assert krex.answers()
+
+
+def test_stale_socket_file_is_replaced(krex):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(krex.socket))
+    s.close()                         # a socket file with nobody behind it
+    assert not krex.answers()
+    krex.start_controller()
+    assert krex.answers()
+
+
+def test_controller_killed_mid_region_guardians_resume_the_job(krex, tmp_path):
+    krex.start_controller()
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"})
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
+    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
+    wait_for(lambda: proc_state(hog_pid) in ("T", "t"), what="hog frozen")
+    assert krex.state_file.exists() and hog_pid in [p for p, _ in json.loads(krex.state_file.read_text())["frozen"]]
+    t0 = time.monotonic()
+    krex.ctl.kill()
+    wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=1.0, interval=0.005, what="guardian resumed hog")
+    assert time.monotonic() - t0 < 1.0
+    out, err = hog.communicate(timeout=30)
+    assert hog.returncode == 0
+    assert "lost the controller" in err
+    owner.communicate(timeout=30)
+    assert owner.returncode == 0
+
+
+def test_restarted_controller_resumes_what_its_state_file_lists(krex, tmp_path):
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(victim.pid, signal.SIGSTOP)
+        wait_for(lambda: proc_state(victim.pid) == "T", what="victim stopped")
+        from krex_ctl.procs import start_time
+
+        krex.state_file.write_text(json.dumps({"frozen": [[victim.pid, start_time(victim.pid)],
+                                                          [victim.pid, 1]]}))   # second entry: a reused pid
+        krex.start_controller()
+        wait_for(lambda: proc_state(victim.pid) == "S", timeout=5, what="victim resumed")
+        assert not krex.state_file.exists()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_sibling_that_never_acknowledges_the_drain(krex, tmp_path):
+    """A client that registers a context but never answers DRAIN: the region is granted after the bound,
+    the laggard is reported, frozen, and resumed at the end."""
+    krex.start_controller("--drain-timeout", "0.3")
+    from krex_ctl.proto import Connection
+
+    mute = Connection(krex.socket, C.KREX_ROLE_SHIM)
+    mute.send(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0))
+    time.sleep(0.1)
+    out = krex.run([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0
+    r = json.loads((tmp_path / "r.json").read_text())["regions"][0]
+    assert r["drain_timeouts"] == 1 and r["frozen"] == 1
+    assert 0.25e9 < r["granted_ns"] - r["requested_ns"] < 2e9
+    mute.close()
+    assert proc_state(os.getpid()) not in ("T", "t")
+
+
+def test_only_registered_clients_are_signalled(krex, tmp_path):
+    """A process that is neither a client nor in a job is never stopped, even on a busy GPU."""
+    krex.start_controller()
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "2", "SNIPPET_HOLD_US": "200000"})
+        assert out.returncode == 0
+        assert proc_state(bystander.pid) == "S"
+        assert os.sched_getaffinity(bystander.pid) == os.sched_getaffinity(0)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_claimed_job_is_not_trusted(krex, tmp_path):
+    """A job is honoured only for descendants of its wrapper: a stranger claiming the id gets a job of
+    its own (so it is still drained and frozen like any sibling), a real child gets the wrapper's."""
+    krex.start_controller()
+    child_code = ("import sys; from krex_ctl.proto import C, Connection; "
+                  "c = Connection(sys.argv[1], C.KREX_ROLE_SHIM, job=int(sys.argv[2])); print(c.job)")
+    wrapper_code = ("import subprocess, sys; from krex_ctl.proto import C, Connection; "
+                    "w = Connection(sys.argv[1], C.KREX_ROLE_WRAPPER); print(w.job, flush=True); "
+                    "out = subprocess.run([sys.executable, '-c', sys.argv[2], sys.argv[1], str(w.job)], "
+                    "capture_output=True, text=True).stdout.strip(); print(out, flush=True); sys.stdin.read()")
+    w = subprocess.Popen([sys.executable, "-c", wrapper_code, str(krex.socket), child_code], env=krex.env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        job = int(w.stdout.readline())
+        assert int(w.stdout.readline()) == job            # its descendant is in its job
+        from krex_ctl.proto import Connection
+
+        stranger = Connection(krex.socket, C.KREX_ROLE_SHIM, job=job)
+        assert stranger.job != job                          # we are not its descendant
+        stranger.close()
+    finally:
+        w.communicate("", timeout=10)
+
+
+def test_one_outstanding_request_per_client(krex):
+    krex.start_controller()
+    from krex_ctl.proto import Connection
+
+    c = Connection(krex.socket, C.KREX_ROLE_PYTHON)
+    begin = proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="a")
+    c.send(MSG["REGION_BEGIN"], begin)
+    assert c.recv().name == "REGION_GRANTED"
+    c.send(MSG["REGION_BEGIN"], begin)
+    f = c.recv()
+    assert f.name == "ERROR" and proto.decode("struct krex_error", f.payload).code == C.KREX_ERR_LIMIT
+    c.send(MSG["REGION_BEGIN"], proto.encode("struct krex_region_begin", gpu_mask=0, requested_ns=1, name="b"))
+    assert proto.decode("struct krex_error", c.recv().payload).code == C.KREX_ERR_GPU
+    c.close()
