@@ -72,3 +72,24 @@ def test_python_encoded_messages_decode_in_c():
         "DRAIN 12 1",
     ]
     assert BUILD.exists()
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(mtype=st.integers(0, 0xFFFF), payload=st.binary(max_size=300), seq=st.integers(0, 2**32 - 1))
+def test_framing_round_trips(mtype, payload, seq):
+    frame = proto.pack(mtype, payload, seq)
+    assert proto.unpack_header(frame) == (mtype, len(payload), seq)
+    assert frame[proto.HDR_SIZE:] == payload
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(min_size=16, max_size=16))
+def test_bad_headers_are_rejected_not_crashed(data):
+    try:
+        mtype, length, _ = proto.unpack_header(data)
+    except proto.ProtocolError:
+        return
+    assert length <= proto.MAX_PAYLOAD and data[:4] == proto.MAGIC.to_bytes(4, "little")

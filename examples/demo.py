@@ -1,0 +1,94 @@
+"""krex demo: several benchmark commands at once on one GPU, each timing inside a krex region.
+
+On a machine with torch and a CUDA GPU it runs real bf16 matmul benchmarks (examples/python_region.py)
+next to busy neighbours; otherwise it runs the C benchmark (examples/c/spin_bench.c) on krex's fake
+driver, where the kernel trace lets it prove that no neighbour kernel ran inside any region.
+    make demo"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+
+
+def has_cuda_gpu() -> bool:
+    probe = "import torch, triton, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def krex_run(env, report, cmd, **kw):
+    return subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--report", str(report), "--"] + cmd,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def main() -> int:
+    gpu = has_cuda_gpu()
+    tmp = Path(tempfile.mkdtemp(prefix="krex-demo-"))
+    env = dict(os.environ, KREX_SOCKET=str(tmp / "krex.sock"), PYTHONPATH=str(ROOT))
+    env.pop("LD_PRELOAD", None)
+    if gpu:
+        print("krex demo on the real GPU: 3 matmul benchmarks with regions + 2 busy neighbours, all at once\n")
+        bench = [sys.executable, str(ROOT / "examples" / "python_region.py"), "--sizes", "8192", "--trials", "3"]
+        hog = [sys.executable, str(ROOT / "bench" / "contender.py"), str(tmp / "stop"), str(tmp / "ready")]
+    else:
+        print("krex demo on the FAKE driver (no CUDA GPU here): 3 C benchmarks with regions + 2 busy neighbours,"
+              " all at once\n")
+        env.update(LD_LIBRARY_PATH=f"{BUILD / 'fakes'}:{env.get('LD_LIBRARY_PATH', '')}",
+                   KREX_FAKE_TRACE=str(tmp / "trace"), SNIPPET_MS="4000", SNIPPET_STREAMS="2")
+        bench = [str(BUILD / "snippets" / "spin_bench"), "-r", "4", "-n", "5", "-u", "2000"]
+        hog = [str(BUILD / "snippets" / "hog")]
+    t0 = time.monotonic()
+    hogs = [krex_run(env, tmp / f"hog{i}.json", hog) for i in range(2)]
+    if gpu:
+        while not (tmp / "ready").exists():
+            time.sleep(0.1)
+    benches = [krex_run(env, tmp / f"bench{i}.json", bench) for i in range(3)]
+    outputs = [p.communicate(timeout=600) for p in benches]
+    (tmp / "stop").touch()
+    for p in hogs:
+        p.communicate(timeout=600)
+    wall = time.monotonic() - t0
+    regions = []
+    for i, (out, err) in enumerate(outputs):
+        rep = json.loads((tmp / f"bench{i}.json").read_text())
+        print(f"benchmark {i}: exit {rep['exit_code']}, {rep['launches']} launches, {len(rep['regions'])} regions, "
+              f"waited {rep['waited_ns'] / 1e6:.1f} ms in total")
+        for line in out.splitlines():
+            if line.startswith("{"):
+                print("    " + line)
+        for r in rep["regions"]:
+            regions.append(r)
+            print(f"    region '{r['name']}': waited {(r['granted_ns'] - r['requested_ns']) / 1e6:.2f} ms for the GPU "
+                  f"({r['frozen']} neighbours frozen), held it {(r['ended_ns'] - r['granted_ns']) / 1e6:.2f} ms")
+    for i in range(2):
+        rep = json.loads((tmp / f"hog{i}.json").read_text())
+        print(f"neighbour {i}: {rep['launches']} launches, held at the gate for {rep['gate_waited_ns'] / 1e6:.1f} ms")
+    print(f"\nall done in {wall:.1f} s")
+    status = 0
+    if not gpu:
+        inside = 0
+        for line in (tmp / "trace").read_text().splitlines():
+            _pid, _sid, start, end, name = line.split(" ", 4)
+            if name == "hog" and any(int(start) < r["ended_ns"] and int(end) > r["granted_ns"] for r in regions):
+                inside += 1
+        print(f"fake-driver trace: {inside} neighbour kernels ran inside any of the {len(regions)} regions")
+        status = 1 if inside else 0
+    subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=env)
+    st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True, text=True)
+    if st.returncode == 0:
+        os.kill(json.loads(st.stdout)["controller"]["pid"], signal.SIGTERM)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
