@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	@# CPU torch for the torch Timer / Inductor hook tests; they are skipped where it cannot be had
+	$(PY) -m pip install -q 'torch==2.13.0' || echo "krex: no CPU torch; the torch hook tests will be skipped"
 	touch $@
 
 venv: $(VENV)/.installed  ## create .venv with krex and its test dependencies

@@ -5,7 +5,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-HOOKS_DIR = Path(__file__).resolve().parent.parent / "hooks" / "site"
+
+
+def _hooks_dir() -> Path:
+    """sitedir/ of krex_hooks: in the source tree, or wherever the package was installed."""
+    src = Path(__file__).resolve().parent.parent / "hooks" / "krex_hooks" / "sitedir"
+    if src.is_dir():
+        return src
+    import importlib.util
+
+    spec = importlib.util.find_spec("krex_hooks")
+    return Path(spec.origin).parent / "sitedir" if spec and spec.origin else src
+
+
+HOOKS_DIR = _hooks_dir()
 
 
 @dataclass

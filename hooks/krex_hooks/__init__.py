@@ -1,0 +1,104 @@
+"""Environment-triggered region hooks for unmodified benchmark scripts.
+
+`krex run` with KREX_HOOKS=name,... (or `all`) puts sitedir/ first on PYTHONPATH; its sitecustomize
+calls install() at interpreter start, in the command and in every Python child it starts (the
+variables are inherited, so spawned multiprocessing pools and subprocesses are covered too). Each hook
+patches its target module right after that module is first imported (a post-import hook), so nothing
+heavy is imported at start-up and a library that is absent costs nothing. One module per wrapped
+function family; each keeps the original it replaces."""
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+from typing import Callable
+
+# hook name -> (module that defines the hook, target modules it patches)
+REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
+    "triton": ("krex_hooks.triton_bench", ("triton.testing",)),
+    "torch_timer": ("krex_hooks.torch_timer", ("torch.utils.benchmark.utils.timer",)),
+    "inductor": ("krex_hooks.inductor", ("torch._inductor.runtime.benchmarking",)),
+    "kernelbench": ("krex_hooks.kernelbench", ("kernelbench.timing", "src.timing", "src.eval")),
+    "cupyx": ("krex_hooks.cupyx_bench", ("cupyx.profiler._time", "cupyx.profiler")),
+}
+# hooks implemented in the shim, not here; named so KREX_HOOKS accepts them
+SHIM_HOOKS = {"nvtx"}
+
+_pending: dict[str, list[Callable]] = {}
+_done: set[str] = set()
+_lock = threading.RLock()
+
+
+def selected(spec: str) -> list[str]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if "all" in names:
+        return sorted(REGISTRY)
+    unknown = [n for n in names if n not in REGISTRY and n not in SHIM_HOOKS]
+    if unknown:
+        print(f"krex: unknown hook(s) {', '.join(unknown)} in KREX_HOOKS; known: all, "
+              f"{', '.join(sorted(REGISTRY) + sorted(SHIM_HOOKS))}", file=sys.stderr)
+    return [n for n in names if n in REGISTRY]
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Lets the normal finders find a watched module, then runs the patchers after it executes."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                loader = spec.loader
+                original_exec = loader.exec_module
+
+                def exec_module(module, _orig=original_exec):
+                    _orig(module)
+                    _run_patchers(fullname, module)
+
+                loader.exec_module = exec_module
+                return spec
+        return None
+
+
+def _run_patchers(name: str, module) -> None:
+    with _lock:
+        patchers = _pending.pop(name, [])
+    for patch in patchers:
+        try:
+            patch(module)
+        except Exception as e:  # a hook must never break the user's benchmark
+            print(f"krex: hook for {name} failed ({type(e).__name__}: {e}); running without it", file=sys.stderr)
+
+
+def when_imported(name: str, patch: Callable) -> None:
+    """Run patch(module) once module `name` is imported (now, if it already is)."""
+    with _lock:
+        _pending.setdefault(name, []).append(patch)
+        module = sys.modules.get(name)
+    if module is not None:
+        _run_patchers(name, module)
+
+
+_finder = _PostImportFinder()
+
+
+def install(spec: str = None) -> list[str]:
+    """Install the hooks named by spec (default: KREX_HOOKS). Idempotent."""
+    spec = os.environ.get("KREX_HOOKS", "") if spec is None else spec
+    names = selected(spec)
+    if names and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for name in names:
+        if name in _done:
+            continue
+        _done.add(name)
+        module_name, targets = REGISTRY[name]
+        hook = importlib.import_module(module_name)
+        for target in targets:
+            when_imported(target, hook.patch)
+    return names

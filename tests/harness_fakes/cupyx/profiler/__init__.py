@@ -1,0 +1,1 @@
+from ._time import benchmark  # noqa: F401

@@ -1,0 +1,147 @@
+"""KREX_HOOKS: each hook marks the regions its contract says, visible in `krex run --report`, in the
+command and in its child processes; a hook whose library is absent does nothing."""
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, report_of
+
+FAKES = ROOT / "tests" / "harness_fakes"
+
+
+def run_py(krex, tmp_path, code, hooks="all", extra_path=(), env=None):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    e = {"KREX_HOOKS": hooks, "HARNESS_LOG": str(tmp_path / "harness.log"),
+         "PYTHONPATH": os.pathsep.join([*map(str, extra_path), str(ROOT)])}
+    e.update(env or {})
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json", env=e)
+    assert out.returncode == 0, out.stderr
+    return out, report_of(tmp_path / "r.json")
+
+
+def harness_log(tmp_path):
+    return [(w, int(t)) for w, t in (line.split() for line in (tmp_path / "harness.log").read_text().splitlines())]
+
+
+def user_calls(tmp_path):
+    return [t for w, t in harness_log(tmp_path) if w == "user"]
+
+
+@pytest.mark.parametrize("fn", ["do_bench", "do_bench_cudagraph"])
+def test_triton_region_starts_after_the_first_call(krex, tmp_path, fn):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, f"""
+        import triton.testing
+        from _log import log
+        print(triton.testing.{fn}(lambda: log("user")))
+    """, extra_path=[FAKES])
+    [region] = rep["regions"]
+    assert region["name"] == f"triton.{fn}"
+    calls = user_calls(tmp_path)
+    assert len(calls) >= 3
+    assert calls[0] < region["requested_ns"] <= region["granted_ns"] < calls[1]   # first call outside
+    assert calls[-1] < region["ended_ns"]                                          # the rest inside
+
+
+def test_cupyx_benchmark_region(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        from cupyx.profiler import benchmark
+        from _log import log
+        print(benchmark(lambda x: log("user"), (1,), n_repeat=5))
+    """, extra_path=[FAKES])
+    [region] = rep["regions"]
+    calls = user_calls(tmp_path)
+    assert region["name"] == "cupyx.benchmark"
+    assert calls[0] < region["granted_ns"] < calls[1] and calls[-1] < region["ended_ns"]
+
+
+def test_kernelbench_timing_functions_are_regions(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        from kernelbench import timing
+        timing.get_timing_function()(lambda: None)            # bound before the patch? no: patched at import
+        timing.time_execution_with_cuda_event(lambda: None)
+    """, extra_path=[FAKES])
+    assert [r["name"] for r in rep["regions"]] == ["kernelbench.time_execution_with_cuda_event"] * 2
+    starts = [t for w, t in harness_log(tmp_path) if w == "kb-start"]
+    assert all(r["granted_ns"] < s for r, s in zip(rep["regions"], starts))
+
+
+def test_torch_timer_methods_are_regions_with_nesting(krex, tmp_path):
+    pytest.importorskip("torch")
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import krex
+        from torch.utils.benchmark import Timer
+        t = Timer("x + 1", globals={"x": 1})
+        t.timeit(100)
+        t.blocked_autorange(min_run_time=0.05)
+        with krex.region("explicit"):
+            t.timeit(10)                                        # nested: folds into "explicit"
+    """)
+    assert [r["name"] for r in rep["regions"]] == ["torch.Timer.timeit", "torch.Timer.blocked_autorange", "explicit"]
+
+
+def test_inductor_benchmark_lock_context(krex, tmp_path):
+    pytest.importorskip("torch")
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        from torch._inductor.runtime import benchmarking as b
+        with b.maybe_gpu_benchmark_lock():
+            with b.maybe_gpu_benchmark_lock():                 # nested entry from one thread
+                pass
+        @b.gpu_benchmark_lock
+        def bench():
+            return 3
+        assert bench() == 3
+    """)
+    assert [r["name"] for r in rep["regions"]] == ["inductor.benchmark_gpu"] * 2
+
+
+def test_hooks_reach_spawned_pools_and_subprocesses(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import multiprocessing as mp, subprocess, sys
+
+        def work(_):
+            import triton.testing
+            return triton.testing.do_bench(lambda: None)
+
+        if __name__ == "__main__":
+            with mp.get_context("spawn").Pool(1) as pool:
+                assert pool.map(work, [0]) == [1.0]
+            subprocess.run([sys.executable, "-c", "import triton.testing as t; t.do_bench(lambda: None)"], check=True)
+    """, extra_path=[FAKES])
+    assert [r["name"] for r in rep["regions"]] == ["triton.do_bench"] * 2
+    assert len({r["pid"] for r in rep["regions"]}) == 2
+
+
+def test_existing_sitecustomize_still_runs_and_absent_libraries_cost_nothing(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import sys
+        print("hooked" if any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path) else "plain")
+        print("torch" in sys.modules, "triton" in sys.modules)
+    """, extra_path=[FAKES / "site_other"])
+    assert out.stdout.split() == ["site-chained", "hooked", "False", "False"]
+    assert rep["regions"] == []
+
+
+def test_unknown_hook_names_are_reported(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, "print('ok')", hooks="triton,nonsense")
+    assert "unknown hook(s) nonsense" in out.stderr and out.stdout.strip() == "ok"
+
+
+def test_no_hooks_without_krex_hooks(krex, tmp_path):
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import triton.testing
+        triton.testing.do_bench(lambda: None)
+    """, hooks="", extra_path=[FAKES])
+    assert rep["regions"] == []
