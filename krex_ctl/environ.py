@@ -53,4 +53,7 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
         site = str(HOOKS_DIR)
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
         env["PYTHONPATH"] = os.pathsep.join([site] + parts)
+        names = {h.strip() for h in hooks.split(",")}
+        if names & {"all", "nvtx"} and not env.get("NVTX_INJECTION64_PATH"):
+            env["NVTX_INJECTION64_PATH"] = opts.shim   # the shim is also an NVTX injection library
     return env

@@ -145,3 +145,17 @@ def test_no_hooks_without_krex_hooks(krex, tmp_path):
         triton.testing.do_bench(lambda: None)
     """, hooks="", extra_path=[FAKES])
     assert rep["regions"] == []
+
+
+def test_nvtx_ranges_named_krex_are_regions(krex, tmp_path):
+    from conftest import SNIP
+
+    krex.start_controller()
+    out = krex.run([SNIP / "nvtx_client"], report=tmp_path / "r.json", env={"KREX_HOOKS": "nvtx"})
+    assert out.returncode == 0, out.stderr
+    assert "levels 0 1" in out.stdout
+    rep = report_of(tmp_path / "r.json")
+    assert [r["name"] for r in rep["regions"]] == ["krex_push", "krex_domain", "krex_startend"]
+    timed = [t for t in krex.trace_lines() if t[4] == "timed"]
+    first = rep["regions"][0]
+    assert len(timed) == 3 and all(first["granted_ns"] <= s and e <= first["ended_ns"] for _, _, s, e, _ in timed)

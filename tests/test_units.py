@@ -33,6 +33,9 @@ def test_hooks_put_the_site_directory_first_once():
     env = preload_environ({"PYTHONPATH": "/a"}, opts(hooks="all"))
     assert env["KREX_HOOKS"] == "all" and env["PYTHONPATH"] == f"{HOOKS_DIR}:/a"
     assert preload_environ(env, opts(hooks="all"))["PYTHONPATH"] == env["PYTHONPATH"]
+    assert env["NVTX_INJECTION64_PATH"] == "/opt/krex/libkrex.so"
+    assert "NVTX_INJECTION64_PATH" not in preload_environ({}, opts(hooks="triton"))
+    assert preload_environ({"NVTX_INJECTION64_PATH": "/nsys.so"}, opts(hooks="nvtx"))["NVTX_INJECTION64_PATH"] == "/nsys.so"
 
 
 def req(i, gpus):
