@@ -1,4 +1,4 @@
-"""Timing fidelity of an explicit krex region against busy neighbours, on a real GPU.
+"""Timing fidelity of a krex region (explicit, or marked by the do_bench hook) against busy neighbours.
 
 Modes, interleaved over --rounds: isolated (no neighbours), naive (3 neighbours, no krex), krex (the
 same 3 neighbours and the benchmark all under `krex run`, the benchmark's do_bench inside a region).
@@ -34,14 +34,18 @@ def start_contenders(n: int, under_krex: bool, tmp: Path, tag: str) -> tuple[lis
     return [p for p, _ in procs], stop
 
 
-def measure(sizes: str, trials: int, under_krex: bool, label: str, report: Path) -> list[dict]:
+def measure(sizes: str, trials: int, under_krex: bool, label: str, report: Path, via: str = "region") -> list[dict]:
+    """via region: the script's explicit krex.region; via hook: an unmarked do_bench, KREX_HOOKS=triton."""
     cmd = [sys.executable, str(ROOT / "examples" / "python_region.py"), "--sizes", sizes, "--trials", str(trials),
            "--label", label]
+    env = dict(os.environ)
     if under_krex:
         cmd = KREX + ["run", "--report", str(report), "--"] + cmd
-    else:
+    if not under_krex or via == "hook":
         cmd.append("--no-region")
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    if under_krex and via == "hook":
+        env["KREX_HOOKS"] = "triton"
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     sys.stderr.write(out.stderr)
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
@@ -52,6 +56,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--contenders", type=int, default=3)
+    ap.add_argument("--via", choices=("region", "hook"), default="region",
+                    help="how the krex mode marks its region: explicit krex.region, or the do_bench hook")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows, reports = [], []
@@ -64,7 +70,7 @@ def main() -> None:
                     procs, stop = start_contenders(args.contenders, mode == "krex", tmp, f"{mode}{rnd}")
                 rep = tmp / f"report-{rnd}.json"
                 try:
-                    got = measure(args.sizes, args.trials, mode == "krex", mode, rep)
+                    got = measure(args.sizes, args.trials, mode == "krex", mode, rep, args.via)
                 finally:
                     if stop:
                         stop.touch()

@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
-STEPS=${STEPS:-"info build exports coverage overhead fidelity"}
+STEPS=${STEPS:-"info build exports coverage overhead fidelity fidelity_hook hooks"}
 B=build/gpu; mkdir -p $B
 for step in $STEPS; do
   echo "=== $step $(date +%T)"
@@ -23,7 +23,8 @@ for step in $STEPS; do
     LIBCUDA=$(python3 -c 'import ctypes;ctypes.CDLL("libcuda.so.1");print([l.split()[-1] for l in open("/proc/self/maps") if "libcuda.so" in l][0])')
     echo "$LIBCUDA" > $B/libcuda.path
     nvcc -O2 -o $B/rt_launch tests/gpu/rt_launch.cu || exit 1
-    gcc -O2 -o $B/spin_bench examples/c/spin_bench.c "$LIBCUDA" || exit 1 ;;
+    gcc -O2 -o $B/spin_bench examples/c/spin_bench.c "$LIBCUDA" || exit 1
+    nvcc -O2 -o $B/nvtx_bench tests/gpu/hooks/nvtx_bench.cu || exit 1 ;;
   exports)
     python3 tests/gpu/check_exports.py "$(cat $B/libcuda.path)" build/libkrex.so | tee $OUT/exports-check.txt ;;
   coverage)
@@ -32,6 +33,10 @@ for step in $STEPS; do
     python3 bench/launch_overhead.py --bin $B/spin_bench --out $OUT/overhead.json ;;
   fidelity)
     python3 bench/fidelity_explicit.py --rounds ${ROUNDS:-3} --out $OUT/fidelity-explicit.json 2>&1 | tail -40 ;;
+  fidelity_hook)
+    python3 bench/fidelity_explicit.py --via hook --sizes 8192,16384 --rounds ${ROUNDS:-3} --out $OUT/fidelity-hook.json 2>&1 | tail -30 ;;
+  hooks)
+    python3 bench/hooks_gpu.py --build $B --out $OUT/hooks-gpu.json ;;
   esac
 done
 cp /tmp/krex-gpu/*.log $OUT/ 2>/dev/null
