@@ -37,6 +37,11 @@ for step in $STEPS; do
     python3 bench/fidelity_explicit.py --via hook --sizes 8192,16384 --rounds ${ROUNDS:-3} --out $OUT/fidelity-hook.json 2>&1 | tail -30 ;;
   hooks)
     python3 bench/hooks_gpu.py --build $B --out $OUT/hooks-gpu.json ;;
+  throughput)
+    python3 bench/throughput.py --plan "${PLAN:-isolated:1,naive:8,cmdlock:8,krex:8,krex:4,krex:16,isolated:1}" \
+      --specs ${SPECS:-16} --budget ${BUDGET:-100} --out $OUT/throughput.json 2>&1 | tail -60
+    python3 bench/plot_throughput.py $OUT/throughput.json $OUT/throughput.png
+    python3 bench/report_table.py $OUT/throughput.json | tee $OUT/throughput-table.md ;;
   esac
 done
 cp /tmp/krex-gpu/*.log $OUT/ 2>/dev/null

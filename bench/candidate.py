@@ -1,0 +1,102 @@
+"""One agent's candidate benchmark command, as agents run them: a separate process that generates a
+Triton matmul kernel variant (real JIT compilation on the CPU), checks it against torch.mm on the GPU,
+then times candidate and reference with triton.testing.do_bench. Prints one JSON line.
+    python bench/candidate.py --size 8192 --variant 2 --nonce 17 [--region]
+--region marks each do_bench with krex.region explicitly (otherwise KREX_HOOKS=triton does it)."""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+
+T0 = time.monotonic()
+ap = argparse.ArgumentParser()
+ap.add_argument("--size", type=int, required=True)
+ap.add_argument("--variant", type=int, required=True)
+ap.add_argument("--nonce", type=int, required=True)
+ap.add_argument("--region", action="store_true")
+args = ap.parse_args()
+
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+VARIANTS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
+    (128, 128, 64, 8, 4, 3), (128, 256, 64, 8, 8, 3), (64, 64, 32, 8, 4, 4), (128, 64, 32, 8, 4, 4)]
+BM, BN, BK, GM, W, S = VARIANTS[args.variant % len(VARIANTS)]
+
+SOURCE = f'''
+import torch, triton, triton.language as tl
+
+NONCE = {args.nonce}  # a new candidate: a new source, a new compilation
+
+@triton.jit
+def kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr):
+    pid = tl.program_id(0)
+    npm = tl.cdiv(M, BM)
+    npn = tl.cdiv(N, BN)
+    group = GM * npn
+    gid = pid // group
+    first = gid * GM
+    gsz = min(npm - first, GM)
+    pm = first + ((pid % group) % gsz)
+    pn = (pid % group) // gsz
+    rm = (pm * BM + tl.arange(0, BM)) % M
+    rn = (pn * BN + tl.arange(0, BN)) % N
+    rk = tl.arange(0, BK)
+    ap = a + rm[:, None] * sam + rk[None, :] * sak
+    bp = b + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        x = tl.load(ap, mask=rk[None, :] < K - k * BK, other=0.0)
+        y = tl.load(bp, mask=rk[:, None] < K - k * BK, other=0.0)
+        acc = tl.dot(x, y, acc)
+        ap += BK * sak
+        bp += BK * sbk
+    cm = pm * BM + tl.arange(0, BM)
+    cn = pn * BN + tl.arange(0, BN)
+    tl.store(c + cm[:, None] * scm + cn[None, :] * scn, acc.to(tl.float16), mask=(cm[:, None] < M) & (cn[None, :] < N))
+
+def matmul(a, b):
+    M, K = a.shape
+    K, N = b.shape
+    c = torch.empty((M, N), device=a.device, dtype=torch.float16)
+    grid = (triton.cdiv(M, {BM}) * triton.cdiv(N, {BN}),)
+    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                 BM={BM}, BN={BN}, BK={BK}, GM={GM}, num_warps={W}, num_stages={S})
+    return c
+'''
+
+with tempfile.TemporaryDirectory() as td:
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(td, "cache")
+    path = os.path.join(td, f"cand_{args.nonce}.py")
+    with open(path, "w") as f:
+        f.write(SOURCE)
+    spec = importlib.util.spec_from_file_location(f"cand_{args.nonce}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(args.nonce)
+    n = args.size
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    t1 = time.monotonic()
+    c = mod.matmul(a, b)                       # compiles
+    torch.cuda.synchronize()
+    compile_s = time.monotonic() - t1
+    ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
+    timings = {}
+    for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
+        if args.region:
+            import krex
+
+            with krex.region(f"do_bench.{name}"):
+                timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        else:
+            timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok,
+                  "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
+                  "compile_s": round(compile_s, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
+sys.exit(0 if ok else 1)
