@@ -31,10 +31,13 @@ BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms",
 
 
 def make_specs(n: int, seed: int) -> list[dict]:
+    """Every size once (so every bucket has data), then draws from the mix; shuffled, seeded."""
     rng = random.Random(seed)
     sizes = [s for s, _ in MIX]
     weights = [w for _, w in MIX]
-    return [{"size": rng.choices(sizes, weights)[0], "variant": i % 4} for i in range(n)]
+    drawn = sizes[:n] + rng.choices(sizes, weights, k=max(0, n - len(sizes)))
+    rng.shuffle(drawn)
+    return [{"size": s, "variant": i % 4} for i, s in enumerate(drawn)]
 
 
 def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int) -> dict:

@@ -84,6 +84,7 @@ class Region:
         self.drain_started_ns = now_ns()
         self.frozen: list[procs.Pidfd] = []
         self.saved_affinity: dict[int, set[int]] = {}
+        self.reserved: set[int] = set()          # cores given to the owner while the region is held
         self.granted_ns = 0
         self.phase_ns: dict[str, int] = {}   # drain, freeze, isolate: where the hand-off time goes
         self.timer: Optional["Timer"] = None
@@ -364,6 +365,8 @@ class Controller:
                 self.jobs[job.id] = job
             client.job = job
             job.clients.add(client)
+            if self.cfg.isolate_cpus:
+                self.keep_off_reserved(client)
         ro = self.gate.readonly_fd()
         try:
             self.send(client, MSG["WELCOME"], proto.encode(
@@ -526,6 +529,7 @@ class Controller:
         reserved = self.cfg.reserved_for(region.req.gpu_mask)
         if not reserved:
             return
+        region.reserved = reserved
         owner_pid = region.owner.pid
         procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
         frozen = {p.pid for p in region.frozen}
@@ -537,6 +541,15 @@ class Controller:
         managed -= {owner_pid, os.getpid()} | frozen
         for pid in managed:
             procs.set_affinity(procs.threads(pid), lambda old: old - reserved, region.saved_affinity)
+
+    def keep_off_reserved(self, client: Client) -> None:
+        """A process that registers while regions hold reserved cores moves off them at once: commands
+        started during a region (a new `krex run`, its Python importing torch) must not land there."""
+        for region in self.regions.values():
+            if region.reserved and region.owner.pid != client.pid and region.job is not client.job:
+                for pid in [client.pid] + procs.descendants(client.pid):
+                    procs.set_affinity(procs.threads(pid), lambda old, r=region.reserved: old - r,
+                                       region.saved_affinity)
 
     def grant(self, region: Region) -> None:
         region.state = "held"

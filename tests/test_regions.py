@@ -173,3 +173,21 @@ def test_python_region_without_any_controller(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "-1"
     assert out.stderr.count("running without region exclusivity") == 1
+
+
+def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        import pytest
+        pytest.skip("needs two CPUs")
+    import sys
+
+    krex.start_controller()
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "3000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    probe = [sys.executable, "-c", "import os, time; time.sleep(0.3); print(sorted(os.sched_getaffinity(0)))"]
+    during = krex.run(probe)
+    assert during.returncode == 0 and str(cpus[-1]) not in during.stdout.strip()[1:-1].split(", ")
+    owner.communicate(timeout=30)
+    after = krex.run(probe)
+    assert after.stdout.strip() == str(cpus)
