@@ -4,7 +4,7 @@ VENV ?= .venv
 PY = $(VENV)/bin/python
 BUILD = $(CURDIR)/build
 
-.PHONY: help demo test test-fast shim fakes venv bench-overhead clean
+.PHONY: help demo test test-fast shim fakes venv bench-overhead reliability clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,6 +37,9 @@ test-fast: venv shim fakes  ## the suite without the slow stress tests
 
 bench-overhead: venv shim fakes  ## per-launch cost of the shim on the fake driver
 	$(PY) bench/overhead_fake.py
+
+reliability: venv shim fakes  ## faults, fuzzing and load on the fake driver -> bench/results/reliability.json
+	$(PY) bench/reliability.py --out bench/results/reliability.json
 
 clean:  ## remove build outputs and the venv
 	rm -rf $(BUILD) $(VENV)

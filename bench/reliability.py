@@ -1,0 +1,317 @@
+"""Reliability under faults, bad input and load, on the fake driver (CPU only, real processes):
+    python bench/reliability.py --out bench/results/reliability.json        (make reliability)
+  owner_kill       region owner SIGKILLed inside its region, N times: processes left stopped, and how
+                   long until the frozen sibling runs again
+  controller_kill  controller SIGKILLed inside a region: the `krex run` guardian resumes its job; and,
+                   with no guardian, the restarted controller resumes it from its state file
+  fuzz             random, truncated, oversized, wrong-version and unknown frames: controller survival
+  load             many clients x many regions with busy neighbours: exclusivity violations in the
+                   fake driver's trace, deadlocks, and the distribution of waits"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SNIP = ROOT / "build" / "snippets"
+SHIM = ROOT / "build" / "libkrex.so"
+from krex_ctl import proto  # noqa: E402
+from krex_ctl.proto import C, MSG  # noqa: E402
+
+
+def state(pid: int):
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return chr(data[data.rindex(b")") + 2])
+
+
+def wait_until(pred, timeout: float, interval: float = 0.0005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return time.monotonic()
+        time.sleep(interval)
+    return None
+
+
+class World:
+    def __init__(self, tmp: Path, *ctl_args: str):
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.sock = tmp / "ctl.sock"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+        self.env.update(KREX_SOCKET=str(self.sock), PYTHONPATH=str(ROOT), KREX_LOG_LEVEL="error",
+                        KREX_FAKE_TRACE=str(tmp / "trace"), XDG_RUNTIME_DIR=str(tmp))
+        self.ctl_args = ctl_args
+        self.ctl = None
+        self.start()
+
+    def start(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        self.ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.sock),
+                                     "--reserved-cores", str(cpus[-1]), "--log-level", "error", *self.ctl_args],
+                                    env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.tmp / "ctl.log", "ab"))
+        if not wait_until(self.answers, 10, 0.01):
+            raise SystemExit("controller did not start")
+
+    def answers(self) -> bool:
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(str(self.sock))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def preload(self, cmd, **env):
+        """a process under the shim, without a `krex run` wrapper (so without a guardian)"""
+        return subprocess.Popen([str(c) for c in cmd], env=dict(self.env, LD_PRELOAD=str(SHIM), **env),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def krex_run(self, cmd, report=None, **env):
+        full = [sys.executable, "-m", "krex_ctl", "run"] + (["--report", str(report)] if report else []) + ["--"]
+        return subprocess.Popen(full + [str(c) for c in cmd], env=dict(self.env, **env), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    def stop(self):
+        if self.ctl.poll() is None:
+            self.ctl.terminate()
+            self.ctl.wait(10)
+
+
+def _connected(pid: int) -> bool:
+    """the process holds a Unix socket (its controller connection)"""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def stopped_descendants_left(pids) -> list:
+    return [p for p in pids if state(p) in ("T", "t")]
+
+
+def owner_kill(n: int, tmp: Path) -> dict:
+    w = World(tmp / "owner_kill")
+    hog = w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200")
+    # the sibling must be registered before the first region, or that region has no one to freeze
+    wait_until(lambda: any("krex" in l for l in open(f"/proc/{hog.pid}/maps")) and _connected(hog.pid), 10, 0.01)
+    latencies, stuck, grants_missed = [], 0, 0
+    for _ in range(n):
+        owner = w.preload([SNIP / "region"], SNIPPET_REGIONS="1", SNIPPET_N="1", SNIPPET_HOLD_US="60000000")
+        if not wait_until(lambda: state(hog.pid) == "T", 10):
+            grants_missed += 1
+            owner.kill()
+            owner.wait()
+            continue
+        t0 = time.monotonic()
+        owner.kill()
+        t1 = wait_until(lambda: state(hog.pid) not in ("T", "t"), 5)
+        owner.wait()
+        if t1 is None:
+            stuck += 1
+            os.kill(hog.pid, signal.SIGCONT)
+        else:
+            latencies.append(t1 - t0)
+    alive = hog.poll() is None
+    hog.kill()
+    hog.wait()
+    w.stop()
+    return {"iterations": n, "left_stopped": stuck, "grants_missed": grants_missed, "hog_alive": alive,
+            "resume_ms": summary_ms(latencies)}
+
+
+def controller_kill(n: int, tmp: Path) -> dict:
+    guardian, restart = [], []
+    stuck = 0
+    for i in range(n):
+        w = World(tmp / f"ck{i}")
+        # A: the sibling runs under `krex run`; its guardian resumes it when the controller dies
+        hog_a = w.krex_run([SNIP / "hog"], SNIPPET_MS="30000", SNIPPET_US="200")
+        # B: a sibling without a guardian; only the restarted controller (state file) resumes it
+        hog_b = w.preload([SNIP / "hog"], SNIPPET_MS="30000", SNIPPET_US="200")
+        time.sleep(0.6)
+        owner = w.preload([SNIP / "region"], SNIPPET_REGIONS="1", SNIPPET_N="1", SNIPPET_HOLD_US="60000000")
+        pid_a = None
+        if wait_until(lambda: state(hog_b.pid) == "T", 10):
+            kids = [int(p) for p in Path(f"/proc/{hog_a.pid}/task/{hog_a.pid}/children").read_text().split()]
+            pid_a = kids[0] if kids else None
+            wait_until(lambda: pid_a is None or state(pid_a) == "T", 5)
+            t0 = time.monotonic()
+            w.ctl.kill()
+            w.ctl.wait()
+            t1 = wait_until(lambda: pid_a is None or state(pid_a) not in ("T", "t"), 5)
+            guardian.append((t1 or t0 + 99) - t0)
+            t2 = time.monotonic()
+            w.start()
+            t3 = wait_until(lambda: state(hog_b.pid) not in ("T", "t"), 5)
+            restart.append((t3 or t2 + 99) - t2)
+        stuck += len(stopped_descendants_left([p for p in (pid_a, hog_b.pid) if p]))
+        for p in (owner, hog_b, hog_a):
+            p.kill()
+            p.wait()
+        if pid_a and state(pid_a):
+            os.kill(pid_a, signal.SIGKILL)
+        w.stop()
+    return {"iterations": n, "left_stopped": stuck, "guardian_resume_ms": summary_ms(guardian),
+            "restarted_controller_resume_ms": summary_ms(restart)}
+
+
+def fuzz(frames: int, tmp: Path, seed: int = 1) -> dict:
+    w = World(tmp / "fuzz")
+    rng = random.Random(seed)
+    hello = proto.encode("struct krex_hello", magic=proto.MAGIC, version=proto.VERSION, role=C.KREX_ROLE_PYTHON, job=0)
+    kinds = {"random": 0, "truncated": 0, "oversized": 0, "wrong_version": 0, "unknown_type": 0, "valid_struct": 0}
+    sent = errors = closed = 0
+    t0 = time.monotonic()
+    while sent < frames:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(str(w.sock))
+        batch = []
+        if rng.random() < 0.7:
+            batch.append(proto.pack(MSG["HELLO"], hello))
+        for _ in range(rng.randint(1, 20)):
+            k = rng.choice(list(kinds))
+            kinds[k] += 1
+            if k == "random":
+                batch.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))))
+            elif k == "truncated":
+                t = rng.choice(list(proto.MESSAGES))
+                batch.append(struct.pack("<IHHII", proto.MAGIC, t, 0, rng.randint(1, 40), 0) + b"x" * rng.randint(0, 3))
+            elif k == "oversized":
+                batch.append(struct.pack("<IHHII", proto.MAGIC, MSG["JSON"], 0, proto.MAX_PAYLOAD + rng.randint(1, 1 << 30), 0))
+            elif k == "wrong_version":
+                batch.append(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
+                                                                   version=rng.randint(2, 1 << 31), role=1, job=0)))
+            elif k == "unknown_type":
+                batch.append(proto.pack(rng.randint(13, 0xFFFF), b"\0" * rng.randint(0, 32)))
+            else:
+                t = rng.choice([MSG["CONTEXT"], MSG["REGION_END"], MSG["DRAINED"], MSG["JSON"]])
+                size = rng.randint(0, 80)
+                batch.append(proto.pack(t, bytes(rng.getrandbits(8) for _ in range(size))))
+        sent += len(batch)
+        try:
+            s.sendall(b"".join(batch))
+            s.shutdown(socket.SHUT_WR)
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    closed += 1
+                    break
+                errors += data.count(struct.pack("<I", proto.MAGIC) + struct.pack("<H", MSG["ERROR"]))
+        except OSError:
+            closed += 1
+        s.close()
+    elapsed = time.monotonic() - t0
+    alive = w.ctl.poll() is None and w.answers()
+    # and it still serves a real region afterwards
+    out = subprocess.run([str(SNIP / "region")], env=dict(w.env, LD_PRELOAD=str(SHIM), SNIPPET_REGIONS="1"),
+                         capture_output=True, text=True, timeout=30)
+    w.stop()
+    return {"frames": sent, "kinds": kinds, "connections_closed": closed, "error_replies": errors,
+            "controller_alive": alive, "region_after": "begin=0 end=0" in out.stdout, "seconds": round(elapsed, 1)}
+
+
+def load(clients: int, regions: int, tmp: Path) -> dict:
+    w = World(tmp / "load")
+    hogs = [w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2") for _ in range(2)]
+    time.sleep(0.8)
+    t0 = time.monotonic()
+    owners = [w.krex_run([SNIP / "region"], report=w.tmp / f"o{i}.json", SNIPPET_REGIONS=str(regions), SNIPPET_N="1",
+                         SNIPPET_US="100") for i in range(clients)]
+    deadlocked = 0
+    for p in owners:
+        try:
+            p.wait(timeout=max(600, clients * regions * 0.05))
+        except subprocess.TimeoutExpired:
+            deadlocked += 1
+            p.kill()
+    elapsed = time.monotonic() - t0
+    for h in hogs:
+        h.send_signal(signal.SIGTERM)
+        h.wait(30)
+    w.stop()
+    regs = []
+    for i in range(clients):
+        f = w.tmp / f"o{i}.json"
+        if f.exists():
+            regs += json.loads(f.read_text())["regions"]
+    spans = sorted((r["granted_ns"], r["ended_ns"]) for r in regs if r["granted_ns"])
+    violations = hog_kernels = 0
+    import bisect
+    starts = [s for s, _ in spans]
+    for line in (w.tmp / "trace").read_text().splitlines():
+        _pid, _sid, s, e, name = line.split(" ", 4)
+        if name != "hog":
+            continue
+        hog_kernels += 1
+        s, e = int(s), int(e)
+        i = bisect.bisect_left(starts, e)
+        if any(s < spans[j][1] and e > spans[j][0] for j in range(max(0, i - 2), min(len(spans), i + 1))):
+            violations += 1
+    overlaps = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+    waits = [(r["granted_ns"] - r["requested_ns"]) / 1e6 for r in regs if r["granted_ns"]]
+    held = [(r["ended_ns"] - r["granted_ns"]) / 1e6 for r in regs if r["granted_ns"]]
+    return {"clients": clients, "regions_per_client": regions, "regions_done": len(regs),
+            "regions_expected": clients * regions, "deadlocked_clients": deadlocked, "hog_kernels": hog_kernels,
+            "exclusivity_violations": violations, "overlapping_regions": overlaps, "seconds": round(elapsed, 1),
+            "revoked": sum(1 for r in regs if r["end"] != "normal"),
+            "regions_per_s": round(len(regs) / elapsed, 1), "wait_ms": summary_ms([x / 1e3 for x in waits]),
+            "held_ms": summary_ms([x / 1e3 for x in held]),
+            "wait_bound_ms": round((clients - 1) * max(held, default=0) + 50, 1)}
+
+
+def summary_ms(xs: list) -> dict:
+    if not xs:
+        return {"n": 0}
+    xs = sorted(x * 1e3 for x in xs)
+    return {"n": len(xs), "median": round(statistics.median(xs), 3), "p95": round(xs[int(0.95 * (len(xs) - 1))], 3),
+            "max": round(xs[-1], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--owner-kills", type=int, default=1000)
+    ap.add_argument("--controller-kills", type=int, default=20)
+    ap.add_argument("--fuzz-frames", type=int, default=100000)
+    ap.add_argument("--load-clients", type=int, default=64)
+    ap.add_argument("--load-regions", type=int, default=1000)
+    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    out = {"machine": {"cpus": os.cpu_count(), "host": os.uname().nodename}, "argv": sys.argv}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        for name in args.only.split(","):
+            t0 = time.monotonic()
+            if name == "owner_kill":
+                out[name] = owner_kill(args.owner_kills, tmp)
+            elif name == "controller_kill":
+                out[name] = controller_kill(args.controller_kills, tmp)
+            elif name == "fuzz":
+                out[name] = fuzz(args.fuzz_frames, tmp)
+            elif name == "load":
+                out[name] = load(args.load_clients, args.load_regions, tmp)
+            out[name]["wall_s"] = round(time.monotonic() - t0, 1)
+            print(name, json.dumps(out[name]), flush=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
