@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 SNIP = ROOT / "build" / "snippets"
 SHIM = ROOT / "build" / "libkrex.so"
 from krex_ctl import proto  # noqa: E402
+from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.proto import C, MSG  # noqa: E402
 
 
@@ -68,14 +69,7 @@ class World:
             raise SystemExit("controller did not start")
 
     def answers(self) -> bool:
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(str(self.sock))
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+        return answers(self.sock)
 
     def preload(self, cmd, **env):
         """a process under the shim, without a `krex run` wrapper (so without a guardian)"""
@@ -172,59 +166,64 @@ def controller_kill(n: int, tmp: Path) -> dict:
 
 
 def fuzz(frames: int, tmp: Path, seed: int = 1) -> dict:
+    """One fuzzed frame per connection (after a valid HELLO on 70% of them), so every frame is parsed."""
     w = World(tmp / "fuzz")
     rng = random.Random(seed)
     hello = proto.encode("struct krex_hello", magic=proto.MAGIC, version=proto.VERSION, role=C.KREX_ROLE_PYTHON, job=0)
     kinds = {"random": 0, "truncated": 0, "oversized": 0, "wrong_version": 0, "unknown_type": 0, "valid_struct": 0}
-    sent = errors = closed = 0
+    rss0 = _rss_kb(w.ctl.pid)
+    errors = closed = 0
     t0 = time.monotonic()
-    while sent < frames:
+    for _ in range(frames):
+        k = rng.choice(list(kinds))
+        kinds[k] += 1
+        if k == "random":
+            frame = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64)))
+        elif k == "truncated":
+            t = rng.choice(list(proto.MESSAGES))
+            frame = struct.pack("<IHHII", proto.MAGIC, t, 0, rng.randint(1, 40), 0) + b"x" * rng.randint(0, 3)
+        elif k == "oversized":
+            frame = struct.pack("<IHHII", proto.MAGIC, MSG["JSON"], 0, proto.MAX_PAYLOAD + rng.randint(1, 1 << 30), 0)
+        elif k == "wrong_version":
+            frame = proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
+                                                          version=rng.randint(2, 1 << 31), role=1, job=0))
+        elif k == "unknown_type":
+            frame = proto.pack(rng.randint(13, 0xFFFF), b"\0" * rng.randint(0, 32))
+        else:
+            t = rng.choice([MSG["CONTEXT"], MSG["REGION_END"], MSG["DRAINED"], MSG["JSON"], MSG["REGION_BEGIN"]])
+            frame = proto.pack(t, bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 96))))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5)
-        s.connect(str(w.sock))
-        batch = []
-        if rng.random() < 0.7:
-            batch.append(proto.pack(MSG["HELLO"], hello))
-        for _ in range(rng.randint(1, 20)):
-            k = rng.choice(list(kinds))
-            kinds[k] += 1
-            if k == "random":
-                batch.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))))
-            elif k == "truncated":
-                t = rng.choice(list(proto.MESSAGES))
-                batch.append(struct.pack("<IHHII", proto.MAGIC, t, 0, rng.randint(1, 40), 0) + b"x" * rng.randint(0, 3))
-            elif k == "oversized":
-                batch.append(struct.pack("<IHHII", proto.MAGIC, MSG["JSON"], 0, proto.MAX_PAYLOAD + rng.randint(1, 1 << 30), 0))
-            elif k == "wrong_version":
-                batch.append(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
-                                                                   version=rng.randint(2, 1 << 31), role=1, job=0)))
-            elif k == "unknown_type":
-                batch.append(proto.pack(rng.randint(13, 0xFFFF), b"\0" * rng.randint(0, 32)))
-            else:
-                t = rng.choice([MSG["CONTEXT"], MSG["REGION_END"], MSG["DRAINED"], MSG["JSON"]])
-                size = rng.randint(0, 80)
-                batch.append(proto.pack(t, bytes(rng.getrandbits(8) for _ in range(size))))
-        sent += len(batch)
         try:
-            s.sendall(b"".join(batch))
+            s.connect(str(w.sock))
+            s.sendall((proto.pack(MSG["HELLO"], hello) if rng.random() < 0.7 else b"") + frame)
             s.shutdown(socket.SHUT_WR)
             while True:
                 data = s.recv(65536)
                 if not data:
                     closed += 1
                     break
-                errors += data.count(struct.pack("<I", proto.MAGIC) + struct.pack("<H", MSG["ERROR"]))
+                errors += data.count(struct.pack("<IH", proto.MAGIC, MSG["ERROR"]))
         except OSError:
             closed += 1
-        s.close()
+        finally:
+            s.close()
     elapsed = time.monotonic() - t0
     alive = w.ctl.poll() is None and w.answers()
-    # and it still serves a real region afterwards
+    rss1 = _rss_kb(w.ctl.pid)
     out = subprocess.run([str(SNIP / "region")], env=dict(w.env, LD_PRELOAD=str(SHIM), SNIPPET_REGIONS="1"),
                          capture_output=True, text=True, timeout=30)
     w.stop()
-    return {"frames": sent, "kinds": kinds, "connections_closed": closed, "error_replies": errors,
-            "controller_alive": alive, "region_after": "begin=0 end=0" in out.stdout, "seconds": round(elapsed, 1)}
+    return {"frames": frames, "kinds": kinds, "connections_closed": closed, "error_replies": errors,
+            "controller_alive": alive, "region_after": "begin=0 end=0" in out.stdout,
+            "controller_rss_kb_before": rss0, "controller_rss_kb_after": rss1, "seconds": round(elapsed, 1)}
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def load(clients: int, regions: int, tmp: Path) -> dict:

@@ -31,6 +31,7 @@ from .scheduler import Request, mask_to_list, startable
 from .shm import GatePage
 
 log = logging.getLogger("krex.controller")
+REPORT_PAGE = 100   # regions per job_report reply; one region is ~400 bytes of JSON
 
 
 def now_ns() -> int:
@@ -433,8 +434,12 @@ class Controller:
             if op == "status":
                 reply = self.status()
             elif op == "job_report":
-                job = client.job
-                reply = {"job": job.id if job else None, "regions": list(job.regions) if job else []}
+                # paged: a long job's regions do not fit one frame (KREX_MAX_PAYLOAD)
+                regions = client.job.regions if client.job else []
+                start = max(0, int(req.get("offset", 0)))
+                page = regions[start:start + REPORT_PAGE]
+                reply = {"job": client.job.id if client.job else None, "regions": page,
+                         "next": start + len(page) if start + len(page) < len(regions) else None}
             elif op == "job_command":
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:
                     client.job.command = [str(a) for a in req.get("command", [])][:64]

@@ -109,10 +109,13 @@ class Pidfd:
         self.start_time = start_time(pid)
 
     def signal(self, sig: int) -> bool:
+        """False when the process is gone or this handle was closed (its client left meanwhile)."""
+        if self.fd < 0:
+            return False
         try:
             signal.pidfd_send_signal(self.fd, sig)
             return True
-        except ProcessLookupError:
+        except OSError:
             return False
 
     def alive(self) -> bool:

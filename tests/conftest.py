@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SNIP = BUILD / "snippets"
 sys.path.insert(0, str(ROOT))
+from krex_ctl.embedded import answers  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -84,14 +84,7 @@ class Krex:
         return self.ctl
 
     def answers(self) -> bool:
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(str(self.socket))
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+        return answers(self.socket)
 
     def run_cmd(self, cmd, report=None, env=None, **kw) -> list[str]:
         full = [sys.executable, "-m", "krex_ctl", "run"]

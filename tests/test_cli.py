@@ -106,3 +106,15 @@ def test_embedded_controller_starts_on_demand_with_private_socket(tmp_path):
                         text=True, timeout=30)
     pid = json.loads(st.stdout)["controller"]["pid"]
     os.kill(pid, signal.SIGTERM)
+
+
+def test_report_of_a_long_job_holds_every_region(krex, tmp_path):
+    """More regions than fit one reply frame: the report pages through them."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "450", "SNIPPET_N": "1", "SNIPPET_US": "10"},
+                   timeout=120)
+    assert out.returncode == 0, out.stderr
+    regions = report_of(rep)["regions"]
+    assert len(regions) == 450
+    assert [r["requested_ns"] for r in regions] == sorted(r["requested_ns"] for r in regions)

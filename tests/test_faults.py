@@ -207,3 +207,20 @@ def test_one_outstanding_request_per_client(krex):
     c.send(MSG["REGION_BEGIN"], proto.encode("struct krex_region_begin", gpu_mask=0, requested_ns=1, name="b"))
     assert proto.decode("struct krex_error", c.recv().payload).code == C.KREX_ERR_GPU
     c.close()
+
+
+def test_frozen_sibling_that_dies_while_frozen_does_not_break_the_region(krex, tmp_path):
+    """A frozen sibling SIGKILLed inside a region: the region still ends cleanly and the others resume."""
+    krex.start_controller()
+    hogs = [krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "5000"}) for _ in range(2)]
+    wait_for(lambda: sum(c["role"] == "shim" for c in krex.status()["clients"]) == 2, what="hogs registered")
+    pids = [c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"]
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "2", "SNIPPET_HOLD_US": "700000"})
+    wait_for(lambda: all(proc_state(p) == "T" for p in pids), what="hogs frozen")
+    os.kill(pids[0], signal.SIGKILL)
+    owner.communicate(timeout=30)
+    assert owner.returncode == 0
+    wait_for(lambda: proc_state(pids[1]) not in ("T", "t"), timeout=2, what="survivor resumed")
+    for h in hogs:
+        h.communicate(timeout=30)
+    assert krex.status()["gpus"] == [] or all(g["owner"] is None for g in krex.status()["gpus"])

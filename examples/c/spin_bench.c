@@ -12,24 +12,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "../../shim/cuda_defs.h"
+#include "../../shim/cuda_api.h"
 #include "../../shim/krex.h"
 
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuEventCreate(CUevent *, unsigned);
-CUresult cuEventRecord(CUevent, CUstream);
-CUresult cuEventSynchronize(CUevent);
-CUresult cuEventElapsedTime(float *, CUevent, CUevent);
-CUresult cuGetErrorString(CUresult, const char **);
 
 static const char ptx[] =
     ".version 7.0\n.target sm_70\n.address_size 64\n"

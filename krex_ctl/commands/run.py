@@ -132,8 +132,13 @@ def run(gpu, report_path, cold, command) -> None:
 
     regions = []
     if guardian:
-        reply = guardian.request("job_report")
-        regions = reply["regions"] if reply else []
+        offset: Optional[int] = 0
+        while offset is not None:
+            reply = guardian.request("job_report", offset=offset)
+            if reply is None:
+                break
+            regions += reply["regions"]
+            offset = reply.get("next")
         guardian.done.set()
         conn.close()  # type: ignore[union-attr]
     totals = shm.read_counters(counters)

@@ -3,7 +3,7 @@
 #define KREX_SNIPPET_COMMON_H
 #include <stdio.h>
 #include <stdlib.h>
-#include "../../shim/cuda_defs.h"
+#include "../../shim/cuda_api.h"
 
 #define CHECK(call)                                                                  \
     do {                                                                             \

@@ -2,16 +2,6 @@
  * Launches N kernels (SNIPPET_N, default 5) of SNIPPET_US microseconds each on one stream. */
 #include "common.h"
 
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuStreamSynchronize(CUstream);
 
 int main(void) {
     int n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 10);

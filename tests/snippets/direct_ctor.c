@@ -2,14 +2,6 @@
  * before anything in the shim could have been initialized by a constructor of its own). */
 #include "common.h"
 
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuCtxSynchronize(void);
 
 static int launched;
 int snippet_ctor_launched(void) { return launched; }

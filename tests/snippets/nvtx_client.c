@@ -21,14 +21,6 @@ static int get_module_table(int module, nvtx_fn ***out, unsigned *size) {
 static struct { size_t size; int (*get)(int, nvtx_fn ***, unsigned *); } callbacks = {sizeof callbacks, get_module_table};
 static const void *get_export_table(uint32_t id) { return id == 1 ? &callbacks : NULL; }
 
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuCtxSynchronize(void);
 
 int main(void) {
     for (int i = 1; i <= 15; i++) core_table[i] = &core_fn[i], core2_table[i] = &core2_fn[i];

@@ -8,15 +8,6 @@
 #include "../../shim/krex.h"
 #include "common.h"
 
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuStreamSynchronize(CUstream);
 
 static void print_affinity(FILE *out, const char *when) {
     cpu_set_t set;
