@@ -551,7 +551,7 @@ class Controller:
         """A process that registers while regions hold reserved cores moves off them at once: commands
         started during a region (a new `krex run`, its Python importing torch) must not land there."""
         for region in self.regions.values():
-            if region.reserved and region.owner.pid != client.pid and region.job is not client.job:
+            if region.reserved and region.owner.pid != client.pid:
                 for pid in [client.pid] + procs.descendants(client.pid):
                     procs.set_affinity(procs.threads(pid), lambda old, r=region.reserved: old - r,
                                        region.saved_affinity)
