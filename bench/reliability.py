@@ -28,15 +28,8 @@ SNIP = ROOT / "build" / "snippets"
 SHIM = ROOT / "build" / "libkrex.so"
 from krex_ctl import proto  # noqa: E402
 from krex_ctl.embedded import answers  # noqa: E402
+from krex_ctl.procs import state  # noqa: E402
 from krex_ctl.proto import C, MSG  # noqa: E402
-
-
-def state(pid: int):
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return chr(data[data.rindex(b")") + 2])
 
 
 def wait_until(pred, timeout: float, interval: float = 0.0005):

@@ -82,10 +82,12 @@ static int send_locked(int type, const void *payload, uint32_t len) {
     return r;
 }
 
+/* the same order as krex_ctl.paths.default_socket: KREX_SOCKET, the system socket, the per-user one */
 static void socket_path(char *out, size_t n) {
     const char *s = getenv("KREX_SOCKET");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     if (s && *s) snprintf(out, n, "%s", s);
+    else if (access("/run/krex/krex.sock", F_OK) == 0) snprintf(out, n, "/run/krex/krex.sock");
     else if (xdg && *xdg) snprintf(out, n, "%s/krex/krex.sock", xdg);
     else snprintf(out, n, "/tmp/krex-%u/krex.sock", (unsigned)getuid());
 }

@@ -15,6 +15,7 @@ BUILD = ROOT / "build"
 SNIP = BUILD / "snippets"
 sys.path.insert(0, str(ROOT))
 from krex_ctl.embedded import answers  # noqa: E402
+from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import it from here)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,14 +31,6 @@ def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def proc_state(pid: int):
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return chr(data[data.rindex(b")") + 2])
 
 
 def stopped_processes_under(marker: str) -> list[int]:

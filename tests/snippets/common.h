@@ -18,4 +18,19 @@ static inline int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;
 }
+
+/* The set-up every snippet shares: driver, primary context of SNIPPET_DEVICE made current, and a kernel
+ * of the given name from a module (the fake driver accepts any image; the name lands in the trace). */
+static inline CUfunction snippet_kernel(const char *name, CUcontext *ctx_out) {
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, "image"));
+    CHECK(cuModuleGetFunction(&f, mod, name));
+    if (ctx_out) *ctx_out = ctx;
+    return f;
+}
 #endif

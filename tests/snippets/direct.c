@@ -5,17 +5,8 @@
 
 int main(void) {
     int n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 10);
-    CUdevice dev;
-    CUcontext ctx;
-    CUmodule mod;
-    CUfunction f;
     CUstream s;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, env_int("SNIPPET_DEVICE", 0)));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "image"));
-    CHECK(cuModuleGetFunction(&f, mod, getenv("SNIPPET_NAME") ? getenv("SNIPPET_NAME") : "direct_kernel"));
+    CUfunction f = snippet_kernel(getenv("SNIPPET_NAME") ? getenv("SNIPPET_NAME") : "direct_kernel", NULL);
     CHECK(cuStreamCreate(&s, 0));
     for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
     CHECK(cuStreamSynchronize(s));

@@ -7,14 +7,7 @@ static int launched;
 int snippet_ctor_launched(void) { return launched; }
 
 __attribute__((constructor)) static void launch_early(void) {
-    CUcontext ctx;
-    CUmodule mod;
-    CUfunction f;
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "image"));
-    CHECK(cuModuleGetFunction(&f, mod, "ctor_kernel"));
+    CUfunction f = snippet_kernel("ctor_kernel", NULL);
     for (int i = 0; i < 3; i++, launched++) CHECK(cuLaunchKernel(f, 5, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuCtxSynchronize());
 }

@@ -35,12 +35,7 @@ int main(void) {
     int streams = env_int("SNIPPET_STREAMS", 2);
     seconds = env_int("SNIPPET_MS", 2000) / 1000.0;
     us = env_int("SNIPPET_US", 500);
-    CUmodule mod;
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "image"));
-    CHECK(cuModuleGetFunction(&f, mod, "hog"));
+    f = snippet_kernel("hog", &ctx);
     pthread_t t[64];
     if (streams > 64) streams = 64;
     for (int i = 0; i < streams; i++) pthread_create(&t[i], NULL, worker, (void *)(long)i);

@@ -29,14 +29,7 @@ int main(void) {
     void *lib = dlopen(path, RTLD_NOW);
     int (*init)(const void *(*)(uint32_t)) = lib ? (int (*)(const void *(*)(uint32_t)))dlsym(lib, "InitializeInjectionNvtx2") : NULL;
     if (!init || !init(get_export_table)) return 4;
-    CUcontext ctx;
-    CUmodule mod;
-    CUfunction f;
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "image"));
-    CHECK(cuModuleGetFunction(&f, mod, "timed"));
+    CUfunction f = snippet_kernel("timed", NULL);
 
     int (*push_a)(const char *) = (int (*)(const char *))core_fn[9];
     int (*pop)(void) = (int (*)(void))core_fn[11];

@@ -21,15 +21,8 @@ static void print_affinity(FILE *out, const char *when) {
 int main(void) {
     int regions = env_int("SNIPPET_REGIONS", 3), n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 1000);
     int sleep_us = env_int("SNIPPET_HOLD_US", 0);
-    CUcontext ctx;
-    CUmodule mod;
-    CUfunction f;
     CUstream s;
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, "image"));
-    CHECK(cuModuleGetFunction(&f, mod, "timed"));
+    CUfunction f = snippet_kernel("timed", NULL);
     CHECK(cuStreamCreate(&s, 0));
     FILE *aff = getenv("SNIPPET_AFFINITY_FILE") ? fopen(getenv("SNIPPET_AFFINITY_FILE"), "a") : NULL;
     for (int r = 0; r < regions; r++) {
