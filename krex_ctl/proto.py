@@ -125,8 +125,15 @@ class Connection:
             raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror})", 3) from None
         self._seq = 0
         self._buf = b""
-        self.send(MSG["HELLO"], encode("struct krex_hello", magic=MAGIC, version=VERSION, role=role, job=job))
-        reply = self.recv()
+        try:
+            self.send(MSG["HELLO"], encode("struct krex_hello", magic=MAGIC, version=VERSION, role=role, job=job))
+        except OSError:
+            pass  # refused at accept (a limit): the controller's ERROR frame is already waiting to be read
+        try:
+            reply = self.recv()
+        except (OSError, ConnectionError) as e:
+            self.sock.close()
+            raise KrexCommandError(f"controller at {self.path} closed the connection ({e})", 3) from None
         if reply.name == "ERROR":
             err = decode("struct krex_error", reply.payload)
             raise KrexCommandError(f"controller at {self.path} refused: {cstr(err.text)}", 3)

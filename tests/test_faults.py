@@ -224,3 +224,41 @@ def test_frozen_sibling_that_dies_while_frozen_does_not_break_the_region(krex, t
     for h in hogs:
         h.communicate(timeout=30)
     assert krex.status()["gpus"] == [] or all(g["owner"] is None for g in krex.status()["gpus"])
+
+
+def test_sibling_that_exits_during_the_drain_does_not_hold_it_up(krex, tmp_path):
+    krex.start_controller("--drain-timeout", "10")
+    from krex_ctl.proto import Connection
+
+    mute = Connection(krex.socket, C.KREX_ROLE_SHIM)
+    mute.send(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0))
+    time.sleep(0.1)
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "1"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "draining" for g in krex.status()["gpus"]),
+             what="region draining")
+    mute.close()                                   # the sibling goes away without acknowledging
+    owner.communicate(timeout=30)
+    r = json.loads((tmp_path / "r.json").read_text())["regions"][0]
+    assert r["drain_timeouts"] == 0 and r["granted_ns"] - r["requested_ns"] < 5e9
+
+
+def test_socket_group_and_mode(krex, tmp_path):
+    import grp
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    krex.start_controller("--socket-group", group)
+    st = os.stat(krex.socket)
+    assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == os.getgid()
+
+
+def test_client_limit(krex, tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_clients": 2}))
+    krex.start_controller("--config", str(cfg))
+    from krex_ctl.proto import Connection
+
+    held = [Connection(krex.socket, C.KREX_ROLE_PYTHON) for _ in range(2)]
+    with pytest.raises(Exception, match="limit of 2 clients"):
+        Connection(krex.socket, C.KREX_ROLE_PYTHON)
+    for c in held:
+        c.close()
