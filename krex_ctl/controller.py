@@ -54,7 +54,6 @@ class Client:
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.request: Optional[Request] = None
-        self.connected_ns = now_ns()
 
     @property
     def role_name(self) -> str:
@@ -107,7 +106,6 @@ class Controller:
         self.sel = selectors.DefaultSelector()
         self.gate = GatePage()
         self.clients: dict[int, Client] = {}
-        self.by_pidfd: dict[int, Client] = {}
         self.jobs: dict[int, Job] = {}
         self.queue: list[Request] = []
         self.regions: dict[int, Region] = {}
@@ -294,7 +292,6 @@ class Controller:
         log.debug("client %d (pid %d) dropped: %s", client.id, client.pid, why)
         self.sel.unregister(client.sock)
         if client.pidfd is not None:
-            self.by_pidfd.pop(client.pidfd.fd, None)
             try:
                 self.sel.unregister(client.pidfd.fd)
             except (KeyError, ValueError):
@@ -352,7 +349,6 @@ class Controller:
         client.role = hello.role
         try:
             client.pidfd = procs.Pidfd(client.pid)
-            self.by_pidfd[client.pidfd.fd] = client
             self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("pidfd", client))
         except OSError:
             self.drop(client, "peer process already gone")

@@ -50,9 +50,6 @@ class GatePage:
         addr = ctypes.c_void_p(int(ffi.cast("uintptr_t", ffi.addressof(g, "owner_job"))))
         _libc.syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
-    def owner(self, gpu: int) -> int:
-        return int(self.gates[gpu].owner_job)
-
 
 def create_counters(path: Path) -> None:
     """A fresh counters file for one job (mode 0600)."""
