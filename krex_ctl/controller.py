@@ -110,6 +110,7 @@ class Controller:
         self.queue: list[Request] = []
         self.regions: dict[int, Region] = {}
         self.timers: list[Timer] = []
+        self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # see hand_over_cores
         self.ids = itertools.count(1)
         self.job_ids = itertools.count(1)
         self.running = True
@@ -465,6 +466,8 @@ class Controller:
             self.queue.remove(req)
             req.owner.request = None
             self.start_region(req)
+        if self.handover is not None and not self.regions:
+            self.release_handover()   # the waiter it was kept for went away
 
     def siblings(self, region: Region) -> list[Client]:
         return [c for c in self.clients.values()
@@ -528,10 +531,19 @@ class Controller:
         if not self.cfg.isolate_cpus:
             return
         reserved = self.cfg.reserved_for(region.req.gpu_mask)
+        if self.handover is not None and self.handover[0] != reserved:
+            self.release_handover()
         if not reserved:
             return
         region.reserved = reserved
         owner_pid = region.owner.pid
+        if self.handover is not None:
+            # back-to-back regions on the same cores: everyone else is already off them (the last
+            # owner and its frozen siblings were moved at its end, newcomers at their HELLO)
+            region.saved_affinity = self.handover[1]
+            self.handover = None
+            procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
+            return
         procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
         frozen = {p.pid for p in region.frozen}
         managed: set[int] = set()
@@ -543,14 +555,32 @@ class Controller:
         for pid in managed:
             procs.set_affinity(procs.threads(pid), lambda old: old - reserved, region.saved_affinity)
 
+    def hand_over_cores(self, region: Region) -> bool:
+        """At the end of a region with others waiting on its GPUs: keep the isolation for the next one
+        instead of restoring every thread and walking every job again (~4 ms with 60 clients)."""
+        if not region.reserved or not any(r.gpu_mask & region.req.gpu_mask for r in self.queue):
+            return False
+        saved = region.saved_affinity
+        for tid in procs.threads(region.owner.pid):      # from its own mask before the region, less ours
+            procs.set_affinity([tid], lambda old, t=tid: saved.get(t, old) - region.reserved, saved)
+        for p in region.frozen:
+            procs.set_affinity(procs.threads(p.pid), lambda old: old - region.reserved, saved)
+        self.handover = (region.reserved, region.saved_affinity)
+        return True
+
+    def release_handover(self) -> None:
+        if self.handover is not None:
+            procs.restore_affinity(self.handover[1])
+            self.handover = None
+
     def keep_off_reserved(self, client: Client) -> None:
         """A process that registers while regions hold reserved cores moves off them at once: commands
         started during a region (a new `krex run`, its Python importing torch) must not land there."""
-        for region in self.regions.values():
-            if region.reserved and region.owner.pid != client.pid:
-                for pid in [client.pid] + procs.descendants(client.pid):
-                    procs.set_affinity(procs.threads(pid), lambda old, r=region.reserved: old - r,
-                                       region.saved_affinity)
+        held = [(r.reserved, r.saved_affinity) for r in self.regions.values()
+                if r.reserved and r.owner.pid != client.pid]
+        for reserved, saved in held + ([self.handover] if self.handover else []):
+            for pid in [client.pid] + procs.descendants(client.pid):
+                procs.set_affinity(procs.threads(pid), lambda old, r=reserved: old - r, saved)
 
     def grant(self, region: Region) -> None:
         region.state = "held"
@@ -576,7 +606,8 @@ class Controller:
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
         if region.timer:
             region.timer.cancelled = True
-        procs.restore_affinity(region.saved_affinity)
+        if not self.hand_over_cores(region):
+            procs.restore_affinity(region.saved_affinity)
         frozen = len(region.frozen)
         for p in region.frozen:
             p.signal(signal.SIGCONT)
@@ -629,8 +660,10 @@ class Controller:
         self.state_path.unlink(missing_ok=True)
 
     def shutdown(self) -> None:
+        self.queue.clear()
         for region in list(self.regions.values()):
             self.end_region(region, C.KREX_END_OWNER_GONE)
+        self.release_handover()
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
         try:

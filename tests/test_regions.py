@@ -191,3 +191,27 @@ def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_
     owner.communicate(timeout=30)
     after = krex.run(probe)
     assert after.stdout.strip() == str(cpus)
+
+
+def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        import pytest
+        pytest.skip("needs two CPUs")
+    krex.start_controller()
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "6000"})
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
+    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    owners = [krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "6", "SNIPPET_N": "2", "SNIPPET_HOLD_US": "20000",
+                                                 "SNIPPET_AFFINITY_FILE": str(tmp_path / f"aff{i}")}) for i in range(3)]
+    for p in owners:
+        p.communicate(timeout=60)
+        assert p.returncode == 0
+    for i in range(3):
+        lines = (tmp_path / f"aff{i}").read_text().splitlines()
+        assert all(line.split()[1:] == [str(cpus[-1])] for line in lines if line.startswith("inside"))
+        assert all(str(cpus[-1]) not in line.split()[1:] or line.split()[1:] == [str(c) for c in cpus]
+                   for line in lines if not line.startswith("inside"))
+    wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
+    assert krex.status()["counters"]["regions_granted"] == 18
+    hog.communicate(timeout=30)
