@@ -118,3 +118,10 @@ def test_report_of_a_long_job_holds_every_region(krex, tmp_path):
     regions = report_of(rep)["regions"]
     assert len(regions) == 450
     assert [r["requested_ns"] for r in regions] == sorted(r["requested_ns"] for r in regions)
+
+
+def test_unwritable_report_keeps_the_exit_status(krex, tmp_path):
+    krex.start_controller()
+    out = krex.run(["sh", "-c", "exit 5"], report=tmp_path / "no" / "such" / "dir" / "r.json")
+    assert out.returncode == 5
+    assert out.stderr.strip().startswith("krex: cannot write the report")

@@ -72,7 +72,12 @@ def resume_tree(root: int) -> None:
 
 
 def _job_counters_path(job: int) -> Path:
-    d = paths.ensure_runtime_dir()
+    try:
+        d = paths.ensure_runtime_dir()
+    except (KrexCommandError, OSError):   # an unusable runtime dir must not stop the command
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="krex-"))
     return d / f"job-{os.getpid()}-{job}.counters"
 
 
@@ -144,7 +149,10 @@ def run(gpu, report_path, cold, command) -> None:
     totals = shm.read_counters(counters)
     counters.unlink(missing_ok=True)
     if report_path:
-        write_report(Path(report_path), command, exit_code, totals, regions)
+        try:
+            write_report(Path(report_path), command, exit_code, totals, regions)
+        except OSError as e:   # the command's own exit status still comes through
+            print(f"krex: cannot write the report {report_path}: {e.strerror}", file=sys.stderr)
     sys.exit(exit_code)
 
 
