@@ -23,7 +23,7 @@ ax1.set_ylabel("commands / min")
 ax1.legend()
 ax1.set_title("throughput")
 buckets = ["<0.1ms", "0.1-1ms", "1-10ms", ">10ms"]
-modes = [s for s in data["summary"] if s["mode"] in ("naive", "krex", "isolated")]
+modes = [s for s in data["summary"] if s["mode"] in ("naive", "cmdlock", "krex", "isolated")]
 w = 0.8 / max(1, len(modes))
 for i, s in enumerate(modes):
     ax2.bar([b + i * w for b in range(len(buckets))], [100 * s["p95_inflation"][b] for b in buckets], w,
