@@ -94,6 +94,15 @@ class Krex:
         return subprocess.Popen(self.run_cmd(cmd, report), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, **kw)
 
+    def start_sibling(self, **env) -> tuple:
+        """A busy neighbour (the hog snippet) under `krex run`, returned once its shim has registered:
+        (the wrapper's Popen, the hog's pid)."""
+        before = {c["pid"] for c in self.status()["clients"] if c["role"] == "shim"}
+        proc = self.popen([SNIP / "hog"], env=env)
+        pid = wait_for(lambda: next((c["pid"] for c in self.status()["clients"]
+                                     if c["role"] == "shim" and c["pid"] not in before), None), what="sibling registered")
+        return proc, pid
+
     def status(self) -> dict:
         out = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=self.env,
                              capture_output=True, text=True, timeout=20, check=True)
@@ -127,6 +136,15 @@ def krex(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGCONT)
     assert not left, f"processes left stopped: {left}"
+
+
+@pytest.fixture
+def cpus():
+    """The usable CPUs; tests of CPU isolation need two."""
+    c = sorted(os.sched_getaffinity(0))
+    if len(c) < 2:
+        pytest.skip("needs two CPUs")
+    return c
 
 
 def report_of(path: Path) -> dict:

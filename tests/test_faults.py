@@ -103,9 +103,7 @@ def test_stale_socket_file_is_replaced(krex):
 
 def test_controller_killed_mid_region_guardians_resume_the_job(krex, tmp_path):
     krex.start_controller()
-    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"})
-    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
-    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")
     owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
     wait_for(lambda: proc_state(hog_pid) in ("T", "t"), what="hog frozen")
     assert krex.state_file.exists() and hog_pid in [p for p, _ in json.loads(krex.state_file.read_text())["frozen"]]

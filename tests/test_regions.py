@@ -71,11 +71,7 @@ def test_grants_are_fifo(krex, tmp_path):
     assert report_of(tmp_path / "w0.json")["regions"][0]["granted_ns"] >= report_of(tmp_path / "a.json")["regions"][0]["ended_ns"]
 
 
-def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path):
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        import pytest
-        pytest.skip("needs two CPUs")
+def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path, cpus):
     krex.start_controller()
     hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "2500"})
     aff = tmp_path / "aff"
@@ -91,9 +87,7 @@ def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path):
 
 def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     krex.start_controller()
-    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"})
-    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
-    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")
     owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "800000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     assert proc_state(hog_pid) in ("T", "t")
@@ -105,9 +99,7 @@ def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
 
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     krex.start_controller()
-    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "4000"}, )
-    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
-    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")
     owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
                        env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "10000000"})
     g = wait_for(lambda: next((g for g in krex.status()["gpus"] if g["owner"] and g["owner"]["state"] == "held"), None),
@@ -175,11 +167,7 @@ def test_python_region_without_any_controller(tmp_path):
     assert out.stderr.count("running without region exclusivity") == 1
 
 
-def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_path):
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        import pytest
-        pytest.skip("needs two CPUs")
+def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_path, cpus):
     import sys
 
     krex.start_controller()
@@ -193,15 +181,9 @@ def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_
     assert after.stdout.strip() == str(cpus)
 
 
-def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, tmp_path):
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        import pytest
-        pytest.skip("needs two CPUs")
+def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, tmp_path, cpus):
     krex.start_controller()
-    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "6000"})
-    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="hog registered")
-    hog_pid = next(c["pid"] for c in krex.status()["clients"] if c["role"] == "shim")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="6000")
     owners = [krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "6", "SNIPPET_N": "2", "SNIPPET_HOLD_US": "20000",
                                                  "SNIPPET_AFFINITY_FILE": str(tmp_path / f"aff{i}")}) for i in range(3)]
     for p in owners:
