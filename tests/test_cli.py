@@ -53,13 +53,15 @@ def test_launches_are_summed_over_every_process_of_the_command(krex, tmp_path):
 
 def test_gpu_option_pins_the_command(krex, tmp_path):
     krex.start_controller()
-    out = krex.run(["--gpu", "1", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $KREX_GPU"][0:0] + ["sh", "-c", "true"])
-    assert out.returncode == 0
     full = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "1", "--report", str(tmp_path / "r.json"), "--",
             str(SNIP / "region")]
     out = subprocess.run(full, env=dict(krex.env, SNIPPET_REGIONS="1"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert report_of(tmp_path / "r.json")["regions"][0]["gpu"] == [1]
+    env_probe = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "1", "--", "sh", "-c",
+                 "echo $CUDA_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES $KREX_GPU"]
+    out = subprocess.run(env_probe, env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["1", "1", "1"]
 
 
 def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):

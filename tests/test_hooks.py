@@ -159,3 +159,17 @@ def test_nvtx_ranges_named_krex_are_regions(krex, tmp_path):
     timed = [t for t in krex.trace_lines() if t[4] == "timed"]
     first = rep["regions"][0]
     assert len(timed) == 3 and all(first["granted_ns"] <= s and e <= first["ended_ns"] for _, _, s, e, _ in timed)
+
+
+def test_hooks_option_of_krex_run(krex, tmp_path):
+    import subprocess
+
+    krex.start_controller()
+    script = tmp_path / "s.py"
+    script.write_text("import triton.testing\ntriton.testing.do_bench(lambda: None)\n")
+    env = dict(krex.env, PYTHONPATH=os.pathsep.join([str(FAKES), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--hooks", "triton", "--report",
+                          str(tmp_path / "r.json"), "--", sys.executable, str(script)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [r["name"] for r in report_of(tmp_path / "r.json")["regions"]] == ["triton.do_bench"]

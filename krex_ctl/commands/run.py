@@ -1,4 +1,4 @@
-"""`krex run [--gpu N] [--report FILE] [--cold] -- CMD ARGS...`: run a command under the shim.
+"""`krex run [--gpu N] [--report FILE] [--cold] [--hooks NAMES] -- CMD ARGS...`: run a command under the shim.
 
 The wrapper is never frozen. It holds the job's connection to the controller and guards it: if the
 controller goes away, it resumes (SIGCONT) every process of its job and gives them back their CPUs."""
@@ -87,8 +87,10 @@ def _job_counters_path(job: int) -> Path:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write a JSON report of launches, contexts and regions here.")
 @click.option("--cold", is_flag=True, help="Never dispatch to a warm worker (every command is cold today).")
+@click.option("--hooks", default=None, metavar="NAMES",
+              help="Region hooks to switch on, comma-separated or 'all' (overrides KREX_HOOKS).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu, report_path, cold, command) -> None:
+def run(gpu, report_path, cold, hooks, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     command = list(command)
     if command and command[0] == "--":
@@ -109,7 +111,8 @@ def run(gpu, report_path, cold, command) -> None:
     job = conn.job if conn else 0
     counters = _job_counters_path(job)
     shm.create_counters(counters)
-    env = preload_environ(os.environ, RunOptions(shim=str(shim), socket=str(sock), job=job, counters=str(counters), gpu=gpu))
+    env = preload_environ(os.environ, RunOptions(shim=str(shim), socket=str(sock), job=job, counters=str(counters),
+                                                 gpu=gpu, hooks=hooks))
 
     guardian = Guardian(conn, os.getpid()) if conn else None
     if guardian:
