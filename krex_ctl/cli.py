@@ -27,6 +27,11 @@ def cli() -> None:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "run":
+        # before the heavier imports: a command started during a region stays off the owner's cores
+        from . import paths, procs
+
+        procs.early_affinity = procs.step_off_reserved(str(paths.default_socket()) + ".reserved")
     from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
 
     cli(prog_name="krex")

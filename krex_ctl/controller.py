@@ -544,6 +544,7 @@ class Controller:
             self.handover = None
             procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
             return
+        self.publish_reserved()
         procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
         frozen = {p.pid for p in region.frozen}
         managed: set[int] = set()
@@ -570,8 +571,28 @@ class Controller:
 
     def release_handover(self) -> None:
         if self.handover is not None:
-            procs.restore_affinity(self.handover[1])
+            saved = self.handover[1]
             self.handover = None
+            self.publish_reserved()
+            procs.restore_affinity(saved)
+
+    def publish_reserved(self) -> None:
+        """Write the CPUs region owners hold now to SOCKET.reserved, so a starting `krex run` can step
+        off them before it has even connected (procs.step_off_reserved)."""
+        cpus = set()
+        for r in self.regions.values():
+            cpus |= r.reserved
+        if self.handover is not None:
+            cpus |= self.handover[0]
+        path = self.socket_path + ".reserved"
+        try:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(",".join(map(str, sorted(cpus))))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.error("cannot write %s: %s", path, e)
 
     def keep_off_reserved(self, client: Client) -> None:
         """A process that registers while regions hold reserved cores moves off them at once: commands
@@ -608,6 +629,8 @@ class Controller:
             region.timer.cancelled = True
         if not self.hand_over_cores(region):
             procs.restore_affinity(region.saved_affinity)
+        if region.reserved:
+            self.publish_reserved()
         frozen = len(region.frozen)
         for p in region.frozen:
             p.signal(signal.SIGCONT)
@@ -669,6 +692,7 @@ class Controller:
         try:
             if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
                 os.unlink(self.socket_path)
+                os.unlink(self.socket_path + ".reserved")
         except OSError:
             pass
         self.listener.close()

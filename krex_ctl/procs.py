@@ -148,3 +148,23 @@ def restore_affinity(saved: dict[int, set[int]]) -> None:
         except OSError:
             pass
     saved.clear()
+
+
+early_affinity: Optional[set[int]] = None   # set by cli.main for `krex run`, see step_off_reserved
+
+
+def step_off_reserved(reserved_file: str) -> Optional[set[int]]:
+    """Move this (still single-threaded) process off the CPUs region owners hold now, as listed by the
+    controller in reserved_file; return the mask to put back before registering (the controller then
+    moves it off again and restores it when the regions end). None when there is nothing to do."""
+    try:
+        with open(reserved_file) as f:
+            text = f.read().strip()
+        reserved = {int(c) for c in text.split(",") if c}
+        mine = os.sched_getaffinity(0)
+    except (OSError, ValueError):
+        return None
+    if not reserved & mine or not mine - reserved:
+        return None
+    os.sched_setaffinity(0, mine - reserved)
+    return mine

@@ -197,3 +197,22 @@ def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, t
     wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
     assert krex.status()["counters"]["regions_granted"] == 18
     hog.communicate(timeout=30)
+
+
+def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_path, cpus):
+    from krex_ctl import procs
+
+    krex.start_controller()
+    published = tmp_path / "ctl.sock.reserved"
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "2000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    assert published.read_text() == str(cpus[-1])
+    mine = os.sched_getaffinity(0)
+    try:
+        assert procs.step_off_reserved(str(published)) == mine
+        assert os.sched_getaffinity(0) == mine - {cpus[-1]}
+    finally:
+        os.sched_setaffinity(0, mine)
+    owner.communicate(timeout=30)
+    assert published.read_text() == ""
+    assert procs.step_off_reserved(str(published)) is None

@@ -102,6 +102,8 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         raise KrexCommandError(f"the shim library {shim} is missing: run `make` (or reinstall krex)", 2)
 
     conn: Optional[Connection] = None
+    if procs.early_affinity is not None:   # our own mask again: the controller saves it at HELLO, moves us
+        os.sched_setaffinity(0, procs.early_affinity)   # off the reserved CPUs and restores it later
     sock = paths.default_socket()
     try:
         sock = ensure_controller()
