@@ -27,6 +27,7 @@ from . import procs, proto
 from .config import Config
 from .errors import KrexCommandError
 from .proto import C, MSG
+from .pool import WorkerPool
 from .scheduler import Request, mask_to_list, startable
 from .shm import GatePage
 
@@ -111,6 +112,7 @@ class Controller:
         self.regions: dict[int, Region] = {}
         self.timers: list[Timer] = []
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # see hand_over_cores
+        self.pool = WorkerPool(cfg, socket_path)
         self.ids = itertools.count(1)
         self.job_ids = itertools.count(1)
         self.running = True
@@ -134,6 +136,8 @@ class Controller:
         self.resume_from_state_file()
         if self.cfg.idle_exit_s:
             self.every(1.0, self.check_idle)
+        if int(self.cfg.warm_workers) > 0:
+            self.every(1.0, self.pool.reap)
         try:
             while self.running:
                 timeout = None
@@ -190,7 +194,7 @@ class Controller:
         self.after(period, tick)
 
     def check_idle(self) -> None:
-        if self.clients:
+        if any(c.pid not in {w.pid for w in self.pool.workers} for c in self.clients.values()):
             self.idle_since = time.monotonic()
         elif time.monotonic() - self.idle_since >= float(self.cfg.idle_exit_s or 0):
             log.info("idle for %.0f s; exiting", self.cfg.idle_exit_s)
@@ -310,6 +314,7 @@ class Controller:
             client.job.clients.discard(client)
             if not client.job.clients:
                 self.jobs.pop(client.job.id, None)
+        self.pool.gone(client)
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
@@ -441,6 +446,10 @@ class Controller:
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:
                     client.job.command = [str(a) for a in req.get("command", [])][:64]
                 reply = {"ok": True}
+            elif op == "dispatch":      # wrapper: a warm worker for this command, if one fits
+                reply = self.dispatch_warm(client, req)
+            elif op in ("worker_ready", "worker_busy", "worker_idle"):   # warm worker
+                reply = self.worker_op(client, op, req)
             elif op == "shutdown":
                 if client.uid not in (0, os.getuid()):
                     reply = {"error": "only the controller's owner or root may stop it"}
@@ -453,6 +462,29 @@ class Controller:
             log.exception("op %s failed", op)
             reply = {"error": f"{type(e).__name__}: {e}"}
         self.send(client, MSG["JSON_REPLY"], json.dumps(reply).encode(), seq=seq)
+
+    # ---- warm workers (pool.py) ----------------------------------------------------------------------
+    def dispatch_warm(self, client: Client, req: dict) -> dict:
+        if client.role != C.KREX_ROLE_WRAPPER or client.job is None or not self.pool.enabled_for(client.uid):
+            return {"socket": None}
+        key = (int(req.get("gpu", 0)), str(req.get("python", "")), str(req.get("fingerprint", "")))
+        worker = self.pool.checkout(key, client.job)
+        self.pool.want(key, {str(k): str(v) for k, v in dict(req.get("env", {})).items()})
+        if worker is None:
+            return {"socket": None}
+        return {"socket": worker.socket, "pid": worker.pid}
+
+    def worker_op(self, client: Client, op: str, req: dict) -> dict:
+        if op == "worker_ready":
+            ok = self.pool.ready(client, int(req.get("gpu", -1)), str(req.get("socket", "")),
+                                 str(req.get("python", "")), str(req.get("fingerprint", "")))
+            return {"ok": ok} if ok else {"error": "not a worker this controller started"}
+        worker = next((w for w in self.pool.workers if w.client is client), None)
+        if worker is None:
+            return {"error": "not a worker"}
+        if op == "worker_idle":
+            worker.state, worker.serving = "idle", None
+        return {"ok": True}
 
     # ---- regions ---------------------------------------------------------------------------------
     def busy_mask(self) -> int:
@@ -638,7 +670,7 @@ class Controller:
         self.write_state_file()
         for g in mask_to_list(region.req.gpu_mask):
             self.gate.open_gate(g)
-        region.job.regions.append({
+        record = {
             "name": region.req.name, "gpu": mask_to_list(region.req.gpu_mask),
             "requested_ns": region.req.requested_ns, "granted_ns": region.granted_ns or None, "ended_ns": ended,
             "pid": region.owner.pid, "end": {C.KREX_END_NORMAL: "normal", C.KREX_END_TIME_LIMIT: "revoked",
@@ -646,7 +678,11 @@ class Controller:
             "frozen": frozen, "drain_timeouts": region.drain_timeouts,
             "queued_ns": region.drain_started_ns - region.req.requested_ns,
             **{f"{k}_ns": v for k, v in region.phase_ns.items()},
-        })
+        }
+        region.job.regions.append(record)
+        worker = self.pool.by_pid(region.owner.pid)
+        if worker is not None and worker.serving is not None and worker.serving is not region.job:
+            worker.serving.regions.append(record)   # a warm worker's region belongs to the command it runs
         if reason != C.KREX_END_OWNER_GONE and region.owner.fd in self.clients:
             self.send(region.owner, MSG["REGION_ENDED"], proto.encode(
                 "struct krex_region_ended", region_id=region.id, ended_ns=ended, reason=reason))
@@ -687,6 +723,7 @@ class Controller:
         for region in list(self.regions.values()):
             self.end_region(region, C.KREX_END_OWNER_GONE)
         self.release_handover()
+        self.pool.shutdown()
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
         try:
@@ -724,6 +761,7 @@ class Controller:
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "command": j.command, "regions": len(j.regions)}
                      for j in self.jobs.values()],
             "counters": dict(self.counters),
+            "workers": self.pool.describe(),
         }
 
 

@@ -38,8 +38,9 @@ def ensure_controller(timeout: float = 10.0) -> Path:
         raise KrexCommandError(f"cannot start a controller at {path}: {path.parent} does not exist", 3)
     log = path.parent / (path.name + ".log")
     with open(log, "ab") as out:
+        warm = ["--warm-workers", os.environ["KREX_WARM_WORKERS"]] if os.environ.get("KREX_WARM_WORKERS") else []
         subprocess.Popen(
-            [sys.executable, "-m", "krex_ctl", "controller", "--embedded", "--socket", str(path)],
+            [sys.executable, "-m", "krex_ctl", "controller", "--embedded", "--socket", str(path)] + warm,
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True,
             env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     deadline = time.monotonic() + timeout

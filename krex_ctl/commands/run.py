@@ -3,10 +3,12 @@
 The wrapper is never frozen. It holds the job's connection to the controller and guards it: if the
 controller goes away, it resumes (SIGCONT) every process of its job and gives them back their CPUs."""
 
+import array
 import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +17,7 @@ from typing import Optional
 
 import click
 
-from .. import paths, procs, shm
+from .. import dispatch, paths, procs, shm
 from ..cli import cli
 from ..embedded import ensure_controller
 from ..environ import RunOptions, preload_environ
@@ -86,7 +88,7 @@ def _job_counters_path(job: int) -> Path:
               help="Run on this node-wide GPU (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write a JSON report of launches, contexts and regions here.")
-@click.option("--cold", is_flag=True, help="Never dispatch to a warm worker (every command is cold today).")
+@click.option("--cold", is_flag=True, help="Never dispatch a Python command to a warm worker.")
 @click.option("--hooks", default=None, metavar="NAMES",
               help="Region hooks to switch on, comma-separated or 'all' (overrides KREX_HOOKS).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -121,6 +123,12 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         guardian.start()
         guardian.request("job_command", command=command)
 
+    if guardian and not cold:
+        warm = run_warm(guardian, command, env, job, gpu)
+        if warm is not None:
+            exit_code, extra = warm
+            finish(guardian, conn, counters, report_path, command, exit_code, extra)
+
     try:
         child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
@@ -140,6 +148,11 @@ def run(gpu, report_path, cold, hooks, command) -> None:
     if rc < 0:
         print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
 
+    finish(guardian, conn, counters, report_path, command, exit_code, {})
+
+
+def finish(guardian, conn, counters: Path, report_path, command: list, exit_code: int, extra: dict):
+    """Collect the job's regions and counters, write the report, exit with the command's status."""
     regions = []
     if guardian:
         offset: Optional[int] = 0
@@ -150,8 +163,10 @@ def run(gpu, report_path, cold, hooks, command) -> None:
             regions += reply["regions"]
             offset = reply.get("next")
         guardian.done.set()
-        conn.close()  # type: ignore[union-attr]
+        conn.close()
     totals = shm.read_counters(counters)
+    for k, v in extra.items():        # a warm worker's submissions for this command
+        totals[k] = totals.get(k, 0) + v
     counters.unlink(missing_ok=True)
     if report_path:
         try:
@@ -159,6 +174,59 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         except OSError as e:   # the command's own exit status still comes through
             print(f"krex: cannot write the report {report_path}: {e.strerror}", file=sys.stderr)
     sys.exit(exit_code)
+
+
+def run_warm(guardian: Guardian, command: list, env: dict, job: int, gpu) -> Optional[tuple[int, dict]]:
+    """Run an eligible Python command in a warm worker: (exit code, its counters), or None for the cold path."""
+    py = dispatch.python_command(command, env)
+    if py is None:
+        return None
+    python, args = py
+    g = gpu if gpu is not None else int(env.get("KREX_GPU", "0") or 0)
+    reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=dispatch.fingerprint(env), env=env)
+    if not reply or not reply.get("socket"):
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(reply["socket"])
+        request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd(), "job": job}).encode() + b"\n"
+        s.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+    except OSError:
+        s.close()
+        return None                       # the worker went away before it took the command: run cold
+    worker_pid, forwarded = int(reply["pid"]), []
+
+    def forward(sig, _frame):
+        forwarded.append(sig)
+        try:
+            os.kill(worker_pid, sig)
+        except OSError:
+            pass
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = s.recv(65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    if not data.endswith(b"\n"):
+        sig = forwarded[-1] if forwarded else None
+        if sig is not None and sig != signal.SIGINT:
+            print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
+            return 128 + sig, {}
+        print("krex: the warm worker running the command died", file=sys.stderr)
+        return 1, {}
+    result = json.loads(data)
+    if result.get("signal"):
+        sig = int(result["signal"])
+        print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
+        return 128 + sig, result.get("counters", {})
+    return int(result["exit_code"]), result.get("counters", {})
 
 
 def write_report(path: Path, command: list, exit_code: int, totals: dict, regions: list) -> None:

@@ -1,0 +1,258 @@
+"""A warm worker: a Python process that already holds a GPU context and the heavy modules (torch,
+triton), and runs `krex run -- python ...` commands inside itself, one at a time, so a command skips
+interpreter start, `import torch` and the node-serialized context creation.
+
+Started by the controller (`warm_workers` setting) under the shim like any command. It listens on its own
+socket; a `krex run` wrapper sends one JSON request {argv, env, cwd, job} with its stdin, stdout and stderr
+as SCM_RIGHTS descriptors, and gets back {exit_code, signal, retire, submissions}. Between runs the worker
+restores sys.modules, sys.path, os.environ, the cwd, signal handlers, sys.argv and torch's global flags;
+it retires (exits, and the controller starts a replacement) when it cannot vouch for a clean state: a
+leaked thread or child process, os._exit, a CUDA error, or its reuse limit."""
+
+import array
+import ctypes
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Optional
+
+from . import procs, shm
+from .proto import C, Connection
+
+COUNTERS = os.environ.get("KREX_COUNTERS")   # this worker's own counters file (the pool made it)
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+
+
+class WorkerExit(BaseException):
+    """os._exit inside a command: finish the reply, then really exit (the state cannot be vouched for)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def hold_context() -> None:
+    """cuInit + the primary context of device 0 (the worker's GPU, by CUDA_VISIBLE_DEVICES), through the
+    shim, so the controller knows this process and the first command finds the context ready."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+
+
+def preload(names: list[str]) -> list[str]:
+    loaded = []
+    for name in names:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception:  # an absent or broken optional module only costs the warm start
+            pass
+    return loaded
+
+
+def torch_state() -> Optional[dict]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    st = {"dtype": torch.get_default_dtype(), "rng": torch.get_rng_state(),
+          "deterministic": torch.are_deterministic_algorithms_enabled()}
+    for name in ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic",
+                 "cudnn.enabled"):
+        obj = torch.backends
+        *path, leaf = name.split(".")
+        for p in path:
+            obj = getattr(obj, p)
+        st[name] = getattr(obj, leaf)
+    return st
+
+
+def restore_torch(st: Optional[dict]) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or st is None:
+        return
+    torch.set_default_dtype(st["dtype"])
+    torch.set_rng_state(st["rng"])
+    torch.use_deterministic_algorithms(st["deterministic"])
+    for name, value in st.items():
+        if "." in name:
+            obj = torch.backends
+            *path, leaf = name.split(".")
+            for p in path:
+                obj = getattr(obj, p)
+            setattr(obj, leaf, value)
+
+
+def cuda_healthy() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
+
+
+def counters() -> dict:
+    try:
+        return shm.read_counters(COUNTERS) if COUNTERS else {}
+    except OSError:
+        return {}
+
+
+def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
+    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
+    before = counters()
+    snapshot_modules = set(sys.modules)
+    snapshot = (list(sys.path), dict(os.environ), os.getcwd(), list(sys.argv),
+                {s: signal.getsignal(s) for s in HANDLED_SIGNALS}, torch_state())
+    threads_before = set(threading.enumerate())
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved_fds = [os.dup(i) for i in range(3)]
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+    real_exit = os._exit
+
+    def _exit(code: int = 0) -> None:
+        raise WorkerExit(code)
+
+    exit_code, sig, retire = 0, None, False
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        os._exit = _exit
+        if argv[0] == "-c":
+            sys.argv = ["-c"] + argv[2:]
+            sys.path.insert(0, "")
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        elif argv[0] == "-m":
+            sys.argv = [argv[1]] + argv[2:]
+            sys.path.insert(0, cwd)
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            exit_code = 0
+        elif isinstance(e.code, int):
+            exit_code = e.code & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            exit_code = 1
+    except WorkerExit as e:
+        exit_code, retire = e.code & 0xFF, True
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sig = signal.SIGINT
+    except BaseException:  # noqa: B902 (a command's uncaught exception, printed as Python would)
+        traceback.print_exc()
+        exit_code = 1
+    finally:
+        os._exit = real_exit
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for i, fd in enumerate(saved_fds):
+            os.dup2(fd, i)
+            os.close(fd)
+        sys.path[:], env_before, cwd_before, sys.argv, handlers, tstate = snapshot
+        os.environ.clear()
+        os.environ.update(env_before)
+        os.chdir(cwd_before)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for name in set(sys.modules) - snapshot_modules:
+            del sys.modules[name]
+        restore_torch(tstate)
+    leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    children = procs.children(os.getpid()) or []
+    if leaked or children or not cuda_healthy():
+        retire = True
+    after = counters()
+    return {"exit_code": exit_code, "signal": int(sig) if sig else None, "retire": retire,
+            "leaked_threads": len(leaked), "child_processes": len(children),
+            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in shm.COUNTER_FIELDS}}
+
+
+def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(cdata[: len(cdata) - len(cdata) % a.itemsize])
+                fds.extend(a)
+        if not chunk:
+            raise ConnectionError("wrapper went away")
+        data += chunk
+    return json.loads(data), fds
+
+
+def main() -> None:
+    gpu = int(os.environ.get("KREX_GPU", "0") or 0)
+    reuse_limit = int(os.environ.get("KREX_WORKER_REUSE", "50") or 50)
+    path = os.environ["KREX_WORKER_SOCKET"]
+    loaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
+    hold_context()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(4)
+    ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
+    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.path.realpath(sys.executable), preloaded=loaded,
+                fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""))
+    runs = 0
+    try:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                try:
+                    req, fds = recv_request(conn)
+                except (OSError, ValueError, ConnectionError):
+                    continue
+                if len(fds) != 3:
+                    conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
+                    continue
+                ctl.request("worker_busy", job=int(req.get("job", 0)))
+                try:
+                    result = run_command(req["argv"], req["env"], req["cwd"], fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                runs += 1
+                result["retire"] = result["retire"] or runs >= reuse_limit
+                conn.sendall(json.dumps(result).encode() + b"\n")
+            if result["retire"]:
+                break
+            ctl.request("worker_idle")
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

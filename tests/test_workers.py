@@ -1,0 +1,148 @@
+"""Warm workers on the fake driver: a Python command runs inside a worker that already holds a context,
+and behaves as a cold run does (exit codes, exceptions, stdio, environment, signals); state does not leak
+from one command to the next; a worker that cannot vouch for its state retires and is replaced."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, report_of, wait_for
+
+
+def idle_worker(krex):
+    return wait_for(lambda: next((w for w in krex.status()["workers"] if w["state"] == "idle"), None), timeout=60,
+                    what="an idle warm worker")
+
+
+def run_py(krex, tmp_path, code, env=None, name="s.py", **kw):
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(code))
+    return krex.run([sys.executable, str(script)], report=tmp_path / "r.json", env=env, **kw)
+
+
+@pytest.fixture
+def warm(krex, tmp_path):
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    first = run_py(krex, tmp_path, "print('cold')")           # asks for a worker of this environment
+    assert first.returncode == 0 and first.stdout == "cold\n"
+    idle_worker(krex)
+    return krex
+
+
+def test_command_runs_in_the_warm_worker_like_a_cold_one(warm, tmp_path):
+    worker = idle_worker(warm)
+    out = run_py(warm, tmp_path, """
+        import os, sys
+        print(os.getpid(), os.environ["FOO"], os.getcwd(), sys.argv[1:], __name__)
+        print("to stderr", file=sys.stderr)
+        sys.exit(3)
+    """, env={"FOO": "bar"}, cwd=str(tmp_path))
+    assert out.returncode == 3, out.stderr
+    pid, foo, cwd, argv, name = out.stdout.split(maxsplit=4)
+    assert int(pid) == worker["pid"] and foo == "bar" and cwd == str(tmp_path) and name.strip() == "__main__"
+    assert out.stderr == "to stderr\n"
+    assert report_of(tmp_path / "r.json")["exit_code"] == 3
+
+
+def test_uncaught_exception_and_string_exit(warm, tmp_path):
+    idle_worker(warm)
+    out = run_py(warm, tmp_path, "raise ValueError('boom')")
+    assert out.returncode == 1 and "ValueError: boom" in out.stderr and "Traceback" in out.stderr
+    idle_worker(warm)
+    out = run_py(warm, tmp_path, "import sys; sys.exit('bad input')")
+    assert out.returncode == 1 and out.stderr.strip() == "bad input"
+
+
+def test_module_and_code_forms_and_stdin(warm, tmp_path):
+    idle_worker(warm)
+    out = warm.run([sys.executable, "-c", "import sys; print(sys.stdin.read().upper())"], input="hello")
+    assert out.returncode == 0 and out.stdout.strip() == "HELLO"
+    idle_worker(warm)
+    out = warm.run([sys.executable, "-m", "json.tool"], input='{"a": 1}')
+    assert out.returncode == 0 and json.loads(out.stdout) == {"a": 1}
+
+
+def test_state_does_not_leak_between_commands(warm, tmp_path):
+    idle_worker(warm)
+    out = run_py(warm, tmp_path, """
+        import os, sys, signal
+        sys.path.append("/leaked")
+        os.environ["LEAKED"] = "1"
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        import csv
+        os.chdir("/")
+    """)
+    assert out.returncode == 0, out.stderr
+    idle_worker(warm)
+    out = run_py(warm, tmp_path, """
+        import os, sys, signal
+        print("/leaked" in sys.path, "LEAKED" in os.environ, signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+              "csv" in sys.modules)
+    """, name="t.py")
+    assert out.stdout.split() == ["False", "False", "True", "False"]
+
+
+def test_os_exit_and_leaked_threads_retire_the_worker(warm, tmp_path):
+    first = idle_worker(warm)["pid"]
+    out = run_py(warm, tmp_path, "import os; print('bye', flush=True); os._exit(7)")
+    assert out.returncode == 7 and out.stdout == "bye\n"
+    second = wait_for(lambda: next((w["pid"] for w in warm.status()["workers"]
+                                    if w["state"] == "idle" and w["pid"] != first), None), timeout=60,
+                      what="a replacement worker")
+    out = run_py(warm, tmp_path, "import threading, time; threading.Thread(target=time.sleep, args=(30,), daemon=True).start()")
+    assert out.returncode == 0
+    wait_for(lambda: all(w["pid"] != second for w in warm.status()["workers"]), timeout=30, what="retirement")
+
+
+def test_ctrl_c_reaches_the_command(warm, tmp_path):
+    idle_worker(warm)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(30)\n")
+    p = warm.popen([sys.executable, str(script)])
+    assert p.stdout.readline() == "ready\n"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "KeyboardInterrupt" in err and "killed by SIGINT" in err
+
+
+def test_ineligible_commands_and_cold_run_cold(warm, tmp_path):
+    worker = idle_worker(warm)["pid"]
+    for cmd, env in (([sys.executable, "-O", "-c", "import os; print(os.getpid())"], None),
+                     ([sys.executable, "-c", "import os; print(os.getpid())"], {"CUDA_LAUNCH_BLOCKING": "1"})):
+        out = warm.run(cmd, env=env)
+        assert int(out.stdout) != worker
+    full = [sys.executable, "-m", "krex_ctl", "run", "--cold", "--", sys.executable, "-c", "import os; print(os.getpid())"]
+    out = subprocess.run(full, env=warm.env, capture_output=True, text=True, timeout=60)
+    assert int(out.stdout) != worker
+
+
+def test_regions_and_launches_of_a_warm_command_are_in_its_report(krex, tmp_path):
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    out = run_py(krex, tmp_path, """
+        import ctypes, os
+        import krex
+        cuda = ctypes.CDLL("libcuda.so.1")
+        ctx, mod, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+        assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"warm_kernel") == 0
+        with krex.region("warm_region"):
+            for _ in range(5):
+                assert cuda.cuLaunchKernel(fn, 10, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+            assert cuda.cuCtxSynchronize() == 0
+        print(os.getpid())
+    """, env=env)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == worker                       # it really ran warm
+    rep = report_of(tmp_path / "r.json")
+    assert [r["name"] for r in rep["regions"]] == ["warm_region"]
+    assert rep["submissions"]["kernels"] == 5
