@@ -27,7 +27,9 @@ def fingerprint(env: Mapping[str, str]) -> str:
 
 
 def python_command(argv: list[str], env: Mapping[str, str]) -> Optional[tuple[str, list[str]]]:
-    """(the interpreter's real path, the arguments after it) for an eligible Python command, else None."""
+    """(the interpreter's absolute path, the arguments after it) for an eligible Python command, else None.
+    The path is not resolved through symlinks: a virtualenv's python is a link, and only through it does
+    the interpreter find the virtualenv's packages."""
     if len(argv) < 2:
         return None
     exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
@@ -39,4 +41,4 @@ def python_command(argv: list[str], env: Mapping[str, str]) -> Optional[tuple[st
             return None
     elif args[0].startswith("-") or not os.path.isfile(args[0]):
         return None
-    return os.path.realpath(exe), args
+    return os.path.abspath(exe), args

@@ -64,7 +64,7 @@ class WorkerPool:
         env = dict(self.envs[key])
         env.update(KREX_SOCKET=self.socket_path, KREX_GPU=str(gpu), KREX_WORKER_SOCKET=sock,
                    KREX_WORKER_FINGERPRINT=fp, KREX_WORKER_PRELOAD=str(self.cfg.worker_preload),
-                   KREX_WORKER_REUSE=str(self.cfg.worker_reuse))
+                   KREX_WORKER_REUSE=str(self.cfg.worker_reuse), KREX_WORKER_PYTHON=python)
         env.pop("KREX_JOB", None)
         counters = sock[: -len(".sock")] + ".counters"
         try:

@@ -219,7 +219,7 @@ def main() -> None:
         os.umask(old_umask)
     listener.listen(4)
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
-    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.path.realpath(sys.executable), preloaded=loaded,
+    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.environ["KREX_WORKER_PYTHON"], preloaded=loaded,
                 fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""))
     runs = 0
     try:

@@ -73,3 +73,24 @@ def test_config_errors_are_clear(tmp_path):
         load(None, gpus="70")
     with pytest.raises(KrexCommandError, match="must be positive"):
         load(None, drain_timeout_s=0)
+
+
+def test_which_commands_may_run_warm(tmp_path):
+    import sys
+
+    from krex_ctl.dispatch import fingerprint, python_command
+
+    script = tmp_path / "b.py"
+    script.write_text("pass")
+    env = {"PATH": "/usr/bin:/bin"}
+    assert python_command([sys.executable, str(script), "--x"], env) == (sys.executable, [str(script), "--x"])
+    assert python_command([sys.executable, "-m", "json.tool"], env)[1] == ["-m", "json.tool"]
+    assert python_command([sys.executable, "-c", "pass"], env)[1] == ["-c", "pass"]
+    for argv in ([sys.executable], [sys.executable, "-O", str(script)], [sys.executable, "-m"],
+                 [sys.executable, str(tmp_path / "missing.py")], ["/bin/sh", str(script)]):
+        assert python_command(argv, env) is None, argv
+    base = {"PATH": "/bin", "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0"}
+    assert fingerprint(base) == fingerprint(dict(base, HOME="/tmp", KREX_JOB="9"))     # not read at start-up
+    for k, v in (("CUDA_VISIBLE_DEVICES", "1"), ("LD_LIBRARY_PATH", "/x"), ("PYTHONHASHSEED", "0"),
+                 ("TORCH_LOGS", "+dynamo"), ("KREX_HOOKS", "all")):
+        assert fingerprint(base) != fingerprint(dict(base, **{k: v})), k
