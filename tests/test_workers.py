@@ -146,3 +146,24 @@ def test_regions_and_launches_of_a_warm_command_are_in_its_report(krex, tmp_path
     rep = report_of(tmp_path / "r.json")
     assert [r["name"] for r in rep["regions"]] == ["warm_region"]
     assert rep["submissions"]["kernels"] == 5
+
+
+def test_torch_global_settings_are_reset_between_commands(krex, tmp_path):
+    pytest.importorskip("torch")
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "torch")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    out = run_py(krex, tmp_path, """
+        import os, torch
+        torch.set_default_dtype(torch.float64)
+        torch.backends.cudnn.benchmark = True
+        torch.manual_seed(1234)
+        print(os.getpid())
+    """)
+    assert out.returncode == 0 and int(out.stdout) == worker, out.stderr
+    idle_worker(krex)
+    out = run_py(krex, tmp_path, """
+        import os, torch
+        print(os.getpid(), torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed() != 1234)
+    """, name="t.py")
+    assert out.stdout.split() == [str(worker), "torch.float32", "False", "True"], out.stderr
