@@ -787,12 +787,7 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
         os.unlink(path)  # a stale socket left by a controller that died: we hold the lock, so it is stale
     except FileNotFoundError:
         pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old_umask)
+    sock = proto.bind_private(path)
     if cfg.socket_group:
         try:
             os.chown(path, -1, grp.getgrnam(cfg.socket_group).gr_gid)

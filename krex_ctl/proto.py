@@ -5,6 +5,7 @@ Message types and structs come from the header itself, so C and Python cannot dr
 
 import array
 import json
+import os
 import re
 import socket
 import struct
@@ -96,6 +97,28 @@ def error_payload(code: int, text: str) -> bytes:
     return encode("struct krex_error", code=code, text=text)
 
 
+def recv_with_fds(sock: socket.socket, size: int, max_fds: int, fds: list) -> bytes:
+    """One recvmsg; descriptors that came with it (SCM_RIGHTS) are appended to fds."""
+    data, anc, _flags, _addr = sock.recvmsg(size, socket.CMSG_SPACE(max_fds * 4))
+    for level, kind, cdata in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(cdata[: len(cdata) - len(cdata) % a.itemsize])
+            fds.extend(a)
+    return data
+
+
+def bind_private(path: str) -> socket.socket:
+    """A Unix stream socket bound at path, created with mode 0600 (no window where others may connect)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    return sock
+
+
 @dataclass
 class Frame:
     type: int
@@ -164,12 +187,7 @@ class Connection:
         return Frame(mtype, payload, seq, tuple(fds))
 
     def _recv_some(self, fds: list) -> bytes:
-        data, anc, _flags, _addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-        for level, kind, cdata in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                a = array.array("i")
-                a.frombytes(cdata[: len(cdata) - len(cdata) % a.itemsize])
-                fds.extend(a)
+        data = recv_with_fds(self.sock, 65536, 4, fds)
         if not data:
             raise ConnectionError(f"controller at {self.path} closed the connection")
         return data
@@ -192,7 +210,5 @@ class Connection:
             self.sock.close()
         finally:
             if self.gate_fd is not None:
-                import os
-
                 os.close(self.gate_fd)
                 self.gate_fd = None

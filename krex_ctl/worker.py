@@ -9,7 +9,6 @@ restores sys.modules, sys.path, os.environ, the cwd, signal handlers, sys.argv a
 it retires (exits, and the controller starts a replacement) when it cannot vouch for a clean state: a
 leaked thread or child process, os._exit, a CUDA error, or its reuse limit."""
 
-import array
 import ctypes
 import json
 import os
@@ -22,7 +21,7 @@ import traceback
 from typing import Optional
 
 from . import procs, shm
-from .proto import C, Connection
+from .proto import C, Connection, bind_private, recv_with_fds
 
 COUNTERS = os.environ.get("KREX_COUNTERS")   # this worker's own counters file (the pool made it)
 
@@ -193,12 +192,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
 def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     data, fds = b"", []
     while not data.endswith(b"\n"):
-        chunk, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * 4))
-        for level, kind, cdata in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                a = array.array("i")
-                a.frombytes(cdata[: len(cdata) - len(cdata) % a.itemsize])
-                fds.extend(a)
+        chunk = recv_with_fds(conn, 1 << 20, 3, fds)
         if not chunk:
             raise ConnectionError("wrapper went away")
         data += chunk
@@ -211,12 +205,7 @@ def main() -> None:
     path = os.environ["KREX_WORKER_SOCKET"]
     loaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
     hold_context()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(path)
-    finally:
-        os.umask(old_umask)
+    listener = bind_private(path)
     listener.listen(4)
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
     ctl.request("worker_ready", gpu=gpu, socket=path, python=os.environ["KREX_WORKER_PYTHON"], preloaded=loaded,
