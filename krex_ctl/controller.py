@@ -448,7 +448,7 @@ class Controller:
                 reply = {"ok": True}
             elif op == "dispatch":      # wrapper: a warm worker for this command, if one fits
                 reply = self.dispatch_warm(client, req)
-            elif op in ("worker_ready", "worker_busy", "worker_idle"):   # warm worker
+            elif op in ("worker_ready", "worker_idle"):   # warm worker
                 reply = self.worker_op(client, op, req)
             elif op == "shutdown":
                 if client.uid not in (0, os.getuid()):

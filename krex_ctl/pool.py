@@ -24,6 +24,7 @@ class Worker:
     state: str = "starting"         # starting, idle, busy
     serving: Any = None             # the Job whose command it runs
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
+    counters: str = ""              # its counters file
 
 
 class WorkerPool:
@@ -33,6 +34,7 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self.envs: dict[tuple, dict] = {}     # key -> environment to start its workers with
         self.ids = itertools.count(1)
+        self.exited: list[Worker] = []        # retired or dead: waited for (no zombies), files removed
 
     def enabled_for(self, uid: int) -> bool:
         return int(self.cfg.warm_workers) > 0 and uid == os.getuid()
@@ -79,7 +81,7 @@ class WorkerPool:
             log.error("cannot start a warm worker with %s: %s", python, e)
             self.envs.pop(key, None)
             return
-        self.workers.append(Worker(proc.pid, key, sock, proc=proc))
+        self.workers.append(Worker(proc.pid, key, sock, proc=proc, counters=env.get("KREX_COUNTERS", "")))
         log.info("starting warm worker %d for GPU %d", proc.pid, gpu)
 
     def ready(self, client, gpu: int, socket: str, python: str, fingerprint: str) -> bool:
@@ -96,17 +98,25 @@ class WorkerPool:
         if w is None:
             return
         self.workers.remove(w)
+        self.exited.append(w)
         self.top_up(w.key)
 
     def reap(self) -> None:
         for w in list(self.workers):
             if w.proc is not None and w.proc.poll() is not None and w.client is None:
                 self.workers.remove(w)          # died before it was ready
+                self.exited.append(w)
                 log.warning("warm worker %d exited with %s before it was ready", w.pid, w.proc.returncode)
                 self.envs.pop(w.key, None)       # do not retry a start that fails
-        for w in self.workers:
-            if w.proc is not None and w.client is not None:
-                w.proc.poll()
+        for w in list(self.exited):
+            if w.proc is None or w.proc.poll() is not None:
+                self.exited.remove(w)
+                for path in (w.counters, w.socket):
+                    if path:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
 
     def shutdown(self) -> None:
         for w in self.workers:

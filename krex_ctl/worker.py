@@ -3,8 +3,8 @@ triton), and runs `krex run -- python ...` commands inside itself, one at a time
 interpreter start, `import torch` and the node-serialized context creation.
 
 Started by the controller (`warm_workers` setting) under the shim like any command. It listens on its own
-socket; a `krex run` wrapper sends one JSON request {argv, env, cwd, job} with its stdin, stdout and stderr
-as SCM_RIGHTS descriptors, and gets back {exit_code, signal, retire, submissions}. Between runs the worker
+socket; a `krex run` wrapper sends one JSON request {argv, env, cwd} with its stdin, stdout and stderr
+as SCM_RIGHTS descriptors, and gets back {exit_code, signal, retire, counters}. Between runs the worker
 restores sys.modules, sys.path, os.environ, the cwd, signal handlers, sys.argv and torch's global flags;
 it retires (exits, and the controller starts a replacement) when it cannot vouch for a clean state: a
 leaked thread or child process, os._exit, a CUDA error, or its reuse limit."""
@@ -222,7 +222,6 @@ def main() -> None:
                 if len(fds) != 3:
                     conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
                     continue
-                ctl.request("worker_busy", job=int(req.get("job", 0)))
                 try:
                     result = run_command(req["argv"], req["env"], req["cwd"], fds)
                 finally:

@@ -167,3 +167,12 @@ def test_torch_global_settings_are_reset_between_commands(krex, tmp_path):
         print(os.getpid(), torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed() != 1234)
     """, name="t.py")
     assert out.stdout.split() == [str(worker), "torch.float32", "False", "True"], out.stderr
+
+
+def test_retired_workers_are_waited_for(warm, tmp_path):
+    first = idle_worker(warm)["pid"]
+    out = run_py(warm, tmp_path, "import os; os._exit(0)")
+    assert out.returncode == 0
+    from conftest import proc_state
+
+    wait_for(lambda: proc_state(first) is None, timeout=10, what="the retired worker reaped (no zombie)")

@@ -124,7 +124,7 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         guardian.request("job_command", command=command)
 
     if guardian and not cold:
-        warm = run_warm(guardian, command, env, job, gpu)
+        warm = run_warm(guardian, command, env, gpu)
         if warm is not None:
             exit_code, extra = warm
             finish(guardian, conn, counters, report_path, command, exit_code, extra)
@@ -176,7 +176,7 @@ def finish(guardian, conn, counters: Path, report_path, command: list, exit_code
     sys.exit(exit_code)
 
 
-def run_warm(guardian: Guardian, command: list, env: dict, job: int, gpu) -> Optional[tuple[int, dict]]:
+def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tuple[int, dict]]:
     """Run an eligible Python command in a warm worker: (exit code, its counters), or None for the cold path."""
     py = dispatch.python_command(command, env)
     if py is None:
@@ -189,7 +189,7 @@ def run_warm(guardian: Guardian, command: list, env: dict, job: int, gpu) -> Opt
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         s.connect(reply["socket"])
-        request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd(), "job": job}).encode() + b"\n"
+        request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode() + b"\n"
         s.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
     except OSError:
         s.close()
