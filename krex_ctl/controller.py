@@ -569,15 +569,15 @@ class Controller:
             return
         region.reserved = reserved
         owner_pid = region.owner.pid
-        if self.handover is not None:
+        handed_over = self.handover is not None
+        if handed_over:
+            region.saved_affinity, self.handover = self.handover[1], None
+        procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
+        self.publish_reserved()
+        if handed_over:
             # back-to-back regions on the same cores: everyone else is already off them (the last
             # owner and its frozen siblings were moved at its end, newcomers at their HELLO)
-            region.saved_affinity = self.handover[1]
-            self.handover = None
-            procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
             return
-        self.publish_reserved()
-        procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
         frozen = {p.pid for p in region.frozen}
         managed: set[int] = set()
         for job in self.jobs.values():
@@ -631,9 +631,11 @@ class Controller:
         started during a region (a new `krex run`, its Python importing torch) must not land there."""
         held = [(r.reserved, r.saved_affinity) for r in self.regions.values()
                 if r.reserved and r.owner.pid != client.pid]
-        for reserved, saved in held + ([self.handover] if self.handover else []):
-            for pid in [client.pid] + procs.descendants(client.pid):
-                procs.set_affinity(procs.threads(pid), lambda old, r=reserved: old - r, saved)
+        reservations = held + ([self.handover] if self.handover else [])
+        tids = [t for pid in [client.pid] + procs.descendants(client.pid) for t in procs.threads(pid)] \
+            if reservations else []
+        for reserved, saved in reservations:
+            procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
 
     def grant(self, region: Region) -> None:
         region.state = "held"
