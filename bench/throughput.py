@@ -9,6 +9,10 @@ torch.mm) work through the same list of candidate specs in each mode:
   naive     N agents at once, no coordination
   cmdlock   N agents, each whole command under an exclusive flock (command-granular exclusivity)
   krex      N agents, each command under `krex run` with KREX_HOOKS=triton (region-granular)
+  krexwarm  as krex, with a controller keeping N warm workers (`--warm-workers N`): each command runs in a
+            process that already imported torch and triton and holds the GPU context. The pool is filled
+            before the clock starts (steady state); how long that took is reported as warmup_s.
+Each krex mode gets its own controller (socket in a temporary directory), stopped after the mode.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
 16384 (> 10 ms), drawn 15/15/25/30/15 %.
     python bench/throughput.py --plan isolated:1,naive:8,cmdlock:8,krex:8,isolated:1 --out results.json"""
@@ -26,23 +30,87 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CANDIDATE = str(ROOT / "bench" / "candidate.py")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm")
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
 
 
-def make_specs(n: int, seed: int) -> list[dict]:
+def make_specs(n: int, seed: int, variants: int) -> list[dict]:
     """Every size once (so every bucket has data), then draws from the mix; shuffled, seeded."""
     rng = random.Random(seed)
     sizes = [s for s, _ in MIX]
     weights = [w for _, w in MIX]
     drawn = sizes[:n] + rng.choices(sizes, weights, k=max(0, n - len(sizes)))
     rng.shuffle(drawn)
-    return [{"size": s, "variant": i % 4} for i, s in enumerate(drawn)]
+    return [{"size": s, "variant": i % variants} for i, s in enumerate(drawn)]
 
 
-def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int) -> dict:
+def distinct(specs: list) -> list[dict]:
+    """One spec per (size, variant): what the isolated ground-truth passes time, all of it, with no budget."""
+    seen = {(s["size"], s["variant"]): s for s in specs}
+    return [seen[k] for k in sorted(seen)]
+
+
+def krex_env(sock: Path) -> dict:
+    env = dict(os.environ, KREX_SOCKET=str(sock), KREX_HOOKS="triton")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def krex_status(env: dict) -> dict:
+    return json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env,
+                                     capture_output=True, text=True, check=True, timeout=30).stdout)
+
+
+class Controllers:
+    """One controller per krex mode kind, kept for the whole plan as a node's controller is. The krexwarm one
+    keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
+    pool is filled (steady state) and the time that took is reported as warmup_s."""
+
+    def __init__(self, tmp: Path, plan: list):
+        self.tmp, self.live = tmp, {}
+        self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
+
+    def get(self, mode: str, agents: int) -> tuple:
+        if mode not in self.live:
+            sock = self.tmp / f"{mode}.sock"
+            env = krex_env(sock)
+            args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)]
+            if mode == "krexwarm":
+                args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
+            log = open(self.tmp / f"{mode}-controller.log", "wb")
+            ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
+            deadline = time.monotonic() + 30
+            while not sock.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if mode == "krexwarm":   # one command declares the pool's environment (it runs cold)
+                subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", "pass"],
+                               env=env, check=True, timeout=300)
+            self.live[mode] = (ctl, env)
+        ctl, env = self.live[mode]
+        t0 = time.monotonic()
+        if mode == "krexwarm":
+            while sum(w["state"] == "idle" for w in krex_status(env)["workers"]) < agents:
+                if time.monotonic() - t0 > 400:
+                    raise SystemExit(f"warm workers did not come up: {krex_status(env)['workers']}")
+                time.sleep(0.2)
+        return env, time.monotonic() - t0
+
+    def stop(self) -> None:
+        for ctl, _ in self.live.values():
+            ctl.terminate()
+            ctl.wait(60)
+
+
+def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int,
+             ctls: Controllers) -> dict:
+    if mode == "isolated":
+        specs, budget_s = distinct(specs), float("inf")
     todo = list(enumerate(specs))
     rows, lock = [], threading.Lock()
+    kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)
+    workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode == "krexwarm" else set()
     t_start = time.monotonic()
 
     def agent(aid: int) -> None:
@@ -52,15 +120,15 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                     return
                 idx, spec = todo.pop(0)
             nonce = nonce_base + idx
-            cmd = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(spec["size"]),
+            cmd = [sys.executable, CANDIDATE, "--size", str(spec["size"]),
                    "--variant", str(spec["variant"]), "--nonce", str(nonce)]
             env = dict(os.environ)
             report = tmp / f"{mode}-{agents}-{idx}.json"
             if mode == "cmdlock":
                 cmd = ["flock", str(tmp / "gpu.lock")] + cmd
-            elif mode == "krex":
+            elif mode in ("krex", "krexwarm"):
                 cmd = [sys.executable, "-m", "krex_ctl", "run", "--report", str(report), "--"] + cmd
-                env["KREX_HOOKS"] = "triton"
+                env = kenv
             t0 = time.monotonic()
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             t1 = time.monotonic()
@@ -89,8 +157,13 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
         t.join()
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
+    extra = {}
+    if mode == "krexwarm":
+        now = {w["pid"] for w in krex_status(kenv)["workers"]}
+        extra = {"warmup_s": round(warmup, 2), "workers_replaced": len(workers_before - now),
+                 "warm_commands": sum(1 for r in rows if r.get("import_s", 1) < 0.1)}
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),
-            "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows}
+            "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows, **extra}
 
 
 def bucket(ms: float) -> str:
@@ -124,14 +197,25 @@ def analyse(runs: list) -> dict:
         ok = [row for row in r["rows"] if "candidate_ms" in row]
         s = {"mode": r["mode"], "agents": r["agents"], "commands": r["commands"], "failed": r["failed"],
              "wall_s": round(r["wall_s"], 2), "commands_per_min": round(r["commands_per_min"], 2),
+             "mean_command_wall_s": round(statistics.mean(row["wall_s"] for row in ok), 3) if ok else None,
              "p95_inflation": {b: p95(v) for b, v in infl.items()},
              "median_inflation": {b: (statistics.median(v) if v else float("nan")) for b, v in infl.items()},
              "kernels": {b: len(v) for b, v in infl.items()}}
-        if r["mode"] == "krex" and ok:
+        for k in ("warmup_s", "workers_replaced", "warm_commands"):
+            if k in r:
+                s[k] = r[k]
+        if r["mode"].startswith("krex") and ok:
             t_cmd = statistics.mean(row["total_s"] for row in ok)
             held = statistics.mean(row.get("region_held_s", 0) for row in ok)
-            iso_t = statistics.mean(row["total_s"] for x in iso_runs for row in x["rows"] if "total_s" in row) \
+            iso_t = statistics.mean(row["wall_s"] for x in iso_runs for row in x["rows"] if "total_s" in row) \
                 if iso_runs else t_cmd
+            if r["mode"] == "krexwarm":   # commands that skip start-up, as fast as alone: krexwarm:1's commands,
+                alone = [row["wall_s"] for x in runs if x["mode"] == "krexwarm" and x["agents"] == 1
+                         for row in x["rows"] if "total_s" in row]
+                if not alone:             # or else the isolated ones without their imports (an optimistic bound)
+                    alone = [row["total_s"] - row.get("import_s", 0) for x in iso_runs for row in x["rows"]
+                             if "total_s" in row]
+                iso_t = statistics.mean(alone) if alone else t_cmd
             bound = min(r["agents"] / iso_t, 1 / held) * 60 if held else float("nan")
             s.update(mean_command_s=round(t_cmd, 3), mean_region_held_s=round(held, 3),
                      amdahl_bound_per_min=round(bound, 2), amdahl_fraction=round(r["commands_per_min"] / bound, 3),
@@ -146,22 +230,36 @@ def analyse(runs: list) -> dict:
 
 
 def main() -> None:
+    global CANDIDATE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", default="isolated:1,naive:8,cmdlock:8,krex:8,krex:4,krex:16,isolated:1")
-    ap.add_argument("--specs", type=int, default=16)
+    ap.add_argument("--specs", type=int, default=16, help="candidate commands per mode (isolated: one per kind)")
+    ap.add_argument("--variants", type=int, default=2, help="kernel variants per size (1-4)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--budget", type=float, default=100.0, help="seconds per mode before agents stop taking work")
+    ap.add_argument("--candidate", default=CANDIDATE, help="the candidate command's script (a stand-in for dry runs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    specs = make_specs(args.specs, args.seed)
+    CANDIDATE = os.path.abspath(args.candidate)
+    specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
+    plan = []
+    for step in args.plan.split(","):
+        mode, _, agents = step.partition(":")
+        if mode not in MODES or not agents.isdigit() or int(agents) < 1:
+            ap.error(f"bad plan step {step!r}: MODE:AGENTS with MODE one of {', '.join(MODES)}")
+        plan.append((mode, int(agents)))
     runs = []
     with tempfile.TemporaryDirectory() as td:
-        for i, step in enumerate(args.plan.split(",")):
-            mode, agents = step.split(":")
-            r = run_mode(mode, int(agents), specs, args.budget, Path(td), nonce_base=1000 * (i + 1))
-            runs.append(r)
-            print(f"{mode}:{agents}: {r['commands']} commands ({r['failed']} failed) in {r['wall_s']:.1f} s = "
-                  f"{r['commands_per_min']:.1f}/min", flush=True)
+        ctls = Controllers(Path(td), plan)
+        try:
+            for i, (mode, agents) in enumerate(plan):
+                r = run_mode(mode, agents, specs, args.budget, Path(td), 1000 * (i + 1), ctls)
+                runs.append(r)
+                print(f"{mode}:{agents}: {r['commands']} commands ({r['failed']} failed) in {r['wall_s']:.1f} s = "
+                      f"{r['commands_per_min']:.1f}/min" + (f" (pool filled in {r['warmup_s']} s)"
+                                                             if "warmup_s" in r else ""), flush=True)
+        finally:
+            ctls.stop()
     result = {"specs": specs, "plan": args.plan, "runs": runs, **analyse(runs),
               "env": {"python": sys.version, "argv": sys.argv}}
     Path(args.out).write_text(json.dumps(result, indent=1))

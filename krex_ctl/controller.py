@@ -448,6 +448,9 @@ class Controller:
                 reply = {"ok": True}
             elif op == "dispatch":      # wrapper: a warm worker for this command, if one fits
                 reply = self.dispatch_warm(client, req)
+            elif op == "worker_exit":   # wrapper: how the worker running its command ended
+                state, rc = self.pool.exit_status(int(req.get("pid", 0)), client.job.id if client.job else -1)
+                reply = {"state": state, "returncode": rc}
             elif op in ("worker_ready", "worker_idle"):   # warm worker
                 reply = self.worker_op(client, op, req)
             elif op == "shutdown":

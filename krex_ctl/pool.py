@@ -35,6 +35,7 @@ class WorkerPool:
         self.envs: dict[tuple, dict] = {}     # key -> environment to start its workers with
         self.ids = itertools.count(1)
         self.exited: list[Worker] = []        # retired or dead: waited for (no zombies), files removed
+        self.statuses: dict[int, tuple] = {}   # pid -> (job id served, Popen returncode): the last 64 exited
 
     def enabled_for(self, uid: int) -> bool:
         return int(self.cfg.warm_workers) > 0 and uid == os.getuid()
@@ -111,12 +112,32 @@ class WorkerPool:
         for w in list(self.exited):
             if w.proc is None or w.proc.poll() is not None:
                 self.exited.remove(w)
+                self.remember(w)
                 for path in (w.counters, w.socket):
                     if path:
                         try:
                             os.unlink(path)
                         except OSError:
                             pass
+
+    def remember(self, w: Worker) -> None:
+        if w.proc is not None and w.proc.returncode is not None:
+            self.statuses[w.pid] = (w.serving.id if w.serving else None, w.proc.returncode)
+            while len(self.statuses) > 64:
+                del self.statuses[next(iter(self.statuses))]
+
+    def exit_status(self, pid: int, job_id: int) -> tuple[str, Optional[int]]:
+        """("exited", Popen returncode), ("running", None) or ("unknown", None) for the worker pid that ran
+        job_id's command: how the wrapper learns the signal that killed a worker in the middle of a command."""
+        if pid in self.statuses and self.statuses[pid][0] == job_id:
+            return "exited", self.statuses[pid][1]
+        w = next((w for w in self.workers + self.exited if w.pid == pid), None)
+        if w is None or w.proc is None or w.serving is None or w.serving.id != job_id:
+            return "unknown", None
+        if w.proc.poll() is None:
+            return "running", None
+        self.remember(w)
+        return "exited", w.proc.returncode
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -38,7 +38,8 @@ class WorkerExit(BaseException):
 
 def hold_context() -> None:
     """cuInit + the primary context of device 0 (the worker's GPU, by CUDA_VISIBLE_DEVICES), through the
-    shim, so the controller knows this process and the first command finds the context ready."""
+    shim, so the controller knows this process and the first command finds the context ready; with torch
+    preloaded, also torch's CUDA state and a cuBLAS handle (what a command's first kernel would pay for)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -46,6 +47,14 @@ def hold_context() -> None:
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.init()
+                torch.cuda.current_blas_handle()
+        except Exception:  # torch without a usable GPU: the worker is still warm for imports
+            pass
 
 
 def preload(names: list[str]) -> list[str]:
@@ -65,6 +74,8 @@ def torch_state() -> Optional[dict]:
         return None
     st = {"dtype": torch.get_default_dtype(), "rng": torch.get_rng_state(),
           "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if torch.cuda.is_initialized():
+        st["cuda_rng"] = torch.cuda.get_rng_state_all()
     for name in ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic",
                  "cudnn.enabled"):
         obj = torch.backends
@@ -82,6 +93,8 @@ def restore_torch(st: Optional[dict]) -> None:
     torch.set_default_dtype(st["dtype"])
     torch.set_rng_state(st["rng"])
     torch.use_deterministic_algorithms(st["deterministic"])
+    if "cuda_rng" in st:
+        torch.cuda.set_rng_state_all(st["cuda_rng"])
     for name, value in st.items():
         if "." in name:
             obj = torch.backends
@@ -92,11 +105,15 @@ def restore_torch(st: Optional[dict]) -> None:
 
 
 def cuda_healthy() -> bool:
+    """The command's GPU work finished without a sticky error; its cached memory goes back to the node and
+    the peak-memory statistics start again, as in a fresh process."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return True
     try:
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
         return True
     except Exception:
         return False

@@ -176,3 +176,19 @@ def test_retired_workers_are_waited_for(warm, tmp_path):
     from conftest import proc_state
 
     wait_for(lambda: proc_state(first) is None, timeout=10, what="the retired worker reaped (no zombie)")
+
+
+def test_a_worker_killed_by_a_signal_reports_as_a_cold_run_and_is_replaced(warm, tmp_path):
+    first = idle_worker(warm)["pid"]
+    crash = "import os, signal, sys; print('started', os.getpid(), flush=True); os.kill(os.getpid(), signal.SIGSEGV)"
+    out = run_py(warm, tmp_path, crash)
+    assert out.stdout.split() == ["started", str(first)], out.stderr       # it ran warm
+    assert out.returncode == 128 + signal.SIGSEGV and "killed by SIGSEGV" in out.stderr, out.stderr
+    cold = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--cold", "--", sys.executable, "-c", crash],
+                          env=warm.env, capture_output=True, text=True, timeout=60)
+    assert cold.returncode == out.returncode and "killed by SIGSEGV" in cold.stderr
+    second = wait_for(lambda: next((w["pid"] for w in warm.status()["workers"]
+                                    if w["state"] == "idle" and w["pid"] != first), None), timeout=60,
+                      what="a replacement worker")
+    out = run_py(warm, tmp_path, "import os; print(os.getpid())", name="t.py")
+    assert out.returncode == 0 and int(out.stdout) == second

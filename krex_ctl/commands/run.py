@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -176,6 +177,9 @@ def finish(guardian, conn, counters: Path, report_path, command: list, exit_code
     sys.exit(exit_code)
 
 
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tuple[int, dict]]:
     """Run an eligible Python command in a warm worker: (exit code, its counters), or None for the cold path."""
     py = dispatch.python_command(command, env)
@@ -186,6 +190,18 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tupl
     reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=dispatch.fingerprint(env), env=env)
     if not reply or not reply.get("socket"):
         return None
+    worker_pid, forwarded, sent = int(reply["pid"]), [], []
+
+    def forward(sig, _frame):
+        forwarded.append(sig)
+        if sent:
+            try:
+                os.kill(worker_pid, sig)
+            except OSError:
+                pass
+    # handlers first: a Ctrl-C from the moment the command may have started reaches it, not this wrapper
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         s.connect(reply["socket"])
@@ -193,17 +209,15 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tupl
         s.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
     except OSError:
         s.close()
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        if forwarded:                     # interrupted before the command started
+            os.kill(os.getpid(), forwarded[0])
         return None                       # the worker went away before it took the command: run cold
-    worker_pid, forwarded = int(reply["pid"]), []
-
-    def forward(sig, _frame):
-        forwarded.append(sig)
-        try:
-            os.kill(worker_pid, sig)
-        except OSError:
-            pass
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, forward)
+    early = list(forwarded)               # arrived while the request was on its way
+    sent.append(True)
+    for sig in early:
+        os.kill(worker_pid, sig)
     data = b""
     while not data.endswith(b"\n"):
         try:
@@ -219,14 +233,31 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tupl
         if sig is not None and sig != signal.SIGINT:
             print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
             return 128 + sig, {}
-        print("krex: the warm worker running the command died", file=sys.stderr)
-        return 1, {}
+        return worker_died(guardian, worker_pid), {}
     result = json.loads(data)
     if result.get("signal"):
         sig = int(result["signal"])
         print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
         return 128 + sig, result.get("counters", {})
     return int(result["exit_code"]), result.get("counters", {})
+
+
+def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
+    """The exit status a cold run would have had when the warm worker died in the middle of the command:
+    128+N for a signal (the controller, the worker's parent, knows it), the worker's own code otherwise."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        reply = guardian.request("worker_exit", pid=pid) or {}
+        if reply.get("state") == "exited" and reply.get("returncode") is not None:
+            rc = int(reply["returncode"])
+            if rc < 0:
+                print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
+                return 128 - rc
+            return rc
+        if reply.get("state") != "running" or time.monotonic() > deadline:
+            print("krex: the warm worker running the command died", file=sys.stderr)
+            return 1
+        time.sleep(0.01)
 
 
 def write_report(path: Path, command: list, exit_code: int, totals: dict, regions: list) -> None:
