@@ -23,9 +23,10 @@ def table(data: dict) -> str:
                      + " | ".join(pct(s["p95_inflation"][b]) for b in buckets) + " |")
     for s in data["summary"]:
         if "amdahl_bound_per_min" in s:
-            lines.append(f"\nkrex x{s['agents']}: Amdahl bound {s['amdahl_bound_per_min']}/min (mean command "
+            warm = f"; pool filled in {s['warmup_s']} s before the clock" if "warmup_s" in s else ""
+            lines.append(f"\n{s['mode']} x{s['agents']}: Amdahl bound {s['amdahl_bound_per_min']}/min (mean command "
                          f"{s['mean_command_s']} s, mean region time {s['mean_region_held_s']} s per command), "
-                         f"reached {100 * s['amdahl_fraction']:.0f}%; mean wait for a region {s['mean_region_wait_s']} s")
+                         f"reached {100 * s['amdahl_fraction']:.0f}%; mean wait for a region {s['mean_region_wait_s']} s{warm}")
     return "\n".join(lines)
 
 

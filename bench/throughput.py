@@ -68,8 +68,8 @@ class Controllers:
     keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
     pool is filled (steady state) and the time that took is reported as warmup_s."""
 
-    def __init__(self, tmp: Path, plan: list):
-        self.tmp, self.live = tmp, {}
+    def __init__(self, tmp: Path, plan: list, logs: Path):
+        self.tmp, self.logs, self.live = tmp, logs, {}
         self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
 
     def get(self, mode: str, agents: int) -> tuple:
@@ -79,7 +79,7 @@ class Controllers:
             args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)]
             if mode == "krexwarm":
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
-            log = open(self.tmp / f"{mode}-controller.log", "wb")
+            log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
             while not sock.exists() and time.monotonic() < deadline:
@@ -238,6 +238,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--budget", type=float, default=100.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--candidate", default=CANDIDATE, help="the candidate command's script (a stand-in for dry runs)")
+    ap.add_argument("--logs", default=None, help="directory for the controllers' logs (default: discarded)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     CANDIDATE = os.path.abspath(args.candidate)
@@ -250,7 +251,7 @@ def main() -> None:
         plan.append((mode, int(agents)))
     runs = []
     with tempfile.TemporaryDirectory() as td:
-        ctls = Controllers(Path(td), plan)
+        ctls = Controllers(Path(td), plan, Path(args.logs or td))
         try:
             for i, (mode, agents) in enumerate(plan):
                 r = run_mode(mode, agents, specs, args.budget, Path(td), 1000 * (i + 1), ctls)

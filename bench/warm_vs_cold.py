@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from krex_ctl.embedded import answers  # noqa: E402
 
-SCRIPT = "import torch\nx = torch.ones(1024, device='cuda' if torch.cuda.is_available() else 'cpu')\nprint(float(x.sum()))\n"
+SCRIPT = ("import torch\nready = torch.cuda.is_initialized()\n"
+          "x = torch.ones(1024, device='cuda' if torch.cuda.is_available() else 'cpu')\n"
+          "print(float(x.sum()), 'context_ready' if ready else 'context_new')\n")
 
 
 def timed(cmd, env) -> float:
@@ -79,6 +81,15 @@ def main() -> None:
                 for p in procs:
                     p.wait()
                 result[f"concurrent_{mode}_wall_s"] = time.monotonic() - t0
+        for mode, cmd in (("cold", cold_cmd), ("warm", warm_cmd)):   # what each path ran on
+            if mode == "warm":
+                wait_idle(env, 1)
+            rep = tmp / f"{mode}.json"
+            full = cmd[:4] + ["--report", str(rep)] + cmd[4:]
+            out = subprocess.run(full, env=env, capture_output=True, text=True, check=True).stdout.split()
+            r = json.loads(rep.read_text())
+            result[f"{mode}_check"] = {"output": out, "context_creations": r["context_creations"],
+                                       "launches": r["launches"]}
         ctl.terminate()
         ctl.wait(30)
     result["host"] = os.uname().nodename

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
-# Steps not in the default list: throughput (about 6 minutes), warm (warm workers vs cold, 8 at once).
+# Steps not in the default list: throughput (about 5 minutes), warm (warm workers vs cold, 8 at once).
 #   interception coverage matrix, hook table vs libcuda exports, launch overhead, explicit-region fidelity.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -41,8 +41,8 @@ for step in $STEPS; do
   warm)
     python3 bench/warm_vs_cold.py --repeats 7 --concurrent 8 --out $OUT/warm-vs-cold-h200.json ;;
   throughput)
-    python3 bench/throughput.py --plan "${PLAN:-isolated:1,naive:8,cmdlock:8,krex:8,krex:4,krex:16,isolated:1}" \
-      --specs ${SPECS:-16} --budget ${BUDGET:-100} --out $OUT/throughput.json 2>&1 | tail -60
+    python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
+      --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80
     python3 bench/plot_throughput.py $OUT/throughput.json $OUT/throughput.png
     python3 bench/report_table.py $OUT/throughput.json | tee $OUT/throughput-table.md ;;
   esac
