@@ -47,7 +47,7 @@ class World:
         tmp.mkdir(parents=True, exist_ok=True)
         self.sock = tmp / "ctl.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
-        self.env.update(KREX_SOCKET=str(self.sock), PYTHONPATH=str(ROOT), KREX_LOG_LEVEL="error",
+        self.env.update(KREX_SOCKET=str(self.sock), PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), KREX_LOG_LEVEL="error",
                         KREX_FAKE_TRACE=str(tmp / "trace"), XDG_RUNTIME_DIR=str(tmp))
         self.ctl_args = ctl_args
         self.ctl = None

@@ -82,7 +82,9 @@ class Controllers:
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
-            while not sock.exists() and time.monotonic() < deadline:
+            while not sock.exists():
+                if ctl.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the {mode} controller did not start (see {log.name})")
                 time.sleep(0.05)
             if mode == "krexwarm":   # one command declares the pool's environment (it runs cold)
                 subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", "pass"],
@@ -256,6 +258,8 @@ def main() -> None:
             for i, (mode, agents) in enumerate(plan):
                 r = run_mode(mode, agents, specs, args.budget, Path(td), 1000 * (i + 1), ctls)
                 runs.append(r)
+                Path(args.out).write_text(json.dumps({"specs": specs, "plan": args.plan, "runs": runs,
+                                                      "partial": True, **analyse(runs)}, indent=1))
                 print(f"{mode}:{agents}: {r['commands']} commands ({r['failed']} failed) in {r['wall_s']:.1f} s = "
                       f"{r['commands_per_min']:.1f}/min" + (f" (pool filled in {r['warmup_s']} s)"
                                                              if "warmup_s" in r else ""), flush=True)

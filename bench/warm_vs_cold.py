@@ -22,9 +22,12 @@ SCRIPT = ("import torch\nready = torch.cuda.is_initialized()\n"
           "print(float(x.sum()), 'context_ready' if ready else 'context_new')\n")
 
 
+ERR = subprocess.DEVNULL        # the commands' stderr (--logs DIR: DIR/warm-vs-cold-commands.log)
+
+
 def timed(cmd, env) -> float:
     t0 = time.monotonic()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=ERR, timeout=300)
     return time.monotonic() - t0
 
 
@@ -45,19 +48,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--concurrent", type=int, default=0)
+    ap.add_argument("--logs", default=None, help="directory for the controller's and the commands' logs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    global ERR
+    logs = Path(args.logs) if args.logs else None
+    if logs:
+        ERR = open(logs / "warm-vs-cold-commands.log", "ab")
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         script = tmp / "bench_import_torch.py"
         script.write_text(SCRIPT)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-        env.update(KREX_SOCKET=str(tmp / "ctl.sock"), PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp))
+        env.update(KREX_SOCKET=str(tmp / "ctl.sock"), XDG_RUNTIME_DIR=str(tmp),
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
         workers = max(1, args.concurrent)
         ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(tmp / "ctl.sock"),
                                 "--warm-workers", str(workers), "--worker-preload", "torch,triton"], env=env,
-                               stderr=open(tmp / "controller.log", "wb"))
+                               stderr=open((logs or tmp) / "warm-vs-cold-controller.log", "wb"))
+        deadline = time.monotonic() + 30
         while not answers(tmp / "ctl.sock"):
+            if ctl.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the controller did not start (see {(logs or tmp) / 'warm-vs-cold-controller.log'})")
             time.sleep(0.05)
         run = [sys.executable, "-m", "krex_ctl", "run", "--"]
         cold_cmd = [sys.executable, "-m", "krex_ctl", "run", "--cold", "--", sys.executable, str(script)]
@@ -76,7 +88,7 @@ def main() -> None:
                 if mode == "warm":
                     wait_idle(env, args.concurrent)
                 t0 = time.monotonic()
-                procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=ERR)
                          for _ in range(args.concurrent)]
                 for p in procs:
                     p.wait()
@@ -86,7 +98,7 @@ def main() -> None:
                 wait_idle(env, 1)
             rep = tmp / f"{mode}.json"
             full = cmd[:4] + ["--report", str(rep)] + cmd[4:]
-            out = subprocess.run(full, env=env, capture_output=True, text=True, check=True).stdout.split()
+            out = subprocess.run(full, env=env, capture_output=True, text=True, check=True, timeout=300).stdout.split()
             r = json.loads(rep.read_text())
             result[f"{mode}_check"] = {"output": out, "context_creations": r["context_creations"],
                                        "launches": r["launches"]}

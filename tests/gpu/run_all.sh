@@ -12,6 +12,21 @@ fi
 export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
 STEPS=${STEPS:-"info build exports coverage overhead fidelity fidelity_hook hooks"}
 B=build/gpu; mkdir -p $B
+export PYTHONFAULTHANDLER=1   # a hung Python process prints its stack on SIGABRT (see watched)
+
+# watched SECONDS NAME CMD...: run CMD; if it outlives SECONDS, record the processes (state T = stopped)
+# and make every krex Python process print its stack (faulthandler) before killing them
+watched() {
+  local limit=$1 name=$2; shift 2
+  "$@" & local pid=$! t=0
+  while kill -0 $pid 2>/dev/null && [ $t -lt $limit ]; do sleep 1; t=$((t+1)); done
+  if kill -0 $pid 2>/dev/null; then
+    echo "!!! $name still running after ${limit}s: see $OUT/$name-hung-ps.txt and the logs"
+    ps -eo pid,ppid,stat,wchan:32,etime,args > $OUT/$name-hung-ps.txt
+    pkill -ABRT -f 'krex_ctl|bench/' ; sleep 3; pkill -KILL -f 'krex_ctl|bench/'
+  fi
+  wait $pid
+}
 for step in $STEPS; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -39,9 +54,10 @@ for step in $STEPS; do
   hooks)
     python3 bench/hooks_gpu.py --build $B --out $OUT/hooks-gpu.json ;;
   warm)
-    python3 bench/warm_vs_cold.py --repeats 7 --concurrent 8 --out $OUT/warm-vs-cold-h200.json ;;
+    watched ${WARM_LIMIT:-240} warm python3 bench/warm_vs_cold.py --repeats 7 --concurrent 8 --logs $OUT \
+      --out $OUT/warm-vs-cold-h200.json ;;
   throughput)
-    python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
+    watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80
     python3 bench/plot_throughput.py $OUT/throughput.json $OUT/throughput.png
     python3 bench/report_table.py $OUT/throughput.json | tee $OUT/throughput-table.md ;;
