@@ -56,6 +56,12 @@ for step in $STEPS; do
   warm)
     watched ${WARM_LIMIT:-240} warm python3 bench/warm_vs_cold.py --repeats 7 --concurrent 8 --logs $OUT \
       --out $OUT/warm-vs-cold-h200.json ;;
+  warmfid)   # the same kernels timed in warm workers and in cold commands, alternating; clocks sampled meanwhile
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
+      > $OUT/clocks-warmfid.csv & SMI=$!
+    watched ${WARMFID_LIMIT:-220} warmfid python3 bench/throughput.py --plan isolated:1,krexwarm:1,krex:1,krexwarm:1,krex:1,isolated:1 \
+      --specs 6 --variants 1 --budget 100 --out $OUT/warm-fidelity.json 2>&1 | tail -8
+    kill $SMI ;;
   throughput)
     watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80
