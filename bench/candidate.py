@@ -18,6 +18,9 @@ ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--region", action="store_true")
+ap.add_argument("--probe", action="store_true",
+                help="also report what could make the same kernel time differently in another process: CPU cost "
+                     "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
 
 import torch  # noqa: E402
@@ -67,7 +70,8 @@ def matmul(a, b):
     K, N = b.shape
     c = torch.empty((M, N), device=a.device, dtype=torch.float16)
     grid = (triton.cdiv(M, {BM}) * triton.cdiv(N, {BN}),)
-    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+    global LAST
+    LAST = kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                  BM={BM}, BN={BN}, BK={BK}, GM={GM}, num_warps={W}, num_stages={S})
     return c
 '''
@@ -98,7 +102,34 @@ with tempfile.TemporaryDirectory() as td:
                 timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
         else:
             timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok,
+    probe = {}
+    if args.probe:
+        import gc
+
+        from triton.testing import do_bench_cudagraph
+
+        fn = lambda: mod.matmul(a, b)  # noqa: E731
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(200):
+            fn()
+        probe["launch_us"] = (time.perf_counter() - t) / 200 * 1e6
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(100):
+            fn()
+        e1.record()
+        torch.cuda.synchronize()
+        probe["back_to_back_ms"] = e0.elapsed_time(e1) / 100
+        probe["cudagraph_ms"] = do_bench_cudagraph(fn, rep=100, return_mode="median")
+        probe["kernel_hash"] = getattr(mod.LAST, "hash", None)
+        probe["kernel_shared"] = getattr(getattr(mod.LAST, "metadata", None), "shared", None)
+        probe["gc_objects"] = len(gc.get_objects())
+        probe["cpus"] = len(os.sched_getaffinity(0))
+        import triton
+        probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
+print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
 sys.exit(0 if ok else 1)

@@ -1,0 +1,54 @@
+"""Why a kernel times differently in a warm worker than in a cold command: the same candidate
+(bench/candidate.py --probe) alternately cold (`krex run --cold`) and warm, one at a time, each printing
+its do_bench median, CPU cost per launch, gap-free and CUDA-graph timings and compiled kernel hash.
+    python bench/warm_probe.py --size 4096 --variant 0 --pairs 3 --out bench/results/warm-probe-h200.json"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from throughput import Controllers, krex_status  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--variant", type=int, default=0)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as td:
+        ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td))
+        try:
+            env, _ = ctls.get("krexwarm", 1)
+            for i in range(2 * args.pairs):
+                mode = "warm" if i % 2 else "cold"
+                if mode == "warm":
+                    deadline = time.monotonic() + 120
+                    while not any(w["state"] == "idle" for w in krex_status(env)["workers"]):
+                        if time.monotonic() > deadline:
+                            raise SystemExit("no idle warm worker")
+                        time.sleep(0.1)
+                cmd = [sys.executable, "-m", "krex_ctl", "run"] + (["--cold"] if mode == "cold" else []) + [
+                    "--", sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(args.size),
+                    "--variant", str(args.variant), "--nonce", str(100 + i), "--probe"]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+                line = [x for x in out.stdout.splitlines() if x.startswith("{")]
+                row = {"mode": mode, "exit": out.returncode, **(json.loads(line[-1]) if line else {"stderr": out.stderr[-1500:]})}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            ctls.stop()
+    Path(args.out).write_text(json.dumps({"argv": sys.argv, "rows": rows, "host": os.uname().nodename}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
