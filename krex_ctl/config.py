@@ -53,7 +53,7 @@ class Config:
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
     state_file: Optional[str] = None
     isolate_cpus: bool = True
-    warm_workers: int = 0                      # warm Python workers kept per GPU and environment (0: off)
+    warm_workers: int = 0                      # warm Python workers per GPU and environment, busy included (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 50                     # commands a worker runs before it retires
 

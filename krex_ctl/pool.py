@@ -55,10 +55,13 @@ class WorkerPool:
         self.top_up(key)
 
     def top_up(self, key: tuple) -> None:
+        """At most warm_workers per key, busy ones included: a pool that grew while all were busy would start
+        processes (and GPU contexts) during the very benchmarks it serves, and each idle worker is one more
+        GPU process that every region must drain and freeze."""
         mine = [w for w in self.workers if w.key == key]
         if any(w.state == "starting" for w in mine):
             return                                   # one at a time: creation never bursts
-        if sum(w.state == "idle" for w in mine) < int(self.cfg.warm_workers) and key in self.envs:
+        if len(mine) < int(self.cfg.warm_workers) and key in self.envs:
             self.spawn(key)
 
     def spawn(self, key: tuple) -> None:

@@ -192,3 +192,15 @@ def test_a_worker_killed_by_a_signal_reports_as_a_cold_run_and_is_replaced(warm,
                       what="a replacement worker")
     out = run_py(warm, tmp_path, "import os; print(os.getpid())", name="t.py")
     assert out.returncode == 0 and int(out.stdout) == second
+
+
+def test_the_pool_never_grows_past_its_size_while_workers_are_busy(warm, tmp_path):
+    worker = idle_worker(warm)["pid"]
+    script = tmp_path / "hold.py"
+    script.write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    p = warm.popen([sys.executable, str(script)], stdin=subprocess.PIPE)
+    assert p.stdout.readline() == "ready\n"
+    time.sleep(2.0)                                 # two pool ticks: a growing pool would have started one
+    assert [(w["pid"], w["state"]) for w in warm.status()["workers"]] == [(worker, "busy")]
+    p.communicate("go\n", timeout=30)
+    assert p.returncode == 0
