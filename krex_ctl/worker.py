@@ -73,7 +73,8 @@ def torch_state() -> Optional[dict]:
     if torch is None:
         return None
     st = {"dtype": torch.get_default_dtype(), "rng": torch.get_rng_state(),
-          "deterministic": torch.are_deterministic_algorithms_enabled()}
+          "deterministic": (torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled())}
     if torch.cuda.is_initialized():
         st["cuda_rng"] = torch.cuda.get_rng_state_all()
     for name in ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic",
@@ -92,7 +93,12 @@ def restore_torch(st: Optional[dict]) -> None:
         return
     torch.set_default_dtype(st["dtype"])
     torch.set_rng_state(st["rng"])
-    torch.use_deterministic_algorithms(st["deterministic"])
+    mode, warn_only = st["deterministic"]
+    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != \
+            (mode, warn_only):
+        # only when the command changed it: the call imports torch._inductor (hundreds of modules, seconds),
+        # which a cold process never has; a command that changed it has imported that already
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
     if "cuda_rng" in st:
         torch.cuda.set_rng_state_all(st["cuda_rng"])
     for name, value in st.items():
@@ -193,9 +199,13 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         os.chdir(cwd_before)
         for s, h in handlers.items():
             signal.signal(s, h)
+        try:                  # before the command's modules go: resetting torch may need them
+            restore_torch(tstate)
+        except Exception:     # a state it cannot put back is a state it cannot vouch for
+            traceback.print_exc(file=sys.__stderr__)
+            retire = True
         for name in set(sys.modules) - snapshot_modules:
             del sys.modules[name]
-        restore_torch(tstate)
     leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     children = procs.children(os.getpid()) or []
     if leaked or children or not cuda_healthy():
@@ -222,6 +232,8 @@ def main() -> None:
     path = os.environ["KREX_WORKER_SOCKET"]
     loaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
     hold_context()
+    restore_torch(torch_state())    # whatever the hygiene itself imports is imported now, not after a command
+    cuda_healthy()
     listener = bind_private(path)
     listener.listen(4)
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)

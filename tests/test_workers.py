@@ -163,10 +163,31 @@ def test_torch_global_settings_are_reset_between_commands(krex, tmp_path):
     assert out.returncode == 0 and int(out.stdout) == worker, out.stderr
     idle_worker(krex)
     out = run_py(krex, tmp_path, """
-        import os, torch
-        print(os.getpid(), torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed() != 1234)
+        import os, sys, torch
+        print(os.getpid(), torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed() != 1234,
+              "torch._inductor.config" in sys.modules)
     """, name="t.py")
-    assert out.stdout.split() == [str(worker), "torch.float32", "False", "True"], out.stderr
+    # the reset itself imports nothing: torch.use_deterministic_algorithms would pull in Inductor (800 modules,
+    # 1.4 s here, seconds on the H200), which a cold process never has
+    assert out.stdout.split() == [str(worker), "torch.float32", "False", "True", "False"], out.stderr
+    idle_worker(krex)
+    out = run_py(krex, tmp_path, """
+        import torch
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    """, name="d.py")
+    assert out.returncode == 0, out.stderr
+    idle_worker(krex)
+    out = run_py(krex, tmp_path, """
+        import torch
+        print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    """, name="e.py")
+    assert out.stdout.split() == ["False", "False"], out.stderr
+    counts = []
+    for _ in range(2):                 # the worker's own modules do not change from one command to the next
+        idle_worker(krex)
+        out = run_py(krex, tmp_path, "import sys; print(len(sys.modules))", name="n.py")
+        counts.append(int(out.stdout))
+    assert counts[0] == counts[1]
 
 
 def test_retired_workers_are_waited_for(warm, tmp_path):

@@ -253,6 +253,8 @@ def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
             if rc < 0:
                 print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
                 return 128 - rc
+            print(f"krex: the warm worker running the command exited with status {rc} without finishing it",
+                  file=sys.stderr)
             return rc
         if reply.get("state") != "running" or time.monotonic() > deadline:
             print("krex: the warm worker running the command died", file=sys.stderr)
