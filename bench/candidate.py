@@ -126,6 +126,22 @@ with tempfile.TemporaryDirectory() as td:
         probe["kernel_hash"] = getattr(mod.LAST, "hash", None)
         probe["kernel_shared"] = getattr(getattr(mod.LAST, "metadata", None), "shared", None)
         probe["gc_objects"] = len(gc.get_objects())
+
+        def cpu_ticks() -> dict:
+            out = {}
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    out[tid] = int(fields[11]) + int(fields[12])      # utime + stime
+                except OSError:
+                    pass
+            return out
+        before = cpu_ticks()
+        time.sleep(0.5)
+        after = cpu_ticks()
+        probe["threads"] = len(after)
+        probe["threads_busy_while_idle"] = sum(1 for t, v in after.items() if v > before.get(t, v))
         probe["cpus"] = len(os.sched_getaffinity(0))
         import triton
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)

@@ -68,15 +68,15 @@ class Controllers:
     keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
     pool is filled (steady state) and the time that took is reported as warmup_s."""
 
-    def __init__(self, tmp: Path, plan: list, logs: Path):
-        self.tmp, self.logs, self.live = tmp, logs, {}
+    def __init__(self, tmp: Path, plan: list, logs: Path, extra: tuple = ()):
+        self.tmp, self.logs, self.live, self.extra = tmp, logs, {}, list(extra)
         self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
 
     def get(self, mode: str, agents: int) -> tuple:
         if mode not in self.live:
             sock = self.tmp / f"{mode}.sock"
             env = krex_env(sock)
-            args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)]
+            args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)] + self.extra
             if mode == "krexwarm":
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")

@@ -1,6 +1,7 @@
 """Why a kernel times differently in a warm worker than in a cold command: the same candidate
 (bench/candidate.py --probe) alternately cold (`krex run --cold`) and warm, one at a time, each printing
-its do_bench median, CPU cost per launch, gap-free and CUDA-graph timings and compiled kernel hash.
+its do_bench median, CPU cost per launch, gap-free and CUDA-graph timings, compiled kernel hash, and its
+threads (all of which a region pins to the reserved cores) and how many of them burn CPU while it sleeps.
     python bench/warm_probe.py --size 4096 --variant 0 --pairs 3 --out bench/results/warm-probe-h200.json"""
 
 import argparse
@@ -22,11 +23,14 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--variant", type=int, default=0)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--no-cpu-isolation", action="store_true",
+                    help="controller without CPU isolation (does pinning the worker's threads cause the shift?)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as td:
-        ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td))
+        ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td),
+                           ("--no-cpu-isolation",) if args.no_cpu_isolation else ())
         try:
             env, _ = ctls.get("krexwarm", 1)
             for i in range(2 * args.pairs):
