@@ -125,6 +125,66 @@ def cuda_healthy() -> bool:
         return False
 
 
+_MISSING = object()
+SYS_ATTRS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook", "unraisablehook")
+OWN = ("krex", "krex_ctl", "krex_hooks", "__main__", "sys", "sitecustomize", "usercustomize")
+
+
+def module_globals() -> list:
+    """(module, its public globals) for every module loaded when the command starts, the worker's own
+    aside: what a command's `torch.matmul = mine` or `numpy.seterr`-style module state would change."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or name.split(".")[0] in OWN:
+            continue
+        try:
+            d = vars(mod)
+        except TypeError:
+            continue
+        out.append((mod, {k: v for k, v in d.items() if not k.startswith("_")}))
+    return out
+
+
+def restore_module_globals(snap: list, sys_attrs: dict, warning_filters: list) -> int:
+    """Put back every public global a command rebound, added or deleted on a module loaded before it;
+    sys's streams and hooks; the warning filters. Returns how many names it put back."""
+    import warnings
+
+    changed = 0
+    for mod, attrs in snap:
+        d = vars(mod)
+        for k, v in attrs.items():
+            if d.get(k, _MISSING) is not v:
+                d[k] = v
+                changed += 1
+        for k in [k for k in d if not k.startswith("_") and k not in attrs]:
+            del d[k]
+            changed += 1
+    for k, v in sys_attrs.items():
+        if getattr(sys, k, _MISSING) is not v:
+            setattr(sys, k, v)
+            changed += 1
+    if warnings.filters != warning_filters:
+        warnings.filters[:] = warning_filters
+        getattr(warnings, "_filters_mutated", lambda: None)()
+        changed += 1
+    return changed
+
+
+def reseed_global_rngs() -> None:
+    """A cold process starts `random` and numpy's global generator from fresh entropy; a command that seeded
+    them must not hand its sequence to the next one."""
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+
+
 def counters() -> dict:
     try:
         return shm.read_counters(COUNTERS) if COUNTERS else {}
@@ -136,6 +196,11 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
     before = counters()
     snapshot_modules = set(sys.modules)
+    import warnings
+
+    globals_before = module_globals()
+    sys_before = {k: getattr(sys, k) for k in SYS_ATTRS if hasattr(sys, k)}
+    filters_before = list(warnings.filters)
     snapshot = (list(sys.path), dict(os.environ), os.getcwd(), list(sys.argv),
                 {s: signal.getsignal(s) for s in HANDLED_SIGNALS}, torch_state())
     threads_before = set(threading.enumerate())
@@ -199,6 +264,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         os.chdir(cwd_before)
         for s, h in handlers.items():
             signal.signal(s, h)
+        restored = restore_module_globals(globals_before, sys_before, filters_before)
+        reseed_global_rngs()
         try:                  # before the command's modules go: resetting torch may need them
             restore_torch(tstate)
         except Exception:     # a state it cannot put back is a state it cannot vouch for
@@ -212,6 +279,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         retire = True
     after = counters()
     return {"exit_code": exit_code, "signal": int(sig) if sig else None, "retire": retire,
+            "restored_globals": restored,
             "leaked_threads": len(leaked), "child_processes": len(children),
             "counters": {k: after.get(k, 0) - before.get(k, 0) for k in shm.COUNTER_FIELDS}}
 

@@ -77,15 +77,30 @@ def test_state_does_not_leak_between_commands(warm, tmp_path):
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         import csv
         os.chdir("/")
+        import json, random, warnings
+        json.dumps = None                      # monkeypatching a module the worker had loaded
+        json.leaked = 1
+        del json.loads
+        warnings.simplefilter("ignore")
+        random.seed(1234)
+        sys.excepthook = None
     """)
     assert out.returncode == 0, out.stderr
     idle_worker(warm)
     out = run_py(warm, tmp_path, """
-        import os, sys, signal
+        import os, sys, signal, json, random, warnings
         print("/leaked" in sys.path, "LEAKED" in os.environ, signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
-              "csv" in sys.modules)
+              "csv" in sys.modules, callable(json.dumps), hasattr(json, "leaked"), callable(json.loads),
+              any(f[0] == "ignore" and f[2] is Warning for f in warnings.filters), sys.excepthook is sys.__excepthook__)
+        random.seed(1234)
+        print(random.random())
     """, name="t.py")
-    assert out.stdout.split() == ["False", "False", "True", "False"]
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["False", "False", "True", "False", "True", "False", "True", "False", "True"], out.stderr
+    seeded = float(lines[1])
+    idle_worker(warm)
+    out = run_py(warm, tmp_path, "import random; print(random.random())", name="u.py")
+    assert float(out.stdout) != seeded           # the seeded sequence did not carry over
 
 
 def test_os_exit_and_leaked_threads_retire_the_worker(warm, tmp_path):
