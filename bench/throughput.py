@@ -10,7 +10,7 @@ torch.mm) work through the same list of candidate specs in each mode:
   cmdlock   N agents, each whole command under an exclusive flock (command-granular exclusivity)
   krex      N agents, each command under `krex run` with KREX_HOOKS=triton (region-granular)
   krexwarm  as krex, with a controller keeping N warm workers (`--warm-workers N`): each command runs in a
-            process that already imported torch and triton and holds the GPU context. The pool is filled
+            process forked for it from one that imported torch and triton, already holding its GPU context. The pool is filled
             before the clock starts (steady state); how long that took is reported as warmup_s.
 Each krex mode gets its own controller (socket in a temporary directory), stopped after the mode.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),

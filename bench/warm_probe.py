@@ -25,12 +25,15 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--no-cpu-isolation", action="store_true",
                     help="controller without CPU isolation (does pinning the worker's threads cause the shift?)")
+    ap.add_argument("--worker-reuse", type=int, default=None,
+                    help="commands per warm worker (the controller's default, 1, gives each command a fresh one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as td:
-        ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td),
-                           ("--no-cpu-isolation",) if args.no_cpu_isolation else ())
+        extra = (["--no-cpu-isolation"] if args.no_cpu_isolation else []) + \
+            (["--worker-reuse", str(args.worker_reuse)] if args.worker_reuse else [])
+        ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td), tuple(extra))
         try:
             env, _ = ctls.get("krexwarm", 1)
             for i in range(2 * args.pairs):

@@ -55,7 +55,7 @@ class Config:
     isolate_cpus: bool = True
     warm_workers: int = 0                      # warm Python workers per GPU and environment, busy included (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
-    worker_reuse: int = 50                     # commands a worker runs before it retires
+    worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)
 
     def reserved_for(self, gpu_mask: int) -> set[int]:
         allowed = os.sched_getaffinity(0)

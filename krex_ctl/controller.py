@@ -194,7 +194,8 @@ class Controller:
         self.after(period, tick)
 
     def check_idle(self) -> None:
-        if any(c.pid not in {w.pid for w in self.pool.workers} for c in self.clients.values()):
+        pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
+        if any(c.pid not in pool for c in self.clients.values()):
             self.idle_since = time.monotonic()
         elif time.monotonic() - self.idle_since >= float(self.cfg.idle_exit_s or 0):
             log.info("idle for %.0f s; exiting", self.cfg.idle_exit_s)
@@ -451,7 +452,7 @@ class Controller:
             elif op == "worker_exit":   # wrapper: how the worker running its command ended
                 state, rc = self.pool.exit_status(int(req.get("pid", 0)), client.job.id if client.job else -1)
                 reply = {"state": state, "returncode": rc}
-            elif op in ("worker_ready", "worker_idle"):   # warm worker
+            elif op in ("worker_ready", "worker_idle", "zygote_ready", "worker_exited"):   # warm workers
                 reply = self.worker_op(client, op, req)
             elif op == "shutdown":
                 if client.uid not in (0, os.getuid()):
@@ -478,6 +479,16 @@ class Controller:
         return {"socket": worker.socket, "pid": worker.pid}
 
     def worker_op(self, client: Client, op: str, req: dict) -> dict:
+        if op == "zygote_ready":
+            # a process whose shim has registered has called cuInit: its children could not use CUDA
+            cuda = any(c.pid == client.pid and c.role == C.KREX_ROLE_SHIM for c in self.clients.values())
+            fork = bool(req.get("forkable")) and not cuda
+            ok = self.pool.zygote_ready(client, int(req.get("gpu", -1)), str(req.get("python", "")),
+                                        str(req.get("fingerprint", "")), fork)
+            return {"ok": True, "fork": fork} if ok else {"error": "not a zygote this controller started"}
+        if op == "worker_exited":
+            ok = self.pool.worker_exited(client, int(req.get("pid", 0)), int(req.get("returncode", 0)))
+            return {"ok": ok} if ok else {"error": "not a zygote"}
         if op == "worker_ready":
             ok = self.pool.ready(client, int(req.get("gpu", -1)), str(req.get("socket", "")),
                                  str(req.get("python", "")), str(req.get("fingerprint", "")))
@@ -767,6 +778,7 @@ class Controller:
                      for j in self.jobs.values()],
             "counters": dict(self.counters),
             "workers": self.pool.describe(),
+            "zygotes": self.pool.describe_zygotes(),
         }
 
 

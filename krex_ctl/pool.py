@@ -1,7 +1,14 @@
-"""The controller's pool of warm workers (krex_ctl/worker.py): started one at a time, ahead of demand,
-for each (GPU, interpreter, start-up environment) a `krex run` asked for; handed to one wrapper at a time;
-replaced when they retire. Only a controller running as the user itself (the embedded per-user one)
-starts workers: a system controller would otherwise run user code as itself."""
+"""The controller's pool of warm workers (krex_ctl/worker.py).
+
+For each (GPU, interpreter, start-up environment) a `krex run` asked for, the controller starts one
+*zygote*: a process that imports the configured modules (torch, triton) once, holds no GPU context, and
+forks the workers itself, one at a time, up to `warm_workers` (busy ones included). A forked worker
+creates its GPU context, registers (`worker_ready`), is handed to one wrapper at a time, and retires
+after `worker_reuse` commands (default 1: every command runs in a process that has run nothing before,
+as a cold one has); the zygote reaps it, tells the controller how it ended (`worker_exited`) and forks
+the next. Where forking is unsafe (the preload initialized CUDA or left Python threads running), the
+zygote starts each worker as a new interpreter instead. Only a controller running as the user itself
+(the embedded per-user one) starts zygotes: a system controller would otherwise run user code as itself."""
 
 import itertools
 import logging
@@ -10,7 +17,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import paths, shm
+from . import procs
 
 log = logging.getLogger("krex.controller")
 
@@ -20,11 +27,17 @@ class Worker:
     pid: int
     key: tuple                      # (gpu, python, fingerprint)
     socket: str = ""
-    client: Any = None              # its Python (control) connection, once ready
-    state: str = "starting"         # starting, idle, busy
+    client: Any = None              # its Python (control) connection
+    state: str = "idle"             # idle, busy
     serving: Any = None             # the Job whose command it runs
+
+
+@dataclass
+class Zygote:
+    key: tuple
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
-    counters: str = ""              # its counters file
+    client: Any = None              # its control connection, once ready
+    forkable: Optional[bool] = None
 
 
 class WorkerPool:
@@ -32,10 +45,12 @@ class WorkerPool:
         self.cfg = cfg
         self.socket_path = socket_path
         self.workers: list[Worker] = []
-        self.envs: dict[tuple, dict] = {}     # key -> environment to start its workers with
+        self.zygotes: dict[tuple, Zygote] = {}
+        self.failed: set[tuple] = set()         # keys whose zygote died before it was ready: not retried
         self.ids = itertools.count(1)
-        self.exited: list[Worker] = []        # retired or dead: waited for (no zombies), files removed
-        self.statuses: dict[int, tuple] = {}   # pid -> (job id served, Popen returncode): the last 64 exited
+        self.served: dict[int, Optional[int]] = {}   # pid -> job id it last served (workers that left)
+        self.statuses: dict[int, tuple] = {}          # pid -> (job id served, Popen-style returncode)
+        self.exited: list[subprocess.Popen] = []      # zygotes to wait for (no zombies)
 
     def enabled_for(self, uid: int) -> bool:
         return int(self.cfg.warm_workers) > 0 and uid == os.getuid()
@@ -50,103 +65,99 @@ class WorkerPool:
         return w
 
     def want(self, key: tuple, env: dict) -> None:
-        """Remember how to start workers for key, and start one if none is idle or starting."""
-        self.envs[key] = env
-        self.top_up(key)
-
-    def top_up(self, key: tuple) -> None:
-        """At most warm_workers per key, busy ones included: a pool that grew while all were busy would start
-        processes (and GPU contexts) during the very benchmarks it serves, and each idle worker is one more
-        GPU process that every region must drain and freeze."""
-        mine = [w for w in self.workers if w.key == key]
-        if any(w.state == "starting" for w in mine):
-            return                                   # one at a time: creation never bursts
-        if len(mine) < int(self.cfg.warm_workers) and key in self.envs:
-            self.spawn(key)
-
-    def spawn(self, key: tuple) -> None:
+        """Start the zygote for key unless there is one (or one failed)."""
+        if key in self.zygotes or key in self.failed:
+            return
         gpu, python, fp = key
-        sock = str(paths.runtime_dir() / f"worker-{os.getpid()}-{next(self.ids)}.sock")
-        env = dict(self.envs[key])
-        env.update(KREX_SOCKET=self.socket_path, KREX_GPU=str(gpu), KREX_WORKER_SOCKET=sock,
+        env = dict(env)
+        env.update(KREX_SOCKET=self.socket_path, KREX_GPU=str(gpu), KREX_WORKER_MODE="zygote",
                    KREX_WORKER_FINGERPRINT=fp, KREX_WORKER_PRELOAD=str(self.cfg.worker_preload),
-                   KREX_WORKER_REUSE=str(self.cfg.worker_reuse), KREX_WORKER_PYTHON=python)
-        env.pop("KREX_JOB", None)
-        counters = sock[: -len(".sock")] + ".counters"
-        try:
-            shm.create_counters(counters)
-            env["KREX_COUNTERS"] = counters     # the worker reports its submissions per command from it
-        except OSError:
-            env.pop("KREX_COUNTERS", None)
+                   KREX_WORKER_REUSE=str(self.cfg.worker_reuse), KREX_WORKER_PYTHON=python,
+                   KREX_WORKER_POOL=str(int(self.cfg.warm_workers)), KREX_WORKER_PREFIX=f"{os.getpid()}-{next(self.ids)}")
+        for k in ("KREX_JOB", "KREX_COUNTERS", "KREX_WORKER_SOCKET"):
+            env.pop(k, None)
         try:
             proc = subprocess.Popen([python, "-m", "krex_ctl.worker"], env=env, stdin=subprocess.DEVNULL,
                                     start_new_session=True, close_fds=True)
         except OSError as e:
-            log.error("cannot start a warm worker with %s: %s", python, e)
-            self.envs.pop(key, None)
+            log.error("cannot start a warm-worker zygote with %s: %s", python, e)
+            self.failed.add(key)
             return
-        self.workers.append(Worker(proc.pid, key, sock, proc=proc, counters=env.get("KREX_COUNTERS", "")))
-        log.info("starting warm worker %d for GPU %d", proc.pid, gpu)
+        self.zygotes[key] = Zygote(key, proc)
+        log.info("starting warm-worker zygote %d for GPU %d", proc.pid, gpu)
+
+    def zygote_ready(self, client, gpu: int, python: str, fingerprint: str, forkable: bool) -> bool:
+        z = self.zygotes.get((gpu, python, fingerprint))
+        if z is None or z.proc is None or z.proc.pid != client.pid or z.client is not None:
+            return False
+        z.client, z.forkable = client, forkable
+        if not forkable:
+            log.warning("zygote %d cannot fork safely; it starts each worker as a new interpreter", client.pid)
+        return True
 
     def ready(self, client, gpu: int, socket: str, python: str, fingerprint: str) -> bool:
-        w = self.by_pid(client.pid)
-        if w is None or w.key != (gpu, python, fingerprint) or w.socket != socket:
+        """A worker registers: accepted when its parent is the zygote of its key."""
+        key = (gpu, python, fingerprint)
+        z = self.zygotes.get(key)
+        if z is None or z.client is None or procs.parent(client.pid) != z.proc.pid or self.by_pid(client.pid):
             return False
-        w.client, w.state = client, "idle"
-        self.top_up(w.key)
+        self.workers.append(Worker(client.pid, key, socket, client))
+        return True
+
+    def worker_exited(self, client, pid: int, returncode: int) -> bool:
+        """The zygote reaped one of its workers."""
+        if not any(z.client is client for z in self.zygotes.values()):
+            return False
+        w = self.by_pid(pid)
+        job = w.serving.id if w is not None and w.serving is not None else self.served.pop(pid, None)
+        self.statuses[pid] = (job, returncode)
+        while len(self.statuses) > 64:
+            del self.statuses[next(iter(self.statuses))]
         return True
 
     def gone(self, client) -> None:
-        """A worker's control connection closed: it retired or died; start its replacement."""
+        """A worker's or a zygote's control connection closed."""
         w = next((w for w in self.workers if w.client is client), None)
-        if w is None:
+        if w is not None:
+            self.workers.remove(w)
+            self.served[w.pid] = w.serving.id if w.serving is not None else None
+            while len(self.served) > 64:
+                del self.served[next(iter(self.served))]
             return
-        self.workers.remove(w)
-        self.exited.append(w)
-        self.top_up(w.key)
+        for key, z in list(self.zygotes.items()):
+            if z.client is client:         # its workers die with it (parent-death signal)
+                del self.zygotes[key]
+                self.exited.append(z.proc)
+                log.warning("warm-worker zygote %d went away", client.pid)
 
     def reap(self) -> None:
-        for w in list(self.workers):
-            if w.proc is not None and w.proc.poll() is not None and w.client is None:
-                self.workers.remove(w)          # died before it was ready
-                self.exited.append(w)
-                log.warning("warm worker %d exited with %s before it was ready", w.pid, w.proc.returncode)
-                self.envs.pop(w.key, None)       # do not retry a start that fails
-        for w in list(self.exited):
-            if w.proc is None or w.proc.poll() is not None:
-                self.exited.remove(w)
-                self.remember(w)
-                for path in (w.counters, w.socket):
-                    if path:
-                        try:
-                            os.unlink(path)
-                        except OSError:
-                            pass
-
-    def remember(self, w: Worker) -> None:
-        if w.proc is not None and w.proc.returncode is not None:
-            self.statuses[w.pid] = (w.serving.id if w.serving else None, w.proc.returncode)
-            while len(self.statuses) > 64:
-                del self.statuses[next(iter(self.statuses))]
+        for key, z in list(self.zygotes.items()):
+            if z.proc.poll() is not None and z.client is None:
+                del self.zygotes[key]
+                self.failed.add(key)        # do not retry a start that fails
+                log.warning("warm-worker zygote %d exited with %s before it was ready", z.proc.pid, z.proc.returncode)
+        self.exited = [p for p in self.exited if p.poll() is None]
 
     def exit_status(self, pid: int, job_id: int) -> tuple[str, Optional[int]]:
-        """("exited", Popen returncode), ("running", None) or ("unknown", None) for the worker pid that ran
-        job_id's command: how the wrapper learns the signal that killed a worker in the middle of a command."""
-        if pid in self.statuses and self.statuses[pid][0] == job_id:
-            return "exited", self.statuses[pid][1]
-        w = next((w for w in self.workers + self.exited if w.pid == pid), None)
-        if w is None or w.proc is None or w.serving is None or w.serving.id != job_id:
-            return "unknown", None
-        if w.proc.poll() is None:
-            return "running", None
-        self.remember(w)
-        return "exited", w.proc.returncode
+        """("exited", Popen-style returncode), ("running", None) or ("unknown", None) for the worker pid that
+        ran job_id's command: how the wrapper learns the signal that killed a worker mid-command."""
+        if pid in self.statuses:
+            job, rc = self.statuses[pid]
+            return ("exited", rc) if job == job_id else ("unknown", None)
+        w = self.by_pid(pid)
+        if (w is not None and w.serving is not None and w.serving.id == job_id) or self.served.get(pid) == job_id:
+            return "running", None          # not reaped yet: the zygote's report is on its way
+        return "unknown", None
 
     def shutdown(self) -> None:
-        for w in self.workers:
-            if w.proc is not None and w.proc.poll() is None:
-                w.proc.terminate()
+        for z in self.zygotes.values():
+            if z.proc.poll() is None:
+                z.proc.terminate()
 
     def describe(self) -> list[dict]:
         return [{"pid": w.pid, "gpu": w.key[0], "state": w.state,
                  "serving": w.serving.id if w.serving else None} for w in self.workers]
+
+    def describe_zygotes(self) -> list[dict]:
+        return [{"pid": z.proc.pid, "gpu": z.key[0], "ready": z.client is not None, "forks": z.forkable}
+                for z in self.zygotes.values()]

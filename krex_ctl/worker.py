@@ -10,20 +10,24 @@ it retires (exits, and the controller starts a replacement) when it cannot vouch
 leaked thread or child process, os._exit, a CUDA error, or its reuse limit."""
 
 import ctypes
+import itertools
 import json
 import os
 import runpy
+import selectors
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import traceback
 from typing import Optional
 
 from . import procs, shm
+from .errors import KrexCommandError
 from .proto import C, Connection, bind_private, recv_with_fds
 
-COUNTERS = os.environ.get("KREX_COUNTERS")   # this worker's own counters file (the pool made it)
+COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 
@@ -294,19 +298,24 @@ def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def main() -> None:
+def serve(ready_fd: Optional[int] = None) -> None:
+    """A worker: take the context, register, run commands until it retires; then exit."""
+    global COUNTERS
+    COUNTERS = os.environ.get("KREX_COUNTERS")
     gpu = int(os.environ.get("KREX_GPU", "0") or 0)
-    reuse_limit = int(os.environ.get("KREX_WORKER_REUSE", "50") or 50)
+    reuse_limit = int(os.environ.get("KREX_WORKER_REUSE", "1") or 1)
     path = os.environ["KREX_WORKER_SOCKET"]
-    loaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
     hold_context()
     restore_torch(torch_state())    # whatever the hygiene itself imports is imported now, not after a command
     cuda_healthy()
     listener = bind_private(path)
     listener.listen(4)
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
-    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.environ["KREX_WORKER_PYTHON"], preloaded=loaded,
+    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.environ["KREX_WORKER_PYTHON"],
                 fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""))
+    if ready_fd is not None:        # tell the zygote: the next worker may start
+        os.write(ready_fd, b"r")
+        os.close(ready_fd)
     runs = 0
     try:
         while True:
@@ -336,7 +345,206 @@ def main() -> None:
             os.unlink(path)
         except OSError:
             pass
-    os._exit(0)
+
+
+def forkable() -> bool:
+    """Forking copies one thread and the memory: safe while no GPU context exists and no other Python thread
+    runs (idle native pools, such as OpenBLAS's, are what every forking DataLoader also lives with)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    return threading.active_count() == 1
+
+
+class Zygote:
+    """Imports the heavy modules once and makes the workers of one (GPU, interpreter, environment): one at a
+    time (context creation is serialized node-wide), up to KREX_WORKER_POOL alive, each replaced when it
+    exits. Ends, and its workers with it, when the controller goes away."""
+
+    def __init__(self) -> None:
+        self.pool = max(1, int(os.environ.get("KREX_WORKER_POOL", "1") or 1))
+        self.prefix = os.environ.get("KREX_WORKER_PREFIX", str(os.getpid()))
+        self.preloaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
+        restore_torch(torch_state())
+        self.fork = forkable()
+        self.children: dict[int, dict] = {}       # pid -> {"files": [...], "ready": bool, "pipe": fd or None}
+        self.n = itertools.count(1)
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.running = True
+        self.ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
+        reply = self.ctl.request("zygote_ready", gpu=int(os.environ.get("KREX_GPU", "0") or 0),
+                                 python=os.environ["KREX_WORKER_PYTHON"], forkable=self.fork,
+                                 fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""), preloaded=self.preloaded)
+        if not reply or not reply.get("ok"):
+            raise SystemExit(f"krex: the controller did not take this zygote: {reply}")
+        self.fork = bool(reply.get("fork"))    # the controller also knows whether the shim saw CUDA start here
+        self.sel.register(self.ctl.sock, selectors.EVENT_READ, "ctl")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
+
+    def stop(self) -> None:
+        self.running = False
+
+    def start_one(self) -> None:
+        from . import paths
+
+        base = str(paths.runtime_dir() / f"worker-{self.prefix}-{next(self.n)}")
+        sock, counters = base + ".sock", base + ".counters"
+        env = {"KREX_WORKER_SOCKET": sock}
+        try:
+            shm.create_counters(counters)
+            env["KREX_COUNTERS"] = counters     # the worker reports its submissions per command from it
+        except OSError:
+            counters = ""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        if self.fork:
+            import warnings
+
+            for s in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(s, signal.SIG_DFL)
+            with warnings.catch_warnings():      # 3.12 warns about forking with native threads alive
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                self.become_worker(env, w)
+            signal.signal(signal.SIGCHLD, lambda *_: None)
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        else:
+            full = dict(os.environ, KREX_WORKER_MODE="worker", KREX_WORKER_READY_FD=str(w), **env)
+            if not counters:
+                full.pop("KREX_COUNTERS", None)
+            python = os.environ.get("KREX_WORKER_PYTHON", sys.executable)
+            try:
+                pid = subprocess.Popen([python, "-m", "krex_ctl.worker"], env=full, stdin=subprocess.DEVNULL,
+                                       pass_fds=(w,), close_fds=True).pid
+            except OSError as e:
+                print(f"krex: cannot start a warm worker: {e}", file=sys.stderr)
+                os.close(r)
+                os.close(w)
+                return
+        os.close(w)
+        self.children[pid] = {"files": [f for f in (sock, counters) if f], "ready": False, "pipe": r}
+        self.sel.register(r, selectors.EVENT_READ, ("ready", pid))
+
+    def become_worker(self, env: dict, ready_w: int) -> None:
+        """In the forked child: drop the zygote's connection and selector, die with the zygote, serve."""
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            for fd in (self.wake_r, self.wake_w):
+                os.close(fd)
+            self.sel.close()
+            self.ctl.sock.close()
+            if self.ctl.gate_fd is not None:
+                os.close(self.ctl.gate_fd)
+            for c in self.children.values():
+                if c["pipe"] is not None:
+                    os.close(c["pipe"])
+            parent_death_signal(signal.SIGTERM)
+            os.environ.update(env)
+            os.environ["KREX_WORKER_MODE"] = "worker"
+            reseed_global_rngs()
+            serve(ready_w)
+        except BaseException:  # noqa: B902 (a forked child must never return into the zygote's loop)
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code)
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            info = self.children.pop(pid, None)
+            if info is None:
+                continue
+            if info["pipe"] is not None:
+                self.sel.unregister(info["pipe"])
+                os.close(info["pipe"])
+            for f in info["files"]:
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
+            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            try:
+                self.ctl.request("worker_exited", pid=pid, returncode=rc)
+            except (OSError, ConnectionError, KrexCommandError):
+                self.running = False
+
+    def run(self) -> None:
+        try:
+            while self.running:
+                if len(self.children) < self.pool and all(c["ready"] for c in self.children.values()):
+                    self.start_one()             # one at a time: the last one is ready
+                for key, _ in self.sel.select(1.0):
+                    if key.data == "ctl":
+                        if not self.ctl.sock.recv(4096, socket.MSG_PEEK):
+                            self.running = False     # the controller went away
+                    elif key.data == "signal":
+                        try:
+                            os.read(self.wake_r, 512)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        pid = key.data[1]
+                        info = self.children.get(pid)
+                        self.sel.unregister(key.fd)
+                        os.close(key.fd)
+                        if info is not None:
+                            info["ready"], info["pipe"] = True, None
+                self.reap()
+        finally:
+            for pid in list(self.children):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+            for pid, info in list(self.children.items()):
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                for f in info["files"]:
+                    try:
+                        os.unlink(f)
+                    except OSError:
+                        pass
+
+
+def parent_death_signal(sig: int) -> None:
+    """PR_SET_PDEATHSIG: this worker gets sig when the zygote that forked it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:                  # the zygote died before prctl took
+        os._exit(1)
+
+
+def main() -> None:
+    if os.environ.get("KREX_WORKER_MODE") == "zygote":
+        Zygote().run()
+        os._exit(0)
+    ready = os.environ.get("KREX_WORKER_READY_FD")
+    preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
+    try:
+        serve(int(ready) if ready else None)
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

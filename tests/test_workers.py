@@ -28,7 +28,8 @@ def run_py(krex, tmp_path, code, env=None, name="s.py", **kw):
 
 @pytest.fixture
 def warm(krex, tmp_path):
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    # one worker that runs many commands: what the hygiene between commands must hold up to
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json", "--worker-reuse", "50")
     first = run_py(krex, tmp_path, "print('cold')")           # asks for a worker of this environment
     assert first.returncode == 0 and first.stdout == "cold\n"
     idle_worker(krex)
@@ -165,7 +166,7 @@ def test_regions_and_launches_of_a_warm_command_are_in_its_report(krex, tmp_path
 
 def test_torch_global_settings_are_reset_between_commands(krex, tmp_path):
     pytest.importorskip("torch")
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "torch")
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "torch", "--worker-reuse", "50")
     assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
     worker = idle_worker(krex)["pid"]
     out = run_py(krex, tmp_path, """
@@ -240,3 +241,39 @@ def test_the_pool_never_grows_past_its_size_while_workers_are_busy(warm, tmp_pat
     assert [(w["pid"], w["state"]) for w in warm.status()["workers"]] == [(worker, "busy")]
     p.communicate("go\n", timeout=30)
     assert p.returncode == 0
+
+
+def test_by_default_each_command_gets_a_worker_forked_for_it(krex, tmp_path):
+    krex.start_controller("--warm-workers", "2", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    zygote = wait_for(lambda: next(iter(krex.status()["zygotes"]), None), timeout=60, what="a zygote")
+    assert zygote["forks"] is True
+    pids = []
+    for i in range(3):
+        wait_for(lambda: sum(w["state"] == "idle" for w in krex.status()["workers"]) == 2, timeout=60,
+                 what="two idle workers")
+        out = run_py(krex, tmp_path, "import os, sys; print(os.getpid(), os.getppid(), 'json' in sys.modules)",
+                     name=f"p{i}.py")
+        pid, ppid, preloaded = out.stdout.split()
+        assert int(ppid) == zygote["pid"] and preloaded == "True", out.stderr   # forked, modules already there
+        pids.append(int(pid))
+    assert len(set(pids)) == 3                        # a fresh process each time
+    from conftest import proc_state
+
+    wait_for(lambda: all(proc_state(p) is None for p in pids), timeout=10, what="used workers reaped")
+
+
+def test_a_zygote_that_cannot_fork_safely_starts_workers_as_new_interpreters(krex, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "spins.py").write_text("import threading, time\n"
+                                   "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "spins")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
+                      what="a ready zygote")
+    assert zygote["forks"] is False                   # a Python thread runs in it: forking could deadlock
+    idle_worker(krex)
+    out = run_py(krex, tmp_path, "import os, sys; print(os.getppid(), 'spins' in sys.modules)", env=env, name="p.py")
+    assert out.stdout.split() == [str(zygote["pid"]), "True"], out.stderr

@@ -24,12 +24,15 @@ from ..controller import Controller, bind
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
 @click.option("--no-cpu-isolation", is_flag=True, help="Do not re-pin threads during regions.")
 @click.option("--warm-workers", type=click.IntRange(0, 64), default=None,
-              help="Warm Python workers kept per GPU and environment (default 0: every command cold).")
+              help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
+@click.option("--worker-reuse", type=click.IntRange(1, 100000), default=None,
+              help="Commands a warm worker runs before it is replaced (default 1: a fresh process per command).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
-               socket_group, state_file, no_cpu_isolation, warm_workers, worker_preload, embedded, log_level) -> None:
+               socket_group, state_file, no_cpu_isolation, warm_workers, worker_preload, worker_reuse, embedded,
+               log_level) -> None:
     """Serve region requests for this node's GPUs."""
     level = (log_level or os.environ.get("KREX_LOG_LEVEL") or "info").upper()
     logging.basicConfig(level=getattr(logging, level, logging.INFO),
@@ -41,7 +44,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
         drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
         socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
-        warm_workers=warm_workers, worker_preload=worker_preload, idle_exit_s=30.0 if embedded else None)
+        warm_workers=warm_workers, worker_preload=worker_preload, worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None)
     listener, _lock = bind(cfg, path)
     logging.getLogger("krex.controller").info("serving %s", path)
     Controller(cfg, listener, path).serve_forever()

@@ -35,4 +35,9 @@ def status(as_json: bool, socket_path) -> None:
         for q in g["queue"]:
             click.echo(f"    waiting: region {q['region']} '{q['name']}' of pid {q['pid']} for {q['waiting_s']:.3f} s")
     click.echo(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)")
+    for z in st.get("zygotes", []):
+        mine = [w for w in st.get("workers", []) if w["gpu"] == z["gpu"]]
+        how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
+        click.echo(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
+                   f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
     click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))

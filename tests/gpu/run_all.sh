@@ -57,9 +57,12 @@ for step in $STEPS; do
     watched ${WARM_LIMIT:-240} warm python3 bench/warm_vs_cold.py --repeats 7 --concurrent 8 --logs $OUT \
       --out $OUT/warm-vs-cold-h200.json ;;
   probe)
+    # fresh forked workers (the default), then one worker reused, then reused without CPU isolation
     watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --out $OUT/warm-probe.json
-    watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --no-cpu-isolation \
-      --out $OUT/warm-probe-no-isolation.json ;;
+    watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --worker-reuse 50 \
+      --out $OUT/warm-probe-reused.json
+    watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --worker-reuse 50 \
+      --no-cpu-isolation --out $OUT/warm-probe-reused-no-isolation.json ;;
   warmfid)   # the same kernels timed in warm workers and in cold commands, alternating; clocks sampled meanwhile
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
       > $OUT/clocks-warmfid.csv & SMI=$!
