@@ -317,8 +317,16 @@ def serve(ready_fd: Optional[int] = None) -> None:
         os.write(ready_fd, b"r")
         os.close(ready_fd)
     runs = 0
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "command")
+    sel.register(ctl.sock, selectors.EVENT_READ, "controller")
     try:
         while True:
+            events = [key.data for key, _ in sel.select()]
+            if "command" not in events:
+                if not ctl.sock.recv(4096, socket.MSG_PEEK):
+                    break                    # the controller went away: no more commands will come
+                continue
             conn, _ = listener.accept()
             with conn:
                 try:
@@ -338,8 +346,12 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 conn.sendall(json.dumps(result).encode() + b"\n")
             if result["retire"]:
                 break
-            ctl.request("worker_idle")
+            try:
+                ctl.request("worker_idle")
+            except (OSError, ConnectionError, KrexCommandError):
+                break
     finally:
+        sel.close()
         listener.close()
         try:
             os.unlink(path)
@@ -507,9 +519,11 @@ class Zygote:
                             info["ready"], info["pipe"] = True, None
                 self.reap()
         finally:
+            # nothing stays stopped because of krex; idle workers leave on their own once the controller's
+            # connection closes, and a busy one finishes its command first (nothing is lost)
             for pid in list(self.children):
                 try:
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, signal.SIGCONT)
                 except OSError:
                     pass
             for pid, info in list(self.children.items()):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, report_of, wait_for
+from conftest import ROOT, proc_state, report_of, wait_for
 
 
 def idle_worker(krex):
@@ -277,3 +277,22 @@ def test_a_zygote_that_cannot_fork_safely_starts_workers_as_new_interpreters(kre
     idle_worker(krex)
     out = run_py(krex, tmp_path, "import os, sys; print(os.getppid(), 'spins' in sys.modules)", env=env, name="p.py")
     assert out.stdout.split() == [str(zygote["pid"]), "True"], out.stderr
+
+
+def test_losing_the_controller_loses_no_command_and_leaves_no_worker(krex, tmp_path):
+    krex.start_controller("--warm-workers", "2", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
+                      what="a ready zygote")
+    wait_for(lambda: len(krex.status()["workers"]) == 2, timeout=60, what="two workers")
+    workers = [w["pid"] for w in krex.status()["workers"]]
+    script = tmp_path / "slow.py"
+    script.write_text("import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\nprint('finished')\n")
+    p = krex.popen([sys.executable, str(script)], stdin=subprocess.PIPE)
+    assert p.stdout.readline() == "ready\n"
+    krex.ctl.kill()                                   # the controller dies while the command runs warm
+    krex.ctl.wait()
+    out, err = p.communicate("go\n", timeout=30)
+    assert p.returncode == 0 and out == "finished\n", err
+    for pid in [zygote["pid"]] + workers:             # the idle worker left, the busy one after its command
+        wait_for(lambda pid=pid: proc_state(pid) is None, timeout=15, what=f"pool process {pid} gone")
