@@ -475,7 +475,7 @@ class Controller:
         worker = self.pool.checkout(key, client.job)
         self.pool.want(key, {str(k): str(v) for k, v in dict(req.get("env", {})).items()})
         if worker is None:
-            return {"socket": None}
+            return {"socket": None, "coming": self.pool.coming(key)}
         return {"socket": worker.socket, "pid": worker.pid}
 
     def worker_op(self, client: Client, op: str, req: dict) -> dict:

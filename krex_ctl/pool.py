@@ -64,6 +64,11 @@ class WorkerPool:
             w.state, w.serving = "busy", job
         return w
 
+    def coming(self, key: tuple) -> bool:
+        """No worker is idle, but the key's zygote is up: one will be (it forks as workers leave)."""
+        z = self.zygotes.get(key)
+        return z is not None and z.client is not None
+
     def want(self, key: tuple, env: dict) -> None:
         """Start the zygote for key unless there is one (or one failed)."""
         if key in self.zygotes or key in self.failed:

@@ -296,3 +296,19 @@ def test_losing_the_controller_loses_no_command_and_leaves_no_worker(krex, tmp_p
     assert p.returncode == 0 and out == "finished\n", err
     for pid in [zygote["pid"]] + workers:             # the idle worker left, the busy one after its command
         wait_for(lambda pid=pid: proc_state(pid) is None, timeout=15, what=f"pool process {pid} gone")
+
+
+def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp_path):
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
+                      what="a ready zygote")
+    idle_worker(krex)
+    (tmp_path / "long.py").write_text("import os, time\nprint(os.getppid(), flush=True)\ntime.sleep(1)\n")
+    first = krex.popen([sys.executable, str(tmp_path / "long.py")])
+    assert int(first.stdout.readline()) == zygote["pid"]        # the only worker is busy for a second
+    out = run_py(krex, tmp_path, "import os; print(os.getppid())", name="b.py")
+    assert int(out.stdout) == zygote["pid"], out.stderr            # it waited for the next one
+    first.communicate(timeout=30)
+    out = run_py(krex, tmp_path, "import os; print(os.getppid())", env={"KREX_WARM_WAIT": "soon"}, name="x.py")
+    assert out.returncode == 2 and out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds, not 'soon'"

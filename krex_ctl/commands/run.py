@@ -100,6 +100,7 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         command = command[1:]
     if not command:
         raise KrexCommandError("no command given: krex run [OPTIONS] -- CMD ARGS...", 2)
+    wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
     if not shim.exists():
         raise KrexCommandError(f"the shim library {shim} is missing: run `make` (or reinstall krex)", 2)
@@ -125,7 +126,7 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         guardian.request("job_command", command=command)
 
     if guardian and not cold:
-        warm = run_warm(guardian, command, env, gpu)
+        warm = run_warm(guardian, command, env, gpu, wait_s)
         if warm is not None:
             exit_code, extra = warm
             finish(guardian, conn, counters, report_path, command, exit_code, extra)
@@ -177,19 +178,37 @@ def finish(guardian, conn, counters: Path, report_path, command: list, exit_code
     sys.exit(exit_code)
 
 
+def warm_wait_s(env) -> float:
+    """KREX_WARM_WAIT: how long a command may wait for a warm worker when all are busy (default 3 s, about
+    what a cold start of a torch script costs on a GPU node)."""
+    value = env.get("KREX_WARM_WAIT", "3")
+    try:
+        wait = float(value)
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:
+        raise KrexCommandError(f"KREX_WARM_WAIT must be a number of seconds, not {value!r}", 2)
+    return wait
+
+
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def run_warm(guardian: Guardian, command: list, env: dict, gpu) -> Optional[tuple[int, dict]]:
+def run_warm(guardian: Guardian, command: list, env: dict, gpu, wait_s: float) -> Optional[tuple[int, dict]]:
     """Run an eligible Python command in a warm worker: (exit code, its counters), or None for the cold path."""
     py = dispatch.python_command(command, env)
     if py is None:
         return None
     python, args = py
     g = gpu if gpu is not None else int(env.get("KREX_GPU", "0") or 0)
-    reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=dispatch.fingerprint(env), env=env)
-    if not reply or not reply.get("socket"):
-        return None
+    deadline = time.monotonic() + wait_s
+    while True:       # all workers busy but more are coming: wait for one rather than start cold (seconds)
+        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=dispatch.fingerprint(env), env=env)
+        if reply and reply.get("socket"):
+            break
+        if not reply or not reply.get("coming") or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
     worker_pid, forwarded, sent = int(reply["pid"]), [], []
 
     def forward(sig, _frame):
