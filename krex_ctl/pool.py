@@ -130,10 +130,12 @@ class WorkerPool:
                 del self.served[next(iter(self.served))]
             return
         for key, z in list(self.zygotes.items()):
-            if z.client is client:         # its workers die with it (parent-death signal)
+            if z.client is client:         # it gave up or was killed: not restarted (no start loop)
                 del self.zygotes[key]
+                self.failed.add(key)
                 self.exited.append(z.proc)
-                log.warning("warm-worker zygote %d went away", client.pid)
+                log.warning("warm-worker zygote %d went away; commands of its environment run cold from now on",
+                            client.pid)
 
     def reap(self) -> None:
         for key, z in list(self.zygotes.items()):

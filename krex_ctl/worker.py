@@ -371,7 +371,10 @@ def forkable() -> bool:
 class Zygote:
     """Imports the heavy modules once and makes the workers of one (GPU, interpreter, environment): one at a
     time (context creation is serialized node-wide), up to KREX_WORKER_POOL alive, each replaced when it
-    exits. Ends, and its workers with it, when the controller goes away."""
+    exits. Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES
+    workers in a row die before they are ready (no fork loop)."""
+
+    MAX_FAILURES = 3
 
     def __init__(self) -> None:
         self.pool = max(1, int(os.environ.get("KREX_WORKER_POOL", "1") or 1))
@@ -380,6 +383,7 @@ class Zygote:
         restore_torch(torch_state())
         self.fork = forkable()
         self.children: dict[int, dict] = {}       # pid -> {"files": [...], "ready": bool, "pipe": fd or None}
+        self.failures = 0                        # workers in a row that died before they were ready
         self.n = itertools.count(1)
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -491,6 +495,8 @@ class Zygote:
                 except OSError:
                     pass
             rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            if not info["ready"]:
+                self.failures += 1
             try:
                 self.ctl.request("worker_exited", pid=pid, returncode=rc)
             except (OSError, ConnectionError, KrexCommandError):
@@ -510,14 +516,26 @@ class Zygote:
                             os.read(self.wake_r, 512)
                         except BlockingIOError:
                             pass
-                    else:
+                    else:                        # a worker's readiness pipe: "r", or EOF if it died first
                         pid = key.data[1]
                         info = self.children.get(pid)
+                        try:
+                            ready = os.read(key.fd, 1) == b"r"
+                        except OSError:
+                            ready = False
                         self.sel.unregister(key.fd)
                         os.close(key.fd)
                         if info is not None:
-                            info["ready"], info["pipe"] = True, None
+                            info["pipe"] = None
+                            info["ready"] = ready
+                            info["died_early"] = not ready
+                            if ready:
+                                self.failures = 0
                 self.reap()
+                if self.failures >= self.MAX_FAILURES:
+                    print(f"krex: {self.failures} warm workers in a row died before they were ready; "
+                          "this zygote stops (commands of its environment run cold)", file=sys.stderr)
+                    self.running = False
         finally:
             # nothing stays stopped because of krex; idle workers leave on their own once the controller's
             # connection closes, and a busy one finishes its command first (nothing is lost)

@@ -312,3 +312,18 @@ def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp
     first.communicate(timeout=30)
     out = run_py(krex, tmp_path, "import os; print(os.getppid())", env={"KREX_WARM_WAIT": "soon"}, name="x.py")
     assert out.returncode == 2 and out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds, not 'soon'"
+
+
+def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "nofork.py").write_text("import os\nos.register_at_fork(after_in_child=lambda: os._exit(5))\n")
+    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
+    krex.start_controller("--warm-workers", "2", "--worker-preload", "nofork")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    wait_for(lambda: "went away" in krex.ctl_log.read_text(), timeout=60, what="the zygote giving up")
+    assert "3 warm workers in a row died before they were ready" in krex.ctl_log.read_text()
+    out = run_py(krex, tmp_path, "print('ran')", env=env, name="p.py")
+    assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
+    time.sleep(1.5)
+    assert not krex.status()["zygotes"] and not krex.status()["workers"]    # not restarted: no start loop
