@@ -18,6 +18,9 @@ ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--region", action="store_true")
+ap.add_argument("--churn", action="store_true",
+                help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
+                     "command would have (does allocator or page-mapping history move the timings?)")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -84,6 +87,13 @@ with tempfile.TemporaryDirectory() as td:
     spec = importlib.util.spec_from_file_location(f"cand_{args.nonce}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if args.churn:
+        junk = [torch.empty(int(s) << 20, dtype=torch.uint8, device="cuda") for s in (96, 32, 256, 64, 128, 48)]
+        del junk[::2]
+        more = [torch.empty(int(s) << 20, dtype=torch.uint8, device="cuda") for s in (40, 200)]
+        del junk, more
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     torch.manual_seed(args.nonce)
     n = args.size
     a = torch.randn(n, n, device="cuda", dtype=torch.float16)

@@ -1,5 +1,6 @@
 """Why a kernel times differently in a warm worker than in a cold command: the same candidate
-(bench/candidate.py --probe) alternately cold (`krex run --cold`) and warm, one at a time, each printing
+(bench/candidate.py --probe) alternately cold (`krex run --cold`), warm and, with --churn, cold after
+allocating, freeing and emptying GPU memory first, one at a time, each printing
 its do_bench median, CPU cost per launch, gap-free and CUDA-graph timings, compiled kernel hash, and its
 threads (all of which a region pins to the reserved cores) and how many of them burn CPU while it sleeps.
     python bench/warm_probe.py --size 4096 --variant 0 --pairs 3 --out bench/results/warm-probe-h200.json"""
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--no-cpu-isolation", action="store_true",
                     help="controller without CPU isolation (does pinning the worker's threads cause the shift?)")
+    ap.add_argument("--churn", action="store_true",
+                    help="also a cold command that first allocates, frees and empties GPU memory (mode 'churn')")
     ap.add_argument("--worker-reuse", type=int, default=None,
                     help="commands per warm worker (the controller's default, 1, gives each command a fresh one)")
     ap.add_argument("--out", required=True)
@@ -36,17 +39,19 @@ def main() -> None:
         ctls = Controllers(Path(td), [("krexwarm", 1)], Path(td), tuple(extra))
         try:
             env, _ = ctls.get("krexwarm", 1)
-            for i in range(2 * args.pairs):
-                mode = "warm" if i % 2 else "cold"
+            modes = ["cold", "warm"] + (["churn"] if args.churn else [])
+            for i in range(len(modes) * args.pairs):
+                mode = modes[i % len(modes)]
                 if mode == "warm":
                     deadline = time.monotonic() + 120
                     while not any(w["state"] == "idle" for w in krex_status(env)["workers"]):
                         if time.monotonic() > deadline:
                             raise SystemExit("no idle warm worker")
                         time.sleep(0.1)
-                cmd = [sys.executable, "-m", "krex_ctl", "run"] + (["--cold"] if mode == "cold" else []) + [
+                cmd = [sys.executable, "-m", "krex_ctl", "run"] + (["--cold"] if mode != "warm" else []) + [
                     "--", sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(args.size),
-                    "--variant", str(args.variant), "--nonce", str(100 + i), "--probe"]
+                    "--variant", str(args.variant), "--nonce", str(100 + i), "--probe"] + (
+                    ["--churn"] if mode == "churn" else [])
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
                 line = [x for x in out.stdout.splitlines() if x.startswith("{")]
                 row = {"mode": mode, "exit": out.returncode, **(json.loads(line[-1]) if line else {"stderr": out.stderr[-1500:]})}

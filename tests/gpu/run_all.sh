@@ -60,7 +60,7 @@ for step in $STEPS; do
     # fresh forked workers (the default), then one worker reused, then reused without CPU isolation
     watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --out $OUT/warm-probe.json
     watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --worker-reuse 50 \
-      --out $OUT/warm-probe-reused.json
+      --churn --out $OUT/warm-probe-reused.json
     watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --worker-reuse 50 \
       --no-cpu-isolation --out $OUT/warm-probe-reused-no-isolation.json ;;
   warmfid)   # the same kernels timed in warm workers and in cold commands, alternating; clocks sampled meanwhile
