@@ -23,7 +23,7 @@ import threading
 import traceback
 from typing import Optional
 
-from . import procs, shm
+from . import paths, procs, shm
 from .errors import KrexCommandError
 from .proto import C, Connection, bind_private, recv_with_fds
 
@@ -405,8 +405,6 @@ class Zygote:
         self.running = False
 
     def start_one(self) -> None:
-        from . import paths
-
         base = str(paths.runtime_dir() / f"worker-{self.prefix}-{next(self.n)}")
         sock, counters = base + ".sock", base + ".counters"
         env = {"KREX_WORKER_SOCKET": sock}
@@ -419,15 +417,17 @@ class Zygote:
         if self.fork:
             import warnings
 
-            for s in (signal.SIGCHLD, signal.SIGTERM):
-                signal.signal(s, signal.SIG_DFL)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
             with warnings.catch_warnings():      # 3.12 warns about forking with native threads alive
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
-            if pid == 0:
+            if pid == 0:                         # the worker: default dispositions, then the signals again
+                for sig in (signal.SIGCHLD, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                os.close(r)
                 self.become_worker(env, w)
-            signal.signal(signal.SIGCHLD, lambda *_: None)
-            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         else:
             full = dict(os.environ, KREX_WORKER_MODE="worker", KREX_WORKER_READY_FD=str(w), **env)
             if not counters:
