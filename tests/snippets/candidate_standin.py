@@ -1,0 +1,35 @@
+"""A CPU stand-in for bench/candidate.py (tests/test_bench.py): the same arguments and JSON line, a short
+busy loop as "compilation" and two timed loops, each in a region when it runs under `krex run`."""
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+T0 = time.monotonic()
+ap = argparse.ArgumentParser()
+ap.add_argument("--size", type=int, required=True)
+ap.add_argument("--variant", type=int, required=True)
+ap.add_argument("--nonce", type=int, required=True)
+args = ap.parse_args()
+import krex  # noqa: E402
+
+IMPORT_S = time.monotonic() - T0
+
+
+def spin(seconds: float) -> float:
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        pass
+    return (time.perf_counter() - t) * 1e3
+
+
+region = krex.region if os.environ.get("KREX_JOB") else (lambda name: contextlib.nullcontext())
+spin(0.02)                                     # "compile"
+timings = {}
+for name in ("candidate", "reference"):
+    with region(f"standin.{name}"):
+        timings[f"{name}_ms"] = spin(args.size / 1024 * 0.002)
+print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
+                  "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))
