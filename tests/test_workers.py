@@ -327,3 +327,18 @@ def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, t
     assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
     time.sleep(1.5)
     assert not krex.status()["zygotes"] and not krex.status()["workers"]    # not restarted: no start loop
+
+
+def test_an_idle_worker_frozen_in_a_region_is_resumed_when_the_controller_dies(krex, tmp_path):
+    from conftest import SNIP
+
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]                # it holds a context on GPU 0: a sibling of any region
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
+    wait_for(lambda: proc_state(worker) in ("T", "t"), what="the idle worker frozen by the region")
+    krex.ctl.kill()                                  # no guardian has the worker in its tree: the zygote resumes it
+    wait_for(lambda: proc_state(worker) not in ("T", "t"), timeout=5, what="the worker resumed")
+    owner.communicate(timeout=30)
+    wait_for(lambda: proc_state(worker) is None, timeout=15, what="the idle worker gone with the controller")
