@@ -1,13 +1,17 @@
-"""A warm worker: a Python process that already holds a GPU context and the heavy modules (torch,
-triton), and runs `krex run -- python ...` commands inside itself, one at a time, so a command skips
-interpreter start, `import torch` and the node-serialized context creation.
+"""Warm workers: Python processes that already hold a GPU context and the heavy modules (torch, triton) and
+run `krex run -- python ...` commands inside themselves, so a command skips interpreter start, `import
+torch` and the node-serialized context creation.
 
-Started by the controller (`warm_workers` setting) under the shim like any command. It listens on its own
-socket; a `krex run` wrapper sends one JSON request {argv, env, cwd} with its stdin, stdout and stderr
-as SCM_RIGHTS descriptors, and gets back {exit_code, signal, retire, counters}. Between runs the worker
-restores sys.modules, sys.path, os.environ, the cwd, signal handlers, sys.argv and torch's global flags;
-it retires (exits, and the controller starts a replacement) when it cannot vouch for a clean state: a
-leaked thread or child process, os._exit, a CUDA error, or its reuse limit."""
+The controller (`warm_workers` setting, pool.py) starts one *zygote* per GPU and start-up environment
+(KREX_WORKER_MODE=zygote): it imports the modules once, holds no context, and forks the workers one at a
+time (or, where forking is unsafe, starts them as new interpreters). A worker creates its context under the
+shim, registers, and listens on its own socket; a `krex run` wrapper sends one JSON request {argv, env,
+cwd} with its stdin, stdout and stderr as SCM_RIGHTS descriptors and gets back {exit_code, signal, retire,
+counters}. A worker runs KREX_WORKER_REUSE commands (default 1) and exits; the zygote reaps it, reports
+how it ended and forks the next. With reuse above 1, between commands the worker restores sys.modules,
+sys.path, os.environ, the cwd, signal handlers, sys.argv, module globals and torch's global state, and
+retires early when it cannot vouch for a clean state: a leaked thread or child process, os._exit, a CUDA
+error."""
 
 import ctypes
 import itertools
@@ -526,9 +530,7 @@ class Zygote:
                         self.sel.unregister(key.fd)
                         os.close(key.fd)
                         if info is not None:
-                            info["pipe"] = None
-                            info["ready"] = ready
-                            info["died_early"] = not ready
+                            info["pipe"], info["ready"] = None, ready
                             if ready:
                                 self.failures = 0
                 self.reap()
@@ -537,8 +539,10 @@ class Zygote:
                           "this zygote stops (commands of its environment run cold)", file=sys.stderr)
                     self.running = False
         finally:
-            # nothing stays stopped because of krex; idle workers leave on their own once the controller's
-            # connection closes, and a busy one finishes its command first (nothing is lost)
+            # the controller stops counting on this zygote at once; nothing stays stopped because of krex;
+            # idle workers leave on their own once the controller's connection closes, and a busy one
+            # finishes its command first (nothing is lost)
+            self.ctl.sock.close()
             for pid in list(self.children):
                 try:
                     os.kill(pid, signal.SIGCONT)
