@@ -48,11 +48,17 @@ def hold_context() -> None:
     """cuInit + the primary context of device 0 (the worker's GPU, by CUDA_VISIBLE_DEVICES), through the
     shim, so the controller knows this process and the first command finds the context ready; with torch
     preloaded, also torch's CUDA state and a cuBLAS handle (what a command's first kernel would pay for)."""
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
+        try:                                   # AMD: the same through HIP (device 0 of HIP_VISIBLE_DEVICES)
+            hip = ctypes.CDLL("libamdhip64.so")
+        except OSError:
+            return
+        if hip.hipInit(0) == 0 and hip.hipSetDevice(0) == 0:
+            hip.hipDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
         return
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
     torch = sys.modules.get("torch")

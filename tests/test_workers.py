@@ -342,3 +342,16 @@ def test_an_idle_worker_frozen_in_a_region_is_resumed_when_the_controller_dies(k
     wait_for(lambda: proc_state(worker) not in ("T", "t"), timeout=5, what="the worker resumed")
     owner.communicate(timeout=30)
     wait_for(lambda: proc_state(worker) is None, timeout=15, what="the idle worker gone with the controller")
+
+
+@pytest.mark.parametrize("lib", ["libcuda.so.1", "libamdhip64.so"])
+def test_a_worker_holds_a_context_before_its_first_command(krex, tmp_path, lib):
+    only = tmp_path / "driver"                        # a node with just this one driver
+    only.mkdir()
+    (only / lib).symlink_to(ROOT / "build" / "fakes" / lib)
+    env = {"LD_LIBRARY_PATH": str(only)}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    shim = [c for c in krex.status()["clients"] if c["pid"] == worker and c["role"] == "shim"]
+    assert shim and shim[0]["gpus"] == [0], krex.status()["clients"]
