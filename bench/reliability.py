@@ -6,7 +6,10 @@
                    with no guardian, the restarted controller resumes it from its state file
   fuzz             random, truncated, oversized, wrong-version and unknown frames: controller survival
   load             many clients x many regions with busy neighbours: exclusivity violations in the
-                   fake driver's trace, deadlocks, and the distribution of waits"""
+                   fake driver's trace, deadlocks, and the distribution of waits
+  worker_kill      warm workers killed by signals in the middle of a command: exit statuses as cold
+                   runs have them, nothing left stopped, the pool keeps supplying workers
+(--only a,b updates those sections of an existing --out file)"""
 
 import argparse
 import json
@@ -268,6 +271,48 @@ def load(clients: int, regions: int, tmp: Path) -> dict:
             "wait_bound_ms": round((clients - 1) * max(held, default=0) + 50, 1)}
 
 
+def worker_kill(n: int, tmp: Path) -> dict:
+    """Warm workers killed in the middle of a command by a signal, n times, alternating with normal warm
+    commands: the wrapper's exit status must be 128+N as for a cold command, nothing may stay stopped, and
+    the zygote must keep supplying workers (how long until the next warm command has run)."""
+    w = World(tmp / "worker_kill", "--warm-workers", "2", "--worker-preload", "json")
+    fakes = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    ready = "import os, sys; print(os.getppid(), os.getpid(), flush=True); sys.stdin.readline()"
+    first = w.krex_run([sys.executable, "-c", "pass"], **fakes)
+    first.communicate(timeout=60)
+    zygote = None
+    wrong_status, cold, recover = 0, 0, []
+    kinds = [signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM, signal.SIGABRT]
+    for i in range(n):
+        p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", ready],
+                             env=dict(w.env, **fakes), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        ppid, pid = (int(x) for x in p.stdout.readline().split())
+        zygote = zygote or ppid
+        if ppid != zygote:
+            cold += 1                                # no worker came within KREX_WARM_WAIT
+        sig = kinds[i % len(kinds)]
+        t0 = time.monotonic()
+        os.kill(pid, sig)
+        p.stdin.close()
+        p.wait(60)
+        if p.returncode != 128 + sig:
+            wrong_status += 1
+        ok = w.krex_run([sys.executable, "-c", "import os; print(os.getppid())"], **fakes)
+        ok.communicate(timeout=60)
+        if ok.returncode == 0:
+            recover.append(time.monotonic() - t0)
+    left = [int(x) for x in subprocess.run(["pgrep", "-f", "krex_ctl.worker"], capture_output=True,
+                                           text=True).stdout.split()]
+    stopped = stopped_descendants_left(left)
+    zygote_alive = zygote is not None and state(zygote) is not None
+    w.stop()
+    gone = wait_until(lambda: not any(state(x) for x in left), 15, 0.05) is not None
+    return {"iterations": n, "wrong_exit_status": wrong_status, "ran_cold": cold, "left_stopped": len(stopped),
+            "zygote_alive_after": zygote_alive, "pool_gone_after_controller_stop": gone,
+            "next_command_ms": summary_ms(recover)}
+
+
 def summary_ms(xs: list) -> dict:
     if not xs:
         return {"n": 0}
@@ -283,11 +328,15 @@ def main() -> None:
     ap.add_argument("--fuzz-frames", type=int, default=100000)
     ap.add_argument("--load-clients", type=int, default=64)
     ap.add_argument("--load-regions", type=int, default=1000)
-    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load")
+    ap.add_argument("--worker-kills", type=int, default=100)
+    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load,worker_kill")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    out = {"machine": {"cpus": os.cpu_count(), "host": os.uname().nodename}, "argv": sys.argv}
+    out = {}
+    if Path(args.out).exists() and args.only != ap.get_default("only"):
+        out = json.loads(Path(args.out).read_text())      # a partial run updates its sections only
+    out.update(machine={"cpus": os.cpu_count(), "host": os.uname().nodename}, argv=sys.argv)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         for name in args.only.split(","):
@@ -300,6 +349,8 @@ def main() -> None:
                 out[name] = fuzz(args.fuzz_frames, tmp)
             elif name == "load":
                 out[name] = load(args.load_clients, args.load_regions, tmp)
+            elif name == "worker_kill":
+                out[name] = worker_kill(args.worker_kills, tmp)
             out[name]["wall_s"] = round(time.monotonic() - t0, 1)
             print(name, json.dumps(out[name]), flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
