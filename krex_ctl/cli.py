@@ -32,6 +32,8 @@ def main() -> None:
         from . import paths, procs
 
         procs.early_affinity = procs.step_off_reserved(str(paths.default_socket()) + ".reserved")
-    from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
+        from .commands import run  # noqa: F401  (only what `krex run` needs: it starts with every command)
+    else:
+        from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
 
     cli(prog_name="krex")
