@@ -263,7 +263,7 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu, wait_s: float) -
 
 def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
     """The exit status a cold run would have had when the warm worker died in the middle of the command:
-    128+N for a signal (the controller, the worker's parent, knows it), the worker's own code otherwise."""
+    128+N for a signal (its zygote reaped it and told the controller), the worker's own code otherwise."""
     deadline = time.monotonic() + wait_s
     while True:
         reply = guardian.request("worker_exit", pid=pid) or {}
