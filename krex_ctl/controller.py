@@ -362,9 +362,11 @@ class Controller:
             return
         if client.role != C.KREX_ROLE_CLI:
             job = self.jobs.get(hello.job) if hello.job > 0 else None
-            # a claimed job is honoured only for a descendant of that job's wrapper, of the same user
+            # a claimed job is honoured only for a descendant of that job's wrapper, or of the warm worker
+            # running that job's command, of the same user
             if client.role == C.KREX_ROLE_WRAPPER or job is None or job.uid != client.uid \
-                    or not procs.is_descendant(client.pid, job.root_pid):
+                    or not (procs.is_descendant(client.pid, job.root_pid) or any(
+                        w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers)):
                 job = Job(next(self.job_ids), client.pid, client.uid)
                 self.jobs[job.id] = job
             client.job = job
@@ -515,9 +517,17 @@ class Controller:
         if self.handover is not None and not self.regions:
             self.release_handover()   # the waiter it was kept for went away
 
+    def command_job(self, client: Client) -> Optional[Job]:
+        """The job a client works for: a warm worker's is the command it runs, whose other processes (the
+        command's children, under the wrapper's job) must not be its siblings."""
+        worker = self.pool.by_pid(client.pid)
+        return worker.serving if worker is not None and worker.serving is not None else client.job
+
     def siblings(self, region: Region) -> list[Client]:
+        mine = {region.job, self.command_job(region.owner)}
         return [c for c in self.clients.values()
-                if c.role == C.KREX_ROLE_SHIM and c.job is not region.job and c.devices & region.req.gpu_mask]
+                if c.role == C.KREX_ROLE_SHIM and c.devices & region.req.gpu_mask and c.job not in mine
+                and self.command_job(c) not in mine]
 
     def start_region(self, req: Request) -> None:
         owner: Client = req.owner

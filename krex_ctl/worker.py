@@ -549,8 +549,8 @@ class Zygote:
             # idle workers leave on their own once the controller's connection closes, and a busy one
             # finishes its command first (nothing is lost)
             self.ctl.sock.close()
-            for pid in list(self.children):
-                try:
+            for pid in [p for child in self.children for p in [child] + procs.descendants(child)]:
+                try:                             # a command's own children too: no guardian has them
                     os.kill(pid, signal.SIGCONT)
                 except OSError:
                     pass

@@ -355,3 +355,27 @@ def test_a_worker_holds_a_context_before_its_first_command(krex, tmp_path, lib):
     worker = idle_worker(krex)["pid"]
     shim = [c for c in krex.status()["clients"] if c["pid"] == worker and c["role"] == "shim"]
     assert shim and shim[0]["gpus"] == [0], krex.status()["clients"]
+
+
+def test_a_warm_commands_own_gpu_children_are_not_frozen_by_its_region(krex, tmp_path):
+    from conftest import SNIP
+
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    out = run_py(krex, tmp_path, f"""
+        import os, subprocess, time
+        import krex
+        from krex_ctl.procs import state
+        child = subprocess.Popen([{str(SNIP / "hog")!r}], env=dict(os.environ, SNIPPET_MS="3000", SNIPPET_US="200"),
+                                 stdout=subprocess.DEVNULL)
+        time.sleep(0.5)                               # registered and launching under the wrapper's job
+        with krex.region("mine"):
+            time.sleep(0.3)
+            print(os.getpid(), state(child.pid))
+        child.wait()
+    """, env=env)
+    pid, child_state = out.stdout.splitlines()[-1].split()
+    assert int(pid) == worker, out.stderr
+    assert child_state not in ("T", "t")              # same command, same job: never its own sibling
