@@ -69,6 +69,11 @@ for step in $STEPS; do
     watched ${WARMFID_LIMIT:-220} warmfid python3 bench/throughput.py --plan isolated:1,krexwarm:1,krex:1,krexwarm:1,krex:1,isolated:1 \
       --specs 6 --variants 1 --budget 100 --out $OUT/warm-fidelity.json 2>&1 | tail -8
     kill $SMI ;;
+  scales)    # the agent counts the throughput step leaves out, every mode (about 8 minutes)
+    watched ${THROUGHPUT_LIMIT:-540} scales python3 bench/throughput.py --plan "${SCALES_PLAN:-isolated:1,naive:2,naive:4,naive:16,cmdlock:2,cmdlock:16,krex:1,krex:2,krex:4,krex:16,krexwarm:2,krexwarm:4,krexwarm:16,isolated:1}" \
+      --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-35} --logs $OUT --out $OUT/throughput-scales.json 2>&1 | tail -40
+    python3 bench/plot_throughput.py $OUT/throughput-scales.json $OUT/throughput-scales.png
+    python3 bench/report_table.py $OUT/throughput-scales.json | tee $OUT/throughput-scales-table.md ;;
   throughput)
     watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80
