@@ -30,6 +30,8 @@ def main() -> None:
                     help="also a cold command that first allocates, frees and empties GPU memory (mode 'churn')")
     ap.add_argument("--worker-reuse", type=int, default=None,
                     help="commands per warm worker (the controller's default, 1, gives each command a fresh one)")
+    ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
+                    help="the candidate command's script (a stand-in for dry runs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = []
@@ -49,7 +51,7 @@ def main() -> None:
                             raise SystemExit("no idle warm worker")
                         time.sleep(0.1)
                 cmd = [sys.executable, "-m", "krex_ctl", "run"] + (["--cold"] if mode != "warm" else []) + [
-                    "--", sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(args.size),
+                    "--", sys.executable, os.path.abspath(args.candidate), "--size", str(args.size),
                     "--variant", str(args.variant), "--nonce", str(100 + i), "--probe"] + (
                     ["--churn"] if mode == "churn" else [])
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

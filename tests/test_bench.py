@@ -1,6 +1,7 @@
-"""The throughput benchmark's harness (bench/throughput.py) end to end on CPU, with a stand-in candidate:
-every mode runs its commands, krex modes record regions, the warm-worker mode really runs warm, and the
-JSON has what the README table and the plot are made from."""
+"""The GPU benchmarks' harnesses end to end on CPU, with a stand-in candidate (so a device call is not spent
+on a harness bug): bench/throughput.py runs every kind of mode, krex modes record regions, the warm-worker
+mode really runs warm and the JSON has what the README table is made from; bench/warm_probe.py alternates
+cold, warm and churned runs as asked."""
 
 import json
 import os
@@ -10,9 +11,14 @@ import sys
 from conftest import ROOT
 
 
-def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
+def bench_env(tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
     env.update(PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp_path))
+    return env
+
+
+def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
+    env = bench_env(tmp_path)
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
@@ -33,3 +39,20 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "report_table.py"), str(out)], capture_output=True,
                            text=True, check=True).stdout
     assert "| krexwarm | 2 | 6 |" in table
+
+
+def test_warm_probe_alternates_cold_warm_and_churned_runs(tmp_path):
+    out = tmp_path / "probe.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "warm_probe.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--pairs", "2", "--churn",
+                        "--worker-reuse", "2", "--out", str(out)], env=bench_env(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["cold", "warm", "churn"] * 2
+    assert all(r["exit"] == 0 and "candidate_ms" in r for r in rows)
+    warm = [r for r in rows if r["mode"] == "warm"]
+    cold = [r for r in rows if r["mode"] != "warm"]
+    assert len({r["ppid"] for r in warm}) == 1                     # all forked by the one zygote
+    assert warm[0]["pid"] == warm[1]["pid"]                          # --worker-reuse 2: the same worker twice
+    assert not {r["ppid"] for r in warm} & {r["ppid"] for r in cold}  # cold ones are children of their wrappers

@@ -12,6 +12,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
+ap.add_argument("--probe", action="store_true")     # accepted as bench/candidate.py does; nothing to probe
+ap.add_argument("--churn", action="store_true")
 args = ap.parse_args()
 import krex  # noqa: E402
 
@@ -32,4 +34,5 @@ for name in ("candidate", "reference"):
     with region(f"standin.{name}"):
         timings[f"{name}_ms"] = spin(args.size / 1024 * 0.002)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
+                  "pid": os.getpid(), "ppid": os.getppid(),
                   "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))
