@@ -1,12 +1,14 @@
 """The GPU benchmarks' harnesses end to end on CPU, with a stand-in candidate (so a device call is not spent
 on a harness bug): bench/throughput.py runs every kind of mode, krex modes record regions, the warm-worker
 mode really runs warm and the JSON has what the README table is made from; bench/warm_probe.py alternates
-cold, warm and churned runs as asked."""
+cold, warm and churned runs as asked; bench/warm_vs_cold.py measures both paths."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -56,3 +58,15 @@ def test_warm_probe_alternates_cold_warm_and_churned_runs(tmp_path):
     assert len({r["ppid"] for r in warm}) == 1                     # all forked by the one zygote
     assert warm[0]["pid"] == warm[1]["pid"]                          # --worker-reuse 2: the same worker twice
     assert not {r["ppid"] for r in warm} & {r["ppid"] for r in cold}  # cold ones are children of their wrappers
+
+
+def test_warm_vs_cold_reports_both_paths(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "wvc.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "warm_vs_cold.py"), "--repeats", "1", "--concurrent", "2",
+                        "--logs", str(tmp_path), "--out", str(out)], env=bench_env(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["warm_median_s"] < r["cold_median_s"] and r["concurrent_warm_wall_s"] > 0
+    assert r["cold_check"]["output"][0] == r["warm_check"]["output"][0] == "1024.0"
