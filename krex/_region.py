@@ -1,7 +1,6 @@
 """The region API: through the shim's exported functions when it is loaded, else a direct connection."""
 
 import contextlib
-import functools
 import os
 import sys
 import threading

@@ -6,8 +6,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from conftest import SNIP, report_of
 
 
