@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 data = json.load(open(sys.argv[1]))
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-for mode in ("naive", "cmdlock", "krex", "krexwarm"):
+for mode in ("naive", "cmdlock", "krex", "krexwarm", "krexnofreeze"):
     pts = sorted((s["agents"], s["commands_per_min"]) for s in data["summary"] if s["mode"] == mode)
     if pts:
         ax1.plot(*zip(*pts), marker="o", label=mode)
@@ -23,7 +23,7 @@ ax1.set_ylabel("commands / min")
 ax1.legend()
 ax1.set_title("throughput")
 buckets = ["<0.1ms", "0.1-1ms", "1-10ms", ">10ms"]
-modes = [s for s in data["summary"] if s["mode"] in ("naive", "cmdlock", "krex", "krexwarm", "isolated")]
+modes = [s for s in data["summary"] if s["mode"] in ("naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "isolated")]
 w = 0.8 / max(1, len(modes))
 for i, s in enumerate(modes):
     ax2.bar([b + i * w for b in range(len(buckets))], [100 * s["p95_inflation"][b] for b in buckets], w,

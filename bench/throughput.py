@@ -10,9 +10,12 @@ torch.mm) work through the same list of candidate specs in each mode:
   cmdlock   N agents, each whole command under an exclusive flock (command-granular exclusivity)
   krex      N agents, each command under `krex run` with KREX_HOOKS=triton (region-granular)
   krexwarm  as krex, with a controller keeping N warm workers (`--warm-workers N`): each command runs in a
-            process forked for it from one that imported torch and triton, already holding its GPU context. The pool is filled
-            before the clock starts (steady state); how long that took is reported as warmup_s.
-Each krex mode gets its own controller (socket in a temporary directory), stopped after the mode.
+            process forked for it from one that imported torch and triton, already holding its GPU
+            context. The pool is filled before the clock starts (steady state); how long that took is
+            reported as warmup_s.
+  krexnofreeze  as krex, with `krex controller --no-freeze`: the others are kept off the GPU by the gate
+            and the drain only, their CPU work (compiling, importing) goes on during a region
+Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
 16384 (> 10 ms), drawn 15/15/25/30/15 %.
     python bench/throughput.py --plan isolated:1,naive:8,cmdlock:8,krex:8,isolated:1 --out results.json"""
@@ -31,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze")
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
 
@@ -79,6 +82,8 @@ class Controllers:
             args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)] + self.extra
             if mode == "krexwarm":
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
+            elif mode == "krexnofreeze":
+                args += ["--no-freeze"]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
@@ -128,7 +133,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
             report = tmp / f"{mode}-{agents}-{idx}.json"
             if mode == "cmdlock":
                 cmd = ["flock", str(tmp / "gpu.lock")] + cmd
-            elif mode in ("krex", "krexwarm"):
+            elif mode.startswith("krex"):
                 cmd = [sys.executable, "-m", "krex_ctl", "run", "--report", str(report), "--"] + cmd
                 env = kenv
             t0 = time.monotonic()

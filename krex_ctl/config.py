@@ -53,6 +53,7 @@ class Config:
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
     state_file: Optional[str] = None
     isolate_cpus: bool = True
+    freeze: bool = True                        # SIGSTOP the other GPU processes during a region
     warm_workers: int = 0                      # warm Python workers per GPU and environment, busy included (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)
@@ -110,6 +111,9 @@ def load(path: Optional[str], **flags) -> Config:
         raise KrexCommandError(f"bad controller setting: {e}", 2) from None
     if any(g < 0 or g >= C.KREX_MAX_GPUS for g in cfg.gpus):
         raise KrexCommandError(f"GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}", 2)
+    for name in ("isolate_cpus", "freeze"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise KrexCommandError(f"{name} must be true or false", 2)
     for name in ("region_time_limit_s", "drain_timeout_s", "freeze_timeout_s"):
         if float(getattr(cfg, name)) <= 0:
             raise KrexCommandError(f"{name} must be positive", 2)

@@ -559,7 +559,9 @@ class Controller:
             region.timer.cancelled = True
         region.state = "freezing"
         region.phase_ns["drain"] = now_ns() - region.drain_started_ns
-        targets = [c for c in self.siblings(region) if c.pidfd is not None]
+        # without freezing, exclusivity rests on the closed gate and the drain; the others' CPU work (compiling,
+        # importing) goes on, off the reserved cores
+        targets = [c for c in self.siblings(region) if c.pidfd is not None] if self.cfg.freeze else []
         self.write_state_file(extra=[(c.pid, c.pidfd.start_time) for c in targets])  # type: ignore[union-attr]
         for c in targets:
             if c.pidfd.signal(signal.SIGSTOP):  # type: ignore[union-attr]

@@ -97,6 +97,21 @@ def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     assert hog.returncode == 0
 
 
+def test_without_freezing_the_gate_alone_keeps_siblings_off_the_gpu(krex, tmp_path):
+    krex.start_controller("--no-freeze")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="2500", SNIPPET_STREAMS="2", SNIPPET_US="400")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "3", "SNIPPET_N": "2", "SNIPPET_HOLD_US": "300000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    assert proc_state(hog_pid) not in ("T", "t")          # it runs on (its CPU work), blocked at the gate
+    owner.communicate(timeout=30)
+    hog.communicate(timeout=30)
+    regions = report_of(tmp_path / "own.json")["regions"]
+    assert len(regions) == 3 and all(r["frozen"] == 0 for r in regions)
+    trace = krex.trace_lines()
+    assert any(t[4] == "hog" for t in trace) and overlaps(trace, regions) == []
+
+
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")

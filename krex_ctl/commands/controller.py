@@ -23,6 +23,9 @@ from ..controller import Controller, bind
 @click.option("--socket-group", default=None, help="Group that may use the socket.")
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
 @click.option("--no-cpu-isolation", is_flag=True, help="Do not re-pin threads during regions.")
+@click.option("--no-freeze", is_flag=True,
+              help="Do not SIGSTOP other GPU processes during a region (the gate and the drain keep the GPU "
+                   "exclusive; their CPU work goes on).")
 @click.option("--warm-workers", type=click.IntRange(0, 64), default=None,
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
@@ -31,7 +34,7 @@ from ..controller import Controller, bind
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
-               socket_group, state_file, no_cpu_isolation, warm_workers, worker_preload, worker_reuse, embedded,
+               socket_group, state_file, no_cpu_isolation, no_freeze, warm_workers, worker_preload, worker_reuse, embedded,
                log_level) -> None:
     """Serve region requests for this node's GPUs."""
     level = (log_level or os.environ.get("KREX_LOG_LEVEL") or "info").upper()
@@ -44,6 +47,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
         drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
         socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
+        freeze=False if no_freeze else None,
         warm_workers=warm_workers, worker_preload=worker_preload, worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None)
     listener, _lock = bind(cfg, path)
     logging.getLogger("krex.controller").info("serving %s", path)
