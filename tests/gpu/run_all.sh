@@ -75,7 +75,7 @@ for step in $STEPS; do
     python3 bench/plot_throughput.py $OUT/throughput-scales.json $OUT/throughput-scales.png
     python3 bench/report_table.py $OUT/throughput-scales.json | tee $OUT/throughput-scales-table.md ;;
   throughput)
-    watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexwarm:8,krexwarm:1,isolated:1}" \
+    watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexnofreeze:8,krexwarm:8,krexwarm:1,isolated:1}" \
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80
     python3 bench/plot_throughput.py $OUT/throughput.json $OUT/throughput.png
     python3 bench/report_table.py $OUT/throughput.json | tee $OUT/throughput-table.md ;;
