@@ -66,6 +66,15 @@ def krex_status(env: dict) -> dict:
                                      capture_output=True, text=True, check=True, timeout=30).stdout)
 
 
+def wait_idle(env: dict, n: int, timeout: float) -> None:
+    """Until the controller at env's KREX_SOCKET has n idle warm workers."""
+    deadline = time.monotonic() + timeout
+    while sum(w["state"] == "idle" for w in krex_status(env)["workers"]) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"warm workers did not come up: {krex_status(env)['workers']}")
+        time.sleep(0.2)
+
+
 class Controllers:
     """One controller per krex mode kind, kept for the whole plan as a node's controller is. The krexwarm one
     keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
@@ -98,10 +107,7 @@ class Controllers:
         ctl, env = self.live[mode]
         t0 = time.monotonic()
         if mode == "krexwarm":
-            while sum(w["state"] == "idle" for w in krex_status(env)["workers"]) < agents:
-                if time.monotonic() - t0 > 400:
-                    raise SystemExit(f"warm workers did not come up: {krex_status(env)['workers']}")
-                time.sleep(0.2)
+            wait_idle(env, agents, 400)
         return env, time.monotonic() - t0
 
     def stop(self) -> None:

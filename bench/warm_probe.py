@@ -11,12 +11,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from throughput import Controllers, krex_status  # noqa: E402
+from throughput import Controllers, wait_idle  # noqa: E402
 
 
 def main() -> None:
@@ -45,11 +44,7 @@ def main() -> None:
             for i in range(len(modes) * args.pairs):
                 mode = modes[i % len(modes)]
                 if mode == "warm":
-                    deadline = time.monotonic() + 120
-                    while not any(w["state"] == "idle" for w in krex_status(env)["workers"]):
-                        if time.monotonic() > deadline:
-                            raise SystemExit("no idle warm worker")
-                        time.sleep(0.1)
+                    wait_idle(env, 1, 120)
                 cmd = [sys.executable, "-m", "krex_ctl", "run"] + (["--cold"] if mode != "warm" else []) + [
                     "--", sys.executable, os.path.abspath(args.candidate), "--size", str(args.size),
                     "--variant", str(args.variant), "--nonce", str(100 + i), "--probe"] + (

@@ -15,7 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 from krex_ctl.embedded import answers  # noqa: E402
+from throughput import wait_idle  # noqa: E402
 
 SCRIPT = ("import torch\nready = torch.cuda.is_initialized()\n"
           "x = torch.ones(1024, device='cuda' if torch.cuda.is_available() else 'cpu')\n"
@@ -29,19 +31,6 @@ def timed(cmd, env) -> float:
     t0 = time.monotonic()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=ERR, timeout=300)
     return time.monotonic() - t0
-
-
-def status(env) -> dict:
-    return json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env,
-                                     capture_output=True, text=True, check=True).stdout)
-
-
-def wait_idle(env, n: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while sum(w["state"] == "idle" for w in status(env)["workers"]) < n:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"warm workers did not come up: {status(env)['workers']}")
-        time.sleep(0.2)
 
 
 def main() -> None:
@@ -77,7 +66,7 @@ def main() -> None:
         timed(warm_cmd, env)                               # asks the pool for this environment (runs cold)
         cold, warm = [], []
         for _ in range(args.repeats):
-            wait_idle(env, 1)
+            wait_idle(env, 1, 300)
             warm.append(timed(warm_cmd, env))
             cold.append(timed(cold_cmd, env))
         result = {"script": SCRIPT, "repeats": args.repeats, "cold_s": cold, "warm_s": warm,
@@ -86,7 +75,7 @@ def main() -> None:
         if args.concurrent:
             for mode, cmd in (("cold", cold_cmd), ("warm", warm_cmd)):
                 if mode == "warm":
-                    wait_idle(env, args.concurrent)
+                    wait_idle(env, args.concurrent, 300)
                 t0 = time.monotonic()
                 procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=ERR)
                          for _ in range(args.concurrent)]
@@ -95,7 +84,7 @@ def main() -> None:
                 result[f"concurrent_{mode}_wall_s"] = time.monotonic() - t0
         for mode, cmd in (("cold", cold_cmd), ("warm", warm_cmd)):   # what each path ran on
             if mode == "warm":
-                wait_idle(env, 1)
+                wait_idle(env, 1, 300)
             rep = tmp / f"{mode}.json"
             full = cmd[:4] + ["--report", str(rep)] + cmd[4:]
             out = subprocess.run(full, env=env, capture_output=True, text=True, check=True, timeout=300).stdout.split()
