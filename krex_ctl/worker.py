@@ -71,15 +71,28 @@ def hold_context() -> None:
             pass
 
 
-def preload(names: list[str]) -> list[str]:
+def preload() -> list[str]:
+    """Import the modules KREX_WORKER_PRELOAD lists; those that imported."""
     loaded = []
-    for name in names:
+    for name in [m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m]:
         try:
             __import__(name)
             loaded.append(name)
         except Exception:  # an absent or broken optional module only costs the warm start
             pass
     return loaded
+
+
+TORCH_FLAGS = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic", "cudnn.enabled")
+
+
+def torch_flag(torch, name: str) -> tuple:
+    """(object, attribute) of a torch.backends flag named like "cudnn.benchmark"."""
+    *path, leaf = name.split(".")
+    owner = torch.backends
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, leaf
 
 
 def torch_state() -> Optional[dict]:
@@ -91,13 +104,9 @@ def torch_state() -> Optional[dict]:
                             torch.is_deterministic_algorithms_warn_only_enabled())}
     if torch.cuda.is_initialized():
         st["cuda_rng"] = torch.cuda.get_rng_state_all()
-    for name in ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic",
-                 "cudnn.enabled"):
-        obj = torch.backends
-        *path, leaf = name.split(".")
-        for p in path:
-            obj = getattr(obj, p)
-        st[name] = getattr(obj, leaf)
+    for name in TORCH_FLAGS:
+        owner, leaf = torch_flag(torch, name)
+        st[name] = getattr(owner, leaf)
     return st
 
 
@@ -115,13 +124,9 @@ def restore_torch(st: Optional[dict]) -> None:
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
     if "cuda_rng" in st:
         torch.cuda.set_rng_state_all(st["cuda_rng"])
-    for name, value in st.items():
-        if "." in name:
-            obj = torch.backends
-            *path, leaf = name.split(".")
-            for p in path:
-                obj = getattr(obj, p)
-            setattr(obj, leaf, value)
+    for name in TORCH_FLAGS:
+        owner, leaf = torch_flag(torch, name)
+        setattr(owner, leaf, st[name])
 
 
 def cuda_healthy() -> bool:
@@ -389,7 +394,7 @@ class Zygote:
     def __init__(self) -> None:
         self.pool = max(1, int(os.environ.get("KREX_WORKER_POOL", "1") or 1))
         self.prefix = os.environ.get("KREX_WORKER_PREFIX", str(os.getpid()))
-        self.preloaded = preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
+        self.preloaded = preload()
         restore_torch(torch_state())
         self.fork = forkable()
         self.children: dict[int, dict] = {}       # pid -> {"files": [...], "ready": bool, "pipe": fd or None}
@@ -499,11 +504,7 @@ class Zygote:
             if info["pipe"] is not None:
                 self.sel.unregister(info["pipe"])
                 os.close(info["pipe"])
-            for f in info["files"]:
-                try:
-                    os.unlink(f)
-                except OSError:
-                    pass
+            remove_files(info["files"])
             rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             if not info["ready"]:
                 self.failures += 1
@@ -559,11 +560,16 @@ class Zygote:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-                for f in info["files"]:
-                    try:
-                        os.unlink(f)
-                    except OSError:
-                        pass
+                remove_files(info["files"])
+
+
+def remove_files(paths_: list) -> None:
+    """A reaped worker's socket and counters file."""
+    for f in paths_:
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
 
 
 def parent_death_signal(sig: int) -> None:
@@ -582,7 +588,7 @@ def main() -> None:
         Zygote().run()
         os._exit(0)
     ready = os.environ.get("KREX_WORKER_READY_FD")
-    preload([m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m])
+    preload()
     try:
         serve(int(ready) if ready else None)
     finally:
