@@ -201,9 +201,10 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu, wait_s: float) -
         return None
     python, args = py
     g = gpu if gpu is not None else int(env.get("KREX_GPU", "0") or 0)
+    fingerprint = dispatch.fingerprint(env)
     deadline = time.monotonic() + wait_s
     while True:       # all workers busy but more are coming: wait for one rather than start cold (seconds)
-        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=dispatch.fingerprint(env), env=env)
+        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=fingerprint, env=env)
         if reply and reply.get("socket"):
             break
         if not reply or not reply.get("coming") or time.monotonic() >= deadline:
