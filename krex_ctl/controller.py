@@ -176,7 +176,7 @@ class Controller:
             assert client is not None
             if mask & selectors.EVENT_READ:
                 self.read(client)
-            if mask & selectors.EVENT_WRITE and client.fd in self.clients:
+            if mask & selectors.EVENT_WRITE and self.clients.get(client.fd) is client:
                 self.flush(client)
         elif kind == "pidfd":
             assert client is not None
@@ -293,8 +293,11 @@ class Controller:
             self.drop(client, "not reading its messages")
 
     def drop(self, client: Client, why: str) -> None:
-        if self.clients.pop(client.fd, None) is None:
+        # identity, not the fd number: a stale event of a client dropped earlier in the same select batch
+        # must not drop the new client that was given its fd number meanwhile
+        if self.clients.get(client.fd) is not client:
             return
+        del self.clients[client.fd]
         log.debug("client %d (pid %d) dropped: %s", client.id, client.pid, why)
         self.sel.unregister(client.sock)
         if client.pidfd is not None:

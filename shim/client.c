@@ -135,7 +135,9 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us) {
             r = set((int)(intptr_t)snap[i].ctx);
             if (r == hipSuccess) r = sync();
         }
-        if (r && !status) status = r;
+        /* 4 (CUDA_ERROR_DEINITIALIZED, hipErrorDeinitialized): the process is exiting and its driver is
+         * already torn down, so nothing of it can still be running */
+        if (r && r != 4 && !status) status = r;
     }
     return status;
 }
@@ -316,6 +318,14 @@ void krex_register_context(int vendor, int local_device, void *ctx) {
     /* the gate is checked for this GPU only once the controller knows to drain us on it */
     if (announced[vendor] & (1ull << dev)) __atomic_fetch_or(&krex_dev_mask, 1ull << dev, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&conn_lock);
+    if (krex_dev_mask) krex_exit_gate_arm();
+}
+
+int krex_connect(void) {
+    pthread_mutex_lock(&conn_lock);
+    int r = connect_locked();
+    pthread_mutex_unlock(&conn_lock);
+    return r;
 }
 
 void krex_forget_context(void *ctx) {

@@ -25,6 +25,7 @@ static int krex_inflight_count;
 static struct krex_counter_slot krex_local_slot;          /* when no KREX_COUNTERS file is given */
 static struct krex_counter_slot *volatile krex_slot;
 static pthread_mutex_t krex_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t krex_exit_gate_pid;   /* the process whose contexts the exit gate guards (not a vfork child) */
 
 int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST); }
 
@@ -69,6 +70,7 @@ void krex_gate_reset_after_fork(void) {
     krex_slot = NULL;
     krex_inflight_count = 0;
     krex_captures_active = 0;
+    krex_exit_gate_pid = 0;
     memset(&krex_local_slot, 0, sizeof krex_local_slot);
 }
 
@@ -78,10 +80,10 @@ void krex_count_context(int vendor) {
     __atomic_fetch_or(&s->vendor_mask, 1u << vendor, __ATOMIC_RELAXED);
 }
 
-static const struct krex_gate *krex_closed_gate(void) {
+/* the first gate among the GPUs in mask that another job's region holds */
+static const struct krex_gate *krex_closed_gate_in(uint64_t m) {
     const struct krex_gate *g = krex_gates;
     if (!g) return NULL;
-    uint64_t m = krex_dev_mask;
     int32_t job = krex_job;
     while (m) {
         int d = __builtin_ctzll(m);
@@ -92,11 +94,13 @@ static const struct krex_gate *krex_closed_gate(void) {
     return NULL;
 }
 
-static void krex_gate_wait(struct krex_counter_slot *s) {
-    int64_t t0 = krex_now_ns();
+static const struct krex_gate *krex_closed_gate(void) { return krex_closed_gate_in(krex_dev_mask); }
+
+/* sleep until no gate in mask is held by another job (or the shim fails open) */
+static void krex_sleep_on_gates(uint64_t mask, int inflight) {
     const struct krex_gate *g;
-    while ((g = krex_closed_gate()) && !krex_failopen) {
-        __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
+    while ((g = krex_closed_gate_in(mask)) && !krex_failopen) {
+        if (inflight) __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
         uint32_t owner = __atomic_load_n(&g->owner_job, __ATOMIC_ACQUIRE);
         if (owner) {
             /* bounded sleep: a controller that dies without waking us is noticed by the client
@@ -104,9 +108,57 @@ static void krex_gate_wait(struct krex_counter_slot *s) {
             struct timespec to = {0, 50 * 1000 * 1000};
             syscall(SYS_futex, &g->owner_job, FUTEX_WAIT, owner, &to, NULL, 0);
         }
-        __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
+        if (inflight) __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
     }
+}
+
+static void krex_gate_wait(struct krex_counter_slot *s) {
+    int64_t t0 = krex_now_ns();
+    krex_sleep_on_gates(krex_dev_mask, 1);
     __atomic_fetch_add(&s->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
+}
+
+/* Creating a context and tearing one down are GPU work too, though no submission: on the H200 other
+ * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
+ * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
+ * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Both are off by
+ * default: together they cured the 0.2 ms kernel but moved a 13 ms one by +10-30% on the H200
+ * (perturb-krex), cause not yet known. */
+static int krex_env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+void krex_context_gate(int vendor, int local_device) {
+    static int enabled = -1;
+    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_CONTEXTS");
+    int dev = krex_physical_device(vendor, local_device);
+    if (!enabled || dev < 0 || dev >= KREX_MAX_GPUS || krex_failopen) return;
+    if (!krex_gates) krex_connect();
+    if (!krex_closed_gate_in(1ull << dev)) return;
+    int64_t t0 = krex_now_ns();
+    krex_sleep_on_gates(1ull << dev, 0);
+    __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
+}
+
+static void krex_exit_gate(void) {
+    if (krex_exit_gate_pid == getpid() && krex_dev_mask) krex_sleep_on_gates(krex_dev_mask, 0);
+}
+
+void krex_exit_gate_arm(void) {
+    static int enabled = -1;
+    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_EXIT");
+    if (!enabled) return;
+    pid_t me = getpid();
+    if (__atomic_exchange_n(&krex_exit_gate_pid, me, __ATOMIC_ACQ_REL) == me) return;
+    static int registered;
+    if (!__atomic_exchange_n(&registered, 1, __ATOMIC_ACQ_REL)) atexit(krex_exit_gate);
+}
+
+/* os._exit and friends skip atexit: the same wait, then the exit system call glibc's _exit makes */
+KREX_EXPORT void _exit(int status) {
+    krex_exit_gate();
+    for (;;) syscall(SYS_exit_group, status);
 }
 
 static int krex_stream_capturing(int vendor, void *stream, int id) {
@@ -124,7 +176,7 @@ static int krex_stream_capturing(int vendor, void *stream, int id) {
 
 int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     struct krex_counter_slot *s = krex_counters();
-    if (KREX_UNLIKELY(krex_captures_active) && krex_stream_capturing(vendor, stream, id)) {
+    if (KREX_UNLIKELY(krex_captures_active) && kind != KREX_KIND_MEMORY && krex_stream_capturing(vendor, stream, id)) {
         /* recorded into a graph, not run: gate and count the graph launch instead */
         __atomic_fetch_add(&s->captured, 1, __ATOMIC_RELAXED);
         return 0;
@@ -132,6 +184,7 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     if (KREX_UNLIKELY(!krex_device_known)) krex_register_current_device(vendor);
     __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
     if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s);
+    if (kind == KREX_KIND_MEMORY) return 1;   /* gated, not counted */
     uint64_t *counter = kind == KREX_KIND_KERNEL ? &s->kernels
                         : kind == KREX_KIND_GRAPH ? &s->graphs
                         : kind == KREX_KIND_COPY  ? &s->copies

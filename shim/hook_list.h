@@ -5,8 +5,10 @@
  * krex cannot see, so check additions against `nm -D libcuda.so.1` on a real machine.
  *
  * KREX_SUBMISSIONS(X): X(vendor, kind, name, params, args, stream) — GPU work: gated and counted.
- *   kind is KERNEL, GRAPH, COPY or OTHER (the counter it lands in); stream is an expression over the
- *   parameters naming the stream the work goes to (for the stream-capture check).
+ *   kind is KERNEL, GRAPH, COPY or OTHER (the counter it lands in), or MEMORY: allocations and frees,
+ *   gated but not counted (another process's allocation loop moved a 13 ms kernel by +1.4% on the H200,
+ *   bench/results/perturb-h200.json); stream is an expression over the parameters naming the stream the
+ *   work goes to (for the stream-capture check).
  * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c: context creation,
  *   capture bookkeeping and the resolvers. */
 #ifndef KREX_HOOK_LIST_H
@@ -94,7 +96,25 @@
     KREX_PTDS(X, CUDA, COPY, cuMemsetD16_v2, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n), NULL) \
     KREX_PTDS(X, CUDA, COPY, cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n), NULL) \
     KREX_CUDA_SUBMISSIONS_MORE(X) \
-    KREX_CUDA_SUBMISSIONS_LEGACY(X)
+    KREX_CUDA_SUBMISSIONS_LEGACY(X) \
+    KREX_CUDA_MEMORY(X)
+
+/* device and pinned host memory, including the virtual-memory calls PyTorch's expandable segments use */
+#define KREX_CUDA_MEMORY(X) \
+    X(CUDA, MEMORY, cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n), NULL) \
+    X(CUDA, MEMORY, cuMemFree_v2, (CUdeviceptr p), (p), NULL) \
+    X(CUDA, MEMORY, cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned fl), (p, n, fl), NULL) \
+    X(CUDA, MEMORY, cuMemAllocPitch_v2, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz), \
+      (p, pitch, w, h, esz), NULL) \
+    X(CUDA, MEMORY, cuMemAllocHost_v2, (void **p, size_t n), (p, n), NULL) \
+    X(CUDA, MEMORY, cuMemHostAlloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
+    X(CUDA, MEMORY, cuMemFreeHost, (void *p), (p), NULL) \
+    X(CUDA, MEMORY, cuMemCreate, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl), \
+      (h, n, prop, fl), NULL) \
+    X(CUDA, MEMORY, cuMemRelease, (unsigned long long h), (h), NULL) \
+    X(CUDA, MEMORY, cuMemMap, (CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long fl), \
+      (p, n, off, h, fl), NULL) \
+    X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
 #define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
@@ -187,7 +207,15 @@
     X(HIP, COPY, hipMemsetD16Async, (void *d, unsigned short v, size_t n, hipStream_t s), (d, v, n, s), s) \
     X(HIP, COPY, hipMemsetD32Async, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
     KREX_SPT(X, HIP, COPY, hipMemcpy, (void *d, const void *sr, size_t n, int k), (d, sr, n, k), NULL) \
-    X(HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL)
+    X(HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL) \
+    KREX_HIP_MEMORY(X)
+
+#define KREX_HIP_MEMORY(X) \
+    X(HIP, MEMORY, hipMalloc, (void **p, size_t n), (p, n), NULL) \
+    X(HIP, MEMORY, hipFree, (void *p), (p), NULL) \
+    X(HIP, MEMORY, hipMallocManaged, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
+    X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
+    X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL)
 
 /* written by hand: X(vendor, name, ret, params) */
 #define KREX_SPECIALS(X) \

@@ -17,19 +17,29 @@ static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
 KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl) : NO_DRIVER; }
 
 KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
-    return REAL(cuCtxCreate) ? after_context(REAL(cuCtxCreate)(c, fl, d), c, d) : NO_DRIVER;
+    if (!REAL(cuCtxCreate)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    return after_context(REAL(cuCtxCreate)(c, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) {
-    return REAL(cuCtxCreate_v2) ? after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d) : NO_DRIVER;
+    if (!REAL(cuCtxCreate_v2)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    return after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) {
-    return REAL(cuCtxCreate_v3) ? after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d) : NO_DRIVER;
+    if (!REAL(cuCtxCreate_v3)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    return after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) {
-    return REAL(cuCtxCreate_v4) ? after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d) : NO_DRIVER;
+    if (!REAL(cuCtxCreate_v4)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    return after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
-    return REAL(cuDevicePrimaryCtxRetain) ? after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d) : NO_DRIVER;
+    if (!REAL(cuDevicePrimaryCtxRetain)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    return after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;

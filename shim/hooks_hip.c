@@ -10,6 +10,7 @@ KREX_EXPORT hipError_t hipInit(unsigned fl) { return REAL(hipInit) ? REAL(hipIni
 /* HIP's drain target is the device itself: the shim stores the ordinal in place of a context */
 KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (!REAL(hipSetDevice)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_HIP, d);   /* HIP creates the device's context here, lazily */
     hipError_t r = REAL(hipSetDevice)(d);
     if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
     return r;
@@ -22,10 +23,14 @@ static hipError_t after_context(hipError_t r, hipDevice_t d) {
     return r;
 }
 KREX_EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
-    return REAL(hipDevicePrimaryCtxRetain) ? after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d) : NO_DRIVER;
+    if (!REAL(hipDevicePrimaryCtxRetain)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_HIP, d);
+    return after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d);
 }
 KREX_EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
-    return REAL(hipCtxCreate) ? after_context(REAL(hipCtxCreate)(c, fl, d), d) : NO_DRIVER;
+    if (!REAL(hipCtxCreate)) return NO_DRIVER;
+    krex_context_gate(KREX_VENDOR_HIP, d);
+    return after_context(REAL(hipCtxCreate)(c, fl, d), d);
 }
 
 static hipError_t capture_began(hipError_t r) {

@@ -8,7 +8,7 @@
 #define KREX_EXPORT __attribute__((visibility("default")))
 #define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-enum krex_kind { KREX_KIND_KERNEL, KREX_KIND_GRAPH, KREX_KIND_COPY, KREX_KIND_OTHER };
+enum krex_kind { KREX_KIND_KERNEL, KREX_KIND_GRAPH, KREX_KIND_COPY, KREX_KIND_OTHER, KREX_KIND_MEMORY };
 
 /* one index per intercepted or helper name, in list order */
 enum krex_hook_id {
@@ -43,6 +43,8 @@ void krex_submit_leave(int entered);
 void krex_count_context(int vendor);
 int krex_inflight(void);
 void krex_gate_reset_after_fork(void);
+void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
+void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
 /* client.c: the controller connection */
 struct krex_gate;
@@ -55,4 +57,5 @@ void krex_register_context(int vendor, int local_device, void *ctx);
 void krex_forget_context(void *ctx);
 void krex_register_current_device(int vendor);
 int krex_physical_device(int vendor, int local_device);
+int krex_connect(void);                        /* 0 when connected to the controller */
 #endif

@@ -4,9 +4,10 @@ streams while owners take regions; the kernel trace proves no hog kernel ran ins
 import os
 import signal
 import subprocess
+import sys
 import time
 
-from conftest import SNIP, proc_state, report_of, wait_for
+from conftest import ROOT, SNIP, proc_state, report_of, wait_for
 
 
 def overlaps(trace, regions, name="hog"):
@@ -53,14 +54,19 @@ def test_no_sibling_kernel_inside_any_region(krex, tmp_path):
 
 
 def test_grants_are_fifo(krex, tmp_path):
-    krex.start_controller()
+    # the waiters make their contexts first (none is created while another job's region holds the GPU) and,
+    # not frozen, queue their requests behind the holder's region
+    krex.start_controller("--no-freeze")
+    waiters = [krex.popen([SNIP / "region"], report=tmp_path / f"w{i}.json",
+                          env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_WAIT_FILE": str(tmp_path / f"go{i}")})
+               for i in range(3)]
+    wait_for(lambda: sum(c["role"] == "shim" and bool(c.get("gpus")) for c in krex.status()["clients"]) == 3,
+             what="waiters' contexts")
     holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",
                         env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "4000000"})
     wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="first region")
-    waiters = []
     for i in range(3):
-        waiters.append(krex.popen([SNIP / "region"], report=tmp_path / f"w{i}.json",
-                                  env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"}))
+        (tmp_path / f"go{i}").write_text("")
         wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == i + 1, what=f"waiter {i} queued")
     for p in [holder] + waiters:
         p.communicate(timeout=60)
@@ -231,3 +237,78 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
     owner.communicate(timeout=30)
     assert published.read_text() == ""
     assert procs.step_off_reserved(str(published)) is None
+
+
+QUIET_SCRIPT = """
+import ctypes, os, sys, time
+mode, go = sys.argv[1], sys.argv[2]
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
+def context():
+    assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+if mode != "ctx":
+    context()
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+t0 = time.monotonic_ns()
+if mode == "ctx":
+    context()
+elif mode == "alloc":
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20) == 0
+print("done", t0, time.monotonic_ns(), flush=True)
+if mode == "os_exit":
+    os._exit(0)
+"""
+
+
+def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex, tmp_path):
+    """Not submissions, but GPU work that moves a timed kernel (bench/perturb.py): a context is
+    created, memory allocated and a process with contexts exits only once no other job holds the GPU.
+    Without freezing, so the gate alone must hold them."""
+    krex.start_controller("--no-freeze")
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"), "KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}
+    script, go = tmp_path / "quiet.py", tmp_path / "go"
+    script.write_text(QUIET_SCRIPT)
+    procs = {m: krex.popen([sys.executable, script, m, go], env=env) for m in ("alloc", "os_exit", "exit")}
+    for p in procs.values():
+        assert p.stdout.readline().strip() == "ready"
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1200000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    procs["ctx"] = krex.popen([sys.executable, script, "ctx", go], env=env)
+    time.sleep(0.3)                      # the new command is under way, its context not yet made
+    t_go = time.monotonic_ns()
+    go.write_text("")
+    exited = {}
+    while len(exited) < len(procs):
+        for m, p in procs.items():
+            if m not in exited and p.poll() is not None:
+                exited[m] = time.monotonic_ns()
+        time.sleep(0.005)
+    owner.communicate(timeout=30)
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    assert t_go < region["ended_ns"]
+    for m, p in procs.items():
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, (m, err)
+        assert exited[m] >= region["ended_ns"], m     # none of them went on before the region ended
+        t0, t1 = map(int, out.split("done")[1].split())
+        if m in ("ctx", "alloc"):
+            assert t1 >= region["ended_ns"], m
+        else:
+            assert t1 < region["ended_ns"], m          # exit itself waited, not the work before it
+
+
+def test_outside_regions_context_allocation_and_exit_do_not_wait(krex, tmp_path):
+    krex.start_controller()
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"), "KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}
+    script, go = tmp_path / "quiet.py", tmp_path / "go"
+    script.write_text(QUIET_SCRIPT)
+    go.write_text("")
+    for m in ("ctx", "alloc", "os_exit"):
+        out = krex.run([sys.executable, script, m, go], report=tmp_path / f"{m}.json", env=env)
+        assert out.returncode == 0 and "done" in out.stdout, out.stderr
+        rep = report_of(tmp_path / f"{m}.json")
+        assert rep["context_creations"] == 1 and rep["gate_waited_ns"] == 0

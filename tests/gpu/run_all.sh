@@ -63,6 +63,25 @@ for step in $STEPS; do
       --churn --out $OUT/warm-probe-reused.json
     watched 150 probe python3 bench/warm_probe.py --size 4096 --variant 0 --pairs ${PAIRS:-3} --worker-reuse 50 \
       --no-cpu-isolation --out $OUT/warm-probe-reused-no-isolation.json ;;
+  perturb)   # do context creation/teardown and big allocations of other processes move a timed kernel?
+    # bare, then with every do_bench a krex region and the disturbers under krex run (gated)
+    watched 200 perturb python3 bench/perturb.py --rounds ${ROUNDS:-6} --out $OUT/perturb.json
+    python3 -m krex_ctl controller --socket $KREX_SOCKET --state-file /tmp/krex-gpu/perturb.state \
+      > $OUT/perturb-controller.log 2>&1 & CTL=$!
+    sleep 2
+    watched 200 perturb python3 -m krex_ctl run -- python3 bench/perturb.py --region --rounds ${ROUNDS:-6} \
+      --out $OUT/perturb-krex.json
+    kill $CTL; wait $CTL ;;
+  perturbgates)   # which gate helps: contexts and exits gated or not, context churn against krex regions
+    python3 -m krex_ctl controller --socket $KREX_SOCKET --state-file /tmp/krex-gpu/perturb.state \
+      > $OUT/perturbgates-controller.log 2>&1 & CTL=$!
+    sleep 2
+    for g in 0:0 1:0 0:1 1:1; do
+      KREX_GATE_CONTEXTS=${g%:*} KREX_GATE_EXIT=${g#*:} watched 120 perturbgates python3 -m krex_ctl run -- \
+        python3 bench/perturb.py --region --conditions quiet,ctx --rounds ${ROUNDS:-4} \
+        --out $OUT/perturb-krex-gates-${g/:/-}.json | tail -6
+    done
+    kill $CTL; wait $CTL ;;
   warmfid)   # the same kernels timed in warm workers and in cold commands, alternating; clocks sampled meanwhile
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 \
       > $OUT/clocks-warmfid.csv & SMI=$!

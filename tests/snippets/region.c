@@ -1,6 +1,7 @@
 /* region.c: a benchmark marking its timed part with krex.h. SNIPPET_REGIONS times: begin a region,
  * launch SNIPPET_N kernels named "timed" of SNIPPET_US microseconds, synchronize, end the region.
- * Prints the status of each begin and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. */
+ * Prints the status of each begin and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With
+ * SNIPPET_WAIT_FILE it makes its context first and begins only once that file exists. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
@@ -24,6 +25,8 @@ int main(void) {
     CUstream s;
     CUfunction f = snippet_kernel("timed", NULL);
     CHECK(cuStreamCreate(&s, 0));
+    const char *wait_file = getenv("SNIPPET_WAIT_FILE");
+    while (wait_file && access(wait_file, F_OK) != 0) usleep(2000);
     FILE *aff = getenv("SNIPPET_AFFINITY_FILE") ? fopen(getenv("SNIPPET_AFFINITY_FILE"), "a") : NULL;
     for (int r = 0; r < regions; r++) {
         if (aff) print_affinity(aff, "before");
