@@ -1,9 +1,9 @@
-"""Markdown table of a throughput result (bench/throughput.py --out FILE) for the README.
+"""Markdown tables of throughput results (bench/throughput.py --out FILE) for the README, one per file.
     python bench/report_table.py bench/results/<date>-h200.json            (prints it)
-    python bench/report_table.py RESULT.json --readme README.md            (replaces the marked table)"""
+    python bench/report_table.py RESULT.json [MORE.json ...] --readme README.md   (replaces the marked table)"""
 
+import argparse
 import json
-import sys
 
 
 def pct(x: float) -> str:
@@ -31,12 +31,19 @@ def table(data: dict) -> str:
 
 
 def main() -> None:
-    text = table(json.load(open(sys.argv[1])))
-    if len(sys.argv) == 4 and sys.argv[2] == "--readme":
-        readme = open(sys.argv[3]).read()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--readme")
+    args = ap.parse_args()
+    parts = [table(json.load(open(f))) for f in args.results]
+    if len(parts) > 1:
+        parts = [f"`{f}`:\n\n{t}" for f, t in zip(args.results, parts)]
+    text = "\n\n".join(parts)
+    if args.readme:
+        readme = open(args.readme).read()
         head, rest = readme.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        open(sys.argv[3], "w").write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        open(args.readme, "w").write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
     else:
         print(text)
 

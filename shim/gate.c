@@ -80,6 +80,12 @@ void krex_count_context(int vendor) {
     __atomic_fetch_or(&s->vendor_mask, 1u << vendor, __ATOMIC_RELAXED);
 }
 
+/* a 0/1 setting from the environment, read once by its caller */
+static int krex_env_flag(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strcmp(v, "0") != 0 : dflt;
+}
+
 /* the first gate among the GPUs in mask that another job's region holds */
 static const struct krex_gate *krex_closed_gate_in(uint64_t m) {
     const struct krex_gate *g = krex_gates;
@@ -122,16 +128,12 @@ static void krex_gate_wait(struct krex_counter_slot *s) {
  * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
  * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
  * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Both are off by
- * default: together they cured the 0.2 ms kernel but moved a 13 ms one by +10-30% on the H200
- * (perturb-krex), cause not yet known. */
-static int krex_env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
+ * default: under krex regions the same churn moved a 1.6 ms kernel by +14-30% whichever of the two
+ * was on (bench/results/perturb-krex-gates-*.json), so neither is shown to help yet. */
 
 void krex_context_gate(int vendor, int local_device) {
     static int enabled = -1;
-    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_CONTEXTS");
+    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_CONTEXTS", 0);
     int dev = krex_physical_device(vendor, local_device);
     if (!enabled || dev < 0 || dev >= KREX_MAX_GPUS || krex_failopen) return;
     if (!krex_gates) krex_connect();
@@ -147,7 +149,7 @@ static void krex_exit_gate(void) {
 
 void krex_exit_gate_arm(void) {
     static int enabled = -1;
-    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_EXIT");
+    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_EXIT", 0);
     if (!enabled) return;
     pid_t me = getpid();
     if (__atomic_exchange_n(&krex_exit_gate_pid, me, __ATOMIC_ACQ_REL) == me) return;
@@ -174,8 +176,16 @@ static int krex_stream_capturing(int vendor, void *stream, int id) {
     return status != 0;
 }
 
+/* KREX_GATE_MEMORY=0: allocations and frees pass a closed gate (for A/B runs; on by default) */
+static int krex_gate_memory(void) {
+    static int enabled = -1;
+    if (KREX_UNLIKELY(enabled < 0)) enabled = krex_env_flag("KREX_GATE_MEMORY", 1);
+    return enabled;
+}
+
 int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     struct krex_counter_slot *s = krex_counters();
+    if (kind == KREX_KIND_MEMORY && !krex_gate_memory()) return 0;
     if (KREX_UNLIKELY(krex_captures_active) && kind != KREX_KIND_MEMORY && krex_stream_capturing(vendor, stream, id)) {
         /* recorded into a graph, not run: gate and count the graph launch instead */
         __atomic_fetch_add(&s->captured, 1, __ATOMIC_RELAXED);

@@ -312,3 +312,21 @@ def test_outside_regions_context_allocation_and_exit_do_not_wait(krex, tmp_path)
         assert out.returncode == 0 and "done" in out.stdout, out.stderr
         rep = report_of(tmp_path / f"{m}.json")
         assert rep["context_creations"] == 1 and rep["gate_waited_ns"] == 0
+
+
+def test_memory_gate_can_be_turned_off(krex, tmp_path):
+    krex.start_controller("--no-freeze")
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"), "KREX_GATE_MEMORY": "0"}
+    script, go = tmp_path / "quiet.py", tmp_path / "go"
+    script.write_text(QUIET_SCRIPT)
+    proc = krex.popen([sys.executable, script, "alloc", go], env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    go.write_text("")
+    out, err = proc.communicate(timeout=30)
+    owner.communicate(timeout=30)
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    t0, t1 = map(int, out.split("done")[1].split())
+    assert proc.returncode == 0 and t1 < region["ended_ns"], err

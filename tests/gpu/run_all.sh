@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
-# Steps not in the default list: throughput (about 5 minutes), warm (warm workers vs cold, 8 at once).
-#   interception coverage matrix, hook table vs libcuda exports, launch overhead, explicit-region fidelity.
+# Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
+#   explicit-region fidelity, hooks. Others (see the README): throughput (8 agents, ~6 min), scales (other
+#   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
+#   perturbgates (GPU work that is not a submission, bare and under krex regions).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}
