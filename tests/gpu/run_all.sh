@@ -78,10 +78,11 @@ for step in $STEPS; do
     python3 -m krex_ctl controller --socket $KREX_SOCKET --state-file /tmp/krex-gpu/perturb.state \
       > $OUT/perturbgates-controller.log 2>&1 & CTL=$!
     sleep 2
-    for g in 0:0 1:0 0:1 1:1; do
-      KREX_GATE_CONTEXTS=${g%:*} KREX_GATE_EXIT=${g#*:} watched 120 perturbgates python3 -m krex_ctl run -- \
-        python3 bench/perturb.py --region --conditions quiet,ctx --rounds ${ROUNDS:-4} \
-        --out $OUT/perturb-krex-gates-${g/:/-}.json | tail -6
+    for g in ${GATES:-0:0:1 1:0:1 0:1:1 1:1:1}; do   # KREX_GATE_CONTEXTS:KREX_GATE_EXIT:KREX_GATE_MEMORY
+      IFS=: read -r gc ge gm <<< "$g"
+      KREX_GATE_CONTEXTS=$gc KREX_GATE_EXIT=$ge KREX_GATE_MEMORY=$gm watched 120 perturbgates \
+        python3 -m krex_ctl run -- python3 bench/perturb.py --region --conditions quiet,ctx --rounds ${ROUNDS:-4} \
+        --out $OUT/perturb-krex-gates-$gc-$ge-mem$gm.json | tail -6
     done
     kill $CTL; wait $CTL ;;
   warmfid)   # the same kernels timed in warm workers and in cold commands, alternating; clocks sampled meanwhile
