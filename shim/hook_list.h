@@ -7,8 +7,9 @@
  * KREX_SUBMISSIONS(X): X(vendor, kind, name, params, args, stream) — GPU work: gated and counted.
  *   kind is KERNEL, GRAPH, COPY or OTHER (the counter it lands in), or MEMORY: allocations and frees,
  *   gated but not counted, unless KREX_GATE_MEMORY=0 (another process's allocation loop moved a 13 ms
- *   kernel by +1.4% on the H200, none under krex regions: bench/results/perturb*-h200.json); stream is an expression over the parameters naming the stream the
- *   work goes to (for the stream-capture check).
+ *   kernel by +1.4% on the H200, by nothing under krex regions: bench/results/perturb*-h200.json);
+ *   stream is an expression over the parameters naming the stream the work goes to (for the
+ *   stream-capture check).
  * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c: context creation,
  *   capture bookkeeping and the resolvers. */
 #ifndef KREX_HOOK_LIST_H
