@@ -51,13 +51,13 @@ class GatePage:
         _libc.syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
-def create_counters(path: Path) -> None:
-    """A fresh counters file for one job (mode 0600)."""
+def create_counters(path: Path, slots: int = C.KREX_COUNTER_SLOTS) -> None:
+    """A fresh counters file for one job (mode 0600); slots below KREX_COUNTER_SLOTS only for tests."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, COUNTERS_BYTES)
         hdr = ffi.new("struct krex_counters_hdr *")
-        hdr.magic, hdr.version, hdr.slots = C.KREX_COUNTERS_MAGIC, VERSION, C.KREX_COUNTER_SLOTS
+        hdr.magic, hdr.version, hdr.slots = C.KREX_COUNTERS_MAGIC, VERSION, slots
         os.pwrite(fd, bytes(ffi.buffer(hdr)), 0)
     finally:
         os.close(fd)
@@ -67,7 +67,8 @@ COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts"
 
 
 def read_counters(path: Path) -> dict:
-    """Sums over every process of the job: {field: total, "processes": n, "overflow": n}."""
+    """Sums over every process of the job: {field: total, "processes": n} (past the last slot processes
+    share slots; the sums stay exact)."""
     data = Path(path).read_bytes()
     buf = ffi.from_buffer(data)
     hdr = ffi.cast("struct krex_counters_hdr *", buf)
@@ -77,6 +78,5 @@ def read_counters(path: Path) -> dict:
     for i in range(used):
         for f in COUNTER_FIELDS:
             totals[f] += int(getattr(slots[i], f))
-    totals["processes"] = used
-    totals["overflow"] = max(0, int(hdr.next_slot) - int(hdr.slots))
+    totals["processes"] = int(hdr.next_slot)
     return totals

@@ -42,12 +42,13 @@ static struct krex_counter_slot *krex_slot_attach(void) {
             close(fd);
             struct krex_counters_hdr *h = m == MAP_FAILED ? NULL : m;
             if (h && h->magic == KREX_COUNTERS_MAGIC && h->version == KREX_PROTO_VERSION) {
+                /* past the last slot processes share slots: every counter is an atomic sum, so the
+                 * job's totals stay exact (a job that runs thousands of GPU processes) */
                 uint32_t i = __atomic_fetch_add(&h->next_slot, 1, __ATOMIC_RELAXED);
-                if (i < h->slots && i < KREX_COUNTER_SLOTS) {
-                    slot = (struct krex_counter_slot *)(h + 1) + i;
-                    slot->pid = getpid();
-                } else {
-                    krex_log(KREX_LOG_WARNING, "counters file %s is full; this process is not counted", path);
+                uint32_t n = h->slots < KREX_COUNTER_SLOTS ? h->slots : KREX_COUNTER_SLOTS;
+                if (n) {
+                    slot = (struct krex_counter_slot *)(h + 1) + i % n;
+                    if (i < n) slot->pid = getpid();
                 }
             } else if (h) {
                 krex_log(KREX_LOG_WARNING, "counters file %s has a foreign format; ignored", path);

@@ -74,3 +74,23 @@ def test_shim_alone_without_controller(tmp_path):
     out = subprocess.run([SNIP / "direct"], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "launched 5" in out.stdout
     assert out.stderr.count("no controller at") == 1
+
+
+def test_more_processes_than_counter_slots_are_all_counted(tmp_path):
+    """Past the last slot processes share slots; the job's sums stay exact and nothing is printed."""
+    import os
+    import subprocess
+
+    from conftest import BUILD
+    from krex_ctl.shm import create_counters, read_counters
+
+    counters = tmp_path / "job.counters"
+    create_counters(counters, slots=2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(LD_PRELOAD=str(BUILD / "libkrex.so"), KREX_SOCKET=str(tmp_path / "none.sock"),
+               KREX_COUNTERS=str(counters), KREX_LOG_LEVEL="warning")
+    for _ in range(5):
+        out = subprocess.run([SNIP / "direct"], env=env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "counters" not in out.stderr, out.stderr
+    totals = read_counters(counters)
+    assert totals["processes"] == 5 and totals["kernels"] == 25 and totals["contexts"] == 5
