@@ -176,7 +176,7 @@ class Controller:
             assert client is not None
             if mask & selectors.EVENT_READ:
                 self.read(client)
-            if mask & selectors.EVENT_WRITE and self.clients.get(client.fd) is client:
+            if mask & selectors.EVENT_WRITE and self.connected(client):
                 self.flush(client)
         elif kind == "pidfd":
             assert client is not None
@@ -235,7 +235,7 @@ class Controller:
             self.drop(client, "disconnected")
             return
         client.inbuf += data
-        while client.fd in self.clients and len(client.inbuf) >= proto.HDR_SIZE:
+        while self.connected(client) and len(client.inbuf) >= proto.HDR_SIZE:
             try:
                 mtype, length, seq = proto.unpack_header(bytes(client.inbuf[:proto.HDR_SIZE]))
             except proto.ProtocolError as e:
@@ -286,16 +286,19 @@ class Controller:
                 client.outbuf.clear()
                 return
             del client.outbuf[:n]
-        if client.fd in self.clients:
+        if self.connected(client):
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbuf else 0)
             self.sel.modify(client.sock, events, ("client", client))
         if len(client.outbuf) > 1 << 20:
             self.drop(client, "not reading its messages")
 
+    def connected(self, client: Client) -> bool:
+        """By identity, not by fd number: a client dropped earlier in the same select batch may have had its
+        fd number given to a new client meanwhile, and a stale event must not act on that one."""
+        return self.clients.get(client.fd) is client
+
     def drop(self, client: Client, why: str) -> None:
-        # identity, not the fd number: a stale event of a client dropped earlier in the same select batch
-        # must not drop the new client that was given its fd number meanwhile
-        if self.clients.get(client.fd) is not client:
+        if not self.connected(client):
             return
         del self.clients[client.fd]
         log.debug("client %d (pid %d) dropped: %s", client.id, client.pid, why)
@@ -498,7 +501,7 @@ class Controller:
             ok = self.pool.ready(client, int(req.get("gpu", -1)), str(req.get("socket", "")),
                                  str(req.get("python", "")), str(req.get("fingerprint", "")))
             return {"ok": ok} if ok else {"error": "not a worker this controller started"}
-        worker = next((w for w in self.pool.workers if w.client is client), None)
+        worker = self.pool.by_client(client)
         if worker is None:
             return {"error": "not a worker"}
         if op == "worker_idle":
@@ -714,7 +717,7 @@ class Controller:
         worker = self.pool.by_pid(region.owner.pid)
         if worker is not None and worker.serving is not None and worker.serving is not region.job:
             worker.serving.regions.append(record)   # a warm worker's region belongs to the command it runs
-        if reason != C.KREX_END_OWNER_GONE and region.owner.fd in self.clients:
+        if reason != C.KREX_END_OWNER_GONE and self.connected(region.owner):
             self.send(region.owner, MSG["REGION_ENDED"], proto.encode(
                 "struct krex_region_ended", region_id=region.id, ended_ns=ended, reason=reason))
         self.schedule()

@@ -22,6 +22,12 @@ from . import procs
 log = logging.getLogger("krex.controller")
 
 
+def trim(d: dict, keep: int = 64) -> None:
+    """Forget the oldest entries of a per-pid record beyond keep."""
+    while len(d) > keep:
+        del d[next(iter(d))]
+
+
 @dataclass
 class Worker:
     pid: int
@@ -57,6 +63,9 @@ class WorkerPool:
 
     def by_pid(self, pid: int) -> Optional[Worker]:
         return next((w for w in self.workers if w.pid == pid), None)
+
+    def by_client(self, client) -> Optional[Worker]:
+        return next((w for w in self.workers if w.client is client), None)
 
     def checkout(self, key: tuple, job) -> Optional[Worker]:
         w = next((w for w in self.workers if w.key == key and w.state == "idle"), None)
@@ -116,18 +125,16 @@ class WorkerPool:
         w = self.by_pid(pid)
         job = w.serving.id if w is not None and w.serving is not None else self.served.pop(pid, None)
         self.statuses[pid] = (job, returncode)
-        while len(self.statuses) > 64:
-            del self.statuses[next(iter(self.statuses))]
+        trim(self.statuses)
         return True
 
     def gone(self, client) -> None:
         """A worker's or a zygote's control connection closed."""
-        w = next((w for w in self.workers if w.client is client), None)
+        w = self.by_client(client)
         if w is not None:
             self.workers.remove(w)
             self.served[w.pid] = w.serving.id if w.serving is not None else None
-            while len(self.served) > 64:
-                del self.served[next(iter(self.served))]
+            trim(self.served)
             return
         for key, z in list(self.zygotes.items()):
             if z.client is client:         # it gave up or was killed: not restarted (no start loop)
