@@ -146,9 +146,7 @@ def run(gpu, report_path, cold, hooks, command) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     rc = child.wait()
-    exit_code = rc if rc >= 0 else 128 - rc
-    if rc < 0:
-        print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
+    exit_code = rc if rc >= 0 else killed_by(-rc)
 
     finish(guardian, conn, counters, report_path, command, exit_code, {})
 
@@ -176,6 +174,12 @@ def finish(guardian, conn, counters: Path, report_path, command: list, exit_code
         except OSError as e:   # the command's own exit status still comes through
             print(f"krex: cannot write the report {report_path}: {e.strerror}", file=sys.stderr)
     sys.exit(exit_code)
+
+
+def killed_by(sig: int) -> int:
+    """Name the signal that killed the command on stderr; the exit status a shell gives it (128+N)."""
+    print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
+    return 128 + sig
 
 
 def warm_wait_s(env) -> float:
@@ -251,14 +255,12 @@ def run_warm(guardian: Guardian, command: list, env: dict, gpu, wait_s: float) -
     if not data.endswith(b"\n"):
         sig = forwarded[-1] if forwarded else None
         if sig is not None and sig != signal.SIGINT:
-            print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
-            return 128 + sig, {}
+            return killed_by(sig), {}
         return worker_died(guardian, worker_pid), {}
     result = json.loads(data)
     if result.get("signal"):
         sig = int(result["signal"])
-        print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
-        return 128 + sig, result.get("counters", {})
+        return killed_by(sig), result.get("counters", {})
     return int(result["exit_code"]), result.get("counters", {})
 
 
@@ -271,8 +273,7 @@ def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
         if reply.get("state") == "exited" and reply.get("returncode") is not None:
             rc = int(reply["returncode"])
             if rc < 0:
-                print(f"krex: command killed by {signal.Signals(-rc).name}", file=sys.stderr)
-                return 128 - rc
+                return killed_by(-rc)
             print(f"krex: the warm worker running the command exited with status {rc} without finishing it",
                   file=sys.stderr)
             return rc
