@@ -119,9 +119,10 @@ static void krex_sleep_on_gates(uint64_t mask, int inflight) {
     }
 }
 
-static void krex_gate_wait(struct krex_counter_slot *s) {
+/* the same, counted as this process's time blocked at a closed gate */
+static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int inflight) {
     int64_t t0 = krex_now_ns();
-    krex_sleep_on_gates(krex_dev_mask, 1);
+    krex_sleep_on_gates(mask, inflight);
     __atomic_fetch_add(&s->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
 }
 
@@ -138,10 +139,7 @@ void krex_context_gate(int vendor, int local_device) {
     int dev = krex_physical_device(vendor, local_device);
     if (!enabled || dev < 0 || dev >= KREX_MAX_GPUS || krex_failopen) return;
     if (!krex_gates) krex_connect();
-    if (!krex_closed_gate_in(1ull << dev)) return;
-    int64_t t0 = krex_now_ns();
-    krex_sleep_on_gates(1ull << dev, 0);
-    __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
+    if (krex_closed_gate_in(1ull << dev)) krex_gate_wait(krex_counters(), 1ull << dev, 0);
 }
 
 static void krex_exit_gate(void) {
@@ -194,7 +192,7 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     }
     if (KREX_UNLIKELY(!krex_device_known)) krex_register_current_device(vendor);
     __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
-    if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s);
+    if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s, krex_dev_mask, 1);
     if (kind == KREX_KIND_MEMORY) return 1;   /* gated, not counted */
     uint64_t *counter = kind == KREX_KIND_KERNEL ? &s->kernels
                         : kind == KREX_KIND_GRAPH ? &s->graphs
