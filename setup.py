@@ -17,6 +17,7 @@ class BuildWithShim(build_py):
         lib = Path(self.build_lib) / "krex_ctl" / "_lib"
         lib.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / "build" / "libkrex.so", lib / "libkrex.so")
+        shutil.copy2(ROOT / "build" / "krex-exec", lib / "krex-exec")
         shutil.copy2(ROOT / "shim" / "krex_proto.h", lib / "krex_proto.h")
         shutil.copy2(ROOT / "shim" / "krex.h", lib / "krex.h")
 

@@ -36,4 +36,14 @@ def main() -> None:
     else:
         from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
 
-    cli(prog_name="krex")
+    # usage errors as one line, like every other krex error (click's own shows usage and a hint first)
+    try:
+        code = cli.main(prog_name="krex", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("krex: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as e:
+        where = f"krex {e.ctx.info_name}: " if getattr(e, "ctx", None) is not None and e.ctx.parent else "krex: "
+        click.echo(where + e.format_message(), err=True)
+        sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

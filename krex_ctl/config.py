@@ -1,6 +1,10 @@
-"""Controller settings: defaults, a JSON config file, then command-line flags (each overrides the last)."""
+"""Controller settings: defaults, a JSON config file, then command-line flags (each overrides the last).
+
+Every setting is checked here, once, with a message that names it the way the user wrote it (the flag or
+the config key): a controller never starts with a setting it would later trip over."""
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -8,6 +12,8 @@ from typing import Optional
 
 from .errors import KrexCommandError
 from .proto import C
+
+LOG_LEVELS = ("error", "warning", "info", "debug")
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -30,6 +36,19 @@ def parse_cpu_list(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def format_cpu_list(cpus) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'"""
+    cpus = sorted(set(cpus))
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def default_reserved(allowed: set[int]) -> list[int]:
     """The last eighth of the usable CPUs (at least one), or none on a one-CPU machine."""
     cpus = sorted(allowed)
@@ -44,19 +63,29 @@ class Config:
     socket_mode: int = 0o600
     socket_group: Optional[str] = None
     gpus: list[int] = field(default_factory=lambda: list(range(C.KREX_MAX_GPUS)))
-    reserved_cores: dict[int, list[int]] = field(default_factory=dict)   # gpu -> cores; "*" key: all GPUs
+    reserved_cores: dict[int, list[int]] = field(default_factory=dict)   # gpu -> cores; -1 ("*"): all GPUs
     region_time_limit_s: float = 60.0
     drain_timeout_s: float = 2.0
     freeze_timeout_s: float = 0.5
+    handshake_timeout_s: float = 5.0           # a connection that has not said HELLO by then is closed
     max_clients: int = 4096
+    max_clients_per_uid: int = 1024            # registered clients of one user
+    max_handshakes_per_uid: int = 64           # connections of one user not yet through HELLO
     max_queued_per_client: int = 1
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
     state_file: Optional[str] = None
     isolate_cpus: bool = True
     freeze: bool = True                        # SIGSTOP the other GPU processes during a region
+    attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
+    lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits
+    lifecycle_timeout_s: float = 2.0           # longest wait for that barrier (then the region is tainted)
+    settle_ms: float = 0.0                     # after a sibling exits or frees memory: wait this long ...
+    settle_ms_per_gib: float = 0.0             # ... plus this per GiB it freed, before a region starts
+    clock_drop_pct: float = 3.0                # an SM clock this far under the region's best taints it
     warm_workers: int = 0                      # warm Python workers per GPU and environment, busy included (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)
+    log_level: str = "info"
 
     def reserved_for(self, gpu_mask: int) -> set[int]:
         allowed = os.sched_getaffinity(0)
@@ -72,49 +101,158 @@ class Config:
         return d
 
 
+# setting -> the flag that sets it, for messages (settings without a flag are named by their key)
+FLAGS = {
+    "socket": "--socket", "socket_mode": "--socket-mode", "socket_group": "--socket-group", "gpus": "--gpus",
+    "reserved_cores": "--reserved-cores", "region_time_limit_s": "--region-time-limit",
+    "drain_timeout_s": "--drain-timeout", "state_file": "--state-file", "isolate_cpus": "--no-cpu-isolation",
+    "freeze": "--no-freeze", "attest": "--no-attest", "warm_workers": "--warm-workers",
+    "worker_preload": "--worker-preload", "worker_reuse": "--worker-reuse", "log_level": "--log-level",
+    "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
+    "settle_ms_per_gib": "--settle-ms-per-gib",
+}
+
+# bounds of the numeric settings: (low, high, low is exclusive)
+_SECONDS = {"region_time_limit_s": (0, 86400.0, True), "drain_timeout_s": (0, 3600.0, True),
+            "freeze_timeout_s": (0, 60.0, True), "handshake_timeout_s": (0, 3600.0, True),
+            "lifecycle_timeout_s": (0, 60.0, True), "settle_ms": (0, 10000.0, False),
+            "settle_ms_per_gib": (0, 10000.0, False), "clock_drop_pct": (0, 100.0, True)}
+_COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "max_handshakes_per_uid": (1, 1 << 16),
+           "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
+_BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier")
+
+
 def _reserved_from(value) -> dict[int, list[int]]:
     if isinstance(value, str):
         return {-1: parse_cpu_list(value)}
     if isinstance(value, dict):
         return {(-1 if k == "*" else int(k)): (parse_cpu_list(v) if isinstance(v, str) else [int(c) for c in v])
                 for k, v in value.items()}
-    raise ValueError("reserved_cores must be a CPU list string or a {gpu: cpus} object")
+    raise ValueError("must be a CPU list such as '60-63' or a {\"gpu\": \"cpus\"} object")
+
+
+def _number(name: str, value, low: float, high: float, exclusive: bool) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number, not {value!r}") from None
+    if not math.isfinite(x) or (x <= low if exclusive else x < low) or x > high:
+        bound = f"above {low:g}" if exclusive else f"at least {low:g}"
+        raise ValueError(f"must be a finite number {bound} and at most {high:g}, not {value!r}")
+    return x
+
+
+def _count(value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"must be a whole number, not {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"must be a whole number, not {value!r}") from None
+    if not low <= n <= high:
+        raise ValueError(f"must be between {low} and {high}, not {value!r}")
+    return n
+
+
+def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
+    """Normalize and check every setting in place; raises KrexCommandError naming the first bad one as
+    label(setting) says (the flag, or the config file's key)."""
+    def fail(name: str, why: str):
+        raise KrexCommandError(f"{label(name)}: {why}", 2)
+
+    for name, (low, high, exclusive) in _SECONDS.items():
+        try:
+            setattr(cfg, name, _number(name, getattr(cfg, name), low, high, exclusive))
+        except ValueError as e:
+            fail(name, str(e))
+    for name, (low, high) in _COUNTS.items():
+        try:
+            setattr(cfg, name, _count(getattr(cfg, name), low, high))
+        except ValueError as e:
+            fail(name, str(e))
+    for name in _BOOLS:
+        if not isinstance(getattr(cfg, name), bool):
+            fail(name, f"must be true or false, not {getattr(cfg, name)!r}")
+    try:
+        if isinstance(cfg.gpus, str):
+            cfg.gpus = parse_cpu_list(cfg.gpus)
+        elif isinstance(cfg.gpus, list) and all(isinstance(g, int) and not isinstance(g, bool) for g in cfg.gpus):
+            cfg.gpus = sorted(set(cfg.gpus))
+        else:
+            raise ValueError(f"must be a list of GPU indices such as '0-7', not {cfg.gpus!r}")
+    except ValueError as e:
+        fail("gpus", str(e))
+    if not cfg.gpus:
+        fail("gpus", "no GPU given (for example 0-7)")
+    if any(g >= C.KREX_MAX_GPUS for g in cfg.gpus):
+        fail("gpus", f"GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}")
+    try:
+        mode = cfg.socket_mode
+        if isinstance(mode, str):
+            mode = int(mode, 8)
+        if isinstance(mode, bool) or not isinstance(mode, int):
+            raise ValueError
+    except ValueError:
+        fail("socket_mode", f"must be an octal mode such as 0660, not {cfg.socket_mode!r}")
+    if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
+        fail("socket_mode", f"{mode:#o} must be at most 0777 and let the owner read and write (0600)")
+    if mode & 0o007:
+        fail("socket_mode", f"{mode:#o} would let every user on the node stop other users' benchmarks; "
+                            "use a group (0660 and --socket-group)")
+    cfg.socket_mode = mode
+    try:
+        if not isinstance(cfg.reserved_cores, dict) or any(not isinstance(k, int) for k in cfg.reserved_cores):
+            cfg.reserved_cores = _reserved_from(cfg.reserved_cores)
+    except (ValueError, TypeError) as e:
+        fail("reserved_cores", str(e))
+    usable = os.sched_getaffinity(0)
+    for gpu, cores in cfg.reserved_cores.items():
+        bad = sorted(set(cores) - usable)
+        if bad:
+            fail("reserved_cores", f"CPU {format_cpu_list(bad)} is not usable here (usable: {format_cpu_list(usable)})")
+        if cores and not usable - set(cores):
+            fail("reserved_cores", f"CPUs {format_cpu_list(cores)} are all the CPUs there are; leave some for the rest")
+    if not isinstance(cfg.worker_preload, str):
+        fail("worker_preload", f"must be a comma-separated list of modules, not {cfg.worker_preload!r}")
+    if not isinstance(cfg.log_level, str) or cfg.log_level.lower() not in LOG_LEVELS:
+        fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
+    cfg.log_level = cfg.log_level.lower()
+    if cfg.idle_exit_s is not None:
+        try:
+            cfg.idle_exit_s = _number("idle_exit_s", cfg.idle_exit_s, 0, 86400.0, True)
+        except ValueError as e:
+            fail("idle_exit_s", str(e))
+    for name in ("socket", "state_file", "socket_group"):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            fail(name, f"must be a non-empty string, not {value!r}")
 
 
 def load(path: Optional[str], **flags) -> Config:
     cfg = Config()
-    try:
-        if path:
-            try:
-                data = json.loads(Path(path).read_text())
-            except OSError as e:
-                raise KrexCommandError(f"cannot read config {path}: {e.strerror}", 2) from None
-            except json.JSONDecodeError as e:
-                raise KrexCommandError(f"config {path} is not valid JSON: {e.msg} at line {e.lineno}", 2) from None
-            if not isinstance(data, dict):
-                raise KrexCommandError(f"config {path} must hold a JSON object", 2)
-            known = set(Config.__dataclass_fields__)
-            for k, v in data.items():
-                if k not in known:
-                    raise KrexCommandError(f"config {path}: unknown setting {k!r}", 2)
-                setattr(cfg, k, v)
-        for k, v in flags.items():
-            if v is not None:
-                setattr(cfg, k, v)
-        if isinstance(cfg.gpus, str):
-            cfg.gpus = parse_cpu_list(cfg.gpus)
-        if isinstance(cfg.socket_mode, str):
-            cfg.socket_mode = int(cfg.socket_mode, 8)
-        if not isinstance(cfg.reserved_cores, dict) or any(not isinstance(k, int) for k in cfg.reserved_cores):
-            cfg.reserved_cores = _reserved_from(cfg.reserved_cores)
-    except ValueError as e:
-        raise KrexCommandError(f"bad controller setting: {e}", 2) from None
-    if any(g < 0 or g >= C.KREX_MAX_GPUS for g in cfg.gpus):
-        raise KrexCommandError(f"GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}", 2)
-    for name in ("isolate_cpus", "freeze"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise KrexCommandError(f"{name} must be true or false", 2)
-    for name in ("region_time_limit_s", "drain_timeout_s", "freeze_timeout_s"):
-        if float(getattr(cfg, name)) <= 0:
-            raise KrexCommandError(f"{name} must be positive", 2)
+    from_file: set[str] = set()
+    if path:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise KrexCommandError(f"cannot read config {path}: {e.strerror}", 2) from None
+        except json.JSONDecodeError as e:
+            raise KrexCommandError(f"config {path} is not valid JSON: {e.msg} at line {e.lineno}", 2) from None
+        except UnicodeDecodeError:
+            raise KrexCommandError(f"config {path} is not UTF-8 text", 2) from None
+        if not isinstance(data, dict):
+            raise KrexCommandError(f"config {path} must hold a JSON object", 2)
+        known = set(Config.__dataclass_fields__)
+        for k, v in data.items():
+            if k not in known:
+                raise KrexCommandError(f"config {path}: unknown setting {k!r}", 2)
+            setattr(cfg, k, v)
+            from_file.add(k)
+    for k, v in flags.items():
+        if v is not None:
+            setattr(cfg, k, v)
+            from_file.discard(k)
+    _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else FLAGS.get(name, name))
     return cfg

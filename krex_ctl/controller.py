@@ -2,12 +2,20 @@
 
 Region begin, in order: close the gate of each GPU (siblings' new submissions block in their shims),
 drain (each sibling with a context there finishes in-flight submissions and synchronizes, then
-acknowledges; a bounded wait), freeze the siblings (SIGSTOP through pidfds), move the owner's threads
-onto the reserved cores and every other krex-managed process off them, grant. Region end, owner
-death or time limit undo it in reverse: restore affinity, SIGCONT, open the gate, grant the next.
+acknowledges; a bounded wait), wait out siblings' context creation, teardown and exit (the lifecycle
+barrier), freeze the siblings (SIGSTOP through pidfds), move the members' threads onto the reserved cores
+and every other krex-managed process off them, grant. Region end, owner death or time limit undo it in
+reverse: restore affinity, SIGCONT, open the gate, grant the next (regions.py).
 
-No process is ever left stopped: frozen pids are written to a state file before SIGSTOP and resumed
-by the next controller at start, and each `krex run` wrapper resumes its own job if we vanish."""
+No process is ever left stopped: frozen pids are written to a state file (or nobody is frozen) and handed
+to the resumer process before SIGSTOP; the resumer resumes them the moment this process dies, the next
+controller resumes what the state file lists, and each `krex run` wrapper resumes its own job if we vanish.
+
+Defences against clients (every one of them may be hostile): peer identity and a pidfd come from the
+kernel at accept (SO_PEERCRED, SO_PEERPIDFD), never from a message; a connection that has not said HELLO
+within handshake_timeout_s is closed, and each user may hold only max_handshakes_per_uid such connections
+and max_clients_per_uid registered ones; out of file descriptors, a spare one lets us refuse a connection
+instead of spinning on it."""
 
 import errno
 import heapq
@@ -15,28 +23,30 @@ import itertools
 import json
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
 import struct
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import procs, proto
+from . import attest, gpus, lifecycle, procs, proto
 from .config import Config
 from .errors import KrexCommandError
-from .proto import C, MSG
 from .pool import WorkerPool
-from .scheduler import Request, mask_to_list, startable
+from .proto import C, MSG
+from .regions import RegionsMixin, now_ns
+from .resumer import Resumer
+from .scheduler import Request, list_to_mask, mask_to_list
 from .shm import GatePage
 
 log = logging.getLogger("krex.controller")
-REPORT_PAGE = 100   # regions per job_report reply; one region is ~400 bytes of JSON
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()
+REPORT_PAGE = 100   # regions per job_report reply; one region is ~500 bytes of JSON
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+REGION_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)
 
 
 class Client:
@@ -49,12 +59,31 @@ class Client:
         pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         self.pid, self.uid = pid, uid   # identity from the kernel, never from a message
         self.pidfd: Optional[procs.Pidfd] = None
+        self.accepted = time.monotonic()
         self.role = 0
         self.job: Optional["Job"] = None
         self.devices = 0                # GPU mask with contexts
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.request: Optional[Request] = None
+
+    def open_pidfd(self) -> None:
+        """The peer's pidfd, bound to the process that connected: SO_PEERPIDFD (Linux 6.5) names it even if
+        its pid is reused later; before 6.5 pidfd_open now, checked against the peer's uid. OSError: gone."""
+        try:
+            fd = self.sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError as e:
+            if e.errno not in (errno.ENOPROTOOPT, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            self.pidfd = procs.Pidfd(self.pid)
+            if procs.uid(self.pid) != self.uid:
+                self.pidfd.close()
+                raise OSError(errno.ESRCH, "the peer's pid now belongs to another user") from None
+            return
+        if procs.pidfd_pid(fd) != self.pid:     # exited already (and its pid may be someone else's now)
+            os.close(fd)
+            raise OSError(errno.ESRCH, "peer process already gone")
+        self.pidfd = procs.Pidfd(self.pid, fd)
 
     @property
     def role_name(self) -> str:
@@ -69,26 +98,11 @@ class Client:
 class Job:
     def __init__(self, job_id: int, root_pid: int, uid: int):
         self.id, self.root_pid, self.uid = job_id, root_pid, uid
+        self.root_start = procs.start_time(root_pid)
         self.clients: set[Client] = set()
         self.regions: list[dict] = []
         self.command: list[str] = []
-
-
-class Region:
-    def __init__(self, req: Request, owner: Client):
-        self.req, self.owner = req, owner
-        self.id = req.id
-        self.job: Job = owner.job  # type: ignore[assignment]
-        self.state = "draining"
-        self.pending_drain: set[Client] = set()
-        self.drain_timeouts = 0
-        self.drain_started_ns = now_ns()
-        self.frozen: list[procs.Pidfd] = []
-        self.saved_affinity: dict[int, set[int]] = {}
-        self.reserved: set[int] = set()          # cores given to the owner while the region is held
-        self.granted_ns = 0
-        self.phase_ns: dict[str, int] = {}   # drain, freeze, isolate: where the hand-off time goes
-        self.timer: Optional["Timer"] = None
+        self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
 
 
 class Timer:
@@ -99,17 +113,35 @@ class Timer:
         return self.when < other.when
 
 
-class Controller:
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (ValueError, OSError):
+        pass
+    return soft
+
+
+class Controller(RegionsMixin):
     def __init__(self, cfg: Config, listener: socket.socket, socket_path: str):
         self.cfg = cfg
         self.listener = listener
         self.socket_path = socket_path
         self.sel = selectors.DefaultSelector()
         self.gate = GatePage()
+        self.gpus = gpus.GpuTable(cfg, self.gate)
+        self.attest = attest.Attestor()
+        self.lifecycle = lifecycle.Lifecycle(cfg)
+        self.resumer = Resumer()
         self.clients: dict[int, Client] = {}
+        self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.jobs: dict[int, Job] = {}
         self.queue: list[Request] = []
-        self.regions: dict[int, Region] = {}
+        self.regions: dict = {}
+        self.revoked_ids: dict[int, bool] = {}
         self.timers: list[Timer] = []
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # see hand_over_cores
         self.pool = WorkerPool(cfg, socket_path)
@@ -119,8 +151,18 @@ class Controller:
         self.started = time.time()
         self.idle_since = time.monotonic()
         self.counters = {"clients_total": 0, "regions_granted": 0, "regions_revoked": 0, "owner_deaths": 0,
-                         "drain_timeouts": 0, "bad_frames": 0, "frozen_total": 0}
+                         "drain_timeouts": 0, "bad_frames": 0, "frozen_total": 0, "refused_connections": 0,
+                         "handshake_timeouts": 0}
+        self.logged: dict[str, list] = {}          # rate_log: key -> [last time, suppressed count]
         self.state_path = Path(cfg.state_file or socket_path + ".state")
+        fd_limit = raise_fd_limit()
+        # two descriptors a client (socket, pidfd) and some for ourselves
+        self.max_clients = max(1, min(int(cfg.max_clients), (fd_limit - 64) // 2))
+        if self.max_clients < int(cfg.max_clients):
+            log.warning("file descriptor limit %d allows %d clients, not max_clients %d", fd_limit, self.max_clients,
+                        cfg.max_clients)
+        self.spare_fd: Optional[int] = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self.listening = True
         listener.setblocking(False)
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
         self._wake_r, self._wake_w = socket.socketpair()
@@ -130,14 +172,17 @@ class Controller:
 
     # ---- event loop ------------------------------------------------------------------------------
     def serve_forever(self) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())    # whatever our starter blocked
         signal.set_wakeup_fd(self._wake_w.fileno())
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)
         self.resume_from_state_file()
+        self.resumer.start()
         if self.cfg.idle_exit_s:
             self.every(1.0, self.check_idle)
         if int(self.cfg.warm_workers) > 0:
             self.every(1.0, self.pool.reap)
+        self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         try:
             while self.running:
                 timeout = None
@@ -152,7 +197,10 @@ class Controller:
                     except Exception:  # the controller never dies of one client
                         log.exception("error handling %s event", kind)
                         if client is not None:
-                            self.drop(client, "internal error")
+                            try:
+                                self.drop(client, "internal error")
+                            except Exception:
+                                log.exception("error dropping client %d", client.id)
                 now = time.monotonic()
                 while self.timers and (self.timers[0].cancelled or self.timers[0].when <= now):
                     t = heapq.heappop(self.timers)
@@ -189,9 +237,23 @@ class Controller:
 
     def every(self, period: float, fn: Callable[[], None]) -> None:
         def tick() -> None:
-            fn()
-            self.after(period, tick)
+            try:
+                fn()
+            finally:
+                self.after(period, tick)
         self.after(period, tick)
+
+    def rate_log(self, key: str, level: int, msg: str, *args) -> None:
+        """At most one line per key every 10 s, with the count of the ones held back."""
+        now = time.monotonic()
+        last = self.logged.setdefault(key, [0.0, 0])
+        if now - last[0] < 10.0:
+            last[1] += 1
+            return
+        if last[1]:
+            msg += f" ({last[1]} more like it in the last 10 s)"
+        log.log(level, msg, *args)
+        self.logged[key] = [now, 0]
 
     def check_idle(self) -> None:
         pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
@@ -203,26 +265,109 @@ class Controller:
 
     # ---- connections -----------------------------------------------------------------------------
     def accept(self) -> None:
-        while True:
+        for _ in range(256):         # a batch, then the other events get their turn
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):
-                    log.error("out of file descriptors; refusing a client")
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.shed_connection(e)
                     return
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue
                 raise
-            sock.setblocking(False)
-            client = Client(sock)
-            if len(self.clients) >= self.cfg.max_clients:
-                self.send_error(client, C.KREX_ERR_LIMIT, f"controller is at its limit of {self.cfg.max_clients} clients")
-                self.flush(client)
+            self.take(sock)
+
+    def shed_connection(self, e: OSError) -> None:
+        """Out of descriptors: with the spare one, take the connection only to say so and close it (the
+        listener would otherwise stay readable and this loop spin); without it, stop listening briefly."""
+        self.counters["refused_connections"] += 1
+        self.rate_log("emfile", logging.ERROR, "out of file descriptors (%s); refusing connections", e.strerror)
+        if self.spare_fd is not None:
+            os.close(self.spare_fd)
+            self.spare_fd = None
+            try:
+                sock, _ = self.listener.accept()
+                try:
+                    sock.setblocking(False)
+                    sock.send(proto.pack(MSG["ERROR"], proto.error_payload(
+                        C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later")))
+                except OSError:
+                    pass
                 sock.close()
-                continue
-            self.clients[client.fd] = client
-            self.counters["clients_total"] += 1
-            self.sel.register(sock, selectors.EVENT_READ, ("client", client))
+            except OSError:
+                pass
+            try:
+                self.spare_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
+        if self.spare_fd is None and self.listening:
+            self.sel.unregister(self.listener)
+            self.listening = False
+
+            def resume() -> None:
+                if not self.listening:
+                    self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+                    self.listening = True
+                if self.spare_fd is None:
+                    try:
+                        self.spare_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+                    except OSError:
+                        pass
+            self.after(0.1, resume)
+
+    def take(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        try:
+            client = Client(sock)
+            client.open_pidfd()
+        except OSError:
+            sock.close()          # the peer left before we looked (or its pid is a stranger's now)
+            return
+        if len(self.clients) >= self.max_clients:
+            self.counters["refused_connections"] += 1
+            self.refuse(client, f"controller is at its limit of {self.max_clients} clients")
+            return
+        waiting = self.pending.setdefault(client.uid, deque())
+        while len(waiting) >= int(self.cfg.max_handshakes_per_uid):
+            oldest = waiting.popleft()    # one user's idle connections never crowd out the others
+            self.counters["refused_connections"] += 1
+            self.rate_log(f"handshakes-{client.uid}", logging.WARNING, "uid %d holds %d connections without a "
+                          "handshake; closing the oldest", client.uid, int(self.cfg.max_handshakes_per_uid))
+            self.send_error(oldest, C.KREX_ERR_LIMIT, "too many connections of this user are waiting for their "
+                            "handshake")
+            self.drop(oldest, "handshake crowded out")
+        waiting.append(client)
+        self.clients[client.fd] = client
+        self.counters["clients_total"] += 1
+        self.sel.register(sock, selectors.EVENT_READ, ("client", client))
+        self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("pidfd", client))
+
+    def refuse(self, client: Client, why: str) -> None:
+        self.send_error(client, C.KREX_ERR_LIMIT, why)
+        client.sock.close()
+        if client.pidfd is not None:
+            client.pidfd.close()
+
+    def expire_handshakes(self) -> None:
+        deadline = time.monotonic() - float(self.cfg.handshake_timeout_s)
+        for waiting in list(self.pending.values()):
+            while waiting and waiting[0].accepted < deadline:
+                c = waiting.popleft()
+                self.counters["handshake_timeouts"] += 1
+                self.send_error(c, C.KREX_ERR_BAD_FRAME, f"no HELLO within {self.cfg.handshake_timeout_s:g} s")
+                self.drop(c, "no handshake in time")
+
+    def unpend(self, client: Client) -> None:
+        waiting = self.pending.get(client.uid)
+        if waiting is not None:
+            try:
+                waiting.remove(client)
+            except ValueError:
+                pass
+            if not waiting:
+                del self.pending[client.uid]
 
     def read(self, client: Client) -> None:
         try:
@@ -273,8 +418,8 @@ class Controller:
         client.outbuf += frame
         self.flush(client)
 
-    def send_error(self, client: Client, code: int, text: str) -> None:
-        self.send(client, MSG["ERROR"], proto.error_payload(code, text))
+    def send_error(self, client: Client, code: int, text: str, seq: int = 0) -> None:
+        self.send(client, MSG["ERROR"], proto.error_payload(code, text), seq=seq)
 
     def flush(self, client: Client) -> None:
         while client.outbuf:
@@ -301,6 +446,8 @@ class Controller:
         if not self.connected(client):
             return
         del self.clients[client.fd]
+        if client.role == 0:
+            self.unpend(client)
         log.debug("client %d (pid %d) dropped: %s", client.id, client.pid, why)
         self.sel.unregister(client.sock)
         if client.pidfd is not None:
@@ -311,12 +458,14 @@ class Controller:
         if client.request is not None and client.request in self.queue:
             self.queue.remove(client.request)
         for region in list(self.regions.values()):
-            if region.owner is client:
-                self.counters["owner_deaths"] += 1
-                self.end_region(region, C.KREX_END_OWNER_GONE)
+            if client in region.members:
+                if len(region.members) == 1:
+                    self.counters["owner_deaths"] += 1
+                self.leave(region, client, C.KREX_END_OWNER_GONE, 0)
             elif client in region.pending_drain:
                 region.pending_drain.discard(client)
                 self.maybe_freeze(region)
+        self.lifecycle.gone(client)
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
@@ -338,8 +487,10 @@ class Controller:
         handler = {
             "CONTEXT": self.on_context,          # shim
             "DRAINED": self.on_drained,          # shim
-            "REGION_BEGIN": self.on_region_begin,  # shim or python client
-            "REGION_END": self.on_region_end,    # shim or python client
+            "LIFECYCLE": self.on_lifecycle,      # shim
+            "REGION_BEGIN": self.on_region_begin,    # shim or python client
+            "REGION_END": self.on_region_end,        # shim or python client
+            "REGION_CANCEL": self.on_region_cancel,  # shim or python client
             "JSON": self.on_json,                # python clients (wrapper, cli, region api)
         }.get(name or "")
         if handler is None:
@@ -359,24 +510,23 @@ class Controller:
             return
         if hello.role not in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON, C.KREX_ROLE_WRAPPER, C.KREX_ROLE_CLI):
             raise proto.ProtocolError(f"unknown role {hello.role}")
-        client.role = hello.role
-        try:
-            client.pidfd = procs.Pidfd(client.pid)
-            self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("pidfd", client))
-        except OSError:
+        if not client.pidfd.alive():
             self.drop(client, "peer process already gone")
             return
+        if hello.role != C.KREX_ROLE_CLI and client.uid != 0 and sum(
+                c.uid == client.uid and c.role not in (0, C.KREX_ROLE_CLI) for c in self.clients.values()) \
+                >= int(self.cfg.max_clients_per_uid):
+            self.counters["refused_connections"] += 1
+            self.send_error(client, C.KREX_ERR_LIMIT, f"uid {client.uid} is at its limit of "
+                            f"{self.cfg.max_clients_per_uid} clients of this controller")
+            self.flush(client)
+            self.drop(client, "per-user client limit")
+            return
+        self.unpend(client)
+        client.role = hello.role
         if client.role != C.KREX_ROLE_CLI:
-            job = self.jobs.get(hello.job) if hello.job > 0 else None
-            # a claimed job is honoured only for a descendant of that job's wrapper, or of the warm worker
-            # running that job's command, of the same user
-            if client.role == C.KREX_ROLE_WRAPPER or job is None or job.uid != client.uid \
-                    or not (procs.is_descendant(client.pid, job.root_pid) or any(
-                        w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers)):
-                job = Job(next(self.job_ids), client.pid, client.uid)
-                self.jobs[job.id] = job
-            client.job = job
-            job.clients.add(client)
+            client.job = self.place(client, int(hello.job), int(hello.job_root))
+            client.job.clients.add(client)
             if self.cfg.isolate_cpus:
                 self.keep_off_reserved(client)
         ro = self.gate.readonly_fd()
@@ -384,18 +534,50 @@ class Controller:
             self.send(client, MSG["WELCOME"], proto.encode(
                 "struct krex_welcome", magic=proto.MAGIC, version=proto.VERSION, client_id=client.id,
                 job=client.job.id if client.job else 0, max_gpus=C.KREX_MAX_GPUS,
-                gate_stride=proto.ffi.sizeof("struct krex_gate"), gate_offset=self.gate.offset, has_gate_fd=1),
-                fds=(ro,))
+                gate_stride=proto.ffi.sizeof("struct krex_gate"), gate_offset=self.gate.offset, has_gate_fd=1,
+                controller_pid=os.getpid()), fds=(ro,))
         finally:
             os.close(ro)
+
+    def place(self, client: Client, claimed: int, root: int) -> Job:
+        """The job a new client belongs to. A wrapper opens one (or takes over the one its descendants
+        opened while it was reconnecting). Any other client is placed in the job it claims only if it
+        descends from that job's wrapper (or from the warm worker running that job's command) and is of
+        the same user; else in the job of the wrapper it names (KREX_JOB_ROOT) if it descends from it,
+        so that after a controller restart a command's processes find each other again; else alone."""
+        def ours(job: Optional[Job]) -> bool:
+            return job is not None and job.uid == client.uid and (
+                procs.is_descendant(client.pid, job.root_pid) and procs.start_time(job.root_pid) == job.root_start
+                or any(w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers))
+
+        if client.role == C.KREX_ROLE_WRAPPER:
+            job = next((j for j in self.jobs.values() if j.root_pid == client.pid and j.uid == client.uid
+                        and j.root_start == procs.start_time(client.pid)), None)
+            return job or self.new_job(client.pid, client.uid)
+        job = self.jobs.get(claimed) if claimed > 0 else None
+        if ours(job):
+            return job
+        if root > 1 and procs.is_descendant(client.pid, root) and procs.owned_by(root, client.uid):
+            job = next((j for j in self.jobs.values() if j.root_pid == root and j.uid == client.uid
+                        and j.root_start == procs.start_time(root)), None)
+            return job or self.new_job(root, client.uid)
+        return self.new_job(client.pid, client.uid)
+
+    def new_job(self, root: int, uid: int) -> Job:
+        job = Job(next(self.job_ids), root, uid)
+        self.jobs[job.id] = job
+        return job
 
     def on_context(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: this process holds a context on a GPU"""
         ctx = proto.decode("struct krex_context", payload)
-        if not 0 <= ctx.device < C.KREX_MAX_GPUS or ctx.device not in self.cfg.gpus:
-            self.send_error(client, C.KREX_ERR_GPU, f"GPU {ctx.device} is not managed by this controller")
+        uuid = bytes(proto.ffi.buffer(ctx.uuid)) if ctx.flags & C.KREX_CONTEXT_HAS_UUID else None
+        device = self.gpus.index(uuid, int(ctx.device))
+        if device is None or device not in self.cfg.gpus:
+            self.send_error(client, C.KREX_ERR_GPU, f"GPU {ctx.device if device is None else device} is not managed "
+                            "by this controller", seq=seq)
             return
-        client.devices |= 1 << ctx.device
+        client.devices |= 1 << device
 
     def on_drained(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: finished a drain"""
@@ -405,20 +587,45 @@ class Controller:
             region.pending_drain.discard(client)
             if d.status:
                 log.warning("pid %d drained GPU work with driver error %d", client.pid, d.status)
+            self.lifecycle.drained(client, int(d.freed_bytes), int(d.last_free_ns))
             self.maybe_freeze(region)
+
+    def on_lifecycle(self, client: Client, payload: bytes, seq: int) -> None:
+        """shim: a context is being created or destroyed, the process is exiting, or it freed memory"""
+        self.lifecycle.event(client, proto.decode("struct krex_lifecycle", payload))
+
+    def job_gpus(self, client: Client) -> int:
+        """A region's GPUs when its requester names none: every GPU its job declared or holds contexts on
+        (a gang: all ranks' GPUs at once), else its own."""
+        jobs = {client.job, self.command_job(client)} - {None}
+        mask = 0
+        for job in jobs:
+            mask |= job.gpus
+            for c in job.clients:
+                mask |= c.devices
+        return mask or client.devices
 
     def on_region_begin(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: ask for a region"""
         b = proto.decode("struct krex_region_begin", payload)
-        mask = int(b.gpu_mask)
+        if client.role not in REGION_ROLES or client.job is None:
+            self.send_error(client, C.KREX_ERR_DENIED, f"a {client.role_name} client cannot hold regions", seq=seq)
+            return
+        mask = int(b.gpu_mask) or self.job_gpus(client) or int(b.fallback_mask)
         bad = [g for g in mask_to_list(mask) if g not in self.cfg.gpus]
         if not mask or bad:
-            self.send_error(client, C.KREX_ERR_GPU, f"region on GPUs {bad or 'none'} that this controller does not manage")
+            self.send_error(client, C.KREX_ERR_GPU, f"region on GPUs {bad or 'none'} that this controller does not "
+                            "manage", seq=seq)
             return
-        if client.request is not None or any(r.owner is client for r in self.regions.values()):
-            self.send_error(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held")
+        if client.request is not None or any(client in r.members for r in self.regions.values()):
+            self.send_error(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq=seq)
             return
-        req = Request(next(self.ids), mask, proto.cstr(b.name), int(b.requested_ns), client)
+        name, requested = proto.cstr(b.name), int(b.requested_ns)
+        region = self.joinable(client, mask)
+        if region is not None:
+            self.join(region, client, seq, name, requested)
+            return
+        req = Request(next(self.ids), mask, name, requested, client, seq)
         client.request = req
         self.queue.append(req)
         self.schedule()
@@ -427,12 +634,27 @@ class Controller:
         """shim or python client: the region is over"""
         e = proto.decode("struct krex_region_end", payload)
         region = self.regions.get(e.region_id)
-        if region is None or region.owner is not client:
-            # already revoked or never ours: acknowledge so the client does not wait
+        if region is None or client not in region.members:
+            # already revoked, or never ours: acknowledge so the client does not wait
+            reason = C.KREX_END_TIME_LIMIT if e.region_id in self.revoked_ids else C.KREX_END_CANCELLED
             self.send(client, MSG["REGION_ENDED"], proto.encode(
-                "struct krex_region_ended", region_id=e.region_id, ended_ns=now_ns(), reason=C.KREX_END_TIME_LIMIT))
+                "struct krex_region_ended", region_id=e.region_id, ended_ns=now_ns(), reason=reason), seq=seq)
             return
-        self.end_region(region, C.KREX_END_NORMAL)
+        self.leave(region, client, C.KREX_END_NORMAL, seq)
+
+    def on_region_cancel(self, client: Client, payload: bytes, seq: int) -> None:
+        """shim or python client: it stops waiting (Ctrl-C) or leaves whatever region it is in"""
+        proto.decode("struct krex_region_cancel", payload)
+        if client.request is not None and client.request in self.queue:
+            self.queue.remove(client.request)
+            client.request = None
+            self.schedule()
+        for region in list(self.regions.values()):
+            if client in region.members:
+                self.leave(region, client, C.KREX_END_CANCELLED, seq)
+                return
+        self.send(client, MSG["REGION_ENDED"], proto.encode(
+            "struct krex_region_ended", region_id=0, ended_ns=now_ns(), reason=C.KREX_END_CANCELLED), seq=seq)
 
     def on_json(self, client: Client, payload: bytes, seq: int) -> None:
         """wrapper / cli: control-plane requests"""
@@ -454,7 +676,11 @@ class Controller:
             elif op == "job_command":
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:
                     client.job.command = [str(a) for a in req.get("command", [])][:64]
+                    client.job.gpus = list_to_mask(g for g in req.get("gpus", []) or []
+                                                   if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
                 reply = {"ok": True}
+            elif op == "gpu_uuid":      # wrapper: the UUID of node-wide GPU n (for CUDA_VISIBLE_DEVICES)
+                reply = {"uuid": self.gpus.uuid_text(int(req.get("gpu", -1)))}
             elif op == "dispatch":      # wrapper: a warm worker for this command, if one fits
                 reply = self.dispatch_warm(client, req)
             elif op == "worker_exit":   # wrapper: how the worker running its command ended
@@ -508,250 +734,6 @@ class Controller:
             worker.state, worker.serving = "idle", None
         return {"ok": True}
 
-    # ---- regions ---------------------------------------------------------------------------------
-    def busy_mask(self) -> int:
-        m = 0
-        for r in self.regions.values():
-            m |= r.req.gpu_mask
-        return m
-
-    def schedule(self) -> None:
-        for req in startable(self.queue, self.busy_mask()):
-            self.queue.remove(req)
-            req.owner.request = None
-            self.start_region(req)
-        if self.handover is not None and not self.regions:
-            self.release_handover()   # the waiter it was kept for went away
-
-    def command_job(self, client: Client) -> Optional[Job]:
-        """The job a client works for: a warm worker's is the command it runs, whose other processes (the
-        command's children, under the wrapper's job) must not be its siblings."""
-        worker = self.pool.by_pid(client.pid)
-        return worker.serving if worker is not None and worker.serving is not None else client.job
-
-    def siblings(self, region: Region) -> list[Client]:
-        mine = {region.job, self.command_job(region.owner)}
-        return [c for c in self.clients.values()
-                if c.role == C.KREX_ROLE_SHIM and c.devices & region.req.gpu_mask and c.job not in mine
-                and self.command_job(c) not in mine]
-
-    def start_region(self, req: Request) -> None:
-        owner: Client = req.owner
-        region = Region(req, owner)
-        self.regions[region.id] = region
-        for g in mask_to_list(req.gpu_mask):
-            self.gate.close_gate(g, region.job.id, region.id)
-        drain = proto.encode("struct krex_drain", drain_id=region.id, gpu_mask=req.gpu_mask)
-        for c in self.siblings(region):
-            region.pending_drain.add(c)
-            self.send(c, MSG["DRAIN"], drain)
-        region.timer = self.after(float(self.cfg.drain_timeout_s), lambda: self.drain_timed_out(region))
-        self.maybe_freeze(region)
-
-    def drain_timed_out(self, region: Region) -> None:
-        if region.state != "draining" or self.regions.get(region.id) is not region:
-            return
-        region.drain_timeouts = len(region.pending_drain)
-        self.counters["drain_timeouts"] += region.drain_timeouts
-        log.warning("region %d: %d process(es) did not finish draining in %.1f s: %s", region.id,
-                    region.drain_timeouts, self.cfg.drain_timeout_s, [c.pid for c in region.pending_drain])
-        region.pending_drain.clear()
-        self.maybe_freeze(region)
-
-    def maybe_freeze(self, region: Region) -> None:
-        if region.state != "draining" or region.pending_drain:
-            return
-        if region.timer:
-            region.timer.cancelled = True
-        region.state = "freezing"
-        region.phase_ns["drain"] = now_ns() - region.drain_started_ns
-        # without freezing, exclusivity rests on the closed gate and the drain; the others' CPU work (compiling,
-        # importing) goes on, off the reserved cores
-        targets = [c for c in self.siblings(region) if c.pidfd is not None] if self.cfg.freeze else []
-        self.write_state_file(extra=[(c.pid, c.pidfd.start_time) for c in targets])  # type: ignore[union-attr]
-        for c in targets:
-            if c.pidfd.signal(signal.SIGSTOP):  # type: ignore[union-attr]
-                region.frozen.append(c.pidfd)  # type: ignore[arg-type]
-        self.counters["frozen_total"] += len(region.frozen)
-        deadline = time.monotonic() + float(self.cfg.freeze_timeout_s)
-        self.await_stopped(region, deadline)
-
-    def await_stopped(self, region: Region, deadline: float) -> None:
-        if self.regions.get(region.id) is not region:
-            return
-        running = [p for p in region.frozen if procs.state(p.pid) not in ("T", "t", "Z", "X", None)]
-        if running and time.monotonic() < deadline:
-            self.after(0.0001, lambda: self.await_stopped(region, deadline))
-            return
-        if running:
-            log.warning("region %d: pids %s not yet stopped; granting anyway", region.id, [p.pid for p in running])
-        t0 = now_ns()
-        region.phase_ns["freeze"] = t0 - region.drain_started_ns - region.phase_ns["drain"]
-        self.isolate_cpus(region)
-        region.phase_ns["isolate"] = now_ns() - t0
-        self.grant(region)
-
-    def isolate_cpus(self, region: Region) -> None:
-        if not self.cfg.isolate_cpus:
-            return
-        reserved = self.cfg.reserved_for(region.req.gpu_mask)
-        if self.handover is not None and self.handover[0] != reserved:
-            self.release_handover()
-        if not reserved:
-            return
-        region.reserved = reserved
-        owner_pid = region.owner.pid
-        handed_over = self.handover is not None
-        if handed_over:
-            region.saved_affinity, self.handover = self.handover[1], None
-        procs.set_affinity(procs.threads(owner_pid), lambda old: reserved, region.saved_affinity)
-        self.publish_reserved()
-        if handed_over:
-            # back-to-back regions on the same cores: everyone else is already off them (the last
-            # owner and its frozen siblings were moved at its end, newcomers at their HELLO)
-            return
-        frozen = {p.pid for p in region.frozen}
-        managed: set[int] = set()
-        for job in self.jobs.values():
-            tree = [job.root_pid] + procs.descendants(job.root_pid) if job.root_pid else []
-            managed.update(p for p in tree if _owned_by(p, job.uid))
-        managed.update(c.pid for c in self.clients.values() if c.role in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON))
-        managed -= {owner_pid, os.getpid()} | frozen
-        for pid in managed:
-            procs.set_affinity(procs.threads(pid), lambda old: old - reserved, region.saved_affinity)
-
-    def hand_over_cores(self, region: Region) -> bool:
-        """At the end of a region with others waiting on its GPUs: keep the isolation for the next one
-        instead of restoring every thread and walking every job again (~4 ms with 60 clients)."""
-        if not region.reserved or not any(r.gpu_mask & region.req.gpu_mask for r in self.queue):
-            return False
-        saved = region.saved_affinity
-        for tid in procs.threads(region.owner.pid):      # from its own mask before the region, less ours
-            procs.set_affinity([tid], lambda old, t=tid: saved.get(t, old) - region.reserved, saved)
-        for p in region.frozen:
-            procs.set_affinity(procs.threads(p.pid), lambda old: old - region.reserved, saved)
-        self.handover = (region.reserved, region.saved_affinity)
-        return True
-
-    def release_handover(self) -> None:
-        if self.handover is not None:
-            saved = self.handover[1]
-            self.handover = None
-            self.publish_reserved()
-            procs.restore_affinity(saved)
-
-    def publish_reserved(self) -> None:
-        """Write the CPUs region owners hold now to SOCKET.reserved, so a starting `krex run` can step
-        off them before it has even connected (procs.step_off_reserved)."""
-        cpus = set()
-        for r in self.regions.values():
-            cpus |= r.reserved
-        if self.handover is not None:
-            cpus |= self.handover[0]
-        path = self.socket_path + ".reserved"
-        try:
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(",".join(map(str, sorted(cpus))))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except OSError as e:
-            log.error("cannot write %s: %s", path, e)
-
-    def keep_off_reserved(self, client: Client) -> None:
-        """A process that registers while regions hold reserved cores moves off them at once: commands
-        started during a region (a new `krex run`, its Python importing torch) must not land there."""
-        held = [(r.reserved, r.saved_affinity) for r in self.regions.values()
-                if r.reserved and r.owner.pid != client.pid]
-        reservations = held + ([self.handover] if self.handover else [])
-        tids = [t for pid in [client.pid] + procs.descendants(client.pid) for t in procs.threads(pid)] \
-            if reservations else []
-        for reserved, saved in reservations:
-            procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
-
-    def grant(self, region: Region) -> None:
-        region.state = "held"
-        region.granted_ns = now_ns()
-        self.counters["regions_granted"] += 1
-        limit_ns = int(float(self.cfg.region_time_limit_s) * 1e9)
-        self.send(region.owner, MSG["REGION_GRANTED"], proto.encode(
-            "struct krex_region_granted", region_id=region.id, gpu_mask=region.req.gpu_mask,
-            requested_ns=region.req.requested_ns, granted_ns=region.granted_ns, frozen=len(region.frozen),
-            drain_timeouts=region.drain_timeouts, time_limit_ns=limit_ns))
-        region.timer = self.after(float(self.cfg.region_time_limit_s), lambda: self.revoke(region))
-
-    def revoke(self, region: Region) -> None:
-        if self.regions.get(region.id) is region:
-            log.warning("region %d (%s) of pid %d ran past %.1f s; revoked", region.id, region.req.name,
-                        region.owner.pid, self.cfg.region_time_limit_s)
-            self.counters["regions_revoked"] += 1
-            self.end_region(region, C.KREX_END_TIME_LIMIT)
-
-    def end_region(self, region: Region, reason: int) -> None:
-        if self.regions.pop(region.id, None) is None:
-            return
-        ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
-        if region.timer:
-            region.timer.cancelled = True
-        if not self.hand_over_cores(region):
-            procs.restore_affinity(region.saved_affinity)
-        if region.reserved:
-            self.publish_reserved()
-        frozen = len(region.frozen)
-        for p in region.frozen:
-            p.signal(signal.SIGCONT)
-        region.frozen.clear()
-        self.write_state_file()
-        for g in mask_to_list(region.req.gpu_mask):
-            self.gate.open_gate(g)
-        record = {
-            "name": region.req.name, "gpu": mask_to_list(region.req.gpu_mask),
-            "requested_ns": region.req.requested_ns, "granted_ns": region.granted_ns or None, "ended_ns": ended,
-            "pid": region.owner.pid, "end": {C.KREX_END_NORMAL: "normal", C.KREX_END_TIME_LIMIT: "revoked",
-                                             C.KREX_END_OWNER_GONE: "owner_gone"}[reason],
-            "frozen": frozen, "drain_timeouts": region.drain_timeouts,
-            "queued_ns": region.drain_started_ns - region.req.requested_ns,
-            **{f"{k}_ns": v for k, v in region.phase_ns.items()},
-        }
-        region.job.regions.append(record)
-        worker = self.pool.by_pid(region.owner.pid)
-        if worker is not None and worker.serving is not None and worker.serving is not region.job:
-            worker.serving.regions.append(record)   # a warm worker's region belongs to the command it runs
-        if reason != C.KREX_END_OWNER_GONE and self.connected(region.owner):
-            self.send(region.owner, MSG["REGION_ENDED"], proto.encode(
-                "struct krex_region_ended", region_id=region.id, ended_ns=ended, reason=reason))
-        self.schedule()
-
-    # ---- never leave a process stopped ---------------------------------------------------------
-    def write_state_file(self, extra: list = ()) -> None:
-        frozen = [(p.pid, p.start_time) for r in self.regions.values() for p in r.frozen] + list(extra)
-        tmp = self.state_path.with_suffix(".tmp")
-        try:
-            if frozen:
-                tmp.write_text(json.dumps({"controller_pid": os.getpid(), "frozen": frozen}))
-                os.replace(tmp, self.state_path)
-            else:
-                self.state_path.unlink(missing_ok=True)
-        except OSError as e:
-            log.error("cannot write state file %s: %s", self.state_path, e)
-
-    def resume_from_state_file(self) -> None:
-        try:
-            data = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return
-        for pid, st in data.get("frozen", []):
-            if st is not None and procs.start_time(pid) == st:
-                try:
-                    p = procs.Pidfd(pid)
-                    if p.start_time == st:
-                        p.signal(signal.SIGCONT)
-                        log.warning("resumed pid %d left stopped by a previous controller", pid)
-                    p.close()
-                except OSError:
-                    pass
-        self.state_path.unlink(missing_ok=True)
-
     def shutdown(self) -> None:
         self.queue.clear()
         for region in list(self.regions.values()):
@@ -760,6 +742,7 @@ class Controller:
         self.pool.shutdown()
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
+        self.resumer.close()
         try:
             if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
                 os.unlink(self.socket_path)
@@ -773,38 +756,34 @@ class Controller:
         gpus = []
         for g in self.cfg.gpus:
             bit = 1 << g
-            owner = next((r for r in self.regions.values() if r.req.gpu_mask & bit), None)
+            owner = next((r for r in self.regions.values() if r.gpu_mask & bit), None)
             clients = [c for c in self.clients.values() if c.devices & bit]
             if not clients and owner is None and not any(r.gpu_mask & bit for r in self.queue):
                 continue
             gpus.append({
-                "gpu": g,
+                "gpu": g, "uuid": self.gpus.uuid_text(g),
                 "owner": None if owner is None else {
                     "region": owner.id, "name": owner.req.name, "pid": owner.owner.pid, "job": owner.job.id,
+                    "members": self.member_pids(owner), "gpus": mask_to_list(owner.gpu_mask),
                     "state": owner.state, "frozen": [p.pid for p in owner.frozen],
                     "held_s": (now_ns() - owner.granted_ns) / 1e9 if owner.granted_ns else 0.0},
-                "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid,
+                "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "gpus": mask_to_list(r.gpu_mask),
                            "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.queue if r.gpu_mask & bit],
                 "clients": [c.pid for c in clients],
             })
         return {
             "controller": {"pid": os.getpid(), "socket": self.socket_path, "protocol": proto.VERSION,
-                           "uptime_s": round(time.time() - self.started, 3), "config": self.cfg.to_json()},
+                           "uptime_s": round(time.time() - self.started, 3), "config": self.cfg.to_json(),
+                           "max_clients": self.max_clients, "attestation": self.attest.source,
+                           "resumer_pid": self.resumer.pid or None},
             "gpus": gpus,
-            "clients": [c.describe() for c in self.clients.values()],
-            "jobs": [{"job": j.id, "root_pid": j.root_pid, "command": j.command, "regions": len(j.regions)}
-                     for j in self.jobs.values()],
+            "clients": [c.describe() for c in self.clients.values() if c.role],
+            "jobs": [{"job": j.id, "root_pid": j.root_pid, "command": j.command, "regions": len(j.regions),
+                      "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
             "counters": dict(self.counters),
             "workers": self.pool.describe(),
             "zygotes": self.pool.describe_zygotes(),
         }
-
-
-def _owned_by(pid: int, uid: int) -> bool:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid == uid
-    except OSError:
-        return False
 
 
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
@@ -812,7 +791,15 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     import fcntl
     import grp
 
-    lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    parent = os.path.dirname(os.path.abspath(path)) or "/"
+    if not os.path.isdir(parent):
+        raise KrexCommandError(f"--socket {path}: the directory {parent} does not exist", 2)
+    if len(os.fsencode(path)) > 107:
+        raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
+    try:
+        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise KrexCommandError(f"--socket {path}: cannot create its lock file ({e.strerror})", 2) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -822,12 +809,19 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
         os.unlink(path)  # a stale socket left by a controller that died: we hold the lock, so it is stale
     except FileNotFoundError:
         pass
-    sock = proto.bind_private(path)
+    except OSError as e:
+        raise KrexCommandError(f"--socket {path}: cannot replace the stale socket ({e.strerror})", 2) from None
+    try:
+        sock = proto.bind_private(path)
+    except OSError as e:
+        raise KrexCommandError(f"--socket {path}: cannot bind ({e.strerror})", 2) from None
     if cfg.socket_group:
         try:
             os.chown(path, -1, grp.getgrnam(cfg.socket_group).gr_gid)
         except KeyError:
-            raise KrexCommandError(f"no group named {cfg.socket_group!r}", 2) from None
+            raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None
+        except OSError as e:
+            raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
     os.chmod(path, cfg.socket_mode)
     sock.listen(512)
     return sock, lock_fd

@@ -42,3 +42,18 @@ def python_command(argv: list[str], env: Mapping[str, str]) -> Optional[tuple[st
     elif args[0].startswith("-") or not os.path.isfile(args[0]):
         return None
     return os.path.abspath(exe), args
+
+
+# what a zygote needs besides the start-up variables: where it is and who it runs as (caches, temp files);
+# never the rest of the caller's environment (tokens, keys), which goes to the worker alone
+ZYGOTE_VARS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TMPDIR", "TZ", "TERM",
+               "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "KREX_LOG_LEVEL",
+               "KREX_SHIM", "KREX_NVML", "KREX_FAKE_TRACE", "KREX_FAKE_GPUS", "KREX_GATE_CONTEXTS", "KREX_GATE_EXIT",
+               "KREX_GATE_MEMORY", "KREX_SOCKET")
+
+
+def zygote_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables sent to the controller for starting a zygote: the start-up ones and ZYGOTE_VARS."""
+    out = startup_environment(env)
+    out.update({k: v for k, v in env.items() if k in ZYGOTE_VARS or k.startswith("LC_")})
+    return out

@@ -27,13 +27,17 @@ class RunOptions:
     socket: str
     job: int
     counters: Optional[str] = None
-    gpu: Optional[int] = None
+    gpus: Optional[list[int]] = None          # node-wide GPUs of `--gpu` (a list for a multi-GPU job)
     hooks: Optional[str] = None
+    job_root: int = 0                         # the wrapper's pid: its descendants find its job again
+    gpu_uuids: Optional[list[str]] = None     # the same GPUs by UUID, where the controller knows them
 
 
 def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]:
     """Return the command's environment: the shim first in LD_PRELOAD (once), the controller's socket,
-    the job, the counters file, the GPU pinning and the hook switch. base is not modified."""
+    the job, the counters file, the GPU pinning and the hook switch. base is not modified.
+    The GPUs of `--gpu` are named by UUID in CUDA_VISIBLE_DEVICES when known (immune to the order CUDA
+    numbers devices in, CUDA_DEVICE_ORDER), by index otherwise."""
     env = dict(base)
     preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
     shim_name = os.path.basename(opts.shim)
@@ -41,12 +45,19 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
     env["LD_PRELOAD"] = " ".join([opts.shim] + preload)
     env["KREX_SOCKET"] = str(opts.socket)
     env["KREX_JOB"] = str(opts.job)
+    if opts.job_root:
+        env["KREX_JOB_ROOT"] = str(opts.job_root)
     if opts.counters:
         env["KREX_COUNTERS"] = str(opts.counters)
-    if opts.gpu is not None:
-        env["KREX_GPU"] = str(opts.gpu)
-        env["CUDA_VISIBLE_DEVICES"] = str(opts.gpu)
-        env["HIP_VISIBLE_DEVICES"] = str(opts.gpu)
+    else:
+        env.pop("KREX_COUNTERS", None)
+    if opts.gpus:
+        indices = ",".join(str(g) for g in opts.gpus)
+        env["KREX_GPU"] = indices
+        uuids = opts.gpu_uuids if opts.gpu_uuids and len(opts.gpu_uuids) == len(opts.gpus) and all(opts.gpu_uuids) \
+            else None
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) if uuids else indices
+        env["HIP_VISIBLE_DEVICES"] = indices
     hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")
     if hooks:
         env["KREX_HOOKS"] = hooks
@@ -57,3 +68,58 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
         if names & {"all", "nvtx"} and not env.get("NVTX_INJECTION64_PATH"):
             env["NVTX_INJECTION64_PATH"] = opts.shim   # the shim is also an NVTX injection library
     return env
+
+
+FLAG_VARS = ("KREX_GATE_CONTEXTS", "KREX_GATE_EXIT", "KREX_GATE_MEMORY")
+FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+
+def parse_gpus(text: str, what: str = "--gpu") -> list[int]:
+    """'1' or '0,1' -> [1] / [0, 1]; KrexCommandError naming `what` otherwise."""
+    from .errors import KrexCommandError
+
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) >= 64:
+            raise KrexCommandError(f"{what}: {text!r} is not a GPU index (0-63) or a comma-separated list of them", 2)
+        if int(part) not in out:
+            out.append(int(part))
+    return out
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Every KREX_* setting a `krex run` command would read, checked before anything runs: one line naming
+    the variable, exit status 2 (the shim, used without `krex run`, warns and takes the default instead)."""
+    from .errors import KrexCommandError
+
+    for name in FLAG_VARS:
+        value = env.get(name)
+        if value not in (None, "") and value.lower() not in FLAG_WORDS:
+            raise KrexCommandError(f"{name} must be 0 or 1 (or true/false), not {value!r}", 2)
+    if env.get("KREX_GPU"):
+        parse_gpus(env["KREX_GPU"], "KREX_GPU")
+    level = env.get("KREX_LOG_LEVEL")
+    if level and level.lower() not in LOG_LEVELS:
+        raise KrexCommandError(f"KREX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}", 2)
+    for name, low in (("KREX_WARM_WORKERS", 0), ("KREX_RETRY_TAINTED", 0)):
+        value = env.get(name)
+        if value not in (None, "") and not (value.isdigit() and low <= int(value) <= 64):
+            raise KrexCommandError(f"{name} must be a whole number from {low} to 64, not {value!r}", 2)
+    hooks = env.get("KREX_HOOKS")
+    if hooks:
+        check_hooks(hooks, "KREX_HOOKS")
+
+
+def check_hooks(spec: str, what: str = "--hooks") -> None:
+    from .errors import KrexCommandError
+
+    try:
+        from krex_hooks import REGISTRY, SHIM_HOOKS
+    except ImportError:   # the hooks package is not installed: nothing can be checked (nor installed)
+        return
+    known = set(REGISTRY) | set(SHIM_HOOKS) | {"all"}
+    unknown = [n.strip() for n in spec.split(",") if n.strip() and n.strip() not in known]
+    if unknown:
+        raise KrexCommandError(f"{what}: unknown hook {', '.join(unknown)} (known: {', '.join(sorted(known))})", 2)

@@ -1,7 +1,18 @@
-"""Where krex's files are: the shim library, the protocol header, sockets and per-user runtime files."""
+"""Where krex's files are: the shim library, the protocol header, sockets and per-user runtime files.
+
+The per-user directory is $XDG_RUNTIME_DIR/krex, else $TMPDIR/krex-$UID (TMPDIR defaults to /tmp). A
+directory in /tmp is one another user can create first, with a socket of theirs inside, to be handed our
+commands, environments and stdio: it is used only if it is ours (a real directory, not a link, owned by
+us; its mode is set to 0700). If someone else's is in the way, ~/.cache/krex takes its place, for every
+krex process of ours alike (the shim makes the same choice, shim/env.c), so an attacker can neither take
+over a `krex run` nor switch its protection off. Whatever answers on a socket must be root or us
+(proto.check_server)."""
 
 import os
+import stat
 from pathlib import Path
+
+from .errors import KrexCommandError
 
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent
@@ -22,27 +33,53 @@ def shim_library() -> Path:
     return _first_existing(_PKG / "_lib" / "libkrex.so", _REPO / "build" / "libkrex.so")
 
 
+def exec_helper() -> Path:
+    """krex-exec, which starts a `krex run` command so that it dies with its wrapper (shim/krex_exec.c)."""
+    return _first_existing(_PKG / "_lib" / "krex-exec", _REPO / "build" / "krex-exec")
+
+
 def proto_header() -> Path:
     """shim/krex_proto.h, the one definition of the wire format."""
     return _first_existing(_PKG / "_lib" / "krex_proto.h", _REPO / "shim" / "krex_proto.h")
 
 
+def _ours(d: Path) -> bool:
+    """d does not exist, or it is a real directory owned by us (not a link)."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
 def runtime_dir() -> Path:
-    """Per-user directory (mode 0700) for the embedded controller's socket, lock and state."""
+    """Per-user directory (mode 0700) for the embedded controller's socket, lock, state and job files."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    d = Path(xdg) / "krex" if xdg else Path(f"/tmp/krex-{os.getuid()}")
-    return d
+    if xdg:
+        return Path(xdg) / "krex"
+    d = Path(os.environ.get("TMPDIR") or "/tmp") / f"krex-{os.getuid()}"
+    home = os.environ.get("HOME")
+    if _ours(d) or not home:
+        return d
+    return Path(home) / ".cache" / "krex"
 
 
 def ensure_runtime_dir() -> Path:
+    """runtime_dir(), created if missing, checked to be ours and private."""
     d = runtime_dir()
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = d.stat()
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(d)
+    except OSError as e:
+        raise KrexCommandError(f"cannot make the krex runtime directory {d}: {e.strerror}", 2) from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise KrexCommandError(f"{d} is not a directory of its own (a link or a file); remove it or set KREX_SOCKET", 2)
     if st.st_uid != os.getuid():
-        from .errors import KrexCommandError
-
-        raise KrexCommandError(f"{d} belongs to uid {st.st_uid}, not to you; set KREX_SOCKET elsewhere", 2)
-    os.chmod(d, 0o700)
+        raise KrexCommandError(f"{d} belongs to uid {st.st_uid}, not to you; remove it or set KREX_SOCKET", 2)
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(d, 0o700)
     return d
 
 

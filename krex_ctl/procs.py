@@ -100,12 +100,37 @@ def threads(pid: int) -> list[int]:
         return []
 
 
+def uid(pid: int) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def owned_by(pid: int, user: int) -> bool:
+    return uid(pid) == user
+
+
+def pidfd_pid(fd: int) -> Optional[int]:
+    """The pid a pidfd refers to (from /proc/self/fdinfo), None when that process has exited."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class Pidfd:
     """A process handle that stays bound to one process even after its pid is reused."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, fd: Optional[int] = None):
+        """A new pidfd for pid, or (fd given) one already made for it, e.g. by SO_PEERPIDFD."""
         self.pid = pid
-        self.fd = os.pidfd_open(pid)
+        self.fd = os.pidfd_open(pid) if fd is None else fd
         self.start_time = start_time(pid)
 
     def signal(self, sig: int) -> bool:
@@ -125,6 +150,29 @@ class Pidfd:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def write_atomic(path: str, text: str, mode: int = 0o600, fsync: bool = False) -> None:
+    """Replace path with text through a fresh, unpredictable temporary file in the same directory (never
+    through a name another user could have planted a symlink at)."""
+    import tempfile
+
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def set_affinity(tids: Iterable[int], new_mask: Callable[[set[int]], set[int]], saved: dict[int, set[int]]) -> None:

@@ -36,7 +36,7 @@ for _name, _struct in [
     ("CONTEXT", "krex_context"), ("REGION_BEGIN", "krex_region_begin"),
     ("REGION_GRANTED", "krex_region_granted"), ("REGION_END", "krex_region_end"),
     ("REGION_ENDED", "krex_region_ended"), ("DRAIN", "krex_drain"), ("DRAINED", "krex_drained"),
-    ("JSON", None), ("JSON_REPLY", None),
+    ("JSON", None), ("JSON_REPLY", None), ("REGION_CANCEL", "krex_region_cancel"), ("LIFECYCLE", "krex_lifecycle"),
 ]:
     MESSAGES[getattr(C, f"KREX_MSG_{_name}")] = (_name, f"struct {_struct}" if _struct else None)
 MSG = {name: code for code, (name, _) in MESSAGES.items()}
@@ -108,6 +108,19 @@ def recv_with_fds(sock: socket.socket, size: int, max_fds: int, fds: list) -> by
     return data
 
 
+def peer_uid(sock: socket.socket) -> int:
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+
+
+def check_server(sock: socket.socket, path: str) -> None:
+    """A controller must run as root or as us: another user's process at that path would get our commands,
+    our environment and our stdio (a socket in a directory someone else could write)."""
+    uid = peer_uid(sock)
+    if uid not in (0, os.getuid()):
+        raise KrexCommandError(f"the process serving {path} runs as uid {uid}, neither you nor root; refusing it "
+                               "(someone else's controller, or a trap)", 3)
+
+
 def bind_private(path: str) -> socket.socket:
     """A Unix stream socket bound at path, created with mode 0600 (no window where others may connect)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -135,21 +148,27 @@ class Connection:
     """A blocking client connection to a controller (used by `krex run`, `krex status`, krex.region)."""
 
     def __init__(self, path, role: int, job: int = 0, timeout: Optional[float] = 10.0,
-                 io_timeout: Optional[float] = None):
+                 io_timeout: Optional[float] = None, job_root: int = 0, flags: int = 0):
         """timeout bounds the connect and handshake; io_timeout every later receive (None: block, as
         the `krex run` guardian must: a quiet controller is not a dead one)."""
         self.path = str(path)
+        self.gate_fd = None
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(self.path)
+            check_server(self.sock, self.path)
         except OSError as e:
             self.sock.close()
             raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror})", 3) from None
+        except KrexCommandError:
+            self.sock.close()
+            raise
         self._seq = 0
         self._buf = b""
         try:
-            self.send(MSG["HELLO"], encode("struct krex_hello", magic=MAGIC, version=VERSION, role=role, job=job))
+            self.send(MSG["HELLO"], encode("struct krex_hello", magic=MAGIC, version=VERSION, role=role, job=job,
+                                           job_root=job_root, flags=flags))
         except OSError:
             pass  # refused at accept (a limit): the controller's ERROR frame is already waiting to be read
         try:
@@ -194,9 +213,11 @@ class Connection:
 
     def request(self, op: str, **args: Any) -> dict:
         """One JSON request, one JSON reply (errors come back as {"error": ...})."""
-        self.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
+        seq = self.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
         while True:
             f = self.recv()
+            if f.seq != seq and not (f.name == "ERROR" and f.seq == 0):
+                continue          # a reply to something earlier (or a message for another purpose)
             if f.name == "JSON_REPLY":
                 reply = json.loads(f.payload)
                 if "error" in reply:

@@ -14,6 +14,7 @@ class Request:
     name: str
     requested_ns: int
     owner: Any = field(default=None, repr=False)
+    seq: int = 0                      # of the REGION_BEGIN: the grant and errors echo it
 
 
 def startable(queue: list[Request], busy_mask: int) -> list[Request]:

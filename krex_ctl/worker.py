@@ -211,9 +211,42 @@ def counters() -> dict:
         return {}
 
 
+def local_regions() -> list[dict]:
+    """The regions this worker recorded in its counters file so far (shim/region.c)."""
+    try:
+        return shm.read_local_regions(COUNTERS)[0] if COUNTERS else []
+    except OSError:
+        return []
+
+
+def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Thread:
+    """While a command runs: if its `krex run` wrapper dies (SIGKILL: the connection closes), the command
+    dies with it, as a cold one does (krex-exec), instead of running on as an orphan."""
+    import select
+
+    def watch() -> None:
+        p = select.poll()
+        p.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLRDHUP)
+        while not done.is_set():
+            if p.poll(100) and not done.is_set():
+                try:
+                    if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                done.wait(0.1)
+
+    t = threading.Thread(target=watch, daemon=True, name="krex-wrapper-watch")
+    t.start()
+    return t
+
+
 def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
     before = counters()
+    regions_before = len(local_regions())
     snapshot_modules = set(sys.modules)
     import warnings
 
@@ -300,7 +333,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     return {"exit_code": exit_code, "signal": int(sig) if sig else None, "retire": retire,
             "restored_globals": restored,
             "leaked_threads": len(leaked), "child_processes": len(children),
-            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in shm.COUNTER_FIELDS}}
+            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in shm.COUNTER_FIELDS},
+            "regions": local_regions()[regions_before:]}
 
 
 def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -351,9 +385,13 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 if len(fds) != 3:
                     conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
                     continue
+                done = threading.Event()
+                watcher = watch_wrapper(conn, done)
                 try:
                     result = run_command(req["argv"], req["env"], req["cwd"], fds)
                 finally:
+                    done.set()
+                    watcher.join()
                     for fd in fds:
                         os.close(fd)
                 runs += 1

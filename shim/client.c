@@ -1,9 +1,18 @@
-/* client.c: the shim's connection to the controller, made lazily on the first context creation (never
- * in a constructor or inside dlsym), and the thread that answers it: drains on request, and delivers
- * region grants to krex_region_begin. Without a controller the shim logs once and passes everything
- * through (fail open); if the controller goes away later, the gate is ignored from then on. */
+/* client.c: the shim's connection to the controller and the thread that serves it.
+ *
+ * The connection is made lazily, on the first context creation or region request (never in a
+ * constructor or inside dlsym). One client thread per process reads the controller's messages: it drains
+ * on request and hands region replies to region.c. When the connection breaks (the controller died, was
+ * restarted, or stalled past the handshake timeout) the gate is ignored (fail open) and the client thread
+ * reconnects in the background, with backoff, then announces this process's contexts again: a long-lived
+ * benchmark is protected again as soon as a controller answers. Without any controller (no socket, not
+ * started under `krex run`) the shim logs once and passes everything through.
+ *
+ * A controller must be root or this user (SO_PEERCRED): a socket in a directory another user could write
+ * must not hand our GPU processes to a stranger. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,27 +30,19 @@ volatile uint64_t krex_dev_mask;
 volatile int32_t krex_job;
 volatile int krex_failopen;
 volatile int krex_device_known;
+volatile uint32_t krex_controller_pid;
 
-enum { CONN_NONE, CONN_UP, CONN_FAILED };
-struct krex_ctx_rec { int vendor, device; void *ctx; };
+enum { CONN_NONE, CONN_UP, CONN_DOWN, CONN_FAILED };
+struct krex_ctx_rec { int vendor, device, local; void *ctx; uint8_t uuid[16]; int has_uuid; };
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;   /* connection, contexts, sends */
-static int conn_fd = -1, conn_state = CONN_NONE;
+static int conn_fd = -1, conn_state = CONN_NONE, thread_running, ever_connected;
 static uint32_t conn_seq;
 static struct krex_ctx_rec ctxs[64];
 static int nctxs;
-static uint64_t announced[3];
+static uint64_t announced;
 
-static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t region_cond = PTHREAD_COND_INITIALIZER;
-enum { REGION_NONE, REGION_WAITING, REGION_HELD };
-static int region_state, region_depth, reply_type;
-static uint64_t region_id;
-static union {
-    struct krex_region_granted granted;
-    struct krex_region_ended ended;
-    struct krex_error error;
-} reply;
+#define HANDSHAKE_TIMEOUT_S 2
 
 static int write_full(int fd, const void *buf, size_t n) {
     const char *p = buf;
@@ -65,39 +66,37 @@ static int read_full(int fd, void *buf, size_t n) {
     return 0;
 }
 
-/* caller holds conn_lock */
-static int send_frame(int type, const void *payload, uint32_t len) {
-    if (conn_fd < 0) return -1;
+/* caller holds conn_lock; the frame's seq goes to *seq_out */
+static int send_frame(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
+    if (conn_fd < 0 || conn_state != CONN_UP) return -1;
     char buf[sizeof(struct krex_frame_hdr) + 512];
-    struct krex_frame_hdr h = {KREX_MAGIC, (uint16_t)type, 0, len, ++conn_seq};
+    if (len > sizeof buf - sizeof(struct krex_frame_hdr)) return -1;
+    uint32_t seq = ++conn_seq;
+    if (!seq) seq = ++conn_seq;           /* 0 means "no request" in replies */
+    struct krex_frame_hdr h = {KREX_MAGIC, (uint16_t)type, 0, len, seq};
     memcpy(buf, &h, sizeof h);
     memcpy(buf + sizeof h, payload, len);
+    if (seq_out) *seq_out = seq;
     return write_full(conn_fd, buf, sizeof h + len);
 }
 
-static int send_locked(int type, const void *payload, uint32_t len) {
+int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
     pthread_mutex_lock(&conn_lock);
-    int r = send_frame(type, payload, len);
+    int r = send_frame(type, payload, len, seq_out);
     pthread_mutex_unlock(&conn_lock);
     return r;
 }
 
-/* the same order as krex_ctl.paths.default_socket: KREX_SOCKET, the system socket, the per-user one */
-static void socket_path(char *out, size_t n) {
-    const char *s = getenv("KREX_SOCKET");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (s && *s) snprintf(out, n, "%s", s);
-    else if (access("/run/krex/krex.sock", F_OK) == 0) snprintf(out, n, "/run/krex/krex.sock");
-    else if (xdg && *xdg) snprintf(out, n, "%s/krex/krex.sock", xdg);
-    else snprintf(out, n, "/tmp/krex-%u/krex.sock", (unsigned)getuid());
-}
-
-static void region_deliver(int type, const void *payload, size_t len) {
-    pthread_mutex_lock(&region_lock);
-    reply_type = type;
-    if (payload) memcpy(&reply, payload, len < sizeof reply ? len : sizeof reply);
-    pthread_cond_broadcast(&region_cond);
-    pthread_mutex_unlock(&region_lock);
+/* a lifecycle event for the controller, if we are connected (never connects, never blocks long) */
+void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
+    if (conn_state != CONN_UP) return;
+    struct krex_lifecycle m = {event, device, bytes, krex_now_ns()};
+    if (event != KREX_LIFE_EXIT_BEGIN) {
+        krex_send(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
+    } else if (pthread_mutex_trylock(&conn_lock) == 0) {   /* exit (maybe from a signal handler): never wait */
+        send_frame(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
+        pthread_mutex_unlock(&conn_lock);
+    }
 }
 
 static int32_t drain(uint64_t mask, uint32_t *waited_us) {
@@ -115,7 +114,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us) {
     pthread_mutex_unlock(&conn_lock);
     int32_t status = 0;
     for (int i = 0; i < n; i++) {
-        if (!(mask & (1ull << snap[i].device))) continue;
+        if (snap[i].device < 0 || !(mask & (1ull << snap[i].device))) continue;
         int r;
         if (snap[i].vendor == KREX_VENDOR_CUDA) {
             CUresult (*push)(CUcontext) = krex_real(KREX_H_cuCtxPushCurrent_v2);
@@ -142,65 +141,6 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us) {
     return status;
 }
 
-static void lose_controller(const char *why) {
-    if (!krex_failopen) krex_log(KREX_LOG_WARNING, "lost the controller (%s); running without region exclusivity", why);
-    krex_failopen = 1;
-    krex_gates = NULL;
-    region_deliver(-1, NULL, 0);
-}
-
-static void *client_thread(void *arg) {
-    int fd = (int)(intptr_t)arg;
-    union {
-        char raw[KREX_MAX_PAYLOAD];
-        struct krex_drain drain;
-    } buf;
-    for (;;) {
-        struct krex_frame_hdr h;
-        if (read_full(fd, &h, sizeof h)) break;
-        if (h.magic != KREX_MAGIC || h.length > sizeof buf.raw) {
-            lose_controller("bad frame from controller");
-            return NULL;
-        }
-        if (read_full(fd, buf.raw, h.length)) break;
-        switch (h.type) {
-        case KREX_MSG_DRAIN: {
-            if (h.length < sizeof(struct krex_drain)) break;
-            struct krex_drained d = {buf.drain.drain_id, 0, 0};
-            d.status = drain(buf.drain.gpu_mask, &d.waited_us);
-            send_locked(KREX_MSG_DRAINED, &d, sizeof d);
-            break;
-        }
-        case KREX_MSG_REGION_GRANTED:
-        case KREX_MSG_REGION_ENDED:
-        case KREX_MSG_ERROR:
-            region_deliver(h.type, buf.raw, h.length);
-            break;
-        default:
-            krex_log(KREX_LOG_DEBUG, "ignoring message type %u from controller", h.type);
-        }
-    }
-    lose_controller("connection closed");
-    return NULL;
-}
-
-static void at_fork_prepare(void) { pthread_mutex_lock(&conn_lock); }
-static void at_fork_parent(void) { pthread_mutex_unlock(&conn_lock); }
-static void at_fork_child(void) {
-    /* a child must never speak on its parent's connection: it re-registers lazily under its own pid */
-    pthread_mutex_init(&conn_lock, NULL);
-    pthread_mutex_init(&region_lock, NULL);
-    pthread_cond_init(&region_cond, NULL);
-    if (conn_fd >= 0) close(conn_fd);
-    conn_fd = -1, conn_state = CONN_NONE, nctxs = 0;
-    memset(announced, 0, sizeof announced);
-    region_state = REGION_NONE, region_depth = 0;
-    krex_gates = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
-    krex_gate_reset_after_fork();
-}
-
-static void register_atfork(void) { pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child); }
-
 static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
     struct krex_frame_hdr h;
     union {
@@ -213,56 +153,189 @@ static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
     *gate_fd = -1;
     ssize_t r;
     do r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
-    if (r != (ssize_t)sizeof h || h.magic != KREX_MAGIC) return -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(gate_fd, CMSG_DATA(c), sizeof(int));
+    if (r != (ssize_t)sizeof h || h.magic != KREX_MAGIC) return -1;
     if (h.length > sizeof body || read_full(fd, &body, h.length)) return -1;
     if (h.type == KREX_MSG_ERROR) {
         body.error.text[KREX_ERROR_TEXT - 1] = 0;
         krex_log(KREX_LOG_ERROR, "controller refused us: %s", body.error.text);
-        return -1;
+        return -2;
     }
     if (h.type != KREX_MSG_WELCOME || h.length < sizeof body.welcome) return -1;
     *w = body.welcome;
     return 0;
 }
 
-/* caller holds conn_lock */
-static int connect_locked(void) {
-    if (conn_state != CONN_NONE) return conn_state == CONN_UP ? 0 : -1;
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, register_atfork);
-    conn_state = CONN_FAILED;
+/* Connect and handshake, holding no lock (it may take up to the handshake timeout). On success: the
+ * socket, the mapped gate page, the welcome. -1: nobody answers; -2: someone answered but will not do. */
+static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w, int quiet) {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    socket_path(path, sizeof path);
+    krex_socket_path(path, sizeof path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    struct timeval tv = {5, 0};
+    struct timeval tv = {HANDSHAKE_TIMEOUT_S, 0};
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
-        connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
-        krex_log(KREX_LOG_WARNING, "no controller at %s (%s); running without region exclusivity", path, strerror(errno));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        if (!quiet)
+            krex_log(KREX_LOG_WARNING, "no controller at %s (%s); running without region exclusivity", path, strerror(errno));
         if (fd >= 0) close(fd);
-        krex_failopen = 1;
         return -1;
     }
-    const char *job = getenv("KREX_JOB");
-    struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, job ? atoi(job) : 0};
-    struct krex_welcome w;
-    int gate_fd = -1;
-    conn_fd = fd;
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) || (cred.uid != 0 && cred.uid != getuid())) {
+        krex_log(KREX_LOG_ERROR, "the process serving %s runs as uid %u, neither this user nor root; refusing it and "
+                 "running without region exclusivity", path, (unsigned)cred.uid);
+        close(fd);
+        return -2;
+    }
+    const char *job = getenv("KREX_JOB"), *root = getenv("KREX_JOB_ROOT");
+    struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, job ? atoi(job) : 0,
+                               root ? atoi(root) : 0, ever_connected ? KREX_HELLO_RECONNECT : 0};
+    struct krex_frame_hdr h = {KREX_MAGIC, KREX_MSG_HELLO, 0, sizeof hello, 0};
+    char buf[sizeof h + sizeof hello];
+    memcpy(buf, &h, sizeof h);
+    memcpy(buf + sizeof h, &hello, sizeof hello);
+    int gate_fd = -1, rc = -1;
     void *page = MAP_FAILED;
-    if (send_frame(KREX_MSG_HELLO, &hello, sizeof hello) == 0 && recv_welcome(fd, &w, &gate_fd) == 0) {
-        if (w.version != KREX_PROTO_VERSION)
-            krex_log(KREX_LOG_ERROR, "controller speaks protocol %u, this shim %u: upgrade one of them", w.version, KREX_PROTO_VERSION);
-        else if (gate_fd < 0 || w.gate_stride != sizeof(struct krex_gate) || w.max_gpus > KREX_MAX_GPUS)
+    if (write_full(fd, buf, sizeof buf) == 0 && (rc = recv_welcome(fd, w, &gate_fd)) == 0) {
+        if (w->version != KREX_PROTO_VERSION) {
+            krex_log(KREX_LOG_ERROR, "controller speaks protocol %u, this shim %u: upgrade one of them", w->version,
+                     KREX_PROTO_VERSION);
+            rc = -2;
+        } else if (gate_fd < 0 || w->gate_stride != sizeof(struct krex_gate) || w->max_gpus > KREX_MAX_GPUS) {
             krex_log(KREX_LOG_ERROR, "controller sent no usable gate page");
-        else
+            rc = -2;
+        } else {
             page = mmap(NULL, KREX_GATE_PAGE_BYTES, PROT_READ, MAP_SHARED, gate_fd, 0);
+        }
+    } else if (rc == -1 && !quiet) {
+        krex_log(KREX_LOG_WARNING, "handshake with the controller at %s failed (%s); running without region "
+                 "exclusivity until it answers", path, errno == EAGAIN ? "it did not answer in time" : "closed");
     }
     if (gate_fd >= 0) close(gate_fd);
+    if (page == MAP_FAILED) {
+        close(fd);
+        return rc ? rc : -1;
+    }
     tv.tv_sec = 0;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    *fd_out = fd;
+    *gates = (const struct krex_gate *)((const char *)page + w->gate_offset);
+    return 0;
+}
+
+/* caller holds conn_lock: the contexts this process has, told to the (new) controller */
+static void announce_locked(void) {
+    for (int i = 0; i < nctxs; i++) {
+        struct krex_ctx_rec *c = &ctxs[i];
+        if (c->device < 0 || (announced & (1ull << c->device))) continue;
+        struct krex_context m = {(uint32_t)c->vendor, c->device, c->has_uuid ? KREX_CONTEXT_HAS_UUID : 0, c->local, {0}};
+        memcpy(m.uuid, c->uuid, sizeof m.uuid);
+        if (send_frame(KREX_MSG_CONTEXT, &m, sizeof m, NULL) == 0) announced |= 1ull << c->device;
+    }
+    /* the gate is checked for a GPU only once the controller knows to drain us on it */
+    __atomic_store_n(&krex_dev_mask, announced, __ATOMIC_SEQ_CST);
+}
+
+/* caller holds conn_lock: take a fresh connection into use */
+static void install_locked(int fd, const struct krex_gate *gates, const struct krex_welcome *w) {
+    conn_fd = fd;
+    conn_state = CONN_UP;
+    krex_job = w->job;
+    krex_controller_pid = w->controller_pid;
+    announced = 0;
+    __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */
+    krex_failopen = 0;
+    if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
+                                 (unsigned)w->controller_pid);
+    ever_connected = 1;
+    announce_locked();
+    krex_log(KREX_LOG_DEBUG, "connected as client %u of job %d", w->client_id, w->job);
+}
+
+static void lose_locked(const char *why) {
+    if (conn_state == CONN_UP)
+        krex_log(KREX_LOG_WARNING, "lost the controller (%s); running without region exclusivity until it is back", why);
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    conn_state = CONN_DOWN;
+    krex_failopen = 1;
+    __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+    announced = 0;
+}
+
+union msg_buf {
+    char raw[KREX_MAX_PAYLOAD];
+    struct krex_drain drain;
+};
+
+/* reads one connection until it breaks; returns why */
+static const char *serve(int fd, union msg_buf *buf) {
+    for (;;) {
+        struct krex_frame_hdr h;
+        if (read_full(fd, &h, sizeof h)) return "connection closed";
+        if (h.magic != KREX_MAGIC || h.length > sizeof buf->raw) return "bad frame from controller";
+        if (read_full(fd, buf->raw, h.length)) return "connection closed";
+        switch (h.type) {
+        case KREX_MSG_DRAIN: {
+            if (h.length < sizeof(struct krex_drain)) break;
+            struct krex_drained d = {buf->drain.drain_id, 0, 0, 0, 0};
+            d.status = drain(buf->drain.gpu_mask, &d.waited_us);
+            krex_memory_freed_take(&d.freed_bytes, &d.last_free_ns);
+            krex_send(KREX_MSG_DRAINED, &d, sizeof d, NULL);
+            break;
+        }
+        case KREX_MSG_REGION_GRANTED:
+        case KREX_MSG_REGION_ENDED:
+        case KREX_MSG_ERROR:
+            krex_region_deliver(h.type, h.seq, buf->raw, h.length);
+            break;
+        default:
+            krex_log(KREX_LOG_DEBUG, "ignoring message type %u from controller", h.type);
+        }
+    }
+}
+
+/* The client thread: serve the connection it was given (or make one), and keep one while we live. */
+static void *client_thread(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    int backoff_ms = 100;
+    union msg_buf *buf = malloc(sizeof *buf);
+    if (!buf) {
+        krex_log(KREX_LOG_ERROR, "out of memory for the controller connection");
+        return NULL;
+    }
+    for (;;) {
+        if (fd >= 0) {
+            const char *why = serve(fd, buf);
+            pthread_mutex_lock(&conn_lock);
+            if (conn_fd == fd) lose_locked(why);
+            pthread_mutex_unlock(&conn_lock);
+            krex_region_connection_lost();
+            fd = -1;
+            backoff_ms = 100;
+        }
+        struct timespec ts = {backoff_ms / 1000, (long)(backoff_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        if (backoff_ms < 2000) backoff_ms *= 2;
+        const struct krex_gate *gates;
+        struct krex_welcome w;
+        int nfd;
+        if (dial(&nfd, &gates, &w, 1) == 0) {
+            pthread_mutex_lock(&conn_lock);
+            install_locked(nfd, gates, &w);
+            pthread_mutex_unlock(&conn_lock);
+            fd = nfd;
+        }
+    }
+    return NULL;
+}
+
+/* caller holds conn_lock */
+static int start_thread_locked(int fd) {
     pthread_t t;
     pthread_attr_t attr;
     sigset_t all, old;
@@ -270,55 +343,51 @@ static int connect_locked(void) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_sigmask(SIG_SETMASK, &all, &old);   /* the client thread takes no signals */
-    int started = page != MAP_FAILED && pthread_create(&t, &attr, client_thread, (void *)(intptr_t)fd) == 0;
+    int ok = pthread_create(&t, &attr, client_thread, (void *)(intptr_t)fd) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
-    if (!started) {
-        krex_log(KREX_LOG_WARNING, "handshake with controller at %s failed; running without region exclusivity", path);
-        if (page != MAP_FAILED) munmap(page, KREX_GATE_PAGE_BYTES);
+    thread_running = ok;
+    return ok;
+}
+
+static void at_fork_prepare(void) { pthread_mutex_lock(&conn_lock); }
+static void at_fork_parent(void) { pthread_mutex_unlock(&conn_lock); }
+static void at_fork_child(void) {
+    /* a child must never speak on its parent's connection: it re-registers lazily under its own pid, and has
+     * no client thread (threads do not survive fork) */
+    pthread_mutex_init(&conn_lock, NULL);
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1, conn_state = CONN_NONE, nctxs = 0, thread_running = 0, ever_connected = 0;
+    announced = 0;
+    krex_gates = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
+    krex_region_reset_after_fork();
+    krex_gate_reset_after_fork();
+}
+
+static void register_atfork(void) { pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child); }
+
+/* caller holds conn_lock. 0 when connected. A first attempt is made here, synchronously; if it fails in a
+ * process that expects a controller (started by `krex run`, or connected before), the client thread keeps
+ * trying in the background and this returns -1 at once until it succeeds. */
+static int connect_locked(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_atfork);
+    if (conn_state == CONN_UP) return 0;
+    if (conn_state != CONN_NONE) return -1;
+    const struct krex_gate *gates;
+    struct krex_welcome w;
+    int fd, r = dial(&fd, &gates, &w, 0);
+    if (r == 0) {
+        install_locked(fd, gates, &w);
+        if (start_thread_locked(fd)) return 0;
         close(fd);
         conn_fd = -1;
-        krex_failopen = 1;
-        return -1;
     }
-    krex_job = w.job;
-    krex_gates = (const struct krex_gate *)((const char *)page + w.gate_offset);
-    conn_state = CONN_UP;
-    krex_log(KREX_LOG_DEBUG, "connected to %s as client %u of job %d", path, w.client_id, w.job);
-    return 0;
-}
-
-int krex_physical_device(int vendor, int local_device) {
-    const char *v = getenv(vendor == KREX_VENDOR_HIP ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES");
-    if (!v || !*v) return local_device;
-    int idx = 0;
-    for (const char *p = v; *p;) {
-        char *end;
-        long n = strtol(p, &end, 10);
-        if (end == p || n < 0 || n >= KREX_MAX_GPUS) return local_device; /* UUIDs: keep the ordinal */
-        if (idx++ == local_device) return (int)n;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return local_device;
-    }
-    return local_device;
-}
-
-void krex_register_context(int vendor, int local_device, void *ctx) {
-    int dev = krex_physical_device(vendor, local_device);
-    if (dev < 0 || dev >= KREX_MAX_GPUS) return;
-    pthread_mutex_lock(&conn_lock);
-    krex_device_known = 1;
-    int known = 0;
-    for (int i = 0; i < nctxs; i++) known |= ctxs[i].vendor == vendor && ctxs[i].ctx == ctx && ctxs[i].device == dev;
-    if (!known && nctxs < 64) ctxs[nctxs++] = (struct krex_ctx_rec){vendor, dev, ctx};
-    if (!(announced[vendor] & (1ull << dev)) && connect_locked() == 0) {
-        struct krex_context m = {(uint32_t)vendor, dev};
-        if (send_frame(KREX_MSG_CONTEXT, &m, sizeof m) == 0) announced[vendor] |= 1ull << dev;
-    }
-    /* the gate is checked for this GPU only once the controller knows to drain us on it */
-    if (announced[vendor] & (1ull << dev)) __atomic_fetch_or(&krex_dev_mask, 1ull << dev, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&conn_lock);
-    if (krex_dev_mask) krex_exit_gate_arm();
+    const char *job = getenv("KREX_JOB");
+    int expected = (job && atoi(job) > 0) || ever_connected;
+    krex_failopen = 1;
+    conn_state = expected && r == -1 && start_thread_locked(-1) ? CONN_DOWN : CONN_FAILED;
+    return -1;
 }
 
 int krex_connect(void) {
@@ -326,6 +395,88 @@ int krex_connect(void) {
     int r = connect_locked();
     pthread_mutex_unlock(&conn_lock);
     return r;
+}
+
+int krex_connected(void) { return conn_state == CONN_UP; }
+
+/* the GPU's UUID from the driver, 0 on success */
+static int device_uuid(int vendor, int local_device, uint8_t out[16]) {
+    if (vendor == KREX_VENDOR_CUDA) {
+        CUresult (*get)(CUdevice *, int) = krex_real(KREX_H_cuDeviceGet);
+        CUresult (*uuid)(CUuuid *, CUdevice) = krex_real(KREX_H_cuDeviceGetUuid_v2);
+        if (!uuid) uuid = krex_real(KREX_H_cuDeviceGetUuid);
+        CUdevice d;
+        CUuuid u;
+        if (!get || !uuid || get(&d, local_device) != CUDA_SUCCESS || uuid(&u, d) != CUDA_SUCCESS) return -1;
+        memcpy(out, u.bytes, 16);
+        return 0;
+    }
+    hipError_t (*uuid)(hipUUID *, hipDevice_t) = krex_real(KREX_H_hipDeviceGetUuid);
+    hipUUID u;
+    if (!uuid || uuid(&u, local_device) != hipSuccess) return -1;
+    memcpy(out, u.bytes, 16);
+    return 0;
+}
+
+/* node-wide index of local_device: by UUID in the controller's gate page when it lists UUIDs (any
+ * CUDA_VISIBLE_DEVICES, by index or by UUID), else by the visible-devices list (index entries only) */
+static int physical_device(int vendor, int local_device, uint8_t uuid[16], int *has_uuid) {
+    *has_uuid = device_uuid(vendor, local_device, uuid) == 0;
+    const struct krex_gate *g = krex_gates;
+    if (*has_uuid && g) {
+        static const uint8_t zero[16];
+        int listed = 0;
+        for (int i = 0; i < KREX_MAX_GPUS; i++) {
+            if (!memcmp(g[i].uuid, zero, 16)) continue;
+            listed = 1;
+            if (!memcmp(g[i].uuid, uuid, 16)) return i;
+        }
+        if (listed) return -1;          /* a GPU the controller does not know */
+    }
+    const char *v = getenv(vendor == KREX_VENDOR_HIP ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES");
+    if (!v || !*v) return local_device;
+    int idx = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 0 || n >= KREX_MAX_GPUS || (*end && *end != ',')) {
+            static int warned;
+            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                krex_log(KREX_LOG_WARNING, "%s=%s names GPUs by UUID and the controller lists no UUIDs (no NVML); "
+                         "taking device %d for node-wide GPU %d", vendor == KREX_VENDOR_HIP ? "HIP_VISIBLE_DEVICES"
+                         : "CUDA_VISIBLE_DEVICES", v, local_device, local_device);
+            return local_device;
+        }
+        if (idx++ == local_device) return (int)n;
+        p = *end ? end + 1 : end;
+    }
+    return local_device;
+}
+
+int krex_physical_device(int vendor, int local_device) {
+    uint8_t uuid[16];
+    int has;
+    return physical_device(vendor, local_device, uuid, &has);
+}
+
+void krex_register_context(int vendor, int local_device, void *ctx) {
+    pthread_mutex_lock(&conn_lock);
+    krex_device_known = 1;
+    connect_locked();                              /* first: its gate page names the GPUs by UUID */
+    uint8_t uuid[16] = {0};
+    int has_uuid;
+    int dev = physical_device(vendor, local_device, uuid, &has_uuid);
+    int known = 0;
+    for (int i = 0; i < nctxs; i++) known |= ctxs[i].vendor == vendor && ctxs[i].ctx == ctx && ctxs[i].local == local_device;
+    if (!known && nctxs < 64) {
+        struct krex_ctx_rec *c = &ctxs[nctxs++];
+        *c = (struct krex_ctx_rec){vendor, dev, local_device, ctx, {0}, has_uuid};
+        memcpy(c->uuid, uuid, 16);
+    }
+    if (dev < 0) krex_log(KREX_LOG_WARNING, "GPU %d of this process is not one the controller manages", local_device);
+    if (conn_state == CONN_UP) announce_locked();
+    pthread_mutex_unlock(&conn_lock);
+    if (krex_dev_mask) krex_exit_gate_arm();
 }
 
 void krex_forget_context(void *ctx) {
@@ -351,83 +502,5 @@ void krex_register_current_device(int vendor) {
     }
 }
 
-static uint64_t default_gpu_mask(void) {
-    uint64_t m = krex_dev_mask;
-    if (m) return m;
-    const char *g = getenv("KREX_GPU");
-    int d = g && *g ? atoi(g) : 0;
-    return d >= 0 && d < KREX_MAX_GPUS ? 1ull << d : 1;
-}
-
-/* Returns 0 when the region is granted (or this call is nested in a held region), -1 when no
- * controller is reachable (the code runs on, unprotected), -2 when the controller refused. */
-KREX_EXPORT int krex_region_begin_mask(const char *name, uint64_t gpu_mask) {
-    pthread_mutex_lock(&region_lock);
-    if (region_depth++ > 0) {
-        while (region_state == REGION_WAITING) pthread_cond_wait(&region_cond, &region_lock);
-        int r = region_state == REGION_HELD ? 0 : -1;
-        pthread_mutex_unlock(&region_lock);
-        return r;
-    }
-    pthread_mutex_lock(&conn_lock);
-    int up = connect_locked() == 0 && !krex_failopen;
-    struct krex_region_begin b = {gpu_mask ? gpu_mask : default_gpu_mask(), krex_now_ns(), {0}};
-    snprintf(b.name, sizeof b.name, "%s", name ? name : "region");
-    reply_type = 0;
-    int sent = up && send_frame(KREX_MSG_REGION_BEGIN, &b, sizeof b) == 0;
-    pthread_mutex_unlock(&conn_lock);
-    if (!sent) {
-        region_state = REGION_NONE;
-        pthread_mutex_unlock(&region_lock);
-        return -1;
-    }
-    region_state = REGION_WAITING;
-    while (reply_type == 0) pthread_cond_wait(&region_cond, &region_lock);
-    int r;
-    if (reply_type == KREX_MSG_REGION_GRANTED) {
-        region_state = REGION_HELD, region_id = reply.granted.region_id, r = 0;
-    } else {
-        if (reply_type == KREX_MSG_ERROR) krex_log(KREX_LOG_ERROR, "region '%s' refused: %s", b.name, reply.error.text);
-        region_state = REGION_NONE, r = reply_type == KREX_MSG_ERROR ? -2 : -1;
-    }
-    pthread_cond_broadcast(&region_cond);
-    pthread_mutex_unlock(&region_lock);
-    return r;
-}
-
-KREX_EXPORT int krex_region_begin(const char *name) { return krex_region_begin_mask(name, 0); }
-
-/* Returns 0 when the region ended normally, 1 when the controller had revoked it (time limit),
- * -1 when there was no region to end. */
-KREX_EXPORT int krex_region_end(void) {
-    pthread_mutex_lock(&region_lock);
-    if (region_depth == 0) {
-        pthread_mutex_unlock(&region_lock);
-        krex_log(KREX_LOG_WARNING, "krex_region_end without krex_region_begin");
-        return -1;
-    }
-    if (--region_depth > 0 || region_state != REGION_HELD) {
-        if (region_depth == 0) region_state = REGION_NONE;
-        pthread_mutex_unlock(&region_lock);
-        return 0;
-    }
-    int revoked = reply_type == KREX_MSG_REGION_ENDED;   /* arrived while held: revoked */
-    if (!revoked) {
-        struct krex_region_end e = {region_id, krex_now_ns()};
-        reply_type = 0;
-        if (send_locked(KREX_MSG_REGION_END, &e, sizeof e) == 0) {
-            struct timespec dl;
-            clock_gettime(CLOCK_REALTIME, &dl);
-            dl.tv_sec += 5;
-            while (reply_type == 0 && pthread_cond_timedwait(&region_cond, &region_lock, &dl) == 0) {}
-        }
-    } else {
-        revoked = reply.ended.reason == KREX_END_TIME_LIMIT;
-        if (revoked) krex_log(KREX_LOG_WARNING, "region was revoked by the controller's time limit");
-    }
-    region_state = REGION_NONE;
-    pthread_mutex_unlock(&region_lock);
-    return revoked;
-}
-
-KREX_EXPORT int krex_shim_loaded(void) { return 1; }
+/* GPUs a region of this process is on when the caller names none: those it has contexts on */
+uint64_t krex_own_gpus(void) { return krex_dev_mask; }

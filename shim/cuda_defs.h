@@ -17,6 +17,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef void (*CUhostFn)(void *userData);
+typedef struct CUuuid_st { unsigned char bytes[16]; } CUuuid;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,8 +25,10 @@ volatile int krex_captures_active;
 static int krex_inflight_count;
 static struct krex_counter_slot krex_local_slot;          /* when no KREX_COUNTERS file is given */
 static struct krex_counter_slot *volatile krex_slot;
+static struct krex_counters_hdr *volatile krex_counters_file; /* the job's file, when mapped */
 static pthread_mutex_t krex_slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t krex_exit_gate_pid;   /* the process whose contexts the exit gate guards (not a vfork child) */
+static int krex_exit_gate_enabled = -1;
 
 int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST); }
 
@@ -36,7 +39,17 @@ static struct krex_counter_slot *krex_slot_attach(void) {
     if (!slot) {
         slot = &krex_local_slot;
         const char *path = getenv("KREX_COUNTERS");
-        int fd = path && *path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+        int fd = path && *path ? open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW) : -1;
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)KREX_COUNTERS_BYTES ||
+                        st.st_blocks * 512 < (blkcnt_t)KREX_COUNTERS_BYTES)) {
+            /* short or sparse: a store into an unallocated page on a full filesystem is a SIGBUS, and a
+             * benchmark must never die of krex; krex run allocates the file before it starts anything */
+            krex_log(KREX_LOG_WARNING, "counters file %s is short or not allocated; launches are not counted", path);
+            close(fd);
+            fd = -1;
+            path = NULL;
+        }
         if (fd >= 0) {
             void *m = mmap(NULL, KREX_COUNTERS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
@@ -50,6 +63,7 @@ static struct krex_counter_slot *krex_slot_attach(void) {
                     slot = (struct krex_counter_slot *)(h + 1) + i % n;
                     if (i < n) slot->pid = getpid();
                 }
+                __atomic_store_n(&krex_counters_file, h, __ATOMIC_RELEASE);
             } else if (h) {
                 krex_log(KREX_LOG_WARNING, "counters file %s has a foreign format; ignored", path);
             }
@@ -67,8 +81,21 @@ static inline struct krex_counter_slot *krex_counters(void) {
     return KREX_UNLIKELY(!s) ? krex_slot_attach() : s;
 }
 
+/* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
+struct krex_local_region *krex_local_region_claim(void) {
+    krex_counters();
+    struct krex_counters_hdr *h = __atomic_load_n(&krex_counters_file, __ATOMIC_ACQUIRE);
+    if (!h || !h->regions) return NULL;
+    uint32_t i = __atomic_fetch_add(&h->next_region, 1, __ATOMIC_RELAXED);
+    if (i >= h->regions || i >= KREX_LOCAL_REGIONS) return NULL;
+    char *base = (char *)h + sizeof *h + KREX_COUNTER_SLOTS * sizeof(struct krex_counter_slot);
+    return (struct krex_local_region *)base + i;
+}
+
 void krex_gate_reset_after_fork(void) {
+    krex_memory_reset_after_fork();
     krex_slot = NULL;
+    krex_counters_file = NULL;
     krex_inflight_count = 0;
     krex_captures_active = 0;
     krex_exit_gate_pid = 0;
@@ -79,12 +106,6 @@ void krex_count_context(int vendor) {
     struct krex_counter_slot *s = krex_counters();
     __atomic_fetch_add(&s->contexts, 1, __ATOMIC_RELAXED);
     __atomic_fetch_or(&s->vendor_mask, 1u << vendor, __ATOMIC_RELAXED);
-}
-
-/* a 0/1 setting from the environment, read once by its caller */
-static int krex_env_flag(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v && *v ? strcmp(v, "0") != 0 : dflt;
 }
 
 /* the first gate among the GPUs in mask that another job's region holds */
@@ -136,20 +157,25 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
 void krex_context_gate(int vendor, int local_device) {
     static int enabled = -1;
     if (enabled < 0) enabled = krex_env_flag("KREX_GATE_CONTEXTS", 0);
-    int dev = krex_physical_device(vendor, local_device);
-    if (!enabled || dev < 0 || dev >= KREX_MAX_GPUS || krex_failopen) return;
+    if (!enabled || krex_failopen) return;
     if (!krex_gates) krex_connect();
+    int dev = krex_physical_device(vendor, local_device);
+    if (dev < 0 || dev >= KREX_MAX_GPUS) return;
     if (krex_closed_gate_in(1ull << dev)) krex_gate_wait(krex_counters(), 1ull << dev, 0);
 }
 
+/* Exit: tell the controller first (its lifecycle barrier keeps the next region from starting while this
+ * process's contexts are torn down and its memory scrubbed), then, with KREX_GATE_EXIT=1, wait for
+ * other jobs' regions on our GPUs to end. */
 static void krex_exit_gate(void) {
-    if (krex_exit_gate_pid == getpid() && krex_dev_mask) krex_sleep_on_gates(krex_dev_mask, 0);
+    if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
+    static int told;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
+    if (krex_exit_gate_enabled) krex_sleep_on_gates(krex_dev_mask, 0);
 }
 
 void krex_exit_gate_arm(void) {
-    static int enabled = -1;
-    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_EXIT", 0);
-    if (!enabled) return;
+    if (krex_exit_gate_enabled < 0) krex_exit_gate_enabled = krex_env_flag("KREX_GATE_EXIT", 0);
     pid_t me = getpid();
     if (__atomic_exchange_n(&krex_exit_gate_pid, me, __ATOMIC_ACQ_REL) == me) return;
     static int registered;

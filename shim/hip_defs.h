@@ -16,6 +16,7 @@ typedef struct hipGraphExec *hipGraphExec_t;
 typedef void (*hipHostFn_t)(void *userData);
 typedef struct { uint32_t x, y, z; } dim3;
 typedef int hipDriverProcAddressQueryResult;
+typedef struct hipUUID_t { char bytes[16]; } hipUUID;
 
 #define hipSuccess 0
 #define hipStreamCaptureStatusNone 0

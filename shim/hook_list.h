@@ -100,19 +100,12 @@
     KREX_CUDA_SUBMISSIONS_LEGACY(X) \
     KREX_CUDA_MEMORY(X)
 
-/* device and pinned host memory, including the virtual-memory calls PyTorch's expandable segments use */
+/* pinned host memory and the mapping calls of PyTorch's expandable segments; device allocations and frees
+ * (whose sizes the shim keeps, for the settle time after a free) are written by hand in memory.c */
 #define KREX_CUDA_MEMORY(X) \
-    X(CUDA, MEMORY, cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n), NULL) \
-    X(CUDA, MEMORY, cuMemFree_v2, (CUdeviceptr p), (p), NULL) \
-    X(CUDA, MEMORY, cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned fl), (p, n, fl), NULL) \
-    X(CUDA, MEMORY, cuMemAllocPitch_v2, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz), \
-      (p, pitch, w, h, esz), NULL) \
     X(CUDA, MEMORY, cuMemAllocHost_v2, (void **p, size_t n), (p, n), NULL) \
     X(CUDA, MEMORY, cuMemHostAlloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
     X(CUDA, MEMORY, cuMemFreeHost, (void *p), (p), NULL) \
-    X(CUDA, MEMORY, cuMemCreate, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl), \
-      (h, n, prop, fl), NULL) \
-    X(CUDA, MEMORY, cuMemRelease, (unsigned long long h), (h), NULL) \
     X(CUDA, MEMORY, cuMemMap, (CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long fl), \
       (p, n, off, h, fl), NULL) \
     X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL)
@@ -212,9 +205,6 @@
     KREX_HIP_MEMORY(X)
 
 #define KREX_HIP_MEMORY(X) \
-    X(HIP, MEMORY, hipMalloc, (void **p, size_t n), (p, n), NULL) \
-    X(HIP, MEMORY, hipFree, (void *p), (p), NULL) \
-    X(HIP, MEMORY, hipMallocManaged, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
     X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
     X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL)
 
@@ -227,6 +217,14 @@
     X(CUDA, cuCtxCreate_v4, CUresult, (CUcontext *c, void *p, unsigned fl, CUdevice d)) \
     X(CUDA, cuDevicePrimaryCtxRetain, CUresult, (CUcontext *c, CUdevice d)) \
     X(CUDA, cuCtxDestroy_v2, CUresult, (CUcontext c)) \
+    X(CUDA, cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice d)) \
+    X(CUDA, cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice d)) \
+    X(CUDA, cuMemAlloc_v2, CUresult, (CUdeviceptr *p, size_t n)) \
+    X(CUDA, cuMemFree_v2, CUresult, (CUdeviceptr p)) \
+    X(CUDA, cuMemAllocManaged, CUresult, (CUdeviceptr *p, size_t n, unsigned fl)) \
+    X(CUDA, cuMemAllocPitch_v2, CUresult, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz)) \
+    X(CUDA, cuMemCreate, CUresult, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl)) \
+    X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
     X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_v2, CUresult, (CUstream s, int mode)) \
@@ -244,6 +242,9 @@
     X(HIP, hipSetDevice, hipError_t, (int d)) \
     X(HIP, hipDevicePrimaryCtxRetain, hipError_t, (hipCtx_t *c, hipDevice_t d)) \
     X(HIP, hipCtxCreate, hipError_t, (hipCtx_t *c, unsigned fl, hipDevice_t d)) \
+    X(HIP, hipMalloc, hipError_t, (void **p, size_t n)) \
+    X(HIP, hipFree, hipError_t, (void *p)) \
+    X(HIP, hipMallocManaged, hipError_t, (void **p, size_t n, unsigned fl)) \
     X(HIP, hipStreamBeginCapture, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
@@ -260,6 +261,10 @@
     X(CUDA, cuCtxGetCurrent, CUresult, (CUcontext *c)) \
     X(CUDA, cuStreamIsCapturing, CUresult, (CUstream s, int *st)) \
     X(CUDA, cuStreamIsCapturing_ptsz, CUresult, (CUstream s, int *st)) \
+    X(CUDA, cuDeviceGet, CUresult, (CUdevice *d, int ordinal)) \
+    X(CUDA, cuDeviceGetUuid, CUresult, (CUuuid *u, CUdevice d)) \
+    X(CUDA, cuDeviceGetUuid_v2, CUresult, (CUuuid *u, CUdevice d)) \
+    X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
     X(HIP, hipGetDevice, hipError_t, (int *d)) \
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
     X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st))

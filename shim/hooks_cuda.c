@@ -6,45 +6,81 @@
 #define REAL(n) ((__typeof__(&n))krex_real(KREX_H_##n))
 #define NO_DRIVER CUDA_ERROR_NOT_INITIALIZED
 
+/* Context creation and teardown are GPU work the drain cannot see: they are announced to the controller
+ * (its lifecycle barrier holds the next region until they are over) and, with KREX_GATE_CONTEXTS=1, a
+ * creation waits while another job's region holds the GPU. */
+static void before_context(CUdevice d) {
+    krex_context_gate(KREX_VENDOR_CUDA, d);
+    krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_CUDA, d), 0);
+}
+
 static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
     if (r == CUDA_SUCCESS && c) {
         krex_count_context(KREX_VENDOR_CUDA);
         krex_register_context(KREX_VENDOR_CUDA, d, *c);
     }
+    krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_CUDA, d), 0);
     return r;
+}
+
+static int current_device(void) {
+    CUresult (*get)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
+    CUdevice d;
+    return get && get(&d) == CUDA_SUCCESS ? krex_physical_device(KREX_VENDOR_CUDA, d) : -1;
 }
 
 KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl) : NO_DRIVER; }
 
 KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    before_context(d);
     return after_context(REAL(cuCtxCreate)(c, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v2)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    before_context(d);
     return after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v3)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    before_context(d);
     return after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v4)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    before_context(d);
     return after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d);
 }
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!REAL(cuDevicePrimaryCtxRetain)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    before_context(d);
     return after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d);
 }
 KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
     krex_forget_context(c);
-    return REAL(cuCtxDestroy_v2)(c);
+    int dev = current_device();
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
+    CUresult r = REAL(cuCtxDestroy_v2)(c);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
+    return r;
+}
+/* releasing the last reference to a primary context, or resetting it, destroys it */
+KREX_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (!REAL(cuDevicePrimaryCtxRelease_v2)) return NO_DRIVER;
+    int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, 0);
+    CUresult r = REAL(cuDevicePrimaryCtxRelease_v2)(d);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
+    return r;
+}
+KREX_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    if (!REAL(cuDevicePrimaryCtxReset_v2)) return NO_DRIVER;
+    int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
+    CUresult r = REAL(cuDevicePrimaryCtxReset_v2)(d);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
+    return r;
 }
 
 /* While a capture is open, launches on capturing streams are recorded, not run: they pass the gate

@@ -8,16 +8,58 @@
 extern "C" {
 #endif
 
+#ifdef KREX_SHIM_INTERNAL
+#define KREX_WEAK
+#else
+#define KREX_WEAK __attribute__((weak))
+#endif
+
+/* What krex knows of a finished region (krex_region_last). Times are CLOCK_MONOTONIC nanoseconds. */
+struct krex_region_info {
+    uint64_t region_id;            /* the controller's id; 0 when no controller granted it */
+    uint64_t gpu_mask;             /* bit i: node-wide GPU i */
+    int64_t requested_ns;
+    int64_t granted_ns;            /* 0 when not granted */
+    int64_t ended_ns;
+    uint32_t flags;                /* KREX_INFO_* below */
+    uint32_t taints;               /* KREX_TAINT_* bits (krex_proto.h): why it is not clean */
+    uint32_t sm_clock_min_mhz;     /* lowest / highest SM clock seen (0: not attested) */
+    uint32_t sm_clock_max_mhz;
+    uint32_t end_reason;           /* 0 normal, 1 revoked (time limit), 2 owner gone, 3 cancelled */
+    uint32_t controller_pid;
+};
+/* the same bits as enum krex_region_flags of the wire format */
+#define KREX_INFO_GRANTED 1        /* a controller granted it */
+#define KREX_INFO_EXCLUSIVE 2      /* granted, and nothing krex knows of broke exclusivity */
+#define KREX_INFO_CLEAN 4          /* no taint at all: no disturbance was seen */
+#define KREX_INFO_ATTESTED 8       /* the GPU's own counters (NVML) were read at both ends */
+
 /* 0: granted (or nested in a held region); -1: krex absent or no controller (runs unprotected);
  * -2: the controller refused (see stderr). Blocks until the region is exclusively granted. */
-int krex_region_begin(const char *name) __attribute__((weak));
-/* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i; 0 = this process's GPUs) */
-int krex_region_begin_mask(const char *name, uint64_t gpu_mask) __attribute__((weak));
+int krex_region_begin(const char *name) KREX_WEAK;
+/* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i; 0 = every GPU of this job:
+ * one request of a multi-GPU job covers all its GPUs, and its other processes' requests join it) */
+int krex_region_begin_mask(const char *name, uint64_t gpu_mask) KREX_WEAK;
 /* 0: ended; 1: the controller had revoked it (time limit); -1: no region was open or krex absent */
-int krex_region_end(void) __attribute__((weak));
+int krex_region_end(void) KREX_WEAK;
+/* the split form of begin: request returns 1 while waiting; wait(ms) returns 1 while still waiting after
+ * ms (< 0: no limit), else what begin would; cancel gives up the request (or the region) cleanly */
+int krex_region_request(const char *name, uint64_t gpu_mask) KREX_WEAK;
+int krex_region_wait(int timeout_ms) KREX_WEAK;
+int krex_region_cancel(void) KREX_WEAK;
+/* the last finished region: 0 and *info filled; -1 none yet, or krex absent */
+int krex_region_last(struct krex_region_info *info) KREX_WEAK;
 
+#ifndef KREX_SHIM_INTERNAL
 static inline int krex_begin(const char *name) { return krex_region_begin ? krex_region_begin(name) : -1; }
 static inline int krex_end(void) { return krex_region_end ? krex_region_end() : -1; }
+/* 1: the last region was exclusive and clean (its timing can be trusted); 0: it was not; -1: unknown */
+static inline int krex_last_clean(void) {
+    struct krex_region_info i;
+    if (!krex_region_last || krex_region_last(&i) != 0) return -1;
+    return (i.flags & KREX_INFO_EXCLUSIVE) && (i.flags & KREX_INFO_CLEAN) ? 1 : 0;
+}
+#endif
 
 #ifdef __cplusplus
 }

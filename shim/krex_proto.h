@@ -6,10 +6,16 @@
  *
  * A connection is a stream of frames: struct krex_frame_hdr, then `length` payload bytes.
  * The first frame from a client is KREX_MSG_HELLO; the controller answers KREX_MSG_WELCOME (with the
- * gate page as an SCM_RIGHTS file descriptor) or KREX_MSG_ERROR and closes. */
+ * gate page as an SCM_RIGHTS file descriptor) or KREX_MSG_ERROR and closes.
+ *
+ * Request ids: every frame carries the sender's `seq`; a reply echoes the seq of the request it answers
+ * (GRANTED or ERROR answer a REGION_BEGIN, ENDED answers a REGION_END or REGION_CANCEL, JSON_REPLY a
+ * JSON request). A revocation (time limit) is an ENDED that carries the seq of the REGION_BEGIN of the
+ * region it ends. A client matches replies by seq, so a late reply to an abandoned request can never be
+ * taken for the answer to the next one. */
 
 #define KREX_MAGIC 0x5845524b
-#define KREX_PROTO_VERSION 1
+#define KREX_PROTO_VERSION 2
 #define KREX_MAX_GPUS 64
 #define KREX_NAME_MAX 64
 #define KREX_ERROR_TEXT 240
@@ -17,6 +23,8 @@
 #define KREX_GATE_MAGIC 0x4554414b
 #define KREX_COUNTERS_MAGIC 0x544e434b
 #define KREX_COUNTER_SLOTS 1024
+#define KREX_LOCAL_REGIONS 1024
+#define KREX_UUID_BYTES 16
 
 enum krex_msg_type {
     KREX_MSG_HELLO = 1,            /* client -> controller: struct krex_hello */
@@ -30,7 +38,9 @@ enum krex_msg_type {
     KREX_MSG_DRAIN = 9,            /* controller -> shim: struct krex_drain */
     KREX_MSG_DRAINED = 10,         /* shim -> controller: struct krex_drained */
     KREX_MSG_JSON = 11,            /* Python client -> controller: UTF-8 JSON request */
-    KREX_MSG_JSON_REPLY = 12       /* controller -> Python client: UTF-8 JSON reply */
+    KREX_MSG_JSON_REPLY = 12,      /* controller -> Python client: UTF-8 JSON reply */
+    KREX_MSG_REGION_CANCEL = 13,   /* client -> controller: struct krex_region_cancel */
+    KREX_MSG_LIFECYCLE = 14        /* shim -> controller: struct krex_lifecycle */
 };
 
 enum krex_role {
@@ -54,10 +64,57 @@ enum krex_error_code {
     KREX_ERR_DENIED = 6            /* not allowed for this peer */
 };
 
+/* flags of struct krex_hello */
+enum krex_hello_flags {
+    KREX_HELLO_RECONNECT = 1       /* this process was connected before (to this or an earlier controller) */
+};
+
+/* flags of struct krex_context */
+enum krex_context_flags {
+    KREX_CONTEXT_HAS_UUID = 1      /* uuid holds the driver's UUID of the GPU */
+};
+
 enum krex_end_reason {
     KREX_END_NORMAL = 0,           /* the owner ended it */
     KREX_END_TIME_LIMIT = 1,       /* revoked: the region ran past the controller's time limit */
-    KREX_END_OWNER_GONE = 2        /* the owner's connection closed */
+    KREX_END_OWNER_GONE = 2,       /* the owner's connection closed */
+    KREX_END_CANCELLED = 3         /* the client cancelled its request (or left the region) */
+};
+
+/* flags of struct krex_region_ended and struct krex_local_region */
+enum krex_region_flags {
+    KREX_REGION_GRANTED = 1,       /* the controller granted it */
+    KREX_REGION_EXCLUSIVE = 2,     /* granted, and nothing krex knows of broke exclusivity */
+    KREX_REGION_CLEAN = 4,         /* no taint: no disturbance was seen */
+    KREX_REGION_ATTESTED = 8,      /* the GPU's own counters (NVML) were read at both boundaries */
+    KREX_REGION_JOINED = 16,       /* this client joined a region of its job (a gang member) */
+    KREX_REGION_ENDED_OK = 32      /* the controller acknowledged the end */
+};
+
+/* taints: why a region is not clean (bit i of a taints word); names in krex_ctl/attest.py */
+enum krex_taint {
+    KREX_TAINT_NOT_GRANTED = 1,        /* ran with no controller's grant (no controller, or refused) */
+    KREX_TAINT_CONTROLLER_LOST = 2,    /* the connection to the controller broke inside the region */
+    KREX_TAINT_REVOKED = 4,            /* the time limit revoked it before its end */
+    KREX_TAINT_DRAIN_TIMEOUT = 8,      /* a sibling did not acknowledge the drain in time */
+    KREX_TAINT_POWER_CAP = 16,         /* the GPU was held under its power limit (clock event or violation time) */
+    KREX_TAINT_THERMAL = 32,           /* thermal slowdown */
+    KREX_TAINT_HW_SLOWDOWN = 64,       /* hardware slowdown or power brake */
+    KREX_TAINT_CLOCK_DROP = 128,       /* the SM clock fell below the region's own best by more than the bound */
+    KREX_TAINT_FOREIGN_PROCESS = 256,  /* a process krex does not manage used the GPU */
+    KREX_TAINT_XID = 512,              /* the driver reported an XID error */
+    KREX_TAINT_LIFECYCLE = 1024,       /* a sibling's context creation, teardown or exit was still in flight */
+    KREX_TAINT_UNACKNOWLEDGED = 2048   /* the controller did not acknowledge the end in time */
+};
+
+/* events of struct krex_lifecycle */
+enum krex_lifecycle_event {
+    KREX_LIFE_CTX_CREATE_BEGIN = 1,
+    KREX_LIFE_CTX_CREATE_END = 2,
+    KREX_LIFE_CTX_DESTROY_BEGIN = 3,
+    KREX_LIFE_CTX_DESTROY_END = 4,
+    KREX_LIFE_EXIT_BEGIN = 5,
+    KREX_LIFE_FREED = 6            /* bytes of device memory freed (outside a drain) */
 };
 
 struct krex_frame_hdr {
@@ -73,6 +130,8 @@ struct krex_hello {
     uint32_t version;              /* KREX_PROTO_VERSION */
     uint32_t role;                 /* enum krex_role */
     int32_t job;                   /* KREX_JOB of the environment, 0 when none */
+    int32_t job_root;              /* KREX_JOB_ROOT: pid of the job's `krex run` wrapper, 0 when none */
+    uint32_t flags;                /* enum krex_hello_flags */
 };
 
 struct krex_welcome {
@@ -84,6 +143,8 @@ struct krex_welcome {
     uint32_t gate_stride;          /* bytes between gate slots */
     uint32_t gate_offset;          /* offset of slot 0 in the page */
     uint32_t has_gate_fd;          /* 1 when a read-only gate page fd came with this frame */
+    uint32_t controller_pid;       /* names this controller instance in region records */
+    uint32_t reserved;
 };
 
 struct krex_error {
@@ -94,13 +155,17 @@ struct krex_error {
 
 struct krex_context {
     uint32_t vendor;               /* enum krex_vendor */
-    int32_t device;                /* node-wide GPU index */
+    int32_t device;                /* node-wide GPU index as the visible-devices list says, -1 when unknown */
+    uint32_t flags;                /* enum krex_context_flags */
+    int32_t local_device;          /* the ordinal inside this process */
+    uint8_t uuid[16];              /* the driver's GPU UUID (CUDA cuDeviceGetUuid, HIP hipDeviceGetUuid) */
 };
 
 struct krex_region_begin {
-    uint64_t gpu_mask;             /* bit i: GPU i */
+    uint64_t gpu_mask;             /* bit i: GPU i; 0: every GPU of the job (a gang), see fallback_mask */
     int64_t requested_ns;          /* CLOCK_MONOTONIC */
     char name[KREX_NAME_MAX];
+    uint64_t fallback_mask;        /* gpu_mask 0 and the job holds no context yet: these (KREX_GPU) */
 };
 
 struct krex_region_granted {
@@ -111,6 +176,8 @@ struct krex_region_granted {
     uint32_t frozen;               /* sibling processes stopped for this region */
     uint32_t drain_timeouts;       /* siblings that did not acknowledge the drain in time */
     int64_t time_limit_ns;         /* the region is revoked after this long */
+    uint32_t flags;                /* enum krex_region_flags known at the grant */
+    uint32_t members;              /* clients inside the region (a gang: ranks of one job) */
 };
 
 struct krex_region_end {
@@ -122,6 +189,15 @@ struct krex_region_ended {
     uint64_t region_id;
     int64_t ended_ns;
     uint32_t reason;               /* enum krex_end_reason */
+    uint32_t flags;                /* enum krex_region_flags */
+    uint32_t taints;               /* enum krex_taint bits */
+    uint32_t sm_clock_min_mhz;     /* lowest SM clock seen in the region (0: not attested) */
+    uint32_t sm_clock_max_mhz;
+    uint32_t reserved;
+};
+
+struct krex_region_cancel {
+    uint32_t request_seq;          /* the REGION_BEGIN abandoned (0: whatever this client has) */
     uint32_t reserved;
 };
 
@@ -134,10 +210,21 @@ struct krex_drained {
     uint64_t drain_id;
     int32_t status;                /* 0, or the first driver error met while synchronizing */
     uint32_t waited_us;            /* time spent waiting for in-flight submissions */
+    uint64_t freed_bytes;          /* device memory this process freed since its last drain */
+    int64_t last_free_ns;          /* when it last freed device memory (CLOCK_MONOTONIC, 0: never) */
 };
 
-/* The gate page: controller-owned shared memory, read-only for clients. owner_job is the futex word:
- * 0 = open, otherwise only processes of that job may submit to the GPU. */
+struct krex_lifecycle {
+    uint32_t event;                /* enum krex_lifecycle_event */
+    int32_t device;                /* node-wide GPU, -1: all of this process's */
+    uint64_t bytes;                /* device memory this process holds (EXIT_BEGIN) or freed (FREED) */
+    int64_t t_ns;                  /* CLOCK_MONOTONIC */
+};
+
+/* The gate page: controller-owned shared memory, sealed read-only for clients (F_SEAL_FUTURE_WRITE: no
+ * client can map it writable, not even by reopening its descriptor). owner_job is the futex word:
+ * 0 = open, otherwise only processes of that job may submit to the GPU. The uuid of each slot lets a
+ * shim find the node-wide index of a GPU it knows only by the driver's UUID. */
 struct krex_gate_page_hdr {
     uint32_t magic;                /* KREX_GATE_MAGIC */
     uint32_t version;
@@ -150,7 +237,8 @@ struct krex_gate {
     uint32_t owner_job;
     uint32_t seq;                  /* bumped on every change */
     uint64_t region_id;
-    uint64_t reserved[6];
+    uint8_t uuid[16];              /* this GPU's UUID where the controller knows it (NVML), else zeros */
+    uint64_t reserved[4];
 };
 
 /* Per-job counters: a file the `krex run` wrapper creates; each process of the job claims one slot,
@@ -161,7 +249,9 @@ struct krex_counters_hdr {
     uint32_t slots;
     uint32_t next_slot;            /* atomically incremented to claim a slot */
     uint64_t overflow_submissions; /* processes that found no free slot add here */
-    uint64_t reserved[5];
+    uint32_t next_region;          /* atomically incremented to claim a local region record */
+    uint32_t regions;              /* local region records in the file */
+    uint64_t reserved[4];
 };
 
 struct krex_counter_slot {
@@ -174,4 +264,22 @@ struct krex_counter_slot {
     uint64_t captured;             /* submissions recorded into a graph under stream capture */
     uint64_t contexts;             /* context creations and primary context retains */
     uint64_t waited_ns;            /* time blocked at a closed gate */
+};
+
+/* A region as the process that asked for it saw it, kept in the job's counters file after the slots:
+ * the report lists every region even when no controller granted it or the controller went away. */
+struct krex_local_region {
+    uint64_t region_id;            /* the controller's id, 0 when none granted it */
+    uint64_t gpu_mask;
+    int64_t requested_ns;
+    int64_t granted_ns;            /* 0 when not granted */
+    int64_t ended_ns;
+    int32_t pid;
+    uint32_t controller_pid;       /* the controller instance that granted it */
+    uint32_t flags;                /* enum krex_region_flags */
+    uint32_t taints;               /* enum krex_taint bits */
+    uint32_t end_reason;           /* enum krex_end_reason */
+    uint16_t sm_clock_min_mhz;     /* the region's SM clock range (0: not attested) */
+    uint16_t sm_clock_max_mhz;
+    char name[64];
 };

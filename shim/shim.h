@@ -46,6 +46,14 @@ void krex_gate_reset_after_fork(void);
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
+struct krex_local_region *krex_local_region_claim(void);   /* a record in the job's counters file, or NULL */
+
+/* env.c: the environment, checked */
+int krex_env_flag(const char *name, int dflt);  /* 1/true/yes/on, 0/false/no/off; else a warning and dflt */
+uint64_t krex_parse_gpus(const char *v);        /* "0" or "0,1": a GPU mask, 0 if not such a list */
+uint64_t krex_env_gpus(void);                   /* KREX_GPU as a mask, 0 when unset or invalid */
+void krex_socket_path(char *out, size_t n);     /* where the controller is (krex_ctl.paths.default_socket) */
+
 /* client.c: the controller connection */
 struct krex_gate;
 extern const struct krex_gate *volatile krex_gates; /* NULL: no controller, everything passes */
@@ -53,9 +61,24 @@ extern volatile uint64_t krex_dev_mask;           /* node-wide GPUs this process
 extern volatile int32_t krex_job;
 extern volatile int krex_failopen;
 extern volatile int krex_device_known;         /* a device was registered, or looked up and failed */
+extern volatile uint32_t krex_controller_pid;
 void krex_register_context(int vendor, int local_device, void *ctx);
 void krex_forget_context(void *ctx);
 void krex_register_current_device(int vendor);
 int krex_physical_device(int vendor, int local_device);
 int krex_connect(void);                        /* 0 when connected to the controller */
+int krex_connected(void);
+int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out);  /* 0 when sent */
+void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
+uint64_t krex_own_gpus(void);
+
+/* region.c: the region API, fed by the client thread */
+void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
+void krex_region_connection_lost(void);
+void krex_region_reset_after_fork(void);
+
+/* memory.c: sizes of device allocations */
+void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */
+uint64_t krex_memory_live(void);
+void krex_memory_reset_after_fork(void);
 #endif

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from conftest import SNIP, report_of
 
@@ -120,8 +121,91 @@ def test_report_of_a_long_job_holds_every_region(krex, tmp_path):
     assert [r["requested_ns"] for r in regions] == sorted(r["requested_ns"] for r in regions)
 
 
-def test_unwritable_report_keeps_the_exit_status(krex, tmp_path):
+def test_report_path_is_checked_before_the_command_runs(krex, tmp_path):
+    """A report that cannot be written is said before anything runs (it used to run, then fail with rc 0)."""
     krex.start_controller()
-    out = krex.run(["sh", "-c", "exit 5"], report=tmp_path / "no" / "such" / "dir" / "r.json")
-    assert out.returncode == 5
-    assert out.stderr.strip().startswith("krex: cannot write the report")
+    marker = tmp_path / "ran"
+    for bad, why in ((tmp_path / "no" / "such" / "dir" / "r.json", "does not exist"), (tmp_path, "is a directory")):
+        out = krex.run(["sh", "-c", f"touch {marker}; exit 5"], report=bad)
+        assert out.returncode == 2 and not marker.exists()
+        assert out.stderr.strip().splitlines() == [out.stderr.strip()] and why in out.stderr
+
+
+def test_report_is_not_written_through_a_planted_link(krex, tmp_path):
+    """The old `FILE.tmp` name was predictable: a link planted there made krex overwrite its target."""
+    krex.start_controller()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    rep = tmp_path / "r.json"
+    (tmp_path / "r.json.tmp").symlink_to(victim)
+    out = krex.run(["true"], report=rep)
+    assert out.returncode == 0, out.stderr
+    assert victim.read_text() == "precious" and report_of(rep)["exit_code"] == 0
+    assert not list(tmp_path.glob(".r.json.*"))      # no temporary file left behind either
+
+
+def test_unknown_option_is_refused_not_run(krex, tmp_path):
+    out = krex_cli(krex, "run", "--bogus", "true")
+    assert out.returncode == 2 and out.stderr.startswith("krex run: No such option") and "--bogus" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = krex_cli(krex, "run", "--gpu", "x", "--", "true")
+    assert out.returncode == 2 and out.stderr.strip().startswith("krex: --gpu: 'x' is not a GPU index")
+
+
+def test_bad_krex_variables_stop_the_run(krex, tmp_path):
+    krex.start_controller()
+    marker = tmp_path / "ran"
+    for var, value, message in (("KREX_GATE_CONTEXTS", "false-ish", "KREX_GATE_CONTEXTS must be 0 or 1"),
+                                ("KREX_GPU", "abc", "KREX_GPU: 'abc' is not a GPU index"),
+                                ("KREX_HOOKS", "tritonn", "KREX_HOOKS: unknown hook tritonn")):
+        out = krex.run(["touch", marker], env={var: value})
+        assert out.returncode == 2 and not marker.exists(), (var, out.stderr)
+        assert out.stderr.strip() == f"krex: {out.stderr.strip()[6:]}" and message in out.stderr
+
+
+def test_gate_flags_accept_words(krex, tmp_path):
+    """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did)."""
+    krex.start_controller()
+    hold = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "1500000"})
+    from conftest import wait_for
+
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    t0 = time.monotonic()
+    out = krex.run([SNIP / "direct"], env={"KREX_GATE_CONTEXTS": "false", "KREX_GATE_MEMORY": "off"})
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - t0 < 30
+    hold.communicate(timeout=30)
+
+
+def test_sigint_to_the_wrapper_alone_reaches_the_command(krex, tmp_path):
+    """A SIGINT sent to the wrapper (not from a terminal) used to be ignored: the command ran on."""
+    krex.start_controller()
+    script = "import time, sys\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(42)\n"
+    p = krex.popen([sys.executable, "-c", script])
+    from conftest import wait_for
+
+    wait_for(lambda: any("time.sleep(60)" in open(f"/proc/{c}/cmdline").read().replace("\0", " ")
+                         for c in _children(p.pid)), what="command started")
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 42, err
+
+
+def _children(pid):
+    from krex_ctl.procs import descendants
+
+    return descendants(pid)
+
+
+def test_sigkill_of_the_wrapper_takes_the_command_with_it(krex, tmp_path):
+    krex.start_controller()
+    p = krex.popen(["sleep", "60"])
+    from conftest import wait_for
+
+    kids = wait_for(lambda: [c for c in _children(p.pid) if open(f"/proc/{c}/comm").read().strip() == "sleep"],
+                    what="command started")
+    p.kill()
+    p.wait()
+    wait_for(lambda: not os.path.exists(f"/proc/{kids[0]}") or
+             open(f"/proc/{kids[0]}/stat").read().split(") ")[1][0] == "Z", timeout=5, what="command gone")

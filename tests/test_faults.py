@@ -47,9 +47,9 @@ def test_version_mismatch_is_one_clear_sentence(krex):
     assert mtype == MSG["ERROR"]
     err = proto.decode("struct krex_error", body)
     assert err.code == C.KREX_ERR_VERSION
-    assert "protocol 1" in proto.cstr(err.text) and "99" in proto.cstr(err.text)
+    assert f"protocol {proto.VERSION}" in proto.cstr(err.text) and "99" in proto.cstr(err.text)
     assert read_frame(s) is None     # and the connection is closed
-    assert krex.status()["controller"]["protocol"] == 1
+    assert krex.status()["controller"]["protocol"] == proto.VERSION
 
 
 def test_garbage_frames_get_an_error_and_the_controller_lives(krex):

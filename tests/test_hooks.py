@@ -2,6 +2,7 @@
 command and in its child processes; a hook whose library is absent does nothing."""
 
 import os
+import subprocess
 import sys
 import textwrap
 
@@ -134,8 +135,17 @@ def test_existing_sitecustomize_still_runs_and_absent_libraries_cost_nothing(kre
 
 def test_unknown_hook_names_are_reported(krex, tmp_path):
     krex.start_controller()
-    out, rep = run_py(krex, tmp_path, "print('ok')", hooks="triton,nonsense")
-    assert "unknown hook(s) nonsense" in out.stderr and out.stdout.strip() == "ok"
+    script = tmp_path / "script.py"
+    script.write_text("print('ok')")
+    out = krex.run([sys.executable, str(script)], env={"KREX_HOOKS": "triton,nonsense"})
+    assert out.returncode == 2 and out.stdout == ""       # krex run refuses before anything runs
+    assert out.stderr.strip().startswith("krex: KREX_HOOKS: unknown hook nonsense (known: all,")
+    # a Python process that finds the hooks on its own (no krex run) warns and runs on
+    from krex_ctl.environ import HOOKS_DIR
+
+    direct = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                            env=dict(krex.env, KREX_HOOKS="triton,nonsense", PYTHONPATH=f"{HOOKS_DIR}:{ROOT}"))
+    assert "unknown hook(s) nonsense" in direct.stderr and direct.stdout.strip() == "ok"
 
 
 def test_no_hooks_without_krex_hooks(krex, tmp_path):

@@ -38,15 +38,21 @@ def test_c_encoded_messages_decode_in_python():
     data = subprocess.run([SNIP / "proto_roundtrip", "encode"], capture_output=True, check=True).stdout
     got = {proto.MESSAGES[t][0]: (p, s) for t, p, s in frames(data)}
     hello = proto.decode("struct krex_hello", got["HELLO"][0])
-    assert (hello.magic, hello.version, hello.role, hello.job) == (proto.MAGIC, proto.VERSION, C.KREX_ROLE_SHIM, 42)
+    assert (hello.magic, hello.version, hello.role, hello.job, hello.job_root, hello.flags) == \
+        (proto.MAGIC, proto.VERSION, C.KREX_ROLE_SHIM, 42, 4242, C.KREX_HELLO_RECONNECT)
     ctx = proto.decode("struct krex_context", got["CONTEXT"][0])
-    assert (ctx.vendor, ctx.device) == (C.KREX_VENDOR_HIP, 3)
+    assert (ctx.vendor, ctx.device, ctx.flags, ctx.local_device) == (C.KREX_VENDOR_HIP, 3, C.KREX_CONTEXT_HAS_UUID, 1)
+    assert bytes(proto.ffi.buffer(ctx.uuid)) == b"krex" + bytes(12)
     b = proto.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
-    assert (b.gpu_mask, b.requested_ns, proto.cstr(b.name)) == (5, 123456789, "matmul")
+    assert (b.gpu_mask, b.requested_ns, proto.cstr(b.name), b.fallback_mask) == (5, 123456789, "matmul", 2)
     e = proto.decode("struct krex_region_end", got["REGION_END"][0])
     assert (e.region_id, e.ended_ns) == (77, 987654321)
     d = proto.decode("struct krex_drained", got["DRAINED"][0])
-    assert (d.drain_id, d.status, d.waited_us) == (9, -3, 250)
+    assert (d.drain_id, d.status, d.waited_us, d.freed_bytes, d.last_free_ns) == (9, -3, 250, 1 << 33, 55)
+    c = proto.decode("struct krex_region_cancel", got["REGION_CANCEL"][0])
+    assert c.request_seq == 12
+    lc = proto.decode("struct krex_lifecycle", got["LIFECYCLE"][0])
+    assert (lc.event, lc.device, lc.bytes, lc.t_ns) == (C.KREX_LIFE_EXIT_BEGIN, -1, 1 << 30, 99)
     assert all(seq == 7 for _, seq in got.values())
 
 
@@ -54,21 +60,22 @@ def test_python_encoded_messages_decode_in_c():
     data = b"".join([
         proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC, version=proto.VERSION,
                                                 client_id=3, job=4, max_gpus=64, gate_stride=64, gate_offset=64,
-                                                has_gate_fd=1)),
+                                                has_gate_fd=1, controller_pid=77)),
         proto.pack(MSG["ERROR"], proto.error_payload(C.KREX_ERR_VERSION, "versions differ")),
         proto.pack(MSG["REGION_GRANTED"], proto.encode("struct krex_region_granted", region_id=11, gpu_mask=2,
                                                        requested_ns=100, granted_ns=200, frozen=3, drain_timeouts=1,
-                                                       time_limit_ns=5)),
+                                                       time_limit_ns=5, flags=C.KREX_REGION_GRANTED, members=2)),
         proto.pack(MSG["REGION_ENDED"], proto.encode("struct krex_region_ended", region_id=11, ended_ns=300,
-                                                     reason=C.KREX_END_TIME_LIMIT)),
+                                                     reason=C.KREX_END_TIME_LIMIT, flags=6, taints=16,
+                                                     sm_clock_min_mhz=1400, sm_clock_max_mhz=1980)),
         proto.pack(MSG["DRAIN"], proto.encode("struct krex_drain", drain_id=12, gpu_mask=1)),
     ])
     out = subprocess.run([SNIP / "proto_roundtrip", "decode"], input=data, capture_output=True, check=True).stdout
     assert out.decode().splitlines() == [
-        f"WELCOME {proto.MAGIC} {proto.VERSION} 3 4 64 64 64 1",
+        f"WELCOME {proto.MAGIC} {proto.VERSION} 3 4 64 64 64 1 77",
         f"ERROR {C.KREX_ERR_VERSION} versions differ",
-        "GRANTED 11 2 100 200 3 1 5",
-        f"ENDED 11 300 {C.KREX_END_TIME_LIMIT}",
+        f"GRANTED 11 2 100 200 3 1 5 {C.KREX_REGION_GRANTED} 2",
+        f"ENDED 11 300 {C.KREX_END_TIME_LIMIT} 6 16 1400 1980",
         "DRAIN 12 1",
     ]
     assert BUILD.exists()

@@ -22,11 +22,20 @@ def test_preload_is_prepended_once():
 
 def test_preload_environ_is_pure_and_sets_the_contract_variables():
     base = {"PATH": "/bin"}
-    env = preload_environ(base, opts(counters="/c", gpu=3))
+    env = preload_environ(base, opts(counters="/c", gpus=[3], job_root=42))
     assert base == {"PATH": "/bin"}
     assert env["KREX_SOCKET"] == "/s.sock" and env["KREX_JOB"] == "7" and env["KREX_COUNTERS"] == "/c"
     assert env["KREX_GPU"] == env["CUDA_VISIBLE_DEVICES"] == env["HIP_VISIBLE_DEVICES"] == "3"
+    assert env["KREX_JOB_ROOT"] == "42"
     assert "KREX_HOOKS" not in env and "PYTHONPATH" not in env
+    assert "KREX_COUNTERS" not in preload_environ({"KREX_COUNTERS": "/stale"}, opts())   # none made: none passed on
+
+
+def test_several_gpus_by_uuid_where_known():
+    env = preload_environ({}, opts(gpus=[0, 1], gpu_uuids=["GPU-a", "GPU-b"]))
+    assert env["KREX_GPU"] == "0,1" and env["HIP_VISIBLE_DEVICES"] == "0,1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert preload_environ({}, opts(gpus=[0, 1], gpu_uuids=["GPU-a", None]))["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_hooks_put_the_site_directory_first_once():
@@ -71,8 +80,67 @@ def test_config_errors_are_clear(tmp_path):
     assert cfg.gpus == [0, 1] and cfg.reserved_cores == {-1: [1]} and cfg.region_time_limit_s == 5.0
     with pytest.raises(KrexCommandError, match="GPU indices"):
         load(None, gpus="70")
-    with pytest.raises(KrexCommandError, match="must be positive"):
+    with pytest.raises(KrexCommandError, match="--drain-timeout: must be a finite number above 0"):
         load(None, drain_timeout_s=0)
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("region_time_limit_s", "inf", "--region-time-limit: must be a finite number"),
+    ("region_time_limit_s", "nan", "--region-time-limit: must be a finite number"),
+    ("region_time_limit_s", "1e10", "--region-time-limit: must be a finite number above 0 and at most 86400"),
+    ("drain_timeout_s", "nan", "--drain-timeout: must be a finite number"),
+    ("gpus", "", "--gpus: no GPU given"),
+    ("socket_mode", "0", "--socket-mode: 0o0 must be at most 0777 and let the owner read and write"),
+    ("socket_mode", "abc", "--socket-mode: must be an octal mode"),
+    ("socket_mode", "0666", "--socket-mode: 0o666 would let every user"),
+    ("reserved_cores", "9999", "--reserved-cores: CPU 9999 is not usable here"),
+    ("log_level", "bogus", "--log-level: must be one of error, warning, info, debug, not 'bogus'"),
+    ("warm_workers", "x", "--warm-workers: must be a whole number"),
+])
+def test_every_bad_flag_is_named(setting, value, message):
+    with pytest.raises(KrexCommandError) as e:
+        load(None, **{setting: value})
+    assert str(e.value).startswith(message) and e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("max_clients", "x", "max_clients: must be a whole number, not 'x'"),
+    ("max_clients", 0, "max_clients: must be between 1 and"),
+    ("max_clients", -1, "max_clients: must be between 1 and"),
+    ("region_time_limit_s", "abc", "region_time_limit_s: must be a number, not 'abc'"),
+    ("freeze", "yes", "freeze: must be true or false"),
+    ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
+])
+def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
+    import json
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({setting: value}))
+    with pytest.raises(KrexCommandError) as e:
+        load(str(cfg))
+    assert str(e.value).startswith(f"config {cfg}: {message}") and e.value.exit_code == 2
+
+
+def test_state_file_parsing():
+    from krex_ctl.regions import parse_state
+
+    assert parse_state('{"frozen": [[123, 456], [124, null]]}') == [(123, 456), (124, None)]
+    for bad in ("[]", "{nope", '{"frozen": {}}', '{"frozen": [[1, 2]]}', '{"frozen": [["a", 1]]}', '"x"'):
+        assert parse_state(bad) is None, bad
+
+
+def test_environment_is_checked_before_a_run():
+    from krex_ctl.environ import check_environment
+
+    check_environment({"KREX_GATE_CONTEXTS": "true", "KREX_GATE_EXIT": "0", "KREX_GPU": "0,1", "KREX_HOOKS": "all"})
+    for env, message in (({"KREX_GATE_CONTEXTS": "maybe"}, "KREX_GATE_CONTEXTS must be 0 or 1"),
+                         ({"KREX_GPU": "abc"}, "KREX_GPU: 'abc' is not a GPU index"),
+                         ({"KREX_LOG_LEVEL": "loud"}, "KREX_LOG_LEVEL must be one of"),
+                         ({"KREX_HOOKS": "triton,nope"}, "KREX_HOOKS: unknown hook nope"),
+                         ({"KREX_WARM_WORKERS": "-3"}, "KREX_WARM_WORKERS must be a whole number")):
+        with pytest.raises(KrexCommandError, match=message) as e:
+            check_environment(env)
+        assert e.value.exit_code == 2
 
 
 def test_which_commands_may_run_warm(tmp_path):

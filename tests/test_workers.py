@@ -311,7 +311,7 @@ def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp
     assert int(out.stdout) == zygote["pid"], out.stderr            # it waited for the next one
     first.communicate(timeout=30)
     out = run_py(krex, tmp_path, "import os; print(os.getppid())", env={"KREX_WARM_WAIT": "soon"}, name="x.py")
-    assert out.returncode == 2 and out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds, not 'soon'"
+    assert out.returncode == 2 and out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds (0 to 3600), not 'soon'"
 
 
 def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, tmp_path):

@@ -17,8 +17,8 @@ from ..controller import Controller, bind
 @click.option("--gpus", default=None, help="GPUs this controller manages, e.g. 0-7 (default: any).")
 @click.option("--reserved-cores", default=None,
               help="CPUs given to a region owner, e.g. 60-63 (default: the last eighth of the CPUs).")
-@click.option("--region-time-limit", type=float, default=None, help="Seconds before a region is revoked (60).")
-@click.option("--drain-timeout", type=float, default=None, help="Seconds to wait for a sibling's drain (2).")
+@click.option("--region-time-limit", default=None, help="Seconds before a region is revoked (60).")
+@click.option("--drain-timeout", default=None, help="Seconds to wait for a sibling's drain (2).")
 @click.option("--socket-mode", default=None, help="Socket permissions in octal (0600; 0660 with --socket-group).")
 @click.option("--socket-group", default=None, help="Group that may use the socket.")
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
@@ -26,20 +26,26 @@ from ..controller import Controller, bind
 @click.option("--no-freeze", is_flag=True,
               help="Do not SIGSTOP other GPU processes during a region (the gate and the drain keep the GPU "
                    "exclusive; their CPU work goes on).")
-@click.option("--warm-workers", type=click.IntRange(0, 64), default=None,
+@click.option("--no-attest", is_flag=True,
+              help="Do not read the GPU's counters (NVML) at region boundaries: regions are not attested.")
+@click.option("--no-lifecycle-barrier", is_flag=True,
+              help="Start regions even while another job creates or destroys a context or exits.")
+@click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
+              "before a region starts (0).")
+@click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
+@click.option("--warm-workers", default=None,
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
-@click.option("--worker-reuse", type=click.IntRange(1, 100000), default=None,
+@click.option("--worker-reuse", default=None,
               help="Commands a warm worker runs before it is replaced (default 1: a fresh process per command).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
-               socket_group, state_file, no_cpu_isolation, no_freeze, warm_workers, worker_preload, worker_reuse, embedded,
-               log_level) -> None:
+               socket_group, state_file, no_cpu_isolation, no_freeze, no_attest, no_lifecycle_barrier, settle_ms,
+               settle_ms_per_gib, warm_workers, worker_preload, worker_reuse, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
-    level = (log_level or os.environ.get("KREX_LOG_LEVEL") or "info").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
+    if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
+        log_level = os.environ["KREX_LOG_LEVEL"]
     path = socket_path or os.environ.get("KREX_SOCKET") or str(paths.user_socket())
     if path == str(paths.user_socket()):
         paths.ensure_runtime_dir()
@@ -47,8 +53,12 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
         drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
         socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
-        freeze=False if no_freeze else None,
-        warm_workers=warm_workers, worker_preload=worker_preload, worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None)
+        freeze=False if no_freeze else None, attest=False if no_attest else None,
+        lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
+        settle_ms_per_gib=settle_ms_per_gib, warm_workers=warm_workers, worker_preload=worker_preload,
+        worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level)
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
+                        format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     listener, _lock = bind(cfg, path)
     logging.getLogger("krex.controller").info("serving %s", path)
     Controller(cfg, listener, path).serve_forever()

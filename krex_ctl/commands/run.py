@@ -1,7 +1,12 @@
-"""`krex run [--gpu N] [--report FILE] [--cold] [--hooks NAMES] -- CMD ARGS...`: run a command under the shim.
+"""`krex run [--gpu N[,M...]] [--report FILE] [--cold] [--hooks NAMES] -- CMD ARGS...`: run a command under
+the shim.
 
-The wrapper is never frozen. It holds the job's connection to the controller and guards it: if the
-controller goes away, it resumes (SIGCONT) every process of its job and gives them back their CPUs."""
+Everything the command will read from krex is checked before it starts (the report's directory, every
+KREX_* variable): a mistake costs one line and exit status 2, not a benchmark run. The wrapper is never
+frozen. It holds the job's connection to the controller and guards it: if the controller goes away, it
+resumes (SIGCONT) every process of its job and gives them back their CPUs, then connects to a controller
+again. Signals meant for the command are passed on (signals.py); the command dies with the wrapper
+(krex-exec: PR_SET_PDEATHSIG), so a SIGKILLed wrapper leaves no orphan on the GPU."""
 
 import array
 import json
@@ -11,55 +16,84 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 
-from .. import dispatch, paths, procs, shm
+from .. import dispatch, paths, procs, report, shm
 from ..cli import cli
 from ..embedded import ensure_controller
-from ..environ import RunOptions, preload_environ
+from ..environ import RunOptions, check_environment, check_hooks, parse_gpus, preload_environ
 from ..errors import KrexCommandError
-from ..proto import C, MSG, Connection
+from ..proto import C, MSG, Connection, peer_uid
+from ..signals import Forwarder, block
 
 
 class Guardian(threading.Thread):
-    """Reads the wrapper's connection; when it closes, nothing of this job may stay stopped."""
+    """Reads the wrapper's connection; when it closes, nothing of this job may stay stopped. Then it
+    connects again (to the controller that took its place, or to one it starts), so the job is guarded and
+    its later regions are exclusive again."""
 
-    def __init__(self, conn: Connection, root_pid: int):
+    def __init__(self, conn: Connection, root_pid: int, reconnect: Callable[[], Optional[Connection]]):
         super().__init__(daemon=True, name="krex-guardian")
-        self.conn, self.root_pid = conn, root_pid
+        self.conn, self.root_pid, self.reconnect = conn, root_pid, reconnect
         self.replies: "queue.Queue" = queue.Queue()
         self.lost = threading.Event()
         self.done = threading.Event()
+        self.send_lock = threading.Lock()
+        self.on_reconnect: Optional[Callable[[], None]] = None
+        self.losses = 0
 
     def run(self) -> None:
-        try:
-            while True:
-                f = self.conn.recv()
-                if f.name in ("JSON_REPLY", "ERROR"):
-                    self.replies.put(f)
-        except (OSError, ConnectionError, ValueError):
-            pass
-        if not self.done.is_set():
+        while not self.done.is_set():
+            try:
+                while True:
+                    f = self.conn.recv()
+                    if f.name in ("JSON_REPLY", "ERROR"):
+                        self.replies.put(f)
+            except (OSError, ConnectionError, ValueError):
+                pass
+            if self.done.is_set():
+                break
             self.lost.set()
+            self.losses += 1
+            self.replies.put(None)
             resume_tree(self.root_pid)
-            print("krex: lost the controller; resumed this command's processes and continuing without "
-                  "region exclusivity", file=sys.stderr)
+            print("krex: lost the controller; resumed this command's processes and continuing without region "
+                  "exclusivity until a controller answers", file=sys.stderr)
+            conn = None
+            while conn is None and not self.done.wait(0.5):
+                conn = self.reconnect()
+            if conn is None:
+                break
+            with self.send_lock:
+                self.conn = conn
+            self.lost.clear()
+            print("krex: connected to a controller again", file=sys.stderr)
+            if self.on_reconnect is not None:
+                threading.Thread(target=self.on_reconnect, daemon=True).start()
         self.replies.put(None)
 
     def request(self, op: str, timeout: float = 5.0, **args) -> Optional[dict]:
         if self.lost.is_set():
             return None
         try:
-            self.conn.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
-            f = self.replies.get(timeout=timeout)
+            with self.send_lock:
+                seq = self.conn.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
+            deadline = time.monotonic() + timeout
+            while True:
+                f = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
+                if f is None:
+                    return None
+                if f.seq == seq:
+                    break
         except (OSError, queue.Empty):
             return None
-        if f is None or f.name != "JSON_REPLY":
+        if f.name != "JSON_REPLY":
             return None
         return json.loads(f.payload)
 
@@ -74,36 +108,44 @@ def resume_tree(root: int) -> None:
         procs.set_affinity(procs.threads(pid), lambda old: cpus, {})
 
 
-def _job_counters_path(job: int) -> Path:
+def counters_dirs() -> list:
+    """Where a job's counters file may go, in order: the private runtime directory, then the temporary
+    directory and /dev/shm (a full runtime filesystem must not stop the command, nor kill it)."""
     try:
-        d = paths.ensure_runtime_dir()
-    except (KrexCommandError, OSError):   # an unusable runtime dir must not stop the command
-        import tempfile
-
-        d = Path(tempfile.mkdtemp(prefix="krex-"))
-    return d / f"job-{os.getpid()}-{job}.counters"
+        first: Optional[Path] = paths.ensure_runtime_dir()
+    except (KrexCommandError, OSError):
+        first = None
+    return [first, Path(tempfile.gettempdir()), Path("/dev/shm")]
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--gpu", type=click.IntRange(0, C.KREX_MAX_GPUS - 1), default=None,
-              help="Run on this node-wide GPU (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]",
+              help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
+                   "one region covers them all.")
+@click.option("--report", "report_path", type=click.Path(), default=None,
               help="Write a JSON report of launches, contexts and regions here.")
 @click.option("--cold", is_flag=True, help="Never dispatch a Python command to a warm worker.")
 @click.option("--hooks", default=None, metavar="NAMES",
               help="Region hooks to switch on, comma-separated or 'all' (overrides KREX_HOOKS).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu, report_path, cold, hooks, command) -> None:
+def run(gpu_spec, report_path, cold, hooks, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise KrexCommandError("no command given: krex run [OPTIONS] -- CMD ARGS...", 2)
+    check_environment(os.environ)
+    if hooks is not None:
+        check_hooks(hooks)
+    gpus = parse_gpus(gpu_spec) if gpu_spec is not None else None
+    report_file = report.check_path(report_path) if report_path else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
-    if not shim.exists():
-        raise KrexCommandError(f"the shim library {shim} is missing: run `make` (or reinstall krex)", 2)
+    helper = paths.exec_helper()
+    for f, what in ((shim, "the shim library"), (helper, "the command launcher")):
+        if not f.exists():
+            raise KrexCommandError(f"{what} {f} is missing: run `make` (or reinstall krex)", 2)
 
     conn: Optional[Connection] = None
     if procs.early_affinity is not None:   # our own mask again: the controller saves it at HELLO, moves us
@@ -114,44 +156,63 @@ def run(gpu, report_path, cold, hooks, command) -> None:
         conn = Connection(sock, C.KREX_ROLE_WRAPPER)
     except KrexCommandError as e:
         print(f"krex: {e}; running without region exclusivity", file=sys.stderr)
+    # from here on, signals for the command are taken by one thread (signals.py); the embedded controller
+    # started above does not inherit that mask
+    block()
+    forwarder = Forwarder()
+    forwarder.start()
     job = conn.job if conn else 0
-    counters = _job_counters_path(job)
-    shm.create_counters(counters)
-    env = preload_environ(os.environ, RunOptions(shim=str(shim), socket=str(sock), job=job, counters=str(counters),
-                                                 gpu=gpu, hooks=hooks))
-
-    guardian = Guardian(conn, os.getpid()) if conn else None
-    if guardian:
+    counters = shm.make_counters(counters_dirs())
+    if counters is None:
+        print("krex: cannot create the job's counters file anywhere (full filesystems?); launches will not be "
+              "counted", file=sys.stderr)
+    uuids = None
+    guardian = None
+    if conn:
+        def reconnect() -> Optional[Connection]:
+            try:
+                return Connection(ensure_controller(), C.KREX_ROLE_WRAPPER, flags=C.KREX_HELLO_RECONNECT)
+            except KrexCommandError:
+                return None
+        guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
-        guardian.request("job_command", command=command)
+        guardian.on_reconnect = lambda: guardian.request("job_command", command=command, gpus=gpus or [])
+        guardian.request("job_command", command=command, gpus=gpus or [])
+        if gpus:
+            uuids = [(guardian.request("gpu_uuid", gpu=g) or {}).get("uuid") for g in gpus]
+    env = preload_environ(os.environ, RunOptions(
+        shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
+        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids))
 
-    if guardian and not cold:
-        warm = run_warm(guardian, command, env, gpu, wait_s)
+    if guardian and not cold and (gpus is None or len(gpus) == 1):
+        warm = run_warm(guardian, forwarder, command, env, gpus[0] if gpus else None, wait_s)
         if warm is not None:
-            exit_code, extra = warm
-            finish(guardian, conn, counters, report_path, command, exit_code, extra)
+            exit_code, extra, local = warm
+            finish(guardian, conn, counters, report_file, command, exit_code, extra, local)
 
-    try:
-        child = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        counters.unlink(missing_ok=True)
-        raise KrexCommandError(f"command not found: {command[0]}", 127) from None
-    except PermissionError:
-        counters.unlink(missing_ok=True)
-        raise KrexCommandError(f"permission denied: {command[0]}", 126) from None
-
-    # the terminal's Ctrl-C reaches the child directly; the wrapper stays to report and guard
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    early = forwarder.first_pending()
+    if early is not None:      # interrupted before the command started: it does not start
+        cleanup(counters)
+        print(f"krex: interrupted by {signal.Signals(early).name} before the command started", file=sys.stderr)
+        sys.exit(128 + early)
+    child = subprocess.Popen([str(helper), str(os.getpid())] + command, env=env)
+    forwarder.aim(child.pid, skip_tty=True)
     rc = child.wait()
+    forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
+    finish(guardian, conn, counters, report_file, command, exit_code, {}, [])
 
-    finish(guardian, conn, counters, report_path, command, exit_code, {})
+
+def cleanup(counters: Optional[Path]) -> None:
+    if counters is not None:
+        try:
+            counters.unlink()
+        except OSError:
+            pass
 
 
-def finish(guardian, conn, counters: Path, report_path, command: list, exit_code: int, extra: dict):
+def finish(guardian, conn, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
+           extra: dict, extra_regions: list):
     """Collect the job's regions and counters, write the report, exit with the command's status."""
     regions = []
     if guardian:
@@ -163,22 +224,39 @@ def finish(guardian, conn, counters: Path, report_path, command: list, exit_code
             regions += reply["regions"]
             offset = reply.get("next")
         guardian.done.set()
-        conn.close()
-    totals = shm.read_counters(counters)
+        try:
+            guardian.conn.close()
+        except OSError:
+            pass
+    totals, local, lost = {}, list(extra_regions), 0
+    if counters is not None:
+        try:
+            totals = shm.read_counters(counters)
+            mine, lost = shm.read_local_regions(counters)
+            local += mine
+        except OSError:
+            pass
     for k, v in extra.items():        # a warm worker's submissions for this command
         totals[k] = totals.get(k, 0) + v
-    counters.unlink(missing_ok=True)
-    if report_path:
+    cleanup(counters)
+    if report_file is not None:
         try:
-            write_report(Path(report_path), command, exit_code, totals, regions)
-        except OSError as e:   # the command's own exit status still comes through
-            print(f"krex: cannot write the report {report_path}: {e.strerror}", file=sys.stderr)
+            report.write(report_file, report.build(command, exit_code, totals, report.merge_regions(regions, local),
+                                                   lost))
+        except OSError as e:   # checked before the run; if it fails anyway (a full disk), say so in the status
+            print(f"krex: cannot write the report {report_file}: {e.strerror}", file=sys.stderr)
+            if exit_code == 0:
+                exit_code = 1
     sys.exit(exit_code)
 
 
 def killed_by(sig: int) -> int:
     """Name the signal that killed the command on stderr; the exit status a shell gives it (128+N)."""
-    print(f"krex: command killed by {signal.Signals(sig).name}", file=sys.stderr)
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    print(f"krex: command killed by {name}", file=sys.stderr)
     return 128 + sig
 
 
@@ -190,78 +268,69 @@ def warm_wait_s(env) -> float:
         wait = float(value)
     except ValueError:
         wait = -1.0
-    if not wait >= 0:
-        raise KrexCommandError(f"KREX_WARM_WAIT must be a number of seconds, not {value!r}", 2)
+    if not 0 <= wait <= 3600:
+        raise KrexCommandError(f"KREX_WARM_WAIT must be a number of seconds (0 to 3600), not {value!r}", 2)
     return wait
 
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def run_warm(guardian: Guardian, command: list, env: dict, gpu, wait_s: float) -> Optional[tuple[int, dict]]:
-    """Run an eligible Python command in a warm worker: (exit code, its counters), or None for the cold path."""
+def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict, gpu, wait_s: float):
+    """Run an eligible Python command in a warm worker: (exit code, its counters, its regions), or None for
+    the cold path. The controller gets only the start-up variables (what the worker's environment must
+    match); the whole environment goes to the worker alone, which must run as us."""
     py = dispatch.python_command(command, env)
     if py is None:
         return None
     python, args = py
-    g = gpu if gpu is not None else int(env.get("KREX_GPU", "0") or 0)
+    g = gpu if gpu is not None else int((env.get("KREX_GPU") or "0").split(",")[0])
     fingerprint = dispatch.fingerprint(env)
+    startup = dispatch.zygote_environment(env)
     deadline = time.monotonic() + wait_s
     while True:       # all workers busy but more are coming: wait for one rather than start cold (seconds)
-        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=fingerprint, env=env)
+        if forwarder.first_pending() is not None:
+            return None                   # interrupted while waiting: the cold path says so and stops
+        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=fingerprint, env=startup)
         if reply and reply.get("socket"):
             break
         if not reply or not reply.get("coming") or time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
-    worker_pid, forwarded, sent = int(reply["pid"]), [], []
-
-    def forward(sig, _frame):
-        forwarded.append(sig)
-        if sent:
-            try:
-                os.kill(worker_pid, sig)
-            except OSError:
-                pass
-    # handlers first: a Ctrl-C from the moment the command may have started reaches it, not this wrapper
-    for sig in FORWARDED_SIGNALS:
-        signal.signal(sig, forward)
+    worker_pid = int(reply["pid"])
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         s.connect(reply["socket"])
+        if peer_uid(s) != os.getuid():
+            raise OSError("the warm worker does not run as this user")
+        if forwarder.first_pending() is not None:
+            raise OSError("interrupted")
         request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode() + b"\n"
         s.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
     except OSError:
         s.close()
-        for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        if forwarded:                     # interrupted before the command started
-            os.kill(os.getpid(), forwarded[0])
         return None                       # the worker went away before it took the command: run cold
-    early = list(forwarded)               # arrived while the request was on its way
-    sent.append(True)
-    for sig in early:
-        os.kill(worker_pid, sig)
+    forwarder.aim(worker_pid)             # another process group: every signal goes to it
     data = b""
     while not data.endswith(b"\n"):
         try:
             chunk = s.recv(65536)
         except InterruptedError:
             continue
+        except OSError:
+            chunk = b""
         if not chunk:
             break
         data += chunk
     s.close()
+    forwarder.aim(None)
     if not data.endswith(b"\n"):
-        sig = forwarded[-1] if forwarded else None
+        sig = forwarder.last
         if sig is not None and sig != signal.SIGINT:
-            return killed_by(sig), {}
-        return worker_died(guardian, worker_pid), {}
+            return killed_by(sig), {}, []
+        return worker_died(guardian, worker_pid), {}, []
     result = json.loads(data)
+    regions = result.get("regions", [])
     if result.get("signal"):
-        sig = int(result["signal"])
-        return killed_by(sig), result.get("counters", {})
-    return int(result["exit_code"]), result.get("counters", {})
+        return killed_by(int(result["signal"])), result.get("counters", {}), regions
+    return int(result["exit_code"]), result.get("counters", {}), regions
 
 
 def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
@@ -281,23 +350,3 @@ def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
             print("krex: the warm worker running the command died", file=sys.stderr)
             return 1
         time.sleep(0.01)
-
-
-def write_report(path: Path, command: list, exit_code: int, totals: dict, regions: list) -> None:
-    region_wait = sum(max(0, (r["granted_ns"] or r["ended_ns"]) - r["requested_ns"]) for r in regions)
-    report = {
-        "version": 1,
-        "command": command,
-        "exit_code": exit_code,
-        "launches": totals["kernels"] + totals["graphs"] + totals["copies"] + totals["other"],
-        "context_creations": totals["contexts"],
-        "regions": regions,
-        "waited_ns": totals["waited_ns"] + region_wait,
-        "submissions": {k: totals[k] for k in ("kernels", "graphs", "copies", "other", "captured")},
-        "gate_waited_ns": totals["waited_ns"],
-        "region_waited_ns": region_wait,
-        "processes": totals["processes"],
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -31,11 +31,61 @@ int64_t fk_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-int fk_device_count(void) {
+/* The node: KREX_FAKE_GPUS physical GPUs (2), each with a UUID, GPU-6b726578-0000-0000-0000-0000000000NN.
+ * A process sees those its visible-devices variable lists (by index or by UUID), renumbered from 0, as a
+ * real driver does; the fake NVML (fake_nvml.c) lists the same UUIDs in physical order. */
+static int fk_physical_count(void) {
     const char *v = getenv("KREX_FAKE_GPUS");
     int n = v && *v ? atoi(v) : 2;
     return n < 0 ? 0 : n > 64 ? 64 : n;
 }
+
+void fk_uuid(int physical, unsigned char out[16]) {
+    static const unsigned char base[16] = {0x6b, 0x72, 0x65, 0x78};
+    memcpy(out, base, 16);
+    out[15] = (unsigned char)physical;
+}
+
+/* one entry of a visible-devices list -> physical index, or -1 */
+static int fk_entry(const char *p, size_t len) {
+    char buf[64];
+    if (!len || len >= sizeof buf) return -1;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    char *end;
+    long n = strtol(buf, &end, 10);
+    if (end != buf && !*end) return n >= 0 && n < fk_physical_count() ? (int)n : -1;
+    for (int i = 0; i < fk_physical_count(); i++) {
+        unsigned char u[16];
+        char text[64];
+        fk_uuid(i, u);
+        snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                 u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+        if (!strncmp(buf, text, strlen(buf)) && strlen(buf) >= 12) return i;   /* a unique prefix will do */
+    }
+    return -1;
+}
+
+/* physical index of local device `local` under the variable env (CUDA_ or HIP_VISIBLE_DEVICES), or -1;
+ * local -1: how many are visible */
+int fk_physical(const char *env, int local) {
+    const char *v = getenv(env);
+    if (!v) return local < 0 ? fk_physical_count() : local < fk_physical_count() ? local : -1;
+    int n = 0;
+    for (const char *p = v; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int phys = fk_entry(p, len);
+        if (phys < 0) break;                     /* like the driver: the list ends at the first bad entry */
+        if (n == local) return phys;
+        n++;
+        p += len + (comma ? 1 : 0);
+    }
+    return local < 0 ? n : -1;
+}
+
+int fk_device_count(void) { return fk_physical("CUDA_VISIBLE_DEVICES", -1); }
+int fk_hip_device_count(void) { return fk_physical("HIP_VISIBLE_DEVICES", -1); }
 
 static void trace(int stream_id, int64_t start, int64_t end, const char *name) {
     static int fd = -2;

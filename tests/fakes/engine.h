@@ -49,7 +49,10 @@ struct fk_ctx {
 };
 
 int64_t fk_now_ns(void);
-int fk_device_count(void);
+int fk_device_count(void);                       /* CUDA devices this process sees */
+int fk_hip_device_count(void);
+int fk_physical(const char *env, int local);     /* visible device -> physical GPU (-1: none) */
+void fk_uuid(int physical, unsigned char out[16]);
 struct fk_ctx *fk_ctx_new(int device, int primary);
 void fk_ctx_free(struct fk_ctx *c);
 int fk_ctx_sync(struct fk_ctx *c);

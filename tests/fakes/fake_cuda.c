@@ -67,6 +67,14 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     *v = attr == 16 ? 132 : attr == 75 ? 9 : attr == 76 ? 0 : 1; /* SM count, cc major/minor */
     return OK;
 }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
+    NEED_INIT();
+    if (!u) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    fk_uuid(fk_physical("CUDA_VISIBLE_DEVICES", d), u->bytes);
+    return OK;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { return cuDeviceGetUuid_v2(u, d); }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
     NEED_INIT();
     if (!b) return E_VALUE;

@@ -34,15 +34,21 @@ static struct ihipCtx_t *dev_ctx(int d) {
     return devices[d];
 }
 static struct fk_stream *stream_of(hipStream_t s) { return s ? s->fk : dev_ctx(cur_dev)->fk->default_stream; }
-#define DEV_OK(d) ((d) >= 0 && (d) < fk_device_count())
+#define DEV_OK(d) ((d) >= 0 && (d) < fk_hip_device_count())
 
 EXPORT hipError_t hipInit(unsigned fl) { return fl ? E_VALUE : OK; }
 EXPORT hipError_t hipDriverGetVersion(int *v) { if (!v) return E_VALUE; *v = 60400000; return OK; }
 EXPORT hipError_t hipRuntimeGetVersion(int *v) { if (!v) return E_VALUE; *v = 60400000; return OK; }
-EXPORT hipError_t hipGetDeviceCount(int *n) { if (!n) return E_VALUE; *n = fk_device_count(); return OK; }
+EXPORT hipError_t hipGetDeviceCount(int *n) { if (!n) return E_VALUE; *n = fk_hip_device_count(); return OK; }
 EXPORT hipError_t hipSetDevice(int d) { if (!DEV_OK(d)) return E_DEVICE; cur_dev = d; return OK; }
 EXPORT hipError_t hipGetDevice(int *d) { if (!d) return E_VALUE; *d = cur_dev; return OK; }
 EXPORT hipError_t hipDeviceSynchronize(void) { return fk_ctx_sync(dev_ctx(cur_dev)->fk); }
+EXPORT hipError_t hipDeviceGetUuid(hipUUID *u, hipDevice_t d) {
+    if (!u) return E_VALUE;
+    if (!DEV_OK(d)) return E_DEVICE;
+    fk_uuid(fk_physical("HIP_VISIBLE_DEVICES", d), (unsigned char *)u->bytes);
+    return OK;
+}
 EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
     if (!c) return E_VALUE;
     if (!DEV_OK(d)) return E_DEVICE;
@@ -238,7 +244,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess"
 
 EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
 #define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
-    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
     X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
     X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \

@@ -14,16 +14,20 @@ static void frame(int type, const void *p, uint32_t len) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "encode")) {
-        struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, 42};
-        struct krex_context ctx = {KREX_VENDOR_HIP, 3};
-        struct krex_region_begin b = {0x5, 123456789, "matmul"};
+        struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, 42, 4242, KREX_HELLO_RECONNECT};
+        struct krex_context ctx = {KREX_VENDOR_HIP, 3, KREX_CONTEXT_HAS_UUID, 1, {0x6b, 0x72, 0x65, 0x78}};
+        struct krex_region_begin b = {0x5, 123456789, "matmul", 0x2};
         struct krex_region_end e = {77, 987654321};
-        struct krex_drained d = {9, -3, 250};
+        struct krex_drained d = {9, -3, 250, 1ull << 33, 55};
+        struct krex_region_cancel c = {12, 0};
+        struct krex_lifecycle l = {KREX_LIFE_EXIT_BEGIN, -1, 1ull << 30, 99};
         frame(KREX_MSG_HELLO, &hello, sizeof hello);
         frame(KREX_MSG_CONTEXT, &ctx, sizeof ctx);
         frame(KREX_MSG_REGION_BEGIN, &b, sizeof b);
         frame(KREX_MSG_REGION_END, &e, sizeof e);
         frame(KREX_MSG_DRAINED, &d, sizeof d);
+        frame(KREX_MSG_REGION_CANCEL, &c, sizeof c);
+        frame(KREX_MSG_LIFECYCLE, &l, sizeof l);
         return 0;
     }
     struct krex_frame_hdr h;
@@ -33,8 +37,8 @@ int main(int argc, char **argv) {
         switch (h.type) {
         case KREX_MSG_WELCOME: {
             struct krex_welcome *w = (void *)buf;
-            printf("WELCOME %u %u %u %d %u %u %u %u\n", w->magic, w->version, w->client_id, w->job, w->max_gpus,
-                   w->gate_stride, w->gate_offset, w->has_gate_fd);
+            printf("WELCOME %u %u %u %d %u %u %u %u %u\n", w->magic, w->version, w->client_id, w->job, w->max_gpus,
+                   w->gate_stride, w->gate_offset, w->has_gate_fd, w->controller_pid);
             break;
         }
         case KREX_MSG_ERROR: {
@@ -44,14 +48,15 @@ int main(int argc, char **argv) {
         }
         case KREX_MSG_REGION_GRANTED: {
             struct krex_region_granted *g = (void *)buf;
-            printf("GRANTED %llu %llu %lld %lld %u %u %lld\n", (unsigned long long)g->region_id,
+            printf("GRANTED %llu %llu %lld %lld %u %u %lld %u %u\n", (unsigned long long)g->region_id,
                    (unsigned long long)g->gpu_mask, (long long)g->requested_ns, (long long)g->granted_ns, g->frozen,
-                   g->drain_timeouts, (long long)g->time_limit_ns);
+                   g->drain_timeouts, (long long)g->time_limit_ns, g->flags, g->members);
             break;
         }
         case KREX_MSG_REGION_ENDED: {
             struct krex_region_ended *x = (void *)buf;
-            printf("ENDED %llu %lld %u\n", (unsigned long long)x->region_id, (long long)x->ended_ns, x->reason);
+            printf("ENDED %llu %lld %u %u %u %u %u\n", (unsigned long long)x->region_id, (long long)x->ended_ns,
+                   x->reason, x->flags, x->taints, x->sm_clock_min_mhz, x->sm_clock_max_mhz);
             break;
         }
         case KREX_MSG_DRAIN: {

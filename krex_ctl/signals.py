@@ -1,0 +1,67 @@
+"""Signals a `krex run` wrapper passes on to its command.
+
+The wrapper blocks the forwarded signals in every thread and takes them in one thread with sigwaitinfo,
+which says where each came from. A signal the terminal sent (Ctrl-C, Ctrl-\\, hang-up: si_code SI_KERNEL)
+went to the whole foreground process group, the command included, so it is not sent again; one sent to the
+wrapper alone (kill, a job scheduler, a harness's send_signal) is passed to the command. A warm worker runs
+in another process group, so it gets every signal. A signal that arrives before the command has started is
+kept: the wrapper then does not start it."""
+
+import os
+import signal
+import threading
+from typing import Optional
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+SI_KERNEL = 0x80
+
+
+def block() -> None:
+    """Block the forwarded signals in this thread and the threads it starts from now on."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+
+
+class Forwarder(threading.Thread):
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="krex-signals")
+        self.lock = threading.Lock()
+        self.target: Optional[tuple[int, bool]] = None     # (pid, skip signals from the terminal)
+        self.pending: list[int] = []                       # arrived while there was no target
+        self.arrived = threading.Event()
+        self.last: Optional[int] = None
+
+    def run(self) -> None:
+        while True:
+            try:
+                info = signal.sigwaitinfo(FORWARDED)
+            except InterruptedError:
+                continue
+            with self.lock:
+                self.last = info.si_signo
+                target = self.target
+                if target is None:
+                    self.pending.append(info.si_signo)
+                    self.arrived.set()
+                    continue
+            pid, skip_tty = target
+            if skip_tty and info.si_code == SI_KERNEL:
+                continue
+            try:
+                os.kill(pid, info.si_signo)
+            except OSError:
+                pass
+
+    def aim(self, pid: Optional[int], skip_tty: bool = False) -> None:
+        """Forward to pid from now on (None: keep what arrives); what was kept so far goes to pid now."""
+        with self.lock:
+            self.target = (pid, skip_tty) if pid else None
+            early, self.pending = (self.pending, []) if pid else ([], self.pending)
+        for sig in early:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def first_pending(self) -> Optional[int]:
+        with self.lock:
+            return self.pending[0] if self.pending else None

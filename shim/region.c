@@ -1,0 +1,276 @@
+/* region.c: the region API (krex.h) on top of the controller connection.
+ *
+ * One region at a time per process, nested calls fold into it (a depth count). Every request carries a
+ * seq and only the reply with that seq answers it (krex_proto.h): a late reply to an abandoned request
+ * is never taken for the next one. A request can be waited for in slices and cancelled (the Python API
+ * does this so that Ctrl-C interrupts a wait and leaves nothing behind at the controller).
+ *
+ * Each finished region is written to the job's counters file (struct krex_local_region): the report then
+ * lists every region the process had, also those no controller granted (it ran unprotected) and those
+ * whose controller went away in the middle, each with its flags (exclusive, clean) and taints. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "shim.h"
+#define KREX_SHIM_INTERNAL
+#include "krex.h"
+
+enum { R_NONE, R_WAITING, R_HELD, R_LOCAL };
+
+static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t region_cond;
+static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
+
+static struct {
+    int state, depth, refused, lost, revoked, end_done;
+    uint32_t begin_seq, end_seq;
+    uint64_t region_id, gpu_mask;
+    int64_t requested_ns, granted_ns;
+    uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
+    char name[KREX_NAME_MAX];
+} R;
+static struct krex_region_info last;
+static int have_last;
+
+static void init_cond(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&region_cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void lock(void) {
+    pthread_once(&cond_once, init_cond);
+    pthread_mutex_lock(&region_lock);
+}
+
+/* caller holds region_lock; 0 when woken, ETIMEDOUT after ms (ms < 0: no limit) */
+static int wait_ms(int ms) {
+    if (ms < 0) return pthread_cond_wait(&region_cond, &region_lock);
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += ms / 1000;
+    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    return pthread_cond_timedwait(&region_cond, &region_lock, &dl);
+}
+
+void krex_region_reset_after_fork(void) {
+    pthread_mutex_init(&region_lock, NULL);
+    init_cond();
+    memset(&R, 0, sizeof R);   /* the parent's region is not the child's (it asks for its own) */
+}
+
+/* the client thread: a GRANTED, ENDED or ERROR frame from the controller */
+void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len) {
+    uint64_t stale = 0;
+    lock();
+    if (type == KREX_MSG_REGION_GRANTED && len >= sizeof(struct krex_region_granted)) {
+        const struct krex_region_granted *g = payload;
+        if (R.state == R_WAITING && seq == R.begin_seq) {
+            R.state = R_HELD, R.region_id = g->region_id, R.gpu_mask = g->gpu_mask, R.granted_ns = g->granted_ns;
+            R.flags |= g->flags;
+            R.controller_pid = krex_controller_pid;
+        } else {
+            stale = g->region_id;      /* a grant nobody waits for: give it back at once */
+        }
+    } else if (type == KREX_MSG_ERROR && len >= sizeof(struct krex_error)) {
+        const struct krex_error *e = payload;
+        if (R.state == R_WAITING && seq == R.begin_seq) {
+            R.state = R_LOCAL, R.refused = 1, R.taints |= KREX_TAINT_NOT_GRANTED;
+            krex_log(KREX_LOG_ERROR, "region '%s' refused: %.*s", R.name, KREX_ERROR_TEXT, e->text);
+        } else if (R.end_seq && seq == R.end_seq) {
+            R.end_done = 1;
+        } else {
+            krex_log(KREX_LOG_WARNING, "controller: %.*s", KREX_ERROR_TEXT, e->text);
+        }
+    } else if (type == KREX_MSG_REGION_ENDED && len >= sizeof(struct krex_region_ended)) {
+        const struct krex_region_ended *e = payload;
+        int mine = R.state == R_HELD && e->region_id == R.region_id;
+        if ((R.end_seq && seq == R.end_seq) || mine) {
+            if (R.end_seq && seq == R.end_seq) R.end_done = 1;
+            if (e->reason == KREX_END_TIME_LIMIT && mine) R.revoked = 1, R.taints |= KREX_TAINT_REVOKED;
+            if (mine) {
+                R.flags = (R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED)) | e->flags;
+                R.taints |= e->taints, R.clock_min = e->sm_clock_min_mhz, R.clock_max = e->sm_clock_max_mhz;
+            }
+        }
+    }
+    pthread_cond_broadcast(&region_cond);
+    pthread_mutex_unlock(&region_lock);
+    if (stale) {
+        struct krex_region_end e = {stale, krex_now_ns()};
+        krex_send(KREX_MSG_REGION_END, &e, sizeof e, NULL);
+    }
+}
+
+/* the client thread: the connection broke */
+void krex_region_connection_lost(void) {
+    lock();
+    if (R.state == R_WAITING) R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    else if (R.state == R_HELD) R.lost = 1, R.taints |= KREX_TAINT_CONTROLLER_LOST;
+    if (R.end_seq) R.end_done = 1, R.lost = 1;
+    pthread_cond_broadcast(&region_cond);
+    pthread_mutex_unlock(&region_lock);
+}
+
+/* caller holds region_lock: the region is over; keep its record, here and in the job's counters file */
+static void finish_locked(uint32_t reason) {
+    uint32_t taints = R.taints;
+    uint32_t flags = R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED);
+    if (R.state == R_HELD && !(taints & (KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED |
+                                         KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS))
+        && (R.flags & KREX_REGION_EXCLUSIVE || !R.end_done))
+        flags |= KREX_REGION_EXCLUSIVE;
+    if (R.end_done && !R.lost) flags |= KREX_REGION_ENDED_OK | (R.flags & KREX_REGION_ATTESTED);
+    if (!taints && (flags & KREX_REGION_EXCLUSIVE) && (R.flags & KREX_REGION_CLEAN || !R.end_done)) flags |= KREX_REGION_CLEAN;
+    int64_t ended = krex_now_ns();
+    last = (struct krex_region_info){R.state == R_HELD ? R.region_id : 0, R.gpu_mask, R.requested_ns,
+                                     R.state == R_HELD ? R.granted_ns : 0, ended, flags, taints, R.clock_min,
+                                     R.clock_max, reason, R.state == R_HELD ? R.controller_pid : 0};
+    have_last = 1;
+    struct krex_local_region *rec = krex_local_region_claim();
+    if (rec) {
+        rec->region_id = last.region_id, rec->gpu_mask = last.gpu_mask, rec->requested_ns = last.requested_ns;
+        rec->granted_ns = last.granted_ns, rec->controller_pid = last.controller_pid, rec->flags = flags;
+        rec->taints = taints, rec->end_reason = reason;
+        rec->sm_clock_min_mhz = (uint16_t)R.clock_min, rec->sm_clock_max_mhz = (uint16_t)R.clock_max;
+        memcpy(rec->name, R.name, sizeof rec->name);
+        rec->pid = getpid();
+        __atomic_store_n(&rec->ended_ns, ended, __ATOMIC_RELEASE);   /* last: the record is complete */
+    }
+    uint32_t depth = (uint32_t)R.depth;
+    memset(&R, 0, sizeof R);
+    R.depth = (int)depth;
+}
+
+/* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller (runs
+ * unprotected), -2 refused */
+KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
+    lock();
+    if (R.depth++ > 0) {
+        int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : -1;
+        pthread_mutex_unlock(&region_lock);
+        return r;
+    }
+    memset(&R, 0, sizeof R);
+    R.depth = 1;
+    R.requested_ns = krex_now_ns();
+    snprintf(R.name, sizeof R.name, "%s", name && *name ? name : "region");
+    uint64_t fallback = krex_env_gpus();
+    if (!fallback) fallback = krex_own_gpus();
+    R.gpu_mask = gpu_mask ? gpu_mask : fallback ? fallback : 1;
+    struct krex_region_begin b = {gpu_mask, R.requested_ns, {0}, fallback ? fallback : 1};
+    memcpy(b.name, R.name, sizeof b.name);
+    if (krex_connect() == 0 && krex_send(KREX_MSG_REGION_BEGIN, &b, sizeof b, &R.begin_seq) == 0) {
+        R.state = R_WAITING;
+        pthread_mutex_unlock(&region_lock);
+        return 1;
+    }
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    pthread_mutex_unlock(&region_lock);
+    return -1;
+}
+
+/* after krex_region_request returned 1: 0 granted, 1 still waiting after timeout_ms (< 0: no limit),
+ * -1 the controller went away, -2 refused */
+KREX_EXPORT int krex_region_wait(int timeout_ms) {
+    lock();
+    while (R.state == R_WAITING)
+        if (wait_ms(timeout_ms) == ETIMEDOUT && R.state == R_WAITING) {
+            pthread_mutex_unlock(&region_lock);
+            return 1;
+        }
+    int r = R.state == R_HELD ? 0 : R.refused ? -2 : -1;
+    pthread_mutex_unlock(&region_lock);
+    return r;
+}
+
+KREX_EXPORT int krex_region_begin_mask(const char *name, uint64_t gpu_mask) {
+    int r = krex_region_request(name, gpu_mask);
+    return r == 1 ? krex_region_wait(-1) : r;
+}
+
+KREX_EXPORT int krex_region_begin(const char *name) { return krex_region_begin_mask(name, 0); }
+
+/* caller holds region_lock: send END or CANCEL and wait (bounded) for the controller's answer */
+static void ask_end_locked(int type, const void *msg, uint32_t len) {
+    R.end_done = 0;
+    if (R.lost || krex_send(type, msg, len, &R.end_seq) != 0) {
+        R.lost = 1;
+        return;
+    }
+    while (!R.end_done)
+        if (wait_ms(5000) == ETIMEDOUT) break;
+    if (!R.end_done) {
+        R.taints |= KREX_TAINT_UNACKNOWLEDGED;
+        krex_log(KREX_LOG_WARNING, "the controller did not acknowledge the end of region '%s' in 5 s", R.name);
+    }
+}
+
+/* Leave a request that is still waiting (or the region, if it was granted meanwhile): what an interrupted
+ * wait must do, so that no region is left behind at the controller. 0, or -1 with no region open. */
+KREX_EXPORT int krex_region_cancel(void) {
+    lock();
+    if (R.depth == 0) {
+        pthread_mutex_unlock(&region_lock);
+        return -1;
+    }
+    if (--R.depth > 0) {
+        pthread_mutex_unlock(&region_lock);
+        return 0;
+    }
+    if (R.state == R_WAITING || R.state == R_HELD) {
+        struct krex_region_cancel c = {R.begin_seq, 0};
+        ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
+    }
+    finish_locked(KREX_END_CANCELLED);
+    pthread_mutex_unlock(&region_lock);
+    return 0;
+}
+
+/* 0 ended, 1 the controller had revoked it (time limit), -1 no region was open */
+KREX_EXPORT int krex_region_end(void) {
+    lock();
+    if (R.depth == 0) {
+        pthread_mutex_unlock(&region_lock);
+        krex_log(KREX_LOG_WARNING, "krex_region_end without krex_region_begin");
+        return -1;
+    }
+    if (--R.depth > 0) {
+        pthread_mutex_unlock(&region_lock);
+        return 0;
+    }
+    if (R.state == R_WAITING) {           /* ended without waiting for the grant: it is a cancel */
+        struct krex_region_cancel c = {R.begin_seq, 0};
+        ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
+        finish_locked(KREX_END_CANCELLED);
+        pthread_mutex_unlock(&region_lock);
+        return 0;
+    }
+    if (R.state == R_HELD && !R.revoked) {
+        struct krex_region_end e = {R.region_id, krex_now_ns()};
+        ask_end_locked(KREX_MSG_REGION_END, &e, sizeof e);
+    }
+    int revoked = R.revoked;
+    finish_locked(revoked ? KREX_END_TIME_LIMIT : KREX_END_NORMAL);
+    pthread_mutex_unlock(&region_lock);
+    if (revoked) krex_log(KREX_LOG_WARNING, "region was revoked by the controller's time limit");
+    return revoked;
+}
+
+/* the last region this process finished: 0 and *out filled, -1 when there is none yet */
+KREX_EXPORT int krex_region_last(struct krex_region_info *out) {
+    lock();
+    int r = have_last ? 0 : -1;
+    if (have_last && out) *out = last;
+    pthread_mutex_unlock(&region_lock);
+    return r;
+}
+
+KREX_EXPORT int krex_shim_loaded(void) { return 1; }
