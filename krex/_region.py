@@ -283,6 +283,15 @@ def _direct_end() -> int:
 _open = {"n": 0}   # region() blocks open in this process (an inner one is part of the outer)
 
 
+def _forked() -> None:
+    """In a forked child: the parent's open regions and connection are not ours (the shim resets its own)."""
+    _open["n"] = 0
+    _state.update(depth=0, conn=None, pid=os.getpid(), region_id=0, seq=0, granted=False)
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class region(contextlib.ContextDecorator):
     """Context manager and decorator: `with krex.region("matmul") as r:` / `@krex.region("matmul")`.
     gpus (or gpu): a node-wide GPU index or a list of them (default: every GPU of this job).

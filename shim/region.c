@@ -29,7 +29,7 @@ static struct {
     int state, depth, refused, lost, revoked, end_done;
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
-    int64_t requested_ns, granted_ns;
+    int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
     uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
     char name[KREX_NAME_MAX];
 } R;
@@ -98,6 +98,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
             if (mine) {
                 R.flags = (R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED)) | e->flags;
                 R.taints |= e->taints, R.clock_min = e->sm_clock_min_mhz, R.clock_max = e->sm_clock_max_mhz;
+                R.ended_ns = e->ended_ns;      /* exclusivity ended there: the controller opened the gate then */
             }
         }
     }
@@ -129,7 +130,7 @@ static void finish_locked(uint32_t reason) {
         flags |= KREX_REGION_EXCLUSIVE;
     if (R.end_done && !R.lost) flags |= KREX_REGION_ENDED_OK | (R.flags & KREX_REGION_ATTESTED);
     if (!taints && (flags & KREX_REGION_EXCLUSIVE) && (R.flags & KREX_REGION_CLEAN || !R.end_done)) flags |= KREX_REGION_CLEAN;
-    int64_t ended = krex_now_ns();
+    int64_t ended = R.ended_ns ? R.ended_ns : krex_now_ns();
     last = (struct krex_region_info){R.state == R_HELD ? R.region_id : 0, R.gpu_mask, R.requested_ns,
                                      R.state == R_HELD ? R.granted_ns : 0, ended, flags, taints, R.clock_min,
                                      R.clock_max, reason, R.state == R_HELD ? R.controller_pid : 0};

@@ -66,13 +66,14 @@ class Krex:
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 
-    def start_controller(self, *args: str) -> subprocess.Popen:
+    def start_controller(self, *args: str, preexec_fn=None, state_file=None) -> subprocess.Popen:
         log = open(self.ctl_log, "ab")
         cpus = sorted(os.sched_getaffinity(0))
         reserved = [] if any(a.startswith("--reserved-cores") for a in args) else ["--reserved-cores", str(cpus[-1])]
         self.ctl = subprocess.Popen(
             [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.socket), "--state-file",
-             str(self.state_file), *reserved, *args], env=self.env, stdout=log, stderr=log)
+             str(state_file or self.state_file), *reserved, *args], env=self.env, stdout=log, stderr=log,
+            preexec_fn=preexec_fn)
         wait_for(self.answers, what="controller socket")
         return self.ctl
 
@@ -149,3 +150,29 @@ def cpus():
 
 def report_of(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def overlaps(trace, regions, name="hog"):
+    """Kernels named `name` that ran while one of the regions was held."""
+    bad = []
+    for pid, sid, start, end, kname in trace:
+        if kname != name:
+            continue
+        for r in regions:
+            if r.get("granted_ns") and start < r["ended_ns"] and end > r["granted_ns"]:
+                bad.append((pid, sid, start, end, r["name"]))
+    return bad
+
+
+def in_namespace(*flags: str) -> list:
+    """The unshare(1) command that runs a test helper in new namespaces (pid: -p, mount: -m), as root or
+    in a user namespace of its own; None where neither works here."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        return None
+    for extra in ([] if os.getuid() == 0 else ["-r"], ["-r"]):
+        cmd = ["unshare", *extra, *flags]
+        if subprocess.run(cmd + ["true"], capture_output=True).returncode == 0:
+            return cmd
+    return None

@@ -7,18 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, SNIP, proc_state, report_of, wait_for
-
-
-def overlaps(trace, regions, name="hog"):
-    bad = []
-    for pid, sid, start, end, kname in trace:
-        if kname != name:
-            continue
-        for r in regions:
-            if start < r["ended_ns"] and end > r["granted_ns"]:
-                bad.append((pid, sid, start, end, r["name"]))
-    return bad
+from conftest import ROOT, SNIP, overlaps, proc_state, report_of, wait_for
 
 
 def test_no_sibling_kernel_inside_any_region(krex, tmp_path):

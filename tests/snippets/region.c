@@ -1,7 +1,8 @@
 /* region.c: a benchmark marking its timed part with krex.h. SNIPPET_REGIONS times: begin a region,
- * launch SNIPPET_N kernels named "timed" of SNIPPET_US microseconds, synchronize, end the region.
- * Prints the status of each begin and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With
- * SNIPPET_WAIT_FILE it makes its context first and begins only once that file exists. */
+ * launch SNIPPET_N kernels named SNIPPET_KERNEL ("timed") of SNIPPET_US microseconds, synchronize, end the
+ * region, wait SNIPPET_GAP_US. Prints the status of each begin and end, and what krex_region_last says
+ * of it, and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With SNIPPET_WAIT_FILE it makes its
+ * context first and begins only once that file exists. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
@@ -21,9 +22,10 @@ static void print_affinity(FILE *out, const char *when) {
 
 int main(void) {
     int regions = env_int("SNIPPET_REGIONS", 3), n = env_int("SNIPPET_N", 5), us = env_int("SNIPPET_US", 1000);
-    int sleep_us = env_int("SNIPPET_HOLD_US", 0);
+    int sleep_us = env_int("SNIPPET_HOLD_US", 0), gap_us = env_int("SNIPPET_GAP_US", 0);
     CUstream s;
-    CUfunction f = snippet_kernel("timed", NULL);
+    const char *kname = getenv("SNIPPET_KERNEL");
+    CUfunction f = snippet_kernel(kname && *kname ? kname : "timed", NULL);
     CHECK(cuStreamCreate(&s, 0));
     const char *wait_file = getenv("SNIPPET_WAIT_FILE");
     while (wait_file && access(wait_file, F_OK) != 0) usleep(2000);
@@ -37,8 +39,13 @@ int main(void) {
         if (sleep_us) usleep((useconds_t)sleep_us);
         int e = krex_end();
         if (aff) print_affinity(aff, "after");
-        printf("region %d begin=%d end=%d\n", r, st, e);
+        struct krex_region_info info = {0};
+        int have = krex_region_last ? krex_region_last(&info) : -1;
+        printf("region %d begin=%d end=%d exclusive=%d clean=%d taints=%u id=%llu\n", r, st, e,
+               have == 0 && (info.flags & KREX_INFO_EXCLUSIVE) != 0, have == 0 && (info.flags & KREX_INFO_CLEAN) != 0,
+               info.taints, (unsigned long long)info.region_id);
         fflush(stdout);
+        if (gap_us) usleep((useconds_t)gap_us);
     }
     if (aff) fclose(aff);
     return 0;

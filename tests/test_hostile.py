@@ -1,0 +1,686 @@
+"""Clients that attack the controller, and faults around it: each test is an attack or a fault that once
+worked (a controller killed, a stranger stopped, a command taken over, a process left stopped)."""
+
+import json
+import mmap
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SNIP, in_namespace, overlaps, proc_state, report_of, wait_for
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG, Connection
+
+BEGIN = proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="x")
+
+
+def held(krex) -> bool:
+    return any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"])
+
+
+# ---- 1: region requests from clients that cannot hold regions ----------------------------------------
+@pytest.mark.parametrize("role", [C.KREX_ROLE_CLI, C.KREX_ROLE_WRAPPER])
+def test_region_request_from_a_client_without_regions_is_refused(krex, role):
+    """A CLI client's REGION_BEGIN on an idle GPU killed the controller (a region without a job)."""
+    krex.start_controller()
+    c = Connection(krex.socket, role)
+    c.send(MSG["REGION_BEGIN"], BEGIN)
+    f = c.recv()
+    assert f.name == "ERROR" and proto.decode("struct krex_error", f.payload).code == C.KREX_ERR_DENIED
+    c.close()
+    assert krex.ctl.poll() is None
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "2"})    # and later regions are not hung
+    assert out.returncode == 0 and out.stdout.count("begin=0 end=0") == 2, out.stderr
+
+
+# ---- 2: connections that never say HELLO, and running out of descriptors -------------------------------
+def test_idle_connections_do_not_crowd_out_commands(krex, tmp_path):
+    """Connections that never said HELLO used every client slot, and later commands ran unprotected."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_clients": 200}))
+    krex.start_controller("--config", str(cfg))
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="6000")
+    idle = []
+    for _ in range(300):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(krex.socket))
+        idle.append(s)
+    out = krex.run([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "2"})
+    assert out.returncode == 0, out.stderr
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert [r["frozen"] for r in regions] == [1, 1] and all(r["exclusive"] for r in regions)
+    assert krex.status()["counters"]["refused_connections"] >= 300 - 64   # one user may hold 64 handshakes
+    for s in idle:
+        s.close()
+    hog.kill()
+    hog.communicate()
+
+
+def test_a_connection_without_hello_is_closed_after_the_handshake_timeout(krex, tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"handshake_timeout_s": 0.5}))
+    krex.start_controller("--config", str(cfg))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(krex.socket))
+    t0 = time.monotonic()
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    assert time.monotonic() - t0 < 5
+    mtype, length, _ = proto.unpack_header(data)
+    assert mtype == MSG["ERROR"] and "no HELLO within 0.5 s" in proto.cstr(
+        proto.decode("struct krex_error", data[proto.HDR_SIZE:]).text)
+    assert krex.status()["counters"]["handshake_timeouts"] == 1
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_the_controller_neither_spins_nor_floods_its_log(krex, tmp_path):
+    """Under a 256-descriptor limit, 4100 connections made the controller spin at 100% CPU, logging ~1M lines."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    krex.start_controller(preexec_fn=limit)
+    conns = []
+    for _ in range(600):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(str(krex.socket))
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close()
+            continue
+        conns.append(s)
+    time.sleep(0.5)
+    before = cpu_seconds(krex.ctl.pid)
+    time.sleep(2.0)
+    assert cpu_seconds(krex.ctl.pid) - before < 0.5          # not spinning on a listener it cannot serve
+    for s in conns:
+        s.close()
+    lines = krex.ctl_log.read_text().splitlines()
+    assert len(lines) < 60, lines[-5:]
+    assert krex.status()["controller"]["max_clients"] == (256 - 64) // 2
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0 and "begin=0 end=0" in out.stdout, out.stderr
+
+
+# ---- 3: a pid reused by a stranger -------------------------------------------------------------------
+PID_REUSE = r'''
+import json, os, socket, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG, Connection
+from krex_ctl.embedded import answers
+sock = sys.argv[2]
+ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", sock, "--state-file",
+                        sock + ".state", "--no-cpu-isolation"], stderr=open(sock + ".log", "w"))
+while not answers(sock):
+    time.sleep(0.02)
+r, w = os.pipe()
+connector = os.fork()
+if connector == 0:                     # connects, hands the socket to its child, and dies
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock)
+    if os.fork() == 0:                 # the attacker: speaks on the dead connector's connection later
+        os.close(w)
+        os.read(r, 1)
+        s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
+                  version=proto.VERSION, role=C.KREX_ROLE_SHIM, job=0)))
+        s.sendall(proto.pack(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0)))
+        time.sleep(20)
+        os._exit(0)
+    time.sleep(0.5)                    # the controller has accepted us by now
+    os._exit(0)
+os.close(r)
+os.waitpid(connector, 0)               # its pid is free: the victim gets it
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(connector - 1))
+victim = subprocess.Popen(["sleep", "30"])
+result = {"reused": victim.pid == connector}
+os.write(w, b"g")
+time.sleep(0.5)
+owner = Connection(sock, C.KREX_ROLE_PYTHON)
+owner.send(MSG["REGION_BEGIN"], proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="o"))
+result["granted"] = owner.recv().name == "REGION_GRANTED"
+time.sleep(0.3)
+result["victim_state"] = open(f"/proc/{victim.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+os.kill(victim.pid, signal.SIGCONT) if False else None
+owner.close()
+victim.kill()
+ctl.terminate()
+ctl.wait()
+print(json.dumps(result))
+'''
+
+
+def test_a_process_that_takes_a_dead_clients_pid_is_never_stopped(tmp_path):
+    """The pidfd was opened at HELLO from the pid seen at connect: a stranger with that pid got SIGSTOPped."""
+    ns = in_namespace("-p", "-f", "--mount-proc")
+    if ns is None:
+        pytest.skip("no pid namespace here (unshare -p), needed to hand a pid to a chosen process")
+    script = tmp_path / "reuse.py"
+    script.write_text(PID_REUSE.replace("os.kill(victim.pid, signal.SIGCONT) if False else None\n", ""))
+    out = subprocess.run(ns + [sys.executable, str(script), str(ROOT), str(tmp_path / "s.sock")],
+                         capture_output=True, text=True, timeout=90, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not result["reused"]:
+        pytest.skip("the kernel did not hand the victim the dead client's pid")
+    assert result["granted"] and result["victim_state"] != "T"
+
+
+# ---- 4: the gate page ------------------------------------------------------------------------------------
+def test_a_client_cannot_write_the_gate_page(krex):
+    """The gate memfd was mode 0777: any client reopened it read-write and wrote fake owners."""
+    krex.start_controller()
+    c = Connection(krex.socket, C.KREX_ROLE_SHIM)
+    path = f"/proc/self/fd/{c.gate_fd}"
+    try:
+        fd = os.open(path, os.O_RDWR)     # denied to other users by mode 0444; root may still open it...
+    except PermissionError:
+        fd = None
+    if fd is not None:
+        with pytest.raises(PermissionError):   # ...but the seal refuses a writable mapping
+            mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):   # and writes
+            os.pwrite(fd, b"\1\0\0\0", 64)
+        os.close(fd)
+    ro = mmap.mmap(c.gate_fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+    assert ro[64:68] == b"\0\0\0\0"           # GPU 0's gate is still open
+    c.close()
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0 and "begin=0 end=0" in out.stdout
+
+
+# ---- 8: no stopped process without a durable record, and none left stopped ---------------------------
+def test_no_freezing_without_a_state_file_but_the_gpu_stays_exclusive(krex, tmp_path):
+    """An unwritable state file: the controller froze anyway, and a restarted one could never resume."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    krex.start_controller(state_file=blocker / "state")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="3000", SNIPPET_STREAMS="2", SNIPPET_US="300")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"SNIPPET_REGIONS": "3", "SNIPPET_HOLD_US": "300000"})
+    wait_for(lambda: held(krex), what="grant")
+    assert proc_state(hog_pid) not in ("T", "t")
+    owner.communicate(timeout=30)
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert all(r["frozen"] == 0 and r["freeze_skipped"] == "state file not writable" for r in regions)
+    assert overlaps(krex.trace_lines(), regions) == []         # the gate and the drain still hold the GPU
+    hog.communicate(timeout=30)
+    assert sum("cannot write state file" in line for line in krex.ctl_log.read_text().splitlines()) <= 2
+
+
+def test_a_frozen_daemon_is_resumed_when_the_controller_dies(krex, tmp_path):
+    """A frozen process that had left its wrapper's tree (daemonized) stayed stopped when the controller died."""
+    krex.start_controller()
+    pidfile = tmp_path / "daemon.pid"
+    launcher = krex.popen(["sh", "-c", f"setsid sh -c 'echo $$ > {pidfile}; exec {SNIP / 'hog'}' </dev/null "
+                                       ">/dev/null 2>&1 & exit 0"], env={"SNIPPET_MS": "8000"})
+    launcher.communicate(timeout=30)
+    daemon = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="daemon"))
+    wait_for(lambda: any(c["pid"] == daemon and c["gpus"] for c in krex.status()["clients"]), what="daemon registered")
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "5000000"})
+    wait_for(lambda: proc_state(daemon) in ("T", "t"), what="daemon frozen")
+    krex.ctl.kill()
+    wait_for(lambda: proc_state(daemon) not in ("T", "t"), timeout=3, what="daemon resumed without a controller")
+    owner.communicate(timeout=30)
+    os.kill(daemon, signal.SIGKILL)
+
+
+# ---- 5: another user's runtime directory ------------------------------------------------------------------
+NOBODY = 65534
+class Trap:
+    """A process of another user listening at sock (forked from the test, bound as root, then turned into that
+    user before listen(): SO_PEERCRED names the listener as it was then), keeping whatever anyone sends it."""
+
+    def __init__(self, sock: Path):
+        self.sock = sock
+        r, w = os.pipe()
+        self.data_r, data_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(r)
+                os.close(self.data_r)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.bind(str(sock))
+                os.chmod(str(sock), 0o777)
+                os.chown(str(sock), NOBODY, NOBODY)
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                s.listen(16)
+                os.write(w, b"r")
+                while True:
+                    c, _ = s.accept()
+                    c.settimeout(2)
+                    try:
+                        while True:
+                            data = c.recv(1 << 16)
+                            if not data:
+                                break
+                            os.write(data_w, data)
+                    except OSError:
+                        pass
+                    os.write(data_w, b"|")        # a connection came, whatever it sent
+                    c.close()
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.close(data_w)
+        assert os.read(r, 1) == b"r"
+        os.close(r)
+        os.set_blocking(self.data_r, False)
+
+    def received(self) -> bytes:
+        try:
+            return os.read(self.data_r, 1 << 20)
+        except BlockingIOError:
+            return b""
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.data_r)
+
+
+def plain_env(krex, tmp_path: Path) -> dict:
+    """krex's environment with no KREX_SOCKET and no XDG_RUNTIME_DIR: the per-user directory in TMPDIR."""
+    env = {k: v for k, v in krex.env.items() if k not in ("KREX_SOCKET", "XDG_RUNTIME_DIR")}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(TMPDIR=str(tmp_path), HOME=str(home))
+    return env
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a directory of another user needs root")
+def test_another_users_runtime_directory_is_not_used(krex, tmp_path):
+    """A /tmp/krex-<uid> made first by another user handed them our command, environment and stdio."""
+    os.chmod(tmp_path, 0o777)
+    hostile = tmp_path / f"krex-{os.getuid()}"
+    hostile.mkdir(mode=0o777)
+    os.chown(hostile, NOBODY, NOBODY)
+    trap = Trap(hostile / "krex.sock")
+    try:
+        env = plain_env(krex, tmp_path)
+        env["SECRET_TOKEN"] = "hunter2"
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--report", str(tmp_path / "r.json"), "--",
+                              str(SNIP / "region")], env=dict(env, SNIPPET_REGIONS="1"), capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert report_of(tmp_path / "r.json")["regions"][0]["exclusive"]     # protected, by our own controller
+        assert trap.received() == b""                                         # and nothing reached the trap
+        ours = tmp_path / "home" / ".cache" / "krex"
+        assert (ours / "krex.sock").exists() and oct(os.stat(ours).st_mode & 0o777) == "0o700"
+        st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True,
+                            text=True, timeout=30)
+        os.kill(json.loads(st.stdout)["controller"]["pid"], signal.SIGTERM)
+    finally:
+        trap.stop()
+
+
+def test_a_link_in_place_of_the_runtime_directory_is_not_followed(krex, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / f"krex-{os.getuid()}").symlink_to(elsewhere)
+    env = plain_env(krex, tmp_path)
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", str(SNIP / "region")],
+                         env=dict(env, SNIPPET_REGIONS="1"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "begin=0 end=0" in out.stdout, out.stderr
+    assert list(elsewhere.iterdir()) == []
+    st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True,
+                        text=True, timeout=30)
+    ctl = json.loads(st.stdout)["controller"]
+    assert ctl["socket"] == str(tmp_path / "home" / ".cache" / "krex" / "krex.sock")
+    os.kill(ctl["pid"], signal.SIGTERM)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a socket served by another user needs root to set up")
+def test_a_socket_served_by_another_user_gets_nothing(krex, tmp_path):
+    """KREX_SOCKET (or a planted socket) served by a stranger: no HELLO, no environment, no command."""
+    os.chmod(tmp_path, 0o777)
+    trap = Trap(tmp_path / "trap.sock")
+    try:
+        env = dict(krex.env, KREX_SOCKET=str(tmp_path / "trap.sock"), SECRET_TOKEN="hunter2", SNIPPET_REGIONS="1")
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", str(SNIP / "region")], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0
+        assert "runs as uid 65534, neither you nor root; refusing it" in out.stderr
+        assert "begin=-1" in out.stdout                      # it ran, unprotected, and said so
+        time.sleep(0.5)
+        got = trap.received()
+        assert got and set(got) == {ord("|")}      # it was connected to, and was told nothing at all
+    finally:
+        trap.stop()
+
+
+def test_the_controller_gets_only_start_up_variables_for_warm_workers():
+    from krex_ctl.dispatch import zygote_environment
+
+    env = {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": "/p", "AWS_SECRET_ACCESS_KEY": "k",
+           "GITHUB_TOKEN": "t", "LC_ALL": "C", "KREX_JOB": "3", "KREX_COUNTERS": "/c"}
+    assert zygote_environment(env) == {"PATH": "/bin", "HOME": "/h", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": "/p",
+                                       "LC_ALL": "C"}
+
+
+# ---- 7: a full runtime filesystem -----------------------------------------------------------------------
+FULL_FS = r'''
+import json, os, subprocess, sys
+root, snip, mnt, sock = sys.argv[1:5]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mnt], check=True)
+fill = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT)   # fill it to the last block
+try:
+    while True:
+        os.write(fill, b"x" * 4096)
+except OSError:
+    pass
+os.close(fill)
+env = dict(os.environ, XDG_RUNTIME_DIR=mnt, TMPDIR=mnt, KREX_SOCKET=sock, SNIPPET_REGIONS="2")
+run = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--report", os.path.join(os.path.dirname(sock), "r.json"),
+                      "--", os.path.join(snip, "region")], env=env, capture_output=True, text=True, timeout=60)
+# a sparse counters file on the full filesystem, handed to a GPU process directly: no SIGBUS
+sparse = os.path.join(mnt, "sparse.counters")
+fd = os.open(sparse, os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 1 << 20)
+os.close(fd)
+direct = subprocess.run([os.path.join(snip, "direct")], env=dict(os.environ, KREX_SOCKET=sock, KREX_COUNTERS=sparse,
+                        LD_PRELOAD=os.path.join(root, "build", "libkrex.so")), capture_output=True, text=True, timeout=60)
+print(json.dumps({"rc": run.returncode, "stderr": run.stderr, "stdout": run.stdout, "direct_rc": direct.returncode,
+                  "direct_stderr": direct.stderr}))
+'''
+
+
+def test_a_full_runtime_filesystem_costs_the_counts_not_the_benchmark(krex, tmp_path):
+    """ENOSPC was a traceback, and a sparse counters file on a full tmpfs killed GPU processes (SIGBUS)."""
+    ns = in_namespace("-m")
+    if ns is None:
+        pytest.skip("no mount namespace here (unshare -m), needed for a full filesystem of our own")
+    krex.start_controller()
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_FS)
+    out = subprocess.run(ns + [sys.executable, str(script), str(ROOT), str(SNIP), str(mnt), str(krex.socket)],
+                         capture_output=True, text=True, timeout=120, env=dict(krex.env))
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["rc"] == 0 and r["stdout"].count("begin=0 end=0") == 2, r
+    assert "Traceback" not in r["stderr"]
+    rep = report_of(tmp_path / "r.json")
+    assert len(rep["regions"]) == 2 and all(x["exclusive"] for x in rep["regions"])
+    assert r["direct_rc"] == 0 and "short or not allocated" in r["direct_stderr"], r
+
+
+# ---- 9: a stalled, restarted or slow controller ------------------------------------------------------------
+def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path):
+    """A controller stalled past the shim's handshake timeout: the shim gave up for good, later regions said
+    granted while foreign kernels ran in them, and the report showed nothing."""
+    from krex_ctl import shm
+
+    krex.start_controller()
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="12000", SNIPPET_STREAMS="2", SNIPPET_US="300")
+    counters = tmp_path / "owner.counters"
+    shm.create_counters(counters)
+    krex.ctl.send_signal(signal.SIGSTOP)          # stalled: the owner's first handshake finds no answer in time
+    env = dict(krex.env, LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), KREX_JOB="999", KREX_COUNTERS=str(counters),
+               SNIPPET_REGIONS="14", SNIPPET_GAP_US="300000")
+    owner = subprocess.Popen([SNIP / "region"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)
+    krex.ctl.send_signal(signal.SIGCONT)
+    out, err = owner.communicate(timeout=60)
+    assert owner.returncode == 0, err
+    lines = out.splitlines()
+    assert "begin=-1" in lines[0] and "begin=0" in lines[-1], out
+    regions, _ = shm.read_local_regions(counters)
+    assert len(regions) == 14
+    unprotected = [r for r in regions if not r["flags"] & C.KREX_REGION_EXCLUSIVE]
+    protected = [r for r in regions if r["flags"] & C.KREX_REGION_EXCLUSIVE]
+    assert unprotected and all(r["taints"] & C.KREX_TAINT_NOT_GRANTED for r in unprotected)
+    assert len(protected) >= 5
+    assert overlaps(krex.trace_lines(), protected) == []
+    hog.kill()
+    hog.communicate()
+
+
+LATE_REPLIES = r'''
+import json, os, socket, struct, sys, time
+sys.path.insert(0, sys.argv[1])
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG
+from krex_ctl.shm import GatePage
+path = sys.argv[2]
+gate = GatePage()
+lst = proto.bind_private(path)
+lst.listen(4)
+print("ready", flush=True)
+c, _ = lst.accept()
+buf = b""
+def frames():
+    global buf
+    while True:
+        while len(buf) >= proto.HDR_SIZE:
+            mtype, length, seq = proto.unpack_header(buf)
+            if len(buf) < proto.HDR_SIZE + length:
+                break
+            payload = buf[proto.HDR_SIZE:proto.HDR_SIZE + length]
+            buf = buf[proto.HDR_SIZE + length:]
+            yield proto.MESSAGES[mtype][0], payload, seq
+        data = c.recv(65536)
+        if not data:
+            return
+        buf += data
+def send(name, payload, seq):
+    c.sendall(proto.pack(MSG[name], payload, seq))
+seen, end_seq = [], None
+for name, payload, seq in frames():
+    seen.append(name)
+    if name == "HELLO":
+        ro = gate.readonly_fd()
+        c.sendmsg([proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC,
+                   version=proto.VERSION, client_id=1, job=1, max_gpus=64, gate_stride=64, gate_offset=64,
+                   has_gate_fd=1, controller_pid=os.getpid()))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", ro))])
+    elif name == "REGION_BEGIN" and seen.count("REGION_BEGIN") == 1:
+        send("REGION_GRANTED", proto.encode("struct krex_region_granted", region_id=1, gpu_mask=1, granted_ns=1,
+             flags=C.KREX_REGION_GRANTED), seq)
+    elif name == "REGION_END" and end_seq is None:
+        end_seq = seq                      # stalled: no answer in time
+    elif name == "REGION_BEGIN":
+        # the late answer to the first END arrives just as the second region is asked for
+        send("REGION_ENDED", proto.encode("struct krex_region_ended", region_id=1, ended_ns=2,
+             reason=C.KREX_END_NORMAL, flags=C.KREX_REGION_EXCLUSIVE | C.KREX_REGION_CLEAN), end_seq)
+        time.sleep(0.3)
+        send("REGION_GRANTED", proto.encode("struct krex_region_granted", region_id=2, gpu_mask=1, granted_ns=3,
+             flags=C.KREX_REGION_GRANTED), seq)
+    elif name == "REGION_END":
+        send("REGION_ENDED", proto.encode("struct krex_region_ended", region_id=2, ended_ns=4, reason=0,
+             flags=C.KREX_REGION_EXCLUSIVE | C.KREX_REGION_CLEAN), seq)
+print(json.dumps(seen), flush=True)
+'''
+
+
+def test_a_late_reply_is_never_taken_for_the_next_one(tmp_path):
+    """Replies were not matched to requests: the late REGION_ENDED of one region answered the next begin."""
+    (tmp_path / "late.py").write_text(LATE_REPLIES)
+    sock = tmp_path / "fake.sock"
+    server = subprocess.Popen([sys.executable, str(tmp_path / "late.py"), str(ROOT), str(sock)], stdout=subprocess.PIPE,
+                              text=True)
+    assert server.stdout.readline().strip() == "ready"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(KREX_SOCKET=str(sock), LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), SNIPPET_REGIONS="2",
+               SNIPPET_N="1", KREX_LOG_LEVEL="error")
+    out = subprocess.run([SNIP / "region"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("region 0 begin=0 end=0 exclusive=1 clean=0 taints=2048 id=1"), lines  # unacknowledged
+    assert lines[1].startswith("region 1 begin=0 end=0 exclusive=1 clean=1 taints=0 id=2"), lines
+    server.wait(timeout=10)
+
+
+def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
+    """Killed under load: the wrappers resume their jobs and start a controller again (embedded, on the same
+    socket) unless someone else has; the shims reconnect and announce their contexts; regions are exclusive
+    again, and the command's processes are one job again."""
+    krex.start_controller()
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="10000", SNIPPET_STREAMS="2", SNIPPET_US="300")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"SNIPPET_REGIONS": "30", "SNIPPET_GAP_US": "200000", "SNIPPET_HOLD_US": "20000"})
+    wait_for(lambda: held(krex), what="a first region")
+    first = krex.ctl.pid
+    krex.ctl.kill()
+    krex.ctl.wait()
+    second = wait_for(lambda: krex.answers() and krex.status()["controller"]["pid"], timeout=15,
+                      what="a controller again")
+    assert second != first
+    wait_for(lambda: sum(bool(c["gpus"]) for c in krex.status()["clients"]) == 2, what="both shims back")
+    jobs = krex.status()["jobs"]
+    out, err = owner.communicate(timeout=60)
+    assert owner.returncode == 0, err
+    assert "connected to a controller again" in err
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert len(regions) == 30
+    later = [r for r in regions if r["exclusive"] and r.get("controller_pid") == second]
+    assert len(later) >= 5 and all(r["frozen"] == 1 for r in later), [(r["exclusive"], r["taints"]) for r in regions]
+    assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
+    assert len(jobs) == 2 and len({j["root_pid"] for j in jobs}) == 2   # each command is one job again
+    hog.communicate(timeout=30)
+    os.kill(second, signal.SIGTERM)
+
+
+# ---- 10: the Python API ------------------------------------------------------------------------------------
+INTERRUPTED = r'''
+import signal, sys, time
+import krex
+print("waiting", flush=True)
+try:
+    with krex.region("interrupted") as r:
+        print("never granted", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+time.sleep(float(sys.argv[1]))
+with krex.region("after") as r:
+    pass
+print("after", r.status, r.granted, r.exclusive, flush=True)
+'''
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["shim", "direct"])
+def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
+    """Ctrl-C in a wait left a region that was granted later to nobody (another job then waited 58.7 s), and a
+    nesting count that made later regions look granted."""
+    krex.start_controller()
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "2000000"})
+    wait_for(lambda: held(krex), what="holder's region")
+    script = tmp_path / "s.py"
+    script.write_text(INTERRUPTED)
+    env = dict(krex.env)
+    cmd = [sys.executable, str(script), "4"]
+    p = krex.popen(cmd) if preload else subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                                          stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "waiting"
+    wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == 1, what="request queued")
+    script_pid = krex.status()["gpus"][0]["queue"][0]["pid"]
+    os.kill(script_pid, signal.SIGINT)
+    assert p.stdout.readline().strip() == "interrupted"
+    assert sum(len(g["queue"]) for g in krex.status()["gpus"]) == 0       # the request is gone at once
+    holder.communicate(timeout=30)
+    t0 = time.monotonic()
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})     # another job is not kept waiting
+    assert out.returncode == 0 and "begin=0" in out.stdout
+    assert time.monotonic() - t0 < 4.0
+    rest, err = p.communicate(timeout=30)
+    assert rest.split() == ["after", "0", "True", "True"], err
+    assert krex.status()["counters"]["regions_granted"] == 3
+
+
+FORK_IN_REGION = r'''
+import os, krex
+with krex.region("parent") as r:
+    pid = os.fork()
+    if pid == 0:
+        with krex.region("child") as c:
+            pass
+        os._exit(0 if c.granted else 3)
+    _, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), "parent", r.granted, flush=True)
+'''
+
+
+def test_a_child_forked_inside_a_region_joins_it(krex, tmp_path):
+    """A child forked in its parent's region queued behind it, and the parent, waiting for the child, hung."""
+    krex.start_controller()
+    script = tmp_path / "f.py"
+    script.write_text(FORK_IN_REGION)
+    out = krex.run([sys.executable, str(script)], timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["child", "0", "parent", "True"], out.stderr
+
+
+DIES_MID_WAIT = r'''
+import sys, time
+import krex
+print("waiting", flush=True)
+print("first", krex.krex_region_begin("a"), flush=True)
+krex.krex_region_end()
+print("second", krex.krex_region_begin("b"), flush=True)
+krex.krex_region_end()
+sys.stdin.readline()                  # a new controller is up
+print("third", krex.krex_region_begin("c"), flush=True)
+krex.krex_region_end()
+'''
+
+
+def test_controller_death_mid_wait_does_not_make_later_regions_look_granted(krex, tmp_path):
+    krex.start_controller()
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
+    wait_for(lambda: held(krex), what="holder's region")
+    script = tmp_path / "d.py"
+    script.write_text(DIES_MID_WAIT)
+    p = subprocess.Popen([sys.executable, str(script)], env=krex.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "waiting"
+    wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == 1, what="request queued")
+    krex.ctl.kill()
+    krex.ctl.wait()
+    assert p.stdout.readline().split() == ["first", "-1"]
+    assert p.stdout.readline().split() == ["second", "-1"]     # not 0: there is no controller
+    krex.start_controller()
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().split() == ["third", "0"]
+    p.communicate(timeout=30)
+    holder.kill()
+    holder.communicate()
+
+
+REVOKED = r'''
+import time, krex
+with krex.region("long") as r:
+    time.sleep(1.5)
+print(r.revoked, r.exclusive, r.taints, flush=True)
+'''
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["shim", "direct"])
+def test_a_revoked_region_says_so(krex, tmp_path, preload):
+    krex.start_controller("--region-time-limit", "0.5")
+    script = tmp_path / "r.py"
+    script.write_text(REVOKED)
+    cmd = [sys.executable, str(script)]
+    out = krex.run(cmd) if preload else subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True False ['revoked']"
