@@ -9,6 +9,16 @@
                    fake driver's trace, deadlocks, and the distribution of waits
   worker_kill      warm workers killed by signals in the middle of a command: exit statuses as cold
                    runs have them, nothing left stopped, the pool keeps supplying workers
+  flood            thousands of connections that never say HELLO, then a command with a busy sibling:
+                   is it protected; the controller's CPU and log under a 256-descriptor limit
+  stall            the controller stalled (SIGSTOP) past the shim's handshake timeout, again and again,
+                   under a region loop: regions in a stall reported unprotected, none in exclusive ones
+                   touched by a sibling, how soon regions are granted again
+  restart          the controller SIGKILLed under load, again and again: how soon the wrappers have a
+                   controller again and regions are exclusive again; sibling kernels in exclusive regions
+  interrupt        Ctrl-C while waiting for a region: requests left at the controller, another job's wait
+  daemon           a frozen daemon (outside any wrapper's tree) when the controller is SIGKILLed: how soon
+                   the resumer has it running
 (--only a,b updates those sections of an existing --out file)"""
 
 import argparse
@@ -45,7 +55,8 @@ def wait_until(pred, timeout: float, interval: float = 0.0005):
 
 
 class World:
-    def __init__(self, tmp: Path, *ctl_args: str):
+    def __init__(self, tmp: Path, *ctl_args: str, preexec=None, log_level: str = "error"):
+        self.preexec, self.log_level = preexec, log_level
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.sock = tmp / "ctl.sock"
@@ -59,8 +70,9 @@ class World:
     def start(self):
         cpus = sorted(os.sched_getaffinity(0))
         self.ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.sock),
-                                     "--reserved-cores", str(cpus[-1]), "--log-level", "error", *self.ctl_args],
-                                    env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.tmp / "ctl.log", "ab"))
+                                     "--reserved-cores", str(cpus[-1]), "--log-level", self.log_level, *self.ctl_args],
+                                    env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.tmp / "ctl.log", "ab"),
+                                    preexec_fn=self.preexec)
         if not wait_until(self.answers, 10, 0.01):
             raise SystemExit("controller did not start")
 
@@ -77,10 +89,21 @@ class World:
         return subprocess.Popen(full + [str(c) for c in cmd], env=dict(self.env, **env), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
 
+    def start_if_gone(self):
+        if not self.answers():
+            self.start()
+
     def stop(self):
         if self.ctl.poll() is None:
             self.ctl.terminate()
             self.ctl.wait(10)
+        if self.answers():        # one a guardian started
+            try:
+                st = json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=self.env,
+                                               capture_output=True, text=True, timeout=20).stdout)
+                os.kill(st["controller"]["pid"], signal.SIGTERM)
+            except (ValueError, OSError, subprocess.TimeoutExpired):
+                pass
 
 
 def _connected(pid: int) -> bool:
@@ -126,6 +149,8 @@ def owner_kill(n: int, tmp: Path) -> dict:
 
 
 def controller_kill(n: int, tmp: Path) -> dict:
+    """The controller SIGKILLed inside a region: a sibling under `krex run` is resumed by its guardian (or the
+    resumer, whichever comes first), one without a wrapper by the resumer; neither waits for a restart."""
     guardian, restart = [], []
     stuck = 0
     for i in range(n):
@@ -146,10 +171,10 @@ def controller_kill(n: int, tmp: Path) -> dict:
             w.ctl.wait()
             t1 = wait_until(lambda: pid_a is None or state(pid_a) not in ("T", "t"), 5)
             guardian.append((t1 or t0 + 99) - t0)
-            t2 = time.monotonic()
-            w.start()
             t3 = wait_until(lambda: state(hog_b.pid) not in ("T", "t"), 5)
-            restart.append((t3 or t2 + 99) - t2)
+            restart.append((t3 or t0 + 99) - t0)
+            wait_until(w.answers, 10)        # the guardian starts a controller again on the socket
+            w.start_if_gone()
         stuck += len(stopped_descendants_left([p for p in (pid_a, hog_b.pid) if p]))
         for p in (owner, hog_b, hog_a):
             p.kill()
@@ -158,7 +183,7 @@ def controller_kill(n: int, tmp: Path) -> dict:
             os.kill(pid_a, signal.SIGKILL)
         w.stop()
     return {"iterations": n, "left_stopped": stuck, "guardian_resume_ms": summary_ms(guardian),
-            "restarted_controller_resume_ms": summary_ms(restart)}
+            "resumer_resume_ms": summary_ms(restart)}
 
 
 def fuzz(frames: int, tmp: Path, seed: int = 1) -> dict:
@@ -313,6 +338,235 @@ def worker_kill(n: int, tmp: Path) -> dict:
             "next_command_ms": summary_ms(recover)}
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_connections(sock: Path, n: int) -> list:
+    """n connections that never send anything (each connect blocks until the controller takes it: a Python
+    timeout would make it non-blocking, and a full backlog then fails it at once with EAGAIN)."""
+    out = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            s.close()
+            continue
+        out.append(s)
+    return out
+
+
+def flood(n: int, tmp: Path) -> dict:
+    import resource
+
+    out = {"idle_connections": n}
+    w = World(tmp / "flood")
+    hog = w.krex_run([SNIP / "hog"], SNIPPET_MS="60000", SNIPPET_US="200")
+    time.sleep(0.8)
+    idle = _idle_connections(w.sock, n)
+    out["connected"] = len(idle)
+    time.sleep(0.5)
+    c0 = _cpu_s(w.ctl.pid)
+    time.sleep(2.0)
+    out["controller_cpu_s_per_s"] = round((_cpu_s(w.ctl.pid) - c0) / 2.0, 3)
+    rep = w.tmp / "r.json"
+    owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS="3")
+    owner.communicate(timeout=120)
+    regions = json.loads(rep.read_text())["regions"] if rep.exists() else []
+    out["command_regions"] = len(regions)
+    out["command_regions_exclusive_with_sibling_frozen"] = sum(r["exclusive"] and r["frozen"] == 1 for r in regions)
+    st = json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=w.env,
+                                   capture_output=True, text=True, timeout=30).stdout)
+    out["refused_connections"] = st["counters"]["refused_connections"]
+    for s in idle:
+        s.close()
+    hog.kill()
+    hog.wait()
+    w.stop()
+    # the same under a 256-descriptor limit: no busy loop on a listener it cannot serve, a bounded log
+    lim = World(tmp / "flood256", preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
+                log_level="info")
+    log = lim.tmp / "ctl.log"
+    idle = _idle_connections(lim.sock, n)
+    out["fd256_connected"] = len(idle)
+    time.sleep(0.5)
+    c0 = _cpu_s(lim.ctl.pid)
+    time.sleep(2.0)
+    out["fd256_controller_cpu_s_per_s"] = round((_cpu_s(lim.ctl.pid) - c0) / 2.0, 3)
+    for s in idle:
+        s.close()
+    r = subprocess.run([str(SNIP / "region")], env=dict(lim.env, LD_PRELOAD=str(SHIM), SNIPPET_REGIONS="1"),
+                       capture_output=True, text=True, timeout=60)
+    out["fd256_region_after"] = "begin=0 end=0" in r.stdout
+    lim.stop()
+    out["fd256_log_lines"] = len(log.read_text().splitlines())
+    return out
+
+
+def _trace_hits(trace: Path, spans: list) -> tuple[int, int]:
+    """(hog kernels, those that ran inside one of the spans)"""
+    import bisect
+
+    spans = sorted(spans)
+    starts = [a for a, _ in spans]
+    hits = total = 0
+    if not trace.exists():
+        return 0, 0
+    for line in trace.read_text().splitlines():
+        _pid, _sid, s, e, name = line.split(" ", 4)
+        if name != "hog":
+            continue
+        total += 1
+        s, e = int(s), int(e)
+        i = bisect.bisect_left(starts, e)
+        if any(s < spans[j][1] and e > spans[j][0] for j in range(max(0, i - 2), min(len(spans), i + 1))):
+            hits += 1
+    return total, hits
+
+
+def stall(n: int, tmp: Path) -> dict:
+    """n stalls of 3 s (past the shim's 2 s handshake timeout), each met by a new GPU process that connects
+    during the stall and runs a region every 100 ms: its regions in the stall must be reported unprotected,
+    and it must be granted regions again once the controller answers."""
+    from krex_ctl import shm
+
+    w = World(tmp / "stall")
+    hog = w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
+    time.sleep(0.8)
+    recs, back, unreported = [], [], 0
+    for i in range(n):
+        counters = w.tmp / f"owner{i}.counters"
+        shm.create_counters(counters)
+        w.ctl.send_signal(signal.SIGSTOP)
+        owner = w.preload([SNIP / "region"], KREX_JOB="999", KREX_COUNTERS=str(counters), SNIPPET_REGIONS="50",
+                          SNIPPET_GAP_US="100000", SNIPPET_N="1", SNIPPET_US="500")
+        time.sleep(3.0)
+        w.ctl.send_signal(signal.SIGCONT)
+        resumed = time.monotonic_ns()
+        owner.wait(timeout=120)
+        mine, _ = shm.read_local_regions(counters)
+        unreported += 50 - len(mine)
+        recs += mine
+        later = [r["granted_ns"] for r in mine if r["flags"] & C.KREX_REGION_EXCLUSIVE and r["granted_ns"] > resumed]
+        if later:
+            back.append((min(later) - resumed) / 1e9)
+    excl = [r for r in recs if r["flags"] & C.KREX_REGION_EXCLUSIVE]
+    total, hits = _trace_hits(w.tmp / "trace", [(r["granted_ns"], r["ended_ns"]) for r in excl])
+    hog.kill()
+    hog.wait()
+    w.stop()
+    return {"stalls": n, "regions": len(recs), "exclusive": len(excl),
+            "unprotected_reported": sum(bool(r["taints"] & C.KREX_TAINT_NOT_GRANTED) for r in recs),
+            "unreported": unreported, "hog_kernels": total, "hog_kernels_in_exclusive_regions": hits,
+            "granted_again_after_resume_ms": summary_ms(back)}
+
+
+def restart(n: int, tmp: Path) -> dict:
+    """The controller SIGKILLed n times under a region loop with a busy sibling, both under `krex run`."""
+    w = World(tmp / "restart")
+    hog = w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
+    time.sleep(0.8)
+    rep = w.tmp / "r.json"
+    regions = n * 25 + 20
+    owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS=str(regions), SNIPPET_GAP_US="100000",
+                       SNIPPET_N="1", SNIPPET_US="500")
+    time.sleep(1.5)
+    kills, back, pids = [], [], []
+    for _ in range(n):
+        st = json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=w.env,
+                                       capture_output=True, text=True, timeout=30).stdout)
+        pid = st["controller"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        kills.append(time.monotonic())
+        wait_until(lambda: not w.answers(), 5, 0.0002)         # the old one is gone
+        t = wait_until(w.answers, 15, 0.002)                     # a guardian has started another
+        back.append((t or kills[-1] + 99) - kills[-1])
+        pids.append(pid)
+        time.sleep(2.5)
+    owner.wait(timeout=regions * 0.3 + 60)
+    recs = json.loads(rep.read_text())["regions"] if rep.exists() else []
+    excl = [r for r in recs if r["exclusive"] and r.get("granted_ns")]
+    total, hits = _trace_hits(w.tmp / "trace", [(r["granted_ns"], r["ended_ns"]) for r in excl])
+    exclusive_again = []
+    for t in kills:
+        later = [r["granted_ns"] / 1e9 for r in excl if r["granted_ns"] / 1e9 > t]
+        if later:
+            exclusive_again.append(min(later) - t)
+    hog.kill()
+    hog.wait()
+    w.ctl = subprocess.Popen(["true"])
+    w.stop()
+    return {"kills": n, "regions": len(recs), "regions_expected": regions, "exclusive": len(excl),
+            "not_exclusive_reported": len(recs) - len(excl), "hog_kernels": total,
+            "hog_kernels_in_exclusive_regions": hits, "controller_again_ms": summary_ms(back),
+            "exclusive_region_again_ms": summary_ms(exclusive_again)}
+
+
+def interrupt(n: int, tmp: Path) -> dict:
+    """Ctrl-C n times while waiting behind another job's region."""
+    w = World(tmp / "interrupt")
+    code = ("import sys, time, krex\nprint('w', flush=True)\ntry:\n    with krex.region('x'):\n        pass\n"
+            "except KeyboardInterrupt:\n    print('i', flush=True)\n    time.sleep(5)\n")
+    ghosts, waits = 0, []
+    for _ in range(n):
+        holder = w.preload([SNIP / "region"], SNIPPET_REGIONS="1", SNIPPET_HOLD_US="800000")
+        wait_until(lambda: _status(w)["gpus"] and any(g["owner"] for g in _status(w)["gpus"]), 10, 0.01)
+        p = subprocess.Popen([sys.executable, "-c", code], env=dict(w.env, LD_PRELOAD=str(SHIM)), stdout=subprocess.PIPE,
+                             text=True)
+        p.stdout.readline()
+        wait_until(lambda: sum(len(g["queue"]) for g in _status(w)["gpus"]) == 1, 10, 0.01)
+        p.send_signal(signal.SIGINT)
+        p.stdout.readline()
+        ghosts += sum(len(g["queue"]) for g in _status(w)["gpus"])
+        holder.wait(30)
+        t0 = time.monotonic()
+        r = subprocess.run([str(SNIP / "region")], env=dict(w.env, LD_PRELOAD=str(SHIM), SNIPPET_REGIONS="1"),
+                           capture_output=True, text=True, timeout=60)
+        if "begin=0" in r.stdout:
+            waits.append(time.monotonic() - t0)
+        p.kill()
+        p.wait()
+    w.stop()
+    return {"interrupts": n, "requests_left_behind": ghosts, "next_job_region_ms": summary_ms(waits)}
+
+
+def _status(w) -> dict:
+    return json.loads(subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=w.env,
+                                     capture_output=True, text=True, timeout=30).stdout)
+
+
+def daemon(n: int, tmp: Path) -> dict:
+    latencies, stuck = [], 0
+    for i in range(n):
+        w = World(tmp / f"daemon{i}")
+        pidfile = w.tmp / "d.pid"
+        launch = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", "sh", "-c",
+                                 f"setsid sh -c 'echo $$ > {pidfile}; exec {SNIP / 'hog'}' </dev/null >/dev/null "
+                                 "2>&1 & exit 0"], env=dict(w.env, SNIPPET_MS="30000"), timeout=60)
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, 0.01)
+        d = int(pidfile.read_text())
+        wait_until(lambda: any(c["pid"] == d and c["gpus"] for c in _status(w)["clients"]), 10, 0.01)
+        owner = w.preload([SNIP / "region"], SNIPPET_REGIONS="1", SNIPPET_HOLD_US="60000000")
+        if wait_until(lambda: state(d) == "T", 10):
+            t0 = time.monotonic()
+            w.ctl.kill()
+            w.ctl.wait()
+            t1 = wait_until(lambda: state(d) not in ("T", "t"), 5)
+            if t1 is None:
+                stuck += 1
+                os.kill(d, signal.SIGCONT)
+            else:
+                latencies.append(t1 - t0)
+        owner.kill()
+        owner.wait()
+        os.kill(d, signal.SIGKILL)
+        w.stop()
+        del launch
+    return {"iterations": n, "left_stopped": stuck, "resumed_ms": summary_ms(latencies)}
+
+
 def summary_ms(xs: list) -> dict:
     if not xs:
         return {"n": 0}
@@ -329,7 +583,13 @@ def main() -> None:
     ap.add_argument("--load-clients", type=int, default=64)
     ap.add_argument("--load-regions", type=int, default=1000)
     ap.add_argument("--worker-kills", type=int, default=100)
-    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load,worker_kill")
+    ap.add_argument("--flood-connections", type=int, default=4100)
+    ap.add_argument("--stalls", type=int, default=10)
+    ap.add_argument("--restarts", type=int, default=10)
+    ap.add_argument("--interrupts", type=int, default=50)
+    ap.add_argument("--daemons", type=int, default=20)
+    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load,worker_kill,flood,stall,restart,interrupt,"
+                                      "daemon")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -351,6 +611,16 @@ def main() -> None:
                 out[name] = load(args.load_clients, args.load_regions, tmp)
             elif name == "worker_kill":
                 out[name] = worker_kill(args.worker_kills, tmp)
+            elif name == "flood":
+                out[name] = flood(args.flood_connections, tmp)
+            elif name == "stall":
+                out[name] = stall(args.stalls, tmp)
+            elif name == "restart":
+                out[name] = restart(args.restarts, tmp)
+            elif name == "interrupt":
+                out[name] = interrupt(args.interrupts, tmp)
+            elif name == "daemon":
+                out[name] = daemon(args.daemons, tmp)
             out[name]["wall_s"] = round(time.monotonic() - t0, 1)
             print(name, json.dumps(out[name]), flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -63,3 +63,111 @@ class Attestor:
 
     def finish(self, region, ended_ns: int) -> Result:
         return Result(region.taints)
+
+
+@dataclass
+class GpuSnapshot:
+    wall_us: int                  # NVML's sample clock (microseconds of wall time)
+    reasons: int
+    violation_ns: dict
+    clock: Optional[int]
+    energy_mj: Optional[int]
+    temperature: Optional[int]
+    pids: dict
+
+
+POLICIES = {"power": 0, "thermal": 1, "board_limit": 3, "reliability": 5}
+
+
+class NvmlAttestor(Attestor):
+    """Reads the GPU's own counters at a region's grant and at its end (never in between), and taints the
+    region with what they show (krex_proto.h, enum krex_taint):
+      power_cap     the GPU was already held under its power limit when the region began (clock event reason
+                    SW power cap at the grant: load before the region lowers the clock in it)
+      thermal       thermal slowdown at either end, or thermal violation time accrued in the region
+      hw_slowdown   hardware slowdown or power brake at either end
+      clock_drop    the SM clock samples NVML took in the region span more than clock_drop_pct
+      foreign_process  a process krex does not manage held a context on the GPU
+      xid           the driver reported an XID error meanwhile
+    The power and thermal violation times, the clock range, temperature, energy and power are kept in the
+    region's record ("attestation") for whoever wants to judge for themselves."""
+
+    source = "nvml"
+
+    def __init__(self, nv, cfg, known_pids) -> None:
+        self.nv, self.cfg, self.known_pids = nv, cfg, known_pids
+
+    def _gpu(self, g: int) -> GpuSnapshot:
+        import time
+
+        nv = self.nv
+        return GpuSnapshot(int(time.time() * 1e6), nv.reasons(g),
+                           {k: nv.violation_ns(g, p) for k, p in POLICIES.items()}, nv.sm_clock(g),
+                           nv.energy_mj(g), nv.temperature(g), nv.processes(g))
+
+    def snapshot(self, gpu_mask: int):
+        gpus = [g for g in range(gpu_mask.bit_length()) if gpu_mask >> g & 1 and g < self.nv.count]
+        if not gpus:
+            return None
+        self.nv.xid_events()         # what happened before the region is not the region's
+        return {g: self._gpu(g) for g in gpus}
+
+    def taints_so_far(self, region) -> Result:
+        return self._judge(region, consume_xid=False)
+
+    def finish(self, region, ended_ns: int) -> Result:
+        return self._judge(region, consume_xid=True)
+
+    def _judge(self, region, consume_xid: bool) -> Result:
+        from . import nvml
+
+        start = region.attest_start
+        if not start:
+            return Result(region.taints)
+        taints = region.taints
+        xids = self.nv.xid_events() if consume_xid else []
+        known = self.known_pids()
+        lo, hi, gpus = None, None, {}
+        for g, s in start.items():
+            e = self._gpu(g)
+            reasons = s.reasons | e.reasons
+            viol = {k: (e.violation_ns[k] - s.violation_ns[k]) if e.violation_ns[k] is not None and
+                    s.violation_ns[k] is not None else None for k in POLICIES}
+            clocks = [mhz for t, mhz in self.nv.sm_clock_samples(g, s.wall_us) if t <= e.wall_us]
+            clocks += [c for c in (s.clock, e.clock) if c]
+            if s.reasons & nvml.REASON_SW_POWER_CAP:
+                taints |= C.KREX_TAINT_POWER_CAP
+            if reasons & (nvml.REASON_SW_THERMAL | nvml.REASON_HW_THERMAL) or (viol["thermal"] or 0) > 0:
+                taints |= C.KREX_TAINT_THERMAL
+            if reasons & (nvml.REASON_HW_SLOWDOWN | nvml.REASON_HW_POWER_BRAKE):
+                taints |= C.KREX_TAINT_HW_SLOWDOWN
+            if clocks and min(clocks) < max(clocks) * (1 - float(self.cfg.clock_drop_pct) / 100):
+                taints |= C.KREX_TAINT_CLOCK_DROP
+            foreign = sorted((set(s.pids) | set(e.pids)) - known)
+            if foreign:
+                taints |= C.KREX_TAINT_FOREIGN_PROCESS
+            gxid = [x for gi, x in xids if gi == g]
+            if gxid:
+                taints |= C.KREX_TAINT_XID
+            if clocks:
+                lo = min(clocks) if lo is None else min(lo, min(clocks))
+                hi = max(clocks) if hi is None else max(hi, max(clocks))
+            gpus[str(g)] = {
+                "clock_event_reasons": [hex(s.reasons), hex(e.reasons)],
+                "violation_ms": {k: round(v / 1e6, 3) for k, v in viol.items() if v is not None},
+                "sm_clock_mhz": [min(clocks), max(clocks)] if clocks else None, "sm_clock_samples": len(clocks),
+                "temperature_c": [s.temperature, e.temperature],
+                "energy_j": round((e.energy_mj - s.energy_mj) / 1e3, 3) if e.energy_mj and s.energy_mj else None,
+                "foreign_pids": foreign, "xid": gxid,
+            }
+        return Result(taints, lo or 0, hi or 0, True, {"source": "nvml", "gpus": gpus})
+
+
+def make(cfg, known_pids):
+    """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own."""
+    if not cfg.attest:
+        return Attestor()
+    from . import nvml
+
+    nv = nvml.open_nvml()
+    return NvmlAttestor(nv, cfg, known_pids) if nv is not None else Attestor()

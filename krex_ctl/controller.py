@@ -133,8 +133,9 @@ class Controller(RegionsMixin):
         self.sel = selectors.DefaultSelector()
         self.gate = GatePage()
         self.gpus = gpus.GpuTable(cfg, self.gate)
-        self.attest = attest.Attestor()
+        self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
         self.lifecycle = lifecycle.Lifecycle(cfg)
+        self.lifecycle.regions_of = lambda mask: [r for r in self.regions.values() if r.gpu_mask & mask]
         self.resumer = Resumer()
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first

@@ -164,14 +164,15 @@ void krex_context_gate(int vendor, int local_device) {
     if (krex_closed_gate_in(1ull << dev)) krex_gate_wait(krex_counters(), 1ull << dev, 0);
 }
 
-/* Exit: tell the controller first (its lifecycle barrier keeps the next region from starting while this
- * process's contexts are torn down and its memory scrubbed), then, with KREX_GATE_EXIT=1, wait for
- * other jobs' regions on our GPUs to end. */
+/* Exit: with KREX_GATE_EXIT=1, first wait for other jobs' regions on our GPUs to end; then tell the
+ * controller (its lifecycle barrier keeps the next region from starting while this process's contexts are
+ * torn down and its memory scrubbed). In that order: a region being set up waits for an exit it has been
+ * told of, so an exit must not be told of and then wait for that region. */
 static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
+    if (krex_exit_gate_enabled) krex_sleep_on_gates(krex_dev_mask, 0);
     static int told;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
-    if (krex_exit_gate_enabled) krex_sleep_on_gates(krex_dev_mask, 0);
 }
 
 void krex_exit_gate_arm(void) {

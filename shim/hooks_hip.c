@@ -7,12 +7,21 @@
 
 KREX_EXPORT hipError_t hipInit(unsigned fl) { return REAL(hipInit) ? REAL(hipInit)(fl) : NO_DRIVER; }
 
+/* context creation is announced to the controller (its lifecycle barrier) and may wait at the context gate */
+static void before_context(hipDevice_t d) {
+    krex_context_gate(KREX_VENDOR_HIP, d);
+    krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
+}
+
 /* HIP's drain target is the device itself: the shim stores the ordinal in place of a context */
 KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (!REAL(hipSetDevice)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_HIP, d);   /* HIP creates the device's context here, lazily */
+    int first = !krex_device_known;           /* HIP creates the device's context here, lazily */
+    krex_context_gate(KREX_VENDOR_HIP, d);
+    if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     hipError_t r = REAL(hipSetDevice)(d);
     if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
+    if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     return r;
 }
 static hipError_t after_context(hipError_t r, hipDevice_t d) {
@@ -20,16 +29,17 @@ static hipError_t after_context(hipError_t r, hipDevice_t d) {
         krex_count_context(KREX_VENDOR_HIP);
         krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
     }
+    krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     return r;
 }
 KREX_EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
     if (!REAL(hipDevicePrimaryCtxRetain)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_HIP, d);
+    before_context(d);
     return after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d);
 }
 KREX_EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
     if (!REAL(hipCtxCreate)) return NO_DRIVER;
-    krex_context_gate(KREX_VENDOR_HIP, d);
+    before_context(d);
     return after_context(REAL(hipCtxCreate)(c, fl, d), d);
 }
 

@@ -61,8 +61,11 @@ class Krex:
         for k in list(self.env):
             if k.startswith("KREX_") or k == "LD_PRELOAD":
                 del self.env[k]
+        self.nvml = tmp / "nvml"          # the fake NVML's control file (tests/fakes/fake_nvml.c)
+        self.nvml.write_text("")
         self.env.update(KREX_SOCKET=str(self.socket), KREX_FAKE_TRACE=str(self.trace), KREX_LOG_LEVEL="warning",
-                        PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp))
+                        PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp), KREX_NVML=str(BUILD / "fakes" / "libnvidia-ml.so.1"),
+                        KREX_FAKE_NVML=str(self.nvml))
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 

@@ -60,6 +60,14 @@ def test_gpu_option_pins_the_command(krex, tmp_path):
     env_probe = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "1", "--", "sh", "-c",
                  "echo $CUDA_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES $KREX_GPU"]
     out = subprocess.run(env_probe, env=krex.env, capture_output=True, text=True, timeout=60)
+    # CUDA by the GPU's UUID (the controller knows it from NVML, here the fake one): no CUDA device order
+    # or renumbering can make it another GPU
+    assert out.stdout.split() == ["GPU-6b726578-0000-0000-0000-000000000001", "1", "1"]
+    without_nvml = dict(krex.env, KREX_NVML="/nonexistent/libnvidia-ml.so.1")
+    krex.stop()
+    krex.env = without_nvml
+    krex.start_controller()
+    out = subprocess.run(env_probe, env=krex.env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["1", "1", "1"]
 
 

@@ -65,7 +65,7 @@ class Guardian(threading.Thread):
             resume_tree(self.root_pid)
             print("krex: lost the controller; resumed this command's processes and continuing without region "
                   "exclusivity until a controller answers", file=sys.stderr)
-            conn = None
+            conn = self.reconnect()
             while conn is None and not self.done.wait(0.5):
                 conn = self.reconnect()
             if conn is None:
