@@ -136,6 +136,7 @@ class Controller(RegionsMixin):
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
         self.lifecycle = lifecycle.Lifecycle(cfg)
         self.lifecycle.regions_of = lambda mask: [r for r in self.regions.values() if r.gpu_mask & mask]
+        self.lifecycle.outsider = self.outsider
         self.resumer = Resumer()
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first

@@ -23,10 +23,11 @@ GIB = float(1 << 30)
 class Lifecycle:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.inflight: dict = {}           # client -> creations/teardowns under way
+        self.inflight: dict = {}           # client -> {gpu mask: creations/teardowns under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
+        self.outsider = lambda region, client: True   # set by the controller: client not of region's job
 
     def _settle(self, mask: int, t: float, freed: int) -> None:
         base, per_gib = float(self.cfg.settle_ms), float(self.cfg.settle_ms_per_gib)
@@ -36,29 +37,34 @@ class Lifecycle:
         for g in mask_to_list(mask):
             self.settle_until[g] = max(self.settle_until.get(g, 0.0), until)
 
-    def _taint_held(self, mask: int) -> None:
+    def _taint_held(self, mask: int, client) -> None:
+        """Lifecycle work of client began on these GPUs: a region another job holds there is disturbed."""
         if self.regions_of is not None:
             for region in self.regions_of(mask):
-                if region.state == "held":
+                if region.state == "held" and self.outsider(region, client):
                     region.taints |= C.KREX_TAINT_LIFECYCLE
 
     def event(self, client, ev) -> None:
         e = int(ev.event)
+        # a process's first context is announced before the controller knows its GPUs: the event names it
+        mask = (1 << int(ev.device)) if 0 <= int(ev.device) < 64 else client.devices
         if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN):
-            self.inflight[client] = self.inflight.get(client, 0) + 1
-            mask = (1 << int(ev.device)) if 0 <= int(ev.device) < 64 else client.devices
-            self._taint_held(mask)
+            ops = self.inflight.setdefault(client, {})
+            ops[mask] = ops.get(mask, 0) + 1
+            self._taint_held(mask, client)
         elif e in (C.KREX_LIFE_CTX_CREATE_END, C.KREX_LIFE_CTX_DESTROY_END):
-            n = self.inflight.get(client, 0) - 1
-            if n > 0:
-                self.inflight[client] = n
+            ops = self.inflight.get(client, {})
+            if ops.get(mask, 0) > 1:
+                ops[mask] -= 1
             else:
+                ops.pop(mask, None)
+            if not ops:
                 self.inflight.pop(client, None)
             if e == C.KREX_LIFE_CTX_DESTROY_END:
-                self._settle(client.devices, time.monotonic(), 0)
+                self._settle(mask, time.monotonic(), 0)
         elif e == C.KREX_LIFE_EXIT_BEGIN:
             self.exiting[client] = int(ev.bytes)
-            self._taint_held(client.devices)
+            self._taint_held(client.devices, client)
         elif e == C.KREX_LIFE_FREED:
             self._settle(client.devices, time.monotonic(), int(ev.bytes))
 
@@ -74,14 +80,19 @@ class Lifecycle:
         if client.devices:
             self._settle(client.devices, time.monotonic(), held or 0)
             if held is None:
-                self._taint_held(client.devices)     # died without announcing it (a signal): torn down now
+                self._taint_held(client.devices, client)   # died unannounced (a signal): torn down just now
 
-    def wait_s(self, region, siblings) -> float:
-        """Seconds the region should still wait before its siblings' lifecycle work is over (0: go)."""
+    def busy(self, region) -> bool:
+        """Another job's context creation, teardown or exit is under way on the region's GPUs."""
+        return any(self.outsider(region, c) and any(m & region.gpu_mask for m in ops)
+                   for c, ops in self.inflight.items()) or \
+            any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting)
+
+    def wait_s(self, region) -> float:
+        """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""
         if not self.cfg.lifecycle_barrier:
             return 0.0
-        mine = [c for c in siblings if c.devices & region.gpu_mask]
-        if any(self.inflight.get(c) for c in mine) or any(c in self.exiting for c in mine):
+        if self.busy(region):
             return 0.002
         now = time.monotonic()
         until: Optional[float] = max((self.settle_until.get(g, 0.0) for g in mask_to_list(region.gpu_mask)),

@@ -173,7 +173,7 @@ class RegionsMixin:
         creation, teardown or exit is in flight, nor before the memory it freed has had time to be scrubbed."""
         if self.regions.get(region.id) is not region:
             return
-        wait = self.lifecycle.wait_s(region, self.siblings(region))
+        wait = self.lifecycle.wait_s(region)
         if wait > 0 and time.monotonic() < deadline:
             self.after(min(wait, 0.005), lambda: self.await_settled(region, deadline))
             return
@@ -297,14 +297,25 @@ class RegionsMixin:
         for reserved, saved in reservations:
             procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
 
+    def outsider(self, region: Region, client) -> bool:
+        """client is not of the region's job (nor of the command a member runs for)."""
+        mine = {region.job} | {self.command_job(c) for c in region.members}
+        return client not in region.members and client.job not in mine and self.command_job(client) not in mine
+
     def grant(self, region: Region) -> None:
+        if self.lifecycle.busy(region):     # the barrier is off, or gave up waiting
+            region.taints |= C.KREX_TAINT_LIFECYCLE
+        # the GPU's counters as the region begins: before the grant, so that nothing of the owner's own work
+        # is in them (is the GPU power-capped by the load before the region?)
+        t0 = now_ns()
+        region.attest_start = self.attest.snapshot(region.gpu_mask)
+        region.phase_ns["attest"] = now_ns() - t0
         region.state = "held"
         region.granted_ns = now_ns()
         self.counters["regions_granted"] += 1
         for m in list(region.members.values()):
             self.send_granted(region, m)
         region.timer = self.after(float(self.cfg.region_time_limit_s), lambda: self.revoke(region))
-        region.attest_start = self.attest.snapshot(region.gpu_mask)   # after the grant: the owner is not kept waiting
 
     def send_granted(self, region: Region, m: Member) -> None:
         flags = C.KREX_REGION_GRANTED | (C.KREX_REGION_JOINED if m.joined else 0)
@@ -353,6 +364,7 @@ class RegionsMixin:
             return
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
         att = self.attest.finish(region, ended)   # the GPU's counters first, before anyone else runs
+        region.phase_ns["attest_end"] = now_ns() - ended
         if region.timer:
             region.timer.cancelled = True
         if not self.hand_over_cores(region):

@@ -10,6 +10,7 @@ KREX_EXPORT hipError_t hipInit(unsigned fl) { return REAL(hipInit) ? REAL(hipIni
 /* context creation is announced to the controller (its lifecycle barrier) and may wait at the context gate */
 static void before_context(hipDevice_t d) {
     krex_context_gate(KREX_VENDOR_HIP, d);
+    if (!krex_connected() && !krex_failopen) krex_connect();   /* a first context is announced too */
     krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
 }
 
@@ -18,6 +19,7 @@ KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (!REAL(hipSetDevice)) return NO_DRIVER;
     int first = !krex_device_known;           /* HIP creates the device's context here, lazily */
     krex_context_gate(KREX_VENDOR_HIP, d);
+    if (first && !krex_connected() && !krex_failopen) krex_connect();
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     hipError_t r = REAL(hipSetDevice)(d);
     if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);

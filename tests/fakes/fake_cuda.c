@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "../../shim/cuda_defs.h"
 #include "engine.h"
 
@@ -96,8 +97,19 @@ static CUresult push(struct CUctx_st *c) {
     return OK;
 }
 
+/* KREX_FAKE_CTX_MS: a context takes this long to make (a real one takes ~0.1 s, ~1 s with 8 at once) */
+static void ctx_delay(void) {
+    const char *v = getenv("KREX_FAKE_CTX_MS");
+    int ms = v && *v ? atoi(v) : 0;
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
     NEED_INIT();
+    ctx_delay();
     if (!pctx) return E_VALUE;
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
     struct CUctx_st *c = calloc(1, sizeof *c);
@@ -123,6 +135,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
     pthread_mutex_lock(&primary_mu);
     if (!primary[d]) {
+        ctx_delay();
         primary[d] = calloc(1, sizeof(struct CUctx_st));
         primary[d]->fk = fk_ctx_new(d, 1);
     } else {

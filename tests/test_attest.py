@@ -1,0 +1,173 @@
+"""Attested regions on the fake NVML (tests/fakes/fake_nvml.c): every disturbance the GPU's counters show
+taints the region that saw it, a quiet region is clean, and what the other processes do without submitting
+(context creation, frees, exit) holds the next region back."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, SNIP, report_of, wait_for
+
+FAKES = ROOT / "tests" / "harness_fakes"
+
+
+def region_of(krex, tmp_path, hold_us=0, during=None, **env):
+    """One region of the C snippet (what krex_region_last said, and the report's record of it); during(): a
+    change made while the region is held."""
+    rep = tmp_path / "r.json"
+    p = krex.popen([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": str(hold_us), **env})
+    if during is not None:
+        wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+        during()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    return out.strip(), report_of(rep)["regions"][0]
+
+
+def test_a_quiet_region_is_attested_and_clean(krex, tmp_path):
+    krex.start_controller()
+    line, r = region_of(krex, tmp_path)
+    assert "exclusive=1 clean=1 taints=0" in line
+    assert r["exclusive"] and r["clean"] and r["attested"] and r["taints"] == []
+    assert r["sm_clock_mhz"] == [1980, 1980]
+    gpu0 = r["attestation"]["gpus"]["0"]
+    assert gpu0["clock_event_reasons"] == ["0x0", "0x0"] and gpu0["foreign_pids"] == [] and gpu0["energy_j"] >= 0
+
+
+@pytest.mark.parametrize("control, taint, exclusive", [
+    ("reasons 0 0x4", "power_cap", True),          # capped already when the region began
+    ("reasons 0 0x20", "thermal", True),
+    ("reasons 0 0x8", "hw_slowdown", True),
+    ("samples 0 1980 1410 1700", "clock_drop", True),
+    ("process 0 999999 1073741824", "foreign_process", False),
+])
+def test_each_disturbance_taints_the_region(krex, tmp_path, control, taint, exclusive):
+    krex.start_controller()
+    krex.nvml.write_text(control + "\n")
+    line, r = region_of(krex, tmp_path)
+    assert r["taints"] == [taint] and not r["clean"] and r["exclusive"] is exclusive and r["attested"]
+    assert "clean=0" in line and f"exclusive={int(exclusive)}" in line
+
+
+def test_an_xid_inside_the_region_taints_it_and_one_before_does_not(krex, tmp_path):
+    krex.start_controller()
+    krex.nvml.write_text("xid 0 13\n")                      # before the region: not its business
+    _, before = region_of(krex, tmp_path)
+    assert before["clean"]
+    _, r = region_of(krex, tmp_path, hold_us=600000,
+                     during=lambda: krex.nvml.write_text("xid 0 13\nxid 0 79\n"))
+    assert r["taints"] == ["xid"] and r["attestation"]["gpus"]["0"]["xid"] == [79]
+
+
+def test_a_krex_process_on_the_gpu_is_not_foreign(krex, tmp_path):
+    krex.start_controller()
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="3000")
+    krex.nvml.write_text(f"process 0 {hog_pid} 1000\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["clean"] and r["frozen"] == 1
+    hog.communicate(timeout=30)
+
+
+def test_a_gpu_the_region_is_not_on_does_not_taint_it(krex, tmp_path):
+    krex.start_controller()
+    krex.nvml.write_text("reasons 1 0x4\nprocess 1 999999 1\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["gpu"] == [0] and r["clean"]
+
+
+def test_without_attestation_regions_say_so(krex, tmp_path):
+    krex.start_controller("--no-attest")
+    krex.nvml.write_text("reasons 0 0x4\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["attested"] is False and r["sm_clock_mhz"] is None and r["clean"] and r["exclusive"]
+
+
+PY_REGION = """
+import krex
+with krex.region("py") as r:
+    pass
+print(r.exclusive, r.clean, r.attested, r.taints, r.sm_clock_mhz)
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["shim", "direct"])
+def test_python_regions_carry_the_attestation(krex, tmp_path, preload):
+    krex.start_controller()
+    krex.nvml.write_text("samples 0 1980 1500\n")
+    script = tmp_path / "p.py"
+    script.write_text(PY_REGION)
+    cmd = [sys.executable, str(script)]
+    out = krex.run(cmd) if preload else subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True False True ['clock_drop'] (1500, 1980)"
+
+
+# ---- what the other processes do without submitting -----------------------------------------------
+def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
+    """The lifecycle barrier: a region does not begin while another job is making a context on its GPU."""
+    krex.start_controller()
+    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
+    time.sleep(0.7)                                # the context is being made now
+    _, r = region_of(krex, tmp_path)
+    assert r["settle_ns"] > 0.4e9 and r["clean"]   # it waited, so nothing of that creation was in it
+    maker.communicate(timeout=30)
+
+
+def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
+    krex.start_controller("--no-lifecycle-barrier")
+    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
+    time.sleep(0.7)
+    _, r = region_of(krex, tmp_path)
+    assert r["settle_ns"] < 0.3e9 and r["taints"] == ["lifecycle"] and r["exclusive"]
+    maker.communicate(timeout=30)
+
+
+def test_memory_another_job_freed_is_given_time_to_settle(krex, tmp_path):
+    """settle_ms_per_gib: after a sibling freed 2 GiB, the next region starts only once that time has passed."""
+    krex.start_controller("--settle-ms-per-gib", "400")
+    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_MS": "4000"})
+    assert churn.stdout.readline().strip() == "ready"
+    wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="churn registered")
+    _, r = region_of(krex, tmp_path)
+    assert r["settle_ns"] > 0.6e9 and r["frozen"] == 1
+    _, again = region_of(krex, tmp_path)        # nothing freed since: no wait
+    assert again["settle_ns"] < 0.3e9
+    churn.kill()
+    churn.communicate()
+
+
+def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):
+    krex.start_controller("--settle-ms-per-gib", "400")
+    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_KEEP": "1", "SNIPPET_MS": "0"})
+    churn.communicate(timeout=30)               # it has exited, with 2 GiB still allocated
+    _, r = region_of(krex, tmp_path)
+    assert r["settle_ns"] > 0.6e9
+
+
+# ---- KREX_RETRY_TAINTED ------------------------------------------------------------------------------
+def test_a_tainted_measurement_is_taken_again(krex, tmp_path):
+    krex.start_controller()
+    krex.nvml.write_text("reasons 0 0x4\n")      # power-capped when the first attempt begins
+    script = tmp_path / "b.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, triton.testing
+        calls = []
+        def fn():
+            calls.append(1)
+            if len(calls) == 2:                      # inside the first region: the cap is gone after it
+                open({str(krex.nvml)!r}, "w").close()
+        print(triton.testing.do_bench(fn), len(calls))
+    """))
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json",
+                   env={"KREX_HOOKS": "triton", "KREX_RETRY_TAINTED": "2",
+                        "PYTHONPATH": os.pathsep.join([str(FAKES), str(ROOT)])})
+    assert out.returncode == 0, out.stderr
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert [r["taints"] for r in regions] == [["power_cap"], []]
+    assert "was tainted (power_cap); measuring again (1 of 2)" in out.stderr
+    assert out.stdout.split() == ["1.0", "8"]     # two whole do_bench runs of 4 calls each
