@@ -96,6 +96,9 @@ for step in $STEPS; do
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-35} --logs $OUT --out $OUT/throughput-scales.json 2>&1 | tail -40
     python3 bench/plot_throughput.py $OUT/throughput-scales.json $OUT/throughput-scales.png
     python3 bench/report_table.py $OUT/throughput-scales.json | tee $OUT/throughput-scales-table.md ;;
+  multigpu)   # nvidia-h200-x2: the overlapped all-gather + GEMM, isolated and under krex with busy neighbours
+    watched ${MULTIGPU_LIMIT:-420} multigpu python3 bench/multigpu_overlap.py --rounds ${ROUNDS:-3} --symm \
+      --out $OUT/multigpu-overlap.json 2>&1 | tail -40 ;;
   throughput)
     watched ${THROUGHPUT_LIMIT:-480} throughput python3 bench/throughput.py --plan "${PLAN:-isolated:1,cmdlock:8,naive:8,krex:8,krexnofreeze:8,krexwarm:8,krexwarm:1,isolated:1}" \
       --specs ${SPECS:-24} --variants ${VARIANTS:-2} --budget ${BUDGET:-45} --logs $OUT --out $OUT/throughput.json 2>&1 | tail -80

@@ -2,7 +2,8 @@
  * launch SNIPPET_N kernels named SNIPPET_KERNEL ("timed") of SNIPPET_US microseconds, synchronize, end the
  * region, wait SNIPPET_GAP_US. Prints the status of each begin and end, and what krex_region_last says
  * of it, and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With SNIPPET_WAIT_FILE it makes its
- * context first and begins only once that file exists. */
+ * context first and begins only once that file exists. SNIPPET_GPUS ("0,1") asks for those node-wide GPUs
+ * (krex_region_begin_mask) instead of the job's. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
@@ -32,7 +33,11 @@ int main(void) {
     FILE *aff = getenv("SNIPPET_AFFINITY_FILE") ? fopen(getenv("SNIPPET_AFFINITY_FILE"), "a") : NULL;
     for (int r = 0; r < regions; r++) {
         if (aff) print_affinity(aff, "before");
-        int st = krex_begin("timed");
+        const char *gpus = getenv("SNIPPET_GPUS");
+        uint64_t mask = 0;
+        for (const char *p = gpus; p && *p; p++)
+            if (*p >= '0' && *p <= '9') mask |= 1ull << (*p - '0');
+        int st = mask && krex_region_begin_mask ? krex_region_begin_mask("timed", mask) : krex_begin("timed");
         if (aff) print_affinity(aff, "inside");
         for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         CHECK(cuStreamSynchronize(s));

@@ -1,0 +1,119 @@
+"""Multi-GPU regions on two fake GPUs: one region covers every GPU of a job and its other processes join
+it; requests for several GPUs are granted all at once (FIFO, no deadlock whatever order GPUs are named in);
+a GPU is one GPU by its UUID, however each process's CUDA_VISIBLE_DEVICES numbers it."""
+
+import random
+import subprocess
+import sys
+import time
+
+from conftest import SNIP, overlaps, report_of, wait_for
+
+UUID = ["GPU-6b726578-0000-0000-0000-000000000000", "GPU-6b726578-0000-0000-0000-000000000001"]
+
+
+def run_gpu(krex, gpus: str, cmd, report=None, env=None):
+    full = [sys.executable, "-m", "krex_ctl", "run", "--gpu", gpus] + (["--report", str(report)] if report else [])
+    return subprocess.Popen(full + ["--"] + [str(c) for c in cmd], env=dict(krex.env, **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def hogs_on_both(krex):
+    hogs = [run_gpu(krex, str(g), [SNIP / "hog"], env={"SNIPPET_MS": "6000", "SNIPPET_US": "300"}) for g in (0, 1)]
+    wait_for(lambda: sorted(tuple(c["gpus"]) for c in krex.status()["clients"] if c["role"] == "shim") == [(0,), (1,)],
+             what="a hog on each GPU")
+    return hogs
+
+
+def test_one_region_covers_every_gpu_of_a_job_and_its_ranks_join_it(krex, tmp_path):
+    krex.start_controller()
+    hogs = hogs_on_both(krex)
+    ranks = (f"SNIPPET_DEVICE=0 SNIPPET_KERNEL=rank0 {SNIP / 'region'} & "
+             f"SNIPPET_DEVICE=1 SNIPPET_KERNEL=rank1 {SNIP / 'region'}; wait")
+    job = run_gpu(krex, "0,1", ["sh", "-c", ranks], report=tmp_path / "r.json",
+                  env={"SNIPPET_REGIONS": "4", "SNIPPET_HOLD_US": "300000", "SNIPPET_N": "2"})
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert regions and all(r["gpu"] == [0, 1] for r in regions)
+    assert any(len(r["pids"]) == 2 for r in regions)                    # both ranks inside one region
+    assert all(r["frozen"] == 2 and r["exclusive"] for r in regions)     # both GPUs' neighbours stopped
+    trace = krex.trace_lines()
+    assert overlaps(trace, regions) == []                                # no foreign kernel on either GPU
+    assert sum(t[4] in ("rank0", "rank1") for t in trace) == 16
+    for h in hogs:
+        h.communicate(timeout=30)
+
+
+def test_multi_gpu_requests_never_deadlock_and_never_overlap(krex, tmp_path):
+    """Jobs asking for {0,1}, {1,0}, {0} and {1} at once, each many times: every region is granted, whole,
+    and no two regions that share a GPU are ever held at the same time."""
+    krex.start_controller("--no-freeze")
+    rng = random.Random(7)
+    asks = ["0,1", "1,0", "0", "1", "0,1", "1"]
+    jobs = [run_gpu(krex, "0,1", [SNIP / "region"], report=tmp_path / f"j{i}.json",
+                    env={"SNIPPET_GPUS": a, "SNIPPET_REGIONS": "15", "SNIPPET_N": "1", "SNIPPET_US": "300",
+                         "SNIPPET_GAP_US": str(rng.randint(0, 3000))}) for i, a in enumerate(asks)]
+    for j in jobs:
+        out, err = j.communicate(timeout=120)
+        assert j.returncode == 0, err
+    held = []
+    for i, a in enumerate(asks):
+        regions = report_of(tmp_path / f"j{i}.json")["regions"]
+        assert len(regions) == 15 and all(r["exclusive"] for r in regions)
+        want = sorted({int(g) for g in a.split(",")})
+        assert all(r["gpu"] == want for r in regions)
+        held += [(r["granted_ns"], r["ended_ns"], set(r["gpu"])) for r in regions]
+    held.sort()
+    for k, (s1, e1, g1) in enumerate(held):
+        for s2, e2, g2 in held[k + 1:]:
+            if s2 >= e1:
+                break
+            assert not g1 & g2, "two regions held at once on one GPU"
+
+
+def test_a_gpu_is_one_gpu_whatever_the_visible_devices_say(krex, tmp_path):
+    """Three processes, three ways of naming GPUs (a UUID, a list of UUIDs, indices in another order): the
+    region of the one whose device 0 is physical GPU 1 freezes the hog on GPU 1 and leaves GPU 0's alone."""
+    krex.start_controller()
+    on1 = krex.popen([SNIP / "hog"], env={"CUDA_VISIBLE_DEVICES": UUID[1], "SNIPPET_MS": "5000"})
+    on0 = krex.popen([SNIP / "hog"], env={"CUDA_VISIBLE_DEVICES": ",".join(UUID), "SNIPPET_MS": "5000"})
+    wait_for(lambda: sum(c["role"] == "shim" for c in krex.status()["clients"]) == 2, what="hogs")
+    pids = {tuple(c["gpus"]): c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"}
+    assert set(pids) == {(0,), (1,)}
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"CUDA_VISIBLE_DEVICES": "1,0", "SNIPPET_REGIONS": "2", "SNIPPET_HOLD_US": "200000"})
+    out, err = owner.communicate(timeout=60)
+    assert owner.returncode == 0, err
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert [r["gpu"] for r in regions] == [[1], [1]] and all(r["frozen"] == 1 for r in regions)
+    trace = krex.trace_lines()
+    assert not [t for t in overlaps(trace, regions) if t[0] == pids[(1,)]]    # GPU 1's hog held off
+    assert [t for t in overlaps(trace, regions) if t[0] == pids[(0,)]]        # GPU 0's ran on
+    for h in (on0, on1):
+        h.communicate(timeout=30)
+
+
+def test_python_regions_on_several_gpus(krex, tmp_path):
+    krex.start_controller()
+    hogs = hogs_on_both(krex)
+    script = tmp_path / "g.py"
+    script.write_text("import krex\nwith krex.region('both', gpus=[0, 1]) as r:\n    pass\n"
+                      "with krex.region('one', gpus=1) as s:\n    pass\nprint(r.granted, s.granted)\n")
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json")
+    assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert [(r["name"], r["gpu"], r["frozen"]) for r in regions] == [("both", [0, 1], 2), ("one", [1], 1)]
+    for h in hogs:
+        h.communicate(timeout=30)
+
+
+def test_gpu_option_takes_a_list(krex, tmp_path):
+    krex.start_controller()
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "1,0", "--", "sh", "-c",
+                          "echo $CUDA_VISIBLE_DEVICES $KREX_GPU"], env=krex.env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == [f"{UUID[1]},{UUID[0]}", "1,0"]
+    st = krex.status()
+    assert st["jobs"] == [] or all(isinstance(j["gpus"], list) for j in st["jobs"])
+    time.sleep(0.1)
