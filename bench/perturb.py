@@ -41,10 +41,30 @@ class Cuda:
 
 
 def disturb(kind: str, par: int) -> None:
-    """Run until SIGTERM; print how many contexts (or allocations) were made."""
+    """Run until SIGTERM; print how many contexts (or allocations, or bursts) were made.
+    ctx: par children at a time, each creates a context, allocates 1 MiB and exits; exitbig: the same holding
+    4 GiB when it exits; alloc: allocate and free 256 MiB in a loop; load: bf16 matmuls back to back (heat and
+    power draw before the next region); bursts: 0.5 s of matmuls every 2 s (run outside krex: a foreign
+    process)."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     cuda, count = Cuda(), 0
+    if kind in ("load", "bursts"):
+        import torch
+
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        while not stop:
+            if kind == "bursts":
+                time.sleep(1.5)
+            t0 = time.monotonic()
+            while not stop and (kind == "load" or time.monotonic() - t0 < 0.5):
+                for _ in range(4):
+                    torch.mm(a, a)
+                torch.cuda.synchronize()
+                count += 4 if kind == "load" else 0
+            count += kind == "bursts"
+        print(count, flush=True)
+        return
     if kind == "alloc":
         cuda.context()
         p = ctypes.c_uint64()
@@ -52,7 +72,8 @@ def disturb(kind: str, par: int) -> None:
             cuda("cuMemAlloc_v2", ctypes.byref(p), ctypes.c_size_t(256 << 20))
             cuda("cuMemFree_v2", p)
             count += 1
-    else:   # ctx: par children at a time, each creates a context, allocates 1 MiB and exits
+    else:   # ctx, exitbig: par children at a time, each creates a context, allocates and exits
+        size = (4 << 30) if kind == "exitbig" else (1 << 20)
         kids = set()
         while not stop or kids:
             while not stop and len(kids) < par:
@@ -60,7 +81,9 @@ def disturb(kind: str, par: int) -> None:
                 if pid == 0:
                     try:
                         cuda.context()
-                        cuda("cuMemAlloc_v2", ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(1 << 20))
+                        p = ctypes.c_uint64()
+                        cuda("cuMemAlloc_v2", ctypes.byref(p), ctypes.c_size_t(size))
+                        cuda("cuMemsetD8_v2", p, ctypes.c_ubyte(1), ctypes.c_size_t(size))
                         os._exit(0)
                     except BaseException:
                         os._exit(1)
@@ -80,10 +103,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--par", type=int, default=4, help="ctx: processes creating contexts at once")
-    ap.add_argument("--conditions", default="quiet,ctx,alloc")
+    ap.add_argument("--conditions", default="quiet,ctx,alloc", help="quiet, ctx, exitbig, alloc, load, bursts")
     ap.add_argument("--region", action="store_true",
                     help="time inside krex regions, disturbers under krex run (run this under krex run)")
-    ap.add_argument("--disturb", choices=("ctx", "alloc"), help=argparse.SUPPRESS)
+    ap.add_argument("--disturb", choices=("ctx", "exitbig", "alloc", "load", "bursts"), help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.disturb:
@@ -108,15 +131,22 @@ def main() -> None:
         for cond in conds:
             proc = None
             if cond != "quiet":
-                proc = subprocess.Popen(wrap + [sys.executable, __file__, "--disturb", cond, "--par", str(args.par)],
-                                        env=dict(os.environ, KREX_LOG_LEVEL="error"),   # thousands of processes
-                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
-                time.sleep(0.5)   # under way
+                if cond == "bursts":     # outside krex altogether: no shim, no job
+                    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+                    cmd = [sys.executable, __file__, "--disturb", cond]
+                else:
+                    env = dict(os.environ, KREX_LOG_LEVEL="error")    # thousands of processes
+                    cmd = wrap + [sys.executable, __file__, "--disturb", cond, "--par", str(args.par)]
+                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+                time.sleep(0.5 if cond not in ("load", "bursts") else 6)   # under way (torch imported)
             t0 = time.monotonic()
             for n, (a, b) in mats.items():
-                with timed():
+                with timed() as reg:
                     ms = do_bench(lambda: torch.matmul(a, b), warmup=25, rep=100)
                 rows.append({"round": r, "cond": cond, "size": n, "ms": ms})
+                if args.region and reg.info is not None:
+                    rows[-1].update(clean=reg.clean, exclusive=reg.exclusive, taints=reg.taints,
+                                    sm_clock_mhz=reg.sm_clock_mhz)
             busy = time.monotonic() - t0
             if proc:
                 (os.killpg if args.region else os.kill)(proc.pid, signal.SIGTERM)
@@ -132,11 +162,19 @@ def main() -> None:
             xs = [x["ms"] for x in rows if x["size"] == n and x["cond"] == cond]
             summary[f"{n}/{cond}"] = {"median_ms": statistics.median(xs),
                                       "median_shift": statistics.median(xs) / quiet - 1,
-                                      "max_shift": max(xs) / quiet - 1}
-    print(f"{'size':>6} {'cond':6} {'median ms':>10} {'median':>8} {'max':>8}")
+                                      "max_shift": max(xs) / quiet - 1,
+                                      "flagged": sum(x.get("clean") is False for x in rows
+                                                     if x["size"] == n and x["cond"] == cond),
+                                      "moved_2pct": sum(abs(x["ms"] / quiet - 1) > 0.02 for x in rows
+                                                        if x["size"] == n and x["cond"] == cond),
+                                      "moved_and_flagged": sum(abs(x["ms"] / quiet - 1) > 0.02 and x.get("clean")
+                                                               is False for x in rows
+                                                               if x["size"] == n and x["cond"] == cond)}
+    print(f"{'size':>6} {'cond':8} {'median ms':>10} {'median':>8} {'max':>8} {'flagged':>8} {'moved':>6} {'m&f':>4}")
     for k, v in summary.items():
         n, cond = k.split("/")
-        print(f"{n:>6} {cond:6} {v['median_ms']:10.4f} {v['median_shift']*100:+7.2f}% {v['max_shift']*100:+7.2f}%")
+        print(f"{n:>6} {cond:8} {v['median_ms']:10.4f} {v['median_shift']*100:+7.2f}% {v['max_shift']*100:+7.2f}% "
+              f"{v['flagged']:>8} {v['moved_2pct']:>6} {v['moved_and_flagged']:>4}")
     rate = {c: statistics.median(x["events_per_s"] for x in rows if x["cond"] == c and "events_per_s" in x)
             for c in conds if c != "quiet"}
     print("disturber events per second:", rate)

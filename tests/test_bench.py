@@ -90,3 +90,28 @@ def test_multigpu_example_plans_chunks_and_needs_two_gpus(tmp_path):
         out = subprocess.run([sys.executable, str(ROOT / "examples" / "multigpu" / script), "--help"],
                              capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": "/bin"})
         assert out.returncode == 0 and "usage" in out.stdout
+
+
+def test_kernelbench_mix_harness_end_to_end(tmp_path):
+    """bench/kernelbench_mix.py with a CPU stand-in agent and the disturbers that run on the fake driver: every
+    mode runs, krex modes carry region records, the analysis has buckets, the noise floor and throughput."""
+    env = bench_env(tmp_path)
+    env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "fakes")
+    env["KREX_NVML"] = str(ROOT / "build" / "fakes" / "libnvidia-ml.so.1")
+    out = tmp_path / "mix.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
+                        str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
+                        "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "3",
+                        "--trials", "3", "--modes", "isolated,naive,krex,krexdist,isolated2", "--disturbers",
+                        "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["notes"]["buckets"] == {"0.1-1ms": ["3_a:fp32", "5_b:fp32"], "1-10ms": ["30_c:fp32"],
+                                        ">10ms": ["150_d:fp32"]}
+    for mode in ("naive", "krex", "krexdist"):
+        assert data["analysis"][mode]["n"] == 12, mode
+    assert all("region" in r and r["region"]["granted"] for r in data["raw"]["krex"])
+    assert not any("region" in r for r in data["raw"]["naive"])
+    assert set(data["noise_floor_p95"]) == {"0.1-1ms", "1-10ms", ">10ms"}
+    assert data["commands_per_min"]["krex"] > 0 and data["krex_vs_naive_throughput"] > 0
+    assert set(data["notes"]["krexdist_disturber_events"]) == {"ctx", "alloc"}

@@ -1,0 +1,288 @@
+"""Agents timing real KernelBench problems with KernelBench's own timing module, at once, on one GPU: how far
+their times move from the isolated ones, naive and under krex, quiet and with injected disturbances, and
+whether krex's attestation flags the regions whose time moved (issue 13's goals).
+
+    python bench/kernelbench_mix.py --kernelbench .kb --agents 8 --out /tmp/krex-out/kb-mix.json
+
+.kb holds an unmodified copy of KernelBench's src/kernelbench/timing.py and KernelBench/level1/ (fetched;
+not in this repository). Modes, in this order, each a fresh controller where krex is involved:
+  isolated    one command at a time, every item (the first isolated pass; it also sorts items into buckets)
+  naive       AGENTS agents at once, each COMMANDS commands in turn, no krex
+  krex        the same under krex (KREX_HOOKS=kernelbench: each timing call is a region)
+  krexdist    krex, with disturbers running: context churn and exits holding 4 GiB (both under krex), an
+              allocation loop (under krex), a heavy-matmul neighbour (under krex, frozen in regions: its load
+              before a region is what is left of it)
+  krexforeign krex, with a process outside krex that holds a context and runs matmul bursts
+  isolated2   the second isolated pass (item baseline: the mean of both; the noise floor: one against the other)
+An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
+agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
+Inflation of a measurement: its median over the trials / the item's isolated baseline - 1."""
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+ITEMS = [  # KernelBench level 1 problems and the dtype they run in (bf16 brings matmuls under 1 ms)
+    "1_Square_matrix_multiplication_.py:bf16", "2_Standard_matrix_multiplication_.py:bf16",
+    "16_Matmul_with_transposed_A.py:bf16", "17_Matmul_with_transposed_B.py:bf16",
+    "13_Matmul_for_symmetric_matrices.py:bf16", "10_3D_tensor_matrix_multiplication.py:bf16",
+    "95_CrossEntropyLoss.py:fp32", "88_MinGPTNewGelu.py:bf16", "50_conv_standard_2D__square_input__square_kernel.py:bf16",
+    "54_conv_standard_3D__square_input__square_kernel.py:bf16", "6_Matmul_with_large_K_dimension_.py:bf16",
+    "1_Square_matrix_multiplication_.py:fp32", "3_Batched_matrix_multiplication.py:fp32",
+    "8_Matmul_with_irregular_shapes_.py:fp32", "63_conv_standard_2D__square_input__square_kernel.py:fp32",
+    "60_conv_standard_3D__square_input__asymmetric_kernel.py:fp32", "40_LayerNorm.py:fp32",
+    "88_MinGPTNewGelu.py:fp32", "57_conv_transposed_2D__square_input__square_kernel.py:fp32",
+    "58_conv_transposed_3D__asymmetric_input__asymmetric_kernel.py:fp32",
+    "61_conv_transposed_3D__square_input__square_kernel.py:fp32", "11_4D_tensor_matrix_multiplication.py:fp32",
+    "70_conv_transposed_3D__asymmetric_input__square_kernel.py:fp32",
+    "68_conv_transposed_3D__square_input__asymmetric_kernel.py:fp32", "42_Max_Pooling_2D.py:fp32",
+]
+BUCKETS = (("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1.0), ("1-10ms", 1.0, 10.0), (">10ms", 10.0, 1e9))
+
+
+def bucket_of(ms: float) -> str:
+    return next(name for name, lo, hi in BUCKETS if lo <= ms < hi)
+
+
+def env(**extra) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") or k in ("KREX_SOCKET",)}
+    e.update(SAFE, PYTHONUNBUFFERED="1", **extra)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return e
+
+
+class World:
+    """A controller of our own for one mode."""
+
+    def __init__(self, tmp: Path, *args: str):
+        self.sock = tmp / "krex.sock"
+        self.log = open(tmp / "controller.log", "ab")
+        self.ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.sock),
+                                     "--state-file", str(tmp / "state"), *args], env=env(), stdout=self.log,
+                                    stderr=self.log)
+        deadline = time.monotonic() + 20
+        while not self.sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def env(self, **extra) -> dict:
+        return env(KREX_SOCKET=str(self.sock), **extra)
+
+    def stop(self) -> None:
+        self.ctl.terminate()
+        self.ctl.wait(30)
+
+
+AGENT = [str(ROOT / "bench" / "kb_agent.py")]
+
+
+def agent_cmd(kb: str, items: list, out: Path, trials: int, tag: str, krex: bool) -> list:
+    cmd = [sys.executable, *AGENT, "--kernelbench", kb, "--items", ",".join(items),
+           "--out", str(out), "--trials", str(trials), "--tag", tag]
+    return ([sys.executable, "-m", "krex_ctl", "run", "--"] if krex else []) + cmd
+
+
+def read(out: Path) -> list:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world) -> tuple[list, float]:
+    """Each plan is one agent's list of commands (lists of items), run one after another; agents at once."""
+    t0 = time.monotonic()
+    outs, procs = [], []
+
+    def start(a, c):
+        out = tmp / f"{mode}-a{a}-c{c}.jsonl"
+        outs.append(out)
+        e = world.env(KREX_HOOKS="kernelbench") if world else env()
+        return subprocess.Popen(agent_cmd(kb, plans[a][c], out, trials, f"{mode}-a{a}-c{c}", world is not None),
+                                env=e, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}-a{a}.log", "ab"))
+
+    state = [[0, start(a, 0)] for a in range(len(plans))]
+    done = 0
+    while done < len(plans):
+        time.sleep(0.05)
+        for a, st in enumerate(state):
+            if st[1] is None or st[1].poll() is None:
+                continue
+            st[0] += 1
+            if st[0] < len(plans[a]):
+                st[1] = start(a, st[0])
+            else:
+                st[1] = None
+                done += 1
+    wall = time.monotonic() - t0
+    return [r for out in outs for r in read(out)], wall
+
+
+DISTURBERS = [
+    ("ctx", True, ["bench/perturb.py", "--disturb", "ctx", "--par", "2"]),
+    ("exitbig", True, ["bench/perturb.py", "--disturb", "exitbig", "--par", "1"]),
+    ("alloc", True, ["bench/perturb.py", "--disturb", "alloc"]),
+    ("load", True, ["bench/perturb.py", "--disturb", "load"]),
+    ("bursts", False, ["bench/perturb.py", "--disturb", "bursts"]),
+]
+
+
+def start_disturbers(world: World, tmp: Path, which: list) -> list:
+    procs = []
+    for name, under_krex, args in DISTURBERS:
+        if name not in which:
+            continue
+        cmd = ([sys.executable, "-m", "krex_ctl", "run", "--"] if under_krex else []) + [sys.executable, *args]
+        e = world.env(KREX_LOG_LEVEL="error") if under_krex else env()     # outside krex: no socket, no shim
+        procs.append((name, subprocess.Popen(cmd, env=e, cwd=ROOT,
+                                             stdout=subprocess.PIPE, stderr=open(tmp / f"dist-{name}.log", "ab"),
+                                             text=True, start_new_session=True)))
+    return procs
+
+
+def stop_disturbers(procs: list) -> dict:
+    counts = {}
+    for name, p in procs:
+        os.killpg(p.pid, signal.SIGTERM)
+    for name, p in procs:
+        try:
+            out, _ = p.communicate(timeout=60)
+            counts[name] = int((out.strip().splitlines() or ["0"])[-1])
+        except (subprocess.TimeoutExpired, ValueError):
+            os.killpg(p.pid, signal.SIGKILL)
+            counts[name] = None
+    return counts
+
+
+def p95(xs: list):
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 5) if xs else None
+
+
+def analyse(modes: dict, baseline: dict) -> dict:
+    out = {}
+    for mode, recs in modes.items():
+        rows = []
+        for r in recs:
+            base = baseline.get(r["item"])
+            if not base:
+                continue
+            reg = r.get("region") or {}
+            rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / base - 1, "clean": bool(reg.get("clean")),
+                         "exclusive": bool(reg.get("exclusive")), "taints": reg.get("taints") or [],
+                         "granted": bool(reg.get("granted"))})
+        per = {}
+        for name, _, _ in BUCKETS:
+            b = [x for x in rows if x["bucket"] == name]
+            if not b:
+                continue
+            clean = [x for x in b if x["clean"]]
+            per[name] = {"n": len(b), "n_clean": len(clean), "p95_abs_all": p95([abs(x["infl"]) for x in b]),
+                         "p95_abs_clean": p95([abs(x["infl"]) for x in clean]),
+                         "median_all": round(statistics.median(x["infl"] for x in b), 5)}
+        moved = [x for x in rows if abs(x["infl"]) > 0.02]
+        taints = {}
+        for x in rows:
+            for t in x["taints"]:
+                taints[t] = taints.get(t, 0) + 1
+        out[mode] = {"buckets": per, "n": len(rows), "flagged": sum(not x["clean"] for x in rows),
+                     "moved_over_2pct": len(moved), "moved_and_flagged": sum(not x["clean"] for x in moved),
+                     "taints": taints}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernelbench", default=str(ROOT / ".kb"))
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--commands", type=int, default=3, help="commands per agent and mode")
+    ap.add_argument("--items", type=int, default=7, help="items per command")
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--modes", default="isolated,naive,krex,krexdist,krexforeign,isolated2")
+    ap.add_argument("--disturbers", default="ctx,exitbig,alloc,load")
+    ap.add_argument("--controller-args", default="", help="extra `krex controller` options for the krex modes")
+    ap.add_argument("--agent", help="the agent script (default bench/kb_agent.py; the tests use a CPU stand-in)")
+    ap.add_argument("--item-list", help="comma-separated items instead of the built-in list")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    kb = str(Path(args.kernelbench).resolve())
+    if args.agent:
+        AGENT[:] = [args.agent]
+    items = args.item_list.split(",") if args.item_list else \
+        [i for i in ITEMS if (Path(kb) / "level1" / i.split(":")[0]).exists()]
+    tmp = Path(tempfile.mkdtemp(prefix="kbmix-"))
+    results, walls, modes, notes = {}, {}, {}, {}
+    rng = random.Random(13)
+    plans = None
+    for mode in args.modes.split(","):
+        t0 = time.monotonic()
+        if mode.startswith("isolated"):
+            out = tmp / f"{mode}.jsonl"
+            subprocess.run(agent_cmd(kb, items, out, args.trials, mode, False), env=env(), check=True,
+                           stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}.log", "ab"))
+            modes[mode] = read(out)
+            walls[mode] = time.monotonic() - t0
+            if plans is None:   # bucket by bucket in turn, so each bucket gets its share of measurements
+                times = {r["item"]: r["median_ms"] for r in modes[mode]}
+                by_bucket = {}
+                for it, ms in times.items():
+                    by_bucket.setdefault(bucket_of(ms), []).append(it)
+                cycles = {b: itertools.cycle(rng.sample(v, len(v))) for b, v in by_bucket.items() if b != "<0.1ms"}
+                order = itertools.cycle(sorted(cycles))
+                plans = [[[next(cycles[next(order)]) for _ in range(args.items)] for _ in range(args.commands)]
+                         for _ in range(args.agents)]
+                notes["buckets"] = {b: sorted(v) for b, v in by_bucket.items()}
+            print(f"{mode}: {len(modes[mode])} items in {walls[mode]:.1f} s", flush=True)
+            continue
+        world = None
+        dist = []
+        if mode.startswith("krex"):
+            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split())
+            if mode in ("krexdist", "krexforeign"):
+                dist = start_disturbers(world, tmp, args.disturbers.split(",") if mode == "krexdist" else ["bursts"])
+                time.sleep(8)     # torch imported, disturbing
+        mode_plans = plans if mode != "krexforeign" else [p[:1] for p in plans]
+        recs, wall = run_agents(mode_plans, kb, tmp, args.trials, mode, world)
+        if dist:
+            notes[f"{mode}_disturber_events"] = stop_disturbers(dist)
+        if world:
+            world.stop()
+        modes[mode], walls[mode] = recs, wall
+        ncmd = sum(len(p) for p in mode_plans)
+        notes.setdefault("commands", {})[mode] = ncmd
+        print(f"{mode}: {len(recs)} measurements, {ncmd} commands in {wall:.1f} s "
+              f"({ncmd / wall * 60:.1f}/min)", flush=True)
+    iso = [m for m in modes if m.startswith("isolated")]
+    per_item = {}
+    for m in iso:
+        for r in modes[m]:
+            per_item.setdefault(r["item"], []).append(r["median_ms"])
+    baseline = {k: statistics.fmean(v) for k, v in per_item.items()}
+    results["analysis"] = analyse({m: v for m, v in modes.items() if not m.startswith("isolated")}, baseline)
+    if len(iso) >= 2:
+        floor = {}
+        a, b = ({r["item"]: r["median_ms"] for r in modes[m]} for m in iso[:2])
+        for it in a:
+            if it in b:
+                floor.setdefault(bucket_of(baseline[it]), []).append(abs(a[it] / b[it] - 1))
+        results["noise_floor_p95"] = {k: p95(v) for k, v in floor.items()}
+        results["noise_floor_n"] = {k: len(v) for k, v in floor.items()}
+    results["commands_per_min"] = {m: round(notes["commands"][m] / walls[m] * 60, 2) for m in notes.get("commands", {})}
+    if "naive" in walls and "krex" in walls:
+        results["krex_vs_naive_throughput"] = round(walls["naive"] / walls["krex"], 4)
+    results.update(argv=sys.argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "commands_per_min",
+                                              "krex_vs_naive_throughput") if k in results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
