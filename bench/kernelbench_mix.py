@@ -96,8 +96,9 @@ def read(out: Path) -> list:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
 
 
-def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world) -> tuple[list, float]:
-    """Each plan is one agent's list of commands (lists of items), run one after another; agents at once."""
+def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world, limit_s: float = 240) -> tuple[list, float]:
+    """Each plan is one agent's list of commands (lists of items), run one after another; agents at once (a
+    mode that outlives limit_s is stopped: what was measured so far is kept)."""
     t0 = time.monotonic()
     outs, procs = [], []
 
@@ -112,6 +113,12 @@ def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world) -
     done = 0
     while done < len(plans):
         time.sleep(0.05)
+        if time.monotonic() - t0 > limit_s:
+            print(f"{mode}: stopped after {limit_s:.0f} s", flush=True)
+            for st in state:
+                if st[1] is not None and st[1].poll() is None:
+                    st[1].kill()
+            break
         for a, st in enumerate(state):
             if st[1] is None or st[1].poll() is None:
                 continue
@@ -210,6 +217,7 @@ def main() -> int:
     ap.add_argument("--controller-args", default="", help="extra `krex controller` options for the krex modes")
     ap.add_argument("--agent", help="the agent script (default bench/kb_agent.py; the tests use a CPU stand-in)")
     ap.add_argument("--item-list", help="comma-separated items instead of the built-in list")
+    ap.add_argument("--mode-limit", type=float, default=240, help="seconds a mode may take before it is stopped")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     kb = str(Path(args.kernelbench).resolve())
@@ -217,7 +225,7 @@ def main() -> int:
         AGENT[:] = [args.agent]
     items = args.item_list.split(",") if args.item_list else \
         [i for i in ITEMS if (Path(kb) / "level1" / i.split(":")[0]).exists()]
-    tmp = Path(tempfile.mkdtemp(prefix="kbmix-"))
+    tmp = Path(tempfile.mkdtemp(prefix="kbmix-", dir=os.environ.get("KBMIX_TMP")))
     results, walls, modes, notes = {}, {}, {}, {}
     rng = random.Random(13)
     plans = None
@@ -225,7 +233,7 @@ def main() -> int:
         t0 = time.monotonic()
         if mode.startswith("isolated"):
             out = tmp / f"{mode}.jsonl"
-            subprocess.run(agent_cmd(kb, items, out, args.trials, mode, False), env=env(), check=True,
+            subprocess.run(agent_cmd(kb, items, out, args.trials, mode, False), env=env(), check=True, timeout=300,
                            stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}.log", "ab"))
             modes[mode] = read(out)
             walls[mode] = time.monotonic() - t0
@@ -249,7 +257,7 @@ def main() -> int:
                 dist = start_disturbers(world, tmp, args.disturbers.split(",") if mode == "krexdist" else ["bursts"])
                 time.sleep(8)     # torch imported, disturbing
         mode_plans = plans if mode != "krexforeign" else [p[:1] for p in plans]
-        recs, wall = run_agents(mode_plans, kb, tmp, args.trials, mode, world)
+        recs, wall = run_agents(mode_plans, kb, tmp, args.trials, mode, world, args.mode_limit)
         if dist:
             notes[f"{mode}_disturber_events"] = stop_disturbers(dist)
         if world:
@@ -259,6 +267,7 @@ def main() -> int:
         notes.setdefault("commands", {})[mode] = ncmd
         print(f"{mode}: {len(recs)} measurements, {ncmd} commands in {wall:.1f} s "
               f"({ncmd / wall * 60:.1f}/min)", flush=True)
+        Path(args.out).write_text(json.dumps({"partial": True, "raw": modes, "walls_s": walls, "notes": notes}))
     iso = [m for m in modes if m.startswith("isolated")]
     per_item = {}
     for m in iso:

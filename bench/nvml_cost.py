@@ -23,13 +23,13 @@ def main() -> int:
     if nv is None:
         print("nvml_cost: no NVML here", file=sys.stderr)
         return 1
-    att = attest.NvmlAttestor(nv, SimpleNamespace(clock_drop_pct=3.0), lambda: set())
+    att = attest.NvmlAttestor(nv, SimpleNamespace(clock_drop_pct=3.0, busy_before_us=1000.0), lambda: set())
     start, end = [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter_ns()
         snap = att.snapshot(1)
         t1 = time.perf_counter_ns()
-        region = SimpleNamespace(attest_start=snap, taints=0)
+        region = SimpleNamespace(attest_start=snap, taints=0, others_busy_us=0)
         res = att.finish(region, 0)
         t2 = time.perf_counter_ns()
         start.append((t1 - t0) / 1e3)

@@ -589,6 +589,7 @@ class Controller(RegionsMixin):
             region.pending_drain.discard(client)
             if d.status:
                 log.warning("pid %d drained GPU work with driver error %d", client.pid, d.status)
+            region.others_busy_us = max(region.others_busy_us, int(d.sync_us))
             self.lifecycle.drained(client, int(d.freed_bytes), int(d.last_free_ns))
             self.maybe_freeze(region)
 

@@ -63,6 +63,7 @@ class Region:
         self.timer = None
         self.taints = 0
         self.attest_start = None                     # attest.Snapshot at the grant
+        self.others_busy_us = 0                      # the longest a sibling's GPU work took to finish at the drain
 
 
 class RegionsMixin:
@@ -387,7 +388,7 @@ class RegionsMixin:
             "frozen": frozen, "drain_timeouts": region.drain_timeouts,
             "queued_ns": region.drain_started_ns - region.req.requested_ns,
             **{f"{k}_ns": v for k, v in region.phase_ns.items()},
-            "region_id": region.id, "controller_pid": os.getpid(),
+            "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us,
             **att.record(),
         }
         if region.freeze_skipped:

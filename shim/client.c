@@ -99,7 +99,7 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
     }
 }
 
-static int32_t drain(uint64_t mask, uint32_t *waited_us) {
+static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
     int64_t t0 = krex_now_ns();
     /* threads that passed the gate before it closed finish their submission first */
     while (krex_inflight() > 0 && krex_now_ns() - t0 < 2000000000LL) {
@@ -107,6 +107,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us) {
         nanosleep(&ts, NULL);
     }
     *waited_us = (uint32_t)((krex_now_ns() - t0) / 1000);
+    int64_t t1 = krex_now_ns();
     struct krex_ctx_rec snap[64];
     pthread_mutex_lock(&conn_lock);
     int n = nctxs;
@@ -138,6 +139,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us) {
          * already torn down, so nothing of it can still be running */
         if (r && r != 4 && !status) status = r;
     }
+    *sync_us = (uint32_t)((krex_now_ns() - t1) / 1000);
     return status;
 }
 
@@ -282,8 +284,8 @@ static const char *serve(int fd, union msg_buf *buf) {
         switch (h.type) {
         case KREX_MSG_DRAIN: {
             if (h.length < sizeof(struct krex_drain)) break;
-            struct krex_drained d = {buf->drain.drain_id, 0, 0, 0, 0};
-            d.status = drain(buf->drain.gpu_mask, &d.waited_us);
+            struct krex_drained d = {buf->drain.drain_id, 0, 0, 0, 0, 0, 0};
+            d.status = drain(buf->drain.gpu_mask, &d.waited_us, &d.sync_us);
             krex_memory_freed_take(&d.freed_bytes, &d.last_free_ns);
             krex_send(KREX_MSG_DRAINED, &d, sizeof d, NULL);
             break;

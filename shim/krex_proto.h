@@ -212,6 +212,8 @@ struct krex_drained {
     uint32_t waited_us;            /* time spent waiting for in-flight submissions */
     uint64_t freed_bytes;          /* device memory this process freed since its last drain */
     int64_t last_free_ns;          /* when it last freed device memory (CLOCK_MONOTONIC, 0: never) */
+    uint32_t sync_us;              /* how long its GPU work took to finish (its load right before the region) */
+    uint32_t reserved;
 };
 
 struct krex_lifecycle {

@@ -36,11 +36,11 @@ def test_a_quiet_region_is_attested_and_clean(krex, tmp_path):
     assert r["exclusive"] and r["clean"] and r["attested"] and r["taints"] == []
     assert r["sm_clock_mhz"] == [1980, 1980]
     gpu0 = r["attestation"]["gpus"]["0"]
-    assert gpu0["clock_event_reasons"] == ["0x0", "0x0"] and gpu0["foreign_pids"] == [] and gpu0["energy_j"] >= 0
+    assert gpu0["clock_event_reasons"] == ["0x0", "0x0"] and gpu0["foreign_pids"] == []
+    assert gpu0["sm_clock_at_grant_mhz"] == 1980 and gpu0["temperature_c"] == [40, 40]
 
 
 @pytest.mark.parametrize("control, taint, exclusive", [
-    ("reasons 0 0x4", "power_cap", True),          # capped already when the region began
     ("reasons 0 0x20", "thermal", True),
     ("reasons 0 0x8", "hw_slowdown", True),
     ("samples 0 1980 1410 1700", "clock_drop", True),
@@ -52,6 +52,43 @@ def test_each_disturbance_taints_the_region(krex, tmp_path, control, taint, excl
     line, r = region_of(krex, tmp_path)
     assert r["taints"] == [taint] and not r["clean"] and r["exclusive"] is exclusive and r["attested"]
     assert "clean=0" in line and f"exclusive={int(exclusive)}" in line
+
+
+def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_path):
+    """Capped at the grant: a taint when other jobs' GPU work was still running at the drain (their load lowered
+    the clock the region starts at); not when only this job's own history could have (as it would alone)."""
+    krex.start_controller()
+    krex.nvml.write_text("reasons 0 0x4\n")
+    _, alone = region_of(krex, tmp_path)
+    assert alone["clean"] and alone["attestation"]["gpus"]["0"]["clock_event_reasons"][0] == "0x4"
+    hog, _ = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="3000", SNIPPET_STREAMS="2")   # work in flight
+    time.sleep(0.3)
+    _, after = region_of(krex, tmp_path)
+    assert after["taints"] == ["power_cap"] and after["others_busy_us"] >= 1000 and after["exclusive"]
+    krex.nvml.write_text("")
+    _, uncapped = region_of(krex, tmp_path)
+    assert uncapped["clean"]                        # busy neighbours alone are no taint: they were drained
+    hog.communicate(timeout=30)
+
+
+def test_an_unexplained_clock_drop_taints_and_a_capped_one_does_not(krex, tmp_path):
+    krex.start_controller()
+    krex.nvml.write_text("samples 0 1980 1400\nreasons 0 0x4\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["clean"] and r["sm_clock_mhz"] == [1400, 1980]     # the cap explains it (its own load, alone too)
+
+
+def test_a_process_under_the_shim_is_not_foreign_before_it_registers(krex, tmp_path):
+    krex.start_controller()
+    other = krex.popen(["sleep", "30"])
+    from krex_ctl.procs import descendants
+
+    pid = wait_for(lambda: next(iter(descendants(other.pid)), None), what="the command")
+    krex.nvml.write_text(f"process 0 {pid} 1000\n")             # on the GPU, but no client (yet)
+    _, r = region_of(krex, tmp_path)
+    assert r["clean"]
+    other.kill()
+    other.communicate()
 
 
 def test_an_xid_inside_the_region_taints_it_and_one_before_does_not(krex, tmp_path):
@@ -152,7 +189,7 @@ def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):
 # ---- KREX_RETRY_TAINTED ------------------------------------------------------------------------------
 def test_a_tainted_measurement_is_taken_again(krex, tmp_path):
     krex.start_controller()
-    krex.nvml.write_text("reasons 0 0x4\n")      # power-capped when the first attempt begins
+    krex.nvml.write_text("process 0 999999 1000\n")   # a foreign process on the GPU in the first attempt
     script = tmp_path / "b.py"
     script.write_text(textwrap.dedent(f"""
         import os, triton.testing
@@ -168,6 +205,6 @@ def test_a_tainted_measurement_is_taken_again(krex, tmp_path):
                         "PYTHONPATH": os.pathsep.join([str(FAKES), str(ROOT)])})
     assert out.returncode == 0, out.stderr
     regions = report_of(tmp_path / "r.json")["regions"]
-    assert [r["taints"] for r in regions] == [["power_cap"], []]
-    assert "was tainted (power_cap); measuring again (1 of 2)" in out.stderr
+    assert [r["taints"] for r in regions] == [["foreign_process"], []]
+    assert "was tainted (foreign_process); measuring again (1 of 2)" in out.stderr
     assert out.stdout.split() == ["1.0", "8"]     # two whole do_bench runs of 4 calls each

@@ -48,7 +48,7 @@ def test_c_encoded_messages_decode_in_python():
     e = proto.decode("struct krex_region_end", got["REGION_END"][0])
     assert (e.region_id, e.ended_ns) == (77, 987654321)
     d = proto.decode("struct krex_drained", got["DRAINED"][0])
-    assert (d.drain_id, d.status, d.waited_us, d.freed_bytes, d.last_free_ns) == (9, -3, 250, 1 << 33, 55)
+    assert (d.drain_id, d.status, d.waited_us, d.freed_bytes, d.last_free_ns, d.sync_us) == (9, -3, 250, 1 << 33, 55, 1200)
     c = proto.decode("struct krex_region_cancel", got["REGION_CANCEL"][0])
     assert c.request_seq == 12
     lc = proto.decode("struct krex_lifecycle", got["LIFECYCLE"][0])

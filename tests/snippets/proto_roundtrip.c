@@ -18,7 +18,7 @@ int main(int argc, char **argv) {
         struct krex_context ctx = {KREX_VENDOR_HIP, 3, KREX_CONTEXT_HAS_UUID, 1, {0x6b, 0x72, 0x65, 0x78}};
         struct krex_region_begin b = {0x5, 123456789, "matmul", 0x2};
         struct krex_region_end e = {77, 987654321};
-        struct krex_drained d = {9, -3, 250, 1ull << 33, 55};
+        struct krex_drained d = {9, -3, 250, 1ull << 33, 55, 1200, 0};
         struct krex_region_cancel c = {12, 0};
         struct krex_lifecycle l = {KREX_LIFE_EXIT_BEGIN, -1, 1ull << 30, 99};
         frame(KREX_MSG_HELLO, &hello, sizeof hello);

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# tests/gpu/kbmix_h200.sh: KernelBench agents at once on the H200 (bench/kernelbench_mix.py): isolated, naive,
+# krex, krex with disturbers, krex with a foreign process, isolated again. Needs .kb (KernelBench's timing
+# module and level 1) and .whl carried. Logs in $OUT/kbmix-logs.tgz, results in $OUT/kbmix.json.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT" /tmp/kbmix
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site KBMIX_TMP=/tmp/kbmix
+make -s shim || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
+  > /tmp/kbmix/smi.csv & SMI=$!
+timeout ${LIMIT:-560} python3 bench/kernelbench_mix.py --kernelbench .kb --agents ${AGENTS:-8} --commands ${COMMANDS:-3} \
+  --items ${ITEMS:-7} --trials ${TRIALS:-20} ${EXTRA:-} --out $OUT/kbmix.json 2>&1 | tail -80
+kill $SMI
+tar czf $OUT/kbmix-logs.tgz -C /tmp/kbmix . 2>/dev/null
+ls -la $OUT
