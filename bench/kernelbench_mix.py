@@ -13,7 +13,9 @@ not in this repository). Modes, in this order, each a fresh controller where kre
               allocation loop (under krex), a heavy-matmul neighbour (under krex, frozen in regions: its load
               before a region is what is left of it)
   krexforeign krex, with a process outside krex that holds a context and runs matmul bursts
-  isolated2   the second isolated pass (item baseline: the mean of both; the noise floor: one against the other)
+  krexnf      krex with `krex controller --no-freeze` (the gate and the drain alone keep the GPU exclusive)
+  isolated2, isolated3  more isolated passes (item baseline: the median of the passes; the noise floor: each
+              pass against it)
 An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
 agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
 Inflation of a measurement: its median over the trials / the item's isolated baseline - 1."""
@@ -49,6 +51,8 @@ ITEMS = [  # KernelBench level 1 problems and the dtype they run in (bf16 brings
     "68_conv_transposed_3D__square_input__asymmetric_kernel.py:fp32", "42_Max_Pooling_2D.py:fp32",
 ]
 BUCKETS = (("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1.0), ("1-10ms", 1.0, 10.0), (">10ms", 10.0, 1e9))
+# `krex controller` options of the krex modes (any mode starting with "krex" is a krex mode)
+MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"]}
 
 
 def bucket_of(ms: float) -> str:
@@ -173,7 +177,10 @@ def p95(xs: list):
     return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 5) if xs else None
 
 
-def analyse(modes: dict, baseline: dict) -> dict:
+def analyse(modes: dict, baseline: dict, spread: dict) -> dict:
+    """spread: item -> how far its isolated passes are apart (max/min - 1): an item whose isolated passes
+    disagree by more than 1% is unstable (a cuDNN algorithm chosen per process, say), and a measurement
+    "moved beyond noise" only when it moved more than 2% and more than its item's spread."""
     out = {}
     for mode, recs in modes.items():
         rows = []
@@ -183,6 +190,7 @@ def analyse(modes: dict, baseline: dict) -> dict:
                 continue
             reg = r.get("region") or {}
             rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / base - 1, "clean": bool(reg.get("clean")),
+                         "stable": spread.get(r["item"], 0) <= 0.01, "spread": spread.get(r["item"], 0),
                          "exclusive": bool(reg.get("exclusive")), "taints": reg.get("taints") or [],
                          "granted": bool(reg.get("granted"))})
         per = {}
@@ -191,16 +199,20 @@ def analyse(modes: dict, baseline: dict) -> dict:
             if not b:
                 continue
             clean = [x for x in b if x["clean"]]
+            stable = [x for x in clean if x["stable"]]
             per[name] = {"n": len(b), "n_clean": len(clean), "p95_abs_all": p95([abs(x["infl"]) for x in b]),
                          "p95_abs_clean": p95([abs(x["infl"]) for x in clean]),
+                         "n_clean_stable": len(stable), "p95_abs_clean_stable": p95([abs(x["infl"]) for x in stable]),
                          "median_all": round(statistics.median(x["infl"] for x in b), 5)}
         moved = [x for x in rows if abs(x["infl"]) > 0.02]
+        beyond = [x for x in rows if abs(x["infl"]) > max(0.02, x["spread"])]
         taints = {}
         for x in rows:
             for t in x["taints"]:
                 taints[t] = taints.get(t, 0) + 1
         out[mode] = {"buckets": per, "n": len(rows), "flagged": sum(not x["clean"] for x in rows),
                      "moved_over_2pct": len(moved), "moved_and_flagged": sum(not x["clean"] for x in moved),
+                     "moved_beyond_noise": len(beyond), "beyond_noise_and_flagged": sum(not x["clean"] for x in beyond),
                      "taints": taints}
     return out
 
@@ -212,7 +224,7 @@ def main() -> int:
     ap.add_argument("--commands", type=int, default=3, help="commands per agent and mode")
     ap.add_argument("--items", type=int, default=7, help="items per command")
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--modes", default="isolated,naive,krex,krexdist,krexforeign,isolated2")
+    ap.add_argument("--modes", default="isolated,naive,krexnf,krex,krexdist,isolated2,isolated3")
     ap.add_argument("--disturbers", default="ctx,exitbig,alloc,load")
     ap.add_argument("--controller-args", default="", help="extra `krex controller` options for the krex modes")
     ap.add_argument("--agent", help="the agent script (default bench/kb_agent.py; the tests use a CPU stand-in)")
@@ -252,7 +264,8 @@ def main() -> int:
         world = None
         dist = []
         if mode.startswith("krex"):
-            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split())
+            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split(),
+                          *MODE_ARGS.get(mode, []))
             if mode in ("krexdist", "krexforeign"):
                 dist = start_disturbers(world, tmp, args.disturbers.split(",") if mode == "krexdist" else ["bursts"])
                 time.sleep(8)     # torch imported, disturbing
@@ -273,23 +286,27 @@ def main() -> int:
     for m in iso:
         for r in modes[m]:
             per_item.setdefault(r["item"], []).append(r["median_ms"])
-    baseline = {k: statistics.fmean(v) for k, v in per_item.items()}
-    results["analysis"] = analyse({m: v for m, v in modes.items() if not m.startswith("isolated")}, baseline)
+    baseline = {k: statistics.median(v) for k, v in per_item.items()}
+    spread = {k: max(v) / min(v) - 1 for k, v in per_item.items() if len(v) > 1}
+    results["analysis"] = analyse({m: v for m, v in modes.items() if not m.startswith("isolated")}, baseline, spread)
     if len(iso) >= 2:
-        floor = {}
-        a, b = ({r["item"]: r["median_ms"] for r in modes[m]} for m in iso[:2])
-        for it in a:
-            if it in b:
-                floor.setdefault(bucket_of(baseline[it]), []).append(abs(a[it] / b[it] - 1))
+        floor = {}      # each isolated pass against the median of the passes: what isolation itself varies by
+        for m in iso:
+            for r in modes[m]:
+                floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / baseline[r["item"]] - 1))
         results["noise_floor_p95"] = {k: p95(v) for k, v in floor.items()}
         results["noise_floor_n"] = {k: len(v) for k, v in floor.items()}
+        results["unstable_items"] = sorted(k for k, v in spread.items() if v > 0.01)
     results["commands_per_min"] = {m: round(notes["commands"][m] / walls[m] * 60, 2) for m in notes.get("commands", {})}
     if "naive" in walls and "krex" in walls:
         results["krex_vs_naive_throughput"] = round(walls["naive"] / walls["krex"], 4)
     results.update(argv=sys.argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "commands_per_min",
-                                              "krex_vs_naive_throughput") if k in results}, indent=1))
+    if "naive" in walls and "krexnf" in walls:
+        results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
+    print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "commands_per_min", "unstable_items",
+                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput")
+                      if k in results}, indent=1))
     return 0
 
 

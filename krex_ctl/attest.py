@@ -76,14 +76,25 @@ class GpuSnapshot:
 
 def krex_managed(pid: int) -> bool:
     """A process on the GPU that krex's shim is in (a command's child between its context creation and its
-    HELLO, or after its goodbye): it is held at the gate like any client, so not foreign."""
+    HELLO, or after its goodbye), or one that has already exited (NVML lists a process until its context is
+    torn down: that is lifecycle work, not a foreign process): not foreign."""
+    import os
+
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
-        return False
+        return not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     return any(e.startswith(b"KREX_JOB=") for e in env) and any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e
                                                                  for e in env)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
 
 
 class NvmlAttestor(Attestor):

@@ -102,13 +102,13 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
                         "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "3",
-                        "--trials", "3", "--modes", "isolated,naive,krex,krexdist,isolated2", "--disturbers",
+                        "--trials", "3", "--modes", "isolated,naive,krex,krexnf,krexdist,isolated2", "--disturbers",
                         "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["notes"]["buckets"] == {"0.1-1ms": ["3_a:fp32", "5_b:fp32"], "1-10ms": ["30_c:fp32"],
                                         ">10ms": ["150_d:fp32"]}
-    for mode in ("naive", "krex", "krexdist"):
+    for mode in ("naive", "krex", "krexnf", "krexdist"):
         assert data["analysis"][mode]["n"] == 12, mode
     assert all("region" in r and r["region"]["granted"] for r in data["raw"]["krex"])
     assert not any("region" in r for r in data["raw"]["naive"])
