@@ -16,6 +16,15 @@ from conftest import ROOT, SNIP, report_of, wait_for
 FAKES = ROOT / "tests" / "harness_fakes"
 
 
+@pytest.fixture
+def stranger():
+    """The pid of a live process outside krex (no shim, no job): NVML listing it on a GPU is a foreign process."""
+    p = subprocess.Popen(["sleep", "60"], env={"PATH": os.environ.get("PATH", "/bin")})
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
 def region_of(krex, tmp_path, hold_us=0, during=None, **env):
     """One region of the C snippet (what krex_region_last said, and the report's record of it); during(): a
     change made while the region is held."""
@@ -44,11 +53,11 @@ def test_a_quiet_region_is_attested_and_clean(krex, tmp_path):
     ("reasons 0 0x20", "thermal", True),
     ("reasons 0 0x8", "hw_slowdown", True),
     ("samples 0 1980 1410 1700", "clock_drop", True),
-    ("process 0 999999 1073741824", "foreign_process", False),
+    ("process 0 {stranger} 1073741824", "foreign_process", False),
 ])
-def test_each_disturbance_taints_the_region(krex, tmp_path, control, taint, exclusive):
+def test_each_disturbance_taints_the_region(krex, tmp_path, stranger, control, taint, exclusive):
     krex.start_controller()
-    krex.nvml.write_text(control + "\n")
+    krex.nvml.write_text(control.format(stranger=stranger) + "\n")
     line, r = region_of(krex, tmp_path)
     assert r["taints"] == [taint] and not r["clean"] and r["exclusive"] is exclusive and r["attested"]
     assert "clean=0" in line and f"exclusive={int(exclusive)}" in line
@@ -76,6 +85,14 @@ def test_an_unexplained_clock_drop_taints_and_a_capped_one_does_not(krex, tmp_pa
     krex.nvml.write_text("samples 0 1980 1400\nreasons 0 0x4\n")
     _, r = region_of(krex, tmp_path)
     assert r["clean"] and r["sm_clock_mhz"] == [1400, 1980]     # the cap explains it (its own load, alone too)
+
+
+def test_a_process_that_has_exited_is_not_foreign(krex, tmp_path):
+    """NVML lists a process until its context is torn down: gone already, it is lifecycle work, not a stranger."""
+    krex.start_controller()
+    krex.nvml.write_text("process 0 999999 1000\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["clean"]
 
 
 def test_a_process_under_the_shim_is_not_foreign_before_it_registers(krex, tmp_path):
@@ -110,9 +127,9 @@ def test_a_krex_process_on_the_gpu_is_not_foreign(krex, tmp_path):
     hog.communicate(timeout=30)
 
 
-def test_a_gpu_the_region_is_not_on_does_not_taint_it(krex, tmp_path):
+def test_a_gpu_the_region_is_not_on_does_not_taint_it(krex, tmp_path, stranger):
     krex.start_controller()
-    krex.nvml.write_text("reasons 1 0x4\nprocess 1 999999 1\n")
+    krex.nvml.write_text(f"reasons 1 0x4\nprocess 1 {stranger} 1\n")
     _, r = region_of(krex, tmp_path)
     assert r["gpu"] == [0] and r["clean"]
 
@@ -187,9 +204,9 @@ def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):
 
 
 # ---- KREX_RETRY_TAINTED ------------------------------------------------------------------------------
-def test_a_tainted_measurement_is_taken_again(krex, tmp_path):
+def test_a_tainted_measurement_is_taken_again(krex, tmp_path, stranger):
     krex.start_controller()
-    krex.nvml.write_text("process 0 999999 1000\n")   # a foreign process on the GPU in the first attempt
+    krex.nvml.write_text(f"process 0 {stranger} 1000\n")   # a foreign process on the GPU in the first attempt
     script = tmp_path / "b.py"
     script.write_text(textwrap.dedent(f"""
         import os, triton.testing
