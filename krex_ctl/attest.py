@@ -110,7 +110,10 @@ class NvmlAttestor(Attestor):
       thermal          thermal slowdown at either end
       hw_slowdown      hardware slowdown or power brake at either end
       clock_drop       the SM clock samples span more than clock_drop_pct with no power or thermal reason at
-                       either end to explain it
+                       either end to explain it; off by default (clock_drop_pct 0): on the H200 a kernel's own
+                       load lowers the clock from the grant's idle boost (1980 MHz) to ~1650 MHz with no reason
+                       bit set, and NVML samples the clock about every 1/6 s, so most regions have no sample
+                       between their ends (bench/results/perturb-ab-h200-run5.json: every clock_drop was that)
       foreign_process  a process neither a krex client nor under krex's shim held a context on the GPU
       xid              the driver reported an XID error meanwhile
     Everything read goes into the region's record ("attestation") for whoever wants to judge otherwise."""
@@ -163,8 +166,8 @@ class NvmlAttestor(Attestor):
                 taints |= C.KREX_TAINT_THERMAL
             if reasons & (nvml.REASON_HW_SLOWDOWN | nvml.REASON_HW_POWER_BRAKE):
                 taints |= C.KREX_TAINT_HW_SLOWDOWN
-            if clocks and min(clocks) < max(clocks) * (1 - float(self.cfg.clock_drop_pct) / 100) \
-                    and not reasons & (capped | thermal):
+            pct = float(self.cfg.clock_drop_pct)
+            if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
             foreign = sorted(p for p in (set(s.pids) | set(e.pids)) - known if not krex_managed(p))
             if foreign:

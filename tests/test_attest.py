@@ -52,7 +52,6 @@ def test_a_quiet_region_is_attested_and_clean(krex, tmp_path):
 @pytest.mark.parametrize("control, taint, exclusive", [
     ("reasons 0 0x20", "thermal", True),
     ("reasons 0 0x8", "hw_slowdown", True),
-    ("samples 0 1980 1410 1700", "clock_drop", True),
     ("process 0 {stranger} 1073741824", "foreign_process", False),
 ])
 def test_each_disturbance_taints_the_region(krex, tmp_path, stranger, control, taint, exclusive):
@@ -80,11 +79,23 @@ def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_p
     hog.communicate(timeout=30)
 
 
-def test_an_unexplained_clock_drop_taints_and_a_capped_one_does_not(krex, tmp_path):
-    krex.start_controller()
+def test_an_unexplained_clock_drop_taints_if_asked_and_a_capped_one_does_not(krex, tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"clock_drop_pct": 3}')
+    krex.start_controller("--config", str(cfg))
+    krex.nvml.write_text("samples 0 1980 1410 1700\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["taints"] == ["clock_drop"] and not r["clean"] and r["exclusive"]
     krex.nvml.write_text("samples 0 1980 1400\nreasons 0 0x4\n")
     _, r = region_of(krex, tmp_path)
     assert r["clean"] and r["sm_clock_mhz"] == [1400, 1980]     # the cap explains it (its own load, alone too)
+
+
+def test_a_clock_drop_is_no_taint_by_default(krex, tmp_path):
+    krex.start_controller()
+    krex.nvml.write_text("samples 0 1980 1650\n")
+    _, r = region_of(krex, tmp_path)
+    assert r["clean"] and r["sm_clock_mhz"] == [1650, 1980]
 
 
 def test_a_process_that_has_exited_is_not_foreign(krex, tmp_path):
@@ -152,13 +163,13 @@ print(r.exclusive, r.clean, r.attested, r.taints, r.sm_clock_mhz)
 @pytest.mark.parametrize("preload", [True, False], ids=["shim", "direct"])
 def test_python_regions_carry_the_attestation(krex, tmp_path, preload):
     krex.start_controller()
-    krex.nvml.write_text("samples 0 1980 1500\n")
+    krex.nvml.write_text("reasons 0 0x20\nsamples 0 1980 1500\n")
     script = tmp_path / "p.py"
     script.write_text(PY_REGION)
     cmd = [sys.executable, str(script)]
     out = krex.run(cmd) if preload else subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "True False True ['clock_drop'] (1500, 1980)"
+    assert out.stdout.strip() == "True False True ['thermal'] (1500, 1980)"
 
 
 # ---- what the other processes do without submitting -----------------------------------------------

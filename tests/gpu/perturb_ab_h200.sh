@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-ab; mkdir -p "$OUT" $W
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 make -s shim || exit 1
-for setting in barrier: nobarrier:--no-lifecycle-barrier settle:--settle-ms-per-gib=${SETTLE:-10} ctxgate:; do
+for setting in ${AB:-barrier: nobarrier:--no-lifecycle-barrier settle:--settle-ms-per-gib=${SETTLE:-10} ctxgate:}; do
   name=${setting%%:*}; args=${setting#*:}; args=${args//=/ }
   export KREX_SOCKET=$W/$name.sock
   gate=0; [ $name = ctxgate ] && gate=1
