@@ -272,18 +272,7 @@ def load(clients: int, regions: int, tmp: Path) -> dict:
         if f.exists():
             regs += json.loads(f.read_text())["regions"]
     spans = sorted((r["granted_ns"], r["ended_ns"]) for r in regs if r["granted_ns"])
-    violations = hog_kernels = 0
-    import bisect
-    starts = [s for s, _ in spans]
-    for line in (w.tmp / "trace").read_text().splitlines():
-        _pid, _sid, s, e, name = line.split(" ", 4)
-        if name != "hog":
-            continue
-        hog_kernels += 1
-        s, e = int(s), int(e)
-        i = bisect.bisect_left(starts, e)
-        if any(s < spans[j][1] and e > spans[j][0] for j in range(max(0, i - 2), min(len(spans), i + 1))):
-            violations += 1
+    hog_kernels, violations = _trace_hits(w.tmp / "trace", spans)
     overlaps = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
     waits = [(r["granted_ns"] - r["requested_ns"]) / 1e6 for r in regs if r["granted_ns"]]
     held = [(r["ended_ns"] - r["granted_ns"]) / 1e6 for r in regs if r["granted_ns"]]
@@ -575,6 +564,20 @@ def summary_ms(xs: list) -> dict:
             "max": round(xs[-1], 3)}
 
 
+SECTIONS = {   # name -> how to run it with the command line's counts
+    "owner_kill": lambda a, tmp: owner_kill(a.owner_kills, tmp),
+    "controller_kill": lambda a, tmp: controller_kill(a.controller_kills, tmp),
+    "fuzz": lambda a, tmp: fuzz(a.fuzz_frames, tmp),
+    "load": lambda a, tmp: load(a.load_clients, a.load_regions, tmp),
+    "worker_kill": lambda a, tmp: worker_kill(a.worker_kills, tmp),
+    "flood": lambda a, tmp: flood(a.flood_connections, tmp),
+    "stall": lambda a, tmp: stall(a.stalls, tmp),
+    "restart": lambda a, tmp: restart(a.restarts, tmp),
+    "interrupt": lambda a, tmp: interrupt(a.interrupts, tmp),
+    "daemon": lambda a, tmp: daemon(a.daemons, tmp),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--owner-kills", type=int, default=1000)
@@ -588,8 +591,7 @@ def main() -> None:
     ap.add_argument("--restarts", type=int, default=10)
     ap.add_argument("--interrupts", type=int, default=50)
     ap.add_argument("--daemons", type=int, default=20)
-    ap.add_argument("--only", default="owner_kill,controller_kill,fuzz,load,worker_kill,flood,stall,restart,interrupt,"
-                                      "daemon")
+    ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -601,26 +603,7 @@ def main() -> None:
         tmp = Path(td)
         for name in args.only.split(","):
             t0 = time.monotonic()
-            if name == "owner_kill":
-                out[name] = owner_kill(args.owner_kills, tmp)
-            elif name == "controller_kill":
-                out[name] = controller_kill(args.controller_kills, tmp)
-            elif name == "fuzz":
-                out[name] = fuzz(args.fuzz_frames, tmp)
-            elif name == "load":
-                out[name] = load(args.load_clients, args.load_regions, tmp)
-            elif name == "worker_kill":
-                out[name] = worker_kill(args.worker_kills, tmp)
-            elif name == "flood":
-                out[name] = flood(args.flood_connections, tmp)
-            elif name == "stall":
-                out[name] = stall(args.stalls, tmp)
-            elif name == "restart":
-                out[name] = restart(args.restarts, tmp)
-            elif name == "interrupt":
-                out[name] = interrupt(args.interrupts, tmp)
-            elif name == "daemon":
-                out[name] = daemon(args.daemons, tmp)
+            out[name] = SECTIONS[name](args, tmp)
             out[name]["wall_s"] = round(time.monotonic() - t0, 1)
             print(name, json.dumps(out[name]), flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

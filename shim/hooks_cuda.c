@@ -66,22 +66,20 @@ KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }
-/* releasing the last reference to a primary context, or resetting it, destroys it */
-KREX_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
-    if (!REAL(cuDevicePrimaryCtxRelease_v2)) return NO_DRIVER;
+/* releasing the last reference to a primary context, or resetting it, destroys it: announced as teardown */
+static CUresult primary_teardown(CUresult (*real)(CUdevice), CUdevice d, uint64_t bytes) {
+    if (!real) return NO_DRIVER;
     int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
-    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, 0);
-    CUresult r = REAL(cuDevicePrimaryCtxRelease_v2)(d);
+    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, bytes);
+    CUresult r = real(d);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }
+KREX_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    return primary_teardown(REAL(cuDevicePrimaryCtxRelease_v2), d, 0);
+}
 KREX_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
-    if (!REAL(cuDevicePrimaryCtxReset_v2)) return NO_DRIVER;
-    int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
-    krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
-    CUresult r = REAL(cuDevicePrimaryCtxReset_v2)(d);
-    krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
-    return r;
+    return primary_teardown(REAL(cuDevicePrimaryCtxReset_v2), d, krex_memory_live());
 }
 
 /* While a capture is open, launches on capturing streams are recorded, not run: they pass the gate

@@ -98,6 +98,15 @@ class Krex:
         return subprocess.Popen(self.run_cmd(cmd, report), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, **kw)
 
+    def python(self, code: str, preload: bool = True, name: str = "script.py") -> subprocess.CompletedProcess:
+        """Run Python code under `krex run` (the shim preloaded) or, preload False, as a plain process that
+        talks to the controller directly (the region API without the shim)."""
+        script = self.dir / name
+        script.write_text(code)
+        cmd = [sys.executable, str(script)]
+        return self.run(cmd) if preload else subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                                                            timeout=60)
+
     def start_sibling(self, **env) -> tuple:
         """A busy neighbour (the hog snippet) under `krex run`, returned once its shim has registered:
         (the wrapper's Popen, the hog's pid)."""

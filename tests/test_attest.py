@@ -164,10 +164,7 @@ print(r.exclusive, r.clean, r.attested, r.taints, r.sm_clock_mhz)
 def test_python_regions_carry_the_attestation(krex, tmp_path, preload):
     krex.start_controller()
     krex.nvml.write_text("reasons 0 0x20\nsamples 0 1980 1500\n")
-    script = tmp_path / "p.py"
-    script.write_text(PY_REGION)
-    cmd = [sys.executable, str(script)]
-    out = krex.run(cmd) if preload else subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    out = krex.python(PY_REGION, preload)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True False True ['thermal'] (1500, 1980)"
 

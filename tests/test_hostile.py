@@ -678,9 +678,6 @@ print(r.revoked, r.exclusive, r.taints, flush=True)
 @pytest.mark.parametrize("preload", [True, False], ids=["shim", "direct"])
 def test_a_revoked_region_says_so(krex, tmp_path, preload):
     krex.start_controller("--region-time-limit", "0.5")
-    script = tmp_path / "r.py"
-    script.write_text(REVOKED)
-    cmd = [sys.executable, str(script)]
-    out = krex.run(cmd) if preload else subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    out = krex.python(REVOKED, preload)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True False ['revoked']"
