@@ -68,8 +68,11 @@ def main() -> int:
                 print("    " + line)
         for r in rep["regions"]:
             regions.append(r)
+            verdict = "exclusive and clean" if r.get("exclusive") and r.get("clean") else \
+                f"{'exclusive' if r.get('exclusive') else 'NOT exclusive'}, taints {', '.join(r.get('taints', []))}"
             print(f"    region '{r['name']}': waited {(r['granted_ns'] - r['requested_ns']) / 1e6:.2f} ms for the GPU "
-                  f"({r['frozen']} other GPU processes frozen), held it {(r['ended_ns'] - r['granted_ns']) / 1e6:.2f} ms")
+                  f"({r['frozen']} other GPU processes frozen), held it {(r['ended_ns'] - r['granted_ns']) / 1e6:.2f} ms, "
+                  f"{verdict}")
     for i in range(2):
         rep = json.loads((tmp / f"hog{i}.json").read_text())
         print(f"neighbour {i}: {rep['launches']} launches, held at the gate for {rep['gate_waited_ns'] / 1e6:.1f} ms")
