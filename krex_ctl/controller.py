@@ -300,10 +300,7 @@ class Controller(RegionsMixin):
                 sock.close()
             except OSError:
                 pass
-            try:
-                self.spare_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
+            self.keep_spare_fd()
         if self.spare_fd is None and self.listening:
             self.sel.unregister(self.listener)
             self.listening = False
@@ -312,12 +309,16 @@ class Controller(RegionsMixin):
                 if not self.listening:
                     self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
                     self.listening = True
-                if self.spare_fd is None:
-                    try:
-                        self.spare_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-                    except OSError:
-                        pass
+                self.keep_spare_fd()
             self.after(0.1, resume)
+
+    def keep_spare_fd(self) -> None:
+        """Hold the spare descriptor again, if we can: the next EMFILE can then refuse a connection."""
+        if self.spare_fd is None:
+            try:
+                self.spare_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
 
     def take(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -553,17 +554,19 @@ class Controller(RegionsMixin):
                 or any(w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers))
 
         if client.role == C.KREX_ROLE_WRAPPER:
-            job = next((j for j in self.jobs.values() if j.root_pid == client.pid and j.uid == client.uid
-                        and j.root_start == procs.start_time(client.pid)), None)
-            return job or self.new_job(client.pid, client.uid)
+            return self.job_rooted_at(client.pid, client.uid) or self.new_job(client.pid, client.uid)
         job = self.jobs.get(claimed) if claimed > 0 else None
         if ours(job):
             return job
         if root > 1 and procs.is_descendant(client.pid, root) and procs.owned_by(root, client.uid):
-            job = next((j for j in self.jobs.values() if j.root_pid == root and j.uid == client.uid
-                        and j.root_start == procs.start_time(root)), None)
-            return job or self.new_job(root, client.uid)
+            return self.job_rooted_at(root, client.uid) or self.new_job(root, client.uid)
         return self.new_job(client.pid, client.uid)
+
+    def job_rooted_at(self, root: int, uid: int) -> Optional[Job]:
+        """The job whose wrapper is this very process (same pid and start time) of this user, if any."""
+        start = procs.start_time(root)
+        return next((j for j in self.jobs.values() if j.root_pid == root and j.uid == uid and j.root_start == start),
+                    None)
 
     def new_job(self, root: int, uid: int) -> Job:
         job = Job(next(self.job_ids), root, uid)
