@@ -98,6 +98,3 @@ class Lifecycle:
         until: Optional[float] = max((self.settle_until.get(g, 0.0) for g in mask_to_list(region.gpu_mask)),
                                      default=0.0)
         return max(0.0, until - now)
-
-    def region_ended(self, region) -> None:
-        pass

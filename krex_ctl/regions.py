@@ -80,7 +80,7 @@ class RegionsMixin:
         """A region of the client's job that covers mask: the client joins it rather than waiting behind it."""
         jobs = {client.job, self.command_job(client)}
         for r in self.regions.values():
-            if mask & ~r.gpu_mask == 0 and ({r.job} | {self.command_job(c) for c in r.members}) & jobs:
+            if mask & ~r.gpu_mask == 0 and self.own_jobs(r) & jobs:
                 return r
         return None
 
@@ -127,11 +127,19 @@ class RegionsMixin:
         worker = self.pool.by_pid(client.pid)
         return worker.serving if worker is not None and worker.serving is not None else client.job
 
+    def own_jobs(self, region: Region) -> set:
+        """The jobs a region works for: its own, and the commands its members run (warm workers)."""
+        return {region.job} | {self.command_job(c) for c in region.members}
+
+    def outsider(self, region: Region, client, mine: Optional[set] = None) -> bool:
+        """client is not of the region's job (nor of the command a member runs for); mine: own_jobs(region)."""
+        mine = self.own_jobs(region) if mine is None else mine
+        return client not in region.members and client.job not in mine and self.command_job(client) not in mine
+
     def siblings(self, region: Region) -> list:
-        mine = {region.job} | {self.command_job(c) for c in region.members}
+        mine = self.own_jobs(region)
         return [c for c in self.clients.values()
-                if c.role == C.KREX_ROLE_SHIM and c.devices & region.gpu_mask and c.job not in mine
-                and self.command_job(c) not in mine and c not in region.members]
+                if c.role == C.KREX_ROLE_SHIM and c.devices & region.gpu_mask and self.outsider(region, c, mine)]
 
     def start_region(self, req: Request) -> None:
         owner = req.owner
@@ -298,11 +306,6 @@ class RegionsMixin:
         for reserved, saved in reservations:
             procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
 
-    def outsider(self, region: Region, client) -> bool:
-        """client is not of the region's job (nor of the command a member runs for)."""
-        mine = {region.job} | {self.command_job(c) for c in region.members}
-        return client not in region.members and client.job not in mine and self.command_job(client) not in mine
-
     def grant(self, region: Region) -> None:
         if self.lifecycle.busy(region):     # the barrier is off, or gave up waiting
             region.taints |= C.KREX_TAINT_LIFECYCLE
@@ -380,7 +383,6 @@ class RegionsMixin:
         self.write_state_file()
         for g in mask_to_list(region.gpu_mask):
             self.gate.open_gate(g)
-        self.lifecycle.region_ended(region)
         record = {
             "name": region.req.name, "gpu": mask_to_list(region.gpu_mask),
             "requested_ns": region.req.requested_ns, "granted_ns": region.granted_ns or None, "ended_ns": ended,
