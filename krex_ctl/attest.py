@@ -6,6 +6,7 @@ counters are read here at the region's boundaries only."""
 from dataclasses import dataclass
 from typing import Optional
 
+from . import procs
 from .proto import C
 
 TAINT_NAMES = {
@@ -84,17 +85,9 @@ def krex_managed(pid: int) -> bool:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
-        return not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+        return not os.path.exists(f"/proc/{pid}") or procs.state(pid) in ("Z", "X", None)
     return any(e.startswith(b"KREX_JOB=") for e in env) and any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e
                                                                  for e in env)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except OSError:
-        return True
 
 
 class NvmlAttestor(Attestor):
