@@ -177,7 +177,7 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
         guardian.on_reconnect = lambda: guardian.request("job_command", command=command, gpus=gpus or [])
-        guardian.request("job_command", command=command, gpus=gpus or [])
+        guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
         if gpus:
             uuids = [(guardian.request("gpu_uuid", gpu=g) or {}).get("uuid") for g in gpus]
     env = preload_environ(os.environ, RunOptions(
@@ -188,7 +188,7 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
         warm = run_warm(guardian, forwarder, command, env, gpus[0] if gpus else None, wait_s)
         if warm is not None:
             exit_code, extra, local = warm
-            finish(guardian, conn, counters, report_file, command, exit_code, extra, local)
+            finish(guardian, counters, report_file, command, exit_code, extra, local)
 
     early = forwarder.first_pending()
     if early is not None:      # interrupted before the command started: it does not start
@@ -200,7 +200,7 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
     rc = child.wait()
     forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
-    finish(guardian, conn, counters, report_file, command, exit_code, {}, [])
+    finish(guardian, counters, report_file, command, exit_code, {}, [])
 
 
 def cleanup(counters: Optional[Path]) -> None:
@@ -211,7 +211,7 @@ def cleanup(counters: Optional[Path]) -> None:
             pass
 
 
-def finish(guardian, conn, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
+def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
            extra: dict, extra_regions: list):
     """Collect the job's regions and counters, write the report, exit with the command's status."""
     regions = []
