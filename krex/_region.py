@@ -20,7 +20,13 @@ _state = {"depth": 0, "conn": None, "pid": 0, "region_id": 0, "seq": 0, "granted
           "last": None, "requested_ns": 0, "name": "", "mask": 0}
 WAIT_SLICE_MS = 100
 
+# copies of shim/krex_proto.h's values (the shim path never loads the cffi header; tests/test_layout.py
+# checks that they agree): KREX_REGION_*, KREX_TAINT_*, KREX_END_*, and the taint names of attest.TAINT_NAMES
 GRANTED, EXCLUSIVE, CLEAN, ATTESTED = 1, 2, 4, 8
+NOT_GRANTED, CONTROLLER_LOST, REVOKED, UNACKNOWLEDGED = 1, 2, 4, 1 << 11
+END_NORMAL, END_TIME_LIMIT, END_CANCELLED = 0, 1, 3
+TAINTS = ("not_granted", "controller_lost", "revoked", "drain_timeout", "power_cap", "thermal", "hw_slowdown",
+          "clock_drop", "foreign_process", "xid", "lifecycle", "unacknowledged")   # bit i: TAINTS[i]
 
 
 class _Info(ctypes.Structure):
@@ -51,14 +57,12 @@ class RegionInfo:
 
 
 def _taint_names(bits: int) -> list[str]:
-    names = ["not_granted", "controller_lost", "revoked", "drain_timeout", "power_cap", "thermal", "hw_slowdown",
-             "clock_drop", "foreign_process", "xid", "lifecycle", "unacknowledged"]
-    return [n for i, n in enumerate(names) if bits >> i & 1]
+    return [n for i, n in enumerate(TAINTS) if bits >> i & 1]
 
 
 def _info_from(name: str, flags: int, taints: int, cmin: int, cmax: int, reason: int, **kw) -> RegionInfo:
     return RegionInfo(name=name, granted=bool(flags & GRANTED), exclusive=bool(flags & EXCLUSIVE),
-                      clean=bool(flags & CLEAN), attested=bool(flags & ATTESTED), revoked=reason == 1 or bool(taints & 4),
+                      clean=bool(flags & CLEAN), attested=bool(flags & ATTESTED), revoked=reason == END_TIME_LIMIT or bool(taints & REVOKED),
                       taints=_taint_names(taints), sm_clock_mhz=(cmin, cmax) if flags & ATTESTED else None, **kw)
 
 
@@ -122,8 +126,8 @@ def krex_region_begin(name: str = "region", gpu=None) -> int:
             raise
         return r
     with _lock:
-        if os.getpid() != _state["pid"]:   # a forked child: the parent's connection and region are not ours
-            _state.update(depth=0, conn=None, pid=os.getpid(), region_id=0, granted=False)
+        if os.getpid() != _state["pid"]:   # the first call, or a child forked where no at-fork hook ran
+            _forked()
         _state["depth"] += 1
         if _state["depth"] > 1:
             return 0 if _state["granted"] else -1
@@ -238,7 +242,7 @@ def _await_ended(conn, seq: int, timeout: float = 5.0):
         f = conn.recv()
         if f.name == "REGION_ENDED":
             e = decode("struct krex_region_ended", f.payload)
-            if f.seq == seq or (_state["region_id"] and e.region_id == _state["region_id"] and e.reason == 1):
+            if f.seq == seq or (_state["region_id"] and e.region_id == _state["region_id"] and e.reason == END_TIME_LIMIT):
                 return e
     return None
 
@@ -255,7 +259,7 @@ def _direct_cancel() -> None:
             _await_ended(conn, seq)
         except (OSError, ConnectionError, ValueError):
             _drop_connection()
-    _finish(GRANTED if _state["granted"] else 0, 0 if _state["granted"] else 1, 0, 0, 3)
+    _finish(GRANTED if _state["granted"] else 0, 0 if _state["granted"] else NOT_GRANTED, 0, 0, END_CANCELLED)
 
 
 def _direct_end() -> int:
@@ -263,7 +267,7 @@ def _direct_end() -> int:
 
     conn = _state["conn"]
     if conn is None or not _state["granted"]:
-        _finish(0, 1, 0, 0, 0)        # it ran unprotected: not granted
+        _finish(0, NOT_GRANTED, 0, 0, END_NORMAL)        # it ran unprotected
         return 0
     try:
         seq = conn.send(MSG["REGION_END"], encode("struct krex_region_end", region_id=_state["region_id"],
@@ -271,13 +275,13 @@ def _direct_end() -> int:
         e = _await_ended(conn, seq)
     except (OSError, ConnectionError, ValueError):
         _drop_connection()
-        _finish(GRANTED, 2, 0, 0, 0)  # the controller went away inside the region
+        _finish(GRANTED, CONTROLLER_LOST, 0, 0, END_NORMAL)  # the controller went away inside the region
         return 0
     if e is None:
-        _finish(GRANTED | EXCLUSIVE, 1 << 11, 0, 0, 0)
+        _finish(GRANTED | EXCLUSIVE, UNACKNOWLEDGED, 0, 0, END_NORMAL)
         return 0
     _finish(int(e.flags) | GRANTED, int(e.taints), int(e.sm_clock_min_mhz), int(e.sm_clock_max_mhz), int(e.reason))
-    return 1 if e.reason == 1 else 0
+    return 1 if e.reason == END_TIME_LIMIT else 0
 
 
 _open = {"n": 0}   # region() blocks open in this process (an inner one is part of the outer)

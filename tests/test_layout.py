@@ -1,6 +1,7 @@
 """Every protocol struct has the same size and field offsets in C as cffi reads from krex_proto.h,
 and messages encoded on one side decode on the other."""
 
+import ctypes
 import subprocess
 
 from conftest import BUILD, ROOT, SNIP
@@ -100,3 +101,34 @@ def test_bad_headers_are_rejected_not_crashed(data):
     except proto.ProtocolError:
         return
     assert length <= proto.MAX_PAYLOAD and data[:4] == proto.MAGIC.to_bytes(4, "little")
+
+
+def test_python_region_api_copies_agree_with_the_header(tmp_path):
+    """krex/_region.py keeps its own copies of flags, taints, end reasons and struct krex_region_info (the shim
+    path must not load the cffi header): they are the header's."""
+    from krex import _region as r
+    from krex_ctl.attest import TAINT_NAMES
+
+    assert (r.GRANTED, r.EXCLUSIVE, r.CLEAN, r.ATTESTED) == (
+        C.KREX_REGION_GRANTED, C.KREX_REGION_EXCLUSIVE, C.KREX_REGION_CLEAN, C.KREX_REGION_ATTESTED)
+    assert (r.NOT_GRANTED, r.CONTROLLER_LOST, r.REVOKED, r.UNACKNOWLEDGED) == (
+        C.KREX_TAINT_NOT_GRANTED, C.KREX_TAINT_CONTROLLER_LOST, C.KREX_TAINT_REVOKED, C.KREX_TAINT_UNACKNOWLEDGED)
+    assert (r.END_NORMAL, r.END_TIME_LIMIT, r.END_CANCELLED) == (
+        C.KREX_END_NORMAL, C.KREX_END_TIME_LIMIT, C.KREX_END_CANCELLED)
+    assert {1 << i: name for i, name in enumerate(r.TAINTS)} == TAINT_NAMES
+    every = sum(TAINT_NAMES)
+    assert r._taint_names(every) == [TAINT_NAMES[b] for b in sorted(TAINT_NAMES)]
+
+    fields = [f for f, _ in r._Info._fields_]
+    lines = ['#include <stdio.h>', '#include <stddef.h>', f'#include "{ROOT}/shim/krex.h"', "int main(void) {",
+             'printf("size %zu\\n", sizeof(struct krex_region_info));']
+    lines += [f'printf("{f} %zu\\n", offsetof(struct krex_region_info, {f}));' for f in fields]
+    lines.append("return 0; }")
+    src = tmp_path / "info.c"
+    src.write_text("\n".join(lines))
+    subprocess.run(["gcc", "-Wall", "-Werror", "-o", tmp_path / "info", src], check=True)
+    got = subprocess.run([tmp_path / "info"], capture_output=True, text=True, check=True).stdout.split()
+    expect = ["size", str(ctypes.sizeof(r._Info))]
+    for f in fields:
+        expect += [f, str(getattr(r._Info, f).offset)]
+    assert got == expect
