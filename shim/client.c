@@ -36,7 +36,7 @@ enum { CONN_NONE, CONN_UP, CONN_DOWN, CONN_FAILED };
 struct krex_ctx_rec { int vendor, device, local; void *ctx; uint8_t uuid[16]; int has_uuid; };
 
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;   /* connection, contexts, sends */
-static int conn_fd = -1, conn_state = CONN_NONE, thread_running, ever_connected;
+static int conn_fd = -1, conn_state = CONN_NONE, ever_connected;
 static uint32_t conn_seq;
 static struct krex_ctx_rec ctxs[64];
 static int nctxs;
@@ -350,7 +350,6 @@ static int start_thread_locked(int fd) {
     int ok = pthread_create(&t, &attr, client_thread, (void *)(intptr_t)fd) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
-    thread_running = ok;
     return ok;
 }
 
@@ -361,7 +360,7 @@ static void at_fork_child(void) {
      * no client thread (threads do not survive fork) */
     pthread_mutex_init(&conn_lock, NULL);
     if (conn_fd >= 0) close(conn_fd);
-    conn_fd = -1, conn_state = CONN_NONE, nctxs = 0, thread_running = 0, ever_connected = 0;
+    conn_fd = -1, conn_state = CONN_NONE, nctxs = 0, ever_connected = 0;
     announced = 0;
     krex_gates = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
     krex_region_reset_after_fork();
