@@ -188,3 +188,54 @@ def in_namespace(*flags: str) -> list:
         if subprocess.run(cmd + ["true"], capture_output=True).returncode == 0:
             return cmd
     return None
+
+
+# A stand-in controller for tests that script its replies (start_fake_controller): it takes one shim's
+# connection; the script appended to it reads frames() and answers, welcome() answering a HELLO.
+FAKE_CONTROLLER = r'''
+import json, os, socket, struct, sys, time
+sys.path.insert(0, sys.argv[1])
+from krex_ctl import proto
+from krex_ctl.proto import C, MSG
+from krex_ctl.shm import GatePage
+path = sys.argv[2]
+gate = GatePage()
+lst = proto.bind_private(path)
+lst.listen(4)
+print("ready", flush=True)
+c, _ = lst.accept()
+buf = b""
+def frames():
+    global buf
+    while True:
+        while len(buf) >= proto.HDR_SIZE:
+            mtype, length, seq = proto.unpack_header(buf)
+            if len(buf) < proto.HDR_SIZE + length:
+                break
+            payload = buf[proto.HDR_SIZE:proto.HDR_SIZE + length]
+            buf = buf[proto.HDR_SIZE + length:]
+            yield proto.MESSAGES[mtype][0], payload, seq
+        data = c.recv(65536)
+        if not data:
+            return
+        buf += data
+def send(name, payload, seq):
+    c.sendall(proto.pack(MSG[name], payload, seq))
+def welcome():
+    ro = gate.readonly_fd()
+    c.sendmsg([proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC,
+               version=proto.VERSION, client_id=1, job=1, max_gpus=64, gate_stride=64, gate_offset=64,
+               has_gate_fd=1, controller_pid=os.getpid()))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", ro))])
+'''
+
+
+def start_fake_controller(tmp_path: Path, script: str):
+    """Run FAKE_CONTROLLER + script; returns it and the environment of a preloaded program that talks to it."""
+    (tmp_path / "fake_controller.py").write_text(FAKE_CONTROLLER + script)
+    sock = tmp_path / "fake.sock"
+    server = subprocess.Popen([sys.executable, str(tmp_path / "fake_controller.py"), str(ROOT), str(sock)],
+                              stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(KREX_SOCKET=str(sock), LD_PRELOAD=str(BUILD / "libkrex.so"))
+    return server, env

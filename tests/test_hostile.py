@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SNIP, in_namespace, overlaps, proc_state, report_of, wait_for
+from conftest import ROOT, SNIP, in_namespace, overlaps, proc_state, report_of, start_fake_controller, wait_for
 from krex_ctl import proto
 from krex_ctl.proto import C, MSG, Connection
 
@@ -459,42 +459,11 @@ def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path
 
 
 LATE_REPLIES = r'''
-import json, os, socket, struct, sys, time
-sys.path.insert(0, sys.argv[1])
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG
-from krex_ctl.shm import GatePage
-path = sys.argv[2]
-gate = GatePage()
-lst = proto.bind_private(path)
-lst.listen(4)
-print("ready", flush=True)
-c, _ = lst.accept()
-buf = b""
-def frames():
-    global buf
-    while True:
-        while len(buf) >= proto.HDR_SIZE:
-            mtype, length, seq = proto.unpack_header(buf)
-            if len(buf) < proto.HDR_SIZE + length:
-                break
-            payload = buf[proto.HDR_SIZE:proto.HDR_SIZE + length]
-            buf = buf[proto.HDR_SIZE + length:]
-            yield proto.MESSAGES[mtype][0], payload, seq
-        data = c.recv(65536)
-        if not data:
-            return
-        buf += data
-def send(name, payload, seq):
-    c.sendall(proto.pack(MSG[name], payload, seq))
 seen, end_seq = [], None
 for name, payload, seq in frames():
     seen.append(name)
     if name == "HELLO":
-        ro = gate.readonly_fd()
-        c.sendmsg([proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC,
-                   version=proto.VERSION, client_id=1, job=1, max_gpus=64, gate_stride=64, gate_offset=64,
-                   has_gate_fd=1, controller_pid=os.getpid()))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", ro))])
+        welcome()
     elif name == "REGION_BEGIN" and seen.count("REGION_BEGIN") == 1:
         send("REGION_GRANTED", proto.encode("struct krex_region_granted", region_id=1, gpu_mask=1, granted_ns=1,
              flags=C.KREX_REGION_GRANTED), seq)
@@ -516,14 +485,8 @@ print(json.dumps(seen), flush=True)
 
 def test_a_late_reply_is_never_taken_for_the_next_one(tmp_path):
     """Replies were not matched to requests: the late REGION_ENDED of one region answered the next begin."""
-    (tmp_path / "late.py").write_text(LATE_REPLIES)
-    sock = tmp_path / "fake.sock"
-    server = subprocess.Popen([sys.executable, str(tmp_path / "late.py"), str(ROOT), str(sock)], stdout=subprocess.PIPE,
-                              text=True)
-    assert server.stdout.readline().strip() == "ready"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-    env.update(KREX_SOCKET=str(sock), LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), SNIPPET_REGIONS="2",
-               SNIPPET_N="1", KREX_LOG_LEVEL="error")
+    server, env = start_fake_controller(tmp_path, LATE_REPLIES)
+    env.update(SNIPPET_REGIONS="2", SNIPPET_N="1", KREX_LOG_LEVEL="error")
     out = subprocess.run([SNIP / "region"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
