@@ -482,11 +482,17 @@ void krex_register_context(int vendor, int local_device, void *ctx) {
     if (krex_dev_mask) krex_exit_gate_arm();
 }
 
-void krex_forget_context(void *ctx) {
+/* forgets ctx; returns its node-wide GPU as registered, -1 when it is unknown or not one the controller manages */
+int krex_forget_context(void *ctx) {
+    int dev = -1;
     pthread_mutex_lock(&conn_lock);
     for (int i = 0; i < nctxs; i++)
-        if (ctxs[i].ctx == ctx) ctxs[i--] = ctxs[--nctxs];
+        if (ctxs[i].ctx == ctx) {
+            dev = ctxs[i].device;
+            ctxs[i--] = ctxs[--nctxs];
+        }
     pthread_mutex_unlock(&conn_lock);
+    return dev;
 }
 
 void krex_register_current_device(int vendor) {

@@ -24,12 +24,6 @@ static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
     return r;
 }
 
-static int current_device(void) {
-    CUresult (*get)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
-    CUdevice d;
-    return get && get(&d) == CUDA_SUCCESS ? krex_physical_device(KREX_VENDOR_CUDA, d) : -1;
-}
-
 KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl) : NO_DRIVER; }
 
 KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
@@ -59,8 +53,7 @@ KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 }
 KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
-    krex_forget_context(c);
-    int dev = current_device();
+    int dev = krex_forget_context(c);     /* its own GPU, not the current context's; -1: all of this process's */
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
     CUresult r = REAL(cuCtxDestroy_v2)(c);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);

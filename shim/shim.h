@@ -63,7 +63,7 @@ extern volatile int krex_failopen;
 extern volatile int krex_device_known;         /* a device was registered, or looked up and failed */
 extern volatile uint32_t krex_controller_pid;
 void krex_register_context(int vendor, int local_device, void *ctx);
-void krex_forget_context(void *ctx);
+int krex_forget_context(void *ctx);
 void krex_register_current_device(int vendor);
 int krex_physical_device(int vendor, int local_device);
 int krex_connect(void);                        /* 0 when connected to the controller */

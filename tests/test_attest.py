@@ -2,6 +2,7 @@
 taints the region that saw it, a quiet region is clean, and what the other processes do without submitting
 (context creation, frees, exit) holds the next region back."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, SNIP, report_of, wait_for
+from conftest import ROOT, SNIP, report_of, start_fake_controller, wait_for
+from krex_ctl.proto import C
 
 FAKES = ROOT / "tests" / "harness_fakes"
 
@@ -187,6 +189,29 @@ def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] < 0.3e9 and r["taints"] == ["lifecycle"] and r["exclusive"]
     maker.communicate(timeout=30)
+
+
+LIFECYCLE_EVENTS = r'''
+events = []
+for name, payload, seq in frames():
+    if name == "HELLO":
+        welcome()
+    elif name == "LIFECYCLE":
+        ev = proto.decode("struct krex_lifecycle", payload)
+        events.append([int(ev.event), int(ev.device)])
+print(json.dumps(events), flush=True)
+'''
+
+
+def test_a_teardown_is_announced_on_the_gpu_of_the_context_torn_down(tmp_path):
+    """Destroying a context that is not the current one was announced on the current context's GPU: a region
+    on the GPU really being torn down did not wait for it."""
+    server, env = start_fake_controller(tmp_path, LIFECYCLE_EVENTS)
+    out = subprocess.run([SNIP / "ctx_destroy"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    events = json.loads(server.communicate(timeout=10)[0])
+    teardowns = [dev for ev, dev in events if ev in (C.KREX_LIFE_CTX_DESTROY_BEGIN, C.KREX_LIFE_CTX_DESTROY_END)]
+    assert teardowns == [0, 0, 1, 1], events
 
 
 def test_memory_another_job_freed_is_given_time_to_settle(krex, tmp_path):
