@@ -97,13 +97,19 @@ def _gpu_mask(gpu) -> int:
 
 
 def _env_gpus() -> int:
-    """KREX_GPU as a mask ("1" or "0,1"), 0 when unset or not such a list."""
-    m = 0
-    for part in (os.environ.get("KREX_GPU") or "").split(","):
-        if not part.strip().isdigit() or int(part) >= 64:
-            return 0
-        m |= 1 << int(part)
-    return m
+    """KREX_GPU as a mask ("1" or "0,1"), 0 when unset or not such a list (direct path only: krex_ctl)."""
+    from krex_ctl.environ import parse_gpus
+    from krex_ctl.errors import KrexCommandError
+
+    try:
+        return sum(1 << g for g in parse_gpus(os.environ.get("KREX_GPU") or ""))
+    except KrexCommandError:
+        return 0
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
 
 
 def _warn(msg: str) -> None:
@@ -173,9 +179,7 @@ def _connection():
     if conn is None:
         try:
             conn = Connection(paths.default_socket(), C.KREX_ROLE_PYTHON,
-                              job=int(os.environ.get("KREX_JOB", "0") or 0) if os.environ.get("KREX_JOB", "").isdigit() else 0,
-                              job_root=int(os.environ.get("KREX_JOB_ROOT", "0") or 0)
-                              if os.environ.get("KREX_JOB_ROOT", "").isdigit() else 0, timeout=5.0)
+                              job=_env_int("KREX_JOB"), job_root=_env_int("KREX_JOB_ROOT"), timeout=5.0)
         except (KrexError, OSError) as e:
             _warn(str(e))
             return None
