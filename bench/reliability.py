@@ -332,6 +332,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_per_s(pid: int, settle_s: float = 0.5, window_s: float = 2.0) -> float:
+    """CPU seconds pid uses per second over window_s, after settle_s for what was under way to pass."""
+    time.sleep(settle_s)
+    c0 = _cpu_s(pid)
+    time.sleep(window_s)
+    return round((_cpu_s(pid) - c0) / window_s, 3)
+
+
 def _idle_connections(sock: Path, n: int) -> list:
     """n connections that never send anything (each connect blocks until the controller takes it: a Python
     timeout would make it non-blocking, and a full backlog then fails it at once with EAGAIN)."""
@@ -356,10 +364,7 @@ def flood(n: int, tmp: Path) -> dict:
     time.sleep(0.8)
     idle = _idle_connections(w.sock, n)
     out["connected"] = len(idle)
-    time.sleep(0.5)
-    c0 = _cpu_s(w.ctl.pid)
-    time.sleep(2.0)
-    out["controller_cpu_s_per_s"] = round((_cpu_s(w.ctl.pid) - c0) / 2.0, 3)
+    out["controller_cpu_s_per_s"] = _cpu_per_s(w.ctl.pid)
     rep = w.tmp / "r.json"
     owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS="3")
     owner.communicate(timeout=120)
@@ -380,10 +385,7 @@ def flood(n: int, tmp: Path) -> dict:
     log = lim.tmp / "ctl.log"
     idle = _idle_connections(lim.sock, n)
     out["fd256_connected"] = len(idle)
-    time.sleep(0.5)
-    c0 = _cpu_s(lim.ctl.pid)
-    time.sleep(2.0)
-    out["fd256_controller_cpu_s_per_s"] = round((_cpu_s(lim.ctl.pid) - c0) / 2.0, 3)
+    out["fd256_controller_cpu_s_per_s"] = _cpu_per_s(lim.ctl.pid)
     for s in idle:
         s.close()
     r = subprocess.run([str(SNIP / "region")], env=dict(lim.env, LD_PRELOAD=str(SHIM), SNIPPET_REGIONS="1"),
