@@ -10,10 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .environ import LOG_LEVELS
 from .errors import KrexCommandError
 from .proto import C
-
-LOG_LEVELS = ("error", "warning", "info", "debug")
 
 
 def parse_cpu_list(text: str) -> list[int]:
