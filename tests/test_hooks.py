@@ -61,16 +61,21 @@ def test_cupyx_benchmark_region(krex, tmp_path):
     assert calls[0] < region["granted_ns"] < calls[1] and calls[-1] < region["ended_ns"]
 
 
-def test_kernelbench_timing_functions_are_regions(krex, tmp_path):
+def test_kernelbench_timing_functions_are_regions_after_the_first_call(krex, tmp_path):
     krex.start_controller()
     out, rep = run_py(krex, tmp_path, """
         from kernelbench import timing
-        timing.get_timing_function()(lambda: None)            # bound before the patch? no: patched at import
-        timing.time_execution_with_cuda_event(lambda: None)
+        from _log import log
+        timing.get_timing_function()(lambda: log("user"))     # bound before the patch? no: patched at import
+        timing.time_execution_with_cuda_event(kernel_fn=lambda: log("user"), num_warmup=1, num_trials=2)
     """, extra_path=[FAKES])
     assert [r["name"] for r in rep["regions"]] == ["kernelbench.time_execution_with_cuda_event"] * 2
-    starts = [t for w, t in harness_log(tmp_path) if w == "kb-start"]
-    assert all(r["granted_ns"] < s for r, s in zip(rep["regions"], starts))
+    calls = user_calls(tmp_path)
+    assert len(calls) == 13 + 3
+    for region, (first, second, last) in zip(rep["regions"], [(calls[0], calls[1], calls[12]),
+                                                              (calls[13], calls[14], calls[15])]):
+        assert first < region["requested_ns"] <= region["granted_ns"] < second   # the first call outside
+        assert last < region["ended_ns"]                                          # the other warm-ups, the trials inside
 
 
 def test_torch_timer_methods_are_regions_with_nesting(krex, tmp_path):
