@@ -18,7 +18,9 @@ not in this repository). Modes, in this order, each a fresh controller where kre
               pass against it)
 An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
 agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
-Inflation of a measurement: its median over the trials / the item's isolated baseline - 1."""
+Inflation of a measurement: its median over the trials / the item's isolated baseline - 1. Each krex command
+writes a report (krex run --report); "hand_offs" has the median of each phase of its regions and their
+total time."""
 
 import argparse
 import itertools
@@ -93,11 +95,32 @@ AGENT = [str(ROOT / "bench" / "kb_agent.py")]
 def agent_cmd(kb: str, items: list, out: Path, trials: int, tag: str, krex: bool) -> list:
     cmd = [sys.executable, *AGENT, "--kernelbench", kb, "--items", ",".join(items),
            "--out", str(out), "--trials", str(trials), "--tag", tag]
-    return ([sys.executable, "-m", "krex_ctl", "run", "--"] if krex else []) + cmd
+    report = ["--report", str(out.with_suffix(".report.json"))]
+    return ([sys.executable, "-m", "krex_ctl", "run", *report, "--"] if krex else []) + cmd
 
 
 def read(out: Path) -> list:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def hand_offs(outs: list) -> dict:
+    """Where the regions' time went, from the commands' reports (krex run --report): the median of each
+    phase (queued: request to the start of the drain; drain, settle, freeze, isolate, attest: the hand-off;
+    attest_end: the end), and the sum of the regions' durations."""
+    recs = []
+    for out in outs:
+        path = out.with_suffix(".report.json")
+        if path.exists():
+            recs += json.loads(path.read_text()).get("regions", [])
+    if not recs:
+        return {}
+    keys = sorted({k for r in recs for k, v in r.items() if k.endswith("_ns") and isinstance(v, int)
+                   and k not in ("requested_ns", "granted_ns", "ended_ns")})
+    res = {k[:-3] + "_ms_median": round(statistics.median(r[k] for r in recs if isinstance(r.get(k), int)) / 1e6, 3)
+           for k in keys}
+    held = [(r["ended_ns"] - r["granted_ns"]) / 1e9 for r in recs if r.get("granted_ns") and r.get("ended_ns")]
+    res.update(regions=len(recs), held_s=round(sum(held), 2))
+    return res
 
 
 def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world, limit_s: float = 240) -> tuple[list, float]:
@@ -133,6 +156,8 @@ def run_agents(plans: list, kb: str, tmp: Path, trials: int, mode: str, world, l
                 st[1] = None
                 done += 1
     wall = time.monotonic() - t0
+    if world is not None:
+        world.hand_offs = hand_offs(outs)
     return [r for out in outs for r in read(out)], wall
 
 
@@ -275,6 +300,7 @@ def main() -> int:
             notes[f"{mode}_disturber_events"] = stop_disturbers(dist)
         if world:
             world.stop()
+            notes.setdefault("hand_offs", {})[mode] = getattr(world, "hand_offs", {})
         modes[mode], walls[mode] = recs, wall
         ncmd = sum(len(p) for p in mode_plans)
         notes.setdefault("commands", {})[mode] = ncmd
@@ -301,11 +327,12 @@ def main() -> int:
     if "naive" in walls and "krex" in walls:
         results["krex_vs_naive_throughput"] = round(walls["naive"] / walls["krex"], 4)
     results.update(argv=sys.argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
-    Path(args.out).write_text(json.dumps(results, indent=1))
     if "naive" in walls and "krexnf" in walls:
         results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
+    results["hand_offs"] = notes.get("hand_offs", {})
+    Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "commands_per_min", "unstable_items",
-                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput")
+                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs")
                       if k in results}, indent=1))
     return 0
 
