@@ -14,6 +14,7 @@ not in this repository). Modes, in this order, each a fresh controller where kre
               before a region is what is left of it)
   krexforeign krex, with a process outside krex that holds a context and runs matmul bursts
   krexnf      krex with `krex controller --no-freeze` (the gate and the drain alone keep the GPU exclusive)
+  krexns      krex without the clock settle (`--clock-settle-ms 0`)
   isolated2, isolated3  more isolated passes (item baseline: the median of the passes; the noise floor: each
               pass against it)
 An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
@@ -54,7 +55,7 @@ ITEMS = [  # KernelBench level 1 problems and the dtype they run in (bf16 brings
 ]
 BUCKETS = (("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1.0), ("1-10ms", 1.0, 10.0), (">10ms", 10.0, 1e9))
 # `krex controller` options of the krex modes (any mode starting with "krex" is a krex mode)
-MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"]}
+MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"], "krexns": ["--clock-settle-ms", "0"]}
 
 
 def bucket_of(ms: float) -> str:
@@ -120,6 +121,13 @@ def hand_offs(outs: list) -> dict:
            for k in keys}
     held = [(r["ended_ns"] - r["granted_ns"]) / 1e9 for r in recs if r.get("granted_ns") and r.get("ended_ns")]
     res.update(regions=len(recs), held_s=round(sum(held), 2))
+    settles = [s for r in recs for s in r.get("clock_settle", [])]
+    if settles:
+        res["clock_settle"] = {
+            "status": {k: sum(s["status"] == k for s in settles) for k in sorted({s["status"] for s in settles})},
+            "waited_ms_median": round(statistics.median(s["waited_ms"] for s in settles), 3),
+            "waited_s_total": round(sum(s["waited_ms"] for s in settles) / 1e3, 2),
+            "first_mhz_min": min(s["first_mhz"] for s in settles)}
     return res
 
 

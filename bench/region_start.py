@@ -2,7 +2,8 @@
 to one state: the SM clock's ramp from idle (read on the GPU by a canary kernel: clock64 ticks per
 globaltimer ns), and a KernelBench-style timing loop (L2 flush, CUDA events, a synchronize per trial) after
 an idle GPU, after a spin warm-up of X ms, after this process's own heavy work, and after another process's
-heavy work (a context switch, as at a region's hand-off).
+heavy work (a context switch, as at a region's hand-off), and after that followed by a spin or a sleep; and
+the SM clock's recovery after another process's heavy work (canary spins back to back for 300 ms).
 
     python bench/region_start.py --out /tmp/krex-out/region-start.json
 
@@ -105,7 +106,12 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--idle-s", type=float, default=1.5)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--spins-ms", default="1,5,20,100")
+    ap.add_argument("--conds", default="idle,spin1ms,spin5ms,spin20ms,spin100ms,busy_self,busy_other",
+                    help="what comes before each timing loop: idle, spinXms, sleepXms, busy_self, busy_other, joined by +")
+    ap.add_argument("--busy-s", type=float, default=0.3, help="seconds of heavy matmuls in busy_self/busy_other")
+    ap.add_argument("--items", default="", help="only these items (default: all)")
+    ap.add_argument("--kb-items", default="", help="KernelBench PROBLEM:DTYPE items too (needs --kernelbench)")
+    ap.add_argument("--kernelbench", default=str(ROOT / ".kb"))
     args = ap.parse_args()
     import torch
     from krex_ctl import nvml
@@ -147,6 +153,25 @@ def main() -> int:
     other = subprocess.Popen([sys.executable, "-c", OTHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "NCCL_NVLS_ENABLE": "0"})
     assert other.stdout.readline().strip() == "ready"
+
+    def busy_other(s: float) -> None:
+        other.stdin.write(f"{s}\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "done"
+
+    # recovery: after another process's heavy work, 1500 spins of 200 us back to back (300 ms)
+    recov = []
+    for _ in range(args.repeats):
+        time.sleep(args.idle_s)
+        busy_other(args.busy_s)
+        before = clock()
+        for i in range(1500):
+            can.launch(200_000, i % 4096)
+        rows = can.read(1500)
+        t0 = rows[0][0]
+        recov.append({"nvml_before": before, "curve": [(round((t - t0) / 1e6, 2), round(mhz)) for t, mhz in rows[::5]]})
+    res["recovery_after_busy_other"] = recov
+
     items = {
         "matmul_TA_bf16_2048x8192x4096": (lambda a, b: torch.matmul(a.T, b),
                                           lambda: [torch.rand(8192, 2048, device="cuda", dtype=torch.bfloat16),
@@ -154,8 +179,24 @@ def main() -> int:
         "matmul_bf16_4096": (torch.matmul, lambda: [torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16)] * 2),
         "matmul_fp32_4096": (torch.matmul, lambda: [torch.rand(4096, 4096, device="cuda")] * 2),
     }
+    for item in filter(None, args.kb_items.split(",")):      # KernelBench problems, made as bench/kb_agent.py does
+        sys.path.insert(0, str(ROOT / "bench"))
+        import kb_agent
+        problem, dtype = item.split(":")
+        ctx = kb_agent.load_problem(os.path.join(args.kernelbench, "level1", problem))
+        dt = getattr(torch, kb_agent.DTYPES[dtype])
+
+        def make(ctx=ctx, dt=dt):
+            torch.manual_seed(42)
+            with torch.device("cuda"):
+                return [x.to(dt) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                        for x in ctx["get_inputs"]()]
+        model = ctx["Model"](*ctx["get_init_inputs"]()).to(device="cuda", dtype=dt)
+        items[item] = (model, make)
+    if args.items:
+        items = {k: v for k, v in items.items() if k in args.items.split(",")}
     heavy = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    conds = ["idle"] + [f"spin{x}ms" for x in args.spins_ms.split(",")] + ["busy_self", "busy_other"]
+    conds = args.conds.split(",")
     table = {}
     with torch.no_grad():
         for name, (fn, make) in items.items():
@@ -164,19 +205,20 @@ def main() -> int:
             for rep in range(args.repeats):
                 for cond in conds:
                     time.sleep(args.idle_s)
-                    if cond.startswith("spin"):
-                        can.launch(int(float(cond[4:-2]) * 1e6))
-                        torch.cuda.synchronize()
-                    elif cond == "busy_self":
-                        t = time.monotonic()
-                        while time.monotonic() - t < 0.3:
-                            for _ in range(4):
-                                heavy @ heavy
+                    for step in cond.split("+"):
+                        if step.startswith("spin"):
+                            can.launch(int(float(step[4:-2]) * 1e6))
                             torch.cuda.synchronize()
-                    elif cond == "busy_other":
-                        other.stdin.write("0.3\n")
-                        other.stdin.flush()
-                        assert other.stdout.readline().strip() == "done"
+                        elif step.startswith("sleep"):
+                            time.sleep(float(step[5:-2]) / 1e3)
+                        elif step == "busy_self":
+                            t = time.monotonic()
+                            while time.monotonic() - t < args.busy_s:
+                                for _ in range(4):
+                                    heavy @ heavy
+                                torch.cuda.synchronize()
+                        elif step == "busy_other":
+                            busy_other(args.busy_s)
                     before = clock()
                     times = kb_loop(torch, fn, inputs)
                     after = clock()
@@ -190,13 +232,14 @@ def main() -> int:
     res["kb"] = table
     summary = {}
     for name, by in table.items():
-        ref = statistics.median(statistics.median(r["times"]) for r in by["spin100ms"]) if "spin100ms" in by else None
+        refc = "idle" if "idle" in by else None
+        ref = statistics.median(statistics.median(r["times"]) for r in by[refc]) if refc else None
         for cond, runs in by.items():
             med = statistics.median(statistics.median(r["times"]) for r in runs)
             first = statistics.median(statistics.median(r["times"][:3]) for r in runs)
             summary.setdefault(name, {})[cond] = {
                 "median_ms": round(med, 5), "first3_ms": round(first, 5),
-                "vs_spin100ms": round(med / ref - 1, 4) if ref else None,
+                "vs_idle": round(med / ref - 1, 4) if ref else None,
                 "spread": round(max(statistics.median(r["times"]) for r in runs) /
                                 min(statistics.median(r["times"]) for r in runs) - 1, 4),
                 "nvml_before": [r["nvml_before"] for r in runs]}
@@ -207,6 +250,9 @@ def main() -> int:
         c = r["curve"]
         print("ramp from", r["nvml_before"], "MHz:", [c[i] for i in (0, 1, 2, 5, 10, 25, 50, 100, 249)])
     print("decay:", decay[::10])
+    for r in recov:
+        c = r["curve"]
+        print("recovery from", r["nvml_before"], "MHz:", [c[i] for i in (0, 1, 2, 5, 10, 20, 50, 100, 200, 299)])
     return 0
 
 

@@ -26,7 +26,7 @@ GRANTED, EXCLUSIVE, CLEAN, ATTESTED = 1, 2, 4, 8
 NOT_GRANTED, CONTROLLER_LOST, REVOKED, UNACKNOWLEDGED = 1, 2, 4, 1 << 11
 END_NORMAL, END_TIME_LIMIT, END_CANCELLED = 0, 1, 3
 TAINTS = ("not_granted", "controller_lost", "revoked", "drain_timeout", "power_cap", "thermal", "hw_slowdown",
-          "clock_drop", "foreign_process", "xid", "lifecycle", "unacknowledged")   # bit i: TAINTS[i]
+          "clock_drop", "foreign_process", "xid", "lifecycle", "unacknowledged", "clock_low")   # bit i: TAINTS[i]
 
 
 class _Info(ctypes.Structure):

@@ -15,6 +15,7 @@ TAINT_NAMES = {
     C.KREX_TAINT_POWER_CAP: "power_cap", C.KREX_TAINT_THERMAL: "thermal", C.KREX_TAINT_HW_SLOWDOWN: "hw_slowdown",
     C.KREX_TAINT_CLOCK_DROP: "clock_drop", C.KREX_TAINT_FOREIGN_PROCESS: "foreign_process", C.KREX_TAINT_XID: "xid",
     C.KREX_TAINT_LIFECYCLE: "lifecycle", C.KREX_TAINT_UNACKNOWLEDGED: "unacknowledged",
+    C.KREX_TAINT_CLOCK_LOW: "clock_low",
 }
 # taints that mean other work may have reached the GPU inside the region (not only that it was disturbed)
 NOT_EXCLUSIVE = (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED

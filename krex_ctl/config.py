@@ -81,6 +81,8 @@ class Config:
     settle_ms: float = 0.0                     # after a sibling exits or frees memory: wait this long ...
     settle_ms_per_gib: float = 0.0             # ... plus this per GiB it freed, before a region starts
     clock_drop_pct: float = 0.0                # an unexplained SM clock drop this large taints a region (0: off)
+    clock_settle_ms: float = 300.0             # after a grant, the shim waits up to this long for the SM clock ...
+    clock_settle_pct: float = 98.0             # ... to be back at this share of its peak (shim/settle.c; 0 ms: off)
     busy_before_us: float = 1000.0             # other jobs' GPU work this long at the drain: they loaded the GPU
     warm_workers: int = 0                      # warm Python workers per GPU and environment, busy included (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
@@ -109,7 +111,8 @@ FLAGS = {
     "freeze": "--no-freeze", "attest": "--no-attest", "warm_workers": "--warm-workers",
     "worker_preload": "--worker-preload", "worker_reuse": "--worker-reuse", "log_level": "--log-level",
     "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
-    "settle_ms_per_gib": "--settle-ms-per-gib",
+    "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
+    "clock_settle_pct": "--clock-settle-pct",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)
@@ -117,7 +120,8 @@ _SECONDS = {"region_time_limit_s": (0, 86400.0, True), "drain_timeout_s": (0, 36
             "freeze_timeout_s": (0, 60.0, True), "handshake_timeout_s": (0, 3600.0, True),
             "lifecycle_timeout_s": (0, 60.0, True), "settle_ms": (0, 10000.0, False),
             "settle_ms_per_gib": (0, 10000.0, False), "clock_drop_pct": (0, 100.0, False),
-            "busy_before_us": (0, 1e7, False)}
+            "busy_before_us": (0, 1e7, False), "clock_settle_ms": (0, 10000.0, False),
+            "clock_settle_pct": (0, 100.0, True)}
 _COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "max_handshakes_per_uid": (1, 1 << 16),
            "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
 _BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier")

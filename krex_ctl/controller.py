@@ -44,6 +44,8 @@ from .scheduler import Request, list_to_mask, mask_to_list
 from .shm import GatePage
 
 log = logging.getLogger("krex.controller")
+SETTLE_STATUS = {C.KREX_SETTLE_AT_ONCE: "at_once", C.KREX_SETTLE_WAITED: "waited",
+                 C.KREX_SETTLE_TIMED_OUT: "timed_out", C.KREX_SETTLE_UNMEASURED: "unmeasured"}
 REPORT_PAGE = 100   # regions per job_report reply; one region is ~500 bytes of JSON
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 REGION_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)
@@ -131,7 +133,7 @@ class Controller(RegionsMixin):
         self.listener = listener
         self.socket_path = socket_path
         self.sel = selectors.DefaultSelector()
-        self.gate = GatePage()
+        self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct)
         self.gpus = gpus.GpuTable(cfg, self.gate)
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
         self.lifecycle = lifecycle.Lifecycle(cfg)
@@ -491,6 +493,7 @@ class Controller(RegionsMixin):
             "CONTEXT": self.on_context,          # shim
             "DRAINED": self.on_drained,          # shim
             "LIFECYCLE": self.on_lifecycle,      # shim
+            "REGION_SETTLED": self.on_region_settled,  # shim
             "REGION_BEGIN": self.on_region_begin,    # shim or python client
             "REGION_END": self.on_region_end,        # shim or python client
             "REGION_CANCEL": self.on_region_cancel,  # shim or python client
@@ -599,6 +602,19 @@ class Controller(RegionsMixin):
     def on_lifecycle(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: a context is being created or destroyed, the process is exiting, or it freed memory"""
         self.lifecycle.event(client, proto.decode("struct krex_lifecycle", payload))
+
+    def on_region_settled(self, client: Client, payload: bytes, seq: int) -> None:
+        """shim: how its clock settle after the grant went (shim/settle.c); a member's report of a region it is in"""
+        s = proto.decode("struct krex_region_settled", payload)
+        region = self.regions.get(int(s.region_id))
+        if region is None or client not in region.members:
+            return
+        status = SETTLE_STATUS.get(int(s.status), "unmeasured")
+        region.clock_settle.append({"pid": client.pid, "status": status, "waited_ms": round(s.waited_us / 1e3, 3),
+                                    "first_mhz": int(s.first_mhz), "last_mhz": int(s.last_mhz),
+                                    "target_mhz": int(s.target_mhz), "spins": int(s.spins)})
+        if int(s.status) == C.KREX_SETTLE_TIMED_OUT:
+            region.taints |= C.KREX_TAINT_CLOCK_LOW
 
     def job_gpus(self, client: Client) -> int:
         """A region's GPUs when its requester names none: every GPU its job declared or holds contexts on

@@ -37,6 +37,7 @@ for _name, _struct in [
     ("REGION_GRANTED", "krex_region_granted"), ("REGION_END", "krex_region_end"),
     ("REGION_ENDED", "krex_region_ended"), ("DRAIN", "krex_drain"), ("DRAINED", "krex_drained"),
     ("JSON", None), ("JSON_REPLY", None), ("REGION_CANCEL", "krex_region_cancel"), ("LIFECYCLE", "krex_lifecycle"),
+    ("REGION_SETTLED", "krex_region_settled"),
 ]:
     MESSAGES[getattr(C, f"KREX_MSG_{_name}")] = (_name, f"struct {_struct}" if _struct else None)
 MSG = {name: code for code, (name, _) in MESSAGES.items()}

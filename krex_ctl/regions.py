@@ -64,6 +64,7 @@ class Region:
         self.taints = 0
         self.attest_start = None                     # attest.Snapshot at the grant
         self.others_busy_us = 0                      # the longest a sibling's GPU work took to finish at the drain
+        self.clock_settle: list[dict] = []           # each member's clock settle after its grant (shim/settle.c)
 
 
 class RegionsMixin:
@@ -395,6 +396,8 @@ class RegionsMixin:
         }
         if region.freeze_skipped:
             record["freeze_skipped"] = region.freeze_skipped
+        if region.clock_settle:
+            record["clock_settle"] = region.clock_settle
         region.job.regions.append(record)
         for pid in set(region.pids):
             worker = self.pool.by_pid(pid)

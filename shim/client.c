@@ -26,6 +26,7 @@
 #include "shim.h"
 
 const struct krex_gate *volatile krex_gates;
+const struct krex_gate_page_hdr *volatile krex_gate_hdr;
 volatile uint64_t krex_dev_mask;
 volatile int32_t krex_job;
 volatile int krex_failopen;
@@ -249,6 +250,8 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     krex_job = w->job;
     krex_controller_pid = w->controller_pid;
     announced = 0;
+    __atomic_store_n(&krex_gate_hdr, (const struct krex_gate_page_hdr *)((const char *)gates - w->gate_offset),
+                     __ATOMIC_RELEASE);
     __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */
     krex_failopen = 0;
     if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
@@ -362,8 +365,9 @@ static void at_fork_child(void) {
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1, conn_state = CONN_NONE, nctxs = 0, ever_connected = 0;
     announced = 0;
-    krex_gates = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
+    krex_gates = NULL, krex_gate_hdr = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
     krex_region_reset_after_fork();
+    krex_settle_reset_after_fork();
     krex_gate_reset_after_fork();
 }
 

@@ -264,6 +264,13 @@
     X(CUDA, cuDeviceGet, CUresult, (CUdevice *d, int ordinal)) \
     X(CUDA, cuDeviceGetUuid, CUresult, (CUuuid *u, CUdevice d)) \
     X(CUDA, cuDeviceGetUuid_v2, CUresult, (CUuuid *u, CUdevice d)) \
+    X(CUDA, cuDeviceGetAttribute, CUresult, (int *v, int attr, CUdevice d)) \
+    X(CUDA, cuModuleLoadData, CUresult, (CUmodule *m, const void *image)) \
+    X(CUDA, cuModuleGetFunction, CUresult, (CUfunction *f, CUmodule m, const char *name)) \
+    X(CUDA, cuModuleUnload, CUresult, (CUmodule m)) \
+    X(CUDA, cuStreamCreate, CUresult, (CUstream *s, unsigned fl)) \
+    X(CUDA, cuStreamDestroy_v2, CUresult, (CUstream s)) \
+    X(CUDA, cuStreamSynchronize, CUresult, (CUstream s)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
     X(HIP, hipGetDevice, hipError_t, (int *d)) \
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \

@@ -54,14 +54,18 @@ KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
     int dev = krex_forget_context(c);     /* its own GPU, not the current context's; -1: all of this process's */
+    krex_settle_forget(c);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
     CUresult r = REAL(cuCtxDestroy_v2)(c);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }
-/* releasing the last reference to a primary context, or resetting it, destroys it: announced as teardown */
+/* releasing the last reference to a primary context, or resetting it, destroys it: announced as teardown.
+ * The settle's canaries are forgotten (all of them: which context is the device's primary one is not known
+ * here; one that lives on gets a new canary at its next region) */
 static CUresult primary_teardown(CUresult (*real)(CUdevice), CUdevice d, uint64_t bytes) {
     if (!real) return NO_DRIVER;
+    krex_settle_forget(NULL);
     int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, bytes);
     CUresult r = real(d);

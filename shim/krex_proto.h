@@ -40,7 +40,8 @@ enum krex_msg_type {
     KREX_MSG_JSON = 11,            /* Python client -> controller: UTF-8 JSON request */
     KREX_MSG_JSON_REPLY = 12,      /* controller -> Python client: UTF-8 JSON reply */
     KREX_MSG_REGION_CANCEL = 13,   /* client -> controller: struct krex_region_cancel */
-    KREX_MSG_LIFECYCLE = 14        /* shim -> controller: struct krex_lifecycle */
+    KREX_MSG_LIFECYCLE = 14,       /* shim -> controller: struct krex_lifecycle */
+    KREX_MSG_REGION_SETTLED = 15   /* shim -> controller: struct krex_region_settled */
 };
 
 enum krex_role {
@@ -104,7 +105,8 @@ enum krex_taint {
     KREX_TAINT_FOREIGN_PROCESS = 256,  /* a process krex does not manage used the GPU */
     KREX_TAINT_XID = 512,              /* the driver reported an XID error */
     KREX_TAINT_LIFECYCLE = 1024,       /* a sibling's context creation, teardown or exit was still in flight */
-    KREX_TAINT_UNACKNOWLEDGED = 2048   /* the controller did not acknowledge the end in time */
+    KREX_TAINT_UNACKNOWLEDGED = 2048,  /* the controller did not acknowledge the end in time */
+    KREX_TAINT_CLOCK_LOW = 4096        /* the SM clock was not back at its peak when the clock settle ran out */
 };
 
 /* events of struct krex_lifecycle */
@@ -201,6 +203,26 @@ struct krex_region_cancel {
     uint32_t reserved;
 };
 
+/* status of struct krex_region_settled */
+enum krex_settle_status {
+    KREX_SETTLE_AT_ONCE = 0,       /* the first canary read the clock at its peak: no wait */
+    KREX_SETTLE_WAITED = 1,        /* the clock came back while the canary spun */
+    KREX_SETTLE_TIMED_OUT = 2,     /* it did not come back within settle_ms (taint: clock_low) */
+    KREX_SETTLE_UNMEASURED = 3     /* no canary ran: no current context, a stream capture, a driver error */
+};
+
+/* After its grant the shim runs the canary (shim/canary_ptx.h) on the caller's current context until the
+ * SM clock it reads is back at settle_permille of the GPU's peak, at most settle_ms (gate page header). */
+struct krex_region_settled {
+    uint64_t region_id;
+    uint32_t status;               /* enum krex_settle_status */
+    uint32_t waited_us;            /* from the grant's arrival to the end of the settle */
+    uint32_t first_mhz;            /* the SM clock the first canary read */
+    uint32_t last_mhz;             /* ... and the last */
+    uint32_t target_mhz;           /* what counted as back at the peak */
+    uint32_t spins;                /* canary launches */
+};
+
 struct krex_drain {
     uint64_t drain_id;
     uint64_t gpu_mask;
@@ -232,7 +254,9 @@ struct krex_gate_page_hdr {
     uint32_t version;
     uint32_t max_gpus;
     uint32_t controller_pid;
-    uint64_t reserved[6];
+    uint32_t settle_ms;            /* the longest a region's settle may take (0: no settle) */
+    uint32_t settle_permille;      /* the SM clock counts as back at this fraction of its peak */
+    uint64_t reserved[5];
 };
 
 struct krex_gate {

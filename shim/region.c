@@ -26,10 +26,11 @@ static pthread_cond_t region_cond;
 static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 
 static struct {
-    int state, depth, refused, lost, revoked, end_done;
+    int state, depth, refused, lost, revoked, end_done, settled;
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
+    int64_t grant_seen_ns;                        /* when the grant arrived here */
     uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
     char name[KREX_NAME_MAX];
 } R;
@@ -74,6 +75,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
         const struct krex_region_granted *g = payload;
         if (R.state == R_WAITING && seq == R.begin_seq) {
             R.state = R_HELD, R.region_id = g->region_id, R.gpu_mask = g->gpu_mask, R.granted_ns = g->granted_ns;
+            R.grant_seen_ns = krex_now_ns();
             R.flags |= g->flags;
             R.controller_pid = krex_controller_pid;
         } else {
@@ -188,7 +190,12 @@ KREX_EXPORT int krex_region_wait(int timeout_ms) {
             return 1;
         }
     int r = R.state == R_HELD ? 0 : R.refused ? -2 : -1;
+    int settle = r == 0 && !R.settled;
+    uint64_t id = R.region_id;
+    int64_t seen = R.grant_seen_ns;
+    R.settled = 1;
     pthread_mutex_unlock(&region_lock);
+    if (settle) krex_settle(id, seen);     /* the caller goes on with the SM clock back at its peak */
     return r;
 }
 

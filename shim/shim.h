@@ -57,6 +57,7 @@ void krex_socket_path(char *out, size_t n);     /* where the controller is (krex
 /* client.c: the controller connection */
 struct krex_gate;
 extern const struct krex_gate *volatile krex_gates; /* NULL: no controller, everything passes */
+extern const struct krex_gate_page_hdr *volatile krex_gate_hdr;   /* the same page's header */
 extern volatile uint64_t krex_dev_mask;           /* node-wide GPUs this process has contexts on */
 extern volatile int32_t krex_job;
 extern volatile int krex_failopen;
@@ -76,6 +77,11 @@ uint64_t krex_own_gpus(void);
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+
+/* settle.c: after a grant, the SM clock back at its peak before the caller goes on */
+void krex_settle(uint64_t region_id, int64_t granted_at_ns);
+void krex_settle_forget(void *ctx);             /* a context is going away (NULL: all of them) */
+void krex_settle_reset_after_fork(void);
 
 /* memory.c: sizes of device allocations */
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */

@@ -33,6 +33,10 @@ from ..controller import Controller, bind
 @click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
               "before a region starts (0).")
 @click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
+@click.option("--clock-settle-ms", default=None,
+              help="After a grant, wait up to this long for the GPU's SM clock (read by a canary kernel) to be back "
+                   "at its peak; a region that starts below it is tainted clock_low (300; 0: off).")
+@click.option("--clock-settle-pct", default=None, help="The SM clock counts as back at this percentage of its peak (98).")
 @click.option("--warm-workers", default=None,
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
@@ -42,7 +46,7 @@ from ..controller import Controller, bind
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, no_freeze, no_attest, no_lifecycle_barrier, settle_ms,
-               settle_ms_per_gib, warm_workers, worker_preload, worker_reuse, embedded, log_level) -> None:
+               settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload, worker_reuse, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
@@ -55,7 +59,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
         freeze=False if no_freeze else None, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
-        settle_ms_per_gib=settle_ms_per_gib, warm_workers=warm_workers, worker_preload=worker_preload,
+        settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
+        warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")

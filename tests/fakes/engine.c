@@ -301,3 +301,17 @@ void fk_graph_add(struct fk_graph *g, unsigned us, const char *name) {
 void fk_graph_launch(struct fk_stream *s, const struct fk_graph *g) {
     for (int i = 0; i < g->n; i++) fk_kernel(s, g->nodes[i].us, g->nodes[i].name);
 }
+
+unsigned fk_sm_clock_mhz(int physical) {
+    unsigned mhz = 1980;
+    const char *path = getenv("KREX_FAKE_NVML");
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!f) return mhz;
+    char line[512];
+    int gpu;
+    unsigned v;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "clock %d %u", &gpu, &v) == 2 && gpu == physical) mhz = v;
+    fclose(f);
+    return mhz;
+}
