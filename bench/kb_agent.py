@@ -45,7 +45,7 @@ def main() -> int:
     torch.cuda.set_device(dev)
     t_start = time.monotonic()
     with open(args.out, "a") as out, torch.no_grad():
-        for item in args.items.split(","):
+        for index, item in enumerate(args.items.split(",")):
             problem, dtype_name = item.split(":")
             dtype = getattr(torch, DTYPES[dtype_name])
             ctx = load_problem(os.path.join(args.kernelbench, "level1", problem))
@@ -59,7 +59,7 @@ def main() -> int:
             times = timing.time_execution_with_cuda_event(model, inputs, num_warmup=args.warmup,
                                                           num_trials=args.trials, verbose=False, device=dev)
             info = krex.last_region() if krex else None
-            rec = {"item": item, "tag": args.tag, "pid": os.getpid(), "median_ms": statistics.median(times),
+            rec = {"item": item, "index": index, "tag": args.tag, "pid": os.getpid(), "median_ms": statistics.median(times),
                    "mean_ms": statistics.fmean(times), "min_ms": min(times), "times": times,
                    "t": time.monotonic() - t_start}
             key = lambda i: (i.region_id, i.ended_ns) if i is not None else None   # noqa: E731

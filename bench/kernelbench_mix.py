@@ -17,6 +17,11 @@ not in this repository). Modes, in this order, each a fresh controller where kre
   krexns      krex without the clock settle (`--clock-settle-ms 0`)
   isolated2, isolated3  more isolated passes (item baseline: the median of the passes; the noise floor: each
               pass against it)
+  solo, solo2 every agent command of the plan run alone, one after another: the same items in the same order
+              in a fresh process, so each measurement has its own isolated twin (a problem's time depends on
+              what its process ran before: on the H200 a GELU is 11% slower after some sequences, alone too).
+              "analysis_vs_solo" compares each shared measurement with its twins' median; "noise_floor_solo_p95"
+              each solo pass with that median
 An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
 agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
 Inflation of a measurement: its median over the trials / the item's isolated baseline - 1. Each krex command
@@ -210,10 +215,16 @@ def p95(xs: list):
     return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 5) if xs else None
 
 
-def analyse(modes: dict, baseline: dict, spread: dict) -> dict:
+def twin_key(r: dict) -> tuple:
+    """A measurement's place in the plan: agent, command, position (the tag names the mode, agent and command)"""
+    return (r["tag"].split("-", 1)[1], r.get("index"))
+
+
+def analyse(modes: dict, baseline: dict, spread: dict, twin=None) -> dict:
     """spread: item -> how far its isolated passes are apart (max/min - 1): an item whose isolated passes
     disagree by more than 1% is unstable (a cuDNN algorithm chosen per process, say), and a measurement
-    "moved beyond noise" only when it moved more than 2% and more than its item's spread."""
+    "moved beyond noise" only when it moved more than 2% and more than its item's spread. twin: (baseline,
+    spread) by twin_key instead of by item (buckets stay by the item's isolated time)."""
     out = {}
     for mode, recs in modes.items():
         rows = []
@@ -221,9 +232,13 @@ def analyse(modes: dict, baseline: dict, spread: dict) -> dict:
             base = baseline.get(r["item"])
             if not base:
                 continue
+            ref, sp = (base, spread.get(r["item"], 0)) if twin is None else \
+                (twin[0].get(twin_key(r)), twin[1].get(twin_key(r), 0))
+            if not ref:
+                continue
             reg = r.get("region") or {}
-            rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / base - 1, "clean": bool(reg.get("clean")),
-                         "stable": spread.get(r["item"], 0) <= 0.01, "spread": spread.get(r["item"], 0),
+            rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / ref - 1, "clean": bool(reg.get("clean")),
+                         "stable": sp <= 0.01, "spread": sp,
                          "exclusive": bool(reg.get("exclusive")), "taints": reg.get("taints") or [],
                          "granted": bool(reg.get("granted"))})
         per = {}
@@ -276,6 +291,19 @@ def main() -> int:
     plans = None
     for mode in args.modes.split(","):
         t0 = time.monotonic()
+        if mode.startswith("solo"):     # the plan's commands, one at a time, no krex
+            if plans is None:
+                ap.error(f"mode {mode} needs an isolated pass before it (that pass makes the plan)")
+            recs = []
+            for a, plan in enumerate(plans):
+                for c, cmd_items in enumerate(plan):
+                    out = tmp / f"{mode}-a{a}-c{c}.jsonl"
+                    subprocess.run(agent_cmd(kb, cmd_items, out, args.trials, f"{mode}-a{a}-c{c}", False), env=env(),
+                                   timeout=300, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}.log", "ab"))
+                    recs += read(out)
+            modes[mode], walls[mode] = recs, time.monotonic() - t0
+            print(f"{mode}: {len(recs)} measurements in {walls[mode]:.1f} s", flush=True)
+            continue
         if mode.startswith("isolated"):
             out = tmp / f"{mode}.jsonl"
             subprocess.run(agent_cmd(kb, items, out, args.trials, mode, False), env=env(), check=True, timeout=300,
@@ -322,7 +350,24 @@ def main() -> int:
             per_item.setdefault(r["item"], []).append(r["median_ms"])
     baseline = {k: statistics.median(v) for k, v in per_item.items()}
     spread = {k: max(v) / min(v) - 1 for k, v in per_item.items() if len(v) > 1}
-    results["analysis"] = analyse({m: v for m, v in modes.items() if not m.startswith("isolated")}, baseline, spread)
+    shared = {m: v for m, v in modes.items() if not m.startswith(("isolated", "solo"))}
+    results["analysis"] = analyse(shared, baseline, spread)
+    solo = [m for m in modes if m.startswith("solo")]
+    if solo:        # each measurement against its twins: the same command's same position, run alone
+        twins = {}
+        for m in solo:
+            for r in modes[m]:
+                twins.setdefault(twin_key(r), []).append(r["median_ms"])
+        tb = {k: statistics.median(v) for k, v in twins.items()}
+        tspread = {k: max(v) / min(v) - 1 for k, v in twins.items() if len(v) > 1}
+        results["analysis_vs_solo"] = analyse(shared, baseline, spread, twin=(tb, tspread))
+        if len(solo) >= 2:
+            floor = {}
+            for m in solo:
+                for r in modes[m]:
+                    if r["item"] in baseline:
+                        floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / tb[twin_key(r)] - 1))
+            results["noise_floor_solo_p95"] = {k: p95(v) for k, v in floor.items()}
     if len(iso) >= 2:
         floor = {}      # each isolated pass against the median of the passes: what isolation itself varies by
         for m in iso:
@@ -339,7 +384,8 @@ def main() -> int:
         results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
     results["hand_offs"] = notes.get("hand_offs", {})
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "commands_per_min", "unstable_items",
+    print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
+                                              "commands_per_min", "unstable_items",
                                               "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs")
                       if k in results}, indent=1))
     return 0

@@ -102,7 +102,7 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
                         "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "3",
-                        "--trials", "3", "--modes", "isolated,naive,krex,krexnf,krexdist,isolated2", "--disturbers",
+                        "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2", "--disturbers",
                         "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -115,3 +115,7 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert set(data["noise_floor_p95"]) == {"0.1-1ms", "1-10ms", ">10ms"}
     assert data["commands_per_min"]["krex"] > 0 and data["krex_vs_naive_throughput"] > 0
     assert set(data["notes"]["krexdist_disturber_events"]) == {"ctx", "alloc"}
+    # every shared measurement has its solo twins (same agent, command, position), two passes of them
+    assert len(data["raw"]["solo"]) == len(data["raw"]["solo2"]) == 12
+    assert all(data["analysis_vs_solo"][m]["n"] == 12 for m in ("naive", "krex", "krexnf", "krexdist"))
+    assert set(data["noise_floor_solo_p95"]) <= {"0.1-1ms", "1-10ms", ">10ms"}

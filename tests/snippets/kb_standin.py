@@ -19,7 +19,7 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--tag", default="")
 args = ap.parse_args()
 with open(args.out, "a") as out:
-    for item in args.items.split(","):
+    for index, item in enumerate(args.items.split(",")):
         ms = int(item.split("_")[0]) / 10
         with krex.region("kernelbench.time_execution_with_cuda_event") if os.environ.get("KREX_JOB") else \
                 open(os.devnull) as r:
@@ -29,7 +29,7 @@ with open(args.out, "a") as out:
                 while time.perf_counter() - t < ms / 1e3:
                     pass
                 times.append((time.perf_counter() - t) * 1e3)
-        rec = {"item": item, "tag": args.tag, "pid": os.getpid(), "median_ms": statistics.median(times),
+        rec = {"item": item, "index": index, "tag": args.tag, "pid": os.getpid(), "median_ms": statistics.median(times),
                "mean_ms": statistics.fmean(times), "min_ms": min(times), "times": times, "t": 0}
         if isinstance(r, krex.region) and r.info is not None:
             rec["region"] = {"granted": r.granted, "exclusive": r.exclusive, "clean": r.clean, "taints": r.taints,
