@@ -155,6 +155,7 @@ static void finish_locked(uint32_t reason) {
 /* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller (runs
  * unprotected), -2 refused */
 KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
+    krex_settle_prepare();
     lock();
     if (R.depth++ > 0) {
         int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : -1;

@@ -130,6 +130,21 @@ static unsigned spin(struct canary *c, uint64_t ns) {
     return mhz[n / 2];
 }
 
+/* before a region is asked for: build the current context's canary now (loading its PTX means a JIT, ~75 ms
+ * the first time on the H200), so that the region does not pay for it. The connection is up by then where the
+ * process has a context (made at its registration); without one there is nothing to build. */
+void krex_settle_prepare(void) {
+    if (!krex_connected()) return;
+    const struct krex_gate_page_hdr *hdr = __atomic_load_n(&krex_gate_hdr, __ATOMIC_ACQUIRE);
+    CUcontext ctx = NULL;
+    if (!hdr || !hdr->settle_ms || krex_captures_active || !REAL(cuCtxGetCurrent) ||
+        REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
+        return;
+    pthread_mutex_lock(&settle_lock);
+    canary_of(ctx);
+    pthread_mutex_unlock(&settle_lock);
+}
+
 void krex_settle(uint64_t region_id, int64_t granted_at_ns) {
     const struct krex_gate_page_hdr *hdr = __atomic_load_n(&krex_gate_hdr, __ATOMIC_ACQUIRE);
     if (!hdr || !hdr->settle_ms) return;

@@ -79,6 +79,7 @@ void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
 
 /* settle.c: after a grant, the SM clock back at its peak before the caller goes on */
+void krex_settle_prepare(void);                 /* before a request: the canary built outside the region */
 void krex_settle(uint64_t region_id, int64_t granted_at_ns);
 void krex_settle_forget(void *ctx);             /* a context is going away (NULL: all of them) */
 void krex_settle_reset_after_fork(void);

@@ -8,9 +8,9 @@ import time
 from conftest import SNIP, report_of, wait_for
 
 
-def one_region(krex, tmp_path, during=None):
+def one_region(krex, tmp_path, during=None, **env):
     rep = tmp_path / "r.json"
-    p = krex.popen([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1"})
+    p = krex.popen([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1", **env})
     if during is not None:
         during()
     out, err = p.communicate(timeout=60)
@@ -35,6 +35,16 @@ def test_a_region_at_peak_clock_goes_on_after_one_canary(krex, tmp_path):
     assert len(canary) == 1 and canary[0][0] == timed[0][0]          # in the region owner's process ...
     assert canary[0][3] <= min(t[2] for t in timed)                  # ... before its timed work
     assert rep["submissions"]["kernels"] == rep["launches"] == 5        # not counted as the command's work
+
+
+def test_the_canary_is_built_before_the_region_is_asked_for(krex, tmp_path):
+    """loading the canary's PTX is a JIT (~75 ms on the H200): paid before the request, not inside the region"""
+    krex.start_controller()
+    line, rep = one_region(krex, tmp_path, KREX_FAKE_JIT_MS="300")
+    [r] = rep["regions"]
+    [s] = r["clock_settle"]
+    assert s["status"] == "at_once" and s["waited_ms"] < 150
+    assert (r["ended_ns"] - r["granted_ns"]) / 1e6 < 250
 
 
 def test_a_region_waits_for_the_clock_to_come_back(krex, tmp_path):

@@ -234,9 +234,15 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *st) {
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *st) { return cuStreamIsCapturing(s, st); }
 
+/* KREX_FAKE_JIT_MS: loading a module takes this long (a PTX JIT) */
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     NEED_CTX();
     if (!m || !image) return E_VALUE;
+    const char *jit = getenv("KREX_FAKE_JIT_MS");
+    if (jit && *jit) {
+        struct timespec ts = {atoi(jit) / 1000, (long)(atoi(jit) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     *m = calloc(1, sizeof(struct CUmod_st));
     (*m)->loaded = 1;
     return OK;

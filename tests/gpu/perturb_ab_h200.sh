@@ -2,7 +2,8 @@
 # tests/gpu/perturb_ab_h200.sh: the mechanisms against disturbance that is not a submission, each on and off:
 # bench/perturb.py under krex regions, a controller of its own per setting (its own socket: no embedded
 # controller left by an earlier step can answer instead): the lifecycle barrier (default), no barrier, a settle
-# time after frees and exits, and the barrier with the context gate (KREX_GATE_CONTEXTS=1).
+# time after frees and exits, and the barrier with the context gate (KREX_GATE_CONTEXTS=1). AB="NAME:ARGS ..."
+# picks other settings (e.g. AB="settle_on: settle_off:--clock-settle-ms=0" CONDS=quiet,load: the clock settle).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-ab; mkdir -p "$OUT" $W
@@ -22,10 +23,11 @@ for setting in ${AB:-barrier: nobarrier:--no-lifecycle-barrier settle:--settle-m
     --region --conditions ${CONDS:-quiet,ctx,exitbig} --rounds ${ROUNDS:-3} --out $W/$name.json 2>&1 | tail -14
   kill $CTL; wait $CTL
 done
-python3 - <<'PY' > $OUT/perturb-ab-summary.json
-import json, statistics
+names=""; for setting in ${AB:-barrier: nobarrier: settle: ctxgate:}; do names="$names ${setting%%:*}"; done
+AB_NAMES=$names python3 - <<'PY' > $OUT/perturb-ab-summary.json
+import json, os, statistics
 out = {}
-for name in ("barrier", "nobarrier", "settle", "ctxgate"):
+for name in os.environ["AB_NAMES"].split():
     try:
         rep, res = json.load(open(f"/tmp/krex-ab/{name}-report.json")), json.load(open(f"/tmp/krex-ab/{name}.json"))
     except OSError:
@@ -33,6 +35,7 @@ for name in ("barrier", "nobarrier", "settle", "ctxgate"):
     regs = rep["regions"]
     out[name] = {"summary": res["summary"], "regions": len(regs), "clean": sum(r.get("clean", False) for r in regs),
                  "settle_ms": [round(r.get("settle_ns", 0) / 1e6, 1) for r in regs],
+                 "clock_settle": [r.get("clock_settle") for r in regs],
                  "attest_us_median": statistics.median(r.get("attest_ns", 0) for r in regs) / 1e3,
                  "attest_end_us_median": statistics.median(r.get("attest_end_ns", 0) for r in regs) / 1e3,
                  "rows": [{k: x.get(k) for k in ("round", "cond", "size", "ms", "clean", "taints")} for x in res["rows"]]}
