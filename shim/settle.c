@@ -83,7 +83,7 @@ static struct canary *canary_of(CUcontext ctx) {
     if (ncanaries == (int)(sizeof canaries / sizeof canaries[0])) drop(&canaries[0]);
     if (!REAL(cuModuleLoadData) || !REAL(cuModuleGetFunction) || !REAL(cuStreamCreate) || !REAL(cuMemAlloc_v2) ||
         !REAL(cuDeviceGetAttribute) || !REAL(cuCtxGetDevice) || !REAL(cuLaunchKernel) || !REAL(cuStreamSynchronize) ||
-        !REAL(cuMemcpyDtoH_v2))
+        !REAL(cuMemcpyDtoHAsync_v2))
         return NULL;
     struct canary c = {ctx, 0, 0, 0, 0, 0, 0};
     CUdevice dev;
@@ -114,9 +114,10 @@ static unsigned spin(struct canary *c, uint64_t ns) {
     CUdeviceptr out = c->out;
     uint64_t lim = ns;
     void *params[2] = {&out, &lim};
+    /* all on the shim's non-blocking stream: a synchronous copy would also wait for the caller's own work */
     if (REAL(cuLaunchKernel)(c->fn, c->blocks, 1, 1, 32, 1, 1, 0, c->stream, params, NULL) ||
-        REAL(cuStreamSynchronize)(c->stream) ||
-        REAL(cuMemcpyDtoH_v2)(host_out, c->out, (size_t)c->blocks * 24))
+        REAL(cuMemcpyDtoHAsync_v2)(host_out, c->out, (size_t)c->blocks * 24, c->stream) ||
+        REAL(cuStreamSynchronize)(c->stream))
         return 0;
     unsigned mhz[CANARY_MAX_BLOCKS], n = 0;
     for (unsigned b = 0; b < c->blocks; b++)

@@ -47,6 +47,16 @@ def test_the_canary_is_built_before_the_region_is_asked_for(krex, tmp_path):
     assert (r["ended_ns"] - r["granted_ns"]) / 1e6 < 250
 
 
+def test_the_settle_does_not_wait_for_the_callers_own_queued_work(krex, tmp_path):
+    """the canary has its own stream: a kernel the caller left running on the legacy stream does not hold up the
+    begin (a synchronous copy would have waited for it)"""
+    krex.start_controller()
+    line, rep = one_region(krex, tmp_path, SNIPPET_PRE_US="400000")
+    begin_ms = float(line.split("begin_ms=")[1].split()[0])
+    [r] = rep["regions"]
+    assert r["clock_settle"][0]["status"] == "at_once" and begin_ms < 300
+
+
 def test_a_region_waits_for_the_clock_to_come_back(krex, tmp_path):
     krex.nvml.write_text("clock 0 1500\n")
     krex.start_controller()

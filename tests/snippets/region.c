@@ -3,10 +3,12 @@
  * region, wait SNIPPET_GAP_US. Prints the status of each begin and end, and what krex_region_last says
  * of it, and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With SNIPPET_WAIT_FILE it makes its
  * context first and begins only once that file exists. SNIPPET_GPUS ("0,1") asks for those node-wide GPUs
- * (krex_region_begin_mask) instead of the job's. */
+ * (krex_region_begin_mask) instead of the job's. SNIPPET_PRE_US: before each begin, one kernel that long on the
+ * legacy default stream, not waited for; the begin's own time is printed (begin_ms=). */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "../../shim/krex.h"
 #include "common.h"
@@ -37,7 +39,13 @@ int main(void) {
         uint64_t mask = 0;
         for (const char *p = gpus; p && *p; p++)
             if (*p >= '0' && *p <= '9') mask |= 1ull << (*p - '0');
+        int pre_us = env_int("SNIPPET_PRE_US", 0);
+        if (pre_us) CHECK(cuLaunchKernel(f, (unsigned)pre_us, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        struct timespec b0, b1;
+        clock_gettime(CLOCK_MONOTONIC, &b0);
         int st = mask && krex_region_begin_mask ? krex_region_begin_mask("timed", mask) : krex_begin("timed");
+        clock_gettime(CLOCK_MONOTONIC, &b1);
+        if (pre_us) printf("begin_ms=%.1f\n", (b1.tv_sec - b0.tv_sec) * 1e3 + (b1.tv_nsec - b0.tv_nsec) / 1e6);
         if (aff) print_affinity(aff, "inside");
         for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         CHECK(cuStreamSynchronize(s));
