@@ -100,7 +100,10 @@ class NvmlAttestor(Attestor):
     Taints are what other jobs or the machine did to the region, not what the region's own load does to the
     GPU (a heavy kernel caps the GPU's power by itself, alone as well: that is its isolated time too):
       power_cap        power-capped at the grant, right after other jobs' GPU work (their work still took
-                       busy_before_us or more to finish at the drain): their load lowered the clock we start at
+                       busy_before_us or more to finish at the drain): their load lowered the clock we start at;
+                       not when the shim's clock settle then read the clock back at its peak before the region's
+                       owner went on (the canary measures the clock the region starts at; NVML's reason bit at
+                       the grant only says the limiter was active then)
       thermal          thermal slowdown at either end
       hw_slowdown      hardware slowdown or power brake at either end
       clock_drop       the SM clock samples span more than clock_drop_pct with no power or thermal reason at
@@ -146,6 +149,8 @@ class NvmlAttestor(Attestor):
         xids = self.nv.xid_events() if consume_xid else []
         known = self.known_pids()
         busy = getattr(region, "others_busy_us", 0) >= float(getattr(self.cfg, "busy_before_us", 1000.0))
+        settles = getattr(region, "clock_settle", [])
+        settled = bool(settles) and all(s["status"] in ("at_once", "waited") for s in settles)
         lo, hi, gpus = None, None, {}
         capped = nvml.REASON_SW_POWER_CAP
         thermal = nvml.REASON_SW_THERMAL | nvml.REASON_HW_THERMAL
@@ -154,7 +159,8 @@ class NvmlAttestor(Attestor):
             reasons = s.reasons | e.reasons
             clocks = [mhz for t, mhz in self.nv.sm_clock_samples(g, s.wall_us) if t <= e.wall_us]
             clocks += [c for c in (s.clock, e.clock) if c]
-            if s.reasons & capped and busy:
+            capped_by_others = bool(s.reasons & capped and busy)
+            if capped_by_others and not settled:
                 taints |= C.KREX_TAINT_POWER_CAP
             if reasons & thermal:
                 taints |= C.KREX_TAINT_THERMAL
@@ -178,6 +184,8 @@ class NvmlAttestor(Attestor):
                 "sm_clock_at_grant_mhz": s.clock, "temperature_c": [s.temperature, e.temperature],
                 "others_busy_us": getattr(region, "others_busy_us", 0), "foreign_pids": foreign, "xid": gxid,
             }
+            if capped_by_others:
+                gpus[str(g)]["power_cap_at_grant"] = "cleared by the clock settle" if settled else "taint"
         return Result(taints, lo or 0, hi or 0, True, {"source": "nvml", "gpus": gpus})
 
 

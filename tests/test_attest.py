@@ -66,8 +66,9 @@ def test_each_disturbance_taints_the_region(krex, tmp_path, stranger, control, t
 
 def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_path):
     """Capped at the grant: a taint when other jobs' GPU work was still running at the drain (their load lowered
-    the clock the region starts at); not when only this job's own history could have (as it would alone)."""
-    krex.start_controller()
+    the clock the region starts at); not when only this job's own history could have (as it would alone).
+    Without the clock settle: with it, see the next test."""
+    krex.start_controller("--clock-settle-ms", "0")
     krex.nvml.write_text("reasons 0 0x4\n")
     _, alone = region_of(krex, tmp_path)
     assert alone["clean"] and alone["attestation"]["gpus"]["0"]["clock_event_reasons"][0] == "0x4"
@@ -78,6 +79,20 @@ def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_p
     krex.nvml.write_text("")
     _, uncapped = region_of(krex, tmp_path)
     assert uncapped["clean"]                        # busy neighbours alone are no taint: they were drained
+    hog.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("clock, taints", [(1980, []), (1500, ["power_cap", "clock_low"])])
+def test_a_power_cap_at_the_grant_is_cleared_when_the_clock_settle_reads_the_peak(krex, tmp_path, clock, taints):
+    """The canary measures the clock the region starts at: back at its peak, the cap at the grant left nothing
+    behind (the record still says it was there); still low after the settle, both taints."""
+    krex.start_controller("--clock-settle-ms", "60")
+    krex.nvml.write_text(f"reasons 0 0x4\nclock 0 {clock}\n")
+    hog, _ = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="20000", SNIPPET_STREAMS="2")  # work in flight
+    time.sleep(0.3)
+    _, r = region_of(krex, tmp_path)
+    assert sorted(r["taints"]) == sorted(taints) and r["others_busy_us"] >= 1000 and r["exclusive"]
+    assert r["attestation"]["gpus"]["0"]["power_cap_at_grant"] == ("taint" if taints else "cleared by the clock settle")
     hog.communicate(timeout=30)
 
 
