@@ -156,7 +156,8 @@ void krex_settle(uint64_t region_id, int64_t granted_at_ns) {
         struct canary *c = canary_of(ctx);
         if (c) {
             m.target_mhz = c->peak_mhz * hdr->settle_permille / 1000;
-            int64_t deadline = granted_at_ns + (int64_t)hdr->settle_ms * 1000000;
+            uint32_t ms = hdr->settle_ms > 10000 ? 10000 : hdr->settle_ms;   /* the controller's bound too */
+            int64_t deadline = granted_at_ns + (int64_t)ms * 1000000;
             unsigned mhz = spin(c, CANARY_FIRST_NS);
             m.first_mhz = m.last_mhz = mhz, m.spins = 1;
             m.status = !mhz ? KREX_SETTLE_UNMEASURED : mhz >= m.target_mhz ? KREX_SETTLE_AT_ONCE : KREX_SETTLE_TIMED_OUT;
