@@ -15,6 +15,7 @@ not in this repository). Modes, in this order, each a fresh controller where kre
   krexforeign krex, with a process outside krex that holds a context and runs matmul bursts
   krexnf      krex with `krex controller --no-freeze` (the gate and the drain alone keep the GPU exclusive)
   krexns      krex without the clock settle (`--clock-settle-ms 0`)
+  krexni      krex without CPU isolation (`--no-cpu-isolation`: the owner's threads stay where they are)
   isolated2, isolated3  more isolated passes (item baseline: the median of the passes; the noise floor: each
               pass against it)
   solo, solo2 every agent command of the plan run alone, one after another: the same items in the same order
@@ -60,7 +61,8 @@ ITEMS = [  # KernelBench level 1 problems and the dtype they run in (bf16 brings
 ]
 BUCKETS = (("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1.0), ("1-10ms", 1.0, 10.0), (">10ms", 10.0, 1e9))
 # `krex controller` options of the krex modes (any mode starting with "krex" is a krex mode)
-MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"], "krexns": ["--clock-settle-ms", "0"]}
+MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"], "krexns": ["--clock-settle-ms", "0"],
+             "krexni": ["--no-cpu-isolation"]}
 
 
 def bucket_of(ms: float) -> str:
@@ -210,9 +212,27 @@ def stop_disturbers(procs: list) -> dict:
     return counts
 
 
-def p95(xs: list):
+def quantile(xs: list, q: float, digits: int = 5):
     xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 5) if xs else None
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], digits) if xs else None
+
+
+def p95(xs: list):
+    return quantile(xs, 0.95)
+
+
+def first_trials(modes: dict, baseline: dict, n: int = 4) -> dict:
+    """The first n timed trials of the sub-millisecond items (0.1-1 ms) against the item's isolated baseline,
+    per mode: the median and p90 of each trial's inflation (KernelBench's first trials are slow alone too)."""
+    out = {}
+    for mode, recs in modes.items():
+        rows = [[x / baseline[r["item"]] - 1 for x in r.get("times", [])[:n]] for r in recs
+                if 0.1 <= baseline.get(r["item"], 0) < 1.0 and r.get("times")]
+        k = min((len(t) for t in rows), default=0)      # fewer trials than n: as many as every row has
+        if k:
+            out[mode] = {"n": len(rows), "median": [round(statistics.median(t[i] for t in rows), 4) for i in range(k)],
+                         "p90": [quantile([t[i] for t in rows], 0.9, 4) for i in range(k)]}
+    return out
 
 
 def twin_key(r: dict) -> tuple:
@@ -383,10 +403,12 @@ def main() -> int:
     if "naive" in walls and "krexnf" in walls:
         results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
     results["hand_offs"] = notes.get("hand_offs", {})
+    results["first_trials"] = first_trials(modes, baseline)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
                                               "commands_per_min", "unstable_items",
-                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs")
+                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs",
+                                              "first_trials")
                       if k in results}, indent=1))
     return 0
 

@@ -119,3 +119,5 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert len(data["raw"]["solo"]) == len(data["raw"]["solo2"]) == 12
     assert all(data["analysis_vs_solo"][m]["n"] == 12 for m in ("naive", "krex", "krexnf", "krexdist"))
     assert set(data["noise_floor_solo_p95"]) <= {"0.1-1ms", "1-10ms", ">10ms"}
+    ft = data["first_trials"]["krex"]       # the 0.1-1 ms items' first trials (2 items x 3 of each per mode)
+    assert ft["n"] > 0 and len(ft["median"]) == len(ft["p90"]) == 3
