@@ -2,13 +2,14 @@
  *
  * Measured on the H200 (bench/region_start.py, bench/results/region-start-h200-run2.json): after another
  * process's heavy work the SM clock sits at ~1500 MHz (power cap) and takes ~200 ms to come back to its
- * peak; a 0.17 ms bf16 matmul timed in that window is 24% slower, a 2.7 ms fp32 one 8.5%. NVML's clock at
- * the grant often still reads the peak while the power limiter is about to pull it down, so the clock is
- * read where the kernels run: by the canary (shim/canary_ptx.h), spun on the caller's current context.
+ * peak; a 0.17 ms bf16 matmul timed in that window is 24% slower, a 2.7 ms fp32 one 8.5%. The clock is read
+ * where and when the kernels run: by the canary (shim/canary_ptx.h), spun on the caller's current context
+ * after the grant (the controller's NVML reading comes before it: in 4 of 24 regions of the A/B,
+ * bench/results/clock-settle-ab-h200-run1.json, it read 1950-1965 MHz and the canary then 1441-1651).
  *
  * After a grant: one 20 us canary; if the SM clock it read is below settle_permille of the GPU's peak
  * (cuDeviceGetAttribute CLOCK_RATE), 1 ms canaries until it is back or settle_ms have passed. Both come from
- * the gate page header (the controller's --settle-ms, --settle-pct). The outcome goes to the controller
+ * the gate page header (the controller's --clock-settle-ms, --clock-settle-pct). The outcome goes to the controller
  * (KREX_MSG_REGION_SETTLED): its region record gets it, and a settle that timed out taints the region
  * "clock_low". The canary runs through the driver's own functions on a stream of the shim's, so it is
  * neither gated nor counted as the process's work. CUDA only; a HIP process's regions are not settled. */
