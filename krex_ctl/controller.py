@@ -156,7 +156,7 @@ class Controller(RegionsMixin):
         self.idle_since = time.monotonic()
         self.counters = {"clients_total": 0, "regions_granted": 0, "regions_revoked": 0, "owner_deaths": 0,
                          "drain_timeouts": 0, "bad_frames": 0, "frozen_total": 0, "refused_connections": 0,
-                         "handshake_timeouts": 0}
+                         "handshake_timeouts": 0, "clock_settle_waited": 0, "clock_settle_timed_out": 0}
         self.logged: dict[str, list] = {}          # rate_log: key -> [last time, suppressed count]
         self.state_path = Path(cfg.state_file or socket_path + ".state")
         fd_limit = raise_fd_limit()
@@ -613,6 +613,8 @@ class Controller(RegionsMixin):
         region.clock_settle.append({"pid": client.pid, "status": status, "waited_ms": round(s.waited_us / 1e3, 3),
                                     "first_mhz": int(s.first_mhz), "last_mhz": int(s.last_mhz),
                                     "target_mhz": int(s.target_mhz), "spins": int(s.spins)})
+        if status in ("waited", "timed_out"):
+            self.counters[f"clock_settle_{status}"] += 1      # krex status: a node whose clocks never come back
         if int(s.status) == C.KREX_SETTLE_TIMED_OUT:
             region.taints |= C.KREX_TAINT_CLOCK_LOW
 

@@ -91,6 +91,8 @@ def test_a_clock_that_stays_low_taints_the_region(krex, tmp_path):
     assert 80 <= s["waited_ms"] < 200
     assert r["taints"] == ["clock_low"] and r["exclusive"] and not r["clean"]
     assert "exclusive=1 clean=0 taints=4096" in line                 # krex_region_last says so too
+    counters = krex.status()["counters"]                             # the node's admin sees it in krex status
+    assert counters["clock_settle_timed_out"] == 1 and counters["clock_settle_waited"] == 0
 
 
 def test_no_settle_when_it_is_off(krex, tmp_path):
