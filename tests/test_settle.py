@@ -40,26 +40,26 @@ def test_a_region_at_peak_clock_goes_on_after_one_canary(krex, tmp_path):
 def test_the_canary_is_built_before_the_region_is_asked_for(krex, tmp_path):
     """loading the canary's PTX is a JIT (~75 ms on the H200): paid before the request, not inside the region"""
     krex.start_controller()
-    line, rep = one_region(krex, tmp_path, KREX_FAKE_JIT_MS="300")
+    line, rep = one_region(krex, tmp_path, KREX_FAKE_JIT_MS="1000")
     [r] = rep["regions"]
     [s] = r["clock_settle"]
-    assert s["status"] == "at_once" and s["waited_ms"] < 150
-    assert (r["ended_ns"] - r["granted_ns"]) / 1e6 < 250
+    assert s["status"] == "at_once" and s["waited_ms"] < 500
+    assert (r["ended_ns"] - r["granted_ns"]) / 1e6 < 800
 
 
 def test_the_settle_does_not_wait_for_the_callers_own_queued_work(krex, tmp_path):
     """the canary has its own stream: a kernel the caller left running on the legacy stream does not hold up the
     begin (a synchronous copy would have waited for it)"""
     krex.start_controller()
-    line, rep = one_region(krex, tmp_path, SNIPPET_PRE_US="400000")
+    line, rep = one_region(krex, tmp_path, SNIPPET_PRE_US="1000000")
     begin_ms = float(line.split("begin_ms=")[1].split()[0])
     [r] = rep["regions"]
-    assert r["clock_settle"][0]["status"] == "at_once" and begin_ms < 300
+    assert r["clock_settle"][0]["status"] == "at_once" and begin_ms < 600
 
 
 def test_a_region_waits_for_the_clock_to_come_back(krex, tmp_path):
     krex.nvml.write_text("clock 0 1500\n")
-    krex.start_controller()
+    krex.start_controller("--clock-settle-ms", "3000")     # room for a slow machine; the clock comes back first
     back = {}
 
     def recover():
@@ -75,7 +75,7 @@ def test_a_region_waits_for_the_clock_to_come_back(krex, tmp_path):
     [r] = rep["regions"]
     [s] = r["clock_settle"]
     assert s["status"] == "waited" and s["first_mhz"] == 1500 and s["last_mhz"] == 1980 and s["spins"] > 1
-    assert 150 <= s["waited_ms"] < 300
+    assert 150 <= s["waited_ms"] < 3000
     assert r["clean"] and r["taints"] == []
     timed = [t for t in krex.trace_lines() if t[4] == "timed"]
     assert min(t[2] for t in timed) > back["t"]                      # the timed work began only after
@@ -88,7 +88,7 @@ def test_a_clock_that_stays_low_taints_the_region(krex, tmp_path):
     [r] = rep["regions"]
     [s] = r["clock_settle"]
     assert s["status"] == "timed_out" and s["target_mhz"] == 1782 and s["last_mhz"] == 1500
-    assert 80 <= s["waited_ms"] < 200
+    assert 80 <= s["waited_ms"] < 1000
     assert r["taints"] == ["clock_low"] and r["exclusive"] and not r["clean"]
     assert "exclusive=1 clean=0 taints=4096" in line                 # krex_region_last says so too
     counters = krex.status()["counters"]                             # the node's admin sees it in krex status
