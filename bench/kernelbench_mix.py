@@ -235,29 +235,51 @@ def first_trials(modes: dict, baseline: dict, n: int = 4) -> dict:
     return out
 
 
+def item_key(r: dict) -> str:
+    return r["item"]
+
+
 def twin_key(r: dict) -> tuple:
     """A measurement's place in the plan: agent, command, position (the tag names the mode, agent and command)"""
     return (r["tag"].split("-", 1)[1], r.get("index"))
 
 
-def analyse(modes: dict, baseline: dict, spread: dict, twin=None) -> dict:
-    """spread: item -> how far its isolated passes are apart (max/min - 1): an item whose isolated passes
-    disagree by more than 1% is unstable (a cuDNN algorithm chosen per process, say), and a measurement
-    "moved beyond noise" only when it moved more than 2% and more than its item's spread. twin: (baseline,
-    spread) by twin_key instead of by item (buckets stay by the item's isolated time)."""
+def passes(modes: dict, names: list, key) -> tuple[dict, dict]:
+    """Reference passes (isolated or solo) grouped by key: the median of each group's times, and how far its
+    passes are apart (max/min - 1, where there are two or more)."""
+    groups: dict = {}
+    for m in names:
+        for r in modes[m]:
+            groups.setdefault(key(r), []).append(r["median_ms"])
+    return ({k: statistics.median(v) for k, v in groups.items()},
+            {k: max(v) / min(v) - 1 for k, v in groups.items() if len(v) > 1})
+
+
+def noise_floor(modes: dict, names: list, key, ref: dict, baseline: dict) -> dict:
+    """Each reference pass against the median of the passes (ref by key), by the item's bucket: what the
+    reference itself varies by."""
+    floor: dict = {}
+    for m in names:
+        for r in modes[m]:
+            if r["item"] in baseline:
+                floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / ref[key(r)] - 1))
+    return floor
+
+
+def analyse(modes: dict, baseline: dict, ref: dict, spread: dict, key=item_key) -> dict:
+    """ref and spread by key (the item, or twin_key): spread is how far the reference passes are apart
+    (max/min - 1): a reference whose passes disagree by more than 1% is unstable (a cuDNN algorithm chosen per
+    process, say), and a measurement "moved beyond noise" only when it moved more than 2% and more than that
+    spread. Buckets are by the item's isolated time (baseline)."""
     out = {}
     for mode, recs in modes.items():
         rows = []
         for r in recs:
-            base = baseline.get(r["item"])
-            if not base:
-                continue
-            ref, sp = (base, spread.get(r["item"], 0)) if twin is None else \
-                (twin[0].get(twin_key(r)), twin[1].get(twin_key(r), 0))
-            if not ref:
+            base, r_ref, sp = baseline.get(r["item"]), ref.get(key(r)), spread.get(key(r), 0)
+            if not base or not r_ref:
                 continue
             reg = r.get("region") or {}
-            rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / ref - 1, "clean": bool(reg.get("clean")),
+            rows.append({"bucket": bucket_of(base), "infl": r["median_ms"] / r_ref - 1, "clean": bool(reg.get("clean")),
                          "stable": sp <= 0.01, "spread": sp,
                          "exclusive": bool(reg.get("exclusive")), "taints": reg.get("taints") or [],
                          "granted": bool(reg.get("granted"))})
@@ -364,35 +386,18 @@ def main() -> int:
               f"({ncmd / wall * 60:.1f}/min)", flush=True)
         Path(args.out).write_text(json.dumps({"partial": True, "raw": modes, "walls_s": walls, "notes": notes}))
     iso = [m for m in modes if m.startswith("isolated")]
-    per_item = {}
-    for m in iso:
-        for r in modes[m]:
-            per_item.setdefault(r["item"], []).append(r["median_ms"])
-    baseline = {k: statistics.median(v) for k, v in per_item.items()}
-    spread = {k: max(v) / min(v) - 1 for k, v in per_item.items() if len(v) > 1}
+    baseline, spread = passes(modes, iso, item_key)
     shared = {m: v for m, v in modes.items() if not m.startswith(("isolated", "solo"))}
-    results["analysis"] = analyse(shared, baseline, spread)
+    results["analysis"] = analyse(shared, baseline, baseline, spread)
     solo = [m for m in modes if m.startswith("solo")]
     if solo:        # each measurement against its twins: the same command's same position, run alone
-        twins = {}
-        for m in solo:
-            for r in modes[m]:
-                twins.setdefault(twin_key(r), []).append(r["median_ms"])
-        tb = {k: statistics.median(v) for k, v in twins.items()}
-        tspread = {k: max(v) / min(v) - 1 for k, v in twins.items() if len(v) > 1}
-        results["analysis_vs_solo"] = analyse(shared, baseline, spread, twin=(tb, tspread))
+        twins, twin_spread = passes(modes, solo, twin_key)
+        results["analysis_vs_solo"] = analyse(shared, baseline, twins, twin_spread, twin_key)
         if len(solo) >= 2:
-            floor = {}
-            for m in solo:
-                for r in modes[m]:
-                    if r["item"] in baseline:
-                        floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / tb[twin_key(r)] - 1))
+            floor = noise_floor(modes, solo, twin_key, twins, baseline)
             results["noise_floor_solo_p95"] = {k: p95(v) for k, v in floor.items()}
     if len(iso) >= 2:
-        floor = {}      # each isolated pass against the median of the passes: what isolation itself varies by
-        for m in iso:
-            for r in modes[m]:
-                floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / baseline[r["item"]] - 1))
+        floor = noise_floor(modes, iso, item_key, baseline, baseline)
         results["noise_floor_p95"] = {k: p95(v) for k, v in floor.items()}
         results["noise_floor_n"] = {k: len(v) for k, v in floor.items()}
         results["unstable_items"] = sorted(k for k, v in spread.items() if v > 0.01)
