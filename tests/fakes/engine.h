@@ -68,7 +68,8 @@ void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);
 struct fk_event *fk_event_new(void);
 void fk_event_sync(struct fk_event *e);
-/* the fake GPU's SM clock: the last `clock GPU MHZ` line of the KREX_FAKE_NVML control file (1980) */
+/* the fake GPU's SM clock: the last `clock GPU MHZ` line of the KREX_FAKE_NVML control file (1980); what
+ * the fake NVML reports and what the fake canary kernel reads */
 unsigned fk_sm_clock_mhz(int physical);
 struct fk_graph *fk_graph_new(void);
 void fk_graph_add(struct fk_graph *g, unsigned us, const char *name);

@@ -130,7 +130,7 @@ EXPORT int nvmlDeviceGetViolationStatus(struct nvml_device *h, int policy, viol_
 }
 EXPORT int nvmlDeviceGetClockInfo(struct nvml_device *h, int type, unsigned int *mhz) {
     DEVICE(h);
-    *mhz = (unsigned)lookup("clock", h->index, 0, 1980);
+    *mhz = fk_sm_clock_mhz(h->index);
     return OK;
 }
 
@@ -146,7 +146,7 @@ EXPORT int nvmlDeviceGetSamples(struct nvml_device *h, int type, unsigned long l
     DEVICE(h);
     struct samples s = {h->index, {0}, 0};
     each_line(find_samples, &s);
-    if (!s.n) s.mhz[s.n++] = (unsigned)lookup("clock", h->index, 0, 1980);
+    if (!s.n) s.mhz[s.n++] = fk_sm_clock_mhz(h->index);
     if (value_type) *value_type = 1;   /* unsigned int */
     if (!out) {
         *n = (unsigned)s.n;
