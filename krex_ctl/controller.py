@@ -615,7 +615,7 @@ class Controller(RegionsMixin):
                                     "target_mhz": int(s.target_mhz), "spins": int(s.spins)})
         if status in ("waited", "timed_out"):
             self.counters[f"clock_settle_{status}"] += 1      # krex status: a node whose clocks never come back
-        if int(s.status) == C.KREX_SETTLE_TIMED_OUT:
+        if status == "timed_out":
             region.taints |= C.KREX_TAINT_CLOCK_LOW
 
     def job_gpus(self, client: Client) -> int:

@@ -132,16 +132,21 @@ static unsigned spin(struct canary *c, uint64_t ns) {
     return mhz[n / 2];
 }
 
+/* the calling thread's current context, where a canary may run on it now (no stream capture open); NULL else */
+static CUcontext canary_context(void) {
+    CUcontext ctx = NULL;
+    if (krex_captures_active || !REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS) return NULL;
+    return ctx;
+}
+
 /* before a region is asked for: build the current context's canary now (loading its PTX means a JIT, ~75 ms
  * the first time on the H200), so that the region does not pay for it. The connection is up by then where the
  * process has a context (made at its registration); without one there is nothing to build. */
 void krex_settle_prepare(void) {
     if (!krex_connected()) return;
     const struct krex_gate_page_hdr *hdr = __atomic_load_n(&krex_gate_hdr, __ATOMIC_ACQUIRE);
-    CUcontext ctx = NULL;
-    if (!hdr || !hdr->settle_ms || krex_captures_active || !REAL(cuCtxGetCurrent) ||
-        REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx)
-        return;
+    CUcontext ctx = hdr && hdr->settle_ms ? canary_context() : NULL;
+    if (!ctx) return;
     pthread_mutex_lock(&settle_lock);
     canary_of(ctx);
     pthread_mutex_unlock(&settle_lock);
@@ -151,8 +156,8 @@ void krex_settle(uint64_t region_id, int64_t granted_at_ns) {
     const struct krex_gate_page_hdr *hdr = __atomic_load_n(&krex_gate_hdr, __ATOMIC_ACQUIRE);
     if (!hdr || !hdr->settle_ms) return;
     struct krex_region_settled m = {region_id, KREX_SETTLE_UNMEASURED, 0, 0, 0, 0, 0};
-    CUcontext ctx = NULL;
-    if (!krex_captures_active && REAL(cuCtxGetCurrent) && REAL(cuCtxGetCurrent)(&ctx) == CUDA_SUCCESS && ctx) {
+    CUcontext ctx = canary_context();
+    if (ctx) {
         pthread_mutex_lock(&settle_lock);
         struct canary *c = canary_of(ctx);
         if (c) {
