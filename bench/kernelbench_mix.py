@@ -23,6 +23,14 @@ not in this repository). Modes, in this order, each a fresh controller where kre
               what its process ran before: on the H200 a GELU is 11% slower after some sequences, alone too).
               "analysis_vs_solo" compares each shared measurement with its twins' median; "noise_floor_solo_p95"
               each solo pass with that median
+  solok, solok2  the same twins alone under krex (a controller of their own, each timing call a region: the
+              clock settle and CPU isolation, nobody to wait for), so the reference starts each timing from the
+              state krex gives every region; "analysis_vs_solok", "noise_floor_solok_p95"
+A reference family (solo, solok) also has a leave-one-out floor, "noise_floor_<family>_loo_p95": each pass
+against the median of the family's other passes (with two passes, the gap between them). It is what a
+measurement krex does not disturb would show against its twins (a little more: the twins' median of two
+passes varies less than one pass), while the plain floor (a pass against a median it is part of) is about
+half of it and understates the noise.
 An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 0.1-1, 1-10, > 10 ms). Each
 agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
 Inflation of a measurement: its median over the trials / the item's isolated baseline - 1. Each krex command
@@ -255,6 +263,22 @@ def passes(modes: dict, names: list, key) -> tuple[dict, dict]:
             {k: max(v) / min(v) - 1 for k, v in groups.items() if len(v) > 1})
 
 
+def noise_floor_loo(modes: dict, names: list, key, baseline: dict) -> dict:
+    """Each reference pass against the median of the other passes of its family (by key), by bucket."""
+    floor: dict = {}
+    for m in names:
+        others, _ = passes(modes, [n for n in names if n != m], key)
+        for r in modes[m]:
+            if r["item"] in baseline and others.get(key(r)):
+                floor.setdefault(bucket_of(baseline[r["item"]]), []).append(abs(r["median_ms"] / others[key(r)] - 1))
+    return floor
+
+
+def family(mode: str) -> str:
+    """solo2 -> solo, solok3 -> solok: the passes that are one reference"""
+    return mode.rstrip("0123456789")
+
+
 def noise_floor(modes: dict, names: list, key, ref: dict, baseline: dict) -> dict:
     """Each reference pass against the median of the passes (ref by key), by the item's bucket: what the
     reference itself varies by."""
@@ -333,16 +357,23 @@ def main() -> int:
     plans = None
     for mode in args.modes.split(","):
         t0 = time.monotonic()
-        if mode.startswith("solo"):     # the plan's commands, one at a time, no krex
+        if mode.startswith("solo"):     # the plan's commands, one at a time (solok: under krex)
             if plans is None:
                 ap.error(f"mode {mode} needs an isolated pass before it (that pass makes the plan)")
-            recs = []
+            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split()) \
+                if family(mode) == "solok" else None
+            recs, outs = [], []
             for a, plan in enumerate(plans):
                 for c, cmd_items in enumerate(plan):
                     out = tmp / f"{mode}-a{a}-c{c}.jsonl"
-                    subprocess.run(agent_cmd(kb, cmd_items, out, args.trials, f"{mode}-a{a}-c{c}", False), env=env(),
-                                   timeout=300, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}.log", "ab"))
+                    outs.append(out)
+                    subprocess.run(agent_cmd(kb, cmd_items, out, args.trials, f"{mode}-a{a}-c{c}", world is not None),
+                                   env=world.env(KREX_HOOKS="kernelbench") if world else env(), timeout=300,
+                                   stdout=subprocess.DEVNULL, stderr=open(tmp / f"{mode}.log", "ab"))
                     recs += read(out)
+            if world:
+                world.stop()
+                notes.setdefault("hand_offs", {})[mode] = hand_offs(outs)
             modes[mode], walls[mode] = recs, time.monotonic() - t0
             print(f"{mode}: {len(recs)} measurements in {walls[mode]:.1f} s", flush=True)
             continue
@@ -389,13 +420,15 @@ def main() -> int:
     baseline, spread = passes(modes, iso, item_key)
     shared = {m: v for m, v in modes.items() if not m.startswith(("isolated", "solo"))}
     results["analysis"] = analyse(shared, baseline, baseline, spread)
-    solo = [m for m in modes if m.startswith("solo")]
-    if solo:        # each measurement against its twins: the same command's same position, run alone
-        twins, twin_spread = passes(modes, solo, twin_key)
-        results["analysis_vs_solo"] = analyse(shared, baseline, twins, twin_spread, twin_key)
+    for fam in sorted({family(m) for m in modes if m.startswith("solo")}):
+        solo = [m for m in modes if family(m) == fam]   # each measurement against its twins: the same
+        twins, twin_spread = passes(modes, solo, twin_key)   # command's same position, run alone
+        results[f"analysis_vs_{fam}"] = analyse(shared, baseline, twins, twin_spread, twin_key)
         if len(solo) >= 2:
             floor = noise_floor(modes, solo, twin_key, twins, baseline)
-            results["noise_floor_solo_p95"] = {k: p95(v) for k, v in floor.items()}
+            results[f"noise_floor_{fam}_p95"] = {k: p95(v) for k, v in floor.items()}
+            floor = noise_floor_loo(modes, solo, twin_key, baseline)
+            results[f"noise_floor_{fam}_loo_p95"] = {k: p95(v) for k, v in floor.items()}
     if len(iso) >= 2:
         floor = noise_floor(modes, iso, item_key, baseline, baseline)
         results["noise_floor_p95"] = {k: p95(v) for k, v in floor.items()}
@@ -411,7 +444,8 @@ def main() -> int:
     results["first_trials"] = first_trials(modes, baseline)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
-                                              "commands_per_min", "unstable_items",
+                                              "noise_floor_solo_loo_p95", "analysis_vs_solok", "noise_floor_solok_p95",
+                                              "noise_floor_solok_loo_p95", "commands_per_min", "unstable_items",
                                               "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs",
                                               "first_trials")
                       if k in results}, indent=1))

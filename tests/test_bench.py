@@ -102,7 +102,8 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
                         "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "3",
-                        "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2", "--disturbers",
+                        "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2,solok,solok2",
+                        "--disturbers",
                         "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -119,5 +120,15 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert len(data["raw"]["solo"]) == len(data["raw"]["solo2"]) == 12
     assert all(data["analysis_vs_solo"][m]["n"] == 12 for m in ("naive", "krex", "krexnf", "krexdist"))
     assert set(data["noise_floor_solo_p95"]) <= {"0.1-1ms", "1-10ms", ">10ms"}
+    # solok: the same twins alone under krex (their own controller): each timing a granted region; a
+    # reference family of its own, with the leave-one-out floor (a pass against the other pass)
+    assert len(data["raw"]["solok"]) == len(data["raw"]["solok2"]) == 12
+    assert all(r["region"]["granted"] and r["region"]["exclusive"] for r in data["raw"]["solok"])
+    assert not any("region" in r for r in data["raw"]["solo"])
+    assert "solok" not in data["analysis"] and data["analysis_vs_solok"]["krex"]["n"] == 12
+    assert data["hand_offs"]["solok"]["regions"] == 12
+    for fam in ("solo", "solok"):
+        loo, plain = data[f"noise_floor_{fam}_loo_p95"], data[f"noise_floor_{fam}_p95"]
+        assert set(loo) == set(plain) and all(loo[b] >= plain[b] for b in loo), (fam, loo, plain)
     ft = data["first_trials"]["krex"]       # the 0.1-1 ms items' first trials (2 items x 3 of each per mode)
     assert ft["n"] > 0 and len(ft["median"]) == len(ft["p90"]) == 3
