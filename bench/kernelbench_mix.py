@@ -344,6 +344,7 @@ def main() -> int:
     ap.add_argument("--agent", help="the agent script (default bench/kb_agent.py; the tests use a CPU stand-in)")
     ap.add_argument("--item-list", help="comma-separated items instead of the built-in list")
     ap.add_argument("--mode-limit", type=float, default=240, help="seconds a mode may take before it is stopped")
+    ap.add_argument("--reanalyse", metavar="RESULT", help="no runs: analyse the measurements of a written result again")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     kb = str(Path(args.kernelbench).resolve())
@@ -351,8 +352,19 @@ def main() -> int:
         AGENT[:] = [args.agent]
     items = args.item_list.split(",") if args.item_list else \
         [i for i in ITEMS if (Path(kb) / "level1" / i.split(":")[0]).exists()]
+    if args.reanalyse:      # a written result (a partial one too): the analysis again, from its measurements
+        try:
+            old = json.loads(Path(args.reanalyse).read_text())
+            return report(old["raw"], old["walls_s"], old["notes"], old.get("items", items), args.out,
+                          old.get("argv", []), reanalysed=sys.argv)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"cannot reanalyse {args.reanalyse}: {e!r}")
     tmp = Path(tempfile.mkdtemp(prefix="kbmix-", dir=os.environ.get("KBMIX_TMP")))
-    results, walls, modes, notes = {}, {}, {}, {}
+    walls, modes, notes = {}, {}, {}
+
+    def partial() -> None:
+        Path(args.out).write_text(json.dumps({"partial": True, "raw": modes, "walls_s": walls, "notes": notes,
+                                              "items": items, "argv": sys.argv}))
     rng = random.Random(13)
     plans = None
     for mode in args.modes.split(","):
@@ -376,6 +388,7 @@ def main() -> int:
                 notes.setdefault("hand_offs", {})[mode] = hand_offs(outs)
             modes[mode], walls[mode] = recs, time.monotonic() - t0
             print(f"{mode}: {len(recs)} measurements in {walls[mode]:.1f} s", flush=True)
+            partial()
             continue
         if mode.startswith("isolated"):
             out = tmp / f"{mode}.jsonl"
@@ -394,6 +407,7 @@ def main() -> int:
                          for _ in range(args.agents)]
                 notes["buckets"] = {b: sorted(v) for b, v in by_bucket.items()}
             print(f"{mode}: {len(modes[mode])} items in {walls[mode]:.1f} s", flush=True)
+            partial()
             continue
         world = None
         dist = []
@@ -415,7 +429,13 @@ def main() -> int:
         notes.setdefault("commands", {})[mode] = ncmd
         print(f"{mode}: {len(recs)} measurements, {ncmd} commands in {wall:.1f} s "
               f"({ncmd / wall * 60:.1f}/min)", flush=True)
-        Path(args.out).write_text(json.dumps({"partial": True, "raw": modes, "walls_s": walls, "notes": notes}))
+        partial()
+    return report(modes, walls, notes, items, args.out, sys.argv)
+
+
+def report(modes: dict, walls: dict, notes: dict, items: list, out: str, argv: list, reanalysed=None) -> int:
+    """The analysis of the modes' measurements, written to out (raw measurements included) and printed."""
+    results = {"reanalysed_by": reanalysed} if reanalysed else {}
     iso = [m for m in modes if m.startswith("isolated")]
     baseline, spread = passes(modes, iso, item_key)
     shared = {m: v for m, v in modes.items() if not m.startswith(("isolated", "solo"))}
@@ -437,12 +457,12 @@ def main() -> int:
     results["commands_per_min"] = {m: round(notes["commands"][m] / walls[m] * 60, 2) for m in notes.get("commands", {})}
     if "naive" in walls and "krex" in walls:
         results["krex_vs_naive_throughput"] = round(walls["naive"] / walls["krex"], 4)
-    results.update(argv=sys.argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
+    results.update(argv=argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
     if "naive" in walls and "krexnf" in walls:
         results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
     results["hand_offs"] = notes.get("hand_offs", {})
     results["first_trials"] = first_trials(modes, baseline)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    Path(out).write_text(json.dumps(results, indent=1))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
                                               "noise_floor_solo_loo_p95", "analysis_vs_solok", "noise_floor_solok_p95",
                                               "noise_floor_solok_loo_p95", "commands_per_min", "unstable_items",

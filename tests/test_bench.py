@@ -132,3 +132,10 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
         assert set(loo) == set(plain) and all(loo[b] >= plain[b] for b in loo), (fam, loo, plain)
     ft = data["first_trials"]["krex"]       # the 0.1-1 ms items' first trials (2 items x 3 of each per mode)
     assert ft["n"] > 0 and len(ft["median"]) == len(ft["p90"]) == 3
+    # --reanalyse: the same analysis from the written measurements, nothing run
+    again = tmp_path / "again.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--reanalyse", str(out), "--out",
+                        str(again)], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    redone = json.loads(again.read_text())
+    assert redone["analysis_vs_solok"] == data["analysis_vs_solok"] and redone["argv"] == data["argv"]

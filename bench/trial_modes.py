@@ -1,0 +1,122 @@
+"""Why one KernelBench problem's trials fall into modes (conv_transposed_3D 68: 33.7 or 35.7 ms within one
+process, alone too): KernelBench's timing loop (its clear_l2_cache, CUDA events, a synchronize per trial)
+with, after each trial, the output tensor's address and NVML's SM clock, temperature, power and clock event
+reasons, in fresh processes one after another. A mode that follows the output's address is memory placement;
+one that follows the clock is the power state.
+
+    python bench/trial_modes.py --kernelbench .kb --items 68_conv_transposed_3D__square_input__asymmetric_kernel.py:fp32 \
+        --procs 3 --trials 60 --out /tmp/krex-out/trial-modes.json
+
+Not a krex measurement: nothing here runs under krex."""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(args) -> None:
+    sys.path.insert(0, args.kernelbench)
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pynvml
+    import torch
+    from kernelbench import timing
+    from kb_agent import DTYPES, load_problem
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    rows = []
+    with torch.no_grad():
+        for item in args.items.split(","):
+            problem, dtype_name = item.split(":")
+            dtype = getattr(torch, DTYPES[dtype_name])
+            ctx = load_problem(os.path.join(args.kernelbench, "level1", problem))
+            torch.manual_seed(42)
+            with torch.device(dev):
+                inputs = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                          for x in ctx["get_inputs"]()]
+                init = ctx["get_init_inputs"]()
+            model = ctx["Model"](*init).to(device=dev, dtype=dtype)
+            for _ in range(3):
+                model(*inputs)
+                torch.cuda.synchronize()
+            torch.cuda.empty_cache()       # as time_execution_with_cuda_event does after its warm-up
+            out = None
+            for trial in range(args.trials):
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                timing.clear_l2_cache(device=dev)
+                start.record()
+                out = model(*inputs)
+                end.record()
+                torch.cuda.synchronize()
+                rows.append({"item": item, "trial": trial, "ms": start.elapsed_time(end),
+                             "out_ptr": out.data_ptr() if isinstance(out, torch.Tensor) else None,
+                             "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                             "mem_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                             "temp_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000,
+                             "reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)})
+            del model, inputs, out
+            torch.cuda.empty_cache()
+    Path(args.rows).write_text(json.dumps(rows))
+
+
+def summary(rows: list) -> dict:
+    """Per item: the trials' times by output address and by SM clock (median, count), fastest first."""
+    res = {}
+    for item in sorted({r["item"] for r in rows}):
+        rs = [r for r in rows if r["item"] == item]
+        fast = min(r["ms"] for r in rs)
+        by = {}
+        for key in ("out_ptr", "sm_mhz", "reasons", "proc"):
+            groups = {}
+            for r in rs:
+                groups.setdefault(str(r[key]), []).append(r["ms"])
+            by[key] = sorted(([k, len(v), round(statistics.median(v) / fast - 1, 4)] for k, v in groups.items()),
+                             key=lambda g: g[2])
+        res[item] = {"fastest_ms": fast, "n": len(rs), "slow_share": round(sum(r["ms"] > 1.02 * fast for r in rs) / len(rs), 3),
+                     "by": by}
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernelbench", default=str(ROOT / ".kb"))
+    ap.add_argument("--items", required=True, help="PROBLEM:DTYPE,... (as bench/kb_agent.py)")
+    ap.add_argument("--procs", type=int, default=3, help="fresh processes, one after another")
+    ap.add_argument("--trials", type=int, default=60)
+    ap.add_argument("--out")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in range(args.procs):
+            path = Path(tmp) / f"rows{p}.json"
+            r = subprocess.run([sys.executable, __file__, "--child", "--kernelbench", args.kernelbench, "--items",
+                                args.items, "--trials", str(args.trials), "--rows", str(path)],
+                               capture_output=True, text=True, timeout=300)
+            if r.returncode:
+                print(f"trial_modes: process {p} failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                return 1
+            rows += [dict(x, proc=p) for x in json.loads(path.read_text())]
+    res = {"argv": sys.argv, "summary": summary(rows), "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
