@@ -1,8 +1,10 @@
 """Why one KernelBench problem's trials fall into modes (conv_transposed_3D 68: 33.7 or 35.7 ms within one
 process, alone too): KernelBench's timing loop (its clear_l2_cache, CUDA events, a synchronize per trial)
 with, after each trial, the output tensor's address and NVML's SM clock, temperature, power and clock event
-reasons, in fresh processes one after another. A mode that follows the output's address is memory placement;
-one that follows the clock is the power state.
+reasons, and the host time of the L2 flush and of the launch (start event, the model, end event), in fresh
+processes one after another (--pin: on those CPUs only, as krex's CPU isolation puts a region owner). A mode
+that follows the output's address is memory placement, one that follows the clock the power state, one that
+follows the host launch time a GPU waiting for its CPU inside the timed window.
 
     python bench/trial_modes.py --kernelbench .kb --items 68_conv_transposed_3D__square_input__asymmetric_kernel.py:fp32 \
         --procs 3 --trials 60 --out /tmp/krex-out/trial-modes.json
@@ -16,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +35,12 @@ def child(args) -> None:
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
+    torch.zeros(1, device=dev)
+    if args.pin:        # every thread of the process on these CPUs, as krex's CPU isolation does to an owner
+        cpus = {int(c) for part in args.pin.split(",") for c in
+                (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), cpus)
     rows = []
     with torch.no_grad():
         for item in args.items.split(","):
@@ -52,12 +61,17 @@ def child(args) -> None:
             for trial in range(args.trials):
                 torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
                 timing.clear_l2_cache(device=dev)
+                t1 = time.perf_counter()
                 start.record()
                 out = model(*inputs)
                 end.record()
+                t2 = time.perf_counter()
                 torch.cuda.synchronize()
                 rows.append({"item": item, "trial": trial, "ms": start.elapsed_time(end),
+                             "host_flush_us": (t1 - t0) * 1e6, "host_launch_us": (t2 - t1) * 1e6,
+                             "cpu": os.sched_getcpu() if hasattr(os, "sched_getcpu") else None,
                              "out_ptr": out.data_ptr() if isinstance(out, torch.Tensor) else None,
                              "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                              "mem_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
@@ -76,6 +90,10 @@ def summary(rows: list) -> dict:
         rs = [r for r in rows if r["item"] == item]
         fast = min(r["ms"] for r in rs)
         by = {}
+        slow = [r for r in rs if r["ms"] > 1.02 * fast]
+        quick = [r for r in rs if r["ms"] <= 1.02 * fast]
+        host = {name: {k: round(statistics.median(r[k] for r in group), 1) for k in ("host_flush_us", "host_launch_us")}
+                for name, group in (("slow", slow), ("quick", quick)) if group}
         for key in ("out_ptr", "sm_mhz", "reasons", "proc"):
             groups = {}
             for r in rs:
@@ -83,7 +101,7 @@ def summary(rows: list) -> dict:
             by[key] = sorted(([k, len(v), round(statistics.median(v) / fast - 1, 4)] for k, v in groups.items()),
                              key=lambda g: g[2])
         res[item] = {"fastest_ms": fast, "n": len(rs), "slow_share": round(sum(r["ms"] > 1.02 * fast for r in rs) / len(rs), 3),
-                     "by": by}
+                     "host_us_median": host, "by": by}
     return res
 
 
@@ -93,6 +111,7 @@ def main() -> int:
     ap.add_argument("--items", required=True, help="PROBLEM:DTYPE,... (as bench/kb_agent.py)")
     ap.add_argument("--procs", type=int, default=3, help="fresh processes, one after another")
     ap.add_argument("--trials", type=int, default=60)
+    ap.add_argument("--pin", help="CPUs (e.g. 14-15) every thread of each process is pinned to after CUDA starts")
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
@@ -105,7 +124,8 @@ def main() -> int:
         for p in range(args.procs):
             path = Path(tmp) / f"rows{p}.json"
             r = subprocess.run([sys.executable, __file__, "--child", "--kernelbench", args.kernelbench, "--items",
-                                args.items, "--trials", str(args.trials), "--rows", str(path)],
+                                args.items, "--trials", str(args.trials), "--rows", str(path),
+                                *(["--pin", args.pin] if args.pin else [])],
                                capture_output=True, text=True, timeout=300)
             if r.returncode:
                 print(f"trial_modes: process {p} failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)

@@ -2,7 +2,8 @@
 # tests/gpu/kbmix_h200.sh: KernelBench agents at once on the H200 (bench/kernelbench_mix.py): isolated, naive,
 # krex, krex with disturbers, krex with a foreign process, isolated again. Needs .kb (KernelBench's timing
 # module and level 1) and .whl carried. Logs in $OUT/kbmix-logs.tgz, results in $OUT/kbmix.json.
-# TRIAL_ITEMS=PROBLEM:DTYPE,... first runs bench/trial_modes.py on them ($OUT/trial-modes.json).
+# TRIAL_ITEMS=PROBLEM:DTYPE,... first runs bench/trial_modes.py on them ($OUT/trial-modes.json), and with
+# TRIAL_PIN=CPUS once more pinned to those CPUs ($OUT/trial-modes-pinCPUS.json).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT" /tmp/kbmix
@@ -12,11 +13,13 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > /tmp/kbmix/smi.csv & SMI=$!
-if [ -n "${TRIAL_ITEMS:-}" ]; then
+for pin in "" ${TRIAL_PIN:-}; do
+  [ -n "${TRIAL_ITEMS:-}" ] || break
+  name=trial-modes${pin:+-pin$pin}
   timeout 150 python3 bench/trial_modes.py --kernelbench .kb --items "$TRIAL_ITEMS" --procs ${TRIAL_PROCS:-3} \
-    --trials ${TRIAL_TRIALS:-60} --out $OUT/trial-modes.json > /tmp/kbmix/trial-modes.log 2>&1
-  echo "trial_modes rc=$?"; tail -c 3000 /tmp/kbmix/trial-modes.log
-fi
+    --trials ${TRIAL_TRIALS:-60} ${pin:+--pin $pin} --out $OUT/$name.json > /tmp/kbmix/$name.log 2>&1
+  echo "$name rc=$?"
+done
 timeout ${LIMIT:-560} python3 bench/kernelbench_mix.py --kernelbench .kb --agents ${AGENTS:-8} --commands ${COMMANDS:-3} \
   --items ${ITEMS:-7} --trials ${TRIALS:-20} ${EXTRA:-} --out $OUT/kbmix.json 2>&1 | tail -80
 kill $SMI
