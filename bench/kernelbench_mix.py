@@ -16,6 +16,7 @@ not in this repository). Modes, in this order, each a fresh controller where kre
   krexnf      krex with `krex controller --no-freeze` (the gate and the drain alone keep the GPU exclusive)
   krexns      krex without the clock settle (`--clock-settle-ms 0`)
   krexni      krex without CPU isolation (`--no-cpu-isolation`: the owner's threads stay where they are)
+  krexown     krex with `--owner-cpus own-and-reserved` (the owner keeps its CPUs and gains the reserved ones)
   isolated2, isolated3  more isolated passes (item baseline: the median of the passes; the noise floor: each
               pass against it)
   solo, solo2 every agent command of the plan run alone, one after another: the same items in the same order
@@ -25,7 +26,8 @@ not in this repository). Modes, in this order, each a fresh controller where kre
               each solo pass with that median
   solok, solok2  the same twins alone under krex (a controller of their own, each timing call a region: the
               clock settle and CPU isolation, nobody to wait for), so the reference starts each timing from the
-              state krex gives every region; "analysis_vs_solok", "noise_floor_solok_p95"
+              state krex gives every region; "analysis_vs_solok", "noise_floor_solok_p95"; solokown, solokni,
+              ...: the same with that krex mode's controller options (solokown: those of krexown)
 A reference family (solo, solok) also has a leave-one-out floor, "noise_floor_<family>_loo_p95": each pass
 against the median of the family's other passes (with two passes, the gap between them). It is what a
 measurement krex does not disturb would show against its twins (a little more: the twins' median of two
@@ -70,7 +72,7 @@ ITEMS = [  # KernelBench level 1 problems and the dtype they run in (bf16 brings
 BUCKETS = (("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1.0), ("1-10ms", 1.0, 10.0), (">10ms", 10.0, 1e9))
 # `krex controller` options of the krex modes (any mode starting with "krex" is a krex mode)
 MODE_ARGS = {"krexnf": ["--no-freeze"], "krexdist": ["--settle-ms-per-gib", "10"], "krexns": ["--clock-settle-ms", "0"],
-             "krexni": ["--no-cpu-isolation"]}
+             "krexni": ["--no-cpu-isolation"], "krexown": ["--owner-cpus", "own-and-reserved"]}
 
 
 def bucket_of(ms: float) -> str:
@@ -372,8 +374,9 @@ def main() -> int:
         if mode.startswith("solo"):     # the plan's commands, one at a time (solok: under krex)
             if plans is None:
                 ap.error(f"mode {mode} needs an isolated pass before it (that pass makes the plan)")
-            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split()) \
-                if family(mode) == "solok" else None
+            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split(),
+                          *MODE_ARGS.get("krex" + family(mode)[len("solok"):], [])) \
+                if family(mode).startswith("solok") else None
             recs, outs = [], []
             for a, plan in enumerate(plans):
                 for c, cmd_items in enumerate(plan):
@@ -455,20 +458,20 @@ def report(modes: dict, walls: dict, notes: dict, items: list, out: str, argv: l
         results["noise_floor_n"] = {k: len(v) for k, v in floor.items()}
         results["unstable_items"] = sorted(k for k, v in spread.items() if v > 0.01)
     results["commands_per_min"] = {m: round(notes["commands"][m] / walls[m] * 60, 2) for m in notes.get("commands", {})}
-    if "naive" in walls and "krex" in walls:
-        results["krex_vs_naive_throughput"] = round(walls["naive"] / walls["krex"], 4)
+    for m in walls:     # each shared krex mode's throughput against naive sharing (the same plan's wall time)
+        if "naive" in walls and m.startswith("krex") and m not in ("krexdist", "krexforeign"):
+            results[f"{m}_vs_naive_throughput"] = round(walls["naive"] / walls[m], 4)
     results.update(argv=argv, items=items, baseline_ms=baseline, notes=notes, walls_s=walls, raw=modes)
-    if "naive" in walls and "krexnf" in walls:
-        results["krexnf_vs_naive_throughput"] = round(walls["naive"] / walls["krexnf"], 4)
     results["hand_offs"] = notes.get("hand_offs", {})
     results["first_trials"] = first_trials(modes, baseline)
     Path(out).write_text(json.dumps(results, indent=1))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
                                               "noise_floor_solo_loo_p95", "analysis_vs_solok", "noise_floor_solok_p95",
-                                              "noise_floor_solok_loo_p95", "commands_per_min", "unstable_items",
-                                              "krex_vs_naive_throughput", "krexnf_vs_naive_throughput", "hand_offs",
-                                              "first_trials")
-                      if k in results}, indent=1))
+                                              "noise_floor_solok_loo_p95", "analysis_vs_solokown",
+                                              "noise_floor_solokown_loo_p95", "commands_per_min", "unstable_items",
+                                              "hand_offs", "first_trials")
+                      if k in results} | {k: v for k, v in results.items() if k.endswith("_vs_naive_throughput")},
+                     indent=1))
     return 0
 
 

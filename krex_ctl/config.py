@@ -74,6 +74,8 @@ class Config:
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
     state_file: Optional[str] = None
     isolate_cpus: bool = True
+    owner_cpus: str = "reserved"               # reserved: the owner's threads on the reserved cores only;
+                                               # own-and-reserved: they keep their CPUs and gain the reserved ones
     freeze: bool = True                        # SIGSTOP the other GPU processes during a region
     attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
     lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits
@@ -110,6 +112,7 @@ FLAGS = {
     "drain_timeout_s": "--drain-timeout", "state_file": "--state-file", "isolate_cpus": "--no-cpu-isolation",
     "freeze": "--no-freeze", "attest": "--no-attest", "warm_workers": "--warm-workers",
     "worker_preload": "--worker-preload", "worker_reuse": "--worker-reuse", "log_level": "--log-level",
+    "owner_cpus": "--owner-cpus",
     "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
     "clock_settle_pct": "--clock-settle-pct",
@@ -124,6 +127,7 @@ _SECONDS = {"region_time_limit_s": (0, 86400.0, True), "drain_timeout_s": (0, 36
             "clock_settle_pct": (0, 100.0, True)}
 _COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "max_handshakes_per_uid": (1, 1 << 16),
            "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
+OWNER_CPUS = ("reserved", "own-and-reserved")
 _BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier")
 
 
@@ -221,6 +225,8 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             fail("reserved_cores", f"CPUs {format_cpu_list(cores)} are all the CPUs there are; leave some for the rest")
     if not isinstance(cfg.worker_preload, str):
         fail("worker_preload", f"must be a comma-separated list of modules, not {cfg.worker_preload!r}")
+    if cfg.owner_cpus not in OWNER_CPUS:
+        fail("owner_cpus", f"must be one of {', '.join(OWNER_CPUS)}, not {cfg.owner_cpus!r}")
     if not isinstance(cfg.log_level, str) or cfg.log_level.lower() not in LOG_LEVELS:
         fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
     cfg.log_level = cfg.log_level.lower()

@@ -102,7 +102,7 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
                         "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "3",
-                        "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2,solok,solok2",
+                        "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2,solok,solok2,solokown",
                         "--disturbers",
                         "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -127,6 +127,9 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert not any("region" in r for r in data["raw"]["solo"])
     assert "solok" not in data["analysis"] and data["analysis_vs_solok"]["krex"]["n"] == 12
     assert data["hand_offs"]["solok"]["regions"] == 12
+    # solokown: solok with krexown's controller options, a family of its own (one pass: no floor)
+    assert data["analysis_vs_solokown"]["krex"]["n"] == 12 and "noise_floor_solokown_loo_p95" not in data
+    assert data["krexnf_vs_naive_throughput"] > 0 and "krexdist_vs_naive_throughput" not in data
     for fam in ("solo", "solok"):
         loo, plain = data[f"noise_floor_{fam}_loo_p95"], data[f"noise_floor_{fam}_p95"]
         assert set(loo) == set(plain) and all(loo[b] >= plain[b] for b in loo), (fam, loo, plain)

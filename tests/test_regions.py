@@ -80,6 +80,29 @@ def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path, cpus):
     assert hog.returncode == 0
 
 
+def test_owner_cpus_own_and_reserved_keeps_the_owners_cpus_and_adds_the_reserved(krex, tmp_path, cpus):
+    """--owner-cpus own-and-reserved: the owner (started on the first CPU alone) runs on that CPU and the
+    reserved one inside its regions, and a sibling that is not frozen stays off the reserved one."""
+    krex.start_controller("--no-freeze", "--owner-cpus", "own-and-reserved")
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="3000")
+    aff = tmp_path / "aff"
+    pinned = [sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {{{cpus[0]}}}); "
+              f"os.execv({str(SNIP / 'region')!r}, [{str(SNIP / 'region')!r}])"]
+    owner = krex.popen(pinned, env={"SNIPPET_REGIONS": "2", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "600000",
+                                    "SNIPPET_AFFINITY_FILE": str(aff)})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    assert cpus[-1] not in os.sched_getaffinity(hog_pid)
+    out, err = owner.communicate(timeout=30)
+    assert owner.returncode == 0, err
+    lines = aff.read_text().splitlines()
+    assert len(lines) == 6
+    for before, inside, after in zip(lines[0::3], lines[1::3], lines[2::3]):
+        assert before.split()[1:] == after.split()[1:] == [str(cpus[0])]
+        assert inside.split()[1:] == [str(cpus[0]), str(cpus[-1])]
+    wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
+    hog.communicate(timeout=30)
+
+
 def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")

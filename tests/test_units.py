@@ -109,6 +109,7 @@ def test_every_bad_flag_is_named(setting, value, message):
     ("max_clients", -1, "max_clients: must be between 1 and"),
     ("region_time_limit_s", "abc", "region_time_limit_s: must be a number, not 'abc'"),
     ("freeze", "yes", "freeze: must be true or false"),
+    ("owner_cpus", "all", "owner_cpus: must be one of reserved, own-and-reserved, not 'all'"),
     ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
 ])
 def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
