@@ -2,7 +2,8 @@
 process, alone too): KernelBench's timing loop (its clear_l2_cache, CUDA events, a synchronize per trial)
 with, after each trial, the output tensor's address and NVML's SM clock, temperature, power and clock event
 reasons, and the host time of the L2 flush and of the launch (start event, the model, end event), in fresh
-processes one after another (--pin: on those CPUs only, as krex's CPU isolation puts a region owner). A mode
+processes one after another (--pin: on those CPUs only, as krex's CPU isolation puts a region owner;
+--pin-main: the main thread alone there, the process's other threads on the other CPUs). A mode
 that follows the output's address is memory placement, one that follows the clock the power state, one that
 follows the host launch time a GPU waiting for its CPU inside the timed window.
 
@@ -36,11 +37,13 @@ def child(args) -> None:
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     torch.zeros(1, device=dev)
-    if args.pin:        # every thread of the process on these CPUs, as krex's CPU isolation does to an owner
-        cpus = {int(c) for part in args.pin.split(",") for c in
+    if args.pin or args.pin_main:   # every thread on these CPUs (as krex's CPU isolation does to an owner), or
+        spec = args.pin or args.pin_main    # the main thread there and the others on the remaining CPUs
+        cpus = {int(c) for part in spec.split(",") for c in
                 (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))}
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), cpus)
+        rest = os.sched_getaffinity(0) - cpus
+        for tid in map(int, os.listdir("/proc/self/task")):
+            os.sched_setaffinity(tid, cpus if args.pin or tid == os.getpid() else rest)
     rows = []
     with torch.no_grad():
         for item in args.items.split(","):
@@ -112,6 +115,7 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=3, help="fresh processes, one after another")
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--pin", help="CPUs (e.g. 14-15) every thread of each process is pinned to after CUDA starts")
+    ap.add_argument("--pin-main", help="CPUs the main thread alone is pinned to (the other threads: the rest)")
     ap.add_argument("--out")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
@@ -125,7 +129,8 @@ def main() -> int:
             path = Path(tmp) / f"rows{p}.json"
             r = subprocess.run([sys.executable, __file__, "--child", "--kernelbench", args.kernelbench, "--items",
                                 args.items, "--trials", str(args.trials), "--rows", str(path),
-                                *(["--pin", args.pin] if args.pin else [])],
+                                *(["--pin", args.pin] if args.pin else []),
+                                *(["--pin-main", args.pin_main] if args.pin_main else [])],
                                capture_output=True, text=True, timeout=300)
             if r.returncode:
                 print(f"trial_modes: process {p} failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
