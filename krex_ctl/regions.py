@@ -244,8 +244,8 @@ class RegionsMixin:
         handed_over = self.handover is not None
         if handed_over:
             region.saved_affinity, self.handover = self.handover[1], None
-        # the owner on the reserved cores alone (confined there with all its threads), or on its own CPUs and
-        # the reserved ones: a torch process's 20-odd threads on two cores delay its launches (bench/trial_modes)
+        # the owner confined to the reserved cores with all its threads, or on its own CPUs and the reserved
+        # ones (a torch process confined to two cores launched its small kernels late: bench/trial_modes)
         owner = (lambda old: reserved) if self.cfg.owner_cpus == "reserved" else (lambda old: old | reserved)
         for pid in inside:
             procs.set_affinity(procs.threads(pid), owner, region.saved_affinity)

@@ -96,6 +96,7 @@ def test_config_errors_are_clear(tmp_path):
     ("reserved_cores", "9999", "--reserved-cores: CPU 9999 is not usable here"),
     ("log_level", "bogus", "--log-level: must be one of error, warning, info, debug, not 'bogus'"),
     ("warm_workers", "x", "--warm-workers: must be a whole number"),
+    ("owner_cpus", "mine", "--owner-cpus: must be one of reserved, own-and-reserved, not 'mine'"),
 ])
 def test_every_bad_flag_is_named(setting, value, message):
     with pytest.raises(KrexCommandError) as e:

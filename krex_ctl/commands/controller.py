@@ -48,8 +48,9 @@ from ..controller import Controller, bind
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
-               socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, no_attest, no_lifecycle_barrier, settle_ms,
-               settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload, worker_reuse, embedded, log_level) -> None:
+               socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, no_attest, no_lifecycle_barrier,
+               settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload,
+               worker_reuse, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
@@ -59,8 +60,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     cfg = config.load(
         config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
         drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
-        socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None, owner_cpus=owner_cpus,
-        freeze=False if no_freeze else None, attest=False if no_attest else None,
+        socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
+        owner_cpus=owner_cpus, freeze=False if no_freeze else None, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         warm_workers=warm_workers, worker_preload=worker_preload,
