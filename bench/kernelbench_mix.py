@@ -37,7 +37,7 @@ An item is PROBLEM:DTYPE; the bucket of an item is by its isolated time (< 0.1, 
 agent command times ITEMS items (bucket by bucket in turn, so every bucket gets about as many measurements).
 Inflation of a measurement: its median over the trials / the item's isolated baseline - 1. Each krex command
 writes a report (krex run --report); "hand_offs" has the median of each phase of its regions and their
-total time."""
+total time. OUT.md (OUT's name with .md) has the results in one table, printed last as well."""
 
 import argparse
 import itertools
@@ -436,6 +436,29 @@ def main() -> int:
     return report(modes, walls, notes, items, args.out, sys.argv)
 
 
+def table(results: dict) -> str:
+    """The results in one markdown table: each shared mode against each reference (the isolated items and
+    every twin family), its clean p95 per bucket, the reference's floor (leave-one-out where there is one),
+    the regions flagged, the moved ones flagged, and the throughput against naive."""
+    names = [b for b, _, _ in BUCKETS if b != "<0.1ms"]
+    rows = ["| mode | against | clean p95 " + " / ".join(names) + " | reference floor | flagged | moved > 2%: flagged "
+            "| throughput / naive |", "|---|---|---|---|---|---|---|"]
+    refs = [("items", "analysis", results.get("noise_floor_p95"))] + \
+        [(k[len("analysis_vs_"):], k, results.get(f"noise_floor_{k[len('analysis_vs_'):]}_loo_p95"))
+         for k in results if k.startswith("analysis_vs_")]
+    pct = lambda x: "-" if x is None else f"{x * 100:.2f}%"    # noqa: E731
+    for ref, key, floor in refs:
+        for mode, a in results[key].items():
+            if mode == "naive":
+                continue
+            clean = " / ".join(pct(a["buckets"].get(b, {}).get("p95_abs_clean")) for b in names)
+            fl = " / ".join(pct((floor or {}).get(b)) for b in names) if floor else "-"
+            thr = results.get(f"{mode}_vs_naive_throughput")
+            rows.append(f"| {mode} | {ref} | {clean} | {fl} | {a['flagged']} of {a['n']} | "
+                        f"{a['moved_and_flagged']} of {a['moved_over_2pct']} | {pct(thr)} |")
+    return "\n".join(rows) + "\n"
+
+
 def report(modes: dict, walls: dict, notes: dict, items: list, out: str, argv: list, reanalysed=None) -> int:
     """The analysis of the modes' measurements, written to out (raw measurements included) and printed."""
     results = {"reanalysed_by": reanalysed} if reanalysed else {}
@@ -465,6 +488,7 @@ def report(modes: dict, walls: dict, notes: dict, items: list, out: str, argv: l
     results["hand_offs"] = notes.get("hand_offs", {})
     results["first_trials"] = first_trials(modes, baseline)
     Path(out).write_text(json.dumps(results, indent=1))
+    Path(out).with_suffix(".md").write_text(table(results))
     print(json.dumps({k: results[k] for k in ("analysis", "noise_floor_p95", "analysis_vs_solo", "noise_floor_solo_p95",
                                               "noise_floor_solo_loo_p95", "analysis_vs_solok", "noise_floor_solok_p95",
                                               "noise_floor_solok_loo_p95", "analysis_vs_solokown",
@@ -472,6 +496,7 @@ def report(modes: dict, walls: dict, notes: dict, items: list, out: str, argv: l
                                               "hand_offs", "first_trials")
                       if k in results} | {k: v for k, v in results.items() if k.endswith("_vs_naive_throughput")},
                      indent=1))
+    print(table(results), end="")
     return 0
 
 

@@ -142,3 +142,8 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     redone = json.loads(again.read_text())
     assert redone["analysis_vs_solok"] == data["analysis_vs_solok"] and redone["argv"] == data["argv"]
+    # the table (OUT.md, printed last too): a row per shared mode and reference, the floors where there are two passes
+    md = again.with_suffix(".md").read_text()
+    assert md == out.with_suffix(".md").read_text() and md in p.stdout
+    row = next(line for line in md.splitlines() if line.startswith("| krex | solok |"))
+    assert row.count("%") >= 6 and f"{data['analysis_vs_solok']['krex']['flagged']} of 12" in row
