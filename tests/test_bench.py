@@ -147,3 +147,27 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert md == out.with_suffix(".md").read_text() and md in p.stdout
     row = next(line for line in md.splitlines() if line.startswith("| krex | solok |"))
     assert row.count("%") >= 6 and f"{data['analysis_vs_solok']['krex']['flagged']} of 12" in row
+
+
+def test_kernelbench_mix_floors_compare_a_pass_with_the_other_passes():
+    """The leave-one-out floor is each pass against the median of the other passes (two passes: their gap);
+    the plain floor, a pass against a median it is part of, is at most that."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import kernelbench_mix as km
+
+    def rec(mode, ms, index=0):
+        return {"tag": f"{mode}-a0-c0", "index": index, "item": "x:fp32", "median_ms": ms}
+
+    baseline = {"x:fp32": 0.5}
+    two = {"solo": [rec("solo", 1.0)], "solo2": [rec("solo2", 1.1)]}
+    loo = km.noise_floor_loo(two, ["solo", "solo2"], km.twin_key, baseline)["0.1-1ms"]
+    assert loo == pytest.approx([0.1 / 1.1, 0.1])           # 1.0 against 1.1, 1.1 against 1.0
+    twins, _ = km.passes(two, ["solo", "solo2"], km.twin_key)
+    plain = km.noise_floor(two, ["solo", "solo2"], km.twin_key, twins, baseline)["0.1-1ms"]
+    assert plain == pytest.approx([0.05 / 1.05, 0.05 / 1.05]) and max(plain) < min(loo)
+    three = dict(two, solo3=[rec("solo3", 1.3)])
+    loo3 = km.noise_floor_loo(three, ["solo", "solo2", "solo3"], km.twin_key, baseline)["0.1-1ms"]
+    # three passes: each against the median of the other two (1.1 and 1.3, 1.0 and 1.3, 1.0 and 1.1)
+    assert loo3 == pytest.approx([abs(1.0 / 1.2 - 1), abs(1.1 / 1.15 - 1), abs(1.3 / 1.05 - 1)])
+    assert [km.family(m) for m in ("solo", "solo2", "solok", "solok12", "solokown2")] == \
+        ["solo", "solo", "solok", "solok", "solokown"]
