@@ -100,7 +100,7 @@ def summary(rows: list) -> dict:
         quick = [r for r in rs if r["ms"] <= 1.02 * fast]
         host = {name: {k: round(statistics.median(r[k] for r in group), 1) for k in ("host_flush_us", "host_launch_us")}
                 for name, group in (("slow", slow), ("quick", quick)) if group}
-        for key in ("out_ptr", "sm_mhz", "reasons", "proc"):
+        for key in ("out_ptr", "sm_mhz", "reasons", "proc", "cpu"):
             groups = {}
             for r in rs:
                 groups.setdefault(str(r[key]), []).append(r["ms"])
