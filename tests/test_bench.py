@@ -171,3 +171,19 @@ def test_kernelbench_mix_floors_compare_a_pass_with_the_other_passes():
     assert loo3 == pytest.approx([abs(1.0 / 1.2 - 1), abs(1.1 / 1.15 - 1), abs(1.3 / 1.05 - 1)])
     assert [km.family(m) for m in ("solo", "solo2", "solok", "solok12", "solokown2")] == \
         ["solo", "solo", "solok", "solok", "solokown"]
+
+
+def test_trial_modes_summary_groups_trials_by_what_they_followed():
+    """bench/trial_modes' summary (the GPU part needs torch and a GPU): the share of trials over 2% above
+    the fastest, the host times of slow and quick trials, and each trial's time grouped by output address."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import trial_modes
+
+    rows = [{"item": "m:bf16", "trial": i, "ms": 0.2 if i % 4 == 0 else 0.1, "out_ptr": i % 2, "sm_mhz": 1980,
+             "reasons": 0, "proc": 0, "cpu": 3, "host_flush_us": 20.0, "host_launch_us": 90.0 if i % 4 == 0 else 50.0}
+            for i in range(8)]
+    s = trial_modes.summary(rows)["m:bf16"]
+    assert s["fastest_ms"] == 0.1 and s["n"] == 8 and s["slow_share"] == 0.25
+    assert s["host_us_median"] == {"slow": {"host_flush_us": 20.0, "host_launch_us": 90.0},
+                                   "quick": {"host_flush_us": 20.0, "host_launch_us": 50.0}}
+    assert s["by"]["out_ptr"] == [["1", 4, 0.0], ["0", 4, 0.5]]     # every slow trial had the even address
