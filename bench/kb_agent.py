@@ -25,6 +25,21 @@ def load_problem(path: str) -> dict:
     return ctx
 
 
+def make_problem(kernelbench: str, item: str, dev) -> tuple:
+    """An item's model and inputs on dev, in the item's dtype, as KernelBench builds them (seed 42, inputs
+    made under the device)."""
+    import torch
+    problem, dtype_name = item.split(":")
+    dtype = getattr(torch, DTYPES[dtype_name])
+    ctx = load_problem(os.path.join(kernelbench, "level1", problem))
+    torch.manual_seed(42)
+    with torch.device(dev):
+        inputs = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                  for x in ctx["get_inputs"]()]
+        init = ctx["get_init_inputs"]()
+    return ctx["Model"](*init).to(device=dev, dtype=dtype), inputs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernelbench", required=True, help="directory holding kernelbench/timing.py and level1/")
@@ -46,15 +61,7 @@ def main() -> int:
     t_start = time.monotonic()
     with open(args.out, "a") as out, torch.no_grad():
         for index, item in enumerate(args.items.split(",")):
-            problem, dtype_name = item.split(":")
-            dtype = getattr(torch, DTYPES[dtype_name])
-            ctx = load_problem(os.path.join(args.kernelbench, "level1", problem))
-            torch.manual_seed(42)
-            with torch.device(dev):
-                inputs = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                          for x in ctx["get_inputs"]()]
-                init = ctx["get_init_inputs"]()
-            model = ctx["Model"](*init).to(device=dev, dtype=dtype)
+            model, inputs = make_problem(args.kernelbench, item, dev)
             before = krex.last_region() if krex else None
             times = timing.time_execution_with_cuda_event(model, inputs, num_warmup=args.warmup,
                                                           num_trials=args.trials, verbose=False, device=dev)

@@ -32,7 +32,7 @@ def child(args) -> None:
     import pynvml
     import torch
     from kernelbench import timing
-    from kb_agent import DTYPES, load_problem
+    from kb_agent import make_problem
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     dev = torch.device("cuda", 0)
@@ -49,15 +49,7 @@ def child(args) -> None:
     rows = []
     with torch.no_grad():
         for item in args.items.split(","):
-            problem, dtype_name = item.split(":")
-            dtype = getattr(torch, DTYPES[dtype_name])
-            ctx = load_problem(os.path.join(args.kernelbench, "level1", problem))
-            torch.manual_seed(42)
-            with torch.device(dev):
-                inputs = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                          for x in ctx["get_inputs"]()]
-                init = ctx["get_init_inputs"]()
-            model = ctx["Model"](*init).to(device=dev, dtype=dtype)
+            model, inputs = make_problem(args.kernelbench, item, dev)
             for _ in range(3):
                 model(*inputs)
                 torch.cuda.synchronize()
