@@ -364,6 +364,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kbmix-", dir=os.environ.get("KBMIX_TMP")))
     walls, modes, notes = {}, {}, {}
 
+    def new_world(mode: str, options_of: str) -> World:
+        """A controller for a mode, with the controller options of the krex mode options_of"""
+        return World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split(),
+                     *MODE_ARGS.get(options_of, []))
+
     def partial() -> None:
         Path(args.out).write_text(json.dumps({"partial": True, "raw": modes, "walls_s": walls, "notes": notes,
                                               "items": items, "argv": sys.argv}))
@@ -374,9 +379,7 @@ def main() -> int:
         if mode.startswith("solo"):     # the plan's commands, one at a time (solok: under krex)
             if plans is None:
                 ap.error(f"mode {mode} needs an isolated pass before it (that pass makes the plan)")
-            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split(),
-                          *MODE_ARGS.get("krex" + family(mode)[len("solok"):], [])) \
-                if family(mode).startswith("solok") else None
+            world = new_world(mode, "krex" + family(mode)[len("solok"):]) if family(mode).startswith("solok") else None
             recs, outs = [], []
             for a, plan in enumerate(plans):
                 for c, cmd_items in enumerate(plan):
@@ -415,8 +418,7 @@ def main() -> int:
         world = None
         dist = []
         if mode.startswith("krex"):
-            world = World(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp)), *args.controller_args.split(),
-                          *MODE_ARGS.get(mode, []))
+            world = new_world(mode, mode)
             if mode in ("krexdist", "krexforeign"):
                 dist = start_disturbers(world, tmp, args.disturbers.split(",") if mode == "krexdist" else ["bursts"])
                 time.sleep(8)     # torch imported, disturbing
