@@ -92,7 +92,7 @@ enum krex_region_flags {
     KREX_REGION_ENDED_OK = 32      /* the controller acknowledged the end */
 };
 
-/* taints: why a region is not clean (bit i of a taints word); names in krex_ctl/attest.py */
+/* taints: why a region is not clean (bit i of a taints word) */
 enum krex_taint {
     KREX_TAINT_NOT_GRANTED = 1,        /* ran with no controller's grant (no controller, or refused) */
     KREX_TAINT_CONTROLLER_LOST = 2,    /* the connection to the controller broke inside the region */
@@ -107,6 +107,15 @@ enum krex_taint {
     KREX_TAINT_LIFECYCLE = 1024,       /* a sibling's context creation, teardown or exit was still in flight */
     KREX_TAINT_UNACKNOWLEDGED = 2048,  /* the controller did not acknowledge the end in time */
     KREX_TAINT_CLOCK_LOW = 4096        /* the SM clock was not back at its peak when the clock settle ran out */
+};
+
+/* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not
+ * only been disturbed): it is not exclusive. A region with no taint at all is clean. The controller's
+ * records, the shim's own records (shim/region.c) and the report all read this. Snake-case names of the
+ * taints are derived from the enum names above (KREX_TAINT_CLOCK_LOW -> "clock_low"). */
+enum krex_taint_sets {
+    KREX_TAINTS_NOT_EXCLUSIVE = KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED
+                                | KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS
 };
 
 /* events of struct krex_lifecycle */

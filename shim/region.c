@@ -126,8 +126,7 @@ void krex_region_connection_lost(void) {
 static void finish_locked(uint32_t reason) {
     uint32_t taints = R.taints;
     uint32_t flags = R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED);
-    if (R.state == R_HELD && !(taints & (KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED |
-                                         KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS))
+    if (R.state == R_HELD && !(taints & KREX_TAINTS_NOT_EXCLUSIVE)
         && (R.flags & KREX_REGION_EXCLUSIVE || !R.end_done))
         flags |= KREX_REGION_EXCLUSIVE;
     if (R.end_done && !R.lost) flags |= KREX_REGION_ENDED_OK | (R.flags & KREX_REGION_ATTESTED);
