@@ -7,6 +7,11 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
 ROOT = Path(__file__).resolve().parent
 
 
@@ -22,4 +27,17 @@ class BuildWithShim(build_py):
         shutil.copy2(ROOT / "shim" / "krex.h", lib / "krex.h")
 
 
-setup(cmdclass={"build_py": BuildWithShim})
+class PlatformWheel(bdist_wheel):
+    """The wheel ships a compiled libkrex.so and krex-exec: tag it for this platform, not py3-none-any. The
+    Python code and the shim's C ABI do not depend on the interpreter's version: py3, no ABI tag."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        _python, _abi, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(cmdclass={"build_py": BuildWithShim, "bdist_wheel": PlatformWheel})

@@ -11,7 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from krex_ctl import attest, nvml  # noqa: E402
+from krex_ctl import nvml  # noqa: E402
+from krex_ctl.enforce import attest  # noqa: E402
 
 
 def main() -> int:

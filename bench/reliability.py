@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SNIP = ROOT / "build" / "snippets"
 SHIM = ROOT / "build" / "libkrex.so"
-from krex_ctl import proto  # noqa: E402
+from krex_ctl.wire import client, frames  # noqa: E402
 from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.procs import state  # noqa: E402
-from krex_ctl.proto import C, MSG  # noqa: E402
+from krex_ctl.wire.frames import C, MSG  # noqa: E402
 
 
 def wait_until(pred, timeout: float, interval: float = 0.0005):
@@ -190,7 +190,7 @@ def fuzz(frames: int, tmp: Path, seed: int = 1) -> dict:
     """One fuzzed frame per connection (after a valid HELLO on 70% of them), so every frame is parsed."""
     w = World(tmp / "fuzz")
     rng = random.Random(seed)
-    hello = proto.encode("struct krex_hello", magic=proto.MAGIC, version=proto.VERSION, role=C.KREX_ROLE_PYTHON, job=0)
+    hello = frames.encode("struct krex_hello", magic=frames.MAGIC, version=frames.VERSION, role=C.KREX_ROLE_PYTHON, job=0)
     kinds = {"random": 0, "truncated": 0, "oversized": 0, "wrong_version": 0, "unknown_type": 0, "valid_struct": 0}
     rss0 = _rss_kb(w.ctl.pid)
     errors = closed = 0
@@ -201,30 +201,30 @@ def fuzz(frames: int, tmp: Path, seed: int = 1) -> dict:
         if k == "random":
             frame = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64)))
         elif k == "truncated":
-            t = rng.choice(list(proto.MESSAGES))
-            frame = struct.pack("<IHHII", proto.MAGIC, t, 0, rng.randint(1, 40), 0) + b"x" * rng.randint(0, 3)
+            t = rng.choice(list(frames.MESSAGES))
+            frame = struct.pack("<IHHII", frames.MAGIC, t, 0, rng.randint(1, 40), 0) + b"x" * rng.randint(0, 3)
         elif k == "oversized":
-            frame = struct.pack("<IHHII", proto.MAGIC, MSG["JSON"], 0, proto.MAX_PAYLOAD + rng.randint(1, 1 << 30), 0)
+            frame = struct.pack("<IHHII", frames.MAGIC, MSG["JSON"], 0, frames.MAX_PAYLOAD + rng.randint(1, 1 << 30), 0)
         elif k == "wrong_version":
-            frame = proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
+            frame = frames.pack(MSG["HELLO"], frames.encode("struct krex_hello", magic=frames.MAGIC,
                                                           version=rng.randint(2, 1 << 31), role=1, job=0))
         elif k == "unknown_type":
-            frame = proto.pack(rng.randint(13, 0xFFFF), b"\0" * rng.randint(0, 32))
+            frame = frames.pack(rng.randint(13, 0xFFFF), b"\0" * rng.randint(0, 32))
         else:
             t = rng.choice([MSG["CONTEXT"], MSG["REGION_END"], MSG["DRAINED"], MSG["JSON"], MSG["REGION_BEGIN"]])
-            frame = proto.pack(t, bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 96))))
+            frame = frames.pack(t, bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 96))))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5)
         try:
             s.connect(str(w.sock))
-            s.sendall((proto.pack(MSG["HELLO"], hello) if rng.random() < 0.7 else b"") + frame)
+            s.sendall((frames.pack(MSG["HELLO"], hello) if rng.random() < 0.7 else b"") + frame)
             s.shutdown(socket.SHUT_WR)
             while True:
                 data = s.recv(65536)
                 if not data:
                     closed += 1
                     break
-                errors += data.count(struct.pack("<IH", proto.MAGIC, MSG["ERROR"]))
+                errors += data.count(struct.pack("<IH", frames.MAGIC, MSG["ERROR"]))
         except OSError:
             closed += 1
         finally:
@@ -421,7 +421,7 @@ def stall(n: int, tmp: Path) -> dict:
     """n stalls of 3 s (past the shim's 2 s handshake timeout), each met by a new GPU process that connects
     during the stall and runs a region every 100 ms: its regions in the stall must be reported unprotected,
     and it must be granted regions again once the controller answers."""
-    from krex_ctl import shm
+    from krex_ctl.wire.counters import create_counters, read_local_regions
 
     w = World(tmp / "stall")
     hog = w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
@@ -429,7 +429,7 @@ def stall(n: int, tmp: Path) -> dict:
     recs, back, unreported = [], [], 0
     for i in range(n):
         counters = w.tmp / f"owner{i}.counters"
-        shm.create_counters(counters)
+        create_counters(counters)
         w.ctl.send_signal(signal.SIGSTOP)
         owner = w.preload([SNIP / "region"], KREX_JOB="999", KREX_COUNTERS=str(counters), SNIPPET_REGIONS="50",
                           SNIPPET_GAP_US="100000", SNIPPET_N="1", SNIPPET_US="500")
@@ -437,7 +437,7 @@ def stall(n: int, tmp: Path) -> dict:
         w.ctl.send_signal(signal.SIGCONT)
         resumed = time.monotonic_ns()
         owner.wait(timeout=120)
-        mine, _ = shm.read_local_regions(counters)
+        mine, _ = read_local_regions(counters)
         unreported += 50 - len(mine)
         recs += mine
         later = [r["granted_ns"] for r in mine if r["flags"] & C.KREX_REGION_EXCLUSIVE and r["granted_ns"] > resumed]

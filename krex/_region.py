@@ -1,41 +1,28 @@
-"""The region API: through the shim's exported functions when it is loaded, else a direct connection.
+"""The region API: one client, the shim's own region functions (shim/region.c) through cffi.
+
+Under `krex run` the shim is preloaded and its functions are used as they are; in any other process the
+packaged libkrex.so is loaded for them (krex_ctl/wire/native.py), so every region, whoever asks for it,
+gets the same connection, the same clock settle after the grant and the same record in the job's counters
+file. Measured reason for one client instead of a second Python one: the Python client had drifted (no
+clock settle, no process record); the loaded shim interposes nothing (RTLD_LOCAL) and costs one dlopen.
 
 Waiting for a grant is interruptible: the wait runs in slices, so Ctrl-C (KeyboardInterrupt) or any other
 exception raised in a wait cancels the request at the controller before it propagates, and nothing is
-left behind (no region granted later to nobody, no nesting count that would make later regions look
-granted). After a region, `krex.last_region()` (or the `region` object) says whether it was granted,
+left behind. After a region, `krex.last_region()` (or the `region` object) says whether it was granted,
 exclusive and clean, and names its taints."""
 
 import contextlib
-import ctypes
-import os
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-_lock = threading.RLock()
-_state = {"depth": 0, "conn": None, "pid": 0, "region_id": 0, "seq": 0, "granted": False, "warned": False,
-          "last": None, "requested_ns": 0, "name": "", "mask": 0}
+from krex_ctl.wire import native
+from krex_ctl.wire.frames import C, ffi, taint_names
+
 WAIT_SLICE_MS = 100
-
-# copies of shim/krex_proto.h's values (the shim path never loads the cffi header; tests/test_layout.py
-# checks that they agree): KREX_REGION_*, KREX_TAINT_*, KREX_END_*, and the taint names of attest.TAINT_NAMES
-GRANTED, EXCLUSIVE, CLEAN, ATTESTED = 1, 2, 4, 8
-NOT_GRANTED, CONTROLLER_LOST, REVOKED, UNACKNOWLEDGED = 1, 2, 4, 1 << 11
-END_NORMAL, END_TIME_LIMIT, END_CANCELLED = 0, 1, 3
-TAINTS = ("not_granted", "controller_lost", "revoked", "drain_timeout", "power_cap", "thermal", "hw_slowdown",
-          "clock_drop", "foreign_process", "xid", "lifecycle", "unacknowledged", "clock_low")   # bit i: TAINTS[i]
-
-
-class _Info(ctypes.Structure):
-    """struct krex_region_info (shim/krex.h)"""
-    _fields_ = [("region_id", ctypes.c_uint64), ("gpu_mask", ctypes.c_uint64), ("requested_ns", ctypes.c_int64),
-                ("granted_ns", ctypes.c_int64), ("ended_ns", ctypes.c_int64), ("flags", ctypes.c_uint32),
-                ("taints", ctypes.c_uint32), ("sm_clock_min_mhz", ctypes.c_uint32),
-                ("sm_clock_max_mhz", ctypes.c_uint32), ("end_reason", ctypes.c_uint32),
-                ("controller_pid", ctypes.c_uint32)]
+_lock = threading.Lock()
+_open = {"n": 0, "warned": False}   # region() blocks open in this process (an inner one is part of the outer)
 
 
 @dataclass
@@ -56,32 +43,15 @@ class RegionInfo:
     ended_ns: int = 0
 
 
-def _taint_names(bits: int) -> list[str]:
-    return [n for i, n in enumerate(TAINTS) if bits >> i & 1]
-
-
-def _info_from(name: str, flags: int, taints: int, cmin: int, cmax: int, reason: int, **kw) -> RegionInfo:
-    return RegionInfo(name=name, granted=bool(flags & GRANTED), exclusive=bool(flags & EXCLUSIVE),
-                      clean=bool(flags & CLEAN), attested=bool(flags & ATTESTED), revoked=reason == END_TIME_LIMIT or bool(taints & REVOKED),
-                      taints=_taint_names(taints), sm_clock_mhz=(cmin, cmax) if flags & ATTESTED else None, **kw)
-
-
 def _shim():
-    """The shim's region functions when libkrex.so is loaded into this process, else None."""
+    """The shim's functions, or None (a warning once) where libkrex.so cannot be had."""
     try:
-        lib = ctypes.CDLL(None)
-        fns = {n: getattr(lib, f"krex_region_{n}") for n in ("request", "wait", "cancel", "end", "last")}
-    except (AttributeError, OSError):
+        return native.lib()
+    except OSError as e:
+        if not _open["warned"]:
+            _open["warned"] = True
+            print(f"krex: cannot load the shim library ({e}); regions run without exclusivity", file=sys.stderr)
         return None
-    fns["request"].argtypes, fns["request"].restype = [ctypes.c_char_p, ctypes.c_uint64], ctypes.c_int
-    fns["wait"].argtypes, fns["wait"].restype = [ctypes.c_int], ctypes.c_int
-    fns["cancel"].argtypes, fns["cancel"].restype = [], ctypes.c_int
-    fns["end"].argtypes, fns["end"].restype = [], ctypes.c_int
-    fns["last"].argtypes, fns["last"].restype = [ctypes.POINTER(_Info)], ctypes.c_int
-    return fns
-
-
-_SHIM = _shim()
 
 
 def _gpu_mask(gpu) -> int:
@@ -96,208 +66,45 @@ def _gpu_mask(gpu) -> int:
     return m
 
 
-def _env_gpus() -> int:
-    """KREX_GPU as a mask ("1" or "0,1"), 0 when unset or not such a list (direct path only: krex_ctl)."""
-    from krex_ctl.environ import parse_gpus
-    from krex_ctl.errors import KrexCommandError
-
-    try:
-        return sum(1 << g for g in parse_gpus(os.environ.get("KREX_GPU") or ""))
-    except KrexCommandError:
-        return 0
-
-
-def _env_int(name: str) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else 0
-
-
-def _warn(msg: str) -> None:
-    if not _state["warned"]:
-        _state["warned"] = True
-        print(f"krex: {msg}; running without region exclusivity", file=sys.stderr)
-
-
 def krex_region_begin(name: str = "region", gpu=None) -> int:
     """Block until this process holds the GPU(s) alone. 0: granted or nested; -1: no krex (unprotected);
     -2: refused. An exception while waiting (Ctrl-C) cancels the request and propagates."""
     mask = _gpu_mask(gpu)
-    if _SHIM is not None:
-        r = _SHIM["request"](name.encode()[:63], mask)
-        try:
-            while r == 1:
-                r = _SHIM["wait"](WAIT_SLICE_MS)   # ctypes releases the GIL; signals are handled between slices
-        except BaseException:
-            _SHIM["cancel"]()
-            raise
-        return r
-    with _lock:
-        if os.getpid() != _state["pid"]:   # the first call, or a child forked where no at-fork hook ran
-            _forked()
-        _state["depth"] += 1
-        if _state["depth"] > 1:
-            return 0 if _state["granted"] else -1
-        try:
-            return _direct_begin(name, mask)
-        except BaseException:
-            _direct_cancel()
-            raise
+    lib = _shim()
+    if lib is None:
+        return -1
+    r = lib.krex_region_request(name.encode()[:C.KREX_NAME_MAX - 1], mask)
+    try:
+        while r == 1:
+            r = lib.krex_region_wait(WAIT_SLICE_MS)   # cffi releases the GIL; signals are handled between slices
+    except BaseException:
+        lib.krex_region_cancel()
+        raise
+    return r
 
 
 def krex_region_end() -> int:
     """0: ended; 1: it had been revoked (time limit); -1: no region was open."""
-    if _SHIM is not None:
-        return _SHIM["end"]()
-    with _lock:
-        if _state["depth"] == 0 or os.getpid() != _state["pid"]:
-            return -1
-        _state["depth"] -= 1
-        if _state["depth"] > 0:
-            return 0
-        return _direct_end()
+    lib = _shim()
+    return -1 if lib is None else lib.krex_region_end()
 
 
 def last_region() -> Optional[RegionInfo]:
     """The last region this process finished, or None."""
-    if _SHIM is not None:
-        info = _Info()
-        if _SHIM["last"](ctypes.byref(info)) != 0:
-            return None
-        return _info_from("", info.flags, info.taints, info.sm_clock_min_mhz, info.sm_clock_max_mhz, info.end_reason,
-                          region_id=info.region_id, gpus=[i for i in range(64) if info.gpu_mask >> i & 1],
-                          requested_ns=info.requested_ns, granted_ns=info.granted_ns, ended_ns=info.ended_ns)
-    return _state["last"]
-
-
-# ---- without the shim: a connection of our own -------------------------------------------------------
-def _connection():
-    from krex_ctl import paths
-    from krex_ctl.errors import KrexError
-    from krex_ctl.proto import C, Connection
-
-    conn = _state["conn"]
-    if conn is None:
-        try:
-            conn = Connection(paths.default_socket(), C.KREX_ROLE_PYTHON,
-                              job=_env_int("KREX_JOB"), job_root=_env_int("KREX_JOB_ROOT"), timeout=5.0)
-        except (KrexError, OSError) as e:
-            _warn(str(e))
-            return None
-        _state["conn"] = conn
-    return conn
-
-
-def _drop_connection() -> None:
-    conn, _state["conn"] = _state["conn"], None
-    if conn is not None:
-        try:
-            conn.close()
-        except OSError:
-            pass
-
-
-def _finish(flags: int, taints: int, cmin: int, cmax: int, reason: int) -> None:
-    _state["last"] = _info_from(_state["name"], flags, taints, cmin, cmax, reason, region_id=_state["region_id"],
-                                gpus=[i for i in range(64) if _state["mask"] >> i & 1],
-                                requested_ns=_state["requested_ns"], ended_ns=time.monotonic_ns())
-    _state.update(region_id=0, seq=0, granted=False)
-
-
-def _direct_begin(name: str, mask: int) -> int:
-    from krex_ctl.proto import MSG, cstr, decode, encode
-
-    _state.update(name=name, requested_ns=time.monotonic_ns(), granted=False, region_id=0, seq=0)
-    fallback = _env_gpus() or 1
-    _state["mask"] = mask or fallback
-    conn = _connection()
-    if conn is None:
-        return -1
-    try:
-        conn.sock.settimeout(None)
-        _state["seq"] = conn.send(MSG["REGION_BEGIN"], encode(
-            "struct krex_region_begin", gpu_mask=mask, requested_ns=_state["requested_ns"], name=name,
-            fallback_mask=fallback))
-        while True:
-            f = conn.recv()
-            if f.seq != _state["seq"]:
-                continue
-            if f.name == "REGION_GRANTED":
-                g = decode("struct krex_region_granted", f.payload)
-                _state.update(region_id=int(g.region_id), granted=True, mask=int(g.gpu_mask))
-                return 0
-            if f.name == "ERROR":
-                print(f"krex: region '{name}' refused: {cstr(decode('struct krex_error', f.payload).text)}",
-                      file=sys.stderr)
-                _state["seq"] = 0
-                return -2
-    except (OSError, ConnectionError, ValueError) as e:
-        _warn(f"lost the controller ({e})")
-        _drop_connection()
-        _state["seq"] = 0
-        return -1
-
-
-def _await_ended(conn, seq: int, timeout: float = 5.0):
-    from krex_ctl.proto import decode
-
-    conn.sock.settimeout(timeout)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        f = conn.recv()
-        if f.name == "REGION_ENDED":
-            e = decode("struct krex_region_ended", f.payload)
-            if f.seq == seq or (_state["region_id"] and e.region_id == _state["region_id"] and e.reason == END_TIME_LIMIT):
-                return e
-    return None
-
-
-def _direct_cancel() -> None:
-    """An exception while waiting: leave nothing behind at the controller, nor in the nesting count."""
-    from krex_ctl.proto import MSG, encode
-
-    _state["depth"] = max(0, _state["depth"] - 1)
-    conn = _state["conn"]
-    if conn is not None and _state["seq"]:
-        try:
-            seq = conn.send(MSG["REGION_CANCEL"], encode("struct krex_region_cancel", request_seq=_state["seq"]))
-            _await_ended(conn, seq)
-        except (OSError, ConnectionError, ValueError):
-            _drop_connection()
-    _finish(GRANTED if _state["granted"] else 0, 0 if _state["granted"] else NOT_GRANTED, 0, 0, END_CANCELLED)
-
-
-def _direct_end() -> int:
-    from krex_ctl.proto import MSG, encode
-
-    conn = _state["conn"]
-    if conn is None or not _state["granted"]:
-        _finish(0, NOT_GRANTED, 0, 0, END_NORMAL)        # it ran unprotected
-        return 0
-    try:
-        seq = conn.send(MSG["REGION_END"], encode("struct krex_region_end", region_id=_state["region_id"],
-                                                  ended_ns=time.monotonic_ns()))
-        e = _await_ended(conn, seq)
-    except (OSError, ConnectionError, ValueError):
-        _drop_connection()
-        _finish(GRANTED, CONTROLLER_LOST, 0, 0, END_NORMAL)  # the controller went away inside the region
-        return 0
-    if e is None:
-        _finish(GRANTED | EXCLUSIVE, UNACKNOWLEDGED, 0, 0, END_NORMAL)
-        return 0
-    _finish(int(e.flags) | GRANTED, int(e.taints), int(e.sm_clock_min_mhz), int(e.sm_clock_max_mhz), int(e.reason))
-    return 1 if e.reason == END_TIME_LIMIT else 0
-
-
-_open = {"n": 0}   # region() blocks open in this process (an inner one is part of the outer)
-
-
-def _forked() -> None:
-    """In a forked child: the parent's open regions and connection are not ours (the shim resets its own)."""
-    _open["n"] = 0
-    _state.update(depth=0, conn=None, pid=os.getpid(), region_id=0, seq=0, granted=False)
-
-
-os.register_at_fork(after_in_child=_forked)
+    lib = _shim()
+    info = ffi.new("struct krex_region_info *")
+    if lib is None or lib.krex_region_last(info) != 0:
+        return None
+    flags = int(info.flags)
+    attested = bool(flags & C.KREX_REGION_ATTESTED)
+    return RegionInfo(granted=bool(flags & C.KREX_REGION_GRANTED), exclusive=bool(flags & C.KREX_REGION_EXCLUSIVE),
+                      clean=bool(flags & C.KREX_REGION_CLEAN), attested=attested,
+                      revoked=info.end_reason == C.KREX_END_TIME_LIMIT or bool(info.taints & C.KREX_TAINT_REVOKED),
+                      taints=taint_names(int(info.taints)),
+                      sm_clock_mhz=(int(info.sm_clock_min_mhz), int(info.sm_clock_max_mhz)) if attested else None,
+                      region_id=int(info.region_id), gpus=[i for i in range(64) if info.gpu_mask >> i & 1],
+                      requested_ns=int(info.requested_ns), granted_ns=int(info.granted_ns),
+                      ended_ns=int(info.ended_ns))
 
 
 class region(contextlib.ContextDecorator):
@@ -340,3 +147,12 @@ class region(contextlib.ContextDecorator):
     revoked = property(lambda self: self._get("revoked"))
     taints = property(lambda self: self._get("taints"))
     sm_clock_mhz = property(lambda self: self._get("sm_clock_mhz"))
+
+
+def _forked() -> None:
+    _open["n"] = 0   # the shim resets its own region state in the child (pthread_atfork)
+
+
+import os  # noqa: E402
+
+os.register_at_fork(after_in_child=_forked)

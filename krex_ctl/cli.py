@@ -1,4 +1,5 @@
-"""The `krex` command line: one module per subcommand under commands/; errors printed in one place."""
+"""The `krex` command line: one module per subcommand under commands/, each added here (they never import
+this module); errors printed in one place."""
 
 import sys
 
@@ -23,7 +24,7 @@ class KrexGroup(click.Group):
 @click.group(cls=KrexGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="krex")
 def cli() -> None:
-    """Run many GPU kernel benchmarks at once without corrupting a single measurement."""
+    """Run many GPU kernel benchmarks at once; only their timed regions get the GPU alone."""
 
 
 def main() -> None:
@@ -31,10 +32,14 @@ def main() -> None:
         # before the heavier imports: a command started during a region stays off the owner's cores
         from . import paths, procs
 
-        procs.early_affinity = procs.step_off_reserved(str(paths.default_socket()) + ".reserved")
-        from .commands import run  # noqa: F401  (only what `krex run` needs: it starts with every command)
+        procs.early_affinity = procs.step_off_reserved(str(paths.default_socket()))
+        from .commands import run  # only what `krex run` needs: it starts with every command
+        cli.add_command(run.run)
     else:
-        from .commands import controller, run, status  # noqa: F401  (registers the subcommands)
+        from .commands import controller, run, status
+
+        for command in (controller.controller, run.run, status.status):
+            cli.add_command(command)
 
     # usage errors as one line, like every other krex error (click's own shows usage and a hint first)
     try:

@@ -12,7 +12,7 @@ from typing import Optional
 
 from .environ import LOG_LEVELS
 from .errors import KrexCommandError
-from .proto import C
+from .wire.frames import C
 
 
 def parse_cpu_list(text: str) -> list[int]:

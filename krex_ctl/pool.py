@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import procs
+from .wire import worker as worker_env
 
 log = logging.getLogger("krex.controller")
 
@@ -83,13 +84,10 @@ class WorkerPool:
         if key in self.zygotes or key in self.failed:
             return
         gpu, python, fp = key
-        env = dict(env)
-        env.update(KREX_SOCKET=self.socket_path, KREX_GPU=str(gpu), KREX_WORKER_MODE="zygote",
-                   KREX_WORKER_FINGERPRINT=fp, KREX_WORKER_PRELOAD=str(self.cfg.worker_preload),
-                   KREX_WORKER_REUSE=str(self.cfg.worker_reuse), KREX_WORKER_PYTHON=python,
-                   KREX_WORKER_POOL=str(int(self.cfg.warm_workers)), KREX_WORKER_PREFIX=f"{os.getpid()}-{next(self.ids)}")
-        for k in ("KREX_JOB", "KREX_COUNTERS", "KREX_WORKER_SOCKET"):
-            env.pop(k, None)
+        env = worker_env.zygote_environment(
+            env, socket_path=self.socket_path, gpu=gpu, fingerprint=fp, preload=str(self.cfg.worker_preload),
+            reuse=int(self.cfg.worker_reuse), python=python, pool=int(self.cfg.warm_workers),
+            prefix=f"{os.getpid()}-{next(self.ids)}")
         try:
             proc = subprocess.Popen([python, "-m", "krex_ctl.worker"], env=env, stdin=subprocess.DEVNULL,
                                     start_new_session=True, close_fds=True)

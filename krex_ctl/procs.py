@@ -5,9 +5,15 @@ import os
 import signal
 from typing import Callable, Iterable, Optional
 
+import psutil
+
+from .wire import runtime
+
 
 def start_time(pid: int) -> Optional[int]:
-    """Field 22 of /proc/pid/stat (clock ticks since boot): with the pid, a process's identity."""
+    """Field 22 of /proc/pid/stat (clock ticks since boot): with the pid, a process's identity. Read here
+    rather than through psutil, whose create_time is that count turned into float seconds of wall time (it
+    moves with the boot time's estimate); the state file compares it exactly."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -16,22 +22,24 @@ def start_time(pid: int) -> Optional[int]:
     return int(data[data.rindex(b")") + 2:].split()[19])
 
 
+_STATE = {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+          psutil.STATUS_DEAD: "X", psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S",
+          psutil.STATUS_DISK_SLEEP: "D", psutil.STATUS_IDLE: "I"}
+
+
 def state(pid: int) -> Optional[str]:
+    """The process's state letter as /proc/pid/stat gives it (T: stopped), None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+        return _STATE.get(psutil.Process(pid).status(), "?")
+    except (psutil.Error, ValueError):
         return None
-    return chr(data[data.rindex(b")") + 2])
 
 
 def parent(pid: int) -> Optional[int]:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+        return psutil.Process(pid).ppid()
+    except (psutil.Error, ValueError):
         return None
-    return int(data[data.rindex(b")") + 2:].split()[1])
 
 
 def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
@@ -95,15 +103,15 @@ def _descendants_by_scan(root: int) -> list[int]:
 
 def threads(pid: int) -> list[int]:
     try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
+        return [t.id for t in psutil.Process(pid).threads()]
+    except (psutil.Error, ValueError):
         return []
 
 
 def uid(pid: int) -> Optional[int]:
     try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
+        return psutil.Process(pid).uids().real
+    except (psutil.Error, ValueError):
         return None
 
 
@@ -152,29 +160,6 @@ class Pidfd:
             self.fd = -1
 
 
-def write_atomic(path: str, text: str, mode: int = 0o600, fsync: bool = False) -> None:
-    """Replace path with text through a fresh, unpredictable temporary file in the same directory (never
-    through a name another user could have planted a symlink at)."""
-    import tempfile
-
-    directory, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def set_affinity(tids: Iterable[int], new_mask: Callable[[set[int]], set[int]], saved: dict[int, set[int]]) -> None:
     """Give each thread new_mask(its mask), remembering the previous mask in saved (first change wins)."""
     for tid in tids:
@@ -201,16 +186,14 @@ def restore_affinity(saved: dict[int, set[int]]) -> None:
 early_affinity: Optional[set[int]] = None   # set by cli.main for `krex run`, see step_off_reserved
 
 
-def step_off_reserved(reserved_file: str) -> Optional[set[int]]:
-    """Move this (still single-threaded) process off the CPUs region owners hold now, as listed by the
-    controller in reserved_file; return the mask to put back before registering (the controller then
-    moves it off again and restores it when the regions end). None when there is nothing to do."""
+def step_off_reserved(socket_path: str) -> Optional[set[int]]:
+    """Move this (still single-threaded) process off the CPUs region owners hold now, as the controller of
+    socket_path lists them (wire/runtime.py); return the mask to put back before registering (the controller
+    then moves it off again and restores it when the regions end). None when there is nothing to do."""
+    reserved = runtime.read_reserved(socket_path)
     try:
-        with open(reserved_file) as f:
-            text = f.read().strip()
-        reserved = {int(c) for c in text.split(",") if c}
         mine = os.sched_getaffinity(0)
-    except (OSError, ValueError):
+    except OSError:
         return None
     if not reserved & mine or not mine - reserved:
         return None

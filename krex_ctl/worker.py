@@ -27,9 +27,12 @@ import threading
 import traceback
 from typing import Optional
 
-from . import paths, procs, shm
+from . import paths, procs
+from .wire import counters as counters_file, native, ops
+from .wire import worker as worker_env
 from .errors import KrexCommandError
-from .proto import C, Connection, bind_private, recv_with_fds
+from .wire.frames import C, recv_with_fds
+from .wire.client import Connection, bind_private
 
 COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
@@ -47,20 +50,12 @@ class WorkerExit(BaseException):
 def hold_context() -> None:
     """cuInit + the primary context of device 0 (the worker's GPU, by CUDA_VISIBLE_DEVICES), through the
     shim, so the controller knows this process and the first command finds the context ready; with torch
-    preloaded, also torch's CUDA state and a cuBLAS handle (what a command's first kernel would pay for)."""
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        try:                                   # AMD: the same through HIP (device 0 of HIP_VISIBLE_DEVICES)
-            hip = ctypes.CDLL("libamdhip64.so")
-        except OSError:
-            return
-        if hip.hipInit(0) == 0 and hip.hipSetDevice(0) == 0:
-            hip.hipDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
-        return
-    if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
-        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    preloaded, also torch's CUDA state and a cuBLAS handle (what a command's first kernel would pay for).
+    Through cuda-python's driver bindings (the `cuda` extra) where installed; else the few calls by ctypes."""
+    err = retain_primary_context()
+    if err:
+        print(f"krex: the warm worker could not take its GPU's context ({err}); it stays warm for imports only",
+              file=sys.stderr)
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -71,10 +66,38 @@ def hold_context() -> None:
             pass
 
 
+def retain_primary_context() -> str:
+    """The primary context of device 0 retained: "" on success (or where there is no GPU driver at all),
+    else what failed."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        driver = None
+    if driver is not None:
+        (err,) = driver.cuInit(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, dev = driver.cuDeviceGet(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, _ctx = driver.cuDevicePrimaryCtxRetain(dev)
+        return "" if err == driver.CUresult.CUDA_SUCCESS else f"CUDA driver error {int(err)}"
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        try:                                   # AMD: the same through HIP (device 0 of HIP_VISIBLE_DEVICES)
+            hip = ctypes.CDLL("libamdhip64.so")
+        except OSError:
+            return ""                          # no GPU driver here: warm for imports, as intended
+        r = hip.hipInit(0) or hip.hipSetDevice(0) or hip.hipDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+        return f"HIP error {r}" if r else ""
+    r = cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0) or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    return f"CUDA driver error {r}" if r else ""
+
+
 def preload() -> list[str]:
     """Import the modules KREX_WORKER_PRELOAD lists; those that imported."""
     loaded = []
-    for name in [m for m in os.environ.get("KREX_WORKER_PRELOAD", "torch,triton").split(",") if m]:
+    for name in [m for m in worker_env.settings().preload if m]:
         try:
             __import__(name)
             loaded.append(name)
@@ -206,7 +229,7 @@ def reseed_global_rngs() -> None:
 
 def counters() -> dict:
     try:
-        return shm.read_counters(COUNTERS) if COUNTERS else {}
+        return counters_file.read_counters(COUNTERS) if COUNTERS else {}
     except OSError:
         return {}
 
@@ -214,7 +237,7 @@ def counters() -> dict:
 def local_regions() -> list[dict]:
     """The regions this worker recorded in its counters file so far (shim/region.c)."""
     try:
-        return shm.read_local_regions(COUNTERS)[0] if COUNTERS else []
+        return counters_file.read_local_regions(COUNTERS)[0] if COUNTERS else []
     except OSError:
         return []
 
@@ -333,7 +356,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     return {"exit_code": exit_code, "signal": int(sig) if sig else None, "retire": retire,
             "restored_globals": restored,
             "leaked_threads": len(leaked), "child_processes": len(children),
-            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in shm.COUNTER_FIELDS},
+            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in counters_file.COUNTER_FIELDS},
             "regions": local_regions()[regions_before:]}
 
 
@@ -352,16 +375,16 @@ def serve(ready_fd: Optional[int] = None) -> None:
     global COUNTERS
     COUNTERS = os.environ.get("KREX_COUNTERS")
     gpu = int(os.environ.get("KREX_GPU", "0") or 0)
-    reuse_limit = int(os.environ.get("KREX_WORKER_REUSE", "1") or 1)
-    path = os.environ["KREX_WORKER_SOCKET"]
+    reuse_limit = worker_env.settings().reuse
+    path = os.environ[worker_env.SOCKET]
     hold_context()
     restore_torch(torch_state())    # whatever the hygiene itself imports is imported now, not after a command
     cuda_healthy()
     listener = bind_private(path)
     listener.listen(4)
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
-    ctl.request("worker_ready", gpu=gpu, socket=path, python=os.environ["KREX_WORKER_PYTHON"],
-                fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""))
+    ctl.request(ops.WORKER_READY, gpu=gpu, socket=path, python=worker_env.settings().python,
+                fingerprint=worker_env.settings().fingerprint)
     if ready_fd is not None:        # tell the zygote: the next worker may start
         os.write(ready_fd, b"r")
         os.close(ready_fd)
@@ -400,7 +423,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
             if result["retire"]:
                 break
             try:
-                ctl.request("worker_idle")
+                ctl.request(ops.WORKER_IDLE)
             except (OSError, ConnectionError, KrexCommandError):
                 break
     finally:
@@ -430,8 +453,8 @@ class Zygote:
     MAX_FAILURES = 3
 
     def __init__(self) -> None:
-        self.pool = max(1, int(os.environ.get("KREX_WORKER_POOL", "1") or 1))
-        self.prefix = os.environ.get("KREX_WORKER_PREFIX", str(os.getpid()))
+        self.pool = worker_env.settings().pool
+        self.prefix = worker_env.settings().prefix
         self.preloaded = preload()
         restore_torch(torch_state())
         self.fork = forkable()
@@ -445,9 +468,9 @@ class Zygote:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.running = True
         self.ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
-        reply = self.ctl.request("zygote_ready", gpu=int(os.environ.get("KREX_GPU", "0") or 0),
-                                 python=os.environ["KREX_WORKER_PYTHON"], forkable=self.fork,
-                                 fingerprint=os.environ.get("KREX_WORKER_FINGERPRINT", ""), preloaded=self.preloaded)
+        reply = self.ctl.request(ops.ZYGOTE_READY, gpu=int(os.environ.get("KREX_GPU", "0") or 0),
+                                 python=worker_env.settings().python, forkable=self.fork,
+                                 fingerprint=worker_env.settings().fingerprint, preloaded=self.preloaded)
         if not reply or not reply.get("ok"):
             raise SystemExit(f"krex: the controller did not take this zygote: {reply}")
         self.fork = bool(reply.get("fork"))    # the controller also knows whether the shim saw CUDA start here
@@ -460,9 +483,9 @@ class Zygote:
     def start_one(self) -> None:
         base = str(paths.runtime_dir() / f"worker-{self.prefix}-{next(self.n)}")
         sock, counters = base + ".sock", base + ".counters"
-        env = {"KREX_WORKER_SOCKET": sock}
+        env = {worker_env.SOCKET: sock}
         try:
-            shm.create_counters(counters)
+            counters_file.create_counters(counters)
             env["KREX_COUNTERS"] = counters     # the worker reports its submissions per command from it
         except OSError:
             counters = ""
@@ -482,10 +505,10 @@ class Zygote:
                 self.become_worker(env, w)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         else:
-            full = dict(os.environ, KREX_WORKER_MODE="worker", KREX_WORKER_READY_FD=str(w), **env)
+            full = dict(os.environ, **{worker_env.MODE: "worker", worker_env.READY_FD: str(w)}, **env)
             if not counters:
                 full.pop("KREX_COUNTERS", None)
-            python = os.environ.get("KREX_WORKER_PYTHON", sys.executable)
+            python = worker_env.settings().python or sys.executable
             try:
                 pid = subprocess.Popen([python, "-m", "krex_ctl.worker"], env=full, stdin=subprocess.DEVNULL,
                                        pass_fds=(w,), close_fds=True).pid
@@ -514,7 +537,7 @@ class Zygote:
                     os.close(c["pipe"])
             parent_death_signal(signal.SIGTERM)
             os.environ.update(env)
-            os.environ["KREX_WORKER_MODE"] = "worker"
+            os.environ[worker_env.MODE] = "worker"
             reseed_global_rngs()
             serve(ready_w)
         except BaseException:  # noqa: B902 (a forked child must never return into the zygote's loop)
@@ -547,7 +570,7 @@ class Zygote:
             if not info["ready"]:
                 self.failures += 1
             try:
-                self.ctl.request("worker_exited", pid=pid, returncode=rc)
+                self.ctl.request(ops.WORKER_EXITED, pid=pid, returncode=rc)
             except (OSError, ConnectionError, KrexCommandError):
                 self.running = False
 
@@ -613,19 +636,18 @@ def remove_files(paths_: list) -> None:
 def parent_death_signal(sig: int) -> None:
     """PR_SET_PDEATHSIG: this worker gets sig when the zygote that forked it dies."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
+        native.parent_death_signal(sig)
+    except OSError:        # no shim library: the zygote's end is then noticed on its socket only
         pass
     if os.getppid() == 1:                  # the zygote died before prctl took
         os._exit(1)
 
 
 def main() -> None:
-    if os.environ.get("KREX_WORKER_MODE") == "zygote":
+    if worker_env.settings().mode == "zygote":
         Zygote().run()
         os._exit(0)
-    ready = os.environ.get("KREX_WORKER_READY_FD")
+    ready = os.environ.get(worker_env.READY_FD)
     preload()
     try:
         serve(int(ready) if ready else None)

@@ -191,40 +191,40 @@ def in_namespace(*flags: str) -> list:
 
 
 # A stand-in controller for tests that script its replies (start_fake_controller): it takes one shim's
-# connection; the script appended to it reads frames() and answers, welcome() answering a HELLO.
+# connection; the script appended to it reads each_frame() and answers, welcome() answering a HELLO.
 FAKE_CONTROLLER = r'''
 import json, os, socket, struct, sys, time
 sys.path.insert(0, sys.argv[1])
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG
-from krex_ctl.shm import GatePage
+from krex_ctl.wire import client, frames
+from krex_ctl.wire.frames import C, MSG
+from krex_ctl.enforce.gate import GatePage
 path = sys.argv[2]
 gate = GatePage()
-lst = proto.bind_private(path)
+lst = client.bind_private(path)
 lst.listen(4)
 print("ready", flush=True)
 c, _ = lst.accept()
 buf = b""
-def frames():
+def each_frame():
     global buf
     while True:
-        while len(buf) >= proto.HDR_SIZE:
-            mtype, length, seq = proto.unpack_header(buf)
-            if len(buf) < proto.HDR_SIZE + length:
+        while len(buf) >= frames.HDR_SIZE:
+            mtype, length, seq = frames.unpack_header(buf)
+            if len(buf) < frames.HDR_SIZE + length:
                 break
-            payload = buf[proto.HDR_SIZE:proto.HDR_SIZE + length]
-            buf = buf[proto.HDR_SIZE + length:]
-            yield proto.MESSAGES[mtype][0], payload, seq
+            payload = buf[frames.HDR_SIZE:frames.HDR_SIZE + length]
+            buf = buf[frames.HDR_SIZE + length:]
+            yield frames.MESSAGES[mtype][0], payload, seq
         data = c.recv(65536)
         if not data:
             return
         buf += data
 def send(name, payload, seq):
-    c.sendall(proto.pack(MSG[name], payload, seq))
+    c.sendall(frames.pack(MSG[name], payload, seq))
 def welcome():
     ro = gate.readonly_fd()
-    c.sendmsg([proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC,
-               version=proto.VERSION, client_id=1, job=1, max_gpus=64, gate_stride=64, gate_offset=64,
+    c.sendmsg([frames.pack(MSG["WELCOME"], frames.encode("struct krex_welcome", magic=frames.MAGIC,
+               version=frames.VERSION, client_id=1, job=1, max_gpus=64, gate_stride=64, gate_offset=64,
                has_gate_fd=1, controller_pid=os.getpid()))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", ro))])
 '''
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT, SNIP, report_of, start_fake_controller, wait_for
-from krex_ctl.proto import C
+from krex_ctl.wire.frames import C
 
 FAKES = ROOT / "tests" / "harness_fakes"
 
@@ -210,11 +210,11 @@ def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
 
 LIFECYCLE_EVENTS = r'''
 events = []
-for name, payload, seq in frames():
+for name, payload, seq in each_frame():
     if name == "HELLO":
         welcome()
     elif name == "LIFECYCLE":
-        ev = proto.decode("struct krex_lifecycle", payload)
+        ev = frames.decode("struct krex_lifecycle", payload)
         events.append([int(ev.event), int(ev.device)])
 print(json.dumps(events), flush=True)
 '''

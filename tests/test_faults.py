@@ -13,8 +13,8 @@ import time
 import pytest
 
 from conftest import SNIP, proc_state, wait_for
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG
+from krex_ctl.wire import client, frames
+from krex_ctl.wire.frames import C, MSG
 
 
 def raw_client(krex) -> socket.socket:
@@ -26,12 +26,12 @@ def raw_client(krex) -> socket.socket:
 
 def read_frame(s: socket.socket):
     hdr = b""
-    while len(hdr) < proto.HDR_SIZE:
-        chunk = s.recv(proto.HDR_SIZE - len(hdr))
+    while len(hdr) < frames.HDR_SIZE:
+        chunk = s.recv(frames.HDR_SIZE - len(hdr))
         if not chunk:
             return None
         hdr += chunk
-    mtype, length, _ = proto.unpack_header(hdr)
+    mtype, length, _ = frames.unpack_header(hdr)
     body = b""
     while len(body) < length:
         body += s.recv(length - len(body))
@@ -41,24 +41,24 @@ def read_frame(s: socket.socket):
 def test_version_mismatch_is_one_clear_sentence(krex):
     krex.start_controller()
     s = raw_client(krex)
-    s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC, version=99,
+    s.sendall(frames.pack(MSG["HELLO"], frames.encode("struct krex_hello", magic=frames.MAGIC, version=99,
                                                     role=C.KREX_ROLE_SHIM, job=0)))
     mtype, body = read_frame(s)
     assert mtype == MSG["ERROR"]
-    err = proto.decode("struct krex_error", body)
+    err = frames.decode("struct krex_error", body)
     assert err.code == C.KREX_ERR_VERSION
-    assert f"protocol {proto.VERSION}" in proto.cstr(err.text) and "99" in proto.cstr(err.text)
+    assert f"protocol {frames.VERSION}" in frames.cstr(err.text) and "99" in frames.cstr(err.text)
     assert read_frame(s) is None     # and the connection is closed
-    assert krex.status()["controller"]["protocol"] == proto.VERSION
+    assert krex.status()["controller"]["protocol"] == frames.VERSION
 
 
 def test_garbage_frames_get_an_error_and_the_controller_lives(krex):
     krex.start_controller()
     rng = random.Random(1234)
     cases = [b"\x00" * 16, b"GET / HTTP/1.1\r\n\r\n",
-             struct.pack("<IHHII", proto.MAGIC, MSG["HELLO"], 0, 1 << 30, 0),        # oversized
-             struct.pack("<IHHII", proto.MAGIC, MSG["HELLO"], 0, 3, 0) + b"abc",     # truncated struct
-             struct.pack("<IHHII", proto.MAGIC, 999, 0, 0, 0)]                      # unknown first type
+             struct.pack("<IHHII", frames.MAGIC, MSG["HELLO"], 0, 1 << 30, 0),        # oversized
+             struct.pack("<IHHII", frames.MAGIC, MSG["HELLO"], 0, 3, 0) + b"abc",     # truncated struct
+             struct.pack("<IHHII", frames.MAGIC, 999, 0, 0, 0)]                      # unknown first type
     cases += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))) for _ in range(40)]
     for data in cases:
         s = raw_client(krex)
@@ -77,8 +77,8 @@ def test_disconnect_mid_handshake(krex):
     krex.start_controller()
     for n in (1, 8, 17):
         s = raw_client(krex)
-        s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
-                                                        version=proto.VERSION, role=2, job=0))[:n])
+        s.sendall(frames.pack(MSG["HELLO"], frames.encode("struct krex_hello", magic=frames.MAGIC,
+                                                        version=frames.VERSION, role=2, job=0))[:n])
         s.close()
     assert krex.status()["counters"]["clients_total"] >= 3
 
@@ -139,10 +139,10 @@ def test_sibling_that_never_acknowledges_the_drain(krex, tmp_path):
     """A client that registers a context but never answers DRAIN: the region is granted after the bound,
     the laggard is reported, frozen, and resumed at the end."""
     krex.start_controller("--drain-timeout", "0.3")
-    from krex_ctl.proto import Connection
+    from krex_ctl.wire.client import Connection
 
     mute = Connection(krex.socket, C.KREX_ROLE_SHIM)
-    mute.send(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0))
+    mute.send(MSG["CONTEXT"], frames.encode("struct krex_context", vendor=1, device=0))
     time.sleep(0.1)
     out = krex.run([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "1"})
     assert out.returncode == 0
@@ -171,9 +171,9 @@ def test_claimed_job_is_not_trusted(krex, tmp_path):
     """A job is honoured only for descendants of its wrapper: a stranger claiming the id gets a job of
     its own (so it is still drained and frozen like any sibling), a real child gets the wrapper's."""
     krex.start_controller()
-    child_code = ("import sys; from krex_ctl.proto import C, Connection; "
+    child_code = ("import sys; from krex_ctl.wire.frames import C; from krex_ctl.wire.client import Connection; "
                   "c = Connection(sys.argv[1], C.KREX_ROLE_SHIM, job=int(sys.argv[2])); print(c.job)")
-    wrapper_code = ("import subprocess, sys; from krex_ctl.proto import C, Connection; "
+    wrapper_code = ("import subprocess, sys; from krex_ctl.wire.frames import C; from krex_ctl.wire.client import Connection; "
                     "w = Connection(sys.argv[1], C.KREX_ROLE_WRAPPER); print(w.job, flush=True); "
                     "out = subprocess.run([sys.executable, '-c', sys.argv[2], sys.argv[1], str(w.job)], "
                     "capture_output=True, text=True).stdout.strip(); print(out, flush=True); sys.stdin.read()")
@@ -182,7 +182,7 @@ def test_claimed_job_is_not_trusted(krex, tmp_path):
     try:
         job = int(w.stdout.readline())
         assert int(w.stdout.readline()) == job            # its descendant is in its job
-        from krex_ctl.proto import Connection
+        from krex_ctl.wire.client import Connection
 
         stranger = Connection(krex.socket, C.KREX_ROLE_SHIM, job=job)
         assert stranger.job != job                          # we are not its descendant
@@ -193,17 +193,17 @@ def test_claimed_job_is_not_trusted(krex, tmp_path):
 
 def test_one_outstanding_request_per_client(krex):
     krex.start_controller()
-    from krex_ctl.proto import Connection
+    from krex_ctl.wire.client import Connection
 
     c = Connection(krex.socket, C.KREX_ROLE_PYTHON)
-    begin = proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="a")
+    begin = frames.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="a")
     c.send(MSG["REGION_BEGIN"], begin)
     assert c.recv().name == "REGION_GRANTED"
     c.send(MSG["REGION_BEGIN"], begin)
     f = c.recv()
-    assert f.name == "ERROR" and proto.decode("struct krex_error", f.payload).code == C.KREX_ERR_LIMIT
-    c.send(MSG["REGION_BEGIN"], proto.encode("struct krex_region_begin", gpu_mask=0, requested_ns=1, name="b"))
-    assert proto.decode("struct krex_error", c.recv().payload).code == C.KREX_ERR_GPU
+    assert f.name == "ERROR" and frames.decode("struct krex_error", f.payload).code == C.KREX_ERR_LIMIT
+    c.send(MSG["REGION_BEGIN"], frames.encode("struct krex_region_begin", gpu_mask=0, requested_ns=1, name="b"))
+    assert frames.decode("struct krex_error", c.recv().payload).code == C.KREX_ERR_GPU
     c.close()
 
 
@@ -226,10 +226,10 @@ def test_frozen_sibling_that_dies_while_frozen_does_not_break_the_region(krex, t
 
 def test_sibling_that_exits_during_the_drain_does_not_hold_it_up(krex, tmp_path):
     krex.start_controller("--drain-timeout", "10")
-    from krex_ctl.proto import Connection
+    from krex_ctl.wire.client import Connection
 
     mute = Connection(krex.socket, C.KREX_ROLE_SHIM)
-    mute.send(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0))
+    mute.send(MSG["CONTEXT"], frames.encode("struct krex_context", vendor=1, device=0))
     time.sleep(0.1)
     owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "1"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "draining" for g in krex.status()["gpus"]),
@@ -253,7 +253,7 @@ def test_client_limit(krex, tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"max_clients": 2}))
     krex.start_controller("--config", str(cfg))
-    from krex_ctl.proto import Connection
+    from krex_ctl.wire.client import Connection
 
     held = [Connection(krex.socket, C.KREX_ROLE_PYTHON) for _ in range(2)]
     with pytest.raises(Exception, match="limit of 2 clients"):

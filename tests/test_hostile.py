@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SNIP, in_namespace, overlaps, proc_state, report_of, start_fake_controller, wait_for
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG, Connection
+from krex_ctl.wire import client, frames
+from krex_ctl.wire.frames import C, MSG
+from krex_ctl.wire.client import Connection
 
-BEGIN = proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="x")
+BEGIN = frames.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="x")
 
 
 def held(krex) -> bool:
@@ -33,7 +34,7 @@ def test_region_request_from_a_client_without_regions_is_refused(krex, role):
     c = Connection(krex.socket, role)
     c.send(MSG["REGION_BEGIN"], BEGIN)
     f = c.recv()
-    assert f.name == "ERROR" and proto.decode("struct krex_error", f.payload).code == C.KREX_ERR_DENIED
+    assert f.name == "ERROR" and frames.decode("struct krex_error", f.payload).code == C.KREX_ERR_DENIED
     c.close()
     assert krex.ctl.poll() is None
     out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "2"})    # and later regions are not hung
@@ -78,9 +79,9 @@ def test_a_connection_without_hello_is_closed_after_the_handshake_timeout(krex, 
             break
         data += chunk
     assert time.monotonic() - t0 < 5
-    mtype, length, _ = proto.unpack_header(data)
-    assert mtype == MSG["ERROR"] and "no HELLO within 0.5 s" in proto.cstr(
-        proto.decode("struct krex_error", data[proto.HDR_SIZE:]).text)
+    mtype, length, _ = frames.unpack_header(data)
+    assert mtype == MSG["ERROR"] and "no HELLO within 0.5 s" in frames.cstr(
+        frames.decode("struct krex_error", data[frames.HDR_SIZE:]).text)
     assert krex.status()["counters"]["handshake_timeouts"] == 1
 
 
@@ -124,8 +125,9 @@ def test_out_of_descriptors_the_controller_neither_spins_nor_floods_its_log(krex
 PID_REUSE = r'''
 import json, os, socket, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG, Connection
+from krex_ctl.wire import client, frames
+from krex_ctl.wire.frames import C, MSG
+from krex_ctl.wire.client import Connection
 from krex_ctl.embedded import answers
 sock = sys.argv[2]
 ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", sock, "--state-file",
@@ -140,9 +142,9 @@ if connector == 0:                     # connects, hands the socket to its child
     if os.fork() == 0:                 # the attacker: speaks on the dead connector's connection later
         os.close(w)
         os.read(r, 1)
-        s.sendall(proto.pack(MSG["HELLO"], proto.encode("struct krex_hello", magic=proto.MAGIC,
-                  version=proto.VERSION, role=C.KREX_ROLE_SHIM, job=0)))
-        s.sendall(proto.pack(MSG["CONTEXT"], proto.encode("struct krex_context", vendor=1, device=0)))
+        s.sendall(frames.pack(MSG["HELLO"], frames.encode("struct krex_hello", magic=frames.MAGIC,
+                  version=frames.VERSION, role=C.KREX_ROLE_SHIM, job=0)))
+        s.sendall(frames.pack(MSG["CONTEXT"], frames.encode("struct krex_context", vendor=1, device=0)))
         time.sleep(20)
         os._exit(0)
     time.sleep(0.5)                    # the controller has accepted us by now
@@ -156,7 +158,7 @@ result = {"reused": victim.pid == connector}
 os.write(w, b"g")
 time.sleep(0.5)
 owner = Connection(sock, C.KREX_ROLE_PYTHON)
-owner.send(MSG["REGION_BEGIN"], proto.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="o"))
+owner.send(MSG["REGION_BEGIN"], frames.encode("struct krex_region_begin", gpu_mask=1, requested_ns=1, name="o"))
 result["granted"] = owner.recv().name == "REGION_GRANTED"
 time.sleep(0.3)
 result["victim_state"] = open(f"/proc/{victim.pid}/stat").read().rsplit(")", 1)[1].split()[0]
@@ -431,12 +433,12 @@ def test_a_full_runtime_filesystem_costs_the_counts_not_the_benchmark(krex, tmp_
 def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path):
     """A controller stalled past the shim's handshake timeout: the shim gave up for good, later regions said
     granted while foreign kernels ran in them, and the report showed nothing."""
-    from krex_ctl import shm
+    from krex_ctl.wire.counters import create_counters, read_local_regions
 
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="12000", SNIPPET_STREAMS="2", SNIPPET_US="300")
     counters = tmp_path / "owner.counters"
-    shm.create_counters(counters)
+    create_counters(counters)
     krex.ctl.send_signal(signal.SIGSTOP)          # stalled: the owner's first handshake finds no answer in time
     env = dict(krex.env, LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), KREX_JOB="999", KREX_COUNTERS=str(counters),
                SNIPPET_REGIONS="14", SNIPPET_GAP_US="300000")
@@ -447,7 +449,7 @@ def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path
     assert owner.returncode == 0, err
     lines = out.splitlines()
     assert "begin=-1" in lines[0] and "begin=0" in lines[-1], out
-    regions, _ = shm.read_local_regions(counters)
+    regions, _ = read_local_regions(counters)
     assert len(regions) == 14
     unprotected = [r for r in regions if not r["flags"] & C.KREX_REGION_EXCLUSIVE]
     protected = [r for r in regions if r["flags"] & C.KREX_REGION_EXCLUSIVE]
@@ -460,24 +462,24 @@ def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path
 
 LATE_REPLIES = r'''
 seen, end_seq = [], None
-for name, payload, seq in frames():
+for name, payload, seq in each_frame():
     seen.append(name)
     if name == "HELLO":
         welcome()
     elif name == "REGION_BEGIN" and seen.count("REGION_BEGIN") == 1:
-        send("REGION_GRANTED", proto.encode("struct krex_region_granted", region_id=1, gpu_mask=1, granted_ns=1,
+        send("REGION_GRANTED", frames.encode("struct krex_region_granted", region_id=1, gpu_mask=1, granted_ns=1,
              flags=C.KREX_REGION_GRANTED), seq)
     elif name == "REGION_END" and end_seq is None:
         end_seq = seq                      # stalled: no answer in time
     elif name == "REGION_BEGIN":
         # the late answer to the first END arrives just as the second region is asked for
-        send("REGION_ENDED", proto.encode("struct krex_region_ended", region_id=1, ended_ns=2,
+        send("REGION_ENDED", frames.encode("struct krex_region_ended", region_id=1, ended_ns=2,
              reason=C.KREX_END_NORMAL, flags=C.KREX_REGION_EXCLUSIVE | C.KREX_REGION_CLEAN), end_seq)
         time.sleep(0.3)
-        send("REGION_GRANTED", proto.encode("struct krex_region_granted", region_id=2, gpu_mask=1, granted_ns=3,
+        send("REGION_GRANTED", frames.encode("struct krex_region_granted", region_id=2, gpu_mask=1, granted_ns=3,
              flags=C.KREX_REGION_GRANTED), seq)
     elif name == "REGION_END":
-        send("REGION_ENDED", proto.encode("struct krex_region_ended", region_id=2, ended_ns=4, reason=0,
+        send("REGION_ENDED", frames.encode("struct krex_region_ended", region_id=2, ended_ns=4, reason=0,
              flags=C.KREX_REGION_EXCLUSIVE | C.KREX_REGION_CLEAN), seq)
 print(json.dumps(seen), flush=True)
 '''

@@ -82,7 +82,7 @@ def test_more_processes_than_counter_slots_are_all_counted(tmp_path):
     import subprocess
 
     from conftest import BUILD
-    from krex_ctl.shm import create_counters, read_counters
+    from krex_ctl.wire.counters import create_counters, read_counters
 
     counters = tmp_path / "job.counters"
     create_counters(counters, slots=2)

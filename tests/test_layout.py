@@ -2,17 +2,18 @@
 and messages encoded on one side decode on the other."""
 
 import ctypes
+import re
 import subprocess
 
 from conftest import BUILD, ROOT, SNIP
-from krex_ctl import proto
-from krex_ctl.proto import C, MSG, ffi
+from krex_ctl.wire import client, frames
+from krex_ctl.wire.frames import C, MSG, ffi
 
 
 def test_c_and_cffi_agree_on_every_struct(tmp_path):
     lines = ['#include <stdio.h>', '#include <stddef.h>', f'#include "{ROOT}/shim/krex_wire.h"', "int main(void) {"]
     expect = []
-    for name in proto.struct_names():
+    for name in frames.struct_names():
         t = f"struct {name}"
         lines.append(f'printf("{name} %zu\\n", sizeof({t}));')
         expect.append(f"{name} {ffi.sizeof(t)}")
@@ -25,55 +26,55 @@ def test_c_and_cffi_agree_on_every_struct(tmp_path):
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", tmp_path / "layout", src], check=True)
     got = subprocess.run([tmp_path / "layout"], capture_output=True, text=True, check=True).stdout.split("\n")
     assert [g for g in got if g] == expect
-    assert len(proto.struct_names()) >= 14
+    assert len(frames.struct_names()) >= 14
 
 
-def frames(data: bytes):
+def each_frame(data: bytes):
     while data:
-        mtype, length, seq = proto.unpack_header(data)
-        yield mtype, data[proto.HDR_SIZE:proto.HDR_SIZE + length], seq
-        data = data[proto.HDR_SIZE + length:]
+        mtype, length, seq = frames.unpack_header(data)
+        yield mtype, data[frames.HDR_SIZE:frames.HDR_SIZE + length], seq
+        data = data[frames.HDR_SIZE + length:]
 
 
 def test_c_encoded_messages_decode_in_python():
     data = subprocess.run([SNIP / "proto_roundtrip", "encode"], capture_output=True, check=True).stdout
-    got = {proto.MESSAGES[t][0]: (p, s) for t, p, s in frames(data)}
-    hello = proto.decode("struct krex_hello", got["HELLO"][0])
+    got = {frames.MESSAGES[t][0]: (p, s) for t, p, s in each_frame(data)}
+    hello = frames.decode("struct krex_hello", got["HELLO"][0])
     assert (hello.magic, hello.version, hello.role, hello.job, hello.job_root, hello.flags) == \
-        (proto.MAGIC, proto.VERSION, C.KREX_ROLE_SHIM, 42, 4242, C.KREX_HELLO_RECONNECT)
-    ctx = proto.decode("struct krex_context", got["CONTEXT"][0])
+        (frames.MAGIC, frames.VERSION, C.KREX_ROLE_SHIM, 42, 4242, C.KREX_HELLO_RECONNECT)
+    ctx = frames.decode("struct krex_context", got["CONTEXT"][0])
     assert (ctx.vendor, ctx.device, ctx.flags, ctx.local_device) == (C.KREX_VENDOR_HIP, 3, C.KREX_CONTEXT_HAS_UUID, 1)
-    assert bytes(proto.ffi.buffer(ctx.uuid)) == b"krex" + bytes(12)
-    b = proto.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
-    assert (b.gpu_mask, b.requested_ns, proto.cstr(b.name), b.fallback_mask) == (5, 123456789, "matmul", 2)
-    e = proto.decode("struct krex_region_end", got["REGION_END"][0])
+    assert bytes(frames.ffi.buffer(ctx.uuid)) == b"krex" + bytes(12)
+    b = frames.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
+    assert (b.gpu_mask, b.requested_ns, frames.cstr(b.name), b.fallback_mask) == (5, 123456789, "matmul", 2)
+    e = frames.decode("struct krex_region_end", got["REGION_END"][0])
     assert (e.region_id, e.ended_ns) == (77, 987654321)
-    d = proto.decode("struct krex_drained", got["DRAINED"][0])
+    d = frames.decode("struct krex_drained", got["DRAINED"][0])
     assert (d.drain_id, d.status, d.waited_us, d.freed_bytes, d.last_free_ns, d.sync_us) == (9, -3, 250, 1 << 33, 55, 1200)
-    c = proto.decode("struct krex_region_cancel", got["REGION_CANCEL"][0])
+    c = frames.decode("struct krex_region_cancel", got["REGION_CANCEL"][0])
     assert c.request_seq == 12
-    lc = proto.decode("struct krex_lifecycle", got["LIFECYCLE"][0])
+    lc = frames.decode("struct krex_lifecycle", got["LIFECYCLE"][0])
     assert (lc.event, lc.device, lc.bytes, lc.t_ns) == (C.KREX_LIFE_EXIT_BEGIN, -1, 1 << 30, 99)
     assert all(seq == 7 for _, seq in got.values())
 
 
 def test_python_encoded_messages_decode_in_c():
     data = b"".join([
-        proto.pack(MSG["WELCOME"], proto.encode("struct krex_welcome", magic=proto.MAGIC, version=proto.VERSION,
+        frames.pack(MSG["WELCOME"], frames.encode("struct krex_welcome", magic=frames.MAGIC, version=frames.VERSION,
                                                 client_id=3, job=4, max_gpus=64, gate_stride=64, gate_offset=64,
                                                 has_gate_fd=1, controller_pid=77)),
-        proto.pack(MSG["ERROR"], proto.error_payload(C.KREX_ERR_VERSION, "versions differ")),
-        proto.pack(MSG["REGION_GRANTED"], proto.encode("struct krex_region_granted", region_id=11, gpu_mask=2,
+        frames.pack(MSG["ERROR"], frames.error_payload(C.KREX_ERR_VERSION, "versions differ")),
+        frames.pack(MSG["REGION_GRANTED"], frames.encode("struct krex_region_granted", region_id=11, gpu_mask=2,
                                                        requested_ns=100, granted_ns=200, frozen=3, drain_timeouts=1,
                                                        time_limit_ns=5, flags=C.KREX_REGION_GRANTED, members=2)),
-        proto.pack(MSG["REGION_ENDED"], proto.encode("struct krex_region_ended", region_id=11, ended_ns=300,
+        frames.pack(MSG["REGION_ENDED"], frames.encode("struct krex_region_ended", region_id=11, ended_ns=300,
                                                      reason=C.KREX_END_TIME_LIMIT, flags=6, taints=16,
                                                      sm_clock_min_mhz=1400, sm_clock_max_mhz=1980)),
-        proto.pack(MSG["DRAIN"], proto.encode("struct krex_drain", drain_id=12, gpu_mask=1)),
+        frames.pack(MSG["DRAIN"], frames.encode("struct krex_drain", drain_id=12, gpu_mask=1)),
     ])
     out = subprocess.run([SNIP / "proto_roundtrip", "decode"], input=data, capture_output=True, check=True).stdout
     assert out.decode().splitlines() == [
-        f"WELCOME {proto.MAGIC} {proto.VERSION} 3 4 64 64 64 1 77",
+        f"WELCOME {frames.MAGIC} {frames.VERSION} 3 4 64 64 64 1 77",
         f"ERROR {C.KREX_ERR_VERSION} versions differ",
         f"GRANTED 11 2 100 200 3 1 5 {C.KREX_REGION_GRANTED} 2",
         f"ENDED 11 300 {C.KREX_END_TIME_LIMIT} 6 16 1400 1980",
@@ -88,38 +89,27 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 @settings(max_examples=300, deadline=None)
 @given(mtype=st.integers(0, 0xFFFF), payload=st.binary(max_size=300), seq=st.integers(0, 2**32 - 1))
 def test_framing_round_trips(mtype, payload, seq):
-    frame = proto.pack(mtype, payload, seq)
-    assert proto.unpack_header(frame) == (mtype, len(payload), seq)
-    assert frame[proto.HDR_SIZE:] == payload
+    frame = frames.pack(mtype, payload, seq)
+    assert frames.unpack_header(frame) == (mtype, len(payload), seq)
+    assert frame[frames.HDR_SIZE:] == payload
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(min_size=16, max_size=16))
 def test_bad_headers_are_rejected_not_crashed(data):
     try:
-        mtype, length, _ = proto.unpack_header(data)
-    except proto.ProtocolError:
+        mtype, length, _ = frames.unpack_header(data)
+    except frames.ProtocolError:
         return
-    assert length <= proto.MAX_PAYLOAD and data[:4] == proto.MAGIC.to_bytes(4, "little")
+    assert length <= frames.MAX_PAYLOAD and data[:4] == frames.MAGIC.to_bytes(4, "little")
 
 
-def test_python_region_api_copies_agree_with_the_header(tmp_path):
-    """krex/_region.py keeps its own copies of flags, taints, end reasons and struct krex_region_info (the shim
-    path must not load the cffi header): they are the header's."""
-    from krex import _region as r
-    from krex_ctl.attest import TAINT_NAMES
+def test_region_info_struct_of_the_python_api_is_the_shims(tmp_path):
+    """krex.last_region reads struct krex_region_info (shim/krex.h) through the cffi declaration of
+    krex_ctl/wire/native.py: the same size and offsets as the C compiler gives them."""
+    from krex_ctl.wire import native  # noqa: F401  (declares the struct)
 
-    assert (r.GRANTED, r.EXCLUSIVE, r.CLEAN, r.ATTESTED) == (
-        C.KREX_REGION_GRANTED, C.KREX_REGION_EXCLUSIVE, C.KREX_REGION_CLEAN, C.KREX_REGION_ATTESTED)
-    assert (r.NOT_GRANTED, r.CONTROLLER_LOST, r.REVOKED, r.UNACKNOWLEDGED) == (
-        C.KREX_TAINT_NOT_GRANTED, C.KREX_TAINT_CONTROLLER_LOST, C.KREX_TAINT_REVOKED, C.KREX_TAINT_UNACKNOWLEDGED)
-    assert (r.END_NORMAL, r.END_TIME_LIMIT, r.END_CANCELLED) == (
-        C.KREX_END_NORMAL, C.KREX_END_TIME_LIMIT, C.KREX_END_CANCELLED)
-    assert {1 << i: name for i, name in enumerate(r.TAINTS)} == TAINT_NAMES
-    every = sum(TAINT_NAMES)
-    assert r._taint_names(every) == [TAINT_NAMES[b] for b in sorted(TAINT_NAMES)]
-
-    fields = [f for f, _ in r._Info._fields_]
+    fields = [f for f, _ in ffi.typeof("struct krex_region_info").fields]
     lines = ['#include <stdio.h>', '#include <stddef.h>', f'#include "{ROOT}/shim/krex.h"', "int main(void) {",
              'printf("size %zu\\n", sizeof(struct krex_region_info));']
     lines += [f'printf("{f} %zu\\n", offsetof(struct krex_region_info, {f}));' for f in fields]
@@ -128,7 +118,16 @@ def test_python_region_api_copies_agree_with_the_header(tmp_path):
     src.write_text("\n".join(lines))
     subprocess.run(["gcc", "-Wall", "-Werror", "-o", tmp_path / "info", src], check=True)
     got = subprocess.run([tmp_path / "info"], capture_output=True, text=True, check=True).stdout.split()
-    expect = ["size", str(ctypes.sizeof(r._Info))]
+    expect = ["size", str(ffi.sizeof("struct krex_region_info"))]
     for f in fields:
-        expect += [f, str(getattr(r._Info, f).offset)]
+        expect += [f, str(ffi.offsetof("struct krex_region_info", f))]
     assert got == expect
+
+
+def test_taint_names_come_from_the_header_enum():
+    """A taint is one enum line in krex_proto.h: its name is that line's, in snake case, everywhere."""
+    text = (ROOT / "shim" / "krex_proto.h").read_text()
+    declared = re.findall(r"^\s+KREX_TAINT_(\w+) = (\d+)", text, flags=re.M)
+    assert {int(v): n.lower() for n, v in declared} == frames.TAINT_NAMES
+    assert frames.NOT_EXCLUSIVE == (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED
+                                    | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS)

@@ -242,13 +242,13 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
     assert published.read_text() == str(cpus[-1])
     mine = os.sched_getaffinity(0)
     try:
-        assert procs.step_off_reserved(str(published)) == mine
+        assert procs.step_off_reserved(str(published)[:-len(".reserved")]) == mine
         assert os.sched_getaffinity(0) == mine - {cpus[-1]}
     finally:
         os.sched_setaffinity(0, mine)
     owner.communicate(timeout=30)
     assert published.read_text() == ""
-    assert procs.step_off_reserved(str(published)) is None
+    assert procs.step_off_reserved(str(published)[:-len(".reserved")]) is None
 
 
 QUIET_SCRIPT = """

@@ -5,7 +5,7 @@ import pytest
 from krex_ctl.config import default_reserved, load, parse_cpu_list
 from krex_ctl.environ import HOOKS_DIR, RunOptions, preload_environ
 from krex_ctl.errors import KrexCommandError
-from krex_ctl.scheduler import Request, list_to_mask, mask_to_list, startable
+from krex_ctl.policy.scheduler import Request, list_to_mask, mask_to_list, startable
 
 
 def opts(**kw):
@@ -124,7 +124,7 @@ def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
 
 
 def test_state_file_parsing():
-    from krex_ctl.regions import parse_state
+    from krex_ctl.wire.runtime import parse_state
 
     assert parse_state('{"frozen": [[123, 456], [124, null]]}') == [(123, 456), (124, None)]
     for bad in ("[]", "{nope", '{"frozen": {}}', '{"frozen": [[1, 2]]}', '{"frozen": [["a", 1]]}', '"x"'):

@@ -6,11 +6,10 @@ import os
 import click
 
 from .. import config, paths
-from ..cli import cli
-from ..controller import Controller, bind
+from ..server import Controller, bind
 
 
-@cli.command()
+@click.command()
 @click.option("--socket", "socket_path", type=click.Path(), default=None,
               help="Socket to serve (default: KREX_SOCKET, else the per-user socket).")
 @click.option("--config", "config_file", type=click.Path(), default=None, help="JSON config file.")

@@ -11,7 +11,6 @@ again. Signals meant for the command are passed on (signals.py); the command die
 import array
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -24,12 +23,14 @@ from typing import Callable, Optional
 
 import click
 
-from .. import dispatch, paths, procs, report, shm
-from ..cli import cli
+from .. import dispatch, paths, procs
+from ..wire import counters as counters_file, report
 from ..embedded import ensure_controller
 from ..environ import RunOptions, check_environment, check_hooks, parse_gpus, preload_environ
 from ..errors import KrexCommandError
-from ..proto import C, MSG, Connection, peer_uid
+from ..wire.frames import C
+from ..wire import ops
+from ..wire.client import Connection, ControllerError, peer_uid
 from ..signals import Forwarder, block
 
 
@@ -41,27 +42,27 @@ class Guardian(threading.Thread):
     def __init__(self, conn: Connection, root_pid: int, reconnect: Callable[[], Optional[Connection]]):
         super().__init__(daemon=True, name="krex-guardian")
         self.conn, self.root_pid, self.reconnect = conn, root_pid, reconnect
-        self.replies: "queue.Queue" = queue.Queue()
+        self.conn.attach_reader()
         self.lost = threading.Event()
         self.done = threading.Event()
-        self.send_lock = threading.Lock()
         self.on_reconnect: Optional[Callable[[], None]] = None
         self.losses = 0
 
     def run(self) -> None:
         while not self.done.is_set():
+            conn = self.conn
             try:
                 while True:
-                    f = self.conn.recv()
+                    f = conn.recv()
                     if f.name in ("JSON_REPLY", "ERROR"):
-                        self.replies.put(f)
+                        conn.replies.put(f)
             except (OSError, ConnectionError, ValueError):
                 pass
+            conn.replies.put(None)
             if self.done.is_set():
                 break
             self.lost.set()
             self.losses += 1
-            self.replies.put(None)
             resume_tree(self.root_pid)
             print("krex: lost the controller; resumed this command's processes and continuing without region "
                   "exclusivity until a controller answers", file=sys.stderr)
@@ -70,32 +71,22 @@ class Guardian(threading.Thread):
                 conn = self.reconnect()
             if conn is None:
                 break
-            with self.send_lock:
-                self.conn = conn
+            conn.attach_reader()
+            self.conn = conn
             self.lost.clear()
             print("krex: connected to a controller again", file=sys.stderr)
             if self.on_reconnect is not None:
                 threading.Thread(target=self.on_reconnect, daemon=True).start()
-        self.replies.put(None)
 
     def request(self, op: str, timeout: float = 5.0, **args) -> Optional[dict]:
+        """One request on the job's connection (wire/client.py's rule); None when it got no good reply: the
+        wrapper then carries on as without a controller."""
         if self.lost.is_set():
             return None
         try:
-            with self.send_lock:
-                seq = self.conn.send(MSG["JSON"], json.dumps({"op": op, **args}).encode())
-            deadline = time.monotonic() + timeout
-            while True:
-                f = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
-                if f is None:
-                    return None
-                if f.seq == seq:
-                    break
-        except (OSError, queue.Empty):
+            return self.conn.request(op, timeout=timeout, **args)
+        except ControllerError:
             return None
-        if f.name != "JSON_REPLY":
-            return None
-        return json.loads(f.payload)
 
 
 def resume_tree(root: int) -> None:
@@ -118,7 +109,7 @@ def counters_dirs() -> list:
     return [first, Path(tempfile.gettempdir()), Path("/dev/shm")]
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
                    "one region covers them all.")
@@ -162,7 +153,7 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
     forwarder = Forwarder()
     forwarder.start()
     job = conn.job if conn else 0
-    counters = shm.make_counters(counters_dirs())
+    counters = counters_file.make_counters(counters_dirs())
     if counters is None:
         print("krex: cannot create the job's counters file anywhere (full filesystems?); launches will not be "
               "counted", file=sys.stderr)
@@ -176,10 +167,10 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
-        guardian.on_reconnect = lambda: guardian.request("job_command", command=command, gpus=gpus or [])
+        guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command, gpus=gpus or [])
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
         if gpus:
-            uuids = [(guardian.request("gpu_uuid", gpu=g) or {}).get("uuid") for g in gpus]
+            uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
         hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids))
@@ -218,7 +209,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     if guardian:
         offset: Optional[int] = 0
         while offset is not None:
-            reply = guardian.request("job_report", offset=offset)
+            reply = guardian.request(ops.JOB_REPORT, offset=offset)
             if reply is None:
                 break
             regions += reply["regions"]
@@ -231,8 +222,8 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     totals, local, lost = {}, list(extra_regions), 0
     if counters is not None:
         try:
-            totals = shm.read_counters(counters)
-            mine, lost = shm.read_local_regions(counters)
+            totals = counters_file.read_counters(counters)
+            mine, lost = counters_file.read_local_regions(counters)
             local += mine
         except OSError:
             pass
@@ -288,7 +279,7 @@ def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict,
     while True:       # all workers busy but more are coming: wait for one rather than start cold (seconds)
         if forwarder.first_pending() is not None:
             return None                   # interrupted while waiting: the cold path says so and stops
-        reply = guardian.request("dispatch", gpu=g, python=python, fingerprint=fingerprint, env=startup)
+        reply = guardian.request(ops.DISPATCH, gpu=g, python=python, fingerprint=fingerprint, env=startup)
         if reply and reply.get("socket"):
             break
         if not reply or not reply.get("coming") or time.monotonic() >= deadline:
@@ -338,7 +329,7 @@ def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
     128+N for a signal (its zygote reaped it and told the controller), the worker's own code otherwise."""
     deadline = time.monotonic() + wait_s
     while True:
-        reply = guardian.request("worker_exit", pid=pid) or {}
+        reply = guardian.request(ops.WORKER_EXIT, pid=pid) or {}
         if reply.get("state") == "exited" and reply.get("returncode") is not None:
             rc = int(reply["returncode"])
             if rc < 0:

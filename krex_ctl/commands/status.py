@@ -5,11 +5,12 @@ import json
 import click
 
 from .. import paths
-from ..cli import cli
-from ..proto import C, Connection
+from ..wire.frames import C
+from ..wire import ops
+from ..wire.client import Connection
 
 
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the full status as JSON.")
 @click.option("--socket", "socket_path", type=click.Path(), default=None,
               help="Controller socket (default: KREX_SOCKET, /run/krex/krex.sock, then the per-user one).")
@@ -17,7 +18,7 @@ def status(as_json: bool, socket_path) -> None:
     """Show what a controller is doing."""
     conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI, io_timeout=10.0)
     try:
-        st = conn.request("status")
+        st = conn.request(ops.STATUS)
     finally:
         conn.close()
     if as_json:

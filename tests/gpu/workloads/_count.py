@@ -5,7 +5,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-from krex_ctl.shm import read_counters  # noqa: E402
+from krex_ctl.wire.counters import read_counters  # noqa: E402
 
 
 def shim_counts() -> dict:

@@ -21,7 +21,7 @@ mine = lambda: next(s for s in _slots() if s["pid"] == os.getpid())  # noqa: E73
 
 
 def _slots():
-    from krex_ctl.proto import ffi
+    from krex_ctl.wire.frames import ffi
     data = open(os.environ["KREX_COUNTERS"], "rb").read()
     buf = ffi.from_buffer(data)
     hdr = ffi.cast("struct krex_counters_hdr *", buf)

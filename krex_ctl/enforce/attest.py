@@ -6,30 +6,9 @@ counters are read here at the region's boundaries only."""
 from dataclasses import dataclass
 from typing import Optional
 
-from . import procs
-from .proto import C
-
-TAINT_NAMES = {
-    C.KREX_TAINT_NOT_GRANTED: "not_granted", C.KREX_TAINT_CONTROLLER_LOST: "controller_lost",
-    C.KREX_TAINT_REVOKED: "revoked", C.KREX_TAINT_DRAIN_TIMEOUT: "drain_timeout",
-    C.KREX_TAINT_POWER_CAP: "power_cap", C.KREX_TAINT_THERMAL: "thermal", C.KREX_TAINT_HW_SLOWDOWN: "hw_slowdown",
-    C.KREX_TAINT_CLOCK_DROP: "clock_drop", C.KREX_TAINT_FOREIGN_PROCESS: "foreign_process", C.KREX_TAINT_XID: "xid",
-    C.KREX_TAINT_LIFECYCLE: "lifecycle", C.KREX_TAINT_UNACKNOWLEDGED: "unacknowledged",
-    C.KREX_TAINT_CLOCK_LOW: "clock_low",
-}
-# taints that mean other work may have reached the GPU inside the region (not only that it was disturbed)
-NOT_EXCLUSIVE = (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED
-                 | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS)
-
-
-def taint_names(bits: int) -> list[str]:
-    return [name for bit, name in sorted(TAINT_NAMES.items()) if bits & bit]
-
-
-def region_flags(taints: int, attested: bool) -> int:
-    return ((0 if taints & NOT_EXCLUSIVE else C.KREX_REGION_EXCLUSIVE) | (0 if taints else C.KREX_REGION_CLEAN)
-            | (C.KREX_REGION_ATTESTED if attested else 0))
-
+from .. import procs
+from ..wire.frames import C
+from ..wire.report import region_flags, verdict
 
 @dataclass
 class Result:
@@ -44,8 +23,7 @@ class Result:
         return region_flags(self.taints, self.attested)
 
     def record(self) -> dict:
-        out = {"exclusive": not self.taints & NOT_EXCLUSIVE, "clean": not self.taints,
-               "taints": taint_names(self.taints), "attested": self.attested,
+        out = {**verdict(self.taints), "attested": self.attested,
                "sm_clock_mhz": [self.clock_min, self.clock_max] if self.attested else None}
         if self.details:
             out["attestation"] = self.details
@@ -140,7 +118,7 @@ class NvmlAttestor(Attestor):
         return self._judge(region, consume_xid=True)
 
     def _judge(self, region, consume_xid: bool) -> Result:
-        from . import nvml
+        from .. import nvml
 
         start = region.attest_start
         if not start:
@@ -193,7 +171,7 @@ def make(cfg, known_pids):
     """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own."""
     if not cfg.attest:
         return Attestor()
-    from . import nvml
+    from .. import nvml
 
     nv = nvml.open_nvml()
     return NvmlAttestor(nv, cfg, known_pids) if nv is not None else Attestor()

@@ -19,7 +19,7 @@ import socket
 import struct
 from typing import Optional
 
-from .proto import recv_with_fds
+from ..wire.frames import recv_with_fds
 
 log = logging.getLogger("krex.controller")
 MAX_FDS = 250          # per datagram (SCM_MAX_FD is 253)

@@ -30,23 +30,25 @@ import socket
 import struct
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import attest, gpus, lifecycle, procs, proto
+from . import gpus, procs
+from .enforce import attest
+from .enforce.freeze import Freezer
+from .enforce.isolate import Isolation
+from .policy import jobs as job_rules
+from .policy.lifecycle import Lifecycle
+from .policy.regions import Regions
+from .server_regions import RegionEffects, now_ns
+from .wire import client, frames, ops, runtime
 from .config import Config
 from .errors import KrexCommandError
 from .pool import WorkerPool
-from .proto import C, MSG
-from .regions import RegionsMixin, now_ns
-from .resumer import Resumer
-from .scheduler import Request, list_to_mask, mask_to_list
-from .shm import GatePage
+from .wire.frames import MSG, SETTLE_STATUS, C
+from .policy.scheduler import Request, list_to_mask, mask_to_list
+from .enforce.gate import GatePage
 
 log = logging.getLogger("krex.controller")
-SETTLE_STATUS = {C.KREX_SETTLE_AT_ONCE: "at_once", C.KREX_SETTLE_WAITED: "waited",
-                 C.KREX_SETTLE_TIMED_OUT: "timed_out", C.KREX_SETTLE_UNMEASURED: "unmeasured"}
-REPORT_PAGE = 100   # regions per job_report reply; one region is ~500 bytes of JSON
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 REGION_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)
 
@@ -127,7 +129,7 @@ def raise_fd_limit() -> int:
     return soft
 
 
-class Controller(RegionsMixin):
+class Controller(RegionEffects):
     def __init__(self, cfg: Config, listener: socket.socket, socket_path: str):
         self.cfg = cfg
         self.listener = listener
@@ -136,29 +138,25 @@ class Controller(RegionsMixin):
         self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct)
         self.gpus = gpus.GpuTable(cfg, self.gate)
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
-        self.lifecycle = lifecycle.Lifecycle(cfg)
-        self.lifecycle.regions_of = lambda mask: [r for r in self.regions.values() if r.gpu_mask & mask]
-        self.lifecycle.outsider = self.outsider
-        self.resumer = Resumer()
+        self.lifecycle = Lifecycle(cfg)
+        self.book = Regions(cfg, lambda: self.clients.values(), self.command_job, self.lifecycle)
+        self.lifecycle.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
+        self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.jobs: dict[int, Job] = {}
-        self.queue: list[Request] = []
-        self.regions: dict = {}
-        self.revoked_ids: dict[int, bool] = {}
         self.timers: list[Timer] = []
-        self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # see hand_over_cores
         self.pool = WorkerPool(cfg, socket_path)
-        self.ids = itertools.count(1)
         self.job_ids = itertools.count(1)
         self.running = True
         self.started = time.time()
         self.idle_since = time.monotonic()
-        self.counters = {"clients_total": 0, "regions_granted": 0, "regions_revoked": 0, "owner_deaths": 0,
-                         "drain_timeouts": 0, "bad_frames": 0, "frozen_total": 0, "refused_connections": 0,
+        self.counters = {"clients_total": 0, "owner_deaths": 0, "bad_frames": 0, "refused_connections": 0,
                          "handshake_timeouts": 0, "clock_settle_waited": 0, "clock_settle_timed_out": 0}
         self.logged: dict[str, list] = {}          # rate_log: key -> [last time, suppressed count]
-        self.state_path = Path(cfg.state_file or socket_path + ".state")
+        self.state_path = str(cfg.state_file or runtime.state_path(socket_path))
+        self.freezer = Freezer(self.state_path, self.rate_log)
+        self.isolation = Isolation(cfg, socket_path, self.rate_log)
         fd_limit = raise_fd_limit()
         # two descriptors a client (socket, pidfd) and some for ourselves
         self.max_clients = max(1, min(int(cfg.max_clients), (fd_limit - 64) // 2))
@@ -180,8 +178,7 @@ class Controller(RegionsMixin):
         signal.set_wakeup_fd(self._wake_w.fileno())
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)
-        self.resume_from_state_file()
-        self.resumer.start()
+        self.freezer.start()
         if self.cfg.idle_exit_s:
             self.every(1.0, self.check_idle)
         if int(self.cfg.warm_workers) > 0:
@@ -295,7 +292,7 @@ class Controller(RegionsMixin):
                 sock, _ = self.listener.accept()
                 try:
                     sock.setblocking(False)
-                    sock.send(proto.pack(MSG["ERROR"], proto.error_payload(
+                    sock.send(frames.pack(MSG["ERROR"], frames.error_payload(
                         C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later")))
                 except OSError:
                     pass
@@ -385,19 +382,19 @@ class Controller(RegionsMixin):
             self.drop(client, "disconnected")
             return
         client.inbuf += data
-        while self.connected(client) and len(client.inbuf) >= proto.HDR_SIZE:
+        while self.connected(client) and len(client.inbuf) >= frames.HDR_SIZE:
             try:
-                mtype, length, seq = proto.unpack_header(bytes(client.inbuf[:proto.HDR_SIZE]))
-            except proto.ProtocolError as e:
+                mtype, length, seq = frames.unpack_header(bytes(client.inbuf[:frames.HDR_SIZE]))
+            except frames.ProtocolError as e:
                 self.reject(client, str(e))
                 return
-            if len(client.inbuf) < proto.HDR_SIZE + length:
+            if len(client.inbuf) < frames.HDR_SIZE + length:
                 return
-            payload = bytes(client.inbuf[proto.HDR_SIZE:proto.HDR_SIZE + length])
-            del client.inbuf[:proto.HDR_SIZE + length]
+            payload = bytes(client.inbuf[frames.HDR_SIZE:frames.HDR_SIZE + length])
+            del client.inbuf[:frames.HDR_SIZE + length]
             try:
                 self.handle(client, mtype, payload, seq)
-            except proto.ProtocolError as e:
+            except frames.ProtocolError as e:
                 self.reject(client, str(e))
                 return
 
@@ -408,7 +405,7 @@ class Controller(RegionsMixin):
         self.drop(client, f"bad frame ({why})")
 
     def send(self, client: Client, msg_type: int, payload: bytes, fds: tuple = (), seq: int = 0) -> None:
-        frame = proto.pack(msg_type, payload, seq)
+        frame = frames.pack(msg_type, payload, seq)
         if fds:
             # descriptors travel with the first byte of the frame; send it now, blocking briefly
             client.sock.setblocking(True)
@@ -424,7 +421,7 @@ class Controller(RegionsMixin):
         self.flush(client)
 
     def send_error(self, client: Client, code: int, text: str, seq: int = 0) -> None:
-        self.send(client, MSG["ERROR"], proto.error_payload(code, text), seq=seq)
+        self.send(client, MSG["ERROR"], frames.error_payload(code, text), seq=seq)
 
     def flush(self, client: Client) -> None:
         while client.outbuf:
@@ -460,17 +457,12 @@ class Controller(RegionsMixin):
                 self.sel.unregister(client.pidfd.fd)
             except (KeyError, ValueError):
                 pass
-        if client.request is not None and client.request in self.queue:
-            self.queue.remove(client.request)
-        for region in list(self.regions.values()):
-            if client in region.members:
-                if len(region.members) == 1:
-                    self.counters["owner_deaths"] += 1
-                self.leave(region, client, C.KREX_END_OWNER_GONE, 0)
-            elif client in region.pending_drain:
-                region.pending_drain.discard(client)
-                self.maybe_freeze(region)
-        self.lifecycle.gone(client)
+        region = self.book.region_of(client)
+        if region is not None and len(region.members) == 1:
+            self.counters["owner_deaths"] += 1
+        now = time.monotonic()
+        self.apply(self.book.gone(client, now))
+        self.lifecycle.gone(client, now)
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
@@ -479,16 +471,16 @@ class Controller(RegionsMixin):
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
-        self.schedule()
+        self.apply(self.book.schedule(time.monotonic()))
 
     # ---- messages, by sender ---------------------------------------------------------------------
     def handle(self, client: Client, mtype: int, payload: bytes, seq: int) -> None:
         if client.role == 0:
             if mtype != MSG["HELLO"]:
-                raise proto.ProtocolError("the first frame must be HELLO")
-            self.on_hello(client, proto.decode("struct krex_hello", payload))
+                raise frames.ProtocolError("the first frame must be HELLO")
+            self.on_hello(client, frames.decode("struct krex_hello", payload))
             return
-        name = proto.MESSAGES.get(mtype, (None, None))[0]
+        name = frames.MESSAGES.get(mtype, (None, None))[0]
         handler = {
             "CONTEXT": self.on_context,          # shim
             "DRAINED": self.on_drained,          # shim
@@ -500,22 +492,22 @@ class Controller(RegionsMixin):
             "JSON": self.on_json,                # python clients (wrapper, cli, region api)
         }.get(name or "")
         if handler is None:
-            raise proto.ProtocolError(f"unexpected message type {mtype}")
+            raise frames.ProtocolError(f"unexpected message type {mtype}")
         handler(client, payload, seq)
 
     def on_hello(self, client: Client, hello: Any) -> None:
         """any client: check magic and version, place it in a job, send WELCOME with the gate page"""
-        if hello.magic != proto.MAGIC:
-            raise proto.ProtocolError("bad HELLO magic")
-        if hello.version != proto.VERSION:
+        if hello.magic != frames.MAGIC:
+            raise frames.ProtocolError("bad HELLO magic")
+        if hello.version != frames.VERSION:
             self.send_error(client, C.KREX_ERR_VERSION,
-                            f"this controller speaks krex protocol {proto.VERSION} but the client speaks "
+                            f"this controller speaks krex protocol {frames.VERSION} but the client speaks "
                             f"{hello.version}; install one krex version for both")
             self.flush(client)
             self.drop(client, "protocol version mismatch")
             return
         if hello.role not in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON, C.KREX_ROLE_WRAPPER, C.KREX_ROLE_CLI):
-            raise proto.ProtocolError(f"unknown role {hello.role}")
+            raise frames.ProtocolError(f"unknown role {hello.role}")
         if not client.pidfd.alive():
             self.drop(client, "peer process already gone")
             return
@@ -534,13 +526,13 @@ class Controller(RegionsMixin):
             client.job = self.place(client, int(hello.job), int(hello.job_root))
             client.job.clients.add(client)
             if self.cfg.isolate_cpus:
-                self.keep_off_reserved(client)
+                self.isolation.keep_off(client, self.book.regions.values())
         ro = self.gate.readonly_fd()
         try:
-            self.send(client, MSG["WELCOME"], proto.encode(
-                "struct krex_welcome", magic=proto.MAGIC, version=proto.VERSION, client_id=client.id,
+            self.send(client, MSG["WELCOME"], frames.encode(
+                "struct krex_welcome", magic=frames.MAGIC, version=frames.VERSION, client_id=client.id,
                 job=client.job.id if client.job else 0, max_gpus=C.KREX_MAX_GPUS,
-                gate_stride=proto.ffi.sizeof("struct krex_gate"), gate_offset=self.gate.offset, has_gate_fd=1,
+                gate_stride=frames.ffi.sizeof("struct krex_gate"), gate_offset=self.gate.offset, has_gate_fd=1,
                 controller_pid=os.getpid()), fds=(ro,))
         finally:
             os.close(ro)
@@ -578,8 +570,8 @@ class Controller(RegionsMixin):
 
     def on_context(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: this process holds a context on a GPU"""
-        ctx = proto.decode("struct krex_context", payload)
-        uuid = bytes(proto.ffi.buffer(ctx.uuid)) if ctx.flags & C.KREX_CONTEXT_HAS_UUID else None
+        ctx = frames.decode("struct krex_context", payload)
+        uuid = bytes(frames.ffi.buffer(ctx.uuid)) if ctx.flags & C.KREX_CONTEXT_HAS_UUID else None
         device = self.gpus.index(uuid, int(ctx.device))
         if device is None or device not in self.cfg.gpus:
             self.send_error(client, C.KREX_ERR_GPU, f"GPU {ctx.device if device is None else device} is not managed "
@@ -589,24 +581,23 @@ class Controller(RegionsMixin):
 
     def on_drained(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: finished a drain"""
-        d = proto.decode("struct krex_drained", payload)
-        region = self.regions.get(d.drain_id)
+        d = frames.decode("struct krex_drained", payload)
+        region = self.book.regions.get(d.drain_id)
         if region is not None and client in region.pending_drain:
-            region.pending_drain.discard(client)
             if d.status:
                 log.warning("pid %d drained GPU work with driver error %d", client.pid, d.status)
-            region.others_busy_us = max(region.others_busy_us, int(d.sync_us))
-            self.lifecycle.drained(client, int(d.freed_bytes), int(d.last_free_ns))
-            self.maybe_freeze(region)
+            now = time.monotonic()
+            self.lifecycle.drained(client, int(d.freed_bytes), int(d.last_free_ns), now)
+            self.apply(self.book.drained(region, client, int(d.sync_us), now))
 
     def on_lifecycle(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: a context is being created or destroyed, the process is exiting, or it freed memory"""
-        self.lifecycle.event(client, proto.decode("struct krex_lifecycle", payload))
+        self.lifecycle.event(client, frames.decode("struct krex_lifecycle", payload), time.monotonic())
 
     def on_region_settled(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: how its clock settle after the grant went (shim/settle.c); a member's report of a region it is in"""
-        s = proto.decode("struct krex_region_settled", payload)
-        region = self.regions.get(int(s.region_id))
+        s = frames.decode("struct krex_region_settled", payload)
+        region = self.book.regions.get(int(s.region_id))
         if region is None or client not in region.members:
             return
         status = SETTLE_STATUS.get(int(s.status), "unmeasured")
@@ -618,67 +609,42 @@ class Controller(RegionsMixin):
         if status == "timed_out":
             region.taints |= C.KREX_TAINT_CLOCK_LOW
 
-    def job_gpus(self, client: Client) -> int:
-        """A region's GPUs when its requester names none: every GPU its job declared or holds contexts on
-        (a gang: all ranks' GPUs at once), else its own."""
-        jobs = {client.job, self.command_job(client)} - {None}
-        mask = 0
-        for job in jobs:
-            mask |= job.gpus
-            for c in job.clients:
-                mask |= c.devices
-        return mask or client.devices
+    def command_job(self, client):
+        """The job a client works for: a warm worker's is the command it runs, whose other processes (the
+        command's children, under the wrapper's job) must not be its siblings."""
+        worker = self.pool.by_pid(client.pid)
+        return worker.serving if worker is not None and worker.serving is not None else client.job
 
     def on_region_begin(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: ask for a region"""
-        b = proto.decode("struct krex_region_begin", payload)
+        b = frames.decode("struct krex_region_begin", payload)
         if client.role not in REGION_ROLES or client.job is None:
             self.send_error(client, C.KREX_ERR_DENIED, f"a {client.role_name} client cannot hold regions", seq=seq)
             return
-        mask = int(b.gpu_mask) or self.job_gpus(client) or int(b.fallback_mask)
+        mask = int(b.gpu_mask) or job_rules.job_gpus(client, self.command_job) or int(b.fallback_mask)
         bad = [g for g in mask_to_list(mask) if g not in self.cfg.gpus]
         if not mask or bad:
             self.send_error(client, C.KREX_ERR_GPU, f"region on GPUs {bad or 'none'} that this controller does not "
                             "manage", seq=seq)
             return
-        if client.request is not None or any(client in r.members for r in self.regions.values()):
-            self.send_error(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq=seq)
-            return
-        name, requested = proto.cstr(b.name), int(b.requested_ns)
-        region = self.joinable(client, mask)
-        if region is not None:
-            self.join(region, client, seq, name, requested)
-            return
-        req = Request(next(self.ids), mask, name, requested, client, seq)
-        client.request = req
-        self.queue.append(req)
-        self.schedule()
+        self.apply(self.book.request(client, mask, frames.cstr(b.name), int(b.requested_ns), seq, time.monotonic()))
 
     def on_region_end(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: the region is over"""
-        e = proto.decode("struct krex_region_end", payload)
-        region = self.regions.get(e.region_id)
+        e = frames.decode("struct krex_region_end", payload)
+        region = self.book.regions.get(e.region_id)
         if region is None or client not in region.members:
             # already revoked, or never ours: acknowledge so the client does not wait
-            reason = C.KREX_END_TIME_LIMIT if e.region_id in self.revoked_ids else C.KREX_END_CANCELLED
-            self.send(client, MSG["REGION_ENDED"], proto.encode(
+            reason = C.KREX_END_TIME_LIMIT if e.region_id in self.book.revoked_ids else C.KREX_END_CANCELLED
+            self.send(client, MSG["REGION_ENDED"], frames.encode(
                 "struct krex_region_ended", region_id=e.region_id, ended_ns=now_ns(), reason=reason), seq=seq)
             return
-        self.leave(region, client, C.KREX_END_NORMAL, seq)
+        self.apply(self.book.leave(region, client, C.KREX_END_NORMAL, seq, time.monotonic()))
 
     def on_region_cancel(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: it stops waiting (Ctrl-C) or leaves whatever region it is in"""
-        proto.decode("struct krex_region_cancel", payload)
-        if client.request is not None and client.request in self.queue:
-            self.queue.remove(client.request)
-            client.request = None
-            self.schedule()
-        for region in list(self.regions.values()):
-            if client in region.members:
-                self.leave(region, client, C.KREX_END_CANCELLED, seq)
-                return
-        self.send(client, MSG["REGION_ENDED"], proto.encode(
-            "struct krex_region_ended", region_id=0, ended_ns=now_ns(), reason=C.KREX_END_CANCELLED), seq=seq)
+        frames.decode("struct krex_region_cancel", payload)
+        self.apply(self.book.cancel(client, seq, time.monotonic()))
 
     def on_json(self, client: Client, payload: bytes, seq: int) -> None:
         """wrapper / cli: control-plane requests"""
@@ -686,33 +652,28 @@ class Controller(RegionsMixin):
             req = json.loads(payload)
             op = req["op"]
         except (ValueError, KeyError, TypeError):
-            raise proto.ProtocolError("JSON request without an op") from None
+            raise frames.ProtocolError("JSON request without an op") from None
         try:
-            if op == "status":
+            if op == ops.STATUS:
                 reply = self.status()
-            elif op == "job_report":
-                # paged: a long job's regions do not fit one frame (KREX_MAX_PAYLOAD)
-                regions = client.job.regions if client.job else []
-                start = max(0, int(req.get("offset", 0)))
-                page = regions[start:start + REPORT_PAGE]
-                reply = {"job": client.job.id if client.job else None, "regions": page,
-                         "next": start + len(page) if start + len(page) < len(regions) else None}
-            elif op == "job_command":
+            elif op == ops.JOB_REPORT:
+                reply = job_report_page(client.job, int(req.get("offset", 0)))
+            elif op == ops.JOB_COMMAND:
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:
                     client.job.command = [str(a) for a in req.get("command", [])][:64]
                     client.job.gpus = list_to_mask(g for g in req.get("gpus", []) or []
                                                    if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
                 reply = {"ok": True}
-            elif op == "gpu_uuid":      # wrapper: the UUID of node-wide GPU n (for CUDA_VISIBLE_DEVICES)
+            elif op == ops.GPU_UUID:      # wrapper: the UUID of node-wide GPU n (for CUDA_VISIBLE_DEVICES)
                 reply = {"uuid": self.gpus.uuid_text(int(req.get("gpu", -1)))}
-            elif op == "dispatch":      # wrapper: a warm worker for this command, if one fits
+            elif op == ops.DISPATCH:      # wrapper: a warm worker for this command, if one fits
                 reply = self.dispatch_warm(client, req)
-            elif op == "worker_exit":   # wrapper: how the worker running its command ended
+            elif op == ops.WORKER_EXIT:   # wrapper: how the worker running its command ended
                 state, rc = self.pool.exit_status(int(req.get("pid", 0)), client.job.id if client.job else -1)
                 reply = {"state": state, "returncode": rc}
-            elif op in ("worker_ready", "worker_idle", "zygote_ready", "worker_exited"):   # warm workers
+            elif op in ops.WORKER_OPS:   # warm workers
                 reply = self.worker_op(client, op, req)
-            elif op == "shutdown":
+            elif op == ops.SHUTDOWN:
                 if client.uid not in (0, os.getuid()):
                     reply = {"error": "only the controller's owner or root may stop it"}
                 else:
@@ -737,36 +698,34 @@ class Controller(RegionsMixin):
         return {"socket": worker.socket, "pid": worker.pid}
 
     def worker_op(self, client: Client, op: str, req: dict) -> dict:
-        if op == "zygote_ready":
+        if op == ops.ZYGOTE_READY:
             # a process whose shim has registered has called cuInit: its children could not use CUDA
             cuda = any(c.pid == client.pid and c.role == C.KREX_ROLE_SHIM for c in self.clients.values())
             fork = bool(req.get("forkable")) and not cuda
             ok = self.pool.zygote_ready(client, int(req.get("gpu", -1)), str(req.get("python", "")),
                                         str(req.get("fingerprint", "")), fork)
             return {"ok": True, "fork": fork} if ok else {"error": "not a zygote this controller started"}
-        if op == "worker_exited":
+        if op == ops.WORKER_EXITED:
             ok = self.pool.worker_exited(client, int(req.get("pid", 0)), int(req.get("returncode", 0)))
             return {"ok": ok} if ok else {"error": "not a zygote"}
-        if op == "worker_ready":
+        if op == ops.WORKER_READY:
             ok = self.pool.ready(client, int(req.get("gpu", -1)), str(req.get("socket", "")),
                                  str(req.get("python", "")), str(req.get("fingerprint", "")))
             return {"ok": ok} if ok else {"error": "not a worker this controller started"}
         worker = self.pool.by_client(client)
         if worker is None:
             return {"error": "not a worker"}
-        if op == "worker_idle":
+        if op == ops.WORKER_IDLE:
             worker.state, worker.serving = "idle", None
         return {"ok": True}
 
     def shutdown(self) -> None:
-        self.queue.clear()
-        for region in list(self.regions.values()):
-            self.end_region(region, C.KREX_END_OWNER_GONE)
-        self.release_handover()
+        self.apply(self.book.shutdown(time.monotonic()))
+        self.isolation.release(())
         self.pool.shutdown()
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
-        self.resumer.close()
+        self.freezer.close()
         try:
             if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
                 os.unlink(self.socket_path)
@@ -780,34 +739,50 @@ class Controller(RegionsMixin):
         gpus = []
         for g in self.cfg.gpus:
             bit = 1 << g
-            owner = next((r for r in self.regions.values() if r.gpu_mask & bit), None)
+            owner = next((r for r in self.book.regions.values() if r.gpu_mask & bit), None)
             clients = [c for c in self.clients.values() if c.devices & bit]
-            if not clients and owner is None and not any(r.gpu_mask & bit for r in self.queue):
+            if not clients and owner is None and not any(r.gpu_mask & bit for r in self.book.queue):
                 continue
             gpus.append({
                 "gpu": g, "uuid": self.gpus.uuid_text(g),
                 "owner": None if owner is None else {
                     "region": owner.id, "name": owner.req.name, "pid": owner.owner.pid, "job": owner.job.id,
-                    "members": self.member_pids(owner), "gpus": mask_to_list(owner.gpu_mask),
-                    "state": owner.state, "frozen": [p.pid for p in owner.frozen],
+                    "members": [m.pid for m in owner.members.values()], "gpus": mask_to_list(owner.gpu_mask),
+                    "state": owner.state.value, "frozen": [c.pid for c in owner.frozen],
                     "held_s": (now_ns() - owner.granted_ns) / 1e9 if owner.granted_ns else 0.0},
                 "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "gpus": mask_to_list(r.gpu_mask),
-                           "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.queue if r.gpu_mask & bit],
+                           "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.book.queue if r.gpu_mask & bit],
                 "clients": [c.pid for c in clients],
             })
         return {
-            "controller": {"pid": os.getpid(), "socket": self.socket_path, "protocol": proto.VERSION,
+            "controller": {"pid": os.getpid(), "socket": self.socket_path, "protocol": frames.VERSION,
                            "uptime_s": round(time.time() - self.started, 3), "config": self.cfg.to_json(),
                            "max_clients": self.max_clients, "attestation": self.attest.source,
-                           "resumer_pid": self.resumer.pid or None},
+                           "resumer_pid": self.freezer.resumer.pid or None},
             "gpus": gpus,
             "clients": [c.describe() for c in self.clients.values() if c.role],
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "command": j.command, "regions": len(j.regions),
                       "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
-            "counters": dict(self.counters),
+            "counters": {**self.counters, **self.book.counters},
             "workers": self.pool.describe(),
             "zygotes": self.pool.describe_zygotes(),
         }
+
+
+def job_report_page(job, offset: int) -> dict:
+    """A page of a job's region records from offset: as many as fit ops.REPORT_PAGE_BYTES of JSON (at least
+    one), so that a reply never outgrows a frame however large the records are; "next" is the offset of the
+    next page, None after the last."""
+    regions = job.regions if job else []
+    start, size, page = max(0, offset), 0, []
+    for rec in regions[start:]:
+        n = len(json.dumps(rec)) + 2
+        if page and size + n > ops.REPORT_PAGE_BYTES:
+            break
+        page.append(rec)
+        size += n
+    end = start + len(page)
+    return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None}
 
 
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
@@ -836,7 +811,7 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot replace the stale socket ({e.strerror})", 2) from None
     try:
-        sock = proto.bind_private(path)
+        sock = client.bind_private(path)
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot bind ({e.strerror})", 2) from None
     if cfg.socket_group:

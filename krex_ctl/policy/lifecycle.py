@@ -1,4 +1,4 @@
-"""The lifecycle barrier and the settle time: what other processes do to a GPU without submitting to it.
+"""The lifecycle barrier (times are CLOCK_MONOTONIC seconds, passed in) and the settle time: what other processes do to a GPU without submitting to it.
 
 Creating a context, tearing one down and exiting are GPU work no gate holds and no drain waits for; on the
 H200, other processes doing them moved a 0.2 ms kernel by +22% and, under krex regions, a 1.7 ms kernel by
@@ -11,10 +11,11 @@ frozen, the region waits (at most lifecycle_timeout_s, then it is tainted "lifec
     acknowledgement) or exited (the bytes it still held), on those GPUs.
 A sibling that starts such work while the region is held taints it "lifecycle" too."""
 
-import time
+
 from typing import Optional
 
-from .proto import C
+from ..wire.frames import C
+from .regions import State
 from .scheduler import mask_to_list
 
 GIB = float(1 << 30)
@@ -41,10 +42,10 @@ class Lifecycle:
         """Lifecycle work of client began on these GPUs: a region another job holds there is disturbed."""
         if self.regions_of is not None:
             for region in self.regions_of(mask):
-                if region.state == "held" and self.outsider(region, client):
+                if region.state is State.HELD and self.outsider(region, client):
                     region.taints |= C.KREX_TAINT_LIFECYCLE
 
-    def event(self, client, ev) -> None:
+    def event(self, client, ev, now: float) -> None:
         e = int(ev.event)
         # a process's first context is announced before the controller knows its GPUs: the event names it
         mask = (1 << int(ev.device)) if 0 <= int(ev.device) < 64 else client.devices
@@ -61,24 +62,24 @@ class Lifecycle:
             if not ops:
                 self.inflight.pop(client, None)
             if e == C.KREX_LIFE_CTX_DESTROY_END:
-                self._settle(mask, time.monotonic(), 0)
+                self._settle(mask, now, 0)
         elif e == C.KREX_LIFE_EXIT_BEGIN:
             self.exiting[client] = int(ev.bytes)
             self._taint_held(client.devices, client)
         elif e == C.KREX_LIFE_FREED:
-            self._settle(client.devices, time.monotonic(), int(ev.bytes))
+            self._settle(client.devices, now, int(ev.bytes))
 
-    def drained(self, client, freed_bytes: int, last_free_ns: int) -> None:
+    def drained(self, client, freed_bytes: int, last_free_ns: int, now: float) -> None:
         if freed_bytes > 0:
-            # last_free_ns is the shim's CLOCK_MONOTONIC, the same clock as time.monotonic()
-            self._settle(client.devices, last_free_ns / 1e9 if last_free_ns else time.monotonic(), freed_bytes)
+            # last_free_ns is the shim's CLOCK_MONOTONIC, the clock of now
+            self._settle(client.devices, last_free_ns / 1e9 if last_free_ns else now, freed_bytes)
 
-    def gone(self, client) -> None:
+    def gone(self, client, now: float) -> None:
         """The process exited (or its connection closed): its teardown is over, its memory still to scrub."""
         self.inflight.pop(client, None)
         held = self.exiting.pop(client, None)
         if client.devices:
-            self._settle(client.devices, time.monotonic(), held or 0)
+            self._settle(client.devices, now, held or 0)
             if held is None:
                 self._taint_held(client.devices, client)   # died unannounced (a signal): torn down just now
 
@@ -88,13 +89,12 @@ class Lifecycle:
                    for c, ops in self.inflight.items()) or \
             any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting)
 
-    def wait_s(self, region) -> float:
+    def wait_s(self, region, now: float) -> float:
         """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""
         if not self.cfg.lifecycle_barrier:
             return 0.0
         if self.busy(region):
             return 0.002
-        now = time.monotonic()
         until: Optional[float] = max((self.settle_until.get(g, 0.0) for g in mask_to_list(region.gpu_mask)),
                                      default=0.0)
         return max(0.0, until - now)

@@ -1,25 +1,51 @@
-"""The `krex run --report` file: launches and contexts from the job's counters, and every region.
+"""The `krex run --report` file and the region record, the one place that says what a region's taints mean.
 
 Regions come from two places. The controller keeps a record of each region it granted (hand-off times,
-frozen siblings, attestation). Each GPU process also writes its own record of every region it had into
-the job's counters file (shim/region.c), so regions no controller granted (no controller, refused) and
-regions of a controller that went away are listed too. The two are merged on (controller pid, region id);
-a region's flags say what is known of it: "exclusive" (granted, and nothing broke exclusivity), "clean"
-(no taint at all), and "taints" name what was seen."""
+frozen siblings, attestation): region_record builds it. Each GPU process also writes its own record of every
+region it had into the job's counters file (shim/region.c), so regions no controller granted (no controller,
+refused) and regions of a controller that went away are listed too: local_record reads it. The two are
+merged on (controller pid, region id); a region's flags say what is known of it: "exclusive" (granted, and
+no taint of KREX_TAINTS_NOT_EXCLUSIVE), "clean" (no taint at all), and "taints" name what was seen."""
 
+import json
 import os
 from pathlib import Path
 from typing import Optional
 
-from . import procs
-from .attest import NOT_EXCLUSIVE, TAINT_NAMES, taint_names
-from .errors import KrexCommandError
-from .proto import C
-from .regions import END_NAMES
-from .scheduler import mask_to_list
+from ..errors import KrexCommandError
+from .frames import END_NAMES, NOT_EXCLUSIVE, C, taint_bits, taint_names
+from .runtime import write_atomic
+
+VERSION = 1
 
 
-BITS = {name: bit for bit, name in TAINT_NAMES.items()}
+def mask_to_list(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def exclusive(taints: int) -> bool:
+    """The rule, once: no taint that means other work may have reached the GPU inside the region."""
+    return not taints & NOT_EXCLUSIVE
+
+
+def region_flags(taints: int, attested: bool) -> int:
+    """The verdict bits of struct krex_region_ended for a region with these taints (the sender adds
+    KREX_REGION_GRANTED where a grant was made)."""
+    return ((C.KREX_REGION_EXCLUSIVE if exclusive(taints) else 0) | (0 if taints else C.KREX_REGION_CLEAN)
+            | (C.KREX_REGION_ATTESTED if attested else 0))
+
+
+def verdict(taints: int) -> dict:
+    return {"exclusive": exclusive(taints), "clean": not taints, "taints": taint_names(taints)}
+
+
+def region_record(*, name: str, gpu_mask: int, requested_ns: int, granted_ns: Optional[int], ended_ns: int,
+                  pid: int, pids, end_reason: int, taints: int, **extra) -> dict:
+    """The controller's record of one region (the report's `regions` entries); extra: hand-off phases,
+    attestation and whatever else the controller measured."""
+    return {"name": name, "gpu": mask_to_list(gpu_mask), "requested_ns": requested_ns, "granted_ns": granted_ns or None,
+            "ended_ns": ended_ns, "pid": pid, "pids": sorted(set(pids)), "end": END_NAMES[end_reason],
+            **verdict(taints), **extra}
 
 
 def check_path(path: str) -> Path:
@@ -36,7 +62,8 @@ def check_path(path: str) -> Path:
 
 
 def local_record(r: dict) -> dict:
-    """A process's own record (shm.read_local_regions) in the report's form."""
+    """A process's own record (runtime.read_local_regions) in the report's form: its flags as the shim set
+    them (it applies the same KREX_TAINTS_NOT_EXCLUSIVE rule)."""
     flags, taints = r["flags"], r["taints"]
     granted = bool(flags & C.KREX_REGION_GRANTED)
     return {
@@ -63,17 +90,14 @@ def merge_regions(controller: list[dict], local: list[dict]) -> list[dict]:
     for rec in controller:
         rec = dict(rec)
         key = (rec.get("controller_pid"), rec.get("region_id"))
+        taints = taint_bits(rec.get("taints", []))
         for loc in by_key.get(key, []):
             used.add(id(loc))
-            extra = set(taint_names(loc["taints"])) - set(rec.get("taints", []))
-            if extra:
-                rec["taints"] = sorted(set(rec.get("taints", [])) | extra)
-                rec["clean"] = False
-                if any(BITS[n] & NOT_EXCLUSIVE for n in extra):
-                    rec["exclusive"] = False
-        rec.setdefault("exclusive", True)
-        rec.setdefault("clean", not rec.get("taints"))
-        rec.setdefault("taints", [])
+            taints |= loc["taints"]
+        seen = verdict(taints)
+        rec["taints"] = seen["taints"]
+        rec["exclusive"] = rec.get("exclusive", True) and seen["exclusive"]
+        rec["clean"] = rec.get("clean", True) and seen["clean"]
         rec["recorded_by"] = "controller"
         out.append(rec)
     out += [local_record(r) for r in local if id(r) not in used]
@@ -86,7 +110,7 @@ def build(command: list, exit_code: int, totals: Optional[dict], regions: list, 
     get = lambda k: int(totals.get(k, 0))   # noqa: E731
     region_wait = sum(max(0, (r.get("granted_ns") or r["ended_ns"]) - r["requested_ns"]) for r in regions)
     report = {
-        "version": 1,
+        "version": VERSION,
         "command": command,
         "exit_code": exit_code,
         "launches": get("kernels") + get("graphs") + get("copies") + get("other"),
@@ -108,6 +132,4 @@ def build(command: list, exit_code: int, totals: Optional[dict], regions: list, 
 
 
 def write(path: Path, report: dict) -> None:
-    import json
-
-    procs.write_atomic(str(path), json.dumps(report, indent=2) + "\n", 0o644)
+    write_atomic(str(path), json.dumps(report, indent=2) + "\n", 0o644)

@@ -1,0 +1,414 @@
+"""The region lifecycle: every state a region passes through and what moves it on, with no I/O.
+
+A grant, in order, the same for every region:
+
+    DRAINING   the gates of the region's GPUs are closed (siblings' new submissions block in their shims);
+               each sibling with a context there finishes its in-flight work and acknowledges (DRAINED),
+               or the drain's time runs out (taint drain_timeout)
+    SETTLING   the lifecycle barrier: no sibling's context creation, teardown or exit under way, and the
+               memory they freed given time to be scrubbed (lifecycle.py), or its time runs out (lifecycle)
+    FREEZING   the siblings are stopped (SIGSTOP), each only by the first live region that freezes it, until
+               all of them are seen stopped or the freeze's time runs out
+    HELD       granted: the members' threads on the reserved cores, the GPU's counters read, the grant sent;
+               the region's time limit runs
+    ENDED      its last member left, its owner went away, it was cancelled, or the time limit revoked it;
+               everything is undone (attestation, CPUs, resume, gates, record, replies, the next grant)
+
+TRANSITIONS is the whole table: a (state, event) pair that is not in it is a bug and raises. The machine
+(Regions) turns events into effects; the server carries the effects out and feeds back what it observed
+(the time, which siblings are stopped yet). Unit tests walk every transition with no socket or process."""
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..wire.frames import C
+from . import jobs
+from .freezes import Freezes
+from .scheduler import Request, startable
+
+
+class State(enum.Enum):
+    DRAINING = "draining"
+    SETTLING = "settling"
+    FREEZING = "freezing"
+    HELD = "held"
+    ENDED = "ended"
+
+
+class Event(enum.Enum):
+    DRAINED = "drained"                 # the last pending sibling acknowledged the drain
+    DRAIN_TIMEOUT = "drain_timeout"
+    SETTLED = "settled"                 # the lifecycle barrier let it go
+    SETTLE_TIMEOUT = "settle_timeout"
+    STOPPED = "stopped"                 # every sibling it froze is seen stopped
+    STOP_TIMEOUT = "stop_timeout"
+    END = "end"                         # last member left, owner gone, cancelled, aborted
+    TIME_LIMIT = "time_limit"
+
+
+S, E = State, Event
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (S.DRAINING, E.DRAINED): S.SETTLING,
+    (S.DRAINING, E.DRAIN_TIMEOUT): S.SETTLING,
+    (S.SETTLING, E.SETTLED): S.FREEZING,
+    (S.SETTLING, E.SETTLE_TIMEOUT): S.FREEZING,
+    (S.FREEZING, E.STOPPED): S.HELD,
+    (S.FREEZING, E.STOP_TIMEOUT): S.HELD,
+    (S.HELD, E.TIME_LIMIT): S.ENDED,
+    **{(s, E.END): S.ENDED for s in (S.DRAINING, S.SETTLING, S.FREEZING, S.HELD)},
+}
+
+
+class BadTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class Member:
+    """One client inside a region, with the seq of its REGION_BEGIN (replies and revocations carry it)."""
+    client: Any
+    seq: int
+    name: str
+    requested_ns: int
+    joined: bool
+
+    @property
+    def pid(self) -> int:
+        return self.client.pid
+
+
+@dataclass(eq=False)
+class Region:
+    req: Request
+    job: Any
+    members: dict = field(default_factory=dict)      # client -> Member
+    owner: Any = None                                # the first member still inside (records, CPU isolation)
+    pids: list = field(default_factory=list)         # everyone who was inside
+    state: State = S.DRAINING
+    pending_drain: set = field(default_factory=set)
+    drain_timeouts: int = 0
+    started: float = 0.0                             # monotonic seconds of the start, for the phase times
+    phase_start: float = 0.0
+    phase_ns: dict = field(default_factory=dict)     # drain, settle, freeze, isolate, attest: the hand-off's time
+    deadline: float = 0.0                            # of the settle or the freeze under way
+    taints: int = 0
+    granted_ns: int = 0
+    frozen: list = field(default_factory=list)       # clients this region stopped (not those others stopped)
+    freeze_skipped: str = ""                         # why nobody was frozen although siblings exist
+    unstopped: list = field(default_factory=list)    # pids still running when the freeze's time ran out
+    others_busy_us: int = 0                          # the longest a sibling's GPU work took to finish at the drain
+    clock_settle: list = field(default_factory=list)
+    reserved: set = field(default_factory=set)       # cores given to the members while held (set by the server)
+    saved_affinity: dict = field(default_factory=dict)
+    attest_start: Any = None
+
+    @property
+    def id(self) -> int:
+        return self.req.id
+
+    @property
+    def gpu_mask(self) -> int:
+        return self.req.gpu_mask
+
+
+# ---- effects: what the server is to do, in the order given -----------------------------------------------
+@dataclass
+class CloseGates:
+    region: Region
+
+
+@dataclass
+class SendDrain:
+    region: Region
+    clients: list
+
+
+@dataclass
+class Arm:
+    """Call back with event after delay seconds (a later Arm of the same region replaces nothing: each fires
+    once, and the machine ignores one that no longer applies)."""
+    region: Region
+    event: Event
+    delay: float
+
+
+@dataclass
+class Freeze:
+    """SIGSTOP these clients (recorded durably first); the server reports back the ones it could stop."""
+    region: Region
+    clients: list
+
+
+@dataclass
+class Grant:
+    """Isolate the members' CPUs, read the GPU's counters, send REGION_GRANTED to every member."""
+    region: Region
+
+
+@dataclass
+class GrantMember:
+    """A member joined a held region: its CPUs and its grant."""
+    region: Region
+    member: Member
+
+
+@dataclass
+class SendEnded:
+    """One member leaves a region that goes on."""
+    region: Region
+    member: Member
+    reason: int
+    seq: int
+
+
+@dataclass
+class Finish:
+    """The region is over: attestation, CPUs back, resume `thaw`, open the gates, the record, the replies."""
+    region: Region
+    reason: int
+    thaw: list
+    leaver: Optional[tuple]          # (client, seq) of the member whose END ended it, answered last
+
+
+@dataclass
+class Refuse:
+    client: Any
+    code: int
+    text: str
+    seq: int
+
+
+@dataclass
+class Cancelled:
+    """A request that was waiting is given up: answer its cancel."""
+    client: Any
+    seq: int
+
+
+class Regions:
+    """Every region and request of one controller. cfg: drain_timeout_s, lifecycle_timeout_s,
+    freeze_timeout_s, region_time_limit_s, freeze. clients(): the registered clients; command_job(client):
+    the job it works for; lifecycle: the barrier (lifecycle.Lifecycle)."""
+
+    def __init__(self, cfg, clients: Callable[[], Any], command_job: Callable[[Any], Any], lifecycle) -> None:
+        self.cfg = cfg
+        self.clients = clients
+        self.command_job = command_job
+        self.lifecycle = lifecycle
+        self.regions: dict[int, Region] = {}
+        self.queue: list[Request] = []
+        self.freezes = Freezes()
+        self.revoked_ids: dict[int, bool] = {}
+        self.ids = itertools.count(1)
+        self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0}
+
+    # ---- the table ----------------------------------------------------------------------------------
+    def _to(self, region: Region, event: Event, now: float) -> State:
+        nxt = TRANSITIONS.get((region.state, event))
+        if nxt is None:
+            raise BadTransition(f"region {region.id}: no transition from {region.state.value} on {event.value}")
+        phase = {S.DRAINING: "drain", S.SETTLING: "settle", S.FREEZING: "freeze"}.get(region.state)
+        if phase is not None:
+            region.phase_ns[phase] = int((now - region.phase_start) * 1e9)
+        region.state, region.phase_start = nxt, now
+        return nxt
+
+    def live(self, region: Region) -> bool:
+        return self.regions.get(region.id) is region and region.state is not S.ENDED
+
+    def siblings(self, region: Region) -> list:
+        return jobs.siblings(region, self.clients(), self.command_job)
+
+    def region_of(self, client) -> Optional[Region]:
+        return next((r for r in self.regions.values() if client in r.members), None)
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def request(self, client, mask: int, name: str, requested_ns: int, seq: int, now: float) -> list:
+        """REGION_BEGIN. mask: the GPUs named (0: the job's). While it is held no other region may hold any GPU
+        its owner has a context on either: the shim's gate is per process, so the owner's own launches would
+        wait at another job's gate there, or it would be frozen as that region's sibling, stalling this region
+        (and two such owners would wait for each other). Gates, drains and freezes stay on mask alone."""
+        if client.request is not None or self.region_of(client) is not None:
+            return [Refuse(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq)]
+        for r in self.regions.values():     # a gang: a request of the region's job inside its GPUs joins it
+            if mask & ~r.gpu_mask == 0 and jobs.own_jobs(r, self.command_job) & {client.job, self.command_job(client)}:
+                return self._join(r, client, seq, name, requested_ns)
+        req = Request(next(self.ids), mask, name, requested_ns, client, seq, hold_mask=client.devices)
+        client.request = req
+        self.queue.append(req)
+        return self.schedule(now)
+
+    def _join(self, region: Region, client, seq: int, name: str, requested_ns: int) -> list:
+        m = Member(client, seq, name, requested_ns, joined=True)
+        region.members[client] = m
+        region.pids.append(client.pid)
+        return [GrantMember(region, m)] if region.state is S.HELD else []
+
+    def cancel(self, client, seq: int, now: float) -> list:
+        """REGION_CANCEL: give up the waiting request, or leave the region it is in."""
+        if client.request is not None and client.request in self.queue:
+            self.queue.remove(client.request)
+            client.request = None
+            return self.schedule(now) + [Cancelled(client, seq)]
+        region = self.region_of(client)
+        if region is not None:
+            return self.leave(region, client, C.KREX_END_CANCELLED, seq, now)
+        return [Cancelled(client, seq)]
+
+    def schedule(self, now: float) -> list:
+        """Start every request that may start: FIFO per GPU (scheduler.py); a request whose owner is frozen by
+        a live region waits (it could not use its grant)."""
+        busy = 0
+        for r in self.regions.values():
+            busy |= r.req.holds
+        out = []
+        for req in startable(self.queue, busy, waiting=lambda q: self.freezes.frozen(q.owner)):
+            self.queue.remove(req)
+            req.owner.request = None
+            out += self._start(req, now)
+        return out
+
+    # ---- start: gate, drain, settle, freeze, grant ---------------------------------------------------
+    def _start(self, req: Request, now: float) -> list:
+        owner = req.owner
+        region = Region(req=req, job=owner.job, owner=owner, pids=[owner.pid], started=now, phase_start=now)
+        region.members[owner] = Member(owner, req.seq, req.name, req.requested_ns, joined=False)
+        self.regions[region.id] = region
+        # never drain or freeze a member of a live region: it is gated per process already, and stopping it
+        # would stall its own region
+        sibs = [c for c in self.siblings(region) if self.region_of(c) is None]
+        region.pending_drain = set(sibs)
+        out: list = [CloseGates(region)]
+        if sibs:
+            out += [SendDrain(region, sibs), Arm(region, E.DRAIN_TIMEOUT, float(self.cfg.drain_timeout_s))]
+            return out
+        return out + self._drained(region, E.DRAINED, now)
+
+    def drained(self, region: Region, client, busy_us: int, now: float) -> list:
+        """DRAINED from a sibling."""
+        if not self.live(region) or region.state is not S.DRAINING or client not in region.pending_drain:
+            return []
+        region.pending_drain.discard(client)
+        region.others_busy_us = max(region.others_busy_us, int(busy_us))
+        return [] if region.pending_drain else self._drained(region, E.DRAINED, now)
+
+    def drain_timed_out(self, region: Region, now: float) -> list:
+        if not self.live(region) or region.state is not S.DRAINING:
+            return []
+        region.drain_timeouts = len(region.pending_drain)
+        region.taints |= C.KREX_TAINT_DRAIN_TIMEOUT
+        self.counters["drain_timeouts"] += region.drain_timeouts
+        region.pending_drain.clear()
+        return self._drained(region, E.DRAIN_TIMEOUT, now)
+
+    def _drained(self, region: Region, event: Event, now: float) -> list:
+        self._to(region, event, now)
+        region.deadline = now + float(self.cfg.lifecycle_timeout_s)
+        return self.settle_poll(region, now)
+
+    def settle_poll(self, region: Region, now: float) -> list:
+        """The lifecycle barrier, polled: go on when it lets the region go, or when its time is up."""
+        if not self.live(region) or region.state is not S.SETTLING:
+            return []
+        wait = self.lifecycle.wait_s(region, now)
+        if wait > 0 and now < region.deadline:
+            return [Arm(region, E.SETTLED, min(wait, 0.005))]
+        if wait > 0:
+            region.taints |= C.KREX_TAINT_LIFECYCLE
+            self._to(region, E.SETTLE_TIMEOUT, now)
+        else:
+            self._to(region, E.SETTLED, now)
+        region.deadline = now + float(self.cfg.freeze_timeout_s)
+        targets = []
+        if self.cfg.freeze:
+            targets = [c for c in self.siblings(region) if self.region_of(c) is None and c.pidfd is not None]
+        if not targets:
+            return self._stopped(region, E.STOPPED, now)
+        return [Freeze(region, targets)]
+
+    def frozen(self, region: Region, stopped: list, skipped: str, now: float) -> list:
+        """The server froze `stopped` (or could not: skipped says why); poll until they are seen stopped."""
+        if skipped:
+            region.freeze_skipped = skipped
+        region.frozen = self.freezes.take(region.id, stopped) if self.live(region) else []
+        self.counters["frozen_total"] += len(region.frozen)
+        return [Arm(region, E.STOPPED, 0.0)]
+
+    def to_stop(self, region: Region, clients: list) -> list:
+        """Of the clients a Freeze names, those to send SIGSTOP: not stopped by another live region already."""
+        return [c for c in clients if not self.freezes.frozen(c)]
+
+    def stop_poll(self, region: Region, running: list, now: float) -> list:
+        """running: the pids the region froze that are not seen stopped yet."""
+        if not self.live(region) or region.state is not S.FREEZING:
+            return []
+        if running and now < region.deadline:
+            return [Arm(region, E.STOPPED, 0.0001)]
+        region.unstopped = list(running)
+        return self._stopped(region, E.STOP_TIMEOUT if running else E.STOPPED, now)
+
+    def _stopped(self, region: Region, event: Event, now: float) -> list:
+        self._to(region, event, now)
+        if self.lifecycle.busy(region):       # the barrier is off, or gave up waiting
+            region.taints |= C.KREX_TAINT_LIFECYCLE
+        self.counters["regions_granted"] += 1
+        return [Grant(region), Arm(region, E.TIME_LIMIT, float(self.cfg.region_time_limit_s))]
+
+    # ---- end ----------------------------------------------------------------------------------------
+    def time_limit(self, region: Region, now: float) -> list:
+        if not self.live(region) or region.state is not S.HELD:
+            return []
+        self.counters["regions_revoked"] += 1
+        region.taints |= C.KREX_TAINT_REVOKED
+        self.revoked_ids[region.id] = True
+        while len(self.revoked_ids) > 4096:
+            del self.revoked_ids[next(iter(self.revoked_ids))]
+        return self._end(region, E.TIME_LIMIT, C.KREX_END_TIME_LIMIT, None, now)
+
+    def leave(self, region: Region, client, reason: int, seq: int, now: float) -> list:
+        """A member is done (REGION_END, cancel, or its connection closed); the region ends with the last."""
+        m = region.members.pop(client, None)
+        if region.members:
+            if region.owner is client:
+                region.owner = next(iter(region.members))
+            return [SendEnded(region, m, reason, seq)] if m is not None else []
+        return self._end(region, E.END, reason, (client, seq), now)
+
+    def abort(self, region: Region, now: float) -> list:
+        """The server could not carry out a step of the start: undo it, tell the requester."""
+        out = self._end(region, E.END, C.KREX_END_CANCELLED, None, now)
+        return out + [Refuse(region.req.owner, C.KREX_ERR_STATE, "the controller could not start this region",
+                             region.req.seq)]
+
+    def _end(self, region: Region, event: Event, reason: int, leaver, now: float) -> list:
+        if not self.live(region):
+            return []
+        self._to(region, event, now)
+        del self.regions[region.id]
+        thaw = self.freezes.release(region.id)
+        return [Finish(region, reason, thaw, leaver)] + self.schedule(now)
+
+    def gone(self, client, now: float) -> list:
+        """A client's connection closed (or its process exited): its request, its regions, its drains."""
+        out: list = []
+        if client.request is not None and client.request in self.queue:
+            self.queue.remove(client.request)
+            client.request = None
+        self.freezes.forget(client)
+        for region in list(self.regions.values()):
+            if client in region.members:
+                out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)
+            elif client in region.pending_drain:
+                region.pending_drain.discard(client)
+                if not region.pending_drain and region.state is S.DRAINING:
+                    out += self._drained(region, E.DRAINED, now)
+        return out + self.schedule(now)
+
+    def shutdown(self, now: float) -> list:
+        self.queue.clear()
+        out: list = []
+        for region in list(self.regions.values()):
+            out += self._end(region, E.END, C.KREX_END_OWNER_GONE, None, now)
+        return out

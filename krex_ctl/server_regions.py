@@ -1,0 +1,183 @@
+"""The server's half of regions: it carries out the effects of the region state machine (policy/regions.py)
+with the mechanisms of enforce/ and sends every reply. Nothing is decided here: what happens next is the
+policy's; this module only does it and reports back what it observed (the time, which siblings are stopped).
+
+Order at the end matters and is the same for every region: the GPU's counters first (before anyone else
+runs), CPUs back (or handed over to the next region on these cores), resume, the state file, open the gates,
+the record, the replies, the next grant."""
+
+import logging
+import os
+import time
+
+from . import procs
+from .policy import regions as policy
+from .policy.regions import Event
+from .wire import report
+from .wire.frames import MSG, C, encode
+
+log = logging.getLogger("krex.controller")
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+class RegionEffects:
+    """Mixed into the server (server.py): it owns self.book (policy.regions.Regions), self.gate,
+    self.freezer, self.isolation, self.attest, self.jobs, self.clients, self.pool."""
+
+    def apply(self, effects: list) -> None:
+        for e in effects:
+            try:
+                self.apply_one(e)
+            except Exception:     # the controller never dies of one region; the requester hears why
+                region = getattr(e, "region", None)
+                log.exception("region step %s failed", type(e).__name__)
+                if region is not None and self.book.live(region):
+                    self.apply(self.book.abort(region, time.monotonic()))
+        if self.isolation.handover is not None and not self.book.regions:
+            self.isolation.release(())    # the waiter the cores were kept for went away
+
+    def apply_one(self, e) -> None:
+        if isinstance(e, policy.CloseGates):
+            for g in report.mask_to_list(e.region.gpu_mask):
+                self.gate.close_gate(g, e.region.job.id, e.region.id)
+        elif isinstance(e, policy.SendDrain):
+            drain = encode("struct krex_drain", drain_id=e.region.id, gpu_mask=e.region.gpu_mask)
+            for c in e.clients:
+                self.send(c, MSG["DRAIN"], drain)
+        elif isinstance(e, policy.Arm):
+            self.after(e.delay, lambda r=e.region, ev=e.event: self.fire(r, ev))
+        elif isinstance(e, policy.Freeze):
+            new = self.book.to_stop(e.region, e.clients)
+            already = [c for c in e.clients if c not in new]
+            held, skipped = self.freezer.freeze(e.region.id, new, already, self.book.freezes.clients())
+            self.apply(self.book.frozen(e.region, held, skipped, time.monotonic()))
+        elif isinstance(e, policy.Grant):
+            self.grant(e.region)
+        elif isinstance(e, policy.GrantMember):
+            self.isolation.join(e.region, e.member.pid)
+            self.send_granted(e.region, e.member)
+        elif isinstance(e, policy.SendEnded):
+            self.isolation.leave(e.region, e.member.pid)
+            if e.reason != C.KREX_END_OWNER_GONE and self.connected(e.member.client):
+                self.send_ended(e.member.client, e.region, e.reason, e.seq, now_ns(), self.attest.taints_so_far(e.region))
+        elif isinstance(e, policy.Finish):
+            self.finish(e)
+        elif isinstance(e, policy.Refuse):
+            if self.connected(e.client):
+                self.send_error(e.client, e.code, e.text, seq=e.seq)
+        elif isinstance(e, policy.Cancelled):
+            self.send(e.client, MSG["REGION_ENDED"], encode(
+                "struct krex_region_ended", region_id=0, ended_ns=now_ns(), reason=C.KREX_END_CANCELLED), seq=e.seq)
+        else:
+            raise TypeError(f"unknown effect {e!r}")
+
+    def fire(self, region, event: Event) -> None:
+        """A timer the policy armed: feed it back with what can be observed now."""
+        now = time.monotonic()
+        if event is Event.DRAIN_TIMEOUT:
+            if region.state is policy.State.DRAINING and self.book.live(region):
+                log.warning("region %d: %d process(es) did not finish draining in %.1f s: %s", region.id,
+                            len(region.pending_drain), self.cfg.drain_timeout_s, [c.pid for c in region.pending_drain])
+            self.apply(self.book.drain_timed_out(region, now))
+        elif event is Event.SETTLED:
+            before = region.taints
+            effects = self.book.settle_poll(region, now)
+            if region.taints & ~before & C.KREX_TAINT_LIFECYCLE:
+                log.warning("region %d: a sibling's context or exit was still in flight after %.1f s", region.id,
+                            self.cfg.lifecycle_timeout_s)
+            self.apply(effects)
+        elif event is Event.STOPPED:
+            running = self.freezer.running(region.frozen) if self.book.live(region) else []
+            effects = self.book.stop_poll(region, running, now)
+            if region.unstopped:
+                log.warning("region %d: pids %s not yet stopped; granting (they stay gated and drained)", region.id,
+                            region.unstopped)
+            self.apply(effects)
+        elif event is Event.TIME_LIMIT:
+            if self.book.live(region) and region.state is policy.State.HELD:
+                log.warning("region %d (%s) of pid %d ran past %.1f s; revoked", region.id, region.req.name,
+                            region.owner.pid, self.cfg.region_time_limit_s)
+            self.apply(self.book.time_limit(region, now))
+
+    # ---- the grant -----------------------------------------------------------------------------------
+    def managed_pids(self) -> set[int]:
+        managed: set[int] = set()
+        for job in self.jobs.values():
+            tree = [job.root_pid] + procs.descendants(job.root_pid) if job.root_pid else []
+            managed.update(p for p in tree if procs.owned_by(p, job.uid))
+        managed.update(c.pid for c in self.clients.values() if c.role in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON))
+        return managed
+
+    def grant(self, region) -> None:
+        t0 = now_ns()
+        frozen = {c.pid for c in self.book.freezes.clients()}
+        self.isolation.isolate(region, [m.pid for m in region.members.values()], frozen, self.managed_pids,
+                               self.book.regions.values())
+        t1 = now_ns()
+        region.phase_ns["isolate"] = t1 - t0
+        # the GPU's counters as the region begins: before the grant, so that nothing of the owner's own work
+        # is in them (is the GPU power-capped by the load before the region?)
+        region.attest_start = self.attest.snapshot(region.gpu_mask)
+        region.phase_ns["attest"] = now_ns() - t1
+        region.granted_ns = now_ns()
+        for m in list(region.members.values()):
+            self.send_granted(region, m)
+
+    def send_granted(self, region, m) -> None:
+        flags = C.KREX_REGION_GRANTED | (C.KREX_REGION_JOINED if m.joined else 0)
+        self.send(m.client, MSG["REGION_GRANTED"], encode(
+            "struct krex_region_granted", region_id=region.id, gpu_mask=region.gpu_mask,
+            requested_ns=m.requested_ns, granted_ns=region.granted_ns, frozen=len(region.frozen),
+            drain_timeouts=region.drain_timeouts, time_limit_ns=int(self.cfg.region_time_limit_s * 1e9),
+            flags=flags, members=len(region.members)), seq=m.seq)
+
+    def send_ended(self, client, region, reason: int, seq: int, ended: int, att) -> None:
+        flags = (C.KREX_REGION_GRANTED if region.granted_ns else 0) | att.flags
+        self.send(client, MSG["REGION_ENDED"], encode(
+            "struct krex_region_ended", region_id=region.id, ended_ns=ended, reason=reason, flags=flags,
+            taints=att.taints, sm_clock_min_mhz=att.clock_min, sm_clock_max_mhz=att.clock_max), seq=seq)
+
+    # ---- the end -------------------------------------------------------------------------------------
+    def finish(self, e) -> None:
+        region, reason = e.region, e.reason
+        ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
+        att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
+        region.phase_ns["attest_end"] = now_ns() - ended
+        waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
+        self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
+        self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
+        for g in report.mask_to_list(region.gpu_mask):
+            if self.gate.owner(g) == region.job.id:
+                self.gate.open_gate(g)
+        extra = {"frozen": len(region.frozen), "drain_timeouts": region.drain_timeouts,
+                 "queued_ns": int(region.started * 1e9) - region.req.requested_ns,
+                 **{f"{k}_ns": v for k, v in region.phase_ns.items()},
+                 "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us}
+        rec = att.record()
+        extra.update({k: v for k, v in rec.items() if k not in ("exclusive", "clean", "taints")})
+        if region.freeze_skipped:
+            extra["freeze_skipped"] = region.freeze_skipped
+        if region.unstopped:
+            extra["unstopped"] = region.unstopped
+        if region.clock_settle:
+            extra["clock_settle"] = region.clock_settle
+        record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
+                                      requested_ns=region.req.requested_ns, granted_ns=region.granted_ns,
+                                      ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,
+                                      end_reason=reason, taints=att.taints, **extra)
+        region.job.regions.append(record)
+        for pid in set(region.pids):
+            worker = self.pool.by_pid(pid)
+            if worker is not None and worker.serving is not None and worker.serving is not region.job:
+                worker.serving.regions.append(record)   # a warm worker's region belongs to the command it runs
+        leaver = e.leaver[0] if e.leaver else None
+        if reason != C.KREX_END_OWNER_GONE:
+            for client, m in list(region.members.items()):
+                if client is not leaver and self.connected(client):
+                    self.send_ended(client, region, reason, m.seq, ended, att)
+            if leaver is not None and self.connected(leaver):
+                self.send_ended(leaver, region, reason, e.leaver[1], ended, att)
+        region.members.clear()

@@ -1,0 +1,58 @@
+"""The shim's exported functions, through the one cffi FFI of frames.py (shim/krex.h and shim/control.c):
+the region API for krex.region, the gate wake for the controller, the parent-death signal for warm workers.
+
+In a process started under `krex run` the shim is preloaded and its functions are found in the global
+namespace; elsewhere the packaged libkrex.so is loaded (RTLD_LOCAL: it interposes nothing then, it only
+serves as the region client, with the same connection, clock settle and process record as a preloaded one)."""
+
+from typing import Any, Optional
+
+from .. import paths
+from .frames import ffi
+
+ffi.cdef("""
+struct krex_region_info {
+    uint64_t region_id; uint64_t gpu_mask; int64_t requested_ns; int64_t granted_ns; int64_t ended_ns;
+    uint32_t flags; uint32_t taints; uint32_t sm_clock_min_mhz; uint32_t sm_clock_max_mhz; uint32_t end_reason;
+    uint32_t controller_pid;
+};
+int krex_shim_loaded(void);
+int krex_region_request(const char *name, uint64_t gpu_mask);
+int krex_region_wait(int timeout_ms);
+int krex_region_cancel(void);
+int krex_region_end(void);
+int krex_region_last(struct krex_region_info *info);
+long krex_gate_wake(uint32_t *word);
+int krex_parent_death_signal(int sig);
+""")
+
+_lib: Optional[Any] = None
+_preloaded: Optional[bool] = None
+
+
+def lib() -> Any:
+    """The shim: the preloaded one when there is one, else the packaged libkrex.so (OSError if missing)."""
+    global _lib, _preloaded
+    if _lib is None:
+        glob = ffi.dlopen(None)
+        try:
+            glob.krex_shim_loaded      # noqa: B018 (raises AttributeError when the shim is not in the process)
+            _lib, _preloaded = glob, True
+        except AttributeError:
+            _lib, _preloaded = ffi.dlopen(str(paths.shim_library())), False
+    return _lib
+
+
+def preloaded() -> bool:
+    lib()
+    return bool(_preloaded)
+
+
+def gate_wake(word) -> None:
+    """Wake every shim thread sleeping on this gate word (a `uint32_t *` into the gate page)."""
+    lib().krex_gate_wake(word)
+
+
+def parent_death_signal(sig: int) -> bool:
+    """PR_SET_PDEATHSIG for this process; False when it could not be set."""
+    return lib().krex_parent_death_signal(int(sig)) == 0

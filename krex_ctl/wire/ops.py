@@ -1,0 +1,23 @@
+"""The JSON requests of the control plane (KREX_MSG_JSON frames): each op's name, who sends it, its fields.
+
+A request is {"op": NAME, field: value, ...}; the reply is a JSON object, {"error": "..."} when refused.
+The server dispatches on these names and nowhere else spells them; clients send them by these constants."""
+
+STATUS = "status"                 # cli: the node's GPUs, regions, queue, clients, jobs, counters
+SHUTDOWN = "shutdown"             # cli: stop the controller (its owner or root)
+JOB_COMMAND = "job_command"       # wrapper: command [str], gpus [int]: what the job runs, and where
+JOB_REPORT = "job_report"         # wrapper: offset int: a page of the job's region records, "next" offset
+GPU_UUID = "gpu_uuid"             # wrapper: gpu int: that GPU's UUID (for CUDA_VISIBLE_DEVICES)
+DISPATCH = "dispatch"             # wrapper: gpu, python, fingerprint, env: a warm worker's socket, if one fits
+WORKER_EXIT = "worker_exit"       # wrapper: pid: how the worker running its command ended
+WORKER_READY = "worker_ready"     # warm worker: gpu, socket, python, fingerprint
+WORKER_IDLE = "worker_idle"       # warm worker: done with a command
+ZYGOTE_READY = "zygote_ready"     # zygote: gpu, python, fingerprint, forkable, preloaded
+WORKER_EXITED = "worker_exited"   # zygote: pid, returncode of a worker it reaped
+
+WORKER_OPS = (WORKER_READY, WORKER_IDLE, ZYGOTE_READY, WORKER_EXITED)
+ALL = (STATUS, SHUTDOWN, JOB_COMMAND, JOB_REPORT, GPU_UUID, DISPATCH, WORKER_EXIT) + WORKER_OPS
+
+# one JSON reply must fit one frame (KREX_MAX_PAYLOAD): a job's region records are sent in pages of at most
+# this many bytes of JSON
+REPORT_PAGE_BYTES = 48 * 1024

@@ -1,0 +1,128 @@
+"""The runtime files next to a controller's socket, each written here and read here only:
+
+  SOCKET.reserved   the CPUs region owners hold now, "3,4": a starting `krex run` steps off them before it
+                    has even connected (procs.step_off_reserved); mode 0644
+  SOCKET.state      the pids the controller froze, with their start times, so that a controller started
+                    after a crash resumes them; mode 0600, JSON {"controller_pid": N, "frozen": [[pid, start]]}
+
+Reading is as careful as writing: a runtime file is taken only if it is a regular file (never through a
+symlink, never a FIFO or a device), owned by us or root, and of bounded size; anything else is refused with
+a reason. Light on purpose (no cffi): `krex run` reads the reserved file before its heavier imports."""
+
+import json
+import os
+import stat
+import tempfile
+from typing import Optional
+
+STATE_MAX_BYTES = 1 << 20
+RESERVED_MAX_BYTES = 4096
+
+
+class UntrustedFile(OSError):
+    """A runtime file that is not a regular file of ours (or root's), or too big."""
+
+
+def write_atomic(path: str, text: str, mode: int = 0o600, fsync: bool = False) -> None:
+    """Replace path with text through a fresh, unpredictable temporary file in the same directory (never
+    through a name another user could have planted a symlink at)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_trusted(path: str, max_bytes: int) -> str:
+    """The text of a runtime file we may trust. FileNotFoundError when there is none; UntrustedFile when
+    it is a link, not a regular file, someone else's, or larger than max_bytes (O_NONBLOCK: a FIFO planted
+    there cannot hang us in open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedFile(f"{path} is not a regular file")
+        if st.st_uid not in (0, os.getuid()):
+            raise UntrustedFile(f"{path} belongs to uid {st.st_uid}, neither us nor root")
+        if st.st_size > max_bytes:
+            raise UntrustedFile(f"{path} is {st.st_size} bytes, more than a krex runtime file holds")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UntrustedFile(f"{path} is larger than a krex runtime file")
+    return data.decode("utf-8", errors="strict")
+
+
+# ---- SOCKET.reserved ------------------------------------------------------------------------------------
+def reserved_path(socket_path: str) -> str:
+    return str(socket_path) + ".reserved"
+
+
+def write_reserved(socket_path: str, cpus) -> None:
+    write_atomic(reserved_path(socket_path), ",".join(map(str, sorted(cpus))), 0o644)
+
+
+def read_reserved(socket_path: str) -> set[int]:
+    """The CPUs region owners hold now (empty when none, or when the file is missing or not to be trusted)."""
+    try:
+        text = read_trusted(reserved_path(socket_path), RESERVED_MAX_BYTES).strip()
+        return {int(c) for c in text.split(",") if c}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return set()
+
+
+# ---- SOCKET.state -----------------------------------------------------------------------------------------
+def state_path(socket_path: str) -> str:
+    return str(socket_path) + ".state"
+
+
+def write_state(path: str, frozen: list[tuple[int, Optional[int]]]) -> None:
+    """Record every frozen (pid, start time) durably, or remove the file when nobody is frozen."""
+    if frozen:
+        write_atomic(path, json.dumps({"controller_pid": os.getpid(), "frozen": [list(p) for p in frozen]}), 0o600)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def parse_state(text: str) -> Optional[list[tuple[int, Optional[int]]]]:
+    """The frozen (pid, start time) pairs of a state file, or None when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("frozen", []), list):
+        return None
+    out = []
+    for item in data.get("frozen", []):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and item[0] > 1
+                and (item[1] is None or isinstance(item[1], int))):
+            return None
+        out.append((item[0], item[1]))
+    return out
+
+
+def read_state(path: str) -> Optional[list[tuple[int, Optional[int]]]]:
+    """The frozen pairs of a trusted state file ([] when there is none); None when the file is there but not
+    a krex state file. UntrustedFile for a file we must not trust (the caller says so and ignores it)."""
+    try:
+        text = read_trusted(path, STATE_MAX_BYTES)
+    except FileNotFoundError:
+        return []
+    except UnicodeDecodeError:
+        return None
+    return parse_state(text)

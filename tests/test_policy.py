@@ -1,0 +1,316 @@
+"""The region state machine (krex_ctl/policy/), driven directly: no socket, no process, no signal.
+
+Clients and jobs are plain objects; time is passed in; effects are read back as values."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from krex_ctl.policy import regions as P
+from krex_ctl.policy.freezes import Freezes
+from krex_ctl.policy.lifecycle import Lifecycle
+from krex_ctl.policy.regions import TRANSITIONS, BadTransition, Event, Regions, State
+from krex_ctl.policy.scheduler import Request, startable
+from krex_ctl.wire.frames import C
+
+
+def cfg(**kw):
+    base = dict(drain_timeout_s=2.0, lifecycle_timeout_s=1.0, freeze_timeout_s=0.5, region_time_limit_s=60.0,
+                freeze=True, lifecycle_barrier=True, settle_ms=0.0, settle_ms_per_gib=0.0)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+class Job:
+    def __init__(self, jid):
+        self.id, self.gpus, self.clients = jid, 0, set()
+
+
+class Client:
+    def __init__(self, pid, job, devices=1, role=C.KREX_ROLE_SHIM):
+        self.pid, self.job, self.devices, self.role = pid, job, devices, role
+        self.request = None
+        self.pidfd = object()
+        job.clients.add(self)
+
+    def __repr__(self):
+        return f"<pid {self.pid}>"
+
+
+class World:
+    """A controller's view: clients, and the machine over them."""
+
+    def __init__(self, **kw):
+        self.clients = []
+        self.life = Lifecycle(cfg(**kw))
+        self.book = Regions(cfg(**kw), lambda: self.clients, lambda c: c.job, self.life)
+        self.life.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
+        self.life.outsider = lambda region, c: c.job not in {region.job}
+        self.now = 100.0
+
+    def client(self, pid, job, devices=1):
+        c = Client(pid, job, devices)
+        self.clients.append(c)
+        return c
+
+    def request(self, c, mask=1, name="r", seq=1):
+        return self.book.request(c, mask, name, 0, seq, self.now)
+
+    def run_to_grant(self, effects):
+        """Carry out effects as a server would, everyone draining and stopping at once; the effects seen."""
+        seen, todo = [], list(effects)
+        while todo:
+            e = todo.pop(0)
+            seen.append(e)
+            if isinstance(e, P.SendDrain):
+                for c in e.clients:
+                    todo += self.book.drained(e.region, c, 0, self.now)
+            elif isinstance(e, P.Freeze):
+                todo += self.book.frozen(e.region, e.clients, "", self.now)
+            elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
+                todo += self.book.stop_poll(e.region, [], self.now)
+            elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
+                todo += self.book.settle_poll(e.region, self.now)
+        return seen
+
+
+def kinds(effects):
+    return [type(e).__name__ for e in effects]
+
+
+def region_of(effects):
+    return next(e.region for e in effects if hasattr(e, "region"))
+
+
+# ---- the table -----------------------------------------------------------------------------------------
+def test_every_state_but_ended_can_end_and_only_held_is_revoked():
+    for s in State:
+        if s is State.ENDED:
+            assert not any(k[0] is s for k in TRANSITIONS)
+        else:
+            assert TRANSITIONS[(s, Event.END)] is State.ENDED
+    assert [k for k, v in TRANSITIONS.items() if k[1] is Event.TIME_LIMIT] == [(State.HELD, Event.TIME_LIMIT)]
+
+
+def test_a_transition_not_in_the_table_raises():
+    w = World()
+    a = w.client(10, Job(1))
+    r = region_of(w.request(a))
+    with pytest.raises(BadTransition):
+        w.book._to(r, Event.STOPPED, w.now)
+
+
+def test_alone_a_region_goes_through_every_phase_to_held():
+    w = World()
+    a = w.client(10, Job(1))
+    effects = w.run_to_grant(w.request(a))
+    r = region_of(effects)
+    assert kinds(effects)[:1] == ["CloseGates"] and "Grant" in kinds(effects)
+    assert r.state is State.HELD and set(r.phase_ns) == {"drain", "settle", "freeze"}
+    assert any(isinstance(e, P.Arm) and e.event is Event.TIME_LIMIT for e in effects)
+
+
+def test_siblings_are_drained_then_frozen_then_the_region_is_granted():
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    effects = w.request(a)
+    r = region_of(effects)
+    assert kinds(effects) == ["CloseGates", "SendDrain", "Arm"] and effects[1].clients == [b]
+    assert r.state is State.DRAINING
+    after = w.book.drained(r, b, 1500, w.now)
+    assert r.state is State.FREEZING and kinds(after) == ["Freeze"] and after[0].clients == [b]
+    assert r.others_busy_us == 1500
+    arm = w.book.frozen(r, [b], "", w.now)
+    assert r.frozen == [b] and w.book.freezes.frozen(b)
+    assert kinds(w.book.stop_poll(r, [20], w.now)) == ["Arm"]          # not stopped yet: poll again
+    granted = w.book.stop_poll(r, [], w.now)
+    assert r.state is State.HELD and kinds(granted) == ["Grant", "Arm"]
+    assert kinds(arm) == ["Arm"]
+
+
+def test_a_drain_that_times_out_taints_and_goes_on():
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    r = region_of(w.request(a))
+    w.book.drain_timed_out(r, w.now + 2)
+    assert r.taints & C.KREX_TAINT_DRAIN_TIMEOUT and r.drain_timeouts == 1 and r.state is State.FREEZING
+    assert w.book.drained(r, b, 0, w.now) == []          # late: ignored
+    assert w.book.drain_timed_out(r, w.now) == []        # a second timer: no longer applies
+
+
+def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
+    r = region_of(w.request(a))
+    polls = w.book.drained(r, b, 0, w.now)
+    assert r.state is State.SETTLING and kinds(polls) == ["Arm"] and polls[0].event is Event.SETTLED
+    assert kinds(w.book.settle_poll(r, w.now + 0.5)) == ["Arm"]
+    w.book.settle_poll(r, w.now + 1.5)
+    assert r.taints & C.KREX_TAINT_LIFECYCLE and r.state is State.FREEZING
+
+
+def test_a_freeze_that_does_not_take_in_time_still_grants_and_says_who():
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    r = region_of(w.request(a))
+    w.book.drained(r, b, 0, w.now)
+    w.book.frozen(r, [b], "", w.now)
+    out = w.book.stop_poll(r, [20], w.now + 1)
+    assert r.state is State.HELD and r.unstopped == [20] and "Grant" in kinds(out)
+
+
+def test_no_freeze_when_switched_off():
+    w = World(freeze=False)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    r = region_of(w.request(a))
+    out = w.book.drained(r, b, 0, w.now)
+    assert "Freeze" not in kinds(out) and r.state is State.HELD
+
+
+@pytest.mark.parametrize("stage", ["draining", "settling", "freezing", "held"])
+@pytest.mark.parametrize("how", ["gone", "cancel", "end"])
+def test_the_owner_leaving_in_any_state_ends_the_region_and_resumes_its_siblings(stage, how):
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
+    r = region_of(w.request(a))
+    if stage != "draining":
+        w.book.drained(r, b, 0, w.now)
+    if stage in ("freezing", "held"):
+        w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_END, device=0, bytes=0), w.now)
+        w.book.settle_poll(r, w.now)
+        w.book.frozen(r, [b], "", w.now)
+    if stage == "held":
+        w.book.stop_poll(r, [], w.now)
+    assert r.state.value == stage
+    out = {"gone": lambda: w.book.gone(a, w.now), "cancel": lambda: w.book.cancel(a, 5, w.now),
+           "end": lambda: w.book.leave(r, a, C.KREX_END_NORMAL, 5, w.now)}[how]()
+    fin = next(e for e in out if isinstance(e, P.Finish))
+    assert r.state is State.ENDED and r.id not in w.book.regions
+    assert fin.thaw == ([b] if stage in ("freezing", "held") else [])
+    assert not w.book.freezes.frozen(b)
+    assert fin.reason == {"gone": C.KREX_END_OWNER_GONE, "cancel": C.KREX_END_CANCELLED, "end": C.KREX_END_NORMAL}[how]
+
+
+def test_the_time_limit_revokes_a_held_region_only():
+    w = World()
+    a = w.client(10, Job(1))
+    r = region_of(w.run_to_grant(w.request(a)))
+    out = w.book.time_limit(r, w.now + 60)
+    assert r.taints & C.KREX_TAINT_REVOKED and r.id in w.book.revoked_ids
+    assert next(e for e in out if isinstance(e, P.Finish)).reason == C.KREX_END_TIME_LIMIT
+    assert w.book.time_limit(r, w.now) == []
+
+
+def test_a_waiting_request_is_cancelled_and_the_next_one_starts():
+    w = World()
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
+    r = region_of(w.run_to_grant(w.request(a)))
+    assert w.request(b) == [] and w.request(c) == []
+    assert kinds(w.book.cancel(b, 9, w.now)) == ["Cancelled"] and b.request is None
+    out = w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
+    assert region_of([e for e in out if not isinstance(e, P.Finish)]).owner is c
+
+
+def test_a_second_request_of_one_client_is_refused():
+    w = World()
+    a = w.client(10, Job(1))
+    w.request(a)
+    assert kinds(w.request(a, seq=2)) == ["Refuse"]
+
+
+def test_a_gang_member_joins_the_held_region_and_the_last_to_leave_ends_it():
+    w = World()
+    job = Job(1)
+    a, b = w.client(10, job), w.client(11, job)
+    r = region_of(w.run_to_grant(w.request(a)))
+    joined = w.request(b, seq=3)
+    assert kinds(joined) == ["GrantMember"] and b in r.members and r.pids == [10, 11]
+    assert kinds(w.book.leave(r, a, C.KREX_END_NORMAL, 4, w.now)) == ["SendEnded"]
+    assert r.owner is b and r.state is State.HELD
+    assert "Finish" in kinds(w.book.leave(r, b, C.KREX_END_NORMAL, 5, w.now))
+
+
+def test_processes_of_the_same_job_are_never_siblings():
+    w = World()
+    job = Job(1)
+    a, b = w.client(10, job), w.client(11, job)
+    effects = w.request(a)
+    assert "SendDrain" not in kinds(effects)
+
+
+# ---- across GPUs: the mutual freeze and the deadlock of the reliability report -------------------------
+def test_an_owner_with_contexts_on_two_gpus_is_never_frozen_by_another_region():
+    """P holds a region on GPU 0 and has a context on GPU 1; Q asks for GPU 1. Q's region must wait until
+    P's ends (P's launches on GPU 1 would otherwise stall P's own region), and P is never frozen while it
+    holds its region."""
+    w = World()
+    p, q = w.client(10, Job(1), devices=0b11), w.client(20, Job(2), devices=0b11)
+    rp = region_of(w.run_to_grant(w.request(p, mask=0b01)))
+    assert rp.state is State.HELD and rp.gpu_mask == 0b01
+    assert w.book.freezes.frozen(q)                          # a sibling of P's region on GPU 0
+    assert w.request(q, mask=0b10) == []                     # waits: P holds GPU 1's contexts too
+    out = w.book.leave(rp, p, C.KREX_END_NORMAL, 2, w.now)
+    fin = next(e for e in out if isinstance(e, P.Finish))
+    assert fin.thaw == [q]
+    rq = region_of([e for e in out if not isinstance(e, P.Finish)])
+    assert rq.owner is q and rq.gpu_mask == 0b10
+    w.run_to_grant([e for e in out if not isinstance(e, P.Finish)])
+    assert rq.state is State.HELD and not w.book.freezes.frozen(q)
+
+
+def test_a_process_frozen_by_two_regions_is_resumed_only_when_both_have_ended():
+    w = World()
+    a, b = w.client(10, Job(1), devices=0b01), w.client(20, Job(2), devices=0b10)
+    s = w.client(30, Job(3), devices=0b11)
+    ra = region_of(w.run_to_grant(w.request(a, mask=0b01)))
+    rb = region_of(w.run_to_grant(w.request(b, mask=0b10)))
+    assert ra.state is State.HELD and rb.state is State.HELD
+    assert set(w.book.freezes.by[s]) == {ra.id, rb.id}
+    first = next(e for e in w.book.leave(ra, a, 0, 1, w.now) if isinstance(e, P.Finish))
+    assert first.thaw == [] and w.book.freezes.frozen(s)
+    second = next(e for e in w.book.leave(rb, b, 0, 1, w.now) if isinstance(e, P.Finish))
+    assert second.thaw == [s] and not w.book.freezes.frozen(s)
+
+
+def test_a_second_freezer_only_stops_those_not_stopped_already():
+    w = World()
+    a, b = w.client(10, Job(1), devices=0b01), w.client(20, Job(2), devices=0b10)
+    s = w.client(30, Job(3), devices=0b11)
+    ra = region_of(w.run_to_grant(w.request(a, mask=0b01)))
+    effects = w.request(b, mask=0b10)
+    rb = region_of(effects)
+    freeze = next(e for e in w.run_to_grant(effects) if isinstance(e, P.Freeze))
+    assert freeze.clients == [s] and w.book.to_stop(rb, freeze.clients) == []
+    assert ra.frozen == [s]
+
+
+def test_a_request_whose_owner_is_frozen_waits_and_keeps_its_place():
+    q = [Request(1, 0b01, "a", 0, owner="frozen"), Request(2, 0b01, "b", 0, owner="free"),
+         Request(3, 0b10, "c", 0, owner="free")]
+    assert [r.id for r in startable(q, 0, waiting=lambda r: r.owner == "frozen")] == [3]
+
+
+def test_fifo_per_gpu_and_no_overtaking():
+    q = [Request(1, 0b11, "ab", 0), Request(2, 0b01, "a", 0), Request(3, 0b100, "c", 0)]
+    assert [r.id for r in startable(q, 0b01)] == [3]
+    assert [r.id for r in startable(q, 0)] == [1, 3]
+
+
+def test_shutdown_ends_every_region():
+    w = World()
+    a, b = w.client(10, Job(1), devices=1), w.client(20, Job(2), devices=2)
+    w.run_to_grant(w.request(a, mask=1))
+    w.run_to_grant(w.request(b, mask=2))
+    out = w.book.shutdown(w.now)
+    assert kinds(out).count("Finish") == 2 and not w.book.regions
+
+
+def test_freezes_count_per_region():
+    f = Freezes()
+    assert f.take(1, ["x", "y"]) == ["x", "y"]
+    assert f.take(2, ["y", "z"]) == ["z"]
+    assert sorted(f.release(1)) == ["x"]
+    assert sorted(f.release(2)) == ["y", "z"]
+    assert f.clients() == []
