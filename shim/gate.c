@@ -4,7 +4,7 @@
  * set and sleeps on the gate word (futex) until the controller opens it.
  *
  * The in-flight counter closes the race nvshare had: a thread already past the gate check when the
- * gate closes is still counted, and the drain (client.c) waits for the count to reach zero before it
+ * gate closes is still counted, and the drain (drain.c) waits for the count to reach zero before it
  * synchronizes. The increment is sequentially consistent and precedes the gate load, so either the
  * drain sees the thread, or the thread sees the closed gate. */
 #define _GNU_SOURCE
