@@ -67,6 +67,7 @@ void krex_context_gate(int vendor, int local_device); /* before a context is cre
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
 struct krex_local_region *krex_local_region_claim(void);   /* a record in the job's counters file, or NULL */
+struct krex_counter_slot *krex_counter_slot(void);         /* this process's counters */
 
 /* env.c: the environment, checked */
 int krex_env_flag(const char *name, int dflt);  /* 1/true/yes/on, 0/false/no/off; else a warning and dflt */
@@ -101,6 +102,10 @@ void krex_drain_request(const struct krex_drain *m);
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+
+/* overlap.c: the overlap controls (KREX_OVERLAP) */
+int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target);  /* 0, or -1: not a list */
+void krex_overlap_reset_after_fork(void);
 
 /* settle.c: after a grant, the SM clock back at its peak before the caller goes on */
 void krex_settle_prepare(void);                 /* before a request: the canary built outside the region */
