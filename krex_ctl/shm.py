@@ -134,7 +134,8 @@ def make_counters(dirs) -> Optional[Path]:
     return None
 
 
-COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts", "waited_ns")
+COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts", "waited_ns") + tuple(
+    f for f, _ in ffi.typeof("struct krex_counter_slot").fields if f.startswith("overlap_") and "reserved" not in f)
 
 
 def read_counters(path: Path) -> dict:
