@@ -118,6 +118,7 @@ def overlap_section(controls: Optional[str], totals: Optional[dict]) -> dict:
         "skipped": {"communication": get("skip_communication"), "cooperative": get("skip_cooperative"),
                     "cluster": get("skip_cluster"), "at_or_below": get("skip_at_or_below"),
                     "unnamed": get("skip_unnamed"), "limit": get("skip_limit"), "unchecked": get("skip_unchecked"),
+                    "no_communication_in_flight": get("skip_idle"),
                     "priority_unchecked": get("priority_unchecked"),
                     "sm_target_unchecked": get("sm_target_unchecked")},
     }

@@ -298,6 +298,9 @@
     X(CUDA, cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult, (int *n, CUfunction f, int threads, size_t smem)) \
     X(CUDA, cuCtxGetStreamPriorityRange, CUresult, (int *least, int *greatest)) \
     X(CUDA, cuGraphKernelNodeSetAttribute, CUresult, (CUgraphNode n, int attr, const void *value)) \
+    X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
+    X(CUDA, cuEventRecord, CUresult, (CUevent e, CUstream s)) \
+    X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \

@@ -313,7 +313,8 @@ struct krex_counter_slot {
     uint64_t overlap_skip_unchecked;      /* not padded: attributes or occupancy could not be read */
     uint64_t overlap_sm_target;    /* cuBLASLt matmul descriptors given the SM count target */
     uint64_t overlap_sm_target_unchecked; /* cuBLASLt matmul descriptors the target could not be set on */
-    uint64_t overlap_reserved[3];
+    uint64_t overlap_skip_idle;    /* not padded: no communication kernel in flight on another stream */
+    uint64_t overlap_reserved[2];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:

@@ -5,9 +5,10 @@
  *                by name) launch at the greatest stream priority of their context: a launch attribute on
  *                cuLaunchKernelEx (a cuLaunchKernel becomes one), the kernel-node attribute for kernel nodes
  *                added to a graph, and the same attribute on launches captured into one.
- *   shape=K      compute kernels get their dynamic shared memory padded so that at most K blocks are resident
- *                per SM: an SM then empties whenever its K blocks finish, and a waiting communication block
- *                (80 KiB of shared memory, up to 640 threads: nearly a whole SM) can start there.
+ *   shape=K      compute kernels launched while communication is in flight get their dynamic shared memory
+ *                padded so that at most K blocks are resident per SM: an SM then empties whenever its K blocks
+ *                finish, and a waiting communication block (80 KiB of shared memory, up to 640 threads: nearly a
+ *                whole SM) can start there.
  *   sm_target=N  cuBLASLt matmul descriptors get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = N when they are created
  *                (the lever for GEMMs already at one block per SM, where padding can do nothing).
  *
@@ -15,11 +16,16 @@
  * and a changed launch the driver refuses is launched again as the caller made it. Each outcome is counted in
  * the process's counter slot (struct krex_counter_slot, overlap_*), which `krex run --report` sums.
  *
- * Never padded: communication kernels (they spin on flags other blocks write: fewer resident blocks could
- * starve them), kernels the driver cannot name (they could be communication), cooperative launches (their
- * grid must fit at once), cluster launches (a cluster's blocks are co-scheduled), kernels already at or
- * below K blocks per SM (each counted by reason). During a stream capture a change is made only where the same change has launched
- * before in this process: a refused launch could invalidate the capture.
+ * Padding costs a kernel its occupancy, so it is done only while it can pay: while a communication kernel this
+ * process launched may still run on another stream of the context (an event recorded behind each one, asked at
+ * most every 20 us). Without communication in flight nothing is padded, so a program with nothing to overlap
+ * runs as without the control. Never padded: communication kernels (they spin on flags other blocks write:
+ * fewer resident blocks could starve them), kernels the driver cannot name (they could be communication),
+ * cooperative launches (their grid must be resident at once), cluster launches (a cluster's blocks are
+ * co-scheduled), kernels already at or below K blocks per SM; each counted by reason. A launch captured into
+ * a graph cannot know what will run beside its replay: it is padded where the process has launched
+ * communication kernels and the same padding has launched before (a refused launch could invalidate the
+ * capture).
  *
  * What is known about each function (its class, its static resources, the padding for a block size and a
  * dynamic size) is kept per (function, context) in a table readers search without a lock. A module or library
@@ -103,6 +109,7 @@ struct fn_info {
     int static_smem;
     int needs_cluster;                   /* compiled with cluster dimensions */
     int raised;                          /* the MAX_DYNAMIC_SHARED_SIZE_BYTES the shim set (0: none) */
+    int prio_refused;                    /* the driver refused its prioritized launch once: not tried again */
     /* the padding for a (block size, dynamic size): threads 11 bits | in 21 | out 21 | status 2 | verified 1;
      * 0: empty. verified: a padded launch of this shape succeeded (a capture may use it) */
     uint64_t shapes[SHAPES];
@@ -165,11 +172,6 @@ static void table_forget_all(void) {
     pthread_mutex_unlock(&table_lock);
 }
 
-void krex_overlap_reset_after_fork(void) {
-    pthread_mutex_init(&table_lock, NULL);
-    table = NULL;                        /* the parent's functions are not the child's */
-}
-
 static int is_communication(const char *name) {
     return strstr(name, "ncclDevKernel_") || strstr(name, "ncclSymkDevKernel_") || strstr(name, "ncclKernel_");
 }
@@ -192,7 +194,7 @@ static struct fn_info *info_of(CUfunction f) {
     if (!f || !REAL(cuCtxGetCurrent) || REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || !ctx) return NULL;
     struct fn_info *e = table_find(__atomic_load_n(&table, __ATOMIC_ACQUIRE), f, ctx);
     if (e) return e;
-    struct fn_info n = {f, ctx, FN_UNNAMED, 0, 0, 0, 0, {0}};
+    struct fn_info n = {f, ctx, FN_UNNAMED, 0, 0, 0, 0, 0, {0}};
     const char *name = function_name(f);
     if (name) n.klass = is_communication(name) ? FN_COMM : FN_COMPUTE;
     n.statics_ok = func_attr(f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &n.static_smem) == 0 && n.static_smem >= 0;
@@ -320,6 +322,11 @@ static void shape_verified(struct fn_info *e, int slot) {
     if (p && !SHAPE_VERIFIED(p)) __atomic_store_n(&e->shapes[slot], p | 1ull << 55, __ATOMIC_RELEASE);
 }
 
+/* the driver refused this padding: it is not tried again (counted as unchecked from now on) */
+static void shape_refused(struct fn_info *e, int slot, unsigned threads, unsigned in) {
+    __atomic_store_n(&e->shapes[slot], shape_pack(threads, in, 0, SHAPE_UNCHECKED, 0), __ATOMIC_RELEASE);
+}
+
 /* ---- priority ---- */
 
 static struct { CUcontext ctx; int greatest; } prios[16];
@@ -344,6 +351,66 @@ static int greatest_priority(CUcontext ctx, int *out) {
     }
     pthread_mutex_unlock(&prio_lock);
     return ok ? 0 : -1;
+}
+
+/* ---- communication in flight: shaping only pays while a communication kernel may be waiting for SMs ---- */
+
+#define COMM_SLOTS 8
+#define RECHECK_NS 20000                 /* an in-flight verdict is trusted this long before the event is asked again */
+#define CU_EVENT_DISABLE_TIMING 2
+
+static struct comm_slot { CUcontext ctx; CUstream stream; CUevent ev; int in_flight; int64_t checked_ns; } comm[COMM_SLOTS];
+static int comm_pending;                 /* slots in flight: 0 is the fast path of every compute launch */
+static int comm_seen;                    /* this process has launched communication kernels */
+static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* after a communication kernel was launched on s (not captured): an event behind it marks it in flight */
+static void comm_launched(CUcontext ctx, CUstream s) {
+    __atomic_store_n(&comm_seen, 1, __ATOMIC_RELAXED);
+    if (!REAL(cuEventCreate) || !REAL(cuEventRecord)) return;
+    pthread_mutex_lock(&comm_lock);
+    struct comm_slot *slot = NULL;
+    for (int i = 0; i < COMM_SLOTS && !slot; i++)
+        if (comm[i].ctx == ctx && comm[i].stream == s) slot = &comm[i];
+    for (int i = 0; i < COMM_SLOTS && !slot; i++)
+        if ((comm[i].ctx == ctx && !comm[i].in_flight) || !comm[i].ctx) slot = &comm[i];
+    if (slot) {
+        if (!slot->ev || slot->ctx != ctx) {
+            slot->ev = NULL;
+            if (REAL(cuEventCreate)(&slot->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) slot->ev = NULL;
+        }
+        slot->ctx = ctx, slot->stream = s;
+        if (slot->ev && REAL(cuEventRecord)(slot->ev, s) == CUDA_SUCCESS) {
+            if (!slot->in_flight) __atomic_fetch_add(&comm_pending, 1, __ATOMIC_RELAXED);
+            slot->in_flight = 1, slot->checked_ns = krex_now_ns();
+        }
+    }
+    pthread_mutex_unlock(&comm_lock);
+}
+
+/* a communication kernel of ctx may still run, on a stream other than s (on s itself it ends before this one starts) */
+static int comm_in_flight(CUcontext ctx, CUstream s) {
+    if (!__atomic_load_n(&comm_pending, __ATOMIC_RELAXED)) return 0;
+    int busy = 0;
+    int64_t now = krex_now_ns();
+    pthread_mutex_lock(&comm_lock);
+    for (int i = 0; i < COMM_SLOTS; i++) {
+        struct comm_slot *c = &comm[i];
+        if (!c->in_flight || c->ctx != ctx || c->stream == s) continue;
+        if (now - c->checked_ns < RECHECK_NS) {
+            busy = 1;
+            continue;
+        }
+        c->checked_ns = now;
+        if (REAL(cuEventQuery) && REAL(cuEventQuery)(c->ev) == 600 /* CUDA_ERROR_NOT_READY */) {
+            busy = 1;
+        } else {
+            c->in_flight = 0;
+            __atomic_fetch_sub(&comm_pending, 1, __ATOMIC_RELAXED);
+        }
+    }
+    pthread_mutex_unlock(&comm_lock);
+    return busy;
 }
 
 /* ---- the launch ---- */
@@ -442,20 +509,27 @@ static CUresult overlap_launch(struct launch *l) {
     int cooperative, cluster;
     int attrs_ok = read_attrs(l, &cooperative, &cluster) == 0;
     if (e->klass == FN_COMM) {
-        if (cfg.shape) COUNT(overlap_skip_communication);
-        if (!cfg.priority) return launch_original(l);
+        CUresult r;
         int prio;
-        if (!attrs_ok || greatest_priority(e->ctx, &prio) != 0 ||
-            !krex_real(l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz
-                           ? KREX_H_cuLaunchKernelEx_ptsz : KREX_H_cuLaunchKernelEx) ||
-            (!__atomic_load_n(&priority_verified, __ATOMIC_RELAXED) && (capturing = stream_capturing(l)))) {
+        if (!cfg.priority) {
+            r = launch_original(l);
+        } else if (!attrs_ok || e->prio_refused || greatest_priority(e->ctx, &prio) != 0 ||
+                   !krex_real(l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz
+                                  ? KREX_H_cuLaunchKernelEx_ptsz : KREX_H_cuLaunchKernelEx) ||
+                   (!__atomic_load_n(&priority_verified, __ATOMIC_RELAXED) && (capturing = stream_capturing(l)))) {
             COUNT(overlap_priority_unchecked);
-            return launch_original(l);
+            r = launch_original(l);
+        } else if ((r = launch_changed(l, l->ex ? l->config->sharedMemBytes : l->smem, 1, prio)) != CUDA_SUCCESS) {
+            r = fall_back(l);
+            if (r == CUDA_SUCCESS) e->prio_refused = 1;
+        } else {
+            __atomic_store_n(&priority_verified, 1, __ATOMIC_RELAXED);
+            COUNT(overlap_prioritized);
         }
-        CUresult r = launch_changed(l, l->ex ? l->config->sharedMemBytes : l->smem, 1, prio);
-        if (r != CUDA_SUCCESS) return fall_back(l);
-        __atomic_store_n(&priority_verified, 1, __ATOMIC_RELAXED);
-        COUNT(overlap_prioritized);
+        if (cfg.shape) {
+            COUNT(overlap_skip_communication);
+            if (r == CUDA_SUCCESS && !(capturing < 0 ? stream_capturing(l) : capturing)) comm_launched(e->ctx, l->s);
+        }
         return r;
     }
     if (!cfg.shape) return launch_original(l);
@@ -465,6 +539,8 @@ static CUresult overlap_launch(struct launch *l) {
     else if (cooperative) COUNT(overlap_skip_cooperative);
     else if (cluster || e->needs_cluster) COUNT(overlap_skip_cluster);
     else if (!attrs_ok || threads == 0 || threads > 1024) COUNT(overlap_skip_unchecked);
+    else if (!(capturing = stream_capturing(l)) && !comm_in_flight(e->ctx, l->s)) COUNT(overlap_skip_idle);
+    else if (capturing && !__atomic_load_n(&comm_seen, __ATOMIC_RELAXED)) COUNT(overlap_skip_idle);
     else {
         unsigned out = in;
         int slot = 0, verified = 0;
@@ -472,10 +548,14 @@ static CUresult overlap_launch(struct launch *l) {
         if (status == SHAPE_AT_OR_BELOW) COUNT(overlap_skip_at_or_below);
         else if (status == SHAPE_LIMIT) COUNT(overlap_skip_limit);
         else if (status == SHAPE_UNCHECKED) COUNT(overlap_skip_unchecked);
-        else if (!verified && (capturing < 0 ? stream_capturing(l) : capturing)) COUNT(overlap_skip_unchecked);
+        else if (!verified && capturing) COUNT(overlap_skip_unchecked);
         else {
             CUresult r = launch_changed(l, out, 0, 0);
-            if (r != CUDA_SUCCESS) return fall_back(l);
+            if (r != CUDA_SUCCESS) {
+                r = fall_back(l);
+                if (r == CUDA_SUCCESS) shape_refused(e, slot, threads, in);
+                return r;
+            }
             if (!verified) shape_verified(e, slot);
             COUNT(overlap_padded);
             return r;
@@ -627,4 +707,14 @@ KREX_EXPORT cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, 
     else
         COUNT(overlap_sm_target_unchecked);
     return r;
+}
+
+/* a forked child has none of its parent's contexts, functions, streams or events */
+void krex_overlap_reset_after_fork(void) {
+    pthread_mutex_init(&table_lock, NULL);
+    pthread_mutex_init(&prio_lock, NULL);
+    pthread_mutex_init(&comm_lock, NULL);
+    table = NULL;
+    memset(comm, 0, sizeof comm);
+    comm_pending = 0, comm_seen = 0, nprios = 0, priority_verified = 0;
 }

@@ -16,6 +16,7 @@ from krex_ctl.shm import create_counters, read_counters
 SHIM = BUILD / "libkrex.so"
 COMM = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"     # what NCCL's kernels are called (a substring of the mangled name)
 GEMM = "gemm_regs=64"                                # 64 registers x 256 threads: 4 blocks per SM on the fake GPU
+IN_FLIGHT = f"X:{COMM}_long:400000:512:0"            # a communication kernel running for 0.4 s on its own stream
 
 
 def launch(tmp_path, controls, *launches, env=None):
@@ -68,22 +69,32 @@ def test_graph_kernel_nodes_of_communication_kernels_get_the_priority(tmp_path):
 
 def test_shape_pads_compute_kernels_to_fewer_resident_blocks(tmp_path):
     grid = 2000                                          # more blocks than fit at once
-    _, off, _ = launch(tmp_path, None, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
+    _, off, _ = launch(tmp_path, None, IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
     assert off[GEMM] == {"smem": "0", "prio": "0", "occ": "4", "resident": str(4 * 132)}
-    out, on, c = launch(tmp_path, "shape=2", f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
+    out, on, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
     assert out.returncode == 0, out.stdout + out.stderr
     for name in (GEMM, f"{GEMM}_ex"):
         assert on[name]["occ"] == "2" and int(on[name]["resident"]) == 2 * 132 < int(off[name]["resident"])
         # padded past a third of the SM's 228 KiB (with the 1 KiB each block reserves): 2 fit, 3 do not
         assert 3 * (int(on[name]["smem"]) + 1024) > 233472 >= 2 * (int(on[name]["smem"]) + 1024)
-    assert overlap_counts(c) == {"padded": 2}
+    assert overlap_counts(c) == {"padded": 2, "skip_communication": 1}
     # shape=1: one block per SM, above 48 KiB: the function's limit was raised first
-    _, one, _ = launch(tmp_path, "shape=1", f"L:{GEMM}:{grid}:256:0")
+    _, one, _ = launch(tmp_path, "shape=1", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0")
     assert one[GEMM]["occ"] == "1" and int(one[GEMM]["smem"]) > 48 * 1024
 
 
+def test_shape_pads_only_while_communication_is_in_flight_on_another_stream(tmp_path):
+    # no communication at all; then a short one that has ended; then one on the same stream (it ends first)
+    _, rec, c = launch(tmp_path, "shape=2", f"L:{GEMM}:2000:256:0")
+    assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1}
+    _, rec, c = launch(tmp_path, "shape=2", f"X:{COMM}:1000:512:0", "SLEEP:100", f"L:{GEMM}:2000:256:0")
+    assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1, "skip_communication": 1}
+    _, rec, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:2000:256:0", env={"SNIPPET_ONE_STREAM": "1"})
+    assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1, "skip_communication": 1}
+
+
 def test_kernels_that_are_never_padded(tmp_path):
-    out, rec, c = launch(tmp_path, "shape=2", f"X:{COMM}:16:512:0", "C:coop:8:256:0", "XC:coop_ex:8:256:0",
+    out, rec, c = launch(tmp_path, "shape=2", IN_FLIGHT, "C:coop:8:256:0", "XC:coop_ex:8:256:0",
                          "XK:clustered:8:256:0", "L:built_cluster_k:8:256:0", "L:big_smem=90000:64:256:0",
                          "L:noname_kernel:64:256:0", "CAP:captured_first:64:256:0")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -93,17 +104,22 @@ def test_kernels_that_are_never_padded(tmp_path):
 
 
 def test_a_change_the_driver_refuses_falls_back_to_the_original_launch(tmp_path):
-    out, rec, c = launch(tmp_path, "shape=2,priority", f"L:{GEMM}:300:256:0", f"L:{GEMM}_b:300:256:0",
-                         f"X:{COMM}:16:512:0", env={"KREX_FAKE_REFUSE_SMEM_ABOVE": "50000"})
+    out, rec, c = launch(tmp_path, "shape=2,priority", f"X:{COMM}:400000:512:0", f"L:{GEMM}:300:256:0",
+                         f"L:{GEMM}_b:300:256:0", env={"KREX_FAKE_REFUSE_SMEM_ABOVE": "50000"})
     assert out.returncode == 0, out.stdout + out.stderr          # no launch lost or failed
-    assert out.stdout.split() == ["L", GEMM, "0", "L", f"{GEMM}_b", "0", "X", COMM, "0"]
+    assert out.stdout.split() == ["X", COMM, "0", "L", GEMM, "0", "L", f"{GEMM}_b", "0"]
     assert rec[GEMM]["smem"] == "0" and rec[f"{GEMM}_b"]["smem"] == "0"
     assert overlap_counts(c) == {"fallbacks": 2, "prioritized": 1, "skip_communication": 1}
+    # a refused padding is not tried again: the second launch of the same function goes as asked at once
+    out, rec, c = launch(tmp_path, "shape=2", f"X:{COMM}:400000:512:0", f"LL:{GEMM}:300:256:0",
+                         env={"KREX_FAKE_REFUSE_SMEM_ABOVE": "50000"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert overlap_counts(c) == {"fallbacks": 1, "skip_unchecked": 1, "skip_communication": 1}
 
 
 def test_a_launch_that_fails_as_asked_still_fails_and_is_no_fallback(tmp_path):
-    out, _, c = launch(tmp_path, "shape=2", f"L:{GEMM}:300:2048:0")      # 2048 threads: invalid either way
-    assert out.returncode == 1 and out.stdout.split() == ["L", GEMM, "1"]
+    out, _, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:300:2048:0")  # 2048 threads: invalid either way
+    assert out.returncode == 1 and out.stdout.split()[-3:] == ["L", GEMM, "1"]
     assert "fallbacks" not in overlap_counts(c)
 
 
@@ -142,7 +158,7 @@ def test_krex_run_overlap_reports_what_each_control_did(krex, tmp_path):
     krex.start_controller()
     rep = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "krex_ctl", "run", "--overlap", "priority,shape=2", "--report", str(rep), "--",
-           str(SNIP / "overlap"), f"X:{COMM}:16:512:0", f"L:{GEMM}:500:256:0", "C:coop:8:256:0"]
+           str(SNIP / "overlap"), f"X:{COMM}:300000:512:0", f"L:{GEMM}:500:256:0", "C:coop:8:256:0"]
     out = subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     r = json.loads(rep.read_text())

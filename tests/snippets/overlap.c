@@ -2,12 +2,15 @@
  *
  * Each argument is API:NAME:GRID:THREADS:SMEM, one launch on its own stream (all streams run concurrently):
  *   L   cuLaunchKernel            X   cuLaunchKernelEx (no attributes)    XP  cuLaunchKernelEx, priority -1
+ *   LL  cuLaunchKernel twice, the same function
  *   C   cuLaunchCooperativeKernel XC  cuLaunchKernelEx, cooperative       XK  cuLaunchKernelEx, cluster 2x1x1
  *   G   a kernel node of a graph, then the graph launched                 CAP a cuLaunchKernel captured, replayed
  * SMEM above 48 KiB raises the function's dynamic shared memory limit first (as NCCL and cuBLAS do). Prints
  * `API NAME RC` per launch; exits 1 when one failed, after synchronizing everything. The argument LT makes a
- * cuBLASLt matmul descriptor and prints `LT sm_target N`, its SM count target. */
+ * cuBLASLt matmul descriptor and prints `LT sm_target N`, its SM count target; SLEEP:MS waits. With
+ * SNIPPET_ONE_STREAM=1 every launch goes to one stream. (The fake runs a kernel for GRID microseconds.) */
 #include <string.h>
+#include <unistd.h>
 #include "common.h"
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **ex);
@@ -29,6 +32,10 @@ static CUresult launch(const char *api, CUfunction f, unsigned grid, unsigned th
     memset(&a, 0, sizeof a);
     CUlaunchConfig c = {grid, 1, 1, threads, 1, 1, smem, s, NULL, 0};
     if (!strcmp(api, "L")) return cuLaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, NULL, NULL);
+    if (!strcmp(api, "LL")) {
+        CUresult r = cuLaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, NULL, NULL);
+        return r ? r : cuLaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, NULL, NULL);
+    }
     if (!strcmp(api, "C")) return cuLaunchCooperativeKernel(f, grid, 1, 1, threads, 1, 1, smem, s, NULL);
     if (!strcmp(api, "X")) return cuLaunchKernelEx(&c, f, NULL, NULL);
     if (!strcmp(api, "XP") || !strcmp(api, "XC") || !strcmp(api, "XK")) {
@@ -65,6 +72,8 @@ int main(int argc, char **argv) {
     CUmodule mod;
     CHECK(cuModuleLoadData(&mod, "image"));
     int failed = 0;
+    CUstream one = NULL;
+    if (env_int("SNIPPET_ONE_STREAM", 0)) CHECK(cuStreamCreate(&one, 1));
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "LT")) {
             cublasLtMatmulDesc_t d;
@@ -72,6 +81,10 @@ int main(int argc, char **argv) {
             CHECK(cublasLtMatmulDescCreate(&d, 68, 0));
             CHECK(cublasLtMatmulDescGetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof target, NULL));
             printf("LT sm_target %d\n", target);
+            continue;
+        }
+        if (!strncmp(argv[i], "SLEEP:", 6)) {
+            usleep((useconds_t)atoi(argv[i] + 6) * 1000);
             continue;
         }
         char api[8], name[96];
@@ -83,7 +96,8 @@ int main(int argc, char **argv) {
         CUfunction f;
         CUstream s;
         CHECK(cuModuleGetFunction(&f, mod, name));
-        CHECK(cuStreamCreate(&s, 1));
+        if (one) s = one;
+        else CHECK(cuStreamCreate(&s, 1));
         if (smem > 48 * 1024) CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
         CUresult r = launch(api, f, grid, threads, smem, s);
         printf("%s %s %d\n", api, name, (int)r);
