@@ -5,8 +5,8 @@
  * drain requests to drain.c and region replies to region.c. When the connection breaks (the controller
  * died, was restarted, or stalled past the handshake timeout) the gate is ignored (fail open) and the
  * client thread reconnects in the background, with backoff, then announces this process's contexts again
- * (contexts.c): a long-lived benchmark is protected again as soon as a controller answers. Without any controller (no socket, not
- * started under `krex run`) the shim logs once and passes everything through.
+ * (contexts.c): a long-lived benchmark is protected again as soon as a controller answers. Without any
+ * controller (no socket, not started under `krex run`) the shim logs once and passes everything through.
  *
  * A controller must be root or this user (SO_PEERCRED): a socket in a directory another user could write
  * must not hand our GPU processes to a stranger. */
