@@ -406,7 +406,7 @@ def _trace_hits(trace: Path, spans: list) -> tuple[int, int]:
     if not trace.exists():
         return 0, 0
     for line in trace.read_text().splitlines():
-        _pid, _sid, s, e, name = line.split(" ", 4)
+        _pid, _sid, s, e, name = line.split(" ")[:5]   # key=value fields may follow the name
         if name != "hog":
             continue
         total += 1

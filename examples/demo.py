@@ -81,7 +81,7 @@ def main() -> int:
     if not gpu:
         inside = 0
         for line in (tmp / "trace").read_text().splitlines():
-            _pid, _sid, start, end, name = line.split(" ", 4)
+            _pid, _sid, start, end, name = line.split(" ")[:5]   # key=value fields may follow the name
             if name == "hog" and any(int(start) < r["ended_ns"] and int(end) > r["granted_ns"] for r in regions):
                 inside += 1
         print(f"fake-driver trace: {inside} neighbour kernels ran inside any of the {len(regions)} regions")

@@ -31,6 +31,7 @@ class RunOptions:
     hooks: Optional[str] = None
     job_root: int = 0                         # the wrapper's pid: its descendants find its job again
     gpu_uuids: Optional[list[str]] = None     # the same GPUs by UUID, where the controller knows them
+    overlap: Optional[str] = None             # `--overlap`: the overlap controls (KREX_OVERLAP), checked
 
 
 def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]:
@@ -58,6 +59,10 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
             else None
         env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) if uuids else indices
         env["HIP_VISIBLE_DEVICES"] = indices
+    if opts.overlap is not None:
+        env["KREX_OVERLAP"] = opts.overlap
+    if "priority" in env.get("KREX_OVERLAP", "").split(","):
+        env.setdefault("TORCH_NCCL_HIGH_PRIORITY", "1")   # PyTorch's NCCL streams from its high-priority pool
     hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")
     if hooks:
         env["KREX_HOOKS"] = hooks
@@ -110,6 +115,22 @@ def check_environment(env: Mapping[str, str]) -> None:
     hooks = env.get("KREX_HOOKS")
     if hooks:
         check_hooks(hooks, "KREX_HOOKS")
+    if env.get("KREX_OVERLAP"):
+        check_overlap(env["KREX_OVERLAP"], "KREX_OVERLAP")
+
+
+OVERLAP_CONTROL = r"priority|shape=([1-9]|[12][0-9]|3[0-2])|sm_target=[1-9][0-9]{0,4}"   # shim/overlap.c's grammar
+
+
+def check_overlap(spec: str, what: str = "--overlap") -> str:
+    """'priority,shape=2,sm_target=116' as given; else one line naming `what`, exit status 2."""
+    import re
+
+    from .errors import KrexCommandError
+
+    if not all(re.fullmatch(OVERLAP_CONTROL, c) and int(c.partition("=")[2] or 1) <= 65535 for c in spec.split(",")):
+        raise KrexCommandError(f"{what}: {spec!r} is not a comma list of priority, shape=K (K 1-32), sm_target=N", 2)
+    return spec
 
 
 def check_hooks(spec: str, what: str = "--hooks") -> None:

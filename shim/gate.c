@@ -4,7 +4,7 @@
  * set and sleeps on the gate word (futex) until the controller opens it.
  *
  * The in-flight counter closes the race nvshare had: a thread already past the gate check when the
- * gate closes is still counted, and the drain (client.c) waits for the count to reach zero before it
+ * gate closes is still counted, and the drain (drain.c) waits for the count to reach zero before it
  * synchronizes. The increment is sequentially consistent and precedes the gate load, so either the
  * drain sees the thread, or the thread sees the closed gate. */
 #define _GNU_SOURCE
@@ -81,6 +81,8 @@ static inline struct krex_counter_slot *krex_counters(void) {
     return KREX_UNLIKELY(!s) ? krex_slot_attach() : s;
 }
 
+struct krex_counter_slot *krex_counter_slot(void) { return krex_counters(); }
+
 /* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
 struct krex_local_region *krex_local_region_claim(void) {
     krex_counters();
@@ -94,6 +96,7 @@ struct krex_local_region *krex_local_region_claim(void) {
 
 void krex_gate_reset_after_fork(void) {
     krex_memory_reset_after_fork();
+    krex_overlap_reset_after_fork();
     krex_slot = NULL;
     krex_counters_file = NULL;
     krex_inflight_count = 0;

@@ -10,12 +10,19 @@
  *   kernel by +1.4% on the H200, by nothing under krex regions: bench/results/perturb*-h200.json);
  *   stream is an expression over the parameters naming the stream the work goes to (for the
  *   stream-capture check).
- * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c: context creation,
- *   capture bookkeeping and the resolvers. */
+ *   KREX_CUDA_LAUNCHES are submissions too, with wrappers written by hand (overlap.c): the overlap
+ *   controls may change how they launch.
+ * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c, memory.c and overlap.c:
+ *   context creation, allocations, capture bookkeeping, the resolvers, what the overlap controls need.
+ * KREX_HELPERS(X): driver functions the shim calls but does not wrap.
+ * vendor names the library a name is resolved in: CUDA (libcuda), HIP (libamdhip64), CUBLASLT. */
 #ifndef KREX_HOOK_LIST_H
 #define KREX_HOOK_LIST_H
 #include "cuda_defs.h"
 #include "hip_defs.h"
+
+/* the library of a hook's name, beside enum krex_vendor's CUDA and HIP; not a wire value */
+#define KREX_VENDOR_CUBLASLT 3
 
 /* a name and its per-thread-default-stream twin share one signature */
 #define KREX_PTSZ(X, V, K, n, P, A, S) X(V, K, n, P, A, S) X(V, K, n##_ptsz, P, A, S)
@@ -38,11 +45,17 @@
 #define KREX_P_WAITV64 (CUstream s, CUdeviceptr a, uint64_t v, unsigned fl)
 #define KREX_A_WAITV (s, a, v, fl)
 
-#define KREX_CUDA_SUBMISSIONS(X) \
+/* the kernel launches the overlap controls may change (overlap.c writes their wrappers by hand) */
+#define KREX_CUDA_LAUNCHES(X) \
     KREX_PTSZ(X, CUDA, KERNEL, cuLaunchKernel, KREX_P_LAUNCH, KREX_A_LAUNCH, s) \
     KREX_PTSZ(X, CUDA, KERNEL, cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **kp, void **ex), \
               (c, f, kp, ex), (c ? c->hStream : NULL)) \
-    KREX_PTSZ(X, CUDA, KERNEL, cuLaunchCooperativeKernel, KREX_P_COOP, KREX_A_COOP, s) \
+    KREX_PTSZ(X, CUDA, KERNEL, cuLaunchCooperativeKernel, KREX_P_COOP, KREX_A_COOP, s)
+
+#define KREX_CUDA_SUBMISSIONS(X) KREX_CUDA_LAUNCHES(X) KREX_CUDA_SUBMISSIONS_PLAIN(X)
+
+/* every other CUDA submission: generated wrappers (submit.c) */
+#define KREX_CUDA_SUBMISSIONS_PLAIN(X) \
     X(CUDA, KERNEL, cuLaunchCooperativeKernelMultiDevice, (CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned fl), \
       (l, n, fl), (l && n ? l[0].hStream : NULL)) \
     KREX_PTSZ(X, CUDA, GRAPH, cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s), s) \
@@ -238,6 +251,15 @@
     X(CUDA, cuGetProcAddress, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl)) \
     X(CUDA, cuGetProcAddress_v2, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl, \
       CUdriverProcAddressQueryResult *st)) \
+    X(CUDA, cuFuncSetAttribute, CUresult, (CUfunction f, int attr, int value)) \
+    X(CUDA, cuKernelSetAttribute, CUresult, (int attr, int value, CUkernel k, CUdevice d)) \
+    X(CUDA, cuModuleUnload, CUresult, (CUmodule m)) \
+    X(CUDA, cuLibraryUnload, CUresult, (void *lib)) \
+    X(CUDA, cuGraphAddKernelNode, CUresult, (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd, \
+      const CUDA_KERNEL_NODE_PARAMS *p)) \
+    X(CUDA, cuGraphAddKernelNode_v2, CUresult, (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd, \
+      const CUDA_KERNEL_NODE_PARAMS_v2 *p)) \
+    X(CUBLASLT, cublasLtMatmulDescCreate, cublasStatus_t, (cublasLtMatmulDesc_t *d, int compute, int scale)) \
     X(HIP, hipInit, hipError_t, (unsigned fl)) \
     X(HIP, hipSetDevice, hipError_t, (int d)) \
     X(HIP, hipDevicePrimaryCtxRetain, hipError_t, (hipCtx_t *c, hipDevice_t d)) \
@@ -267,10 +289,20 @@
     X(CUDA, cuDeviceGetAttribute, CUresult, (int *v, int attr, CUdevice d)) \
     X(CUDA, cuModuleLoadData, CUresult, (CUmodule *m, const void *image)) \
     X(CUDA, cuModuleGetFunction, CUresult, (CUfunction *f, CUmodule m, const char *name)) \
-    X(CUDA, cuModuleUnload, CUresult, (CUmodule m)) \
     X(CUDA, cuStreamCreate, CUresult, (CUstream *s, unsigned fl)) \
     X(CUDA, cuStreamDestroy_v2, CUresult, (CUstream s)) \
     X(CUDA, cuStreamSynchronize, CUresult, (CUstream s)) \
+    X(CUDA, cuFuncGetName, CUresult, (const char **name, CUfunction f)) \
+    X(CUDA, cuKernelGetName, CUresult, (const char **name, CUkernel k)) \
+    X(CUDA, cuFuncGetAttribute, CUresult, (int *v, int attr, CUfunction f)) \
+    X(CUDA, cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult, (int *n, CUfunction f, int threads, size_t smem)) \
+    X(CUDA, cuCtxGetStreamPriorityRange, CUresult, (int *least, int *greatest)) \
+    X(CUDA, cuGraphKernelNodeSetAttribute, CUresult, (CUgraphNode n, int attr, const void *value)) \
+    X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
+    X(CUDA, cuEventRecord, CUresult, (CUevent e, CUstream s)) \
+    X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
+    X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
+      size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
     X(HIP, hipGetDevice, hipError_t, (int *d)) \
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \

@@ -299,6 +299,22 @@ struct krex_counter_slot {
     uint64_t captured;             /* submissions recorded into a graph under stream capture */
     uint64_t contexts;             /* context creations and primary context retains */
     uint64_t waited_ns;            /* time blocked at a closed gate */
+    /* the overlap controls (KREX_OVERLAP, shim/overlap.c): what each did to this process's kernel launches */
+    uint64_t overlap_prioritized;  /* communication kernels launched (or added to a graph) at the greatest priority */
+    uint64_t overlap_priority_unchecked;  /* communication kernels left as asked: no priority range or launch path */
+    uint64_t overlap_padded;       /* compute kernels launched with dynamic shared memory padded to the shape */
+    uint64_t overlap_fallbacks;    /* a changed launch the driver refused, launched again as the caller asked */
+    uint64_t overlap_skip_communication;  /* not padded: communication kernels */
+    uint64_t overlap_skip_cooperative;    /* not padded: cooperative launches */
+    uint64_t overlap_skip_cluster;        /* not padded: cluster launches */
+    uint64_t overlap_skip_at_or_below;    /* not padded: already at or below the shape's blocks per SM */
+    uint64_t overlap_skip_unnamed;        /* not padded: the driver gave no name (it could be communication) */
+    uint64_t overlap_skip_limit;          /* not padded: the per-block shared memory limit is reached first */
+    uint64_t overlap_skip_unchecked;      /* not padded: attributes or occupancy could not be read */
+    uint64_t overlap_sm_target;    /* cuBLASLt matmul descriptors given the SM count target */
+    uint64_t overlap_sm_target_unchecked; /* cuBLASLt matmul descriptors the target could not be set on */
+    uint64_t overlap_skip_idle;    /* not padded: no communication kernel in flight on another stream */
+    uint64_t overlap_reserved[2];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:

@@ -79,6 +79,7 @@ static int krex_remember(int id, void *p) {
 static const char *const krex_vendor_libs[][3] = {
     [KREX_VENDOR_CUDA] = {"libcuda.so.1", "libcuda.so", NULL},
     [KREX_VENDOR_HIP] = {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.7"},
+    [KREX_VENDOR_CUBLASLT] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11"},
 };
 
 void *krex_real(int id) {

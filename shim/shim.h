@@ -1,4 +1,4 @@
-/* shim.h: what the parts of libkrex.so share: the hook table, the gate fast path and the client. */
+/* shim.h: what the parts of libkrex.so share: the hook table, the globals, and each file's functions. */
 #ifndef KREX_SHIM_H
 #define KREX_SHIM_H
 #include <stdint.h>
@@ -23,13 +23,34 @@ enum krex_hook_id {
     KREX_HOOK_COUNT
 };
 
+/* ---- globals shared across files: declared here only, each defined in the file named above its group ---- */
+
+/* resolve.c */
+extern const char *const krex_hook_names[KREX_HOOK_COUNT];  /* hook id -> driver name */
+extern void *const krex_hook_wrappers[KREX_HOOK_COUNT];     /* hook id -> our wrapper (NULL for helpers) */
+extern const uint8_t krex_hook_vendor[KREX_HOOK_COUNT];     /* hook id -> the library it lives in */
+
+/* gate.c */
+extern volatile int krex_captures_active;   /* stream captures in progress in this process */
+
+/* connection.c */
+struct krex_gate;
+extern const struct krex_gate *volatile krex_gates;   /* the gate page's slots; NULL: no controller, all pass */
+extern const struct krex_gate_page_hdr *volatile krex_gate_hdr;   /* the same page's header */
+extern volatile int32_t krex_job;             /* the job the controller placed this process in */
+extern volatile int krex_failopen;            /* the controller is gone: the gate is ignored */
+extern volatile uint32_t krex_controller_pid; /* the controller instance we are connected to */
+
+/* contexts.c */
+extern volatile uint64_t krex_dev_mask;       /* node-wide GPUs of this process that the controller knows of */
+extern volatile int krex_device_known;        /* a device was registered, or looked up and failed */
+
+/* ---- functions, by the file that defines them ---- */
+
 /* resolve.c */
 void *krex_real(int id);                      /* the driver's own function, resolved lazily */
 int krex_hook_lookup(const char *name);        /* exact name -> id, or -1 */
 void *krex_route(const char *name, void *real, int per_thread); /* wrapper for a resolved pointer */
-extern const char *const krex_hook_names[KREX_HOOK_COUNT];
-extern void *const krex_hook_wrappers[KREX_HOOK_COUNT];
-extern const uint8_t krex_hook_vendor[KREX_HOOK_COUNT];
 
 /* log.c */
 enum krex_level { KREX_LOG_ERROR, KREX_LOG_WARNING, KREX_LOG_INFO, KREX_LOG_DEBUG };
@@ -37,7 +58,6 @@ void krex_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 int64_t krex_now_ns(void);
 
 /* gate.c: the launch path */
-extern volatile int krex_captures_active;      /* stream captures in progress in this process */
 int krex_submit_enter(int vendor, int kind, void *stream, int id);
 void krex_submit_leave(int entered);
 void krex_count_context(int vendor);
@@ -47,6 +67,7 @@ void krex_context_gate(int vendor, int local_device); /* before a context is cre
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
 struct krex_local_region *krex_local_region_claim(void);   /* a record in the job's counters file, or NULL */
+struct krex_counter_slot *krex_counter_slot(void);         /* this process's counters */
 
 /* env.c: the environment, checked */
 int krex_env_flag(const char *name, int dflt);  /* 1/true/yes/on, 0/false/no/off; else a warning and dflt */
@@ -54,29 +75,37 @@ uint64_t krex_parse_gpus(const char *v);        /* "0" or "0,1": a GPU mask, 0 i
 uint64_t krex_env_gpus(void);                   /* KREX_GPU as a mask, 0 when unset or invalid */
 void krex_socket_path(char *out, size_t n);     /* where the controller is (krex_ctl.paths.default_socket) */
 
-/* client.c: the controller connection */
-struct krex_gate;
-extern const struct krex_gate *volatile krex_gates; /* NULL: no controller, everything passes */
-extern const struct krex_gate_page_hdr *volatile krex_gate_hdr;   /* the same page's header */
-extern volatile uint64_t krex_dev_mask;           /* node-wide GPUs this process has contexts on */
-extern volatile int32_t krex_job;
-extern volatile int krex_failopen;
-extern volatile int krex_device_known;         /* a device was registered, or looked up and failed */
-extern volatile uint32_t krex_controller_pid;
+/* connection.c: the controller connection */
+int krex_connect(void);                        /* 0 when connected to the controller */
+int krex_connected(void);
+int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out);  /* 0 when sent */
+int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out); /* the same, lock held */
+void krex_announce(void);                      /* registered contexts to the controller, if connected */
+void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
+
+/* contexts.c: this process's contexts and their GPUs */
+#define KREX_MAX_CONTEXTS 64
+struct krex_ctx_ref { int vendor; void *ctx; };   /* a context to synchronize (HIP: the device ordinal) */
 void krex_register_context(int vendor, int local_device, void *ctx);
 int krex_forget_context(void *ctx);
 void krex_register_current_device(int vendor);
 int krex_physical_device(int vendor, int local_device);
-int krex_connect(void);                        /* 0 when connected to the controller */
-int krex_connected(void);
-int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out);  /* 0 when sent */
-void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
 uint64_t krex_own_gpus(void);
+int krex_contexts_on(uint64_t mask, struct krex_ctx_ref *out, int max);
+void krex_contexts_announce_locked(int fresh);  /* connection.c holds its lock; fresh: a new connection */
+void krex_contexts_reset_after_fork(void);
+
+/* drain.c: the drain the controller asks for */
+void krex_drain_request(const struct krex_drain *m);
 
 /* region.c: the region API, fed by the client thread */
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+
+/* overlap.c: the overlap controls (KREX_OVERLAP) */
+int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target);  /* 0, or -1: not a list */
+void krex_overlap_reset_after_fork(void);
 
 /* settle.c: after a grant, the SM clock back at its peak before the caller goes on */
 void krex_settle_prepare(void);                 /* before a request: the canary built outside the region */

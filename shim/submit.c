@@ -1,4 +1,4 @@
-/* submit.c: the generated wrappers of every GPU submission in hook_list.h: gate, count, call through. */
+/* submit.c: the generated wrappers of GPU submissions (hook_list.h, all but KREX_CUDA_LAUNCHES): gate, count, call. */
 #include "shim.h"
 
 #define KREX_GEN_SUBMIT(V, K, n, P, A, S)                                                  \
@@ -12,5 +12,5 @@
         return r;                                                                          \
     }
 
-KREX_CUDA_SUBMISSIONS(KREX_GEN_SUBMIT)
+KREX_CUDA_SUBMISSIONS_PLAIN(KREX_GEN_SUBMIT)
 KREX_HIP_SUBMISSIONS(KREX_GEN_SUBMIT)

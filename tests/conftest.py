@@ -124,10 +124,18 @@ class Krex:
     def trace_lines(self) -> list[tuple]:
         if not self.trace.exists():
             return []
+        return [t[:5] for t in self.trace_records()]
+
+    def trace_records(self) -> list[tuple]:
+        """Each kernel of the fake driver's trace: pid, stream, start, end, name and a dict of the key=value
+        fields after the name (smem, prio, occ, resident)."""
+        if not self.trace.exists():
+            return []
         out = []
         for line in self.trace.read_text().splitlines():
-            pid, sid, start, end, name = line.split(" ", 4)
-            out.append((int(pid), int(sid), int(start), int(end), name))
+            pid, sid, start, end, rest = line.split(" ", 4)
+            name, *fields = rest.split(" ")
+            out.append((int(pid), int(sid), int(start), int(end), name, dict(f.split("=", 1) for f in fields)))
         return out
 
     def stop(self) -> None:

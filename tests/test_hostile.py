@@ -624,6 +624,8 @@ def test_controller_death_mid_wait_does_not_make_later_regions_look_granted(krex
     assert p.stdout.readline().split() == ["first", "-1"]
     assert p.stdout.readline().split() == ["second", "-1"]     # not 0: there is no controller
     krex.start_controller()
+    # the region API is the shim's: its client thread reconnects in the background (within a second)
+    wait_for(lambda: any(c["pid"] == p.pid for c in krex.status()["clients"]), what="the shim reconnected")
     p.stdin.write("\n")
     p.stdin.flush()
     assert p.stdout.readline().split() == ["third", "0"]

@@ -26,7 +26,7 @@ import click
 from .. import dispatch, paths, procs
 from ..wire import counters as counters_file, report
 from ..embedded import ensure_controller
-from ..environ import RunOptions, check_environment, check_hooks, parse_gpus, preload_environ
+from ..environ import RunOptions, check_environment, check_hooks, check_overlap, parse_gpus, preload_environ
 from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
@@ -118,8 +118,11 @@ def counters_dirs() -> list:
 @click.option("--cold", is_flag=True, help="Never dispatch a Python command to a warm worker.")
 @click.option("--hooks", default=None, metavar="NAMES",
               help="Region hooks to switch on, comma-separated or 'all' (overrides KREX_HOOKS).")
+@click.option("--overlap", default=None, metavar="CONTROLS",
+              help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
+                   "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu_spec, report_path, cold, hooks, command) -> None:
+def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     command = list(command)
     if command and command[0] == "--":
@@ -129,6 +132,8 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
     check_environment(os.environ)
     if hooks is not None:
         check_hooks(hooks)
+    if overlap is not None:
+        check_overlap(overlap)
     gpus = parse_gpus(gpu_spec) if gpu_spec is not None else None
     report_file = report.check_path(report_path) if report_path else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
@@ -173,13 +178,15 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
-        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids))
+        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap))
+    if env.get("KREX_OVERLAP"):
+        cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
 
     if guardian and not cold and (gpus is None or len(gpus) == 1):
         warm = run_warm(guardian, forwarder, command, env, gpus[0] if gpus else None, wait_s)
         if warm is not None:
             exit_code, extra, local = warm
-            finish(guardian, counters, report_file, command, exit_code, extra, local)
+            finish(guardian, counters, report_file, command, exit_code, extra, local, env.get("KREX_OVERLAP"))
 
     early = forwarder.first_pending()
     if early is not None:      # interrupted before the command started: it does not start
@@ -191,7 +198,7 @@ def run(gpu_spec, report_path, cold, hooks, command) -> None:
     rc = child.wait()
     forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
-    finish(guardian, counters, report_file, command, exit_code, {}, [])
+    finish(guardian, counters, report_file, command, exit_code, {}, [], env.get("KREX_OVERLAP"))
 
 
 def cleanup(counters: Optional[Path]) -> None:
@@ -203,7 +210,7 @@ def cleanup(counters: Optional[Path]) -> None:
 
 
 def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
-           extra: dict, extra_regions: list):
+           extra: dict, extra_regions: list, overlap: Optional[str] = None):
     """Collect the job's regions and counters, write the report, exit with the command's status."""
     regions = []
     if guardian:
@@ -232,8 +239,10 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     cleanup(counters)
     if report_file is not None:
         try:
-            report.write(report_file, report.build(command, exit_code, totals, report.merge_regions(regions, local),
-                                                   lost))
+            rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
+            if overlap:
+                rep["overlap"] = report.overlap_section(overlap, totals)
+            report.write(report_file, rep)
         except OSError as e:   # checked before the run; if it fails anyway (a full disk), say so in the status
             print(f"krex: cannot write the report {report_file}: {e.strerror}", file=sys.stderr)
             if exit_code == 0:

@@ -131,5 +131,22 @@ def build(command: list, exit_code: int, totals: Optional[dict], regions: list, 
     return report
 
 
+def overlap_section(controls: Optional[str], totals: Optional[dict]) -> dict:
+    """The report's `overlap` section: what each overlap control (KREX_OVERLAP, shim/overlap.c) did to the
+    command's kernel launches, from the overlap_* counters of struct krex_counter_slot."""
+    get = lambda k: int((totals or {}).get(f"overlap_{k}", 0))   # noqa: E731
+    return {
+        "controls": controls or "",
+        "prioritized": get("prioritized"), "padded": get("padded"), "sm_target": get("sm_target"),
+        "fallbacks": get("fallbacks"),
+        "skipped": {"communication": get("skip_communication"), "cooperative": get("skip_cooperative"),
+                    "cluster": get("skip_cluster"), "at_or_below": get("skip_at_or_below"),
+                    "unnamed": get("skip_unnamed"), "limit": get("skip_limit"), "unchecked": get("skip_unchecked"),
+                    "no_communication_in_flight": get("skip_idle"),
+                    "priority_unchecked": get("priority_unchecked"),
+                    "sm_target_unchecked": get("sm_target_unchecked")},
+    }
+
+
 def write(path: Path, report: dict) -> None:
     write_atomic(str(path), json.dumps(report, indent=2) + "\n", 0o644)

@@ -14,6 +14,7 @@ struct fk_op {
     int kind;
     unsigned us;
     char name[96];
+    struct fk_kinfo info;
     void *dst;
     const void *src;
     size_t n, elem;
@@ -87,16 +88,18 @@ int fk_physical(const char *env, int local) {
 int fk_device_count(void) { return fk_physical("CUDA_VISIBLE_DEVICES", -1); }
 int fk_hip_device_count(void) { return fk_physical("HIP_VISIBLE_DEVICES", -1); }
 
-static void trace(int stream_id, int64_t start, int64_t end, const char *name) {
+static void trace(const struct fk_stream *s, int64_t start, int64_t end, const char *name, const struct fk_kinfo *k) {
     static int fd = -2;
     if (fd == -2) {
         const char *p = getenv("KREX_FAKE_TRACE");
         fd = p && *p ? open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
     }
     if (fd < 0) return;
-    char line[256];
-    int n = snprintf(line, sizeof line, "%d %d %lld %lld %s\n", (int)getpid(), stream_id, (long long)start,
-                     (long long)end, name);
+    char line[320];
+    int n = snprintf(line, sizeof line, "%d %d %lld %lld %s smem=%u prio=%d", (int)getpid(), s->id, (long long)start,
+                     (long long)end, name, k->smem, k->has_prio ? k->prio : s->priority);
+    if (k->occ >= 0) n += snprintf(line + n, sizeof line - (size_t)n, " occ=%d resident=%u", k->occ, k->resident);
+    line[n++] = '\n';
     ssize_t w = write(fd, line, (size_t)n);   /* one write, O_APPEND: lines never interleave */
     (void)w;
 }
@@ -108,7 +111,7 @@ static void run_op(struct fk_stream *s, struct fk_op *op) {
         int64_t end = start + (int64_t)op->us * 1000;
         struct timespec ts = {end / 1000000000LL, end % 1000000000LL};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {}
-        trace(s->id, start, fk_now_ns(), op->name);
+        trace(s, start, fk_now_ns(), op->name, &op->info);
         break;
     }
     case FK_EVENT:
@@ -234,13 +237,17 @@ int fk_ctx_sync(struct fk_ctx *c) {
     return 0;
 }
 
-int fk_kernel(struct fk_stream *s, unsigned us, const char *name) {
+static const struct fk_kinfo plain = {0, 0, 0, -1, 0};
+
+int fk_kernel(struct fk_stream *s, unsigned us, const char *name) { return fk_kernel_ex(s, us, name, &plain); }
+
+int fk_kernel_ex(struct fk_stream *s, unsigned us, const char *name, const struct fk_kinfo *info) {
     if (s->capture) {
-        fk_graph_add(s->capture, us, name);
+        fk_graph_add_ex(s->capture, us, name, info);
         return 0;
     }
     struct fk_op *op = calloc(1, sizeof *op);
-    op->kind = FK_KERNEL, op->us = us;
+    op->kind = FK_KERNEL, op->us = us, op->info = *info;
     snprintf(op->name, sizeof op->name, "%s", name ? name : "kernel");
     enqueue(s, op);
     return 0;
@@ -288,18 +295,21 @@ void fk_event_sync(struct fk_event *e) {
 
 struct fk_graph *fk_graph_new(void) { return calloc(1, sizeof(struct fk_graph)); }
 
-void fk_graph_add(struct fk_graph *g, unsigned us, const char *name) {
+void fk_graph_add(struct fk_graph *g, unsigned us, const char *name) { fk_graph_add_ex(g, us, name, &plain); }
+
+void fk_graph_add_ex(struct fk_graph *g, unsigned us, const char *name, const struct fk_kinfo *info) {
     if (g->n == g->cap) {
         g->cap = g->cap ? 2 * g->cap : 16;
         g->nodes = realloc(g->nodes, (size_t)g->cap * sizeof *g->nodes);
     }
     g->nodes[g->n].us = us;
+    g->nodes[g->n].info = *info;
     snprintf(g->nodes[g->n].name, sizeof g->nodes[g->n].name, "%s", name ? name : "kernel");
     g->n++;
 }
 
 void fk_graph_launch(struct fk_stream *s, const struct fk_graph *g) {
-    for (int i = 0; i < g->n; i++) fk_kernel(s, g->nodes[i].us, g->nodes[i].name);
+    for (int i = 0; i < g->n; i++) fk_kernel_ex(s, g->nodes[i].us, g->nodes[i].name, &g->nodes[i].info);
 }
 
 unsigned fk_sm_clock_mhz(int physical) {

@@ -1,7 +1,9 @@
 /* engine.h: the asynchronous execution model shared by the fake CUDA and HIP drivers.
  * A kernel "runs" for gridDimX microseconds on its stream's executor thread; streams run concurrently;
  * work on one stream runs in launch order; synchronize calls wait. With KREX_FAKE_TRACE=path each
- * finished kernel appends `pid stream_id start_ns end_ns name` (CLOCK_MONOTONIC, O_APPEND). */
+ * finished kernel appends `pid stream_id start_ns end_ns name smem=D prio=P` (CLOCK_MONOTONIC, O_APPEND;
+ * D the launch's dynamic shared memory, P its priority), then ` occ=B resident=R` where the driver modelled
+ * its occupancy (B blocks per SM, R blocks resident at once). */
 #ifndef FK_ENGINE_H
 #define FK_ENGINE_H
 #include <pthread.h>
@@ -18,9 +20,18 @@ struct fk_event {
     int recorded;
 };
 
+/* what a kernel launch carries besides its duration and name */
+struct fk_kinfo {
+    unsigned smem;                      /* dynamic shared memory */
+    int prio, has_prio;                 /* a launch (or node) priority; else the stream's */
+    int occ;                            /* blocks per SM (-1: not modelled) */
+    unsigned resident;                  /* blocks resident at once */
+};
+
 struct fk_node {                        /* a graph node: kernels only */
     unsigned us;
     char name[96];
+    struct fk_kinfo info;
 };
 
 struct fk_graph {
@@ -62,6 +73,7 @@ void fk_stream_sync(struct fk_stream *s);
 int fk_stream_idle(struct fk_stream *s);
 /* returns 0, or nonzero when the stream is capturing and the op kind cannot be captured */
 int fk_kernel(struct fk_stream *s, unsigned us, const char *name);
+int fk_kernel_ex(struct fk_stream *s, unsigned us, const char *name, const struct fk_kinfo *info);
 void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
@@ -73,5 +85,6 @@ void fk_event_sync(struct fk_event *e);
 unsigned fk_sm_clock_mhz(int physical);
 struct fk_graph *fk_graph_new(void);
 void fk_graph_add(struct fk_graph *g, unsigned us, const char *name);
+void fk_graph_add_ex(struct fk_graph *g, unsigned us, const char *name, const struct fk_kinfo *info);
 void fk_graph_launch(struct fk_stream *s, const struct fk_graph *g);
 #endif

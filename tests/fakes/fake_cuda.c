@@ -1,5 +1,14 @@
 /* fake_cuda.c: a fake libcuda.so.1 for machines without a GPU (the DESIGN.md contract). Real error
- * codes for misuse, a real asynchronous execution model (engine.c), kernel duration = gridDimX us. */
+ * codes for misuse, a real asynchronous execution model (engine.c), kernel duration = gridDimX us.
+ *
+ * The fake GPU has an H100's SM resources (132 SMs, 228 KiB shared memory and 64 Ki registers per SM, 227 KiB
+ * a block at most, 1 KiB reserved per block, 2048 threads and 32 blocks per SM): a launch's occupancy (blocks
+ * per SM) is computed from them and the function's resources, and traced with its dynamic shared memory and
+ * priority. A function's resources come from its name: `regs=N`, `smem=N` (static shared bytes) and
+ * `threads=N` (its most threads per block) anywhere in it set them (32 registers, 0, 1024 otherwise); a name
+ * with `noname` in it is one cuFuncGetName cannot give, with `cluster` one compiled with cluster dimensions.
+ * KREX_FAKE_REFUSE_SMEM_ABOVE=N: launches with more than N bytes of dynamic shared memory fail with
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (a driver refusing what the occupancy calculator allowed). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,18 +20,21 @@
 #define EXPORT __attribute__((visibility("default")))
 enum {
     OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_CONTEXT = 201,
-    E_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600, E_CAPTURE_UNSUPPORTED = 900,
+    E_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600, E_OUT_OF_RESOURCES = 701, E_COOP_TOO_LARGE = 720,
+    E_CAPTURE_UNSUPPORTED = 900,
     E_CAPTURE_INVALIDATED = 901, E_NOT_CAPTURED = 906
 };
 
 struct CUctx_st { struct fk_ctx *fk; };
 struct CUstream_st { struct fk_stream *fk; };
 struct CUmod_st { int loaded; };
-struct CUfunc_st { char name[96]; };
+struct CUfunc_st { char name[96]; int regs, static_smem, max_threads, max_dyn, noname, cluster; };
 struct CUevent_st { struct fk_event *fk; };
 struct CUgraph_st { struct fk_graph *fk; };
-struct CUgraphNode_st { int index; };
+struct CUgraphNode_st { struct fk_graph *graph; int index; };
 struct CUgraphExec_st { struct fk_graph *fk; };
+
+enum { SMS = 132, SMEM_SM = 233472, SMEM_OPTIN = 232448, SMEM_RESERVED = 1024 };
 
 static int initialized;
 static struct CUctx_st *primary[64];
@@ -65,8 +77,20 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     NEED_INIT();
     if (!v) return E_VALUE;
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
-    /* SM count, peak SM clock (kHz), cc major/minor */
-    *v = attr == 16 ? 132 : attr == 13 ? 1980000 : attr == 75 ? 9 : attr == 76 ? 0 : 1;
+    switch (attr) {
+    case 16: *v = SMS; break;                      /* multiprocessors */
+    case 13: *v = 1980000; break;                  /* peak SM clock, kHz */
+    case 75: *v = 9; break;                        /* compute capability 9.0 */
+    case 76: *v = 0; break;
+    case 8: *v = 49152; break;                     /* shared memory per block without opting in */
+    case 39: *v = 2048; break;                     /* threads per SM */
+    case 81: *v = SMEM_SM; break;                  /* shared memory per SM */
+    case 82: *v = 65536; break;                    /* registers per SM */
+    case 97: *v = SMEM_OPTIN; break;               /* shared memory per block, opted in */
+    case 106: *v = 32; break;                      /* blocks per SM */
+    case 111: *v = SMEM_RESERVED; break;           /* shared memory the driver reserves per block */
+    default: *v = 1;
+    }
     return OK;
 }
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
@@ -255,11 +279,65 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     if (!m || !m->loaded) return E_HANDLE;
     *f = calloc(1, sizeof(struct CUfunc_st));
     snprintf((*f)->name, sizeof (*f)->name, "%s", name);
+    const char *p;
+    (*f)->regs = (p = strstr(name, "regs=")) ? atoi(p + 5) : 32;
+    (*f)->static_smem = (p = strstr(name, "smem=")) ? atoi(p + 5) : 0;
+    (*f)->max_threads = (p = strstr(name, "threads=")) ? atoi(p + 8) : 1024;
+    (*f)->max_dyn = 49152;
+    (*f)->noname = strstr(name, "noname") != NULL;
+    (*f)->cluster = strstr(name, "cluster") != NULL;
     return OK;
 }
 EXPORT CUresult cuFuncGetName(const char **name, CUfunction f) {
     if (!name || !f) return E_VALUE;
+    if (f->noname) return E_NOT_FOUND;
     *name = f->name;
+    return OK;
+}
+EXPORT CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f) {
+    if (!v) return E_VALUE;
+    if (!f) return E_HANDLE;
+    switch (attr) {
+    case 0: *v = f->max_threads; break;
+    case 1: *v = f->static_smem; break;
+    case 4: *v = f->regs; break;
+    case 8: *v = f->max_dyn; break;
+    case 10: *v = f->cluster; break;
+    case 11: case 12: case 13: *v = f->cluster ? 2 : 0; break;
+    default:
+        if (attr < 0 || attr > 15) return E_VALUE;
+        *v = 0;
+    }
+    return OK;
+}
+EXPORT CUresult cuFuncSetAttribute(CUfunction f, int attr, int v) {
+    if (!f) return E_HANDLE;
+    if (attr == 8) {
+        if (v < 0 || v > SMEM_OPTIN - f->static_smem) return E_VALUE;
+        f->max_dyn = v;
+        return OK;
+    }
+    return attr == 9 ? OK : E_VALUE;
+}
+
+/* blocks of f resident per SM at once with this block size and dynamic shared memory */
+static int occupancy_of(const struct CUfunc_st *f, unsigned threads, size_t dyn) {
+    if (!threads || threads > 1024 || (int)threads > f->max_threads || f->static_smem + dyn > SMEM_OPTIN) return 0;
+    unsigned warps = (threads + 31) / 32;
+    unsigned regs_warp = ((unsigned)f->regs * 32 + 255) / 256 * 256;
+    unsigned by_threads = 2048 / (warps * 32), by_regs = regs_warp ? 65536 / (regs_warp * warps) : 32;
+    size_t block = (f->static_smem + dyn + SMEM_RESERVED + 127) / 128 * 128;
+    unsigned by_smem = (unsigned)(SMEM_SM / block), n = 32;
+    if (by_threads < n) n = by_threads;
+    if (by_regs < n) n = by_regs;
+    if (by_smem < n) n = by_smem;
+    return (int)n;
+}
+EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int threads, size_t dyn) {
+    if (!n) return E_VALUE;
+    if (!f) return E_HANDLE;
+    if (threads <= 0) return E_VALUE;
+    *n = occupancy_of(f, (unsigned)threads, dyn);
     return OK;
 }
 
@@ -276,11 +354,15 @@ static void canary_done(void *arg) {
     free(c);
 }
 
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       CUstream s, void **kp) {
+/* a launch's checks and its trace fields; prio < -1000: none given (the stream's) */
+static CUresult launch_full(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned smem, CUstream s, void **kp, int prio, int cooperative) {
     NEED_CTX();
     if (!f) return E_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024) return E_VALUE;
+    if ((int)smem > f->max_dyn || f->static_smem + smem > SMEM_OPTIN) return E_VALUE;
+    const char *refuse = getenv("KREX_FAKE_REFUSE_SMEM_ABOVE");
+    if (refuse && *refuse && smem > (unsigned)atoi(refuse)) return E_OUT_OF_RESOURCES;
     if (!strcmp(f->name, "krex_spin") && kp) {
         struct canary_run *c = malloc(sizeof *c);
         struct fk_stream *st = stream_of(s);
@@ -290,37 +372,62 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         fk_hostfn(st, canary_done, c);
         return OK;
     }
-    fk_kernel(stream_of(s), gx, f->name);
+    int occ = occupancy_of(f, bx * by * bz, smem);
+    if (occ < 1) return E_OUT_OF_RESOURCES;
+    unsigned long long blocks = (unsigned long long)gx * gy * gz, fit = (unsigned long long)occ * SMS;
+    if (cooperative && blocks > fit) return E_COOP_TOO_LARGE;
+    struct fk_kinfo info = {smem, prio, prio > -1000, occ, (unsigned)(blocks < fit ? blocks : fit)};
+    fk_kernel_ex(stream_of(s), gx, f->name, &info);
     return OK;
+}
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned smem, CUstream s, void **kp) {
+    return launch_full(f, gx, gy, gz, bx, by, bz, smem, s, kp, -10000, 0);
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned smem, CUstream s, void **kp, void **ex) {
-    return launch(f, gx, gy, gz, bx, by, bz, s, kp);
+    return launch(f, gx, gy, gz, bx, by, bz, smem, s, kp);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned smem, CUstream s, void **kp, void **ex) {
-    return launch(f, gx, gy, gz, bx, by, bz, s, kp);
+    return launch(f, gx, gy, gz, bx, by, bz, smem, s, kp);
 }
+/* the attributes read: priority (8), cooperative (2); others are accepted and ignored */
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kp, void **ex) {
-    if (!c) return E_VALUE;
-    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->hStream, kp);
+    if (!c || (c->numAttrs && !c->attrs)) return E_VALUE;
+    int prio = -10000, coop = 0;
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        int v;
+        memcpy(&v, c->attrs[i].value, sizeof v);
+        if (c->attrs[i].id == 8) {
+            int least = 0, greatest = -5;
+            if (v > least || v < greatest) return E_VALUE;
+            prio = v;
+        } else if (c->attrs[i].id == 2) {
+            coop = v != 0;
+        } else if (c->attrs[i].id < 0 || c->attrs[i].id > 20) {
+            return E_VALUE;
+        }
+    }
+    return launch_full(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                       c->sharedMemBytes, c->hStream, kp, prio, coop);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kp, void **ex) {
     return cuLaunchKernelEx(c, f, kp, ex);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned smem, CUstream s, void **kp) {
-    return launch(f, gx, gy, gz, bx, by, bz, s, kp);
+    return launch_full(f, gx, gy, gz, bx, by, bz, smem, s, kp, -10000, 1);
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned smem, CUstream s, void **kp) {
-    return launch(f, gx, gy, gz, bx, by, bz, s, kp);
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, smem, s, kp);
 }
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned fl) {
     if (!l || !n) return E_VALUE;
     for (unsigned i = 0; i < n; i++) {
         CUresult r = launch(l[i].function, l[i].gridDimX, l[i].gridDimY, l[i].gridDimZ, l[i].blockDimX,
-                            l[i].blockDimY, l[i].blockDimZ, l[i].hStream, NULL);
+                            l[i].blockDimY, l[i].blockDimZ, l[i].sharedMemBytes, l[i].hStream, NULL);
         if (r) return r;
     }
     return OK;
@@ -342,9 +449,22 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned fl) {
 EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
                                         const CUDA_KERNEL_NODE_PARAMS *p) {
     if (!node || !g || !p || !p->func) return E_VALUE;
-    fk_graph_add(g->fk, p->gridDimX, p->func->name);
+    int occ = occupancy_of(p->func, p->blockDimX * p->blockDimY * p->blockDimZ, p->sharedMemBytes);
+    unsigned long long blocks = (unsigned long long)p->gridDimX * p->gridDimY * p->gridDimZ, fit = (unsigned long long)occ * SMS;
+    struct fk_kinfo info = {p->sharedMemBytes, 0, 0, occ, (unsigned)(blocks < fit ? blocks : fit)};
+    fk_graph_add_ex(g->fk, p->gridDimX, p->func->name, &info);
     *node = calloc(1, sizeof(struct CUgraphNode_st));
-    (*node)->index = g->fk->n - 1;
+    (*node)->graph = g->fk, (*node)->index = g->fk->n - 1;
+    return OK;
+}
+/* the kernel-node attributes read: priority (8) */
+EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode n, int attr, const void *value) {
+    if (!n || !value) return E_VALUE;
+    if (attr != 8) return attr >= 0 && attr <= 20 ? OK : E_VALUE;
+    int v;
+    memcpy(&v, value, sizeof v);
+    if (v > 0 || v < -5) return E_VALUE;
+    n->graph->nodes[n->index].info.prio = v, n->graph->nodes[n->index].info.has_prio = 1;
     return OK;
 }
 EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
@@ -355,7 +475,8 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     if (!e || !g) return E_VALUE;
     *e = calloc(1, sizeof(struct CUgraphExec_st));
     (*e)->fk = fk_graph_new();
-    for (int i = 0; i < g->fk->n; i++) fk_graph_add((*e)->fk, g->fk->nodes[i].us, g->fk->nodes[i].name);
+    for (int i = 0; i < g->fk->n; i++)
+        fk_graph_add_ex((*e)->fk, g->fk->nodes[i].us, g->fk->nodes[i].name, &g->fk->nodes[i].info);
     return OK;
 }
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, void *err_node, char *log, size_t n) {
@@ -503,6 +624,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \
     X(cuModuleLoadData) X(cuModuleLoad) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncGetName) \
+    X(cuFuncGetAttribute) X(cuFuncSetAttribute) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+    X(cuGraphKernelNodeSetAttribute) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice) \
     X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \

@@ -1,12 +1,12 @@
-/* client.c: the shim's connection to the controller and the thread that serves it.
+/* connection.c: the connection to the controller: dial, handshake, client thread, reconnect, fork, send.
  *
  * The connection is made lazily, on the first context creation or region request (never in a
- * constructor or inside dlsym). One client thread per process reads the controller's messages: it drains
- * on request and hands region replies to region.c. When the connection breaks (the controller died, was
- * restarted, or stalled past the handshake timeout) the gate is ignored (fail open) and the client thread
- * reconnects in the background, with backoff, then announces this process's contexts again: a long-lived
- * benchmark is protected again as soon as a controller answers. Without any controller (no socket, not
- * started under `krex run`) the shim logs once and passes everything through.
+ * constructor or inside dlsym). One client thread per process reads the controller's messages: it hands
+ * drain requests to drain.c and region replies to region.c. When the connection breaks (the controller
+ * died, was restarted, or stalled past the handshake timeout) the gate is ignored (fail open) and the
+ * client thread reconnects in the background, with backoff, then announces this process's contexts again
+ * (contexts.c): a long-lived benchmark is protected again as soon as a controller answers. Without any
+ * controller (no socket, not started under `krex run`) the shim logs once and passes everything through.
  *
  * A controller must be root or this user (SO_PEERCRED): a socket in a directory another user could write
  * must not hand our GPU processes to a stranger. */
@@ -27,21 +27,15 @@
 
 const struct krex_gate *volatile krex_gates;
 const struct krex_gate_page_hdr *volatile krex_gate_hdr;
-volatile uint64_t krex_dev_mask;
 volatile int32_t krex_job;
 volatile int krex_failopen;
-volatile int krex_device_known;
 volatile uint32_t krex_controller_pid;
 
 enum { CONN_NONE, CONN_UP, CONN_DOWN, CONN_FAILED };
-struct krex_ctx_rec { int vendor, device, local; void *ctx; uint8_t uuid[16]; int has_uuid; };
 
-static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;   /* connection, contexts, sends */
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;   /* the connection and its sends */
 static int conn_fd = -1, conn_state = CONN_NONE, ever_connected;
 static uint32_t conn_seq;
-static struct krex_ctx_rec ctxs[64];
-static int nctxs;
-static uint64_t announced;
 
 #define HANDSHAKE_TIMEOUT_S 2
 
@@ -68,7 +62,7 @@ static int read_full(int fd, void *buf, size_t n) {
 }
 
 /* caller holds conn_lock; the frame's seq goes to *seq_out */
-static int send_frame(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
+int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
     if (conn_fd < 0 || conn_state != CONN_UP) return -1;
     char buf[sizeof(struct krex_frame_hdr) + 512];
     if (len > sizeof buf - sizeof(struct krex_frame_hdr)) return -1;
@@ -83,7 +77,7 @@ static int send_frame(int type, const void *payload, uint32_t len, uint32_t *seq
 
 int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
     pthread_mutex_lock(&conn_lock);
-    int r = send_frame(type, payload, len, seq_out);
+    int r = krex_send_locked(type, payload, len, seq_out);
     pthread_mutex_unlock(&conn_lock);
     return r;
 }
@@ -95,53 +89,9 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
     if (event != KREX_LIFE_EXIT_BEGIN) {
         krex_send(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
     } else if (pthread_mutex_trylock(&conn_lock) == 0) {   /* exit (maybe from a signal handler): never wait */
-        send_frame(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
+        krex_send_locked(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
         pthread_mutex_unlock(&conn_lock);
     }
-}
-
-static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
-    int64_t t0 = krex_now_ns();
-    /* threads that passed the gate before it closed finish their submission first */
-    while (krex_inflight() > 0 && krex_now_ns() - t0 < 2000000000LL) {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
-    *waited_us = (uint32_t)((krex_now_ns() - t0) / 1000);
-    int64_t t1 = krex_now_ns();
-    struct krex_ctx_rec snap[64];
-    pthread_mutex_lock(&conn_lock);
-    int n = nctxs;
-    memcpy(snap, ctxs, sizeof(snap[0]) * (size_t)n);
-    pthread_mutex_unlock(&conn_lock);
-    int32_t status = 0;
-    for (int i = 0; i < n; i++) {
-        if (snap[i].device < 0 || !(mask & (1ull << snap[i].device))) continue;
-        int r;
-        if (snap[i].vendor == KREX_VENDOR_CUDA) {
-            CUresult (*push)(CUcontext) = krex_real(KREX_H_cuCtxPushCurrent_v2);
-            CUresult (*pop)(CUcontext *) = krex_real(KREX_H_cuCtxPopCurrent_v2);
-            CUresult (*sync)(void) = krex_real(KREX_H_cuCtxSynchronize);
-            if (!push || !pop || !sync) continue;
-            CUcontext old;
-            r = push((CUcontext)snap[i].ctx);
-            if (r == CUDA_SUCCESS) {
-                r = sync();
-                pop(&old);
-            }
-        } else {
-            hipError_t (*set)(int) = krex_real(KREX_H_hipSetDevice);
-            hipError_t (*sync)(void) = krex_real(KREX_H_hipDeviceSynchronize);
-            if (!set || !sync) continue;
-            r = set((int)(intptr_t)snap[i].ctx);
-            if (r == hipSuccess) r = sync();
-        }
-        /* 4 (CUDA_ERROR_DEINITIALIZED, hipErrorDeinitialized): the process is exiting and its driver is
-         * already torn down, so nothing of it can still be running */
-        if (r && r != 4 && !status) status = r;
-    }
-    *sync_us = (uint32_t)((krex_now_ns() - t1) / 1000);
-    return status;
 }
 
 static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
@@ -230,26 +180,12 @@ static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome
     return 0;
 }
 
-/* caller holds conn_lock: the contexts this process has, told to the (new) controller */
-static void announce_locked(void) {
-    for (int i = 0; i < nctxs; i++) {
-        struct krex_ctx_rec *c = &ctxs[i];
-        if (c->device < 0 || (announced & (1ull << c->device))) continue;
-        struct krex_context m = {(uint32_t)c->vendor, c->device, c->has_uuid ? KREX_CONTEXT_HAS_UUID : 0, c->local, {0}};
-        memcpy(m.uuid, c->uuid, sizeof m.uuid);
-        if (send_frame(KREX_MSG_CONTEXT, &m, sizeof m, NULL) == 0) announced |= 1ull << c->device;
-    }
-    /* the gate is checked for a GPU only once the controller knows to drain us on it */
-    __atomic_store_n(&krex_dev_mask, announced, __ATOMIC_SEQ_CST);
-}
-
 /* caller holds conn_lock: take a fresh connection into use */
 static void install_locked(int fd, const struct krex_gate *gates, const struct krex_welcome *w) {
     conn_fd = fd;
     conn_state = CONN_UP;
     krex_job = w->job;
     krex_controller_pid = w->controller_pid;
-    announced = 0;
     __atomic_store_n(&krex_gate_hdr, (const struct krex_gate_page_hdr *)((const char *)gates - w->gate_offset),
                      __ATOMIC_RELEASE);
     __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */
@@ -257,7 +193,7 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
                                  (unsigned)w->controller_pid);
     ever_connected = 1;
-    announce_locked();
+    krex_contexts_announce_locked(1);
     krex_log(KREX_LOG_DEBUG, "connected as client %u of job %d", w->client_id, w->job);
 }
 
@@ -269,7 +205,6 @@ static void lose_locked(const char *why) {
     conn_state = CONN_DOWN;
     krex_failopen = 1;
     __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
-    announced = 0;
 }
 
 union msg_buf {
@@ -285,14 +220,9 @@ static const char *serve(int fd, union msg_buf *buf) {
         if (h.magic != KREX_MAGIC || h.length > sizeof buf->raw) return "bad frame from controller";
         if (read_full(fd, buf->raw, h.length)) return "connection closed";
         switch (h.type) {
-        case KREX_MSG_DRAIN: {
-            if (h.length < sizeof(struct krex_drain)) break;
-            struct krex_drained d = {buf->drain.drain_id, 0, 0, 0, 0, 0, 0};
-            d.status = drain(buf->drain.gpu_mask, &d.waited_us, &d.sync_us);
-            krex_memory_freed_take(&d.freed_bytes, &d.last_free_ns);
-            krex_send(KREX_MSG_DRAINED, &d, sizeof d, NULL);
+        case KREX_MSG_DRAIN:
+            if (h.length >= sizeof(struct krex_drain)) krex_drain_request(&buf->drain);
             break;
-        }
         case KREX_MSG_REGION_GRANTED:
         case KREX_MSG_REGION_ENDED:
         case KREX_MSG_ERROR:
@@ -363,9 +293,9 @@ static void at_fork_child(void) {
      * no client thread (threads do not survive fork) */
     pthread_mutex_init(&conn_lock, NULL);
     if (conn_fd >= 0) close(conn_fd);
-    conn_fd = -1, conn_state = CONN_NONE, nctxs = 0, ever_connected = 0;
-    announced = 0;
-    krex_gates = NULL, krex_gate_hdr = NULL, krex_dev_mask = 0, krex_failopen = 0, krex_device_known = 0;
+    conn_fd = -1, conn_state = CONN_NONE, ever_connected = 0;
+    krex_gates = NULL, krex_gate_hdr = NULL, krex_failopen = 0;
+    krex_contexts_reset_after_fork();
     krex_region_reset_after_fork();
     krex_settle_reset_after_fork();
     krex_gate_reset_after_fork();
@@ -406,114 +336,9 @@ int krex_connect(void) {
 
 int krex_connected(void) { return conn_state == CONN_UP; }
 
-/* the GPU's UUID from the driver, 0 on success */
-static int device_uuid(int vendor, int local_device, uint8_t out[16]) {
-    if (vendor == KREX_VENDOR_CUDA) {
-        CUresult (*get)(CUdevice *, int) = krex_real(KREX_H_cuDeviceGet);
-        CUresult (*uuid)(CUuuid *, CUdevice) = krex_real(KREX_H_cuDeviceGetUuid_v2);
-        if (!uuid) uuid = krex_real(KREX_H_cuDeviceGetUuid);
-        CUdevice d;
-        CUuuid u;
-        if (!get || !uuid || get(&d, local_device) != CUDA_SUCCESS || uuid(&u, d) != CUDA_SUCCESS) return -1;
-        memcpy(out, u.bytes, 16);
-        return 0;
-    }
-    hipError_t (*uuid)(hipUUID *, hipDevice_t) = krex_real(KREX_H_hipDeviceGetUuid);
-    hipUUID u;
-    if (!uuid || uuid(&u, local_device) != hipSuccess) return -1;
-    memcpy(out, u.bytes, 16);
-    return 0;
-}
-
-/* node-wide index of local_device: by UUID in the controller's gate page when it lists UUIDs (any
- * CUDA_VISIBLE_DEVICES, by index or by UUID), else by the visible-devices list (index entries only) */
-static int physical_device(int vendor, int local_device, uint8_t uuid[16], int *has_uuid) {
-    *has_uuid = device_uuid(vendor, local_device, uuid) == 0;
-    const struct krex_gate *g = krex_gates;
-    if (*has_uuid && g) {
-        static const uint8_t zero[16];
-        int listed = 0;
-        for (int i = 0; i < KREX_MAX_GPUS; i++) {
-            if (!memcmp(g[i].uuid, zero, 16)) continue;
-            listed = 1;
-            if (!memcmp(g[i].uuid, uuid, 16)) return i;
-        }
-        if (listed) return -1;          /* a GPU the controller does not know */
-    }
-    const char *v = getenv(vendor == KREX_VENDOR_HIP ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES");
-    if (!v || !*v) return local_device;
-    int idx = 0;
-    for (const char *p = v; *p;) {
-        char *end;
-        long n = strtol(p, &end, 10);
-        if (end == p || n < 0 || n >= KREX_MAX_GPUS || (*end && *end != ',')) {
-            static int warned;
-            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-                krex_log(KREX_LOG_WARNING, "%s=%s names GPUs by UUID and the controller lists no UUIDs (no NVML); "
-                         "taking device %d for node-wide GPU %d", vendor == KREX_VENDOR_HIP ? "HIP_VISIBLE_DEVICES"
-                         : "CUDA_VISIBLE_DEVICES", v, local_device, local_device);
-            return local_device;
-        }
-        if (idx++ == local_device) return (int)n;
-        p = *end ? end + 1 : end;
-    }
-    return local_device;
-}
-
-int krex_physical_device(int vendor, int local_device) {
-    uint8_t uuid[16];
-    int has;
-    return physical_device(vendor, local_device, uuid, &has);
-}
-
-void krex_register_context(int vendor, int local_device, void *ctx) {
+/* the contexts registered so far, told to the controller if we are connected */
+void krex_announce(void) {
     pthread_mutex_lock(&conn_lock);
-    krex_device_known = 1;
-    connect_locked();                              /* first: its gate page names the GPUs by UUID */
-    uint8_t uuid[16] = {0};
-    int has_uuid;
-    int dev = physical_device(vendor, local_device, uuid, &has_uuid);
-    int known = 0;
-    for (int i = 0; i < nctxs; i++) known |= ctxs[i].vendor == vendor && ctxs[i].ctx == ctx && ctxs[i].local == local_device;
-    if (!known && nctxs < 64) {
-        struct krex_ctx_rec *c = &ctxs[nctxs++];
-        *c = (struct krex_ctx_rec){vendor, dev, local_device, ctx, {0}, has_uuid};
-        memcpy(c->uuid, uuid, 16);
-    }
-    if (dev < 0) krex_log(KREX_LOG_WARNING, "GPU %d of this process is not one the controller manages", local_device);
-    if (conn_state == CONN_UP) announce_locked();
+    if (conn_state == CONN_UP) krex_contexts_announce_locked(0);
     pthread_mutex_unlock(&conn_lock);
-    if (krex_dev_mask) krex_exit_gate_arm();
 }
-
-/* forgets ctx; returns its node-wide GPU as registered, -1 when it is unknown or not one the controller manages */
-int krex_forget_context(void *ctx) {
-    int dev = -1;
-    pthread_mutex_lock(&conn_lock);
-    for (int i = 0; i < nctxs; i++)
-        if (ctxs[i].ctx == ctx) {
-            dev = ctxs[i].device;
-            ctxs[i--] = ctxs[--nctxs];
-        }
-    pthread_mutex_unlock(&conn_lock);
-    return dev;
-}
-
-void krex_register_current_device(int vendor) {
-    krex_device_known = 1;
-    if (vendor == KREX_VENDOR_CUDA) {
-        CUresult (*get_dev)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
-        CUresult (*get_ctx)(CUcontext *) = krex_real(KREX_H_cuCtxGetCurrent);
-        CUdevice d;
-        CUcontext c = NULL;
-        if (get_dev && get_ctx && get_dev(&d) == CUDA_SUCCESS && get_ctx(&c) == CUDA_SUCCESS && c)
-            krex_register_context(vendor, d, c);
-    } else {
-        hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
-        int d;
-        if (get_dev && get_dev(&d) == hipSuccess) krex_register_context(vendor, d, (void *)(intptr_t)d);
-    }
-}
-
-/* GPUs a region of this process is on when the caller names none: those it has contexts on */
-uint64_t krex_own_gpus(void) { return krex_dev_mask; }

@@ -1,0 +1,125 @@
+"""bench/overlap_proxy.py without a GPU: it imports, parses its arguments, builds each variant's command line,
+and its summary, goals and plot come out right on made-up numbers (so a device call is not spent on a bug)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import overlap_proxy as op  # noqa: E402
+
+
+def case(serial, comm, compute, conc_total, conc_comm, copies=6, ok=True):
+    return {"case": None, "copies": copies, "comm": {"total_ms": comm, "comm_ms": comm},
+            "compute": {"total_ms": compute, "compute_ms": compute},
+            "serial": {"total_ms": serial, "comm_ms": comm, "compute_ms": compute},
+            "concurrent": {"total_ms": conc_total, "comm_ms": conc_comm, "compute_ms": conc_total},
+            "copy_ok": ok, "gemm_ok": True, "ring_ok": True}
+
+
+def variant(label, controls, cases, rc=0, fallbacks=0):
+    out = []
+    for name, c in cases.items():
+        c = dict(c, case=name)
+        out.append(c)
+    return {"label": label, "controls": controls, "rc": rc, "cases": out,
+            "report": {"launches": 10, "exit_code": rc, "overlap": {"fallbacks": fallbacks} if controls else None}}
+
+
+# the numbers measured before without krex (the issue), and what the controls would have to reach
+MADE_UP = [
+    variant("off", None, {"4096": case(4.44, 0.61 * 6, 1.04 * 6 / 6 * 0.8, 5.29, 4.0),
+                          "balanced": case(18.0, 9.0, 9.0, 13.5, 12.0)}),
+    variant("priority", "priority", {"4096": case(4.44, 3.66, 0.83, 5.0, 3.9),
+                                     "balanced": case(18.0, 9.0, 9.0, 14.0, 11.0)}),
+    variant("priority+shape=1", "priority,shape=1", {"4096": case(4.5, 3.66, 0.83, 4.2, 3.8),
+                                                     "balanced": case(18.2, 9.0, 9.0, 12.9, 12.5)}),
+    variant("priority+sm_target=116", "priority,sm_target=116", {"4096": case(4.6, 3.66, 0.9, 4.3, 3.7),
+                                                                 "balanced": case(18.5, 9.0, 9.5, 13.0, 13.2, ok=False)}),
+]
+TRAIN = [{"label": "train-off-0", "rc": 0, "overlap": "", "step_ms": 10.0, "losses": [1.0, 0.9]},
+         {"label": "train-on-0", "rc": 0, "overlap": "priority", "step_ms": 10.05, "losses": [1.0, 0.9]}]
+
+
+def test_summary_compares_each_variant_with_the_off_serial_and_alone_times():
+    s = op.summarize(MADE_UP, TRAIN)
+    c4 = s["cases"]["4096"]
+    assert c4["serial_ms"] == 4.44 and c4["best"] == "priority+shape=1"
+    assert c4["best_vs_serial"] == pytest.approx(4.2 / 4.44)
+    row = next(r for r in c4["rows"] if r["variant"] == "off")
+    assert row["vs_serial"] > 1 and row["comm_vs_alone"] == pytest.approx(4.0 / 3.66)
+    bal = s["cases"]["balanced"]
+    assert bal["best"] == "priority+shape=1"           # the faster one computed wrong: never the best
+    g = s["goals"]
+    assert g["4096_concurrency_loses_without_controls"] and g["4096_best_beats_serial"]
+    assert "4096-lt_best_beats_serial" not in g                    # a case not measured is no goal
+    assert g["balanced_cut_25.5pct_comm_within_1.5x"] is True    # 12.9 / 18 = 0.717, span 12.5 / 9 = 1.39
+    assert g["training_on_within_1pct_of_off"] and s["training"]["on_vs_off"] == pytest.approx(1.005)
+    assert g["no_launch_lost_or_failed"] is False and s["fallbacks"] == 0   # the wrong GEMM counts as a failure
+
+
+def test_goals_fail_where_the_numbers_do():
+    slow = [MADE_UP[0], variant("shape=2", "shape=2", {"4096": case(4.44, 3.66, 0.83, 4.6, 3.9),
+                                                       "balanced": case(18.0, 9.0, 9.0, 12.0, 14.5)}, fallbacks=3)]
+    train = [dict(TRAIN[0]), dict(TRAIN[1], step_ms=10.5)]
+    s = op.summarize(slow, train)
+    g = s["goals"]
+    assert not g["4096_best_beats_serial"]
+    assert not g["balanced_cut_25.5pct_comm_within_1.5x"]       # 0.67 of serial, but the span is 1.61x alone
+    assert not g["training_on_within_1pct_of_off"]
+    assert s["fallbacks"] == 3 and not g["no_launch_lost_or_failed"]
+
+
+def test_a_failed_or_missing_variant_is_recorded_not_fatal():
+    s = op.summarize([MADE_UP[0], {"label": "shape=1", "controls": "shape=1", "rc": "timeout"}], [])
+    assert s["failed_variants"] == ["shape=1"] and s["cases"]["4096"]["best"] is None
+    assert op.summarize([], [])["cases"] == {}
+
+
+def test_plot_of_made_up_numbers(tmp_path):
+    pytest.importorskip("matplotlib")
+    op.plot(op.summarize(MADE_UP, TRAIN), tmp_path / "overlap.png")
+    assert (tmp_path / "overlap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_variant_runs_under_krex_run_or_with_the_shim_preloaded(tmp_path):
+    cmd, env = op.launch_cmd("shape=2", "shape=2", ["python", "w.py"], tmp_path, use_krex=True)
+    assert cmd[1:] == ["-m", "krex_ctl", "run", "--cold", "--report", str(tmp_path / "shape=2.report.json"),
+                       "--overlap", "shape=2", "--", "python", "w.py"]
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert "KREX_OVERLAP" not in env
+    cmd, env = op.launch_cmd("off", None, ["python", "w.py"], tmp_path, use_krex=True)
+    assert "--overlap" not in cmd
+    cmd, env = op.launch_cmd("p", "priority,shape=1", ["python", "w.py"], tmp_path, use_krex=False)
+    assert cmd == ["python", "w.py"] and env["KREX_OVERLAP"] == "priority,shape=1"
+    assert env["LD_PRELOAD"].split()[0].endswith("build/libkrex.so") and env["TORCH_NCCL_HIGH_PRIORITY"] == "1"
+    for _, controls, _ in op.VARIANTS + [(None, op.TRAIN_CONTROLS, None)]:
+        if controls:
+            from krex_ctl.environ import check_overlap
+            check_overlap(controls)                     # every variant's controls pass krex run's check
+
+
+def test_arguments_and_a_bad_case(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "overlap_proxy.py"), "--cases", "4096,nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown case nope" in out.stderr
+
+
+def test_orchestrator_records_every_variant_when_the_workers_cannot_run(tmp_path):
+    """No GPU here: each worker fails (no torch.cuda / cupy); the orchestrator still writes its summary, with every
+    variant's failure, and its logs."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "overlap_proxy.py"), "--out", str(out), "--no-krex",
+                        "--variants", "off,shape=2", "--train-rounds", "1", "--timeout", "60", "--budget", "200"],
+                       capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
+                                                                         "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = json.loads((out / "overlap-summary.json").read_text())
+    assert [v["label"] for v in s["variants"]] == ["off", "shape=2"]       # in VARIANTS' order
+    assert [t["label"] for t in s["train"]] == ["train-off-0", "train-on-0"]
+    assert s["launcher"] == "LD_PRELOAD + KREX_OVERLAP" and not s["goals"]["no_launch_lost_or_failed"]
+    assert (out / "overlap-logs.tgz").stat().st_size > 0
