@@ -2,9 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
+DEMO_VENV ?= .venv-demo
+DEMO_PY = $(DEMO_VENV)/bin/python
 BUILD = $(CURDIR)/build
 
-.PHONY: help demo test test-fast shim fakes venv bench-overhead reliability clean
+.PHONY: help demo test test-fast shim fakes venv demo-venv bench-overhead reliability clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -17,7 +19,16 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q 'torch==2.13.0' || echo "krex: no CPU torch; the torch hook tests will be skipped"
 	touch $@
 
-venv: $(VENV)/.installed  ## create .venv with krex and its test dependencies
+venv: $(VENV)/.installed  ## create .venv with krex, its test dependencies and torch (the tests and the GPU demo use it)
+
+# the fake-driver demo's virtualenv: krex and its own dependencies only, no torch; pip's output in a log
+$(DEMO_VENV)/.installed: pyproject.toml setup.py
+	@echo "krex demo: installing krex (without torch) into $(DEMO_VENV); pip's output goes to $(DEMO_VENV)/install.log"
+	@$(PYTHON) -m venv $(DEMO_VENV)
+	@$(DEMO_PY) -m pip install -q -e . > $(DEMO_VENV)/install.log 2>&1 || { tail -n 30 $(DEMO_VENV)/install.log; exit 1; }
+	@touch $@
+
+demo-venv: $(DEMO_VENV)/.installed  ## create .venv-demo with krex alone (what the demo on the fake driver needs)
 
 shim:  ## build build/libkrex.so
 	$(MAKE) -C shim OUT=$(BUILD)
@@ -26,8 +37,19 @@ fakes:  ## build the fake GPU drivers and the snippet programs into build/
 	$(MAKE) -C tests/fakes OUT=$(BUILD)
 	$(MAKE) -C tests/snippets OUT=$(BUILD)
 
-demo: venv shim fakes  ## run several benchmark commands at once under krex (GPU if present, else fake driver)
-	$(PY) examples/demo.py
+# The GPU is detected through libcuda (examples/demo.py --has-gpu, standard library only): without one, the
+# demo runs on the fake driver from .venv-demo and no torch is installed; with one, from .venv (torch).
+demo:  ## run several benchmark commands at once under krex: on the GPU if there is one, else on the fake driver (it says which)
+	@echo "krex demo: building libkrex.so and the fake drivers (compiler output in build/demo-build.log)"
+	@mkdir -p $(BUILD)
+	@$(MAKE) --no-print-directory shim fakes > $(BUILD)/demo-build.log 2>&1 || { tail -n 30 $(BUILD)/demo-build.log; exit 1; }
+	@if $(PYTHON) examples/demo.py --has-gpu; then \
+	  echo "krex demo: a CUDA GPU answers; installing krex with torch into $(VENV) (once; output in build/demo-venv.log)"; \
+	  $(MAKE) --no-print-directory venv > $(BUILD)/demo-venv.log 2>&1 || { tail -n 30 $(BUILD)/demo-venv.log; exit 1; }; \
+	  $(PY) examples/demo.py; \
+	else \
+	  $(MAKE) -s --no-print-directory demo-venv && $(DEMO_PY) examples/demo.py; \
+	fi
 
 test: venv shim fakes  ## run the whole test suite (unit, integration on fake drivers, native snippets)
 	$(PY) -m pytest -q -ra
@@ -35,11 +57,11 @@ test: venv shim fakes  ## run the whole test suite (unit, integration on fake dr
 test-fast: venv shim fakes  ## the suite without the slow stress tests
 	$(PY) -m pytest -q -ra -m 'not slow'
 
-bench-overhead: venv shim fakes  ## per-launch cost of the shim on the fake driver
-	$(PY) bench/overhead_fake.py
+bench-overhead: venv shim fakes  ## per-launch cost of the shim on the fake driver -> build/overhead-fake.json
+	$(PY) bench/launch_overhead.py --bin $(BUILD)/snippets/spin_bench --out $(BUILD)/overhead-fake.json
 
 reliability: venv shim fakes  ## faults, fuzzing and load on the fake driver -> bench/results/reliability.json
 	$(PY) bench/reliability.py --out bench/results/reliability.json
 
 clean:  ## remove build outputs and the venv
-	rm -rf $(BUILD) $(VENV)
+	rm -rf $(BUILD) $(VENV) $(DEMO_VENV)

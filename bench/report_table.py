@@ -1,6 +1,6 @@
-"""Markdown tables of throughput results (bench/throughput.py --out FILE) for the README, one per file.
-    python bench/report_table.py bench/results/<date>-h200.json            (prints it)
-    python bench/report_table.py RESULT.json [MORE.json ...] --readme README.md   (replaces the marked table)"""
+"""Markdown tables of throughput results (bench/throughput.py --out FILE), one per file.
+    python bench/report_table.py bench/results/<date>-h200.json [MORE.json ...]   (prints them)
+The measurement pages hold these tables in generated blocks: bench/measurement_tables.py rewrites them."""
 
 import argparse
 import json
@@ -8,9 +8,6 @@ import json
 
 def pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:+.2f}%"
-
-
-BEGIN, END = "<!-- throughput-table: begin (bench/report_table.py) -->", "<!-- throughput-table: end -->"
 
 
 def table(data: dict) -> str:
@@ -33,19 +30,11 @@ def table(data: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+")
-    ap.add_argument("--readme")
     args = ap.parse_args()
     parts = [table(json.load(open(f))) for f in args.results]
     if len(parts) > 1:
         parts = [f"`{f}`:\n\n{t}" for f, t in zip(args.results, parts)]
-    text = "\n\n".join(parts)
-    if args.readme:
-        readme = open(args.readme).read()
-        head, rest = readme.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        open(args.readme, "w").write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-    else:
-        print(text)
+    print("\n\n".join(parts))
 
 
 if __name__ == "__main__":

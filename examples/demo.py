@@ -1,10 +1,18 @@
 """krex demo: several benchmark commands at once on one GPU, each timing inside a krex region.
 
-On a machine with torch and a CUDA GPU it runs real bf16 matmul benchmarks (examples/python_region.py)
-next to busy neighbours; otherwise it runs the C benchmark (examples/c/spin_bench.c) on krex's fake
-driver, where the kernel trace lets it prove that no neighbour kernel ran inside any region.
-    make demo"""
+On a machine with a CUDA GPU (and torch with triton) it runs real bf16 matmul benchmarks
+(examples/python_region.py) next to busy neighbours; otherwise it runs the C benchmark
+(examples/c/spin_bench.c) on krex's fake driver, where the kernel trace lets it prove that no neighbour
+kernel ran inside any region. It says which, and why.
+    make demo
+    python examples/demo.py [--fake]      (after `make shim fakes`, with krex importable)
+    python3 examples/demo.py --has-gpu    (exit status 0 when a CUDA GPU answers; needs nothing installed)
 
+The GPU is detected through the driver itself (libcuda.so.1: cuInit, cuDeviceGetCount), not through
+torch, so `make demo` on a machine without a GPU never installs torch."""
+
+import argparse
+import ctypes
 import json
 import os
 import signal
@@ -18,7 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 
 
-def has_cuda_gpu() -> bool:
+def cuda_devices() -> int:
+    """How many CUDA GPUs the driver reports (0 without a driver or a device); loads nothing but libcuda."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    n = ctypes.c_int(0)
+    try:
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+            return 0
+    except AttributeError:
+        return 0
+    return n.value
+
+
+def torch_sees_gpu() -> bool:
     probe = "import torch, triton, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     try:
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
@@ -32,7 +55,19 @@ def krex_run(env, report, cmd, **kw):
 
 
 def main() -> int:
-    gpu = has_cuda_gpu()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--has-gpu", action="store_true", help="only say (exit status 0) whether a CUDA GPU answers")
+    ap.add_argument("--fake", action="store_true", help="use the fake driver even where there is a GPU")
+    args = ap.parse_args()
+    devices = cuda_devices()
+    if args.has_gpu:
+        return 0 if devices else 1
+    gpu = False
+    if devices and not args.fake:
+        gpu = torch_sees_gpu()
+        if not gpu:
+            print("krex demo: the driver reports a CUDA GPU, but this Python's torch (with triton) does not see it; "
+                  "using the fake driver")
     tmp = Path(tempfile.mkdtemp(prefix="krex-demo-"))
     env = dict(os.environ, KREX_SOCKET=str(tmp / "krex.sock"), PYTHONPATH=str(ROOT))
     env.pop("LD_PRELOAD", None)
@@ -41,7 +76,8 @@ def main() -> int:
         bench = [sys.executable, str(ROOT / "examples" / "python_region.py"), "--sizes", "8192", "--trials", "3"]
         hog = [sys.executable, str(ROOT / "bench" / "contender.py"), str(tmp / "stop"), str(tmp / "ready")]
     else:
-        print("krex demo on the FAKE driver (no CUDA GPU here): 3 C benchmarks with regions + 2 busy neighbours,"
+        why = "--fake" if args.fake else ("no CUDA GPU here" if not devices else "torch does not see the GPU")
+        print(f"krex demo on the FAKE driver ({why}): 3 C benchmarks with regions + 2 busy neighbours,"
               " all at once\n")
         env.update(LD_LIBRARY_PATH=f"{BUILD / 'fakes'}:{env.get('LD_LIBRARY_PATH', '')}",
                    KREX_FAKE_TRACE=str(tmp / "trace"), SNIPPET_MS="4000", SNIPPET_STREAMS="2")

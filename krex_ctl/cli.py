@@ -27,6 +27,15 @@ def cli() -> None:
     """Run many GPU kernel benchmarks at once; only their timed regions get the GPU alone."""
 
 
+def full() -> click.Group:
+    """The group with every subcommand (what `krex --help` and the docs' tests see)."""
+    from .commands import controller, run, status
+
+    for command in (controller.controller, run.run, status.status):
+        cli.add_command(command)
+    return cli
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "run":
         # before the heavier imports: a command started during a region stays off the owner's cores
@@ -36,10 +45,7 @@ def main() -> None:
         from .commands import run  # only what `krex run` needs: it starts with every command
         cli.add_command(run.run)
     else:
-        from .commands import controller, run, status
-
-        for command in (controller.controller, run.run, status.status):
-            cli.add_command(command)
+        full()
 
     # usage errors as one line, like every other krex error (click's own shows usage and a hint first)
     try:

@@ -1,7 +1,7 @@
 """The GPU benchmarks' harnesses end to end on CPU, with a stand-in candidate (so a device call is not spent
 on a harness bug): bench/throughput.py runs every kind of mode, krex modes record regions, the warm-worker
-mode really runs warm and the JSON has what the README table is made from; bench/warm_probe.py alternates
-cold, warm and churned runs as asked; bench/warm_vs_cold.py measures both paths."""
+mode really runs warm and the JSON has what the measurement pages' tables are made from; bench/warm_probe.py
+alternates cold, warm and churned runs as asked; bench/warm_vs_cold.py measures both paths."""
 
 import json
 import os

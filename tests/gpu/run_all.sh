@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
 # Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
-#   explicit-region fidelity, hooks. Others (see the README): throughput (8 agents, ~6 min), scales (other
+#   explicit-region fidelity, hooks. Others (see docs/measurements/): throughput (8 agents, ~6 min), scales (other
 #   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
 #   perturbgates (GPU work that is not a submission, bare and under krex regions).
 set -u
