@@ -51,7 +51,8 @@ demo:  ## run several benchmark commands at once under krex: on the GPU if there
 	  $(MAKE) -s --no-print-directory demo-venv && $(DEMO_PY) examples/demo.py; \
 	fi
 
-test: venv shim fakes  ## run the whole test suite (unit, integration on fake drivers, native snippets)
+test: venv shim fakes  ## run the whole test suite (import contracts, unit, integration on fake drivers, native snippets)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -ra
 
 test-fast: venv shim fakes  ## the suite without the slow stress tests

@@ -15,6 +15,8 @@ import sys
 import threading
 from typing import Callable
 
+from krex_ctl import environ
+
 # hook name -> (module that defines the hook, target modules it patches)
 REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
     "triton": ("krex_hooks.triton_bench", ("triton.testing",)),
@@ -23,8 +25,10 @@ REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
     "kernelbench": ("krex_hooks.kernelbench", ("kernelbench.timing", "src.timing", "src.eval")),
     "cupyx": ("krex_hooks.cupyx_bench", ("cupyx.profiler._time", "cupyx.profiler")),
 }
-# hooks implemented in the shim, not here; named so KREX_HOOKS accepts them
-SHIM_HOOKS = {"nvtx"}
+# hooks implemented in the shim, not here; named so KREX_HOOKS accepts them. The names are krex run's
+# (krex_ctl/environ.py), which checks KREX_HOOKS before a command starts
+SHIM_HOOKS = set(environ.SHIM_HOOKS)
+assert sorted(REGISTRY) == sorted(environ.PYTHON_HOOKS), "krex_hooks.REGISTRY and krex_ctl.environ disagree"
 
 _pending: dict[str, list[Callable]] = {}
 _done: set[str] = set()
