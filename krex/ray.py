@@ -106,8 +106,9 @@ class CommandResult:
 
     @property
     def exclusive(self) -> bool:
-        """Every region of the command was granted and ended normally (its timing was taken alone on the GPU)."""
-        return all(r.get("granted_ns") and r.get("end", "normal") == "normal" for r in self.regions)
+        """Every region of the command was granted and exclusive: its timing was taken alone on the GPU (true
+        of a command without regions too; see `regions`)."""
+        return all(r.get("granted_ns") and r.get("exclusive", True) for r in self.regions)
 
 
 def run_command(command: Union[str, Sequence[str]], hooks: Optional[str] = None, cwd: Optional[str] = None,
