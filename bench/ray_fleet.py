@@ -21,6 +21,7 @@ import io
 import json
 import os
 import runpy
+import shutil
 import statistics
 import subprocess
 import sys
@@ -234,6 +235,7 @@ def main() -> None:
         ctl.wait(60)
         subprocess.run(["cp", "-r", str(tmp / "ray" / "session_latest" / "logs"), str(logs / "ray")],
                        capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     summary = analyse(runs)
     Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "summary": summary,
                                           "env": {"python": sys.version, "argv": sys.argv,

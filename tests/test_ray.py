@@ -6,7 +6,7 @@ ran on a GPU inside any region there, on any node.
 Also, without Ray: the shim takes a context's GPU from CUDA_VISIBLE_DEVICES as it is when the context is made,
 not as it was when the shim was loaded (Ray sets it inside a running worker, per task)."""
 
-import ctypes  # noqa: F401  (used by the agent, which Ray ships by value)
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, ROOT, Krex, stopped_processes_under, wait_for
+from conftest import BUILD, ROOT, Krex, stopped_processes_under
 
 FAKES = BUILD / "fakes"
 UUID1 = "GPU-6b726578-0000-0000-0000-000000000001"     # the fake driver's GPU 1 (tests/fakes/engine.c)
@@ -321,3 +321,75 @@ def test_runtime_env_wraps_the_worker_and_merges():
                          env={**os.environ, "KREX_SOCKET": "/nonexistent/krex.sock", "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "triton", out.stderr
+
+
+# ---- bench/ray_fleet.py (the H200 run's script) on the fake driver ---------------------------------------
+
+STANDIN = """
+import argparse, ctypes, json, os, time
+T0 = time.monotonic()
+ap = argparse.ArgumentParser()
+for a in ("--size", "--variant", "--nonce"):
+    ap.add_argument(a, type=int)
+args = ap.parse_args()
+cuda = ctypes.CDLL(LIBCUDA)
+ctx, mod, fn, s = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"timed") == 0 and cuda.cuStreamCreate(ctypes.byref(s), 0) == 0
+def bench():
+    t = time.monotonic()
+    for _ in range(3):
+        assert cuda.cuLaunchKernel(fn, max(50, args.size // 16), 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    assert cuda.cuStreamSynchronize(s) == 0
+    return (time.monotonic() - t) * 1e3 / 3
+ms = {}
+for k in ("candidate", "reference"):     # a region per timing where krex's hooks are on, as the triton hook makes one
+    if os.environ.get("KREX_HOOKS"):
+        import krex
+        with krex.region("do_bench." + k):
+            ms[k] = bench()
+    else:
+        ms[k] = bench()
+print(json.dumps({"size": args.size, "variant": args.variant, "correct": True, "candidate_ms": ms["candidate"],
+                  "reference_ms": ms["reference"], "import_s": 0.0, "total_s": time.monotonic() - T0}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
+    """bench/ray_fleet.py end to end with a stand-in for bench/candidate.py (no torch, no GPU here): every mode
+    runs, and under krex every timing is a region, granted and exclusive."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'krex[ray]')")
+    standin = tmp_path / "standin.py"
+    standin.write_text(STANDIN.replace("LIBCUDA", repr(str(FAKES / "libcuda.so.1"))))
+    (tmp_path / "nvml").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k not in ("LD_PRELOAD",
+                                                                                         "CUDA_VISIBLE_DEVICES")}
+    env.update(KREX_NVML=str(FAKES / "libnvidia-ml.so.1"), KREX_FAKE_NVML=str(tmp_path / "nvml"),
+               KREX_FAKE_TRACE=str(tmp_path / "trace"), KREX_LOG_LEVEL="warning", XDG_RUNTIME_DIR=str(tmp_path),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT),
+               KREX_TEST_FLEET=str(tmp_path))
+    out = tmp_path / "fleet.json"
+    try:
+        run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
+                              "--agents", "4", "--specs", "8", "--budget", "60", "--logs", str(tmp_path / "logs"),
+                              "--out", str(out)], env=env, capture_output=True, text=True, timeout=840)
+    finally:
+        left = leftover_processes(str(tmp_path))
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = {s["mode"]: s for s in json.loads(out.read_text())["summary"]}
+    assert list(summary) == ["pergpu", "naive", "krex", "shell"]
+    assert all(s["failed"] == 0 and s["commands"] > 0 for s in summary.values())
+    assert summary["pergpu"]["num_gpus"] == 1 and summary["naive"]["num_gpus"] == 0.25
+    for mode in ("krex", "shell"):
+        s = summary[mode]
+        assert s["regions"] == s["regions_exclusive"] == 2 * s["commands"] == s["controller"]["regions_granted"]
+    assert "regions" not in summary["naive"]
