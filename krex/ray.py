@@ -12,7 +12,8 @@
 Ray's fractional `num_gpus` is a count for its scheduler, nothing more: four tasks of 0.25 share one GPU
 with no fence between them. krex is that fence, one controller per node (the node's systemd service, or
 the embedded one that `krex run` starts). This module needs nothing of Ray to build the runtime_env; `shell`
-imports ray when called (`pip install krex[ray]`).
+imports ray when called (`pip install krex[ray]`: a Ray with the `py_executable` runtime_env field, 2.43 and
+later; tested with 2.60.0).
 
 How the worker is wrapped: Ray's `py_executable`, the way Ray's own Nsight plugin wraps its workers. The
 worker command becomes `PYTHON -m krex_ctl run --cold -- PYTHON default_worker.py ...`: the wrapper finds the
