@@ -53,7 +53,9 @@ _CONFLICTS = {
     "container": "runs the worker in a container of its own",
     "image_uri": "runs the worker in a container of its own",
     "nsight": "runs the worker under nsys, in place of krex's wrapper",
-    "rocprof-sys": "runs the worker under rocprof-sys, in place of krex's wrapper",
+    "_nsight": "runs the worker under nsys, in place of krex's wrapper",
+    "rocprof_sys": "runs the worker under rocprof-sys, in place of krex's wrapper",
+    "_rocprof_sys": "runs the worker under rocprof-sys, in place of krex's wrapper",
 }
 
 

@@ -312,8 +312,9 @@ def test_runtime_env_wraps_the_worker_and_merges():
     assert exe == f"{sys.executable} -m krex_ctl run --cold --hooks triton -- {sys.executable}"
     custom = kray.runtime_env(py_executable="/opt/py/bin/python -X dev", krex="krex")
     assert custom["py_executable"] == "krex run --cold -- /opt/py/bin/python -X dev"
-    with pytest.raises(ValueError, match="pip"):
-        kray.runtime_env(pip=["numpy"])
+    for field in ("pip", "conda", "nsight", "_nsight", "image_uri"):
+        with pytest.raises(ValueError, match=field):
+            kray.runtime_env({field: "x"})
     with pytest.raises(ValueError, match="already runs under"):
         kray.runtime_env(env)
     # Ray runs py_executable through bash -c "exec PY_EXECUTABLE ARGS": ours starts a krex run wrapper
