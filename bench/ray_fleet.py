@@ -1,0 +1,247 @@
+"""A fleet of agents on Ray, on one GPU node: throughput and timing fidelity of krex against naive sharing
+(Ray's fractional num_gpus as it is) and against one task per GPU (what fleets do today).
+
+Each agent evaluates candidate kernels one after another, each evaluation one Ray task: bench/candidate.py,
+a Triton matmul variant compiled, checked against torch.mm and timed (candidate and reference) with
+triton.testing.do_bench, with the specs and kernel mix of bench/throughput.py. Modes:
+  pergpu  num_gpus=1 per task: Ray runs one task at a time per GPU. Its timings are the isolated ground truth;
+          it runs each distinct spec once, whatever the budget
+  naive   num_gpus=1/AGENTS per task, nothing between the tasks
+  krex    the same, the tasks' workers under krex.ray.runtime_env(hooks="triton"): each do_bench a region
+  shell   the same through krex.ray.shell(): the candidate as a command under `krex run`, the task a plain one
+In the task modes the candidate runs in the task's own worker (runpy), a fresh one per task (Ray's max_calls=1
+for GPU tasks), so it imports torch each time, as a command would. The controller is started here (its socket
+in KREX_SOCKET before Ray starts, so the raylet's workers find it); its counters before and after each krex
+mode are in the results, and each region's flags (exclusive, clean, taints) in its row.
+    python bench/ray_fleet.py --agents 8 --plan pergpu,naive,krex,shell --out results.json"""
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import runpy
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from throughput import BUCKETS, bucket, distinct, make_specs, p95  # noqa: E402
+
+MODES = ("pergpu", "naive", "krex", "shell")
+
+
+def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
+    return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce)]
+
+
+def evaluate(candidate: str, spec: dict, nonce: int) -> dict:
+    """One evaluation in this task's worker process; its row (the candidate's JSON line, and the regions this
+    process's krex job recorded, when it runs under krex)."""
+    t0 = time.monotonic()
+    out, err, code = io.StringIO(), "", 0
+    saved = sys.argv
+    sys.argv = candidate_argv(candidate, spec, nonce)
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(candidate, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:     # a failed candidate is a row, not a lost task
+        code, err = 1, repr(e)
+    finally:
+        sys.argv = saved
+    row = {"exit": code, "task_wall_s": time.monotonic() - t0, "pid": os.getpid(),
+           "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
+    if lines:
+        row.update(json.loads(lines[-1]))
+    if err:
+        row["error"] = err[-2000:]
+    if os.environ.get("KREX_COUNTERS"):
+        from krex_ctl.wire import counters, report
+
+        local, _ = counters.read_local_regions(Path(os.environ["KREX_COUNTERS"]))
+        row["regions"] = [report.local_record(r) for r in local]
+    return row
+
+
+def shell_row(res) -> dict:
+    row = {"exit": res.returncode, "visible": res.visible_devices}
+    lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        row.update(json.loads(lines[-1]))
+    else:
+        row["error"] = res.stderr[-2000:]
+    row["regions"] = res.regions
+    return row
+
+
+def krex_counters(sock: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json", "--socket", sock],
+                         capture_output=True, text=True, timeout=30)
+    return json.loads(out.stdout)["counters"] if out.returncode == 0 else {}
+
+
+def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidate: str, nonce_base: int,
+             sock: str) -> dict:
+    import krex.ray
+
+    share = 1.0 if mode == "pergpu" else 1.0 / agents
+    if mode == "pergpu":
+        specs, budget_s = distinct(specs), float("inf")
+    if mode == "shell":
+        def launch(spec, nonce):
+            return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce), num_gpus=share,
+                                  hooks="triton", timeout=600)
+    else:
+        env = krex.ray.runtime_env(hooks="triton") if mode == "krex" else None
+        task = ray.remote(num_gpus=share, max_retries=0, runtime_env=env)(evaluate)
+
+        def launch(spec, nonce):
+            return task.remote(candidate, spec, nonce)
+
+    before = krex_counters(sock) if mode in ("krex", "shell") else {}
+    todo, inflight, rows = list(enumerate(specs)), {}, []
+    t_start = time.monotonic()
+
+    def submit() -> None:
+        idx, spec = todo.pop(0)
+        inflight[launch(spec, nonce_base + idx)] = (idx, spec, time.monotonic())
+
+    for _ in range(min(agents, len(todo))):
+        submit()
+    while inflight:
+        done, _ = ray.wait(list(inflight), num_returns=1, timeout=900)
+        if not done:
+            raise SystemExit(f"{mode}: no task finished in 900 s")
+        idx, spec, t0 = inflight.pop(done[0])
+        t1 = time.monotonic()
+        try:
+            res = ray.get(done[0])
+            row = shell_row(res) if mode == "shell" else res
+        except Exception as e:                 # a task that died: a failed row
+            row = {"exit": -1, "error": repr(e)[-2000:]}
+        row.update(idx=idx, **spec, start_s=t0 - t_start, wall_s=t1 - t0)
+        rows.append(row)
+        if todo and time.monotonic() - t_start < budget_s:
+            submit()
+    wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
+    ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
+    after = krex_counters(sock) if mode in ("krex", "shell") else {}
+    return {"mode": mode, "agents": agents, "num_gpus": share, "wall_s": wall, "commands": len(ok),
+            "failed": len(rows) - len(ok), "commands_per_min": 60 * len(ok) / wall if wall else 0.0,
+            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "rows": rows}
+
+
+def analyse(runs: list) -> list:
+    truth: dict = {}
+    for r in runs:
+        if r["mode"] == "pergpu":
+            for row in r["rows"]:
+                for k in ("candidate", "reference"):
+                    if f"{k}_ms" in row:
+                        truth.setdefault((row["size"], row["variant"], k), []).append(row[f"{k}_ms"])
+    iso = {key: statistics.median(v) for key, v in truth.items()}
+    summary = []
+    for r in runs:
+        infl: dict = {name: [] for name, _, _ in BUCKETS}
+        regions = []
+        for row in r["rows"]:
+            regions += row.get("regions", [])
+            for k in ("candidate", "reference"):
+                ref = iso.get((row.get("size"), row.get("variant"), k))
+                if ref and f"{k}_ms" in row:
+                    infl[bucket(ref)].append(row[f"{k}_ms"] / ref - 1)
+        ok = [row for row in r["rows"] if "candidate_ms" in row]
+        s = {"mode": r["mode"], "agents": r["agents"], "num_gpus": r["num_gpus"], "commands": r["commands"],
+             "failed": r["failed"], "wall_s": round(r["wall_s"], 2), "commands_per_min": round(r["commands_per_min"], 2),
+             "mean_task_wall_s": round(statistics.mean(row["wall_s"] for row in ok), 3) if ok else None,
+             "p95_inflation": {b: p95(v) for b, v in infl.items()},
+             "median_inflation": {b: (statistics.median(v) if v else float("nan")) for b, v in infl.items()},
+             "kernels": {b: len(v) for b, v in infl.items()}}
+        if r["mode"] in ("krex", "shell"):
+            s.update(regions=len(regions), regions_exclusive=sum(bool(x.get("exclusive")) for x in regions),
+                     regions_clean=sum(bool(x.get("clean")) for x in regions),
+                     taints=sorted({t for x in regions for t in x.get("taints", [])}),
+                     controller=r["counters"])
+        summary.append(s)
+    per_gpu = next((s["commands_per_min"] for s in summary if s["mode"] == "pergpu"), None)
+    for s in summary:
+        s["vs_pergpu"] = round(s["commands_per_min"] / per_gpu, 3) if per_gpu else None
+    return summary
+
+
+def start_controller(sock: Path, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)], env=env,
+                           stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if ctl.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the controller did not start (see {log})")
+        time.sleep(0.05)
+    return ctl
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--plan", default="pergpu,naive,krex,shell", help=f"modes in order, of {', '.join(MODES)}")
+    ap.add_argument("--specs", type=int, default=16, help="candidate evaluations per mode (pergpu: one per kind)")
+    ap.add_argument("--variants", type=int, default=2, help="kernel variants per size (1-4)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
+    ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
+    ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
+                    help="the candidate script (a stand-in for dry runs)")
+    ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    plan = args.plan.split(",")
+    if any(m not in MODES for m in plan) or args.agents < 1:
+        ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
+    specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
+    candidate = os.path.abspath(args.candidate)
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="ray-fleet-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ray-fleet-"))
+    sock = tmp / "krex.sock"
+    ctl = start_controller(sock, logs / "controller.log")
+    os.environ.update(KREX_SOCKET=str(sock), RAY_USAGE_STATS_ENABLED="0")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    import ray
+
+    runs = []
+    try:
+        ray.init(num_cpus=os.cpu_count(), num_gpus=args.gpus, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp / "ray"))
+        for i, mode in enumerate(plan):
+            r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock))
+            runs.append(r)
+            Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,
+                                                  "summary": analyse(runs)}, indent=1))
+            print(f"{mode}: {r['commands']} evaluations ({r['failed']} failed) in {r['wall_s']:.1f} s = "
+                  f"{r['commands_per_min']:.1f}/min", flush=True)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        ctl.terminate()
+        ctl.wait(60)
+        subprocess.run(["cp", "-r", str(tmp / "ray" / "session_latest" / "logs"), str(logs / "ray")],
+                       capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = analyse(runs)
+    Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "summary": summary,
+                                          "env": {"python": sys.version, "argv": sys.argv,
+                                                  "ray": ray.__version__}}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

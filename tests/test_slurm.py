@@ -1,0 +1,247 @@
+"""packaging/slurm/ on the fake driver: the TaskProlog and the Epilog run against a real controller with the
+environment Slurm gives them, and the tasks start the way slurmstepd starts them (tests/test_slurm.py's STEPD:
+the task process runs the TaskProlog with SLURM_TASK_PID set to its own pid, adds the `export` lines it
+printed to its environment, then execs the command).
+
+ConstrainDevices: a job's cgroup shows the driver only the job's GPUs, renumbered from 0. The fake driver
+has no cgroups; what it shows a process is its CUDA_VISIBLE_DEVICES list, renumbered from 0 as well, so a
+task on GPU 1 gets CUDA_VISIBLE_DEVICES=<GPU 1's UUID> here: its device 0 is node-wide GPU 1, which only the
+GPU's UUID tells (the shim asks the driver for it; the controller knows the UUIDs from NVML)."""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILD, ROOT, SNIP, proc_state, wait_for
+
+SLURM = ROOT / "packaging" / "slurm"
+PROLOG, EPILOG = SLURM / "krex-task-prolog", SLURM / "krex-epilog"
+SHIM = BUILD / "libkrex.so"
+UUID = ["GPU-6b726578-0000-0000-0000-000000000000", "GPU-6b726578-0000-0000-0000-000000000001"]
+
+STEPD = r"""
+import os, subprocess, sys
+prolog, cmd = sys.argv[1], sys.argv[2:]
+out = subprocess.run([prolog], env=dict(os.environ, SLURM_TASK_PID=str(os.getpid())), capture_output=True, text=True,
+                     timeout=60)
+sys.stderr.write(out.stderr)
+for line in out.stdout.splitlines():          # as slurmstepd reads a TaskProlog's output
+    if line.startswith("export ") and "=" in line:
+        name, value = line[len("export "):].split("=", 1)
+        os.environ[name] = value
+    elif line.startswith("unset "):
+        os.environ.pop(line[len("unset "):].strip(), None)
+os.execvp(cmd[0], cmd)
+"""
+
+OWNER = r"""
+import ctypes, json, os, subprocess, sys, time
+n_regions = int(sys.argv[1])
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, mod, fn, s = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"timed") == 0 and cuda.cuStreamCreate(ctypes.byref(s), 0) == 0
+# a second process of the task (a correctness check, say), with its own context on the same GPU
+child = subprocess.Popen([os.environ["SNIPPETS"] + "/hog"], env=dict(os.environ, SNIPPET_MS="60000", SNIPPET_US="200",
+                                                                     SNIPPET_STREAMS="1"))
+import krex
+from krex_ctl.wire.client import Connection
+from krex_ctl.wire.frames import C
+def status():
+    return Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_CLI).request("status")
+def job_of(st, pid):
+    return next((c["job"] for c in st["clients"] if c["pid"] == pid and c["role"] == "shim" and c["gpus"]), None)
+while job_of(status(), child.pid) is None:
+    time.sleep(0.05)
+regions = []
+for i in range(n_regions):
+    with krex.region("timed") as r:
+        for _ in range(3):
+            assert cuda.cuLaunchKernel(fn, 700, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+        assert cuda.cuStreamSynchronize(s) == 0
+    regions.append({"gpus": r.info.gpus, "granted": r.granted, "exclusive": r.exclusive,
+                    "granted_ns": r.info.granted_ns, "ended_ns": r.info.ended_ns})
+    time.sleep(0.02)
+st = status()
+roots = {j["job"]: j["root_pid"] for j in st["jobs"]}
+child.kill()
+child.wait()
+print(json.dumps({"pid": os.getpid(), "job": job_of(st, os.getpid()), "child_job": job_of(st, child.pid),
+                  "root": roots.get(job_of(st, os.getpid())), "regions": regions}))
+"""
+
+
+@pytest.fixture
+def slurm(krex, tmp_path):
+    """The controller, a site configuration for the scripts (slurm.env) and a way to start Slurm tasks."""
+    krex.start_controller()
+    (tmp_path / "stepd.py").write_text(STEPD)
+
+    def conf(name="slurm.env", **settings) -> Path:
+        values = dict(KREX_SOCKET=str(krex.socket), KREX_SHIM=str(SHIM), KREX_CLI=f"{sys.executable} -m krex_ctl",
+                      KREX_EPILOG_GRACE_S="3")
+        values.update(settings)
+        path = tmp_path / name
+        path.write_text("".join(f'{k}="{v}"\n' for k, v in values.items()))   # sourced by bash, read by python
+        return path
+
+    def job_env(job: int, gpu: int, conf_file: Path, **extra) -> dict:
+        """A task's environment as slurmstepd makes it (the krex settings of the test world less the socket,
+        which the prolog must supply)."""
+        env = {k: v for k, v in krex.env.items() if k not in ("KREX_SOCKET", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
+        env.update(SLURM_JOB_ID=str(job), SLURM_JOBID=str(job), SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
+                   SLURM_NODEID="0", SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_GPUS=str(gpu),
+                   CUDA_VISIBLE_DEVICES=UUID[gpu], KREX_SLURM_CONF=str(conf_file), LD_LIBRARY_PATH=str(BUILD / "fakes"),
+                   SNIPPETS=str(SNIP))
+        env.update(extra)
+        return env
+
+    def task(job: int, gpu: int, cmd, conf_file: Path, **extra) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(tmp_path / "stepd.py"), str(PROLOG)] + [str(c) for c in cmd],
+                                env=job_env(job, gpu, conf_file, **extra), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def epilog(job: int, conf_file: Path) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KREX_", "SLURM_"))}
+        env.update(SLURM_JOB_ID=str(job), SLURM_JOB_UID=str(os.getuid()), KREX_SLURM_CONF=str(conf_file),
+                   PYTHONPATH=str(ROOT))
+        return subprocess.run([str(EPILOG)], env=env, capture_output=True, text=True, timeout=120)
+
+    krex.slurm_conf, krex.task, krex.epilog = conf, task, epilog
+    return krex
+
+
+def prolog(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PROLOG)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
+    base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_TASK_PID": "4242", "LD_PRELOAD": f"libm.so.6:{SHIM}"}
+    out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf())))
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}", f"export LD_PRELOAD={SHIM} libm.so.6",
+                                       "export KREX_JOB_ROOT=4242"]
+    out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("s.env", KREX_SLURM_MODE="socket"))))
+    assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}"]
+    out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("h.env", KREX_SLURM_HOOKS="all", KREX_HOOKS_DIR="/h")),
+                      PYTHONPATH="/p"))
+    assert out.stdout.splitlines()[3:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
+                                           f"export NVTX_INJECTION64_PATH={SHIM}"]
+    for settings in ({"KREX_SOCKET": str(tmp_path / "none.sock")}, {"KREX_SHIM": "/none/libkrex.so"},
+                     {"KREX_SLURM_MODE": "bogus"}, {"KREX_SLURM_MODE": "off"}):
+        out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("x.env", **settings))))
+        assert out.returncode == 0, settings      # a task never fails for krex's sake
+        assert "LD_PRELOAD" not in out.stdout, settings
+        assert settings.get("KREX_SLURM_MODE") == "off" or "runs without krex" in out.stderr, settings
+
+
+def test_jobs_sharing_a_gpu_under_the_prolog_are_fenced_by_gpu_uuid(slurm, tmp_path):
+    conf = slurm.slurm_conf()
+    hog = {"SNIPPET_STREAMS": "2", "SNIPPET_US": "300", "SNIPPET_MS": "60000"}
+    same = slurm.task(102, 1, [SNIP / "hog"], conf, **hog)        # another job on the region's GPU
+    other = slurm.task(103, 0, [SNIP / "hog"], conf, **hog)       # a job on the other GPU
+    try:
+        wait_for(lambda: {same.pid, other.pid} <= {c["pid"] for c in slurm.status()["clients"] if c["gpus"]},
+                 timeout=60, what="both jobs' contexts")
+        st = slurm.status()
+        root = {j["job"]: j["root_pid"] for j in st["jobs"]}
+        gpus = {c["pid"]: c["gpus"] for c in st["clients"]}
+        assert gpus[same.pid] == [1] and gpus[other.pid] == [0]     # device 0 of each, told apart by UUID
+        assert all(root[c["job"]] == c["pid"] for c in st["clients"] if c["pid"] in (same.pid, other.pid))
+        (tmp_path / "owner.py").write_text(OWNER)
+        owner = slurm.task(101, 1, [sys.executable, tmp_path / "owner.py", "8"], conf)
+        out, err = owner.communicate(timeout=120)
+        assert owner.returncode == 0, err
+    finally:
+        for p in (same, other):
+            p.kill()
+            p.communicate()
+    res = json.loads(out.splitlines()[-1])
+    assert res["root"] == res["pid"] == owner.pid            # the task is the krex job (KREX_JOB_ROOT) ...
+    assert res["child_job"] == res["job"]                    # ... with every process it starts
+    regions = res["regions"]
+    assert len(regions) == 8 and all(r["granted"] and r["exclusive"] and r["gpus"] == [1] for r in regions)
+    trace = slurm.trace_lines()
+    inside = lambda pid: [t for t in trace for r in regions               # noqa: E731
+                          if t[0] == pid and t[2] < r["ended_ns"] and t[3] > r["granted_ns"]]
+    assert inside(same.pid) == []              # the other job on GPU 1: never inside a region
+    assert len([t for t in trace if t[0] == same.pid]) > 50
+    assert inside(other.pid)                   # the job on GPU 0 went on meanwhile
+
+
+def frozen_pids(st: dict) -> set:
+    return {p for g in st["gpus"] if g["owner"] for p in g["owner"]["frozen"]}
+
+
+def test_epilog_resumes_and_ends_what_is_left_of_a_job(slurm, tmp_path):
+    """Job 202's hog is frozen by job 201's region: 202's Epilog resumes and ends it while the region goes on.
+    Then 201's Epilog ends 201 (a `srun krex run --` task holding a region): the region ends and job 203,
+    which it froze, runs again."""
+    conf, wrap = slurm.slurm_conf(), slurm.slurm_conf("wrap.env", KREX_SLURM_MODE="socket")
+    hog = {"SNIPPET_STREAMS": "2", "SNIPPET_US": "300", "SNIPPET_MS": "120000"}
+    a = slurm.task(202, 1, [SNIP / "hog"], conf, **hog)
+    b = slurm.task(203, 1, [SNIP / "hog"], conf, **hog)
+    holder = None
+    try:
+        wait_for(lambda: {a.pid, b.pid} <= {c["pid"] for c in slurm.status()["clients"] if c["gpus"]}, timeout=60,
+                 what="the hogs' contexts")
+        holder = slurm.task(201, 1, [sys.executable, "-m", "krex_ctl", "run", "--report", tmp_path / "r.json", "--",
+                                     SNIP / "region"], wrap, SNIPPET_REGIONS="1", SNIPPET_N="2",
+                            SNIPPET_HOLD_US="60000000")
+        wait_for(lambda: {a.pid, b.pid} <= frozen_pids(slurm.status()), timeout=60, what="the hogs frozen")
+        assert proc_state(a.pid) == "T"
+        owner = next(g["owner"] for g in slurm.status()["gpus"] if g["owner"])
+
+        out = slurm.epilog(202, conf)
+        assert out.returncode == 0, out.stderr
+        assert f"pid {a.pid} (stopped)" in out.stderr and "1 process(es) ended" in out.stderr, out.stderr
+        assert a.wait(timeout=30) == -signal.SIGTERM
+        st = slurm.status()
+        assert a.pid not in {c["pid"] for c in st["clients"]}     # (the region's frozen list may name it till the end)
+        now = next(g["owner"] for g in st["gpus"] if g["owner"])
+        assert (now["region"], now["state"]) == (owner["region"], "held") and b.pid in now["frozen"]
+
+        t_end = time.monotonic_ns()
+        out = slurm.epilog(201, wrap)
+        assert out.returncode == 0, out.stderr
+        assert "2 process(es) ended" in out.stderr, out.stderr     # the krex run wrapper and its command
+        holder.communicate(timeout=30)
+        wait_for(lambda: not any(g["owner"] for g in slurm.status()["gpus"]), timeout=30, what="the region's end")
+        wait_for(lambda: proc_state(b.pid) not in ("T", "t"), timeout=30, what="job 203 resumed")
+        wait_for(lambda: any(t[0] == b.pid and t[2] > t_end for t in slurm.trace_lines()), timeout=30,
+                 what="job 203's kernels after the region")
+        assert slurm.status()["counters"]["regions_granted"] == 1
+        # a job with nothing left: nothing to do
+        out = slurm.epilog(204, conf)
+        assert out.returncode == 0 and "0 process(es) ended" in out.stderr
+    finally:
+        for p in (a, b, holder):
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            if p is not None:
+                p.communicate()
+
+
+def test_epilog_reads_slurm_cgroups_and_its_settings(tmp_path):
+    loader = SourceFileLoader("krex_epilog", str(EPILOG))
+    ep = importlib.util.module_from_spec(importlib.util.spec_from_loader("krex_epilog", loader))
+    loader.exec_module(ep)
+    v2 = "0::/system.slice/slurmstepd.scope/job_4211/step_0/user/task_0\n"
+    v1 = "12:freezer:/slurm/uid_1000/job_77/step_batch\n11:devices:/slurm/uid_1000/job_77/step_batch/task_0\n"
+    assert ep.jobs_of_cgroup(v2) == {"4211"} and ep.jobs_of_cgroup(v1) == {"77"}
+    assert ep.jobs_of_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") == set()
+    assert ep.jobs_of_cgroup("0::/system.slice/job_12x/\n") == set()
+    conf = tmp_path / "slurm.env"
+    conf.write_text("# site\nKREX_SOCKET='/run/k/k.sock'\n\nexport KREX_CLI=\"/opt/krex run\"\nbogus line\n")
+    assert ep.read_conf(str(conf)) == {"KREX_SOCKET": "/run/k/k.sock", "KREX_CLI": "/opt/krex run"}
+    assert ep.read_conf(str(tmp_path / "none")) == {}
