@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	@# CPU torch for the torch Timer / Inductor hook tests; they are skipped where it cannot be had
 	$(PY) -m pip install -q 'torch==2.13.0' || echo "krex: no CPU torch; the torch hook tests will be skipped"
+	@# Ray for the fleet tests (tests/test_ray.py); they are skipped where it cannot be had
+	$(PY) -m pip install -q 'ray==2.60.0' || echo "krex: no ray; the Ray tests will be skipped"
 	touch $@
 
 venv: $(VENV)/.installed  ## create .venv with krex, its test dependencies and torch (the tests and the GPU demo use it)
