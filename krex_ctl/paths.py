@@ -6,7 +6,7 @@ commands, environments and stdio: it is used only if it is ours (a real director
 us; its mode is set to 0700). If someone else's is in the way, ~/.cache/krex takes its place, for every
 krex process of ours alike (the shim makes the same choice, shim/env.c), so an attacker can neither take
 over a `krex run` nor switch its protection off. Whatever answers on a socket must be root or us
-(proto.check_server)."""
+(wire/client.check_server)."""
 
 import os
 import stat

@@ -5,7 +5,7 @@ drain (each sibling with a context there finishes in-flight submissions and sync
 acknowledges; a bounded wait), wait out siblings' context creation, teardown and exit (the lifecycle
 barrier), freeze the siblings (SIGSTOP through pidfds), move the members' threads onto the reserved cores
 and every other krex-managed process off them, grant. Region end, owner death or time limit undo it in
-reverse: restore affinity, SIGCONT, open the gate, grant the next (regions.py).
+reverse: restore affinity, SIGCONT, open the gate, grant the next. The order and every decision are policy/regions.py's; this module and server_regions.py carry them out.
 
 No process is ever left stopped: frozen pids are written to a state file (or nobody is frozen) and handed
 to the resumer process before SIGSTOP; the resumer resumes them the moment this process dies, the next
