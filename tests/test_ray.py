@@ -156,6 +156,16 @@ class StatusWatch(threading.Thread):
                         self.strangers.append((n, c["pid"], c["role"]))
 
 
+def resume_and_kill(pids) -> None:
+    """Whatever a test left behind: resumed, then killed (nothing is left stopped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def leftover_processes(marker: str) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
@@ -210,12 +220,7 @@ def ray_fleet(tmp_path, monkeypatch):
             k.stop()
         left = leftover_processes(marker.split("=", 1)[1])
         stopped = stopped_processes_under(str(tmp_path))
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        resume_and_kill(left)
     assert not stopped, f"processes left stopped: {stopped}"
 
 
@@ -378,13 +383,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
                               "--agents", "4", "--specs", "8", "--budget", "60", "--logs", str(tmp_path / "logs"),
                               "--out", str(out)], env=env, capture_output=True, text=True, timeout=840)
     finally:
-        left = leftover_processes(str(tmp_path))
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        resume_and_kill(leftover_processes(str(tmp_path)))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = {s["mode"]: s for s in json.loads(out.read_text())["summary"]}
     assert list(summary) == ["pergpu", "naive", "krex", "shell"]
