@@ -167,7 +167,9 @@ class RegionEffects:
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
                                       requested_ns=region.req.requested_ns, granted_ns=region.granted_ns,
                                       ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,
-                                      end_reason=reason, taints=att.taints, **extra)
+                                      end_reason=reason,
+                                      taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
+                                      **extra)
         region.job.regions.append(record)
         for pid in set(region.pids):
             worker = self.pool.by_pid(pid)

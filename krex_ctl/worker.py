@@ -84,14 +84,32 @@ def retain_primary_context() -> str:
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        try:                                   # AMD: the same through HIP (device 0 of HIP_VISIBLE_DEVICES)
-            hip = ctypes.CDLL("libamdhip64.so")
-        except OSError:
-            return ""                          # no GPU driver here: warm for imports, as intended
-        r = hip.hipInit(0) or hip.hipSetDevice(0) or hip.hipDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
-        return f"HIP error {r}" if r else ""
+        return retain_hip_context()
     r = cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0) or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
     return f"CUDA driver error {r}" if r else ""
+
+
+def retain_hip_context() -> str:
+    """AMD: the same through HIP (device 0 of HIP_VISIBLE_DEVICES): hip-python's bindings (the `hip` extra)
+    where installed, else the three calls by ctypes; "" when there is no HIP runtime at all."""
+    try:
+        from hip import hip
+    except ImportError:
+        hip = None
+    if hip is not None:
+        for call in (lambda: hip.hipInit(0), lambda: hip.hipSetDevice(0), lambda: hip.hipDevicePrimaryCtxRetain(0)):
+            r = call()
+            err = r[0] if isinstance(r, tuple) else r    # hip-python returns (error, results...)
+            if err != hip.hipError_t.hipSuccess:
+                return f"HIP error {int(err)}"
+        return ""
+    try:
+        lib = ctypes.CDLL("libamdhip64.so")
+    except OSError:
+        return ""                              # no GPU driver here: warm for imports, as intended
+    ctx = ctypes.c_void_p()
+    r = lib.hipInit(0) or lib.hipSetDevice(0) or lib.hipDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+    return f"HIP error {r}" if r else ""
 
 
 def preload() -> list[str]:

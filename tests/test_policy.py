@@ -283,7 +283,7 @@ def test_a_second_freezer_only_stops_those_not_stopped_already():
     rb = region_of(effects)
     freeze = next(e for e in w.run_to_grant(effects) if isinstance(e, P.Freeze))
     assert freeze.clients == [s] and w.book.to_stop(rb, freeze.clients) == []
-    assert ra.frozen == [s]
+    assert ra.frozen == [s] and rb.frozen == [s]       # each holds it: it stays stopped until both end
 
 
 def test_a_request_whose_owner_is_frozen_waits_and_keeps_its_place():

@@ -332,7 +332,9 @@ class Regions:
         """The server froze `stopped` (or could not: skipped says why); poll until they are seen stopped."""
         if skipped:
             region.freeze_skipped = skipped
-        region.frozen = self.freezes.take(region.id, stopped) if self.live(region) else []
+        if self.live(region):
+            self.freezes.take(region.id, stopped)
+            region.frozen = list(stopped)     # all it holds stopped, those another region stopped first too
         self.counters["frozen_total"] += len(region.frozen)
         return [Arm(region, E.STOPPED, 0.0)]
 

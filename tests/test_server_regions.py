@@ -1,0 +1,212 @@
+"""The server's half of regions (krex_ctl/server_regions.py) carrying out the policy's effects, with a fake
+of each enforcement mechanism (gate, freezer, isolation, attestation) and a recorded send: no socket, no
+signal, no process. What is checked is the order at the end (counters first, CPUs, resume, gates, record,
+replies), what each mechanism is asked to do, and that the records and replies say what happened."""
+
+import time
+from types import SimpleNamespace
+
+from krex_ctl.enforce.attest import Attestor
+from krex_ctl.policy.lifecycle import Lifecycle
+from krex_ctl.policy.regions import Regions, State
+from krex_ctl.server_regions import RegionEffects
+from krex_ctl.wire.frames import MSG, C, decode
+
+
+class FakeGate:
+    def __init__(self, log):
+        self.log, self.owners = log, {}
+
+    def close_gate(self, gpu, job, region_id):
+        self.owners[gpu] = job
+        self.log.append(("close", gpu))
+
+    def open_gate(self, gpu):
+        self.owners.pop(gpu, None)
+        self.log.append(("open", gpu))
+
+    def owner(self, gpu):
+        return self.owners.get(gpu, 0)
+
+
+class FakeFreezer:
+    """Stops whatever it is asked to (all at once), records what it resumed."""
+
+    def __init__(self, log, fail=False):
+        self.log, self.fail, self.stopped = log, fail, set()
+
+    def freeze(self, region_id, new, already, frozen_now):
+        if self.fail:
+            return list(already), "state file not writable"
+        self.stopped |= set(new)
+        self.log.append(("stop", sorted(c.pid for c in new)))
+        return list(already) + list(new), ""
+
+    def running(self, clients):
+        return [c.pid for c in clients if c not in self.stopped]
+
+    def resume(self, region_id, clients, still_frozen):
+        self.stopped -= set(clients)
+        self.log.append(("resume", sorted(c.pid for c in clients)))
+
+
+class FakeIsolation:
+    def __init__(self, log):
+        self.log, self.handover = log, None
+
+    def isolate(self, region, member_pids, frozen_pids, managed, held):
+        self.log.append(("isolate", member_pids))
+
+    def join(self, region, pid):
+        self.log.append(("join", pid))
+
+    def leave(self, region, pid):
+        self.log.append(("leave", pid))
+
+    def end(self, region, frozen_pids, waiting, held):
+        self.log.append(("cpus back", frozen_pids))
+
+    def release(self, held):
+        pass
+
+
+class FakeAttest(Attestor):
+    def __init__(self, log, taint=0):
+        self.log, self.taint = log, taint
+
+    def finish(self, region, ended_ns):
+        self.log.append(("attest",))
+        region.taints |= self.taint
+        return super().finish(region, ended_ns)
+
+
+class Job:
+    def __init__(self, jid):
+        self.id, self.gpus, self.clients, self.regions, self.uid = jid, 0, set(), [], 0
+
+
+class Client:
+    def __init__(self, pid, job, devices=1):
+        self.pid, self.job, self.devices, self.role, self.request = pid, job, devices, C.KREX_ROLE_SHIM, None
+        self.pidfd = object()
+        job.clients.add(self)
+
+
+class Server(RegionEffects):
+    """RegionEffects over fakes; timers run when the test says."""
+
+    def __init__(self, **kw):
+        self.log, self.sent, self.timers = [], [], []
+        self.cfg = SimpleNamespace(drain_timeout_s=2.0, lifecycle_timeout_s=1.0, freeze_timeout_s=0.5,
+                                   region_time_limit_s=60.0, freeze=True, lifecycle_barrier=True, settle_ms=0.0,
+                                   settle_ms_per_gib=0.0)
+        self.clients, self.jobs = {}, {}
+        self.gate, self.freezer = FakeGate(self.log), FakeFreezer(self.log, fail=kw.get("freeze_fails", False))
+        self.isolation, self.attest = FakeIsolation(self.log), FakeAttest(self.log, kw.get("taint", 0))
+        self.pool = SimpleNamespace(by_pid=lambda pid: None)
+        self.lifecycle = Lifecycle(self.cfg)
+        self.book = Regions(self.cfg, lambda: self.clients.values(), lambda c: c.job, self.lifecycle)
+
+    def client(self, pid, jid, devices=1):
+        job = self.jobs.setdefault(jid, Job(jid))
+        c = Client(pid, job, devices)
+        self.clients[pid] = c
+        return c
+
+    def send(self, client, msg_type, payload, fds=(), seq=0):
+        self.sent.append((client.pid, msg_type, payload, seq))
+
+    def send_error(self, client, code, text, seq=0):
+        self.sent.append((client.pid, MSG["ERROR"], text, seq))
+
+    def connected(self, client):
+        return client.pid in self.clients
+
+    def after(self, delay, fn):
+        self.timers.append((delay, fn))
+
+    def run_timers(self, upto: float = 10.0):
+        """Fire the armed timers of at most `upto` seconds (not the 60 s time limit unless asked), in order."""
+        while any(d <= upto for d, _ in self.timers):
+            i = next(i for i, (d, _) in enumerate(self.timers) if d <= upto)
+            self.timers.pop(i)[1]()
+
+    def sent_to(self, pid, name):
+        return [p for q, t, p, _ in self.sent if q == pid and t == MSG[name]]
+
+
+def test_a_grant_closes_the_gate_drains_freezes_isolates_and_replies():
+    s = Server()
+    owner, sib = s.client(10, 1), s.client(20, 2)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    assert ("close", 0) in s.log and len(s.sent_to(20, "DRAIN")) == 1
+    region = next(iter(s.book.regions.values()))
+    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
+    s.run_timers()
+    assert region.state is State.HELD and ("stop", [20]) in s.log and ("isolate", [10]) in s.log
+    g = decode("struct krex_region_granted", s.sent_to(10, "REGION_GRANTED")[0])
+    assert g.region_id == region.id and g.frozen == 1
+
+
+def test_at_the_end_the_counters_are_read_first_then_cpus_resume_gates_record_replies():
+    s = Server()
+    owner, sib = s.client(10, 1), s.client(20, 2)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
+    s.run_timers()
+    s.log.clear()
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
+    assert [e[0] for e in s.log] == ["attest", "cpus back", "resume", "open"]
+    assert s.log[2] == ("resume", [20])
+    rec = owner.job.regions[-1]
+    assert rec["exclusive"] and rec["clean"] and rec["frozen"] == 1 and rec["end"] == "normal"
+    ended = decode("struct krex_region_ended", s.sent_to(10, "REGION_ENDED")[0])
+    assert ended.flags & C.KREX_REGION_EXCLUSIVE and ended.flags & C.KREX_REGION_GRANTED
+
+
+def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():
+    s = Server(taint=C.KREX_TAINT_FOREIGN_PROCESS)
+    owner = s.client(10, 1)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
+    rec = owner.job.regions[-1]
+    assert not rec["exclusive"] and rec["taints"] == ["foreign_process"]
+    ended = decode("struct krex_region_ended", s.sent_to(10, "REGION_ENDED")[0])
+    assert not ended.flags & C.KREX_REGION_EXCLUSIVE and ended.taints == C.KREX_TAINT_FOREIGN_PROCESS
+
+
+def test_a_freeze_that_cannot_be_recorded_stops_nobody_and_the_record_says_why():
+    s = Server(freeze_fails=True)
+    owner, sib = s.client(10, 1), s.client(20, 2)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
+    s.run_timers()
+    assert region.state is State.HELD and not any(e[0] == "stop" for e in s.log)
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
+    assert owner.job.regions[-1]["freeze_skipped"] == "state file not writable"
+
+
+def test_a_region_ended_before_its_grant_is_recorded_as_not_granted():
+    s = Server()
+    owner = s.client(10, 1)
+    s.client(20, 2)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    del s.clients[10]                                  # its connection closed while siblings drained
+    s.apply(s.book.gone(owner, time.monotonic()))
+    rec = owner.job.regions[-1]
+    assert rec["granted_ns"] is None and not rec["exclusive"] and "not_granted" in rec["taints"]
+    assert rec["end"] == "owner_gone" and ("open", 0) in s.log
+
+
+def test_the_time_limit_revokes_and_the_reply_carries_the_begin_seq():
+    s = Server()
+    owner = s.client(10, 1)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    s.run_timers(upto=60.0)  # the time limit's timer too: revoked at once
+    ended = [(p, q) for pid, t, p, q in s.sent if pid == 10 and t == MSG["REGION_ENDED"]]
+    e = decode("struct krex_region_ended", ended[0][0])
+    assert e.reason == C.KREX_END_TIME_LIMIT and ended[0][1] == 7
+    assert owner.job.regions[-1]["end"] == "revoked" and "revoked" in owner.job.regions[-1]["taints"]
