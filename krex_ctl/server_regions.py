@@ -160,6 +160,8 @@ class RegionEffects:
                  "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us}
         rec = att.record()
         extra.update({k: v for k, v in rec.items() if k not in ("exclusive", "clean", "taints")})
+        if region.frozen:
+            extra["frozen_pids"] = [c.pid for c in region.frozen]
         if region.freeze_skipped:
             extra["freeze_skipped"] = region.freeze_skipped
         if region.unstopped:
@@ -171,6 +173,11 @@ class RegionEffects:
                                       ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,
                                       end_reason=reason, taints=att.taints, **extra)
         region.job.regions.append(record)
+        for observer in getattr(self, "observers", ()):   # --trace, --metrics (commands/controller.py)
+            try:
+                observer.region_finished(record, region)
+            except Exception:
+                log.exception("region observer failed")
         for pid in set(region.pids):
             worker = self.pool.by_pid(pid)
             if worker is not None and worker.serving is not None and worker.serving is not region.job:

@@ -180,7 +180,8 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
-        guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command, gpus=gpus or [])
+        guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command_description(command),
+                                                         gpus=gpus or [])
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
         if gpus:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
@@ -212,6 +213,22 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
     forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
     finish(guardian, counters, report_file, command, exit_code, {}, [], env.get("KREX_OVERLAP"), run_facts)
+
+
+COMMAND_DESCRIPTION_CHARS = 8192
+
+
+def command_description(command: list) -> list:
+    """The command as the controller is told it (krex status shows it): at most 64 words and
+    COMMAND_DESCRIPTION_CHARS characters, so that the request fits one frame whatever the argv's size."""
+    out, size = [], 0
+    for a in command[:64]:
+        if size + len(a) > COMMAND_DESCRIPTION_CHARS:
+            out.append(a[:max(0, COMMAND_DESCRIPTION_CHARS - size)] + "...")
+            break
+        out.append(a)
+        size += len(a)
+    return out
 
 
 def cleanup(counters: Optional[Path]) -> None:
