@@ -65,6 +65,7 @@ class Metrics:
     def region_finished(self, record: dict, region=None) -> None:
         for g in record.get("gpu", []):
             gpu = str(g)
+            self.seen.add(int(g))
             end = record.get("end", "normal")
             self.ended.labels(gpu, end).inc()
             if end not in ("normal", "owner_gone", "cancelled"):
@@ -118,5 +119,8 @@ def observe(ctl, metrics: Optional[Metrics], trace_sink) -> None:
         class TraceObserver:
             def region_finished(self, record, region=None):
                 trace_sink.region(record, getattr(getattr(region, "job", None), "command", None))
+
+            def close(self):
+                trace_sink.close()
         observers.append(TraceObserver())
     ctl.observers = observers

@@ -75,13 +75,17 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     listener, _lock = bind(cfg, path)
     log = logging.getLogger("krex.controller")
     ctl = Controller(cfg, listener, path)
-    observe(ctl, cfg)
+    observers = observe(ctl, cfg)
     log.info("serving %s", path)
     systemd.notify_ready()
-    ctl.serve_forever()
+    try:
+        ctl.serve_forever()
+    finally:
+        for o in observers:
+            o.close()
 
 
-def observe(ctl, cfg) -> None:
+def observe(ctl, cfg) -> list:
     """--metrics and --trace: observers of every region's end (krex_ctl/metrics.py, wire/trace.py)."""
     from .. import metrics
     from ..errors import KrexCommandError
@@ -97,3 +101,4 @@ def observe(ctl, cfg) -> None:
         except OSError as e:
             raise KrexCommandError(f"--trace {cfg.trace}: {e.strerror or e}", 2) from None
     metrics.observe(ctl, m, sink)
+    return ctl.observers
