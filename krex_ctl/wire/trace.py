@@ -104,13 +104,21 @@ def names(events: Iterable[dict], labels: Optional[dict] = None) -> list[dict]:
     return out
 
 
+def process_labels(report: dict) -> dict:
+    """pid -> "COMMAND (pid N)" for the processes a report knows: its regions' and its frozen processes'."""
+    label = " ".join(report.get("command", []))[:80]
+    pids = {int(r["pid"]) for r in report.get("regions", []) if r.get("pid")}
+    pids |= {int(p) for p in report.get("frozen_ns_by_pid", {})}
+    return {pid: f"{label} (pid {pid})" for pid in pids}
+
+
 def from_report(report: dict) -> dict:
     """The trace of one `krex run --report` file."""
     events = []
     for r in report.get("regions", []):
         events += region_events(r, report.get("command"))
+    labels = process_labels(report)
     label = " ".join(report.get("command", []))[:80]
-    labels = {int(r["pid"]): f"{label} (pid {r['pid']})" for r in report.get("regions", []) if r.get("pid")}
     return {"traceEvents": names(events, labels) + events, "displayTimeUnit": "ms",
             "otherData": {"krex_version": str(report.get("krex_version", "")), "host": str(report.get("host", "")),
                           "command": label, "clock": "CLOCK_MONOTONIC"}}
@@ -120,11 +128,9 @@ def from_reports(reports: list[dict]) -> dict:
     """One trace of several runs (their regions on the same GPU tracks)."""
     events, labels = [], {}
     for rep in reports:
-        label = " ".join(rep.get("command", []))[:80]
         for r in rep.get("regions", []):
             events += region_events(r, rep.get("command"))
-            if r.get("pid"):
-                labels[int(r["pid"])] = f"{label} (pid {r['pid']})"
+        labels.update(process_labels(rep))
     return {"traceEvents": names(events, labels) + events, "displayTimeUnit": "ms",
             "otherData": {"clock": "CLOCK_MONOTONIC", "reports": str(len(reports))}}
 
