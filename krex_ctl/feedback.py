@@ -4,7 +4,8 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
   while waiting    "krex: waiting 3.1 s for GPU 0: held by pid 812 (alice, region 'bench', python b.py); 2nd of 3"
                    after 1 s of waiting for a region or at a closed gate, then at most every 10 s
   after a freeze   "krex: this command was paused 3.0 s (frozen) on GPU 0 by pid 812 (alice, region 'bench')"
-  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches, 2.10 s"
+  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches, 2.10 s wall"
+                   (for a command that used a GPU)
                    then "krex: timings not protected: ..." when the command made GPU launches and no region was
                    granted, or a region was not exclusive
 
@@ -208,8 +209,11 @@ def unprotected(rep: dict, controller: bool) -> list[str]:
 
 
 def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int) -> int:
-    """Say the summary and any warning; the exit status the run ends with."""
-    fb.say(summary(rep))
+    """Say the summary (for a command that used a GPU: contexts, launches, regions or waits) and any warning;
+    the exit status the run ends with."""
+    if rep.get("regions") or rep.get("launches") or rep.get("context_creations") or rep.get("waited_ns") \
+            or rep.get("frozen_ns"):
+        fb.say(summary(rep))
     why = unprotected(rep, controller)
     if why:
         fb.say("timings not protected: " + "; ".join(why), always=True)
