@@ -189,7 +189,7 @@ def summary(rep: dict) -> str:
     return ", ".join(parts)
 
 
-def unprotected(rep: dict, controller: bool) -> list[str]:
+def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> list[str]:
     """Why this run's timings were not protected (empty when they were, or when nothing was timed on a GPU)."""
     regions = rep.get("regions", [])
     launches = rep.get("launches", 0)
@@ -198,8 +198,11 @@ def unprotected(rep: dict, controller: bool) -> list[str]:
         out.append("no controller")
     granted = [r for r in regions if r.get("granted_ns")]
     if launches and not granted:
-        out.append(f"{launches} GPU launch{'es' if launches != 1 else ''} but no region was granted"
-                   + (" (mark one: krex.region(), --hooks, docs/guide/marking-regions.md)" if not regions else ""))
+        hint = ""
+        if not regions:
+            hint = (f" (the hooks {hooks} marked none: is the timing function one of theirs, in a Python that has "
+                    f"cffi?)" if hooks else " (mark one: krex.region(), --hooks, docs/guide/marking-regions.md)")
+        out.append(f"{launches} GPU launch{'es' if launches != 1 else ''} but no region was granted{hint}")
     bad = [r for r in regions if r.get("granted_ns") and not r.get("exclusive")]
     if bad:
         names = sorted({r.get("name", "") for r in bad})
@@ -208,13 +211,14 @@ def unprotected(rep: dict, controller: bool) -> list[str]:
     return out
 
 
-def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int) -> int:
+def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int,
+            hooks: Optional[str] = None) -> int:
     """Say the summary (for a command that used a GPU: contexts, launches, regions or waits) and any warning;
     the exit status the run ends with."""
     if rep.get("regions") or rep.get("launches") or rep.get("context_creations") or rep.get("waited_ns") \
             or rep.get("frozen_ns"):
         fb.say(summary(rep))
-    why = unprotected(rep, controller)
+    why = unprotected(rep, controller, hooks)
     if why:
         fb.say("timings not protected: " + "; ".join(why), always=True)
         if strict and exit_code == 0:

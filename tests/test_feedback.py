@@ -64,6 +64,8 @@ def test_launches_without_a_region_are_said_and_strict_fails_the_run(krex, tmp_p
                              timeout=60)
         assert out.returncode == feedback.STRICT_EXIT, out.stderr
         assert "--strict: exit status 5" in out.stderr
+    out = krex_cli(krex, "run", "--hooks", "triton", "--", str(SNIP / "hog"), env=hog)
+    assert "the hooks triton marked none" in out.stderr, out.stderr
     # the command's own failure is passed through, strict or not
     out = krex_cli(krex, "run", "--strict", "--", "sh", "-c", "exit 3")
     assert out.returncode == 3

@@ -192,6 +192,7 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
         hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap))
+    run_facts.hooks = env.get("KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
 
@@ -244,6 +245,7 @@ class RunFacts:
 
     def __init__(self, fb, watcher, strict: bool, started_ns: int):
         self.fb, self.watcher, self.strict, self.started_ns = fb, watcher, strict, started_ns
+        self.hooks: Optional[str] = None
 
 
 def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
@@ -282,7 +284,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     if facts is not None:
         report.add_run_facts(rep, wall_ns=time.monotonic_ns() - facts.started_ns, host=feedback.host(),
                              frozen=frozen, controller=guardian is not None)
-        exit_code = feedback.at_exit(facts.fb, rep, guardian is not None, facts.strict, exit_code)
+        exit_code = feedback.at_exit(facts.fb, rep, guardian is not None, facts.strict, exit_code, facts.hooks)
     if report_file is not None:
         try:
             report.write(report_file, rep)
