@@ -29,9 +29,9 @@ def cli() -> None:
 
 def full() -> click.Group:
     """The group with every subcommand (what `krex --help` and the docs' tests see)."""
-    from .commands import controller, run, status
+    from .commands import controller, run, status, trace
 
-    for command in (controller.controller, run.run, status.status):
+    for command in (controller.controller, run.run, status.status, trace.trace):
         cli.add_command(command)
     return cli
 

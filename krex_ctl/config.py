@@ -90,6 +90,8 @@ class Config:
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)
     log_level: str = "info"
+    metrics: Optional[str] = None              # HOST:PORT of the Prometheus endpoint (metrics.py; None: none)
+    trace: Optional[str] = None                # a Chrome/Perfetto trace file the regions are appended to
 
     def reserved_for(self, gpu_mask: int) -> set[int]:
         allowed = os.sched_getaffinity(0)
@@ -115,7 +117,7 @@ FLAGS = {
     "owner_cpus": "--owner-cpus",
     "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
-    "clock_settle_pct": "--clock-settle-pct",
+    "clock_settle_pct": "--clock-settle-pct", "metrics": "--metrics", "trace": "--trace",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)

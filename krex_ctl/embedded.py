@@ -36,8 +36,14 @@ def ensure_controller(timeout: float = 10.0) -> Path:
         paths.ensure_runtime_dir()
     elif not path.parent.is_dir():
         raise KrexCommandError(f"cannot start a controller at {path}: {path.parent} does not exist", 3)
+    elif not os.access(path.parent, os.W_OK | os.X_OK):
+        raise KrexCommandError(f"cannot start a controller at {path}: cannot create files in {path.parent}", 3)
     log = path.parent / (path.name + ".log")
-    with open(log, "ab") as out:
+    try:
+        out = open(log, "ab")
+    except OSError as e:
+        raise KrexCommandError(f"cannot start a controller at {path}: {log}: {e.strerror}", 3) from None
+    with out:
         warm = ["--warm-workers", os.environ["KREX_WARM_WORKERS"]] if os.environ.get("KREX_WARM_WORKERS") else []
         subprocess.Popen(
             [sys.executable, "-m", "krex_ctl", "controller", "--embedded", "--socket", str(path)] + warm,

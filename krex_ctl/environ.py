@@ -19,6 +19,7 @@ def _hooks_dir() -> Path:
 
 
 HOOKS_DIR = _hooks_dir()
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)   # where krex and krex_ctl are (source tree or site)
 # the names KREX_HOOKS and --hooks accept: krex_hooks.REGISTRY's (Python hooks) and the shim's own (nvtx);
 # krex_hooks checks at import that its registry is this list (krex_ctl never imports the hooks)
 PYTHON_HOOKS = ("cupyx", "inductor", "kernelbench", "torch_timer", "triton")
@@ -69,18 +70,21 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
     if "priority" in env.get("KREX_OVERLAP", "").split(","):
         env.setdefault("TORCH_NCCL_HIGH_PRIORITY", "1")   # PyTorch's NCCL streams from its high-priority pool
     hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")
+    # every Python the command starts gets the site directory: krex (the region API) and the hooks reach its
+    # interpreter even where krex is not installed (the sitecustomize finds them in KREX_PACKAGE_DIR)
+    site = str(HOOKS_DIR)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    env["PYTHONPATH"] = os.pathsep.join([site] + parts)
+    env["KREX_PACKAGE_DIR"] = PACKAGE_DIR
     if hooks:
         env["KREX_HOOKS"] = hooks
-        site = str(HOOKS_DIR)
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
-        env["PYTHONPATH"] = os.pathsep.join([site] + parts)
         names = {h.strip() for h in hooks.split(",")}
         if names & {"all", "nvtx"} and not env.get("NVTX_INJECTION64_PATH"):
             env["NVTX_INJECTION64_PATH"] = opts.shim   # the shim is also an NVTX injection library
     return env
 
 
-FLAG_VARS = ("KREX_GATE_CONTEXTS", "KREX_GATE_EXIT", "KREX_GATE_MEMORY")
+FLAG_VARS = ("KREX_GATE_CONTEXTS", "KREX_GATE_EXIT", "KREX_GATE_MEMORY", "KREX_QUIET", "KREX_STRICT")
 FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 LOG_LEVELS = ("error", "warning", "info", "debug")   # the controller's --log-level and the shim's KREX_LOG_LEVEL
 

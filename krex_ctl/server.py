@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import gpus, procs
+from . import gpus, procs, server_feedback
 from .enforce import attest
 from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
@@ -655,7 +655,9 @@ class Controller(RegionEffects):
             raise frames.ProtocolError("JSON request without an op") from None
         try:
             if op == ops.STATUS:
-                reply = self.status()
+                reply = server_feedback.bound_status(self.status(), client.uid)
+            elif op == ops.JOB_WAIT:      # wrapper: what its job waits for, who froze it (feedback.py)
+                reply = server_feedback.job_wait(self, client, req)
             elif op == ops.JOB_REPORT:
                 reply = job_report_page(client.job, int(req.get("offset", 0)))
             elif op == ops.JOB_COMMAND:
@@ -748,9 +750,10 @@ class Controller(RegionEffects):
                 "owner": None if owner is None else {
                     "region": owner.id, "name": owner.req.name, "pid": owner.owner.pid, "job": owner.job.id,
                     "members": [m.pid for m in owner.members.values()], "gpus": mask_to_list(owner.gpu_mask),
+                    "uid": owner.owner.uid, "command_argv": owner.job.command,
                     "state": owner.state.value, "frozen": [c.pid for c in owner.frozen],
                     "held_s": (now_ns() - owner.granted_ns) / 1e9 if owner.granted_ns else 0.0},
-                "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "gpus": mask_to_list(r.gpu_mask),
+                "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "uid": r.owner.uid, "gpus": mask_to_list(r.gpu_mask),
                            "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.book.queue if r.gpu_mask & bit],
                 "clients": [c.pid for c in clients],
             })
@@ -761,7 +764,7 @@ class Controller(RegionEffects):
                            "resumer_pid": self.freezer.resumer.pid or None},
             "gpus": gpus,
             "clients": [c.describe() for c in self.clients.values() if c.role],
-            "jobs": [{"job": j.id, "root_pid": j.root_pid, "command": j.command, "regions": len(j.regions),
+            "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid, "command": j.command, "regions": len(j.regions),
                       "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},
             "workers": self.pool.describe(),

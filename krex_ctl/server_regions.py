@@ -10,7 +10,7 @@ import logging
 import os
 import time
 
-from . import procs
+from . import procs, server_feedback
 from .policy import regions as policy
 from .policy.regions import Event
 from .wire import report
@@ -53,6 +53,7 @@ class RegionEffects:
             new = self.book.to_stop(e.region, e.clients)
             already = [c for c in e.clients if c not in new]
             held, skipped = self.freezer.freeze(e.region.id, new, already, self.book.freezes.clients())
+            server_feedback.mark_frozen(held)
             self.apply(self.book.frozen(e.region, held, skipped, time.monotonic()))
         elif isinstance(e, policy.Grant):
             self.grant(e.region)
@@ -149,6 +150,7 @@ class RegionEffects:
         waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
         self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
         self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
+        server_feedback.mark_thawed(e.thaw)
         for g in report.mask_to_list(region.gpu_mask):
             if self.gate.owner(g) == region.job.id:
                 self.gate.open_gate(g)
@@ -158,6 +160,8 @@ class RegionEffects:
                  "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us}
         rec = att.record()
         extra.update({k: v for k, v in rec.items() if k not in ("exclusive", "clean", "taints")})
+        if region.frozen:
+            extra["frozen_pids"] = [c.pid for c in region.frozen]
         if region.freeze_skipped:
             extra["freeze_skipped"] = region.freeze_skipped
         if region.unstopped:
@@ -171,6 +175,11 @@ class RegionEffects:
                                       taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
                                       **extra)
         region.job.regions.append(record)
+        for observer in getattr(self, "observers", ()):   # --trace, --metrics (commands/controller.py)
+            try:
+                observer.region_finished(record, region)
+            except Exception:
+                log.exception("region observer failed")
         for pid in set(region.pids):
             worker = self.pool.by_pid(pid)
             if worker is not None and worker.serving is not None and worker.serving is not region.job:

@@ -40,7 +40,8 @@ def parse(argv: list) -> None:
     cmd.make_context(name, list(rest), parent=root)
 
 
-SHELL_BLOCK = re.compile(r"^```(sh|bash|shell|console)?\n(.*?)^```", re.S | re.M)
+SHELL_BLOCK = re.compile(r"^```([\w+-]*)\n(.*?)^```", re.S | re.M)   # every fenced block; shell ones parsed
+SHELLS = ("", "sh", "bash", "shell", "console")
 OPERATORS = {"&&", "||", ";", "|", "&", ";;"}
 
 
@@ -49,6 +50,8 @@ def krex_commands(text: str) -> list:
     VAR=value assignments dropped; comments and line continuations handled as a shell would."""
     out = []
     for m in SHELL_BLOCK.finditer(text):
+        if m.group(1) not in SHELLS:
+            continue
         body = m.group(2).replace("\\\n", " ")
         for line in body.splitlines():
             lex = shlex.shlex(line, posix=True, punctuation_chars=True)

@@ -27,7 +27,8 @@ def test_preload_environ_is_pure_and_sets_the_contract_variables():
     assert env["KREX_SOCKET"] == "/s.sock" and env["KREX_JOB"] == "7" and env["KREX_COUNTERS"] == "/c"
     assert env["KREX_GPU"] == env["CUDA_VISIBLE_DEVICES"] == env["HIP_VISIBLE_DEVICES"] == "3"
     assert env["KREX_JOB_ROOT"] == "42"
-    assert "KREX_HOOKS" not in env and "PYTHONPATH" not in env
+    assert "KREX_HOOKS" not in env
+    assert env["PYTHONPATH"] == str(HOOKS_DIR) and env["KREX_PACKAGE_DIR"]   # the region API reaches any Python
     assert "KREX_COUNTERS" not in preload_environ({"KREX_COUNTERS": "/stale"}, opts())   # none made: none passed on
 
 

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from .. import config, paths
+from .. import config, paths, systemd
 from ..server import Controller, bind
 
 
@@ -44,12 +44,16 @@ from ..server import Controller, bind
 @click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
 @click.option("--worker-reuse", default=None,
               help="Commands a warm worker runs before it is replaced (default 1: a fresh process per command).")
+@click.option("--metrics", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (docs/guide/monitoring.md).")
+@click.option("--trace", "trace_file", type=click.Path(), default=None,
+              help="Append every region to this Chrome/Perfetto trace file (a new file; ui.perfetto.dev opens it).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, no_attest, no_lifecycle_barrier,
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload,
-               worker_reuse, embedded, log_level) -> None:
+               worker_reuse, metrics, trace_file, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
@@ -64,9 +68,37 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         warm_workers=warm_workers, worker_preload=worker_preload,
-        worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level)
+        worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
+        trace=trace_file)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     listener, _lock = bind(cfg, path)
-    logging.getLogger("krex.controller").info("serving %s", path)
-    Controller(cfg, listener, path).serve_forever()
+    log = logging.getLogger("krex.controller")
+    ctl = Controller(cfg, listener, path)
+    observers = observe(ctl, cfg)
+    log.info("serving %s", path)
+    systemd.notify_ready()
+    try:
+        ctl.serve_forever()
+    finally:
+        for o in observers:
+            o.close()
+
+
+def observe(ctl, cfg) -> list:
+    """--metrics and --trace: observers of every region's end (krex_ctl/metrics.py, wire/trace.py)."""
+    from .. import metrics
+    from ..errors import KrexCommandError
+    from ..wire import trace
+
+    m = metrics.Metrics(cfg.metrics) if cfg.metrics else None
+    if m is not None:
+        logging.getLogger("krex.controller").info("metrics at http://%s/metrics", m.address)
+    sink = None
+    if cfg.trace:
+        try:
+            sink = trace.Sink(cfg.trace)
+        except OSError as e:
+            raise KrexCommandError(f"--trace {cfg.trace}: {e.strerror or e}", 2) from None
+    metrics.observe(ctl, m, sink)
+    return ctl.observers

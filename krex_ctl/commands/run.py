@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import click
 
-from .. import dispatch, paths, procs
+from .. import dispatch, feedback, paths, procs
 from ..wire import counters as counters_file, report
 from ..embedded import ensure_controller
 from ..environ import RunOptions, check_environment, check_hooks, check_overlap, parse_gpus, preload_environ
@@ -121,9 +121,15 @@ def counters_dirs() -> list:
 @click.option("--overlap", default=None, metavar="CONTROLS",
               help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
                    "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Say nothing on stderr but errors and 'timings not protected' (KREX_QUIET=1).")
+@click.option("--strict", is_flag=True,
+              help=f"Exit with status {feedback.STRICT_EXIT} when the command succeeded but its timings were not "
+                   "protected (KREX_STRICT=1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
+def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
+    started_ns = time.monotonic_ns()
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
@@ -147,11 +153,13 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
     if procs.early_affinity is not None:   # our own mask again: the controller saves it at HELLO, moves us
         os.sched_setaffinity(0, procs.early_affinity)   # off the reserved CPUs and restores it later
     sock = paths.default_socket()
+    fb = feedback.Feedback(quiet or feedback.flag(os.environ, "KREX_QUIET"))
+    strict = strict or feedback.flag(os.environ, "KREX_STRICT")
     try:
         sock = ensure_controller()
         conn = Connection(sock, C.KREX_ROLE_WRAPPER)
     except KrexCommandError as e:
-        print(f"krex: {e}; running without region exclusivity", file=sys.stderr)
+        fb.say(f"{e}; running without region exclusivity", always=True)
     # from here on, signals for the command are taken by one thread (signals.py); the embedded controller
     # started above does not inherit that mask
     block()
@@ -172,13 +180,19 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
-        guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command, gpus=gpus or [])
+        guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command_description(command),
+                                                         gpus=gpus or [])
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
         if gpus:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
+    watcher = feedback.Watcher(str(sock), job, fb) if conn else None
+    if watcher:
+        watcher.start()
+    run_facts = RunFacts(fb, watcher, strict, started_ns)
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
         hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap))
+    run_facts.hooks = env.get("KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
 
@@ -186,7 +200,8 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
         warm = run_warm(guardian, forwarder, command, env, gpus[0] if gpus else None, wait_s)
         if warm is not None:
             exit_code, extra, local = warm
-            finish(guardian, counters, report_file, command, exit_code, extra, local, env.get("KREX_OVERLAP"))
+            finish(guardian, counters, report_file, command, exit_code, extra, local, env.get("KREX_OVERLAP"),
+                   run_facts)
 
     early = forwarder.first_pending()
     if early is not None:      # interrupted before the command started: it does not start
@@ -198,7 +213,23 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
     rc = child.wait()
     forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
-    finish(guardian, counters, report_file, command, exit_code, {}, [], env.get("KREX_OVERLAP"))
+    finish(guardian, counters, report_file, command, exit_code, {}, [], env.get("KREX_OVERLAP"), run_facts)
+
+
+COMMAND_DESCRIPTION_CHARS = 8192
+
+
+def command_description(command: list) -> list:
+    """The command as the controller is told it (krex status shows it): at most 64 words and
+    COMMAND_DESCRIPTION_CHARS characters, so that the request fits one frame whatever the argv's size."""
+    out, size = [], 0
+    for a in command[:64]:
+        if size + len(a) > COMMAND_DESCRIPTION_CHARS:
+            out.append(a[:max(0, COMMAND_DESCRIPTION_CHARS - size)] + "...")
+            break
+        out.append(a)
+        size += len(a)
+    return out
 
 
 def cleanup(counters: Optional[Path]) -> None:
@@ -209,10 +240,20 @@ def cleanup(counters: Optional[Path]) -> None:
             pass
 
 
+class RunFacts:
+    """What finish() needs to say the summary: the wrapper's feedback, its watcher, --strict, the start."""
+
+    def __init__(self, fb, watcher, strict: bool, started_ns: int):
+        self.fb, self.watcher, self.strict, self.started_ns = fb, watcher, strict, started_ns
+        self.hooks: Optional[str] = None
+
+
 def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
-           extra: dict, extra_regions: list, overlap: Optional[str] = None):
-    """Collect the job's regions and counters, write the report, exit with the command's status."""
+           extra: dict, extra_regions: list, overlap: Optional[str] = None, facts: Optional[RunFacts] = None):
+    """Collect the job's regions and counters, write the report, say the summary, exit with the command's
+    status (or --strict's)."""
     regions = []
+    frozen = facts.watcher.stop() if facts and facts.watcher else {}
     if guardian:
         offset: Optional[int] = 0
         while offset is not None:
@@ -237,11 +278,15 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     for k, v in extra.items():        # a warm worker's submissions for this command
         totals[k] = totals.get(k, 0) + v
     cleanup(counters)
+    rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
+    if overlap:
+        rep["overlap"] = report.overlap_section(overlap, totals)
+    if facts is not None:
+        report.add_run_facts(rep, wall_ns=time.monotonic_ns() - facts.started_ns, host=feedback.host(),
+                             frozen=frozen, controller=guardian is not None)
+        exit_code = feedback.at_exit(facts.fb, rep, guardian is not None, facts.strict, exit_code, facts.hooks)
     if report_file is not None:
         try:
-            rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
-            if overlap:
-                rep["overlap"] = report.overlap_section(overlap, totals)
             report.write(report_file, rep)
         except OSError as e:   # checked before the run; if it fails anyway (a full disk), say so in the status
             print(f"krex: cannot write the report {report_file}: {e.strerror}", file=sys.stderr)

@@ -1,44 +1,162 @@
-"""`krex status [--json]`: GPUs, clients, the region owner and the queue of a controller."""
+"""`krex status [--json] [--watch [SECONDS]]`: GPUs, clients, the region owner and the queue of a controller.
+
+--watch redraws a per-GPU view every SECONDS (2 by default) with rich when standard output is a terminal,
+and prints the plain text again, each block after a `---` line, when it is not (a log, a pipe). Other
+users' commands are shown only to root and to their own user (the controller decides: server_feedback)."""
 
 import json
+import pwd
+import sys
+import time
 
 import click
 
 from .. import paths
+from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
-from ..wire.client import Connection
+from ..wire.client import Connection, ControllerError
+
+
+def user_name(uid) -> str:
+    if uid is None:
+        return "?"
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, TypeError, ValueError):
+        return f"uid {uid}"
+
+
+def command_text(argv, limit: int = 60) -> str:
+    if argv is None:
+        return "(another user's command)"
+    text = " ".join(argv)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def jobs_by_id(st: dict) -> dict:
+    return {j["job"]: j for j in st.get("jobs", [])}
+
+
+def lines(st: dict) -> list[str]:
+    """The status as plain text lines."""
+    out = []
+    ctl = st["controller"]
+    out.append(f"controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s, protocol {ctl['protocol']}"
+               + (f", attestation {ctl['attestation']}" if ctl.get("attestation") else ""))
+    if not st["gpus"]:
+        out.append("no GPU in use")
+    jobs = jobs_by_id(st)
+    for g in st["gpus"]:
+        o = g["owner"]
+        uuid = f" ({g['uuid']})" if g.get("uuid") else ""
+        if o is None:
+            owner = "free"
+        else:
+            job = jobs.get(o.get("job"), {})
+            owner = (f"region {o['region']} '{o['name']}' of pid {o['pid']} ({user_name(o.get('uid', job.get('uid')))}: "
+                     f"{command_text(o.get('command', job.get('command')))}; {o['state']}, {o['held_s']:.3f} s, "
+                     f"{len(o['frozen'])} frozen)")
+        out.append(f"GPU {g['gpu']}{uuid}: {owner}; {len(g['clients'])} client(s); {len(g['queue'])} waiting")
+        if o is not None and o["frozen"]:
+            out.append(f"    frozen: pids {', '.join(map(str, o['frozen']))}")
+        for place, q in enumerate(g["queue"], 1):
+            out.append(f"    {place}. waiting: region {q['region']} '{q['name']}' of pid {q['pid']} "
+                       f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s")
+    out.append(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)")
+    for j in st["jobs"]:
+        where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
+        out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
+                   f"{command_text(j.get('command'))}")
+    for z in st.get("zygotes", []):
+        mine = [w for w in st.get("workers", []) if w["gpu"] == z["gpu"]]
+        how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
+        out.append(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
+                   f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
+    if st.get("omitted"):
+        out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
+    out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
+    return out
+
+
+def table(st: dict):
+    """The per-GPU view for a terminal (rich)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    ctl = st["controller"]
+    t = Table(title=f"krex controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s",
+              expand=True)
+    for col in ("GPU", "owner", "user", "command", "state", "held s", "frozen", "queue"):
+        t.add_column(col, overflow="fold")
+    jobs = jobs_by_id(st)
+    for g in st["gpus"]:
+        o = g["owner"]
+        queue = "\n".join(f"{i}. '{q['name']}' pid {q['pid']} ({user_name(q.get('uid'))}) {q['waiting_s']:.1f} s"
+                          for i, q in enumerate(g["queue"], 1)) or "-"
+        if o is None:
+            t.add_row(str(g["gpu"]), "free", "", "", "", "", "", queue)
+            continue
+        job = jobs.get(o.get("job"), {})
+        t.add_row(f"{g['gpu']}", f"'{o['name']}' pid {o['pid']}", user_name(o.get("uid", job.get("uid"))),
+                  command_text(o.get("command", job.get("command")), 40), o["state"], f"{o['held_s']:.2f}",
+                  ", ".join(map(str, o["frozen"])) or "-", queue)
+    placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
+                       f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
+    return Group(t, Text(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)\n" + placed))
+
+
+def fetch(socket_path) -> dict:
+    conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI, io_timeout=10.0)
+    try:
+        return conn.request(ops.STATUS)
+    finally:
+        conn.close()
+
+
+def watch(socket_path, period: float) -> None:
+    def get():
+        try:
+            return fetch(socket_path)
+        except (ControllerError, KrexCommandError) as e:
+            raise KrexCommandError(f"{e}", 3) from None
+    try:
+        if sys.stdout.isatty():
+            from rich.live import Live
+
+            with Live(table(get()), refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(period)
+                    live.update(table(get()))
+        else:
+            first = True
+            while True:
+                if not first:
+                    click.echo("---")
+                click.echo("\n".join(lines(get())))
+                sys.stdout.flush()
+                first = False
+                time.sleep(period)
+    except KeyboardInterrupt:
+        return
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the full status as JSON.")
 @click.option("--socket", "socket_path", type=click.Path(), default=None,
               help="Controller socket (default: KREX_SOCKET, /run/krex/krex.sock, then the per-user one).")
-def status(as_json: bool, socket_path) -> None:
+@click.option("--watch", "watch_s", type=click.FloatRange(0.1, 3600), default=None, is_flag=False, flag_value=2.0,
+              metavar="[SECONDS]", help="Redraw a live per-GPU view every SECONDS (2); plain text when not a terminal.")
+def status(as_json: bool, socket_path, watch_s) -> None:
     """Show what a controller is doing."""
-    conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI, io_timeout=10.0)
-    try:
-        st = conn.request(ops.STATUS)
-    finally:
-        conn.close()
+    if watch_s is not None:
+        if as_json:
+            raise KrexCommandError("--watch and --json do not go together", 2)
+        watch(socket_path, watch_s)
+        return
+    st = fetch(socket_path)
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
-    ctl = st["controller"]
-    click.echo(f"controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s, protocol {ctl['protocol']}")
-    if not st["gpus"]:
-        click.echo("no GPU in use")
-    for g in st["gpus"]:
-        o = g["owner"]
-        owner = "free" if o is None else (f"region {o['region']} '{o['name']}' of pid {o['pid']} ({o['state']}, "
-                                          f"{o['held_s']:.3f} s, {len(o['frozen'])} frozen)")
-        click.echo(f"GPU {g['gpu']}: {owner}; {len(g['clients'])} client(s); {len(g['queue'])} waiting")
-        for q in g["queue"]:
-            click.echo(f"    waiting: region {q['region']} '{q['name']}' of pid {q['pid']} for {q['waiting_s']:.3f} s")
-    click.echo(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)")
-    for z in st.get("zygotes", []):
-        mine = [w for w in st.get("workers", []) if w["gpu"] == z["gpu"]]
-        how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
-        click.echo(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
-                   f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
-    click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
+    click.echo("\n".join(lines(st)))

@@ -97,6 +97,8 @@ class NvmlAttestor(Attestor):
 
     def __init__(self, nv, cfg, known_pids) -> None:
         self.nv, self.cfg, self.known_pids = nv, cfg, known_pids
+        if fake_gpus(nv):
+            self.source = "fake"    # the tests' fake NVML: its figures are no claim about a GPU
 
     def _gpu(self, g: int) -> GpuSnapshot:
         import time
@@ -164,7 +166,19 @@ class NvmlAttestor(Attestor):
             }
             if capped_by_others:
                 gpus[str(g)]["power_cap_at_grant"] = "cleared by the clock settle" if settled else "taint"
-        return Result(taints, lo or 0, hi or 0, True, {"source": "nvml", "gpus": gpus})
+        return Result(taints, lo or 0, hi or 0, True, {"source": self.source, "gpus": gpus})
+
+
+FAKE_UUID_PREFIX = b"krex"   # tests/fakes/engine.c: GPU-6b726578-... ("krex" in hex) for every fake GPU
+
+
+def fake_gpus(nv) -> bool:
+    """Whether this NVML's GPUs are all krex's fakes (their UUIDs begin with the bytes of "krex")."""
+    try:
+        uuids = [nv.uuid(i) for i in range(nv.count)]
+    except Exception:
+        return False
+    return bool(uuids) and all(u is not None and u[:4] == FAKE_UUID_PREFIX for u in uuids)
 
 
 def make(cfg, known_pids):

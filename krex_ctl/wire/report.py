@@ -48,9 +48,19 @@ def region_record(*, name: str, gpu_mask: int, requested_ns: int, granted_ns: Op
             **verdict(taints), **extra}
 
 
+STDOUT = Path("-")
+
+
 def check_path(path: str) -> Path:
-    """Before the command runs: the report can be written there (else exit status 2, nothing run)."""
+    """Before the command runs: the report can be written there (else exit status 2, nothing run); "-" is
+    standard output."""
+    if path == "-":
+        return STDOUT
     p = Path(path)
+    if p.is_symlink() or (p.exists() and not p.is_file() and not p.is_dir()):
+        if not os.access(p, os.W_OK):
+            raise KrexCommandError(f"--report {path}: cannot write to it", 2)
+        return p
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise KrexCommandError(f"--report {path}: is a directory", 2)
@@ -148,5 +158,32 @@ def overlap_section(controls: Optional[str], totals: Optional[dict]) -> dict:
     }
 
 
+def add_run_facts(report: dict, *, wall_ns: int, host: str, frozen: dict, controller: bool) -> dict:
+    """What the wrapper knows of the run itself: krex's version, the host, the command's wall time, whether a
+    controller was reached, and how long each process of the command was frozen (SIGSTOP) for others' regions."""
+    from .. import __version__
+
+    report["krex_version"] = __version__
+    report["host"] = host
+    report["wall_ns"] = int(wall_ns)
+    report["controller"] = bool(controller)
+    report["frozen_ns"] = int(sum(frozen.values()))
+    report["frozen_ns_by_pid"] = {str(pid): int(ns) for pid, ns in sorted(frozen.items())}
+    return report
+
+
 def write(path: Path, report: dict) -> None:
-    write_atomic(str(path), json.dumps(report, indent=2) + "\n", 0o644)
+    """Write the report: "-" to standard output; through an existing link or non-regular file (/dev/stdout,
+    /dev/null, a FIFO) with a plain open, never replacing it; else atomically (a fresh file renamed over)."""
+    text = json.dumps(report, indent=2) + "\n"
+    if path == STDOUT:
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    write_atomic(str(path), text, 0o644)

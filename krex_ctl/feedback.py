@@ -1,0 +1,231 @@
+"""What `krex run` tells its user on stderr, one line each, prefixed `krex:` (silenced by --quiet /
+KREX_QUIET=1; warnings that a timing was not protected are said even then, in one line):
+
+  while waiting    "krex: waiting 3.1 s for GPU 0: held by pid 812 (alice, region 'bench', python b.py); 2nd of 3"
+                   after 1 s of waiting for a region or at a closed gate, then at most every 10 s
+  after a freeze   "krex: this command was paused 3.0 s (frozen) on GPU 0 by pid 812 (alice, region 'bench')"
+  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches, 2.10 s wall"
+                   (for a command that used a GPU)
+                   then "krex: timings not protected: ..." when the command made GPU launches and no region was
+                   granted, or a region was not exclusive
+
+--strict (KREX_STRICT=1) turns "timings not protected" into exit status STRICT_EXIT for a command that
+succeeded. The Watcher asks the controller over its own connection (role cli, ops.JOB_WAIT), so it never
+takes a reply meant for the wrapper's job connection."""
+
+import os
+import pwd
+import sys
+import threading
+import time
+from typing import Optional
+
+STRICT_EXIT = 5           # docs/reference/exit-codes.md
+FIRST_WAIT_S = 1.0
+REPEAT_WAIT_S = 10.0
+POLL_S = 0.5
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def flag(env, name: str) -> bool:
+    return (env.get(name) or "").strip().lower() in TRUE_WORDS
+
+
+def user_name(uid) -> str:
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, TypeError, ValueError):
+        return f"uid {uid}"
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class Feedback:
+    def __init__(self, quiet: bool = False, out=None):
+        self.quiet = quiet
+        self.out = out or sys.stderr
+        self.lock = threading.Lock()
+
+    def say(self, text: str, always: bool = False) -> None:
+        if self.quiet and not always:
+            return
+        with self.lock:
+            print(f"krex: {text}", file=self.out, flush=True)
+
+
+def describe_holder(h: Optional[dict]) -> str:
+    if not h:
+        return "a region being handed over"
+    what = f"pid {h['pid']} ({user_name(h.get('uid'))}, region '{h.get('region', '')}'"
+    if h.get("command"):
+        what += f", {h['command'][:60]}"
+    return what + ")"
+
+
+def wait_line(w: dict) -> str:
+    held = f"held by {describe_holder(w.get('holder'))}"
+    if w.get("kind") == "region":
+        where = f"{ordinal(w['place'])} of {w['queued']} in the queue"
+        return f"waiting {w['since_s']:.1f} s for GPU {w['gpu']} (region '{w['name']}'): {held}; {where}"
+    queued = f"; {w['queued']} region(s) queued" if w.get("queued") else ""
+    return f"waiting {w['since_s']:.1f} s at GPU {w['gpu']}'s closed gate: {held}{queued}"
+
+
+class Watcher(threading.Thread):
+    """Polls the controller about this job while the command runs; says what it waits for and when it was
+    paused. Never fails the run: a controller it cannot ask is a controller it stops asking."""
+
+    def __init__(self, socket_path: str, job: int, fb: Feedback):
+        super().__init__(daemon=True, name="krex-watcher")
+        self.socket_path, self.job, self.fb = socket_path, job, fb
+        self.done = threading.Event()
+        self.conn = None
+        self.said: dict = {}         # wait key -> monotonic time last said
+        self.frozen: dict = {}       # pid -> the last frozen entry seen
+        self.frozen_ns: dict = {}
+        self.lock = threading.Lock()
+
+    def ask(self) -> Optional[dict]:
+        from .wire import ops
+        from .wire.client import Connection, ControllerError
+        from .wire.frames import C
+        from .errors import KrexCommandError
+
+        with self.lock:
+            try:
+                if self.conn is None:
+                    self.conn = Connection(self.socket_path, C.KREX_ROLE_CLI, timeout=5.0, io_timeout=5.0)
+                return self.conn.request(ops.JOB_WAIT, timeout=5.0, job=self.job)
+            except (ControllerError, KrexCommandError, OSError):
+                self.close_conn()
+                return None
+
+    def close_conn(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except OSError:
+                pass
+            self.conn = None
+
+    def run(self) -> None:
+        failures = 0
+        while not self.done.wait(POLL_S):
+            reply = self.ask()
+            if reply is None:
+                failures += 1
+                if failures > 5:
+                    return
+                continue
+            failures = 0
+            self.take(reply)
+
+    def take(self, reply: dict) -> None:
+        now = time.monotonic()
+        keys = set()
+        for w in reply.get("waits", []):
+            key = (w.get("kind"), w.get("gpu"), w.get("name"))
+            keys.add(key)
+            if w.get("since_s", 0) < FIRST_WAIT_S:
+                continue
+            last = self.said.get(key)
+            if last is None or now - last >= REPEAT_WAIT_S:
+                self.said[key] = now
+                self.fb.say(wait_line(w))
+        for key in list(self.said):
+            if key not in keys:
+                del self.said[key]
+        seen = {}
+        for f in reply.get("frozen", []):
+            seen[f["pid"]] = f
+        for pid, f in list(self.frozen.items()):
+            if pid not in seen:
+                self.resumed(pid, f, reply.get("frozen_ns", {}))
+        self.frozen = seen
+        self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+
+    def resumed(self, pid: int, f: dict, totals: dict) -> None:
+        gpus = ",".join(str(g) for g in f.get("gpu", []))
+        held = f.get("since_s", 0.0)
+        self.fb.say(f"this command's pid {pid} was paused (frozen) at least {held:.1f} s on GPU {gpus} by "
+                    f"{describe_holder(f.get('by'))}; resumed; {int(totals.get(str(pid), 0)) / 1e9:.1f} s frozen "
+                    f"in all")
+
+    def stop(self) -> dict:
+        """Stop watching; the frozen time of each of the job's processes (pid -> ns), asked one last time."""
+        self.done.set()
+        self.join(timeout=10)
+        reply = self.ask()
+        if reply is not None:
+            for pid, f in self.frozen.items():
+                if not any(x["pid"] == pid for x in reply.get("frozen", [])):
+                    self.resumed(pid, f, reply.get("frozen_ns", {}))
+            self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+        self.close_conn()
+        return dict(self.frozen_ns)
+
+
+# ---- at exit -----------------------------------------------------------------------------------------------
+def summary(rep: dict) -> str:
+    regions = rep.get("regions", [])
+    n = len(regions)
+    ex = sum(bool(r.get("exclusive")) for r in regions)
+    clean = sum(bool(r.get("clean")) for r in regions)
+    taints: dict = {}
+    for r in regions:
+        for t in r.get("taints", []):
+            taints[t] = taints.get(t, 0) + 1
+    parts = [f"{n} region{'s' if n != 1 else ''} ({ex} exclusive, {clean} clean"
+             + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"]
+    parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
+    parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")
+    launches = "launches not counted" if rep.get("counters_unavailable") else f"{rep.get('launches', 0)} launches"
+    parts.append(launches)
+    if rep.get("wall_ns") is not None:
+        parts.append(f"{rep['wall_ns'] / 1e9:.2f} s wall")
+    return ", ".join(parts)
+
+
+def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> list[str]:
+    """Why this run's timings were not protected (empty when they were, or when nothing was timed on a GPU)."""
+    regions = rep.get("regions", [])
+    launches = rep.get("launches", 0)
+    out = []
+    if not controller and (regions or launches):
+        out.append("no controller")
+    granted = [r for r in regions if r.get("granted_ns")]
+    if launches and not granted:
+        hint = ""
+        if not regions:
+            hint = (f" (the hooks {hooks} marked none: is the timing function one of theirs, in a Python that has "
+                    f"cffi?)" if hooks else " (mark one: krex.region(), --hooks, docs/guide/marking-regions.md)")
+        out.append(f"{launches} GPU launch{'es' if launches != 1 else ''} but no region was granted{hint}")
+    bad = [r for r in regions if r.get("granted_ns") and not r.get("exclusive")]
+    if bad:
+        names = sorted({r.get("name", "") for r in bad})
+        taints = sorted({t for r in bad for t in r.get("taints", [])})
+        out.append(f"{len(bad)} region(s) not exclusive ({', '.join(names)[:80]}: {', '.join(taints)})")
+    return out
+
+
+def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int,
+            hooks: Optional[str] = None) -> int:
+    """Say the summary (for a command that used a GPU: contexts, launches, regions or waits) and any warning;
+    the exit status the run ends with."""
+    if rep.get("regions") or rep.get("launches") or rep.get("context_creations") or rep.get("waited_ns") \
+            or rep.get("frozen_ns"):
+        fb.say(summary(rep))
+    why = unprotected(rep, controller, hooks)
+    if why:
+        fb.say("timings not protected: " + "; ".join(why), always=True)
+        if strict and exit_code == 0:
+            fb.say(f"--strict: exit status {STRICT_EXIT} (the command itself succeeded)", always=True)
+            return STRICT_EXIT
+    return exit_code
+
+
+def host() -> str:
+    return os.uname().nodename

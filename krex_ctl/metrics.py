@@ -1,0 +1,126 @@
+"""`krex controller --metrics HOST:PORT`: a Prometheus endpoint (prometheus-client) at http://HOST:PORT/metrics.
+
+  krex_regions_granted_total{gpu}            regions granted
+  krex_regions_ended_total{gpu,end}          regions ended, by how (normal, revoked, owner_gone, ...)
+  krex_regions_revoked_total{gpu}            regions revoked (time limit, ...): end other than normal/owner_gone
+  krex_regions_tainted_total{gpu,taint}      regions with this taint
+  krex_regions_not_exclusive_total{gpu}      regions whose taints say other work may have reached the GPU
+  krex_region_wait_seconds{gpu}              histogram: request to grant
+  krex_region_hold_seconds{gpu}              histogram: grant to end
+  krex_frozen_processes{gpu}                 processes stopped now for a region on this GPU
+  krex_queue_length{gpu}                     regions waiting for this GPU
+  krex_region_held{gpu}                      1 while a region holds this GPU
+  krex_clients{role}                         connected clients by role
+  krex_jobs                                  jobs known
+
+The counters move when a region ends (the controller's loop calls region_finished); the gauges are sampled by
+the loop every second (sample), never read from the HTTP thread, so scraping never touches the controller's
+state. prometheus-client's own metrics are thread-safe."""
+
+from typing import Optional
+
+from .errors import KrexCommandError
+
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise KrexCommandError(f"--metrics: {text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)", 2)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class Metrics:
+    def __init__(self, address: str):
+        host, port = parse_address(address)
+        try:
+            import prometheus_client as p
+        except ImportError:
+            raise KrexCommandError("--metrics needs prometheus-client (pip install prometheus-client)", 2) from None
+        self.registry = p.CollectorRegistry()
+        r = self.registry
+        self.granted = p.Counter("krex_regions_granted", "Regions granted", ["gpu"], registry=r)
+        self.ended = p.Counter("krex_regions_ended", "Regions ended, by how", ["gpu", "end"], registry=r)
+        self.revoked = p.Counter("krex_regions_revoked", "Regions revoked by the controller", ["gpu"], registry=r)
+        self.tainted = p.Counter("krex_regions_tainted", "Regions with this taint", ["gpu", "taint"], registry=r)
+        self.not_exclusive = p.Counter("krex_regions_not_exclusive", "Regions not exclusive", ["gpu"], registry=r)
+        self.wait = p.Histogram("krex_region_wait_seconds", "Request to grant", ["gpu"], buckets=WAIT_BUCKETS,
+                                registry=r)
+        self.hold = p.Histogram("krex_region_hold_seconds", "Grant to end", ["gpu"], buckets=HOLD_BUCKETS, registry=r)
+        self.frozen = p.Gauge("krex_frozen_processes", "Processes stopped for a region on this GPU", ["gpu"],
+                              registry=r)
+        self.queue = p.Gauge("krex_queue_length", "Regions waiting for this GPU", ["gpu"], registry=r)
+        self.held = p.Gauge("krex_region_held", "1 while a region holds this GPU", ["gpu"], registry=r)
+        self.clients = p.Gauge("krex_clients", "Connected clients by role", ["role"], registry=r)
+        self.jobs = p.Gauge("krex_jobs", "Jobs known to the controller", registry=r)
+        try:
+            self.server, self.thread = p.start_http_server(port, addr=host, registry=r)
+        except OSError as e:
+            raise KrexCommandError(f"--metrics {address}: cannot listen ({e.strerror})", 2) from None
+        self.address = f"{host}:{self.server.server_port}"
+        self.seen: set = set()
+
+    def region_finished(self, record: dict, region=None) -> None:
+        for g in record.get("gpu", []):
+            gpu = str(g)
+            self.seen.add(int(g))
+            end = record.get("end", "normal")
+            self.ended.labels(gpu, end).inc()
+            if end not in ("normal", "owner_gone", "cancelled"):
+                self.revoked.labels(gpu).inc()
+            if record.get("granted_ns"):
+                self.granted.labels(gpu).inc()
+                self.wait.labels(gpu).observe(max(0, record["granted_ns"] - record["requested_ns"]) / 1e9)
+                self.hold.labels(gpu).observe(max(0, record["ended_ns"] - record["granted_ns"]) / 1e9)
+            for t in record.get("taints", []):
+                self.tainted.labels(gpu, t).inc()
+            if not record.get("exclusive", True):
+                self.not_exclusive.labels(gpu).inc()
+
+    def sample(self, ctl) -> None:
+        """Gauges from the controller's state (called on its loop)."""
+        mask = 0
+        for c in ctl.clients.values():
+            mask |= c.devices
+        for r in list(ctl.book.regions.values()) + list(ctl.book.queue):
+            mask |= r.gpu_mask
+        self.seen |= {g for g in ctl.cfg.gpus if mask >> g & 1}    # a GPU gets its gauges once it is used
+        for g in sorted(self.seen):
+            bit, gpu = 1 << g, str(g)
+            live = [r for r in ctl.book.regions.values() if r.gpu_mask & bit]
+            self.held.labels(gpu).set(1 if live else 0)
+            self.frozen.labels(gpu).set(sum(len(r.frozen) for r in live))
+            self.queue.labels(gpu).set(sum(1 for r in ctl.book.queue if r.gpu_mask & bit))
+        roles: dict = {"shim": 0, "python": 0, "wrapper": 0, "cli": 0}
+        for c in ctl.clients.values():
+            if c.role:
+                roles[c.role_name] = roles.get(c.role_name, 0) + 1
+        for role, n in roles.items():
+            self.clients.labels(role).set(n)
+        self.jobs.set(len(ctl.jobs))
+
+    def close(self) -> None:
+        try:
+            self.server.shutdown()
+        except Exception:
+            pass
+
+
+def observe(ctl, metrics: Optional[Metrics], trace_sink) -> None:
+    """Attach --metrics and --trace to a controller before it serves."""
+    observers = []
+    if metrics is not None:
+        observers.append(metrics)
+        metrics.sample(ctl)
+        ctl.every(1.0, lambda: metrics.sample(ctl))
+    if trace_sink is not None:
+        class TraceObserver:
+            def region_finished(self, record, region=None):
+                trace_sink.region(record, getattr(getattr(region, "job", None), "command", None))
+
+            def close(self):
+                trace_sink.close()
+        observers.append(TraceObserver())
+    ctl.observers = observers

@@ -1,0 +1,151 @@
+"""What the controller tells a waiting `krex run` about its job (ops.JOB_WAIT), how long each of a job's
+processes was frozen, and the bounds on what `krex status` sends.
+
+Pure reads of the controller's state (server.py passes itself in): nothing here decides or sends."""
+
+import json
+import time
+from typing import Optional
+
+from .wire import ops
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def holder(region) -> dict:
+    """Who holds a GPU: the region's owner pid, uid, region name and the job's command (argv[0..])."""
+    owner = region.owner or region.req.owner
+    return {"pid": owner.pid, "uid": owner.uid, "region": region.req.name,
+            "command": describe_command(region.job.command if region.job else []),
+            "held_s": (now_ns() - region.granted_ns) / 1e9 if region.granted_ns else 0.0}
+
+
+def describe_command(argv: list, limit: int = 200) -> str:
+    """A command as one short line (the first words, cut at limit characters)."""
+    text = " ".join(str(a) for a in argv)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def owner_on(ctl, bit: int):
+    return next((r for r in ctl.book.regions.values() if r.gpu_mask & bit), None)
+
+
+def job_wait(ctl, client, req: dict) -> dict:
+    """For one job (the asker's own, or any for root): what its regions wait for in the queue, the GPUs its
+    processes are gated off (another job's region holds them), the processes of it frozen now and by whom,
+    and the frozen time of each of its processes so far (ns, finished freezes and the one under way)."""
+    job = ctl.jobs.get(int(req.get("job", 0)))
+    if job is None:
+        return {"waits": [], "frozen": [], "frozen_ns": {}}
+    if client.uid not in (0, job.uid):
+        return {"error": "only the job's user or root may ask about it"}
+    waits = []
+    for g in ctl.cfg.gpus:
+        bit = 1 << g
+        queue = [r for r in ctl.book.queue if r.gpu_mask & bit]
+        held = owner_on(ctl, bit)
+        for place, r in enumerate(queue, 1):
+            if r.owner.job is job:
+                waits.append({"gpu": g, "kind": "region", "name": r.name, "pid": r.owner.pid, "place": place,
+                              "queued": len(queue), "since_s": (now_ns() - r.requested_ns) / 1e9,
+                              "holder": holder(held) if held is not None else None})
+        if any(w["gpu"] == g for w in waits):
+            continue      # its region waits in the queue: that is the line to say, not the gate
+        if held is not None and held.job is not job and any(c.job is job and c.devices & bit
+                                                              for c in ctl.clients.values()):
+            waits.append({"gpu": g, "kind": "gate", "since_s": (time.monotonic() - held.started) if held.started
+                          else 0.0, "holder": holder(held), "queued": len(queue)})
+    frozen = []
+    for region in ctl.book.regions.values():
+        for c in region.frozen:
+            if c.job is job:
+                frozen.append({"pid": c.pid, "since_s": (now_ns() - (getattr(c, "frozen_at", 0) or now_ns())) / 1e9,
+                               "by": holder(region), "gpu": [g for g in ctl.cfg.gpus if region.gpu_mask >> g & 1]})
+    return {"waits": waits, "frozen": frozen, "frozen_ns": frozen_ns(ctl, job)}
+
+
+def frozen_ns(ctl, job) -> dict:
+    out = {str(pid): ns for pid, ns in getattr(job, "frozen_ns", {}).items()}
+    for c in ctl.clients.values():
+        if c.job is job and getattr(c, "frozen_at", None):
+            out[str(c.pid)] = out.get(str(c.pid), 0) + now_ns() - c.frozen_at
+    return out
+
+
+def mark_frozen(clients) -> None:
+    """The freeze (SIGSTOP) of these clients began now (the first region that stops a client starts its clock)."""
+    t = now_ns()
+    for c in clients:
+        if not getattr(c, "frozen_at", None):
+            c.frozen_at = t
+
+
+def mark_thawed(clients) -> None:
+    """These clients were resumed (SIGCONT) now: their job adds the time they were stopped."""
+    t = now_ns()
+    for c in clients:
+        start = getattr(c, "frozen_at", None)
+        if start:
+            c.frozen_at = None
+            if c.job is not None:
+                if not hasattr(c.job, "frozen_ns"):
+                    c.job.frozen_ns = {}
+                c.job.frozen_ns[c.pid] = c.job.frozen_ns.get(c.pid, 0) + t - start
+
+
+# ---- krex status: who may see what, and how much ----------------------------------------------------------
+STATUS_LIST_MAX = 200          # entries of each list (clients, jobs, a GPU's queue) a status reply carries
+STATUS_COMMAND_CHARS = 1024    # characters of each job's command
+
+
+def visible_command(command: list, job_uid: int, asker_uid: Optional[int]) -> Optional[list]:
+    """A job's command as the asker may see it: in full (bounded) to root and the job's own user; to anyone
+    else only that there is one (argv may hold secrets: --api-token=...)."""
+    if asker_uid is not None and asker_uid not in (0, job_uid):
+        return None
+    out, size = [], 0
+    for a in command:
+        a = str(a)
+        if size + len(a) > STATUS_COMMAND_CHARS:
+            out.append(a[:max(0, STATUS_COMMAND_CHARS - size)] + "...")
+            break
+        out.append(a)
+        size += len(a)
+    return out
+
+
+def bound_list(items: list, what: str, omitted: dict) -> list:
+    if len(items) > STATUS_LIST_MAX:
+        omitted[what] = omitted.get(what, 0) + len(items) - STATUS_LIST_MAX
+        return items[:STATUS_LIST_MAX]
+    return items
+
+
+def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
+    """The status reply as the asker may see it, and small enough for one frame (ops.STATUS_MAX_BYTES): lists
+    cut to STATUS_LIST_MAX entries (`omitted` says how many of each were left out), other users' commands
+    hidden, and, if it is still too large, the per-process lists dropped."""
+    omitted: dict = {}
+    uid_of_job = {j["job"]: j.get("uid") for j in st.get("jobs", [])}
+    for j in st.get("jobs", []):
+        j["command"] = visible_command(j.get("command", []), j.get("uid", -1), asker_uid)
+    for g in st.get("gpus", []):
+        if g.get("owner"):
+            g["owner"]["command"] = visible_command(g["owner"].get("command_argv", []),
+                                                    uid_of_job.get(g["owner"].get("job"), -1), asker_uid)
+            g["owner"].pop("command_argv", None)
+        g["queue"] = bound_list(g.get("queue", []), f"gpu{g['gpu']}_queue", omitted)
+        g["clients"] = bound_list(g.get("clients", []), f"gpu{g['gpu']}_clients", omitted)
+    for key in ("clients", "jobs", "workers"):
+        if key in st:
+            st[key] = bound_list(st[key], key, omitted)
+    if omitted:
+        st["omitted"] = omitted
+    if len(json.dumps(st)) > ops.STATUS_MAX_BYTES:
+        for key in ("clients", "workers"):
+            omitted[key] = omitted.get(key, 0) + len(st.get(key, []))
+            st[key] = []
+        st["omitted"] = omitted
+    return st

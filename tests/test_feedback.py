@@ -1,0 +1,374 @@
+"""What a user sees: the waiting line, the freeze line, the summary and 'timings not protected', --strict,
+--quiet, the report's run facts, --report -, krex status (text, --watch, privacy, bounds), krex trace and
+controller --trace, --metrics, readiness. Real processes, sockets and signals on the fake driver."""
+
+import json
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SNIP, in_namespace, report_of, wait_for
+
+sys.path.insert(0, str(ROOT))
+from krex_ctl import feedback, server_feedback  # noqa: E402
+from krex_ctl.wire import ops, trace as trace_format  # noqa: E402
+
+KREX = [sys.executable, "-m", "krex_ctl"]
+
+
+def krex_cli(krex, *args, env=None, timeout=60, **kw):
+    return subprocess.run(KREX + list(args), env=dict(krex.env, **(env or {})), capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def krex_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("krex:")]
+
+
+def holder(krex, hold_s: float, **env):
+    """A region of hold_s seconds under krex run, returned once the controller granted it: (Popen, its pid)."""
+    proc = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_US": "100",
+                                               "SNIPPET_HOLD_US": str(int(hold_s * 1e6)), **env})
+
+    def granted():
+        for g in krex.status()["gpus"]:
+            o = g["owner"]
+            if o is not None and o["state"] == "held":
+                return o["pid"]
+        return None
+    return proc, wait_for(granted, timeout=60, interval=0.05, what="holder granted")
+
+
+# ---- the summary, the warning, --strict, --quiet ----------------------------------------------------------
+def test_launches_without_a_region_are_said_and_strict_fails_the_run(krex, tmp_path):
+    """10 launches and no region exited 0 with nothing said."""
+    krex.start_controller()
+    hog = {"SNIPPET_SECONDS": "0.2"}
+    out = krex.run([SNIP / "hog"], env=hog)
+    assert out.returncode == 0, out.stderr
+    lines = krex_lines(out.stderr)
+    assert any(line.startswith("krex: 0 regions (0 exclusive, 0 clean)") and "launches" in line for line in lines)
+    assert any("timings not protected" in line and "no region was granted" in line for line in lines), lines
+    for how in ({"args": ["--strict"]}, {"env": {"KREX_STRICT": "1"}}):
+        cmd = KREX + ["run", *how.get("args", []), "--", str(SNIP / "hog")]
+        out = subprocess.run(cmd, env=dict(krex.env, **hog, **how.get("env", {})), capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == feedback.STRICT_EXIT, out.stderr
+        assert "--strict: exit status 5" in out.stderr
+    out = krex_cli(krex, "run", "--hooks", "triton", "--", str(SNIP / "hog"), env=hog)
+    assert "the hooks triton marked none" in out.stderr, out.stderr
+    # the command's own failure is passed through, strict or not
+    out = krex_cli(krex, "run", "--strict", "--", "sh", "-c", "exit 3")
+    assert out.returncode == 3
+
+
+def test_protected_regions_give_the_summary_and_strict_passes(krex, tmp_path):
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex_cli(krex, "run", "--strict", "--report", str(rep), "--", str(SNIP / "region"))
+    assert out.returncode == 0, out.stderr
+    summary = [line for line in krex_lines(out.stderr) if "regions" in line]
+    assert summary and summary[0].startswith("krex: 3 regions (3 exclusive, ") and "15 launches" in summary[0]
+    assert "not protected" not in out.stderr
+    r = report_of(rep)
+    assert r["krex_version"] and r["host"] == os.uname().nodename and r["wall_ns"] > 0 and r["controller"] is True
+    assert r["frozen_ns"] == 0 and r["frozen_ns_by_pid"] == {}
+    assert all(reg["attestation"]["source"] == "fake" for reg in r["regions"])   # never "nvml" on the fake
+
+
+def test_quiet_keeps_only_the_warning(krex):
+    krex.start_controller()
+    for how in (["--quiet"], ["-q"]):
+        out = krex_cli(krex, "run", *how, "--", str(SNIP / "region"))
+        assert out.returncode == 0 and krex_lines(out.stderr) == [], out.stderr
+    out = krex_cli(krex, "run", "--", str(SNIP / "hog"), env={"KREX_QUIET": "1", "SNIPPET_SECONDS": "0.2"})
+    lines = krex_lines(out.stderr)
+    assert lines and all("timings not protected" in line for line in lines), out.stderr
+    out = krex_cli(krex, "run", "--", "true", env={"KREX_QUIET": "maybe"})
+    assert out.returncode == 2 and "KREX_QUIET must be 0 or 1" in out.stderr
+
+
+# ---- waiting, freezing -------------------------------------------------------------------------------------
+def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
+    """A command waiting for the GPU printed nothing for 6.5 s; a neighbour frozen for 3.0 s got no word and its
+    report showed no frozen time."""
+    krex.start_controller()
+    sib_report = tmp_path / "sib.json"
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60,
+             what="hog registered with its context")
+    owner, owner_pid = holder(krex, 8.0)
+    waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
+    out, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err
+    waits = [line for line in krex_lines(err) if line.startswith("krex: waiting")]
+    assert waits, err
+    assert f"held by pid {owner_pid} (" in waits[0] and "region 'timed'" in waits[0] and "for GPU 0" in waits[0]
+    assert "1st of 1 in the queue" in waits[0]
+    owner.communicate(timeout=60)
+    sibling.send_signal(signal.SIGINT)
+    _, sib_err = sibling.communicate(timeout=60)
+    paused = [line for line in krex_lines(sib_err) if "was paused (frozen)" in line]
+    assert paused and f"by pid {owner_pid} (" in paused[0], sib_err
+    r = report_of(sib_report)
+    assert r["frozen_ns"] >= 1e9 and sum(r["frozen_ns_by_pid"].values()) == r["frozen_ns"]
+    assert "frozen " in [line for line in krex_lines(sib_err) if "regions (" in line][0]
+
+
+# ---- the report's destination ----------------------------------------------------------------------------
+def test_report_to_stdout_and_through_devices_and_links(krex, tmp_path):
+    """--report /dev/stdout replaced the link with a regular file; --report /dev/null made a regular file."""
+    krex.start_controller()
+    out = krex_cli(krex, "run", "--report", "-", "--", "true")
+    assert out.returncode == 0 and json.loads(out.stdout)["exit_code"] == 0
+    out = krex_cli(krex, "run", "--report", "/dev/stdout", "--", "true")
+    assert out.returncode == 0 and json.loads(out.stdout)["exit_code"] == 0
+    assert os.path.islink("/dev/stdout") or not os.path.isfile("/dev/stdout")
+    out = krex_cli(krex, "run", "--report", "/dev/null", "--", "true")
+    assert out.returncode == 0 and not os.path.isfile("/dev/null") and Path("/dev/null").is_char_device()
+    target = tmp_path / "target.json"
+    target.write_text("")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    out = krex_cli(krex, "run", "--report", str(link), "--", "true")
+    assert out.returncode == 0 and link.is_symlink() and json.loads(target.read_text())["exit_code"] == 0
+
+
+# ---- KREX_SOCKET where no controller can be started ------------------------------------------------------
+def test_socket_in_a_missing_directory_runs_unprotected_with_one_line_and_strict_fails(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+    env.update(KREX_SOCKET=str(tmp_path / "no" / "such" / "krex.sock"), PYTHONPATH=str(ROOT),
+               XDG_RUNTIME_DIR=str(tmp_path))
+    marker = tmp_path / "ran"
+    out = subprocess.run(KREX + ["run", "--", "touch", str(marker)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and marker.exists() and "Traceback" not in out.stderr
+    assert "does not exist; running without region exclusivity" in out.stderr
+    out = subprocess.run(KREX + ["run", "--strict", "--", str(SNIP / "region")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == feedback.STRICT_EXIT and "timings not protected: no controller" in out.stderr
+
+
+def test_socket_in_a_directory_that_cannot_be_written_is_one_line(tmp_path):
+    """It died with a PermissionError traceback and the command never ran."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    marker = tmp_path / "ran"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+    env.update(KREX_SOCKET=str(ro / "krex.sock"), PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp_path))
+    cmd = KREX + ["run", "--", "touch", str(marker)]
+    if os.getuid() == 0:      # root writes anywhere: the directory is made read-only in a mount namespace
+        ns = in_namespace("-m")
+        if ns is None:
+            pytest.skip("no mount namespace here")
+        cmd = ns + ["sh", "-c", f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec \"$@\"", "sh", *cmd]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 0 and marker.exists()
+    assert "cannot create files in" in out.stderr and "running without region exclusivity" in out.stderr
+
+
+# ---- krex status --------------------------------------------------------------------------------------------
+def test_status_text_names_user_command_and_uuid(krex):
+    krex.start_controller()
+    owner, pid = holder(krex, 4.0)
+    out = krex_cli(krex, "status")
+    assert out.returncode == 0, out.stderr
+    gpu0 = [line for line in out.stdout.splitlines() if line.startswith("GPU 0")][0]
+    assert "GPU-6b726578-" in gpu0 and f"of pid {pid} (" in gpu0 and "snippets/region" in gpu0
+    import pwd
+    assert pwd.getpwuid(os.getuid()).pw_name in gpu0
+    owner.communicate(timeout=60)
+
+
+def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
+    krex.start_controller()
+    p = subprocess.Popen(KREX + ["status", "--watch", "0.2"], env=krex.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert out.count("controller pid") >= 2 and "---" in out, (out, err)
+    assert p.returncode == 0 and "Traceback" not in err
+
+
+def test_status_watch_draws_a_live_table_on_a_terminal(krex):
+    """In a pseudo-terminal: rich's table (box drawing), refreshed, with the holder's row."""
+    krex.start_controller()
+    owner, pid = holder(krex, 6.0)
+    master, slave = pty.openpty()
+    p = subprocess.Popen(KREX + ["status", "--watch", "0.3"], env=dict(krex.env, COLUMNS="160", TERM="xterm"),
+                         stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    data = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (str(pid).encode() in data and data.count(b"krex controller") >= 1
+                                                 and b"held" in data):
+        r, _, _ = select.select([master], [], [], 0.5)
+        if r:
+            try:
+                data += os.read(master, 65536)
+            except OSError:
+                break
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+    os.close(master)
+    owner.communicate(timeout=60)
+    text = data.decode(errors="replace")
+    assert str(pid) in text and "held" in text, text[-2000:]
+    assert any(ch in text for ch in "\u2501\u2500\u2503\u2502"), text[-2000:]    # rich's box drawing
+    assert "Traceback" not in text
+
+
+def test_status_hides_other_users_commands_and_stays_bounded():
+    """One client could break `krex status` for everyone (a reply over 64 KiB: bad frame), and --json showed
+    every user other users' argv (an --api-token=...)."""
+    st = {"controller": {}, "gpus": [{"gpu": 0, "owner": {"job": 1, "command_argv": ["b", "--api-token=x"]},
+                                      "queue": [{"region": i} for i in range(1000)], "clients": list(range(900))}],
+          "clients": [{"id": i, "pid": i, "uid": 7, "role": "cli", "job": None, "gpus": []} for i in range(900)],
+          "jobs": [{"job": 1, "uid": 7, "command": ["b", "--api-token=x"]}] +
+                  [{"job": i, "uid": 7, "command": ["x" * 1010] * 63} for i in range(2, 70)],
+          "counters": {}}
+    other = server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=8)
+    assert other["jobs"][0]["command"] is None and other["gpus"][0]["owner"]["command"] is None
+    assert "api-token" not in json.dumps(other)
+    assert len(json.dumps(other)) <= ops.STATUS_MAX_BYTES and other["omitted"]["gpu0_queue"] == 800
+    same = server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=7)
+    assert same["jobs"][0]["command"] == ["b", "--api-token=x"]
+    assert server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=0)["jobs"][0]["command"]
+
+
+def test_a_huge_argv_runs_and_status_still_answers(krex):
+    """argv over 64 KiB made `krex run` fail without running it; a command of 63 x 1010 characters made the
+    status reply too large."""
+    krex.start_controller()
+    owner, _ = holder(krex, 5.0)
+    big = [krex_cli(krex, "run", "--", "sh", "-c", "exit 0", *(["y" * 1010] * 63))]
+    huge = krex_cli(krex, "run", "--", "sh", "-c", "exit 4", *(["z" * 4096] * 40))
+    assert big[0].returncode == 0 and huge.returncode == 4, huge.stderr
+    p = subprocess.Popen(KREX + ["run", "--", "sleep", "3", *(["w" * 1010] * 63)], env=krex.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(len(j.get("command") or []) > 2 for j in krex.status()["jobs"]), timeout=60,
+             what="the big command's job")
+    out = krex_cli(krex, "status")
+    assert out.returncode == 0 and "bad frame" not in out.stderr, out.stderr
+    p.communicate(timeout=60)
+    owner.communicate(timeout=60)
+
+
+# ---- traces --------------------------------------------------------------------------------------------------
+PHASES = {"B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "R", "c"}
+
+
+def check_trace_event_format(data) -> list:
+    """The Trace Event Format's rules krex's events must keep (JSON Object Format, traceEvents): every event
+    a dict with name, ph of the spec's phases, integer pid (and tid), ts a number in microseconds (metadata
+    needs none), X events a dur >= 0, M events one of the spec's metadata names with args."""
+    assert isinstance(data, dict) and isinstance(data["traceEvents"], list)
+    assert data.get("displayTimeUnit", "ms") in ("ms", "ns")
+    events = data["traceEvents"]
+    for ev in events:
+        assert isinstance(ev, dict) and isinstance(ev.get("name"), str) and ev.get("ph") in PHASES, ev
+        assert isinstance(ev.get("pid"), int) and isinstance(ev.get("tid", 0), int), ev
+        if ev["ph"] == "M":
+            assert ev["name"] in ("process_name", "process_labels", "process_sort_index", "thread_name",
+                                  "thread_sort_index") and isinstance(ev["args"], dict)
+            continue
+        assert isinstance(ev["ts"], (int, float)) and ev["ts"] >= 0, ev
+        if ev["ph"] == "X":
+            assert isinstance(ev["dur"], (int, float)) and ev["dur"] >= 0, ev
+        if ev["ph"] == "i":
+            assert ev.get("s", "t") in ("g", "p", "t")
+        assert isinstance(ev.get("args", {}), dict)
+    json.dumps(data, allow_nan=False)      # no NaN or Infinity: strict JSON, as the UI's parser wants
+    return events
+
+
+def test_krex_trace_turns_a_report_into_a_perfetto_trace(krex, tmp_path):
+    krex.start_controller()
+    sib_report, rep = tmp_path / "sib.json", tmp_path / "r.json"
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60, what="hog")
+    out = krex.run([SNIP / "region"], report=rep)
+    assert out.returncode == 0, out.stderr
+    sibling.send_signal(signal.SIGINT)
+    sibling.communicate(timeout=60)
+    trace = tmp_path / "trace.json"
+    out = krex_cli(krex, "trace", str(rep), "-o", str(trace))
+    assert out.returncode == 0, out.stderr
+    events = check_trace_event_format(json.loads(trace.read_text()))
+    regions = [e for e in events if e["ph"] == "X" and e["pid"] == trace_format.GPU_PID_BASE]
+    assert [e["name"] for e in regions] == ["timed"] * 3 and all(e["args"]["exclusive"] for e in regions)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
+    assert {"GPU 0", "regions", "wait", "handoff"} <= names
+    assert any(e["name"].startswith("frozen for") for e in events)   # the hog was frozen in each region
+    assert any(e["name"] == "drain" for e in events)
+    # two reports on one timeline; a report that is none; an existing file that is not ours stays
+    out = krex_cli(krex, "trace", str(rep), str(sib_report), "-o", "-")
+    assert out.returncode == 0 and check_trace_event_format(json.loads(out.stdout))
+    precious = tmp_path / "precious.json"
+    precious.write_text("mine")
+    out = krex_cli(krex, "trace", str(rep), "-o", str(precious))
+    assert out.returncode == 2 and precious.read_text() == "mine" and out.stderr.startswith("krex: -o ")
+    out = krex_cli(krex, "trace", str(precious), "-o", str(tmp_path / "t2.json"))
+    assert out.returncode == 2 and "not a JSON file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_controller_trace_and_metrics(krex, tmp_path):
+    """krex controller --trace FILE appends every region; --metrics serves Prometheus text."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctl_trace = tmp_path / "ctl-trace.json"
+    krex.start_controller("--trace", str(ctl_trace), "--metrics", f"127.0.0.1:{port}")
+    out = krex.run([SNIP / "region"])
+    assert out.returncode == 0, out.stderr
+    events = check_trace_event_format(trace_format.load(str(ctl_trace)))   # readable while the controller runs
+    assert sum(1 for e in events if e["ph"] == "X" and e["name"] == "timed") == 3
+
+    def scrape():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    text = wait_for(lambda: (lambda t: t if 'krex_queue_length{gpu="0"}' in t else None)(scrape()), timeout=30,
+                    interval=0.2, what="metrics sampled")
+    assert 'krex_regions_granted_total{gpu="0"} 3.0' in text
+    assert 'krex_region_wait_seconds_count{gpu="0"} 3.0' in text and "krex_region_hold_seconds_bucket" in text
+    assert 'krex_queue_length{gpu="0"}' in text and 'krex_frozen_processes{gpu="0"}' in text
+    krex.stop()
+    data = json.loads(ctl_trace.read_text())     # closed at the end: a complete JSON array
+    assert isinstance(data, list)
+
+
+def test_controller_trace_never_replaces_a_file_and_metrics_address_is_checked(krex, tmp_path):
+    precious = tmp_path / "precious"
+    precious.write_text("mine")
+    for args, why in ((["--trace", str(precious)], "exists"), (["--metrics", "nowhere"], "is not HOST:PORT")):
+        out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), *args)
+        assert out.returncode == 2 and why in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert precious.read_text() == "mine"
+
+
+def test_controller_says_ready_to_systemd(krex, tmp_path):
+    """Type=notify: READY=1 on NOTIFY_SOCKET once the socket serves."""
+    path = tmp_path / "notify"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(path))
+    s.settimeout(60)
+    krex.env["NOTIFY_SOCKET"] = str(path)
+    krex.start_controller()
+    msg = s.recv(4096).decode()
+    assert "READY=1" in msg.splitlines() and krex.answers()
+    s.close()
