@@ -12,7 +12,7 @@
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/feedback_h200.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-fb; mkdir -p "$OUT" $W
+OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-fb; rm -rf $W; mkdir -p "$OUT" $W   # a new run: a trace file left there would stop --trace
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
@@ -64,14 +64,14 @@ $K --hooks triton --report $W/hook.json -- python3 $W/agent_hook.py > $W/hook.ou
 sleep 12
 python3 -m krex_ctl status > $OUT/status.txt 2>&1
 python3 -m krex_ctl status --watch 1 > $W/watch.txt 2>&1 & WATCH=$!
-[ -n "$METRICS" ] && curl -s 127.0.0.1:9464/metrics > $W/metrics-during.txt
+[ -n "$METRICS" ] && curl -s -m 5 127.0.0.1:9464/metrics > $W/metrics-during.txt
 for t in $(seq 240); do   # until every agent is done, or 4 min
   alive=0; for p in $P1 $P2 $P3 $P4; do kill -0 $p 2>/dev/null && alive=1; done
   [ $alive = 1 ] || break; sleep 1
 done
 for p in $P1 $P2 $P3 $P4; do kill -0 $p 2>/dev/null && kill -INT $p; wait $p; echo "agent $p rc=$?"; done
 kill -INT $WATCH 2>/dev/null; wait $WATCH 2>/dev/null
-[ -n "$METRICS" ] && { cat $W/metrics-during.txt; echo "# --- at the end"; curl -s 127.0.0.1:9464/metrics; } \
+[ -n "$METRICS" ] && { cat $W/metrics-during.txt; echo "# --- at the end"; curl -s -m 5 127.0.0.1:9464/metrics; } \
   | grep -v '^# HELP' > $OUT/metrics.txt
 kill -TERM $CTL; wait $CTL
 for a in busy region1 region2 hook; do
