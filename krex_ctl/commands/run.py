@@ -30,7 +30,7 @@ from ..environ import RunOptions, check_environment, check_hooks, check_overlap,
 from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
-from ..wire.client import Connection, ControllerError, peer_uid
+from ..wire.client import Connection, ControllerError, ControllerRefused, peer_uid
 from ..signals import Forwarder, block
 
 
@@ -110,9 +110,12 @@ def counters_dirs() -> list:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]",
+@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]|any",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
-                   "one region covers them all.")
+                   "one region covers them all; 'any': the one the controller places it on (the default unless "
+                   "CUDA_VISIBLE_DEVICES is set already).")
+@click.option("--gpus", "want_gpus", type=click.IntRange(1, 64), default=None, metavar="N",
+              help="Run on N GPUs the controller chooses (the least loaded ones).")
 @click.option("--report", "report_path", type=click.Path(), default=None,
               help="Write a JSON report of launches, contexts and regions here.")
 @click.option("--cold", is_flag=True, help="Never dispatch a Python command to a warm worker.")
@@ -122,7 +125,7 @@ def counters_dirs() -> list:
               help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
                    "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
+def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     command = list(command)
     if command and command[0] == "--":
@@ -134,7 +137,9 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
         check_hooks(hooks)
     if overlap is not None:
         check_overlap(overlap)
-    gpus = parse_gpus(gpu_spec) if gpu_spec is not None else None
+    if gpu_spec is not None and want_gpus is not None:
+        raise KrexCommandError("--gpu and --gpus: give one of them", 2)
+    gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any") else None
     report_file = report.check_path(report_path) if report_path else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
@@ -172,9 +177,16 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
+        try:
+            placed = choose_gpus(guardian, gpus, want_gpus or (1 if gpu_spec == "any" else None), os.environ)
+        except KrexCommandError:
+            cleanup(counters)
+            raise
+        if placed is not None:
+            gpus, uuids = placed
         guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command, gpus=gpus or [])
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
-        if gpus:
+        if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
@@ -199,6 +211,28 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
     forwarder.aim(None)
     exit_code = rc if rc >= 0 else killed_by(-rc)
     finish(guardian, counters, report_file, command, exit_code, {}, [], env.get("KREX_OVERLAP"))
+
+
+def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int], environ) -> Optional[tuple]:
+    """The command's GPUs and their UUIDs, from the controller (ops.PLACE): the named ones, checked against
+    the node (a GPU it does not have: one line, exit status 2), or `want` of them placed by load
+    (policy/placement.py). With neither, a caller that chose its devices already (CUDA_VISIBLE_DEVICES or
+    HIP_VISIBLE_DEVICES set, as a Ray worker or Slurm sets them) keeps them: None, nothing changes; else one
+    GPU is placed. None also when the controller gives no answer (an older one): the command runs as named."""
+    if named is None and want is None:
+        if any(v in environ for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "KREX_GPU")):
+            return None
+        want = 1
+    try:
+        reply = guardian.conn.request(ops.PLACE, timeout=5.0, **({"gpus": named} if named else {"want": want}))
+    except ControllerRefused as e:
+        text = str(e).removeprefix("controller: ")
+        if text.startswith("unknown op"):
+            return None
+        raise KrexCommandError(text, 2) from None
+    except ControllerError:
+        return None
+    return [int(g) for g in reply["gpus"]], reply.get("uuids")
 
 
 def cleanup(counters: Optional[Path]) -> None:

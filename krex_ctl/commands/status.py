@@ -36,9 +36,18 @@ def status(as_json: bool, socket_path) -> None:
         for q in g["queue"]:
             click.echo(f"    waiting: region {q['region']} '{q['name']}' of pid {q['pid']} for {q['waiting_s']:.3f} s")
     click.echo(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)")
+    echo_placement(st.get("placement", []))
     for z in st.get("zygotes", []):
         mine = [w for w in st.get("workers", []) if w["gpu"] == z["gpu"]]
         how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
         click.echo(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
                    f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
     click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
+
+
+def echo_placement(rows: list) -> None:
+    """One line: the jobs on each GPU of the node (what `krex run` with no --gpu places by)."""
+    if rows:
+        click.echo("placement: " + ", ".join(
+            f"GPU {r['gpu']} {r['jobs']} job(s)" + (f" {r['free_bytes'] / 2**30:.0f} GiB free"
+                                                    if r.get("free_bytes") is not None else "") for r in rows))
