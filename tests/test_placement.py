@@ -49,6 +49,7 @@ WAIT = ("import os, sys, time\n"
 
 
 def start_node(krex, n):
+    krex.env.pop("CUDA_VISIBLE_DEVICES", None)      # no devices of its own: krex run places the command
     krex.env["KREX_FAKE_GPUS"] = str(n)
     krex.env["KREX_WARM_WORKERS"] = "0"
     krex.start_controller()
