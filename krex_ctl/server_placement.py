@@ -3,7 +3,7 @@
 import time
 
 from .policy import placement
-from .policy.scheduler import list_to_mask, mask_to_list
+from .policy.scheduler import list_to_mask
 from .wire.frames import C
 
 
@@ -37,8 +37,9 @@ def place_reply(ctl, client, req: dict) -> dict:
             gpus = placement.place(loads(ctl), int(req.get("want", 1)))
     except (placement.PlacementError, TypeError, ValueError) as e:
         return {"error": str(e)}
-    client.job.gpus = list_to_mask(g for g in gpus if 0 <= g < C.KREX_MAX_GPUS)
-    return {"gpus": mask_to_list(client.job.gpus), "uuids": [ctl.gpus.uuid_text(g) for g in gpus]}
+    gpus = [g for i, g in enumerate(gpus) if 0 <= g < C.KREX_MAX_GPUS and g not in gpus[:i]]
+    client.job.gpus = list_to_mask(gpus)
+    return {"gpus": gpus, "uuids": [ctl.gpus.uuid_text(g) for g in gpus]}   # in the order named
 
 
 def status_section(ctl) -> list:

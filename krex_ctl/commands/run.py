@@ -26,7 +26,8 @@ import click
 from .. import dispatch, paths, procs
 from ..wire import counters as counters_file, report
 from ..embedded import ensure_controller
-from ..environ import RunOptions, check_environment, check_hooks, check_overlap, parse_gpus, preload_environ
+from ..environ import (RunOptions, check_environment, check_hooks, check_overlap, check_region_timeout, parse_gpus,
+                       preload_environ)
 from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
@@ -124,8 +125,12 @@ def counters_dirs() -> list:
 @click.option("--overlap", default=None, metavar="CONTROLS",
               help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
                    "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
+@click.option("--region-timeout", default=None, metavar="S",
+              help="Wait at most S seconds for each region's grant (KREX_REGION_TIMEOUT): then the request is "
+                   "cancelled; krex.region raises RegionTimeout, C's begin returns -3, hooks time unprotected "
+                   "(the report marks it not_granted).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, command) -> None:
+def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     command = list(command)
     if command and command[0] == "--":
@@ -137,6 +142,8 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, command) -> None
         check_hooks(hooks)
     if overlap is not None:
         check_overlap(overlap)
+    if region_timeout is not None:
+        region_timeout = check_region_timeout(region_timeout)
     if gpu_spec is not None and want_gpus is not None:
         raise KrexCommandError("--gpu and --gpus: give one of them", 2)
     gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any") else None
@@ -190,7 +197,8 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, command) -> None
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
-        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap))
+        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap,
+        region_timeout=region_timeout))
     if env.get("KREX_OVERLAP"):
         cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
 
