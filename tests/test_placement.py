@@ -112,3 +112,16 @@ def test_gpus_n_and_callers_devices(krex):
     anyg = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "any", "--"] + show,
                           env=dict(krex.env, CUDA_VISIBLE_DEVICES="3"), capture_output=True, text=True, timeout=60)
     assert anyg.returncode == 0 and anyg.stdout.split()[0].startswith("GPU-"), anyg.stderr
+
+
+def test_gpu_own_places_nothing(krex):
+    """--gpu own (what krex.ray's workers use: Ray names the GPU later, per task): no GPU is placed or set."""
+    import subprocess
+    start_node(krex, 4)
+    show = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('KREX_GPU'))"]
+    own = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--"] + show, env=krex.env,
+                         capture_output=True, text=True, timeout=60)
+    assert own.returncode == 0 and own.stdout.split() == ["None", "None"], (own.stdout, own.stderr)
+    both = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--gpus", "2", "--", "true"],
+                          env=krex.env, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and both.stderr.startswith("krex: --gpu and --gpus"), both.stderr

@@ -309,9 +309,9 @@ def test_runtime_env_wraps_the_worker_and_merges():
     env = kray.runtime_env({"env_vars": {"A": "1"}, "working_dir": "/w"}, hooks="triton")
     assert env["env_vars"] == {"A": "1"} and env["working_dir"] == "/w"
     exe = env["py_executable"]
-    assert exe == f"{sys.executable} -m krex_ctl run --cold --hooks triton -- {sys.executable}"
+    assert exe == f"{sys.executable} -m krex_ctl run --cold --gpu own --hooks triton -- {sys.executable}"
     custom = kray.runtime_env(py_executable="/opt/py/bin/python -X dev", krex="krex")
-    assert custom["py_executable"] == "krex run --cold -- /opt/py/bin/python -X dev"
+    assert custom["py_executable"] == "krex run --cold --gpu own -- /opt/py/bin/python -X dev"
     for field in ("pip", "conda", "nsight", "_nsight", "image_uri"):
         with pytest.raises(ValueError, match=field):
             kray.runtime_env({field: "x"})

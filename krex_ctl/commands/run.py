@@ -111,10 +111,11 @@ def counters_dirs() -> list:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]|any",
+@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]|any|own",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
                    "one region covers them all; 'any': the one the controller places it on (the default unless "
-                   "CUDA_VISIBLE_DEVICES is set already).")
+                   "CUDA_VISIBLE_DEVICES is set already); 'own': the devices the command chooses itself (nothing "
+                   "placed or set: a Ray worker, which Ray gives GPUs per task).")
 @click.option("--gpus", "want_gpus", type=click.IntRange(1, 64), default=None, metavar="N",
               help="Run on N GPUs the controller chooses (the least loaded ones).")
 @click.option("--report", "report_path", type=click.Path(), default=None,
@@ -144,9 +145,11 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         check_overlap(overlap)
     if region_timeout is not None:
         region_timeout = check_region_timeout(region_timeout)
-    if gpu_spec is not None and want_gpus is not None:
+    if gpu_spec == "own" and want_gpus is None:
+        want_gpus = 0                     # nothing to place (choose_gpus)
+    elif gpu_spec is not None and want_gpus is not None:
         raise KrexCommandError("--gpu and --gpus: give one of them", 2)
-    gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any") else None
+    gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any", "own") else None
     report_file = report.check_path(report_path) if report_path else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
@@ -185,7 +188,8 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
         try:
-            placed = choose_gpus(guardian, gpus, want_gpus or (1 if gpu_spec == "any" else None), os.environ)
+            want = want_gpus if want_gpus is not None else (1 if gpu_spec == "any" else None)
+            placed = choose_gpus(guardian, gpus, want, os.environ)
         except KrexCommandError:
             cleanup(counters)
             raise
@@ -227,6 +231,8 @@ def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int]
     (policy/placement.py). With neither, a caller that chose its devices already (CUDA_VISIBLE_DEVICES or
     HIP_VISIBLE_DEVICES set, as a Ray worker or Slurm sets them) keeps them: None, nothing changes; else one
     GPU is placed. None also when the controller gives no answer (an older one): the command runs as named."""
+    if want == 0:                         # --gpu own
+        return None
     if named is None and want is None:
         if any(v in environ for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "KREX_GPU")):
             return None
