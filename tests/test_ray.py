@@ -57,7 +57,10 @@ def test_the_shim_takes_the_gpu_named_after_it_was_loaded(krex, tmp_path, visibl
     krex.start_controller()
     script = tmp_path / "late.py"
     script.write_text(LATE_DEVICE)
-    out = krex.run([sys.executable, script, visible], env={"LD_LIBRARY_PATH": str(FAKES)})
+    # as krex.ray starts a worker: `krex run --gpu own` (Ray names the GPU later; nothing is placed)
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--", sys.executable, str(script),
+                          visible], env=dict(krex.env, LD_LIBRARY_PATH=str(FAKES)), capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert "gpus 1 granted True" in out.stdout, out.stdout
     assert f"uuid [{UUID1!r}]" in out.stdout if nvml else "uuid [None]" in out.stdout, out.stdout
