@@ -9,17 +9,25 @@ from .wire.frames import C
 
 def loads(ctl) -> list:
     """A GpuLoad for every GPU of the node: jobs placed there (declared GPUs) or with a context there, the
-    region time held and queued there so far, its free memory."""
+    region time held and queued there so far, its free memory, its idle warm workers. The pool's processes
+    (zygotes, workers) are capacity, not load: a job counts while a process of its own is connected."""
     now = time.monotonic()
     node = ctl.gpus.node(ctl.cfg.gpus)
+    pool = {w.pid for w in ctl.pool.workers} | {z.client.pid for z in ctl.pool.zygotes.values()
+                                                  if getattr(z, "client", None) is not None}
     out = []
     for g in node:
         bit = 1 << g
-        jobs = sum(1 for j in ctl.jobs.values() if j.gpus & bit or any(c.devices & bit for c in j.clients))
+        jobs = 0
+        for j in ctl.jobs.values():
+            mine = [c for c in j.clients if c.pid not in pool]     # a job only warm workers are left in is over
+            if mine and (j.gpus & bit or any(c.devices & bit for c in mine)):
+                jobs += 1
+        warm = sum(1 for w in ctl.pool.workers if w.state == "idle" and w.key[0] == g)
         held = sum(now - r.started for r in ctl.book.regions.values() if r.gpu_mask & bit)
         queued = sum(max(0.0, (time.monotonic_ns() - q.requested_ns) / 1e9) for q in ctl.book.queue
                      if q.gpu_mask & bit)
-        out.append(placement.GpuLoad(g, jobs, held + queued, ctl.gpus.free_bytes(g)))
+        out.append(placement.GpuLoad(g, jobs, held + queued, ctl.gpus.free_bytes(g), warm))
     return out
 
 

@@ -31,6 +31,11 @@ def test_region_time_and_memory_break_ties():
     assert placement.place([GpuLoad(0, 0, 0.0, None), GpuLoad(1, 0, 0.0, None)]) == [0]
 
 
+def test_idle_warm_workers_draw_a_command():
+    assert placement.place([GpuLoad(0, 1), GpuLoad(1, 1, warm_idle=2)]) == [1]
+    assert placement.place([GpuLoad(0, 0), GpuLoad(1, 1, warm_idle=2)]) == [0]     # jobs first
+
+
 def test_want_n_and_bad_requests():
     loads = [GpuLoad(0, 2), GpuLoad(1, 0), GpuLoad(2, 1), GpuLoad(3, 0)]
     assert placement.place(loads, 2) == [1, 3]

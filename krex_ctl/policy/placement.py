@@ -6,9 +6,12 @@ for `want` GPUs (`--gpu any`: 1; `--gpus N`: N). The choice, GPU by GPU, is the 
 
     1. a GPU with room: free memory at least MIN_FREE_BYTES (or unknown) before one without
     2. fewer jobs on it (so N commands on G GPUs spread with at most one more on any GPU than on another)
-    3. less region time queued and held there (a GPU whose timings are backed up waits longest)
-    4. more free memory
-    5. the lower index (a stable, predictable tie-break)
+    3. more idle warm workers there (a Python command may start in one at once)
+    4. less region time queued and held there (a GPU whose timings are backed up waits longest)
+    5. more free memory
+    6. the lower index (a stable, predictable tie-break)
+
+The warm-worker pool's own processes (zygotes, idle workers) are capacity, not load: they count as no job.
 
 Jobs come first because a command's region time is not known when it starts and its load lasts the whole
 command; region time and memory decide among GPUs equally shared."""
@@ -25,6 +28,7 @@ class GpuLoad:
     jobs: int = 0
     region_s: float = 0.0       # queued and held region time on this GPU, seconds
     free_bytes: Optional[int] = None
+    warm_idle: int = 0          # idle warm workers on this GPU
 
 
 class PlacementError(ValueError):
@@ -33,7 +37,7 @@ class PlacementError(ValueError):
 
 def _key(load: GpuLoad) -> tuple:
     full = load.free_bytes is not None and load.free_bytes < MIN_FREE_BYTES
-    return (full, load.jobs, round(load.region_s, 3), -(load.free_bytes or 0), load.gpu)
+    return (full, load.jobs, -load.warm_idle, round(load.region_s, 3), -(load.free_bytes or 0), load.gpu)
 
 
 def place(loads: Iterable[GpuLoad], want: int = 1) -> list[int]:
