@@ -125,6 +125,24 @@ def test_back_to_back_regions_wait_for_the_share_of_a_held_off_sibling():
     assert max(waits) <= 5.0 * math.log(2.0 * 5.0 / 5.0) + 2.0
 
 
+def test_a_request_waiting_for_its_share_does_not_hold_back_others():
+    """job A (user 1) is over its job's share but first in the order (its user had less); user 2's request
+    behind it is within its share: it starts now, the GPU does not idle for A's wait."""
+    w = world()
+    a, a2 = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 1)
+    e = uclient(w, 3, Job(3), 2)
+    f = w.book.fair
+    f.charge(("user", 1), 1, 2.0, w.now)
+    f.charge(("job", a.job), 1, 2.0, w.now)
+    f.charge(("user", 2), 1, 2.4, w.now)
+    f.charge(("job", e.job), 1, 2.4, w.now)
+    w.book.held_off[0] = {(1, a2.job), (2, e.job)}     # held off by the last region: two users, user 1 with two jobs
+    out = w.request(a)
+    assert any(isinstance(x, P.Recheck) for x in out) and not any(isinstance(x, P.CloseGates) for x in out)
+    out = w.request(e)
+    assert any(isinstance(x, P.CloseGates) and x.region.owner is e for x in out), kinds(out)
+
+
 def test_alone_on_a_gpu_never_waits():
     w = world()
     a = uclient(w, 1, Job(1), 1)

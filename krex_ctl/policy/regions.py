@@ -317,7 +317,10 @@ class Regions:
             self.counters["fair_share_waits"] += 1
         self.deferred = set(delays)
         out: list = []
-        for req in startable(order, busy, waiting=lambda q: self.freezes.frozen(q.owner) or q.id in delays):
+        # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
+        # may start now); once within its share it keeps its place again
+        for req in startable([q for q in order if q.id not in delays], busy,
+                             waiting=lambda q: self.freezes.frozen(q.owner)):
             self.queue.remove(req)
             req.owner.request = None
             out += self._start(req, now)
