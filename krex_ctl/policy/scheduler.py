@@ -63,8 +63,9 @@ class FairShare:
       over its share (1 / users contending) or whose job is over its share of its user's (1 / its user's jobs
       contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
       when it has a request waiting there, or when the last region there held it off (froze it, or found
-      GPU work of its in flight at the drain). One agent with back-to-back regions thus leaves the others at
-      least about their share of every window, and one alone on a GPU is never slowed.
+      GPU work of its in flight at the drain). Meanwhile it steps aside: the requests behind it may start.
+      One agent with back-to-back regions thus leaves the others at least about their share of every
+      window, and one alone on a GPU is never slowed.
 
     A request waits at most: the region running, plus the regions of every unit below it in usage, each
     bounded by the time limit; and a unit over its share waits at most window_s * ln(usage / share)."""
