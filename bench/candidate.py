@@ -18,6 +18,9 @@ ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--region", action="store_true")
+ap.add_argument("--repeat", type=int, default=1,
+                help="time candidate and reference this many times each (one do_bench, one region, each); the "
+                     "JSON line gets every timing in candidate_all_ms / reference_all_ms")
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
@@ -103,15 +106,18 @@ with tempfile.TemporaryDirectory() as td:
     torch.cuda.synchronize()
     compile_s = time.monotonic() - t1
     ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
-    timings = {}
-    for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
-        if args.region:
-            import krex
+    timings, every = {}, {"candidate": [], "reference": []}
+    for _ in range(max(1, args.repeat)):
+        for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
+            if args.region:
+                import krex
 
-            with krex.region(f"do_bench.{name}"):
-                timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        else:
-            timings[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                with krex.region(f"do_bench.{name}"):
+                    t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            else:
+                t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            timings.setdefault(name, t)
+            every[name].append(t)
     probe = {}
     if args.probe:
         import gc
@@ -157,5 +163,7 @@ with tempfile.TemporaryDirectory() as td:
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
+                  **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
+                     if args.repeat > 1 else {}),
                   "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
 sys.exit(0 if ok else 1)

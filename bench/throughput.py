@@ -15,6 +15,8 @@ torch.mm) work through the same list of candidate specs in each mode:
             reported as warmup_s.
   krexnofreeze  as krex, with `krex controller --no-freeze`: the others are kept off the GPU by the gate
             and the drain only, their CPU work (compiling, importing) goes on during a region
+  krexbusy  as krex, with `krex controller --freeze-policy busy`: only the siblings whose GPU work was in
+            flight at the drain are stopped
 Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
 16384 (> 10 ms), drawn 15/15/25/30/15 %.
@@ -34,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy")
+CANDIDATE_ARGS: list = []           # more arguments for every candidate command (bench/freeze_policy.py)
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
 
@@ -93,6 +96,8 @@ class Controllers:
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
             elif mode == "krexnofreeze":
                 args += ["--no-freeze"]
+            elif mode == "krexbusy":
+                args += ["--freeze-policy", "busy"]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
@@ -134,7 +139,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 idx, spec = todo.pop(0)
             nonce = nonce_base + idx
             cmd = [sys.executable, CANDIDATE, "--size", str(spec["size"]),
-                   "--variant", str(spec["variant"]), "--nonce", str(nonce)]
+                   "--variant", str(spec["variant"]), "--nonce", str(nonce)] + CANDIDATE_ARGS
             env = dict(os.environ)
             report = tmp / f"{mode}-{agents}-{idx}.json"
             if mode == "cmdlock":
@@ -160,6 +165,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 row["region_wait_s"] = sum((r["granted_ns"] - r["requested_ns"]) / 1e9 for r in regs)
                 row["drain_s"] = sum(r.get("drain_ns", 0) / 1e9 for r in regs)
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
+                row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
             with lock:
                 rows.append(row)
 

@@ -9,10 +9,18 @@ clock settle, no process record); the loaded shim interposes nothing (RTLD_LOCAL
 Waiting for a grant is interruptible: the wait runs in slices, so Ctrl-C (KeyboardInterrupt) or any other
 exception raised in a wait cancels the request at the controller before it propagates, and nothing is
 left behind. After a region, `krex.last_region()` (or the `region` object) says whether it was granted,
-exclusive and clean, and names its taints."""
+exclusive and clean, and names its taints.
+
+Bounded waits (flock -w style): `krex.region(name, timeout=S)`, or KREX_REGION_TIMEOUT=S for every region
+(`krex run --region-timeout S`). When no grant comes in S seconds the request is cancelled at the
+controller and RegionTimeout is raised; the hooks instead go on timing without exclusivity, and the report
+marks that region not_granted."""
 
 import contextlib
+import math
+import os
 import sys
+import time
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
@@ -54,6 +62,28 @@ def _shim():
         return None
 
 
+class RegionTimeout(TimeoutError):
+    """No grant came within the region's timeout; the request was cancelled at the controller."""
+
+
+def env_timeout() -> Optional[float]:
+    """KREX_REGION_TIMEOUT in seconds, None without it (or, with a warning once, when it is not a number)."""
+    value = os.environ.get("KREX_REGION_TIMEOUT", "")
+    if not value:
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        t = -1.0
+    if not 0 <= t <= 86400 or math.isnan(t):
+        if not _open.get("warned_timeout"):
+            _open["warned_timeout"] = True
+            print(f"krex: KREX_REGION_TIMEOUT={value!r} is not a number of seconds (0 to 86400): ignored",
+                  file=sys.stderr)
+        return None
+    return t
+
+
 def _gpu_mask(gpu) -> int:
     if gpu is None:
         return 0
@@ -66,17 +96,27 @@ def _gpu_mask(gpu) -> int:
     return m
 
 
-def krex_region_begin(name: str = "region", gpu=None) -> int:
+def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] = None) -> int:
     """Block until this process holds the GPU(s) alone. 0: granted or nested; -1: no krex (unprotected);
-    -2: refused. An exception while waiting (Ctrl-C) cancels the request and propagates."""
+    -2: refused; -3: not granted within timeout seconds (default KREX_REGION_TIMEOUT; None: no limit): the
+    request was cancelled at the controller and the region runs unprotected, marked not_granted (end it
+    with krex_region_end as always). An exception while waiting (Ctrl-C) cancels the request and propagates."""
     mask = _gpu_mask(gpu)
+    if timeout is None:
+        timeout = env_timeout()
+    if timeout is not None and not (0 <= float(timeout) < math.inf):
+        raise ValueError(f"timeout must be a number of seconds (0 or more), not {timeout!r}")
     lib = _shim()
     if lib is None:
         return -1
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
     r = lib.krex_region_request(name.encode()[:C.KREX_NAME_MAX - 1], mask)
     try:
         while r == 1:
-            r = lib.krex_region_wait(WAIT_SLICE_MS)   # cffi releases the GIL; signals are handled between slices
+            left = WAIT_SLICE_MS if deadline is None else min(WAIT_SLICE_MS, (deadline - time.monotonic()) * 1e3)
+            if left <= 0:
+                return lib.krex_region_give_up()
+            r = lib.krex_region_wait(max(1, int(left)))   # cffi releases the GIL; signals are handled between slices
     except BaseException:
         lib.krex_region_cancel()
         raise
@@ -113,15 +153,33 @@ class region(contextlib.ContextDecorator):
     After the block: r.granted, r.exclusive, r.clean, r.taints, r.revoked, r.sm_clock_mhz (r.info has them
     all); None inside the block, and for a block nested in another (it is part of the outer one)."""
 
-    def __init__(self, name: str = "region", gpu=None, gpus=None):
+    def __init__(self, name: str = "region", gpu=None, gpus=None, timeout: Optional[float] = None,
+                 on_timeout: str = "raise"):
+        """timeout: seconds to wait for the grant (default KREX_REGION_TIMEOUT, else no limit); on_timeout
+        "raise" (RegionTimeout, the request cancelled) or "unprotected" (the block runs without exclusivity,
+        marked not_granted: what the hooks do)."""
+        if on_timeout not in ("raise", "unprotected"):
+            raise ValueError(f"on_timeout must be 'raise' or 'unprotected', not {on_timeout!r}")
         self.name = name
         self.gpus = gpus if gpus is not None else gpu
+        self.timeout = timeout
+        self.on_timeout = on_timeout
         self.status: Optional[int] = None
         self.info: Optional[RegionInfo] = None
 
     def __enter__(self) -> "region":
         self.info = None
-        self.status = krex_region_begin(self.name, self.gpus)   # an exception here has cancelled the request
+        # an exception here has cancelled the request
+        self.status = krex_region_begin(self.name, self.gpus, self.timeout)
+        if self.status == -3 and self.on_timeout == "raise":
+            krex_region_end()          # the unprotected region it became is closed (recorded not_granted)
+            with _lock:
+                outermost = _open["n"] == 0
+            if outermost:
+                self.info = last_region()
+            waited = self.timeout if self.timeout is not None else env_timeout()
+            raise RegionTimeout(f"krex: region {self.name!r} not granted within {waited:g} s; the request was "
+                                "cancelled")
         with _lock:
             _open["n"] += 1
         return self

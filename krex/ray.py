@@ -81,7 +81,8 @@ def runtime_env(base: Optional[Mapping] = None, *, python: Optional[str] = None,
     launcher = krex or f"{shlex.quote(sys.executable)} -m krex_ctl"
     if _wrapped(inner):
         raise ValueError("krex.ray.runtime_env: py_executable already runs under `krex run`")
-    opts = ["--cold"] + (["--hooks", shlex.quote(hooks)] if hooks else [])
+    # --gpu own: Ray gives the worker its GPUs per task (CUDA_VISIBLE_DEVICES, set later): nothing is placed
+    opts = ["--cold", "--gpu", "own"] + (["--hooks", shlex.quote(hooks)] if hooks else [])
     env["py_executable"] = f"{launcher} run {' '.join(opts)} -- {inner}"
     return env
 
@@ -125,7 +126,7 @@ def run_command(command: Union[str, Sequence[str]], hooks: Optional[str] = None,
     fd, report_path = tempfile.mkstemp(prefix="krex-ray-", suffix=".json")
     os.close(fd)
     os.unlink(report_path)              # `krex run --report` makes it
-    wrapper = [sys.executable, "-m", "krex_ctl", "run", "--report", report_path]
+    wrapper = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--report", report_path]   # Ray's devices
     if hooks:
         wrapper += ["--hooks", hooks]
     proc = subprocess.Popen(wrapper + ["--"] + argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,

@@ -77,6 +77,8 @@ class Config:
     owner_cpus: str = "reserved"               # reserved: the owner's threads on the reserved cores only;
                                                # own-and-reserved: they keep their CPUs and gain the reserved ones
     freeze: bool = True                        # SIGSTOP the other GPU processes during a region
+    freeze_policy: str = "all"                 # all, busy (only siblings with GPU work in flight), none
+    fair_window_s: float = 5.0                 # the fair share's window (policy/scheduler.py FairShare); 0: off
     attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
     lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits
     lifecycle_timeout_s: float = 2.0           # longest wait for that barrier (then the region is tainted)
@@ -118,6 +120,7 @@ FLAGS = {
     "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
     "clock_settle_pct": "--clock-settle-pct", "metrics": "--metrics", "trace": "--trace",
+    "freeze_policy": "--freeze-policy", "fair_window_s": "--fair-window",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)
@@ -126,10 +129,11 @@ _SECONDS = {"region_time_limit_s": (0, 86400.0, True), "drain_timeout_s": (0, 36
             "lifecycle_timeout_s": (0, 60.0, True), "settle_ms": (0, 10000.0, False),
             "settle_ms_per_gib": (0, 10000.0, False), "clock_drop_pct": (0, 100.0, False),
             "busy_before_us": (0, 1e7, False), "clock_settle_ms": (0, 10000.0, False),
-            "clock_settle_pct": (0, 100.0, True)}
+            "clock_settle_pct": (0, 100.0, True), "fair_window_s": (0, 3600.0, False)}
 _COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "max_handshakes_per_uid": (1, 1 << 16),
            "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
 OWNER_CPUS = ("reserved", "own-and-reserved")
+FREEZE_POLICIES = ("all", "busy", "none")       # policy/regions.py freeze_policy
 _BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier")
 
 
@@ -229,6 +233,8 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         fail("worker_preload", f"must be a comma-separated list of modules, not {cfg.worker_preload!r}")
     if cfg.owner_cpus not in OWNER_CPUS:
         fail("owner_cpus", f"must be one of {', '.join(OWNER_CPUS)}, not {cfg.owner_cpus!r}")
+    if cfg.freeze_policy not in FREEZE_POLICIES:
+        fail("freeze_policy", f"must be one of {', '.join(FREEZE_POLICIES)}, not {cfg.freeze_policy!r}")
     if not isinstance(cfg.log_level, str) or cfg.log_level.lower() not in LOG_LEVELS:
         fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
     cfg.log_level = cfg.log_level.lower()

@@ -38,6 +38,7 @@ class RunOptions:
     job_root: int = 0                         # the wrapper's pid: its descendants find its job again
     gpu_uuids: Optional[list[str]] = None     # the same GPUs by UUID, where the controller knows them
     overlap: Optional[str] = None             # `--overlap`: the overlap controls (KREX_OVERLAP), checked
+    region_timeout: Optional[float] = None    # `--region-timeout`: KREX_REGION_TIMEOUT, seconds
 
 
 def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]:
@@ -67,6 +68,8 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
         env["HIP_VISIBLE_DEVICES"] = indices
     if opts.overlap is not None:
         env["KREX_OVERLAP"] = opts.overlap
+    if opts.region_timeout is not None:
+        env["KREX_REGION_TIMEOUT"] = f"{opts.region_timeout:g}"
     if "priority" in env.get("KREX_OVERLAP", "").split(","):
         env.setdefault("TORCH_NCCL_HIGH_PRIORITY", "1")   # PyTorch's NCCL streams from its high-priority pool
     hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")
@@ -126,6 +129,23 @@ def check_environment(env: Mapping[str, str]) -> None:
         check_hooks(hooks, "KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         check_overlap(env["KREX_OVERLAP"], "KREX_OVERLAP")
+    if env.get("KREX_REGION_TIMEOUT"):
+        check_region_timeout(env["KREX_REGION_TIMEOUT"], "KREX_REGION_TIMEOUT")
+
+
+def check_region_timeout(value, what: str = "--region-timeout") -> float:
+    """Seconds a region may wait for its grant (0 to 86400); else one line naming `what`, exit status 2."""
+    import math
+
+    from .errors import KrexCommandError
+
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = -1.0
+    if math.isnan(t) or not 0 <= t <= 86400:
+        raise KrexCommandError(f"{what} must be a number of seconds (0 to 86400), not {value!r}", 2)
+    return t
 
 
 OVERLAP_CONTROL = r"priority|shape=([1-9]|[12][0-9]|3[0-2])|sm_target=[1-9][0-9]{0,4}"   # shim/overlap.c's grammar

@@ -19,7 +19,7 @@ class GpuTable:
     def __init__(self, cfg, gate) -> None:
         self.by_uuid: dict[bytes, int] = {}
         self.uuids: dict[int, bytes] = {}
-        nv = nvml.open_nvml()
+        nv = self.nv = nvml.open_nvml()
         if nv is not None:
             for i in range(min(nv.count, 64)):
                 raw = nv.uuid(i)
@@ -43,3 +43,11 @@ class GpuTable:
     def uuid_text(self, gpu: int) -> Optional[str]:
         raw = self.uuids.get(gpu)
         return nvml.uuid_text(raw) if raw else None
+
+    def node(self, configured) -> list[int]:
+        """The GPUs this node has and the controller manages: the configured ones NVML lists (all configured
+        ones where NVML is absent)."""
+        return [g for g in configured if not self.uuids or g in self.uuids]
+
+    def free_bytes(self, gpu: int) -> Optional[int]:
+        return self.nv.memory_free(gpu) if self.nv is not None and gpu < self.nv.count else None

@@ -106,6 +106,11 @@ class Nvml:
     def energy_mj(self, i: int) -> Optional[int]:
         return self._call(self.n.nvmlDeviceGetTotalEnergyConsumption, self.handles[i])
 
+    def memory_free(self, i: int) -> Optional[int]:
+        """Bytes of free device memory on GPU i (placement weighs it), None when NVML cannot say."""
+        m = self._call(self.n.nvmlDeviceGetMemoryInfo, self.handles[i])
+        return int(m.free) if m is not None else None
+
     def processes(self, i: int) -> dict[int, int]:
         """pid -> bytes of GPU memory, for every process with a compute context on GPU i."""
         procs = self._call(self.n.nvmlDeviceGetComputeRunningProcesses, self.handles[i], default=[]) or []

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from . import gpus, procs, server_feedback
+from . import gpus, procs, server_feedback, server_placement
 from .enforce import attest
 from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
@@ -670,6 +670,8 @@ class Controller(RegionEffects):
                 reply = {"uuid": self.gpus.uuid_text(int(req.get("gpu", -1)))}
             elif op == ops.DISPATCH:      # wrapper: a warm worker for this command, if one fits
                 reply = self.dispatch_warm(client, req)
+            elif op == ops.PLACE:         # wrapper: the GPUs its command runs on (server_placement.py)
+                reply = server_placement.place_reply(self, client, req)
             elif op == ops.WORKER_EXIT:   # wrapper: how the worker running its command ended
                 state, rc = self.pool.exit_status(int(req.get("pid", 0)), client.job.id if client.job else -1)
                 reply = {"state": state, "returncode": rc}
@@ -767,6 +769,7 @@ class Controller(RegionEffects):
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid, "command": j.command, "regions": len(j.regions),
                       "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},
+            "placement": server_placement.status_section(self),
             "workers": self.pool.describe(),
             "zygotes": self.pool.describe_zygotes(),
         }

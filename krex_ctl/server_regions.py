@@ -69,6 +69,8 @@ class RegionEffects:
         elif isinstance(e, policy.Refuse):
             if self.connected(e.client):
                 self.send_error(e.client, e.code, e.text, seq=e.seq)
+        elif isinstance(e, policy.Recheck):      # a request waits for its fair share: schedule again then
+            self.after(e.delay, lambda: self.apply(self.book.recheck(time.monotonic())))
         elif isinstance(e, policy.Cancelled):
             self.send(e.client, MSG["REGION_ENDED"], encode(
                 "struct krex_region_ended", region_id=0, ended_ns=now_ns(), reason=C.KREX_END_CANCELLED), seq=e.seq)

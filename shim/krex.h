@@ -35,7 +35,8 @@ struct krex_region_info {
 #define KREX_INFO_ATTESTED 8       /* the GPU's own counters (NVML) were read at both ends */
 
 /* 0: granted (or nested in a held region); -1: krex absent or no controller (runs unprotected);
- * -2: the controller refused (see stderr). Blocks until the region is exclusively granted. */
+ * -2: the controller refused (see stderr); -3: not granted within KREX_REGION_TIMEOUT (runs unprotected).
+ * Blocks until the region is exclusively granted. */
 int krex_region_begin(const char *name) KREX_WEAK;
 /* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i; 0 = every GPU of this job:
  * one request of a multi-GPU job covers all its GPUs, and its other processes' requests join it) */
@@ -47,6 +48,12 @@ int krex_region_end(void) KREX_WEAK;
 int krex_region_request(const char *name, uint64_t gpu_mask) KREX_WEAK;
 int krex_region_wait(int timeout_ms) KREX_WEAK;
 int krex_region_cancel(void) KREX_WEAK;
+/* bounded waits: begin waiting at most timeout_ms (< 0: no limit; krex_region_begin waits
+ * KREX_REGION_TIMEOUT seconds when it is set). -3: the time ran out; the request was cancelled at the
+ * controller and the region goes on unprotected, marked not_granted: end it with krex_region_end as usual.
+ * give_up does the same after krex_region_wait returned 1. */
+int krex_region_begin_timeout(const char *name, uint64_t gpu_mask, int timeout_ms) KREX_WEAK;
+int krex_region_give_up(void) KREX_WEAK;
 /* the last finished region: 0 and *info filled; -1 none yet, or krex absent */
 int krex_region_last(struct krex_region_info *info) KREX_WEAK;
 

@@ -94,7 +94,7 @@ enum krex_region_flags {
 
 /* taints: why a region is not clean (bit i of a taints word) */
 enum krex_taint {
-    KREX_TAINT_NOT_GRANTED = 1,        /* ran with no controller's grant (no controller, or refused) */
+    KREX_TAINT_NOT_GRANTED = 1,        /* ran with no controller's grant (no controller, refused, or its wait timed out) */
     KREX_TAINT_CONTROLLER_LOST = 2,    /* the connection to the controller broke inside the region */
     KREX_TAINT_REVOKED = 4,            /* the time limit revoked it before its end */
     KREX_TAINT_DRAIN_TIMEOUT = 8,      /* a sibling did not acknowledge the drain in time */

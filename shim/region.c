@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -199,9 +200,55 @@ KREX_EXPORT int krex_region_wait(int timeout_ms) {
     return r;
 }
 
-KREX_EXPORT int krex_region_begin_mask(const char *name, uint64_t gpu_mask) {
+static void ask_end_locked(int type, const void *msg, uint32_t len);
+
+/* after krex_region_wait returned 1: stop waiting. The request is cancelled at the controller (a grant that
+ * crossed the cancel is given back with it) and the region goes on unprotected, marked not_granted, until
+ * krex_region_end, like a region no controller answered. -3; -1 with no region open; what wait would have
+ * returned when the request was answered meanwhile (0 granted, -2 refused). */
+KREX_EXPORT int krex_region_give_up(void) {
+    lock();
+    if (R.depth == 0) {
+        pthread_mutex_unlock(&region_lock);
+        return -1;
+    }
+    if (R.state != R_WAITING) {
+        pthread_mutex_unlock(&region_lock);
+        return krex_region_wait(0);
+    }
+    struct krex_region_cancel c = {R.begin_seq, 0};
+    ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    R.flags &= ~(uint32_t)(KREX_REGION_GRANTED | KREX_REGION_EXCLUSIVE | KREX_REGION_CLEAN | KREX_REGION_ATTESTED);
+    R.region_id = 0, R.granted_ns = 0, R.end_seq = 0, R.end_done = 0;
+    krex_log(KREX_LOG_WARNING, "region '%s' not granted in time: cancelled, timed without exclusivity", R.name);
+    pthread_mutex_unlock(&region_lock);
+    return -3;
+}
+
+/* begin, waiting at most timeout_ms (< 0: no limit); -3 when the time ran out (krex_region_give_up) */
+KREX_EXPORT int krex_region_begin_timeout(const char *name, uint64_t gpu_mask, int timeout_ms) {
     int r = krex_region_request(name, gpu_mask);
-    return r == 1 ? krex_region_wait(-1) : r;
+    if (r != 1) return r;
+    r = krex_region_wait(timeout_ms);
+    return r == 1 ? krex_region_give_up() : r;
+}
+
+/* KREX_REGION_TIMEOUT (seconds, `krex run --region-timeout`): how long begin waits; -1 without it */
+static int env_timeout_ms(void) {
+    const char *v = getenv("KREX_REGION_TIMEOUT");
+    if (!v || !*v) return -1;
+    char *end;
+    double s = strtod(v, &end);
+    if (*end || !(s >= 0) || s > 86400) {
+        krex_log(KREX_LOG_WARNING, "KREX_REGION_TIMEOUT=%s is not a number of seconds (0 to 86400): ignored", v);
+        return -1;
+    }
+    return (int)(s * 1000 + 0.5);
+}
+
+KREX_EXPORT int krex_region_begin_mask(const char *name, uint64_t gpu_mask) {
+    return krex_region_begin_timeout(name, gpu_mask, env_timeout_ms());
 }
 
 KREX_EXPORT int krex_region_begin(const char *name) { return krex_region_begin_mask(name, 0); }

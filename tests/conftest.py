@@ -66,6 +66,9 @@ class Krex:
         self.env.update(KREX_SOCKET=str(self.socket), KREX_FAKE_TRACE=str(self.trace), KREX_LOG_LEVEL="warning",
                         PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp), KREX_NVML=str(BUILD / "fakes" / "libnvidia-ml.so.1"),
                         KREX_FAKE_NVML=str(self.nvml))
+        # the tests' commands share GPU 0 as siblings, as devices of their own (a command that names no GPU
+        # keeps its caller's CUDA_VISIBLE_DEVICES); the placement tests (test_placement.py) drop it
+        self.env["CUDA_VISIBLE_DEVICES"] = "0"
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 

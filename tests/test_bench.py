@@ -187,3 +187,25 @@ def test_trial_modes_summary_groups_trials_by_what_they_followed():
     assert s["host_us_median"] == {"slow": {"host_flush_us": 20.0, "host_launch_us": 90.0},
                                    "quick": {"host_flush_us": 20.0, "host_launch_us": 50.0}}
     assert s["by"]["out_ptr"] == [["1", 4, 0.0], ["0", 4, 0.5]]     # every slow trial had the even address
+
+
+def test_freeze_policy_harness_end_to_end(tmp_path):
+    """bench/freeze_policy.py with the CPU stand-in: every policy's mode runs under its own controller, the
+    two isolated passes give the floor, and the table names every policy (the numbers mean nothing here)."""
+    out, md = tmp_path / "fp.json", tmp_path / "fp.md"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
+                        "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md)],
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [(r["policy"], r["agents"]) for r in data["rows"]] == [("naive", 2), ("all", 2), ("none", 2), ("busy", 2)]
+    assert all(r["failed"] == 0 and r["commands"] == 8 for r in data["rows"])
+    assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
+    rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
+    assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
+    assert "| busy | 2 |" in md.read_text()
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", str(out),
+                            "--out", str(tmp_path / "again.json")], env=bench_env(tmp_path), capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and json.loads((tmp_path / "again.json").read_text())["rows"] == data["rows"]

@@ -94,7 +94,7 @@ def test_status_and_version(krex):
     out = krex_cli(krex, "status")
     assert out.returncode == 0 and out.stdout.startswith("controller pid")
     st = json.loads(krex_cli(krex, "status", "--json").stdout)
-    assert set(st) == {"controller", "gpus", "clients", "jobs", "counters", "workers", "zygotes"}
+    assert set(st) == {"controller", "gpus", "clients", "jobs", "counters", "workers", "zygotes", "placement"}
     out = krex_cli(krex, "--version")
     assert out.returncode == 0 and out.stdout.startswith("krex, version ")
 

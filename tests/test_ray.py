@@ -57,7 +57,10 @@ def test_the_shim_takes_the_gpu_named_after_it_was_loaded(krex, tmp_path, visibl
     krex.start_controller()
     script = tmp_path / "late.py"
     script.write_text(LATE_DEVICE)
-    out = krex.run([sys.executable, script, visible], env={"LD_LIBRARY_PATH": str(FAKES)})
+    # as krex.ray starts a worker: `krex run --gpu own` (Ray names the GPU later; nothing is placed)
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--", sys.executable, str(script),
+                          visible], env=dict(krex.env, LD_LIBRARY_PATH=str(FAKES)), capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert "gpus 1 granted True" in out.stdout, out.stdout
     assert f"uuid [{UUID1!r}]" in out.stdout if nvml else "uuid [None]" in out.stdout, out.stdout
@@ -314,9 +317,9 @@ def test_runtime_env_wraps_the_worker_and_merges():
     env = kray.runtime_env({"env_vars": {"A": "1"}, "working_dir": "/w"}, hooks="triton")
     assert env["env_vars"] == {"A": "1"} and env["working_dir"] == "/w"
     exe = env["py_executable"]
-    assert exe == f"{sys.executable} -m krex_ctl run --cold --hooks triton -- {sys.executable}"
+    assert exe == f"{sys.executable} -m krex_ctl run --cold --gpu own --hooks triton -- {sys.executable}"
     custom = kray.runtime_env(py_executable="/opt/py/bin/python -X dev", krex="krex")
-    assert custom["py_executable"] == "krex run --cold -- /opt/py/bin/python -X dev"
+    assert custom["py_executable"] == "krex run --cold --gpu own -- /opt/py/bin/python -X dev"
     for field in ("pip", "conda", "nsight", "_nsight", "image_uri"):
         with pytest.raises(ValueError, match=field):
             kray.runtime_env({field: "x"})

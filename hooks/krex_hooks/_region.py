@@ -2,7 +2,10 @@
 
 KREX_RETRY_TAINTED=N: a measurement whose region was granted but is not exclusive and clean (a taint: the
 GPU was power-capped when it began, its clock dropped, a foreign process used the GPU, ...) is taken again,
-up to N more times, and the last one is returned; each attempt is a region of its own in the report."""
+up to N more times, and the last one is returned; each attempt is a region of its own in the report.
+
+A region not granted within KREX_REGION_TIMEOUT is timed anyway, without exclusivity (the report marks it
+not_granted): a hook never makes a benchmark fail."""
 
 import functools
 import os
@@ -48,7 +51,7 @@ def around(name: str, original):
     def wrapper(*args, **kwargs):
         attempt = 0
         while True:
-            with krex.region(name) as r:
+            with krex.region(name, on_timeout="unprotected") as r:
                 result = original(*args, **kwargs)
             if not worth_another(r.info, attempt, name):
                 return result
@@ -78,7 +81,7 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn"):
                     return fn(*a, **k)
                 result = fn(*a, **k)
                 synchronize()
-                state["region"] = krex.region(name).__enter__()
+                state["region"] = krex.region(name, on_timeout="unprotected").__enter__()
                 return result
 
             if fn_kw in kwargs:

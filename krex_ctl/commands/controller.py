@@ -28,6 +28,12 @@ from ..server import Controller, bind
 @click.option("--no-freeze", is_flag=True,
               help="Do not SIGSTOP other GPU processes during a region (the gate and the drain keep the GPU "
                    "exclusive; their CPU work goes on).")
+@click.option("--freeze-policy", default=None, metavar="all|busy|none",
+              help="Which siblings a region stops: all (default), busy (only those with GPU work in flight at the "
+                   "drain), none (as --no-freeze).")
+@click.option("--fair-window", default=None, metavar="S",
+              help="Window of the fair share of region time per user and job, in seconds (5; 0: first come, "
+                   "first served only).")
 @click.option("--no-attest", is_flag=True,
               help="Do not read the GPU's counters (NVML) at region boundaries: regions are not attested.")
 @click.option("--no-lifecycle-barrier", is_flag=True,
@@ -51,7 +57,8 @@ from ..server import Controller, bind
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
-               socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, no_attest, no_lifecycle_barrier,
+               socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
+               fair_window, no_attest, no_lifecycle_barrier,
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload,
                worker_reuse, metrics, trace_file, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
@@ -64,7 +71,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
         drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
         socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
-        owner_cpus=owner_cpus, freeze=False if no_freeze else None, attest=False if no_attest else None,
+        owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
+        fair_window_s=fair_window, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         warm_workers=warm_workers, worker_preload=worker_preload,

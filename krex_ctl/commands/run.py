@@ -26,11 +26,12 @@ import click
 from .. import dispatch, feedback, paths, procs
 from ..wire import counters as counters_file, report
 from ..embedded import ensure_controller
-from ..environ import RunOptions, check_environment, check_hooks, check_overlap, parse_gpus, preload_environ
+from ..environ import (RunOptions, check_environment, check_hooks, check_overlap, check_region_timeout, parse_gpus,
+                       preload_environ)
 from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
-from ..wire.client import Connection, ControllerError, peer_uid
+from ..wire.client import Connection, ControllerError, ControllerRefused, peer_uid
 from ..signals import Forwarder, block
 
 
@@ -110,9 +111,13 @@ def counters_dirs() -> list:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]",
+@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]|any|own",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
-                   "one region covers them all.")
+                   "one region covers them all; 'any': the one the controller places it on (the default unless "
+                   "CUDA_VISIBLE_DEVICES is set already); 'own': the devices the command chooses itself (nothing "
+                   "placed or set: a Ray worker, which Ray gives GPUs per task).")
+@click.option("--gpus", "want_gpus", type=click.IntRange(1, 64), default=None, metavar="N",
+              help="Run on N GPUs the controller chooses (the least loaded ones).")
 @click.option("--report", "report_path", type=click.Path(), default=None,
               help="Write a JSON report of launches, contexts and regions here.")
 @click.option("--cold", is_flag=True, help="Never dispatch a Python command to a warm worker.")
@@ -121,13 +126,17 @@ def counters_dirs() -> list:
 @click.option("--overlap", default=None, metavar="CONTROLS",
               help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
                    "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
+@click.option("--region-timeout", default=None, metavar="S",
+              help="Wait at most S seconds for each region's grant (KREX_REGION_TIMEOUT): then the request is "
+                   "cancelled; krex.region raises RegionTimeout, C's begin returns -3, hooks time unprotected "
+                   "(the report marks it not_granted).")
 @click.option("--quiet", "-q", is_flag=True,
               help="Say nothing on stderr but errors and 'timings not protected' (KREX_QUIET=1).")
 @click.option("--strict", is_flag=True,
               help=f"Exit with status {feedback.STRICT_EXIT} when the command succeeded but its timings were not "
                    "protected (KREX_STRICT=1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> None:
+def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, quiet, strict, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     started_ns = time.monotonic_ns()
     command = list(command)
@@ -140,7 +149,13 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
         check_hooks(hooks)
     if overlap is not None:
         check_overlap(overlap)
-    gpus = parse_gpus(gpu_spec) if gpu_spec is not None else None
+    if region_timeout is not None:
+        region_timeout = check_region_timeout(region_timeout)
+    if gpu_spec == "own" and want_gpus is None:
+        want_gpus = 0                     # nothing to place (choose_gpus)
+    elif gpu_spec is not None and want_gpus is not None:
+        raise KrexCommandError("--gpu and --gpus: give one of them", 2)
+    gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any", "own") else None
     report_file = report.check_path(report_path) if report_path else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
@@ -180,10 +195,18 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
         guardian.start()
+        try:
+            want = want_gpus if want_gpus is not None else (1 if gpu_spec == "any" else None)
+            placed = choose_gpus(guardian, gpus, want, os.environ)
+        except KrexCommandError:
+            cleanup(counters)
+            raise
+        if placed is not None:
+            gpus, uuids = placed
         guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command_description(command),
                                                          gpus=gpus or [])
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
-        if gpus:
+        if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     watcher = feedback.Watcher(str(sock), job, fb) if conn else None
     if watcher:
@@ -191,7 +214,8 @@ def run(gpu_spec, report_path, cold, hooks, overlap, quiet, strict, command) -> 
     run_facts = RunFacts(fb, watcher, strict, started_ns)
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
-        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap))
+        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap,
+        region_timeout=region_timeout))
     run_facts.hooks = env.get("KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
@@ -230,6 +254,30 @@ def command_description(command: list) -> list:
         out.append(a)
         size += len(a)
     return out
+
+
+def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int], environ) -> Optional[tuple]:
+    """The command's GPUs and their UUIDs, from the controller (ops.PLACE): the named ones, checked against
+    the node (a GPU it does not have: one line, exit status 2), or `want` of them placed by load
+    (policy/placement.py). With neither, a caller that chose its devices already (CUDA_VISIBLE_DEVICES or
+    HIP_VISIBLE_DEVICES set, as a Ray worker or Slurm sets them) keeps them: None, nothing changes; else one
+    GPU is placed. None also when the controller gives no answer (an older one): the command runs as named."""
+    if want == 0:                         # --gpu own
+        return None
+    if named is None and want is None:
+        if any(v in environ for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "KREX_GPU")):
+            return None
+        want = 1
+    try:
+        reply = guardian.conn.request(ops.PLACE, timeout=5.0, **({"gpus": named} if named else {"want": want}))
+    except ControllerRefused as e:
+        text = str(e).removeprefix("controller: ")
+        if text.startswith("unknown op"):
+            return None
+        raise KrexCommandError(text, 2) from None
+    except ControllerError:
+        return None
+    return [int(g) for g in reply["gpus"]], reply.get("uuids")
 
 
 def cleanup(counters: Optional[Path]) -> None:

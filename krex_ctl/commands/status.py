@@ -160,3 +160,12 @@ def status(as_json: bool, socket_path, watch_s) -> None:
         click.echo(json.dumps(st, indent=2))
         return
     click.echo("\n".join(lines(st)))
+    echo_placement(st.get("placement", []))
+
+
+def echo_placement(rows: list) -> None:
+    """One line: the jobs on each GPU of the node (what `krex run` with no --gpu places by)."""
+    if rows:
+        click.echo("placement: " + ", ".join(
+            f"GPU {r['gpu']} {r['jobs']} job(s)" + (f" {r['free_bytes'] / 2**30:.0f} GiB free"
+                                                    if r.get("free_bytes") is not None else "") for r in rows))

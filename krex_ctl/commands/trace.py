@@ -2,7 +2,6 @@
 timeline) as a Chrome/Perfetto trace (wire/trace.py), to open in ui.perfetto.dev."""
 
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from ..wire.frames import C
 from . import jobs
 from .freezes import Freezes
-from .scheduler import Request, startable
+from .scheduler import FairShare, Request, mask_to_list, startable
 
 
 class State(enum.Enum):
@@ -103,6 +103,8 @@ class Region:
     reserved: set = field(default_factory=set)       # cores given to the members while held (set by the server)
     saved_affinity: dict = field(default_factory=dict)
     attest_start: Any = None
+    busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
+    held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
 
     @property
     def id(self) -> int:
@@ -173,6 +175,12 @@ class Finish:
 
 
 @dataclass
+class Recheck:
+    """Run the scheduler again after delay seconds: a request waits for its fair share (scheduler.FairShare)."""
+    delay: float
+
+
+@dataclass
 class Refuse:
     client: Any
     code: int
@@ -202,7 +210,12 @@ class Regions:
         self.freezes = Freezes()
         self.revoked_ids: dict[int, bool] = {}
         self.ids = itertools.count(1)
-        self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0}
+        self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
+                         "fair_share_waits": 0}
+        self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
+        self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
+        self.recheck_at: Optional[float] = None
+        self.deferred: set = set()              # ids of the requests waiting for their fair share now
 
     # ---- the table ----------------------------------------------------------------------------------
     def _to(self, region: Region, event: Event, now: float) -> State:
@@ -234,10 +247,40 @@ class Regions:
             return [Refuse(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq)]
         for r in self.regions.values():     # a gang: a request of the region's job inside its GPUs joins it
             if mask & ~r.gpu_mask == 0 and jobs.own_jobs(r, self.command_job) & {client.job, self.command_job(client)}:
+                if self._rejoin_waits(r, client):
+                    break
                 return self._join(r, client, seq, name, requested_ns)
         req = Request(next(self.ids), mask, name, requested_ns, client, seq, hold_mask=client.devices)
         client.request = req
         self.queue.append(req)
+        return self.schedule(now)
+
+    def _rejoin_waits(self, region: Region, client) -> bool:
+        """A member that was inside this region already and left queues like anyone else while another job
+        waits for the region's GPUs: else a gang's ranks could take turns inside it for ever (joins would
+        ignore waiters). A rank that has not been inside yet still joins (its collectives need it there)."""
+        if client.pid not in region.pids:
+            return False
+        mine = jobs.own_jobs(region, self.command_job)
+        return any(q.holds & region.gpu_mask and q.owner.job not in mine and self.command_job(q.owner) not in mine
+                   for q in self.queue)
+
+    def units(self, req: Request) -> tuple:
+        """The (user, job) a request is charged to and ordered by."""
+        return getattr(req.owner, "uid", None), self.command_job(req.owner)
+
+    def contenders(self, gpu: int) -> set:
+        """(user, job) pairs contending on gpu: a request waiting there, or held off by the last region there."""
+        out = set(self.held_off.get(gpu, ()))
+        for q in self.queue:
+            if q.gpu_mask >> gpu & 1:
+                out.add(self.units(q))
+        return out
+
+    def recheck(self, now: float) -> list:
+        """A Recheck's time came."""
+        if self.recheck_at is not None and now >= self.recheck_at - 1e-3:
+            self.recheck_at = None
         return self.schedule(now)
 
     def _join(self, region: Region, client, seq: int, name: str, requested_ns: int) -> list:
@@ -263,11 +306,29 @@ class Regions:
         busy = 0
         for r in self.regions.values():
             busy |= r.req.holds
-        out = []
-        for req in startable(self.queue, busy, waiting=lambda q: self.freezes.frozen(q.owner)):
+        order = self.fair.order(self.queue, self.units, now)
+        delays = {}
+        if self.fair.on:
+            for req in order:
+                d = self.fair.delay(req, self.units, self.contenders, now)
+                if d > 0:
+                    delays[req.id] = d
+        for rid in delays.keys() - self.deferred:
+            self.counters["fair_share_waits"] += 1
+        self.deferred = set(delays)
+        out: list = []
+        # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
+        # may start now); once within its share it keeps its place again
+        for req in startable([q for q in order if q.id not in delays], busy,
+                             waiting=lambda q: self.freezes.frozen(q.owner)):
             self.queue.remove(req)
             req.owner.request = None
             out += self._start(req, now)
+        if delays:
+            at = now + min(delays.values())
+            if self.recheck_at is None or at < self.recheck_at - 1e-3 or self.recheck_at < now:
+                self.recheck_at = at
+                out.append(Recheck(at - now))
         return out
 
     # ---- start: gate, drain, settle, freeze, grant ---------------------------------------------------
@@ -292,12 +353,15 @@ class Regions:
             return []
         region.pending_drain.discard(client)
         region.others_busy_us = max(region.others_busy_us, int(busy_us))
+        if busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0)):
+            region.busy.append(client)
         return [] if region.pending_drain else self._drained(region, E.DRAINED, now)
 
     def drain_timed_out(self, region: Region, now: float) -> list:
         if not self.live(region) or region.state is not S.DRAINING:
             return []
         region.drain_timeouts = len(region.pending_drain)
+        region.busy += list(region.pending_drain)       # not answering: maybe running, counted as busy
         region.taints |= C.KREX_TAINT_DRAIN_TIMEOUT
         self.counters["drain_timeouts"] += region.drain_timeouts
         region.pending_drain.clear()
@@ -322,8 +386,14 @@ class Regions:
             self._to(region, E.SETTLED, now)
         region.deadline = now + float(self.cfg.freeze_timeout_s)
         targets = []
-        if self.cfg.freeze:
+        policy = freeze_policy(self.cfg)
+        if policy != "none":
             targets = [c for c in self.siblings(region) if self.region_of(c) is None and c.pidfd is not None]
+        if policy == "busy":        # only the siblings with GPU work in flight at the drain (or not answering)
+            skipped = [c for c in targets if c not in region.busy]
+            targets = [c for c in targets if c in region.busy]
+            if skipped and not targets:
+                region.freeze_skipped = "freeze policy busy: no sibling had GPU work in flight"
         if not targets:
             return self._stopped(region, E.STOPPED, now)
         return [Freeze(region, targets)]
@@ -356,6 +426,7 @@ class Regions:
         if self.lifecycle.busy(region):       # the barrier is off, or gave up waiting
             region.taints |= C.KREX_TAINT_LIFECYCLE
         self.counters["regions_granted"] += 1
+        region.held_since = now
         return [Grant(region), Arm(region, E.TIME_LIMIT, float(self.cfg.region_time_limit_s))]
 
     # ---- end ----------------------------------------------------------------------------------------
@@ -389,8 +460,22 @@ class Regions:
             return []
         self._to(region, event, now)
         del self.regions[region.id]
+        self._charge(region, now)
         thaw = self.freezes.release(region.id)
         return [Finish(region, reason, thaw, leaver)] + self.schedule(now)
+
+    def _charge(self, region: Region, now: float) -> None:
+        """The fair share's accounting at a region's end: its held time to its user and job; who it held off."""
+        if not self.fair.on:
+            return
+        user, job = self.units(region.req)
+        if region.held_since:
+            held = now - region.held_since
+            self.fair.charge(("user", user), region.gpu_mask, held, now)
+            self.fair.charge(("job", job), region.gpu_mask, held, now)
+        off = {(getattr(c, "uid", None), self.command_job(c)) for c in self.freezes.by_region(region.id) + region.busy}
+        for g in mask_to_list(region.gpu_mask):
+            self.held_off[g] = off
 
     def gone(self, client, now: float) -> list:
         """A client's connection closed (or its process exited): its request, its regions, its drains."""
@@ -414,3 +499,14 @@ class Regions:
         for region in list(self.regions.values()):
             out += self._end(region, E.END, C.KREX_END_OWNER_GONE, None, now)
         return out
+
+
+FREEZE_POLICIES = ("all", "busy", "none")
+
+
+def freeze_policy(cfg) -> str:
+    """all: every sibling is stopped; busy: only those with GPU work in flight at the drain (or that did not
+    answer it); none: nobody (the gate and the drain alone). `freeze = false` (--no-freeze) is none."""
+    if not getattr(cfg, "freeze", True):
+        return "none"
+    return getattr(cfg, "freeze_policy", "all") or "all"

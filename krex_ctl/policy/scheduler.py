@@ -5,6 +5,7 @@ A request holds its GPUs and every GPU its owner has a context on (Request.holds
 A request starts when none of its GPUs is held by a running region and no earlier waiting request
 wants any of them; a later request never overtakes an earlier one on a shared GPU."""
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,3 +47,78 @@ def list_to_mask(gpus) -> int:
     for g in gpus:
         m |= 1 << int(g)
     return m
+
+
+class FairShare:
+    """The fairness rule: shares of region time per GPU, by user first, then by job within a user.
+
+    Every region charges the time it held its GPUs to its owner's user and job, decayed exponentially over
+    window_s (the usage of a unit that held a GPU all the time tends to window_s). Two rules follow:
+
+    - order: waiting requests go by the usage of their user on their GPUs, then of their job, then first
+      come first served; so a user who starts more commands does not get more turns, and a job that had
+      the GPU a lot waits behind one that had it little. The order is total and the FIFO-per-GPU rule of
+      startable() runs over it, so the multi-GPU requests stay deadlock-free.
+    - share: on a GPU where other users (or other jobs of the same user) contend, a request whose user is
+      over its share (1 / users contending) or whose job is over its share of its user's (1 / its user's jobs
+      contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
+      when it has a request waiting there, or when the last region there held it off (froze it, or found
+      GPU work of its in flight at the drain). Meanwhile it steps aside: the requests behind it may start.
+      One agent with back-to-back regions thus leaves the others at least about their share of every
+      window, and one alone on a GPU is never slowed.
+
+    A request waits at most: the region running, plus the regions of every unit below it in usage, each
+    bounded by the time limit; and a unit over its share waits at most window_s * ln(usage / share)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window = float(window_s)
+        self.usage: dict = {}           # (unit, gpu) -> (decayed seconds, at)
+
+    @property
+    def on(self) -> bool:
+        return self.window > 0
+
+    def used(self, unit, gpu: int, now: float) -> float:
+        u, at = self.usage.get((unit, gpu), (0.0, now))
+        return u * math.exp(-(now - at) / self.window) if self.on and now > at else u
+
+    def charge(self, unit, mask: int, seconds: float, now: float) -> None:
+        if not self.on:
+            return
+        for g in mask_to_list(mask):
+            self.usage[(unit, g)] = (self.used(unit, g, now) + max(0.0, seconds), now)
+        if len(self.usage) > 65536:      # forget units long idle
+            for k in [k for k, (u, at) in self.usage.items() if u * math.exp(-(now - at) / self.window) < 1e-6]:
+                del self.usage[k]
+
+    def order(self, queue: list, units, now: float) -> list:
+        """queue sorted by (user's usage, job's usage, arrival); units(req) -> (user, job)."""
+        if not self.on:
+            return list(queue)
+
+        def key(req):
+            user, job = units(req)
+            gpus = mask_to_list(req.gpu_mask)
+            return (round(max(self.used(("user", user), g, now) for g in gpus), 6),
+                    round(max(self.used(("job", job), g, now) for g in gpus), 6), req.id)
+        return sorted(queue, key=key)
+
+    def delay(self, req, units, contenders, now: float) -> float:
+        """Seconds req must wait for its share (0: it may start). contenders(gpu) -> the (user, job) pairs
+        contending there besides req's own."""
+        if not self.on:
+            return 0.0
+        user, job = units(req)
+        wait = 0.0
+        for g in mask_to_list(req.gpu_mask):
+            others = set(contenders(g)) - {(user, job)}
+            if not others:
+                continue
+            users = {u for u, _ in others} | {user}
+            jobs = {j for u, j in others if u == user} | {job}
+            share = self.window / len(users)
+            for unit, limit in ((("user", user), share), (("job", job), share / len(jobs))):
+                u = self.used(unit, g, now)
+                if len(users if unit[0] == "user" else jobs) > 1 and u > limit * 1.0001:
+                    wait = max(wait, self.window * math.log(u / limit))
+        return wait

@@ -20,6 +20,7 @@ int krex_shim_loaded(void);
 int krex_region_request(const char *name, uint64_t gpu_mask);
 int krex_region_wait(int timeout_ms);
 int krex_region_cancel(void);
+int krex_region_give_up(void);
 int krex_region_end(void);
 int krex_region_last(struct krex_region_info *info);
 long krex_gate_wake(uint32_t *word);

@@ -11,13 +11,15 @@ GPU_UUID = "gpu_uuid"             # wrapper: gpu int: that GPU's UUID (for CUDA_
 DISPATCH = "dispatch"             # wrapper: gpu, python, fingerprint, env: a warm worker's socket, if one fits
 WORKER_EXIT = "worker_exit"       # wrapper: pid: how the worker running its command ended
 JOB_WAIT = "job_wait"             # wrapper or cli: job int: what the job waits for, its frozen processes and frozen time
+PLACE = "place"                   # wrapper: want int, or gpus [int]: the job's GPUs ({"gpus", "uuids"}),
+                                  # chosen by policy/placement.py, or the named ones checked against the node
 WORKER_READY = "worker_ready"     # warm worker: gpu, socket, python, fingerprint
 WORKER_IDLE = "worker_idle"       # warm worker: done with a command
 ZYGOTE_READY = "zygote_ready"     # zygote: gpu, python, fingerprint, forkable, preloaded
 WORKER_EXITED = "worker_exited"   # zygote: pid, returncode of a worker it reaped
 
 WORKER_OPS = (WORKER_READY, WORKER_IDLE, ZYGOTE_READY, WORKER_EXITED)
-ALL = (STATUS, SHUTDOWN, JOB_COMMAND, JOB_REPORT, GPU_UUID, DISPATCH, WORKER_EXIT, JOB_WAIT) + WORKER_OPS
+ALL = (STATUS, SHUTDOWN, JOB_COMMAND, JOB_REPORT, GPU_UUID, DISPATCH, WORKER_EXIT, JOB_WAIT, PLACE) + WORKER_OPS
 
 # one JSON reply must fit one frame (KREX_MAX_PAYLOAD): a job's region records are sent in pages of at most
 # this many bytes of JSON

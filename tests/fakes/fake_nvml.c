@@ -8,6 +8,7 @@
  *   process GPU PID BYTES     a process with a context on the GPU (besides those of KREX_FAKE_NVML_PIDS)
  *   xid GPU CODE              an XID error event, delivered once to each process that waits for events
  *   temperature GPU C / power GPU MW
+ *   memfree GPU BYTES         free device memory (default 80 GiB of 80 GiB)
  *
  * GPUs: KREX_FAKE_GPUS (2), with the UUIDs of the fake CUDA and HIP drivers (engine.c), in physical order. */
 #define _GNU_SOURCE
@@ -165,6 +166,15 @@ EXPORT int nvmlDeviceGetTemperature(struct nvml_device *h, int sensor, unsigned 
 EXPORT int nvmlDeviceGetPowerUsage(struct nvml_device *h, unsigned int *mw) {
     DEVICE(h);
     *mw = (unsigned)lookup("power", h->index, 0, 100000);
+    return OK;
+}
+typedef struct { unsigned long long total, free, used; } mem_t;
+EXPORT int nvmlDeviceGetMemoryInfo(struct nvml_device *h, mem_t *m) {
+    DEVICE(h);
+    if (!m) return E_INVALID;
+    m->total = 80ULL << 30;
+    m->free = lookup("memfree", h->index, 0, m->total);
+    m->used = m->total > m->free ? m->total - m->free : 0;
     return OK;
 }
 EXPORT int nvmlDeviceGetTotalEnergyConsumption(struct nvml_device *h, unsigned long long *mj) {

@@ -14,6 +14,7 @@ ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--probe", action="store_true")     # accepted as bench/candidate.py does; nothing to probe
 ap.add_argument("--churn", action="store_true")
+ap.add_argument("--repeat", type=int, default=1)   # as bench/candidate.py: every timing in *_all_ms
 args = ap.parse_args()
 import krex  # noqa: E402
 
@@ -30,9 +31,13 @@ def spin(seconds: float) -> float:
 region = krex.region if os.environ.get("KREX_JOB") else (lambda name: contextlib.nullcontext())
 spin(0.02)                                     # "compile"
 timings = {}
-for name in ("candidate", "reference"):
-    with region(f"standin.{name}"):
-        timings[f"{name}_ms"] = spin(args.size / 1024 * 0.002)
+for _ in range(max(1, args.repeat)):
+    for name in ("candidate", "reference"):
+        with region(f"standin.{name}"):
+            t = spin(args.size / 1024 * 0.002)
+        timings.setdefault(f"{name}_ms", t)
+        if args.repeat > 1:
+            timings.setdefault(f"{name}_all_ms", []).append(t)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
                   "pid": os.getpid(), "ppid": os.getppid(),
                   "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))

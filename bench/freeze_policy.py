@@ -1,0 +1,165 @@
+"""Which freeze policy: all (SIGSTOP every sibling during a region), none (`--no-freeze`: the gate and the drain
+only) or busy (`--freeze-policy busy`: only the siblings with GPU work in flight at the drain), at several
+agent counts, against naive sharing, with the noise floor of two isolated passes measured in the same run.
+
+The workload is bench/throughput.py's: agents running compile-heavy Triton candidate commands
+(bench/candidate.py), here with a mix balanced over the four kernel-length buckets (2048: < 0.1 ms, 4096:
+0.1-1 ms, 8192: 1-10 ms, 16384: > 10 ms on an H200) and --repeat R timings per kernel per command, so that
+each bucket gets enough kernels. Plan, per scale N: naive:N, krex:N (all), krexnofreeze:N, krexbusy:N; one
+isolated pass first and one last. Analysis:
+  - a kernel (size, variant, candidate or reference) is stable when its two isolated passes agree within
+    --stable-pct (default 2%, the bimodality check across processes); unstable kernels are left out of every
+    inflation figure and listed;
+  - the floor of a bucket: p95 over its stable kernels of |pass2 / pass1 - 1|;
+  - per mode: throughput against naive at the same N, and per bucket the p95 |inflation| of the timings
+    whose regions were all exclusive and clean, against the isolated median, and how many there are
+    (goal: >= 50 per bucket); goal met when p95 <= floor + 0.25 points in every bucket.
+    python bench/freeze_policy.py --scales 4,8,16 --budget 30 --out freeze-policy.json [--md freeze-policy.md]
+The result names a best policy only where every scale met the fidelity goal; the default is not changed by
+this script."""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import throughput as T  # noqa: E402
+
+POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy"}
+BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
+
+
+def p95(xs):
+    return T.p95(xs) if xs else None
+
+
+def timings(row, kind):
+    return row.get(f"{kind}_all_ms") or ([row[f"{kind}_ms"]] if f"{kind}_ms" in row else [])
+
+
+def isolated_passes(runs):
+    """{(size, variant, kind): [median of pass 1, median of pass 2]}"""
+    out: dict = {}
+    for r in (x for x in runs if x["mode"] == "isolated"):
+        seen: dict = {}
+        for row in r["rows"]:
+            for kind in ("candidate", "reference"):
+                ts = timings(row, kind)
+                if ts:
+                    seen.setdefault((row["size"], row["variant"], kind), []).extend(ts)
+        for k, ts in seen.items():
+            out.setdefault(k, []).append(statistics.median(ts))
+    return out
+
+
+def analyse(runs, stable_pct: float) -> dict:
+    passes = isolated_passes(runs)
+    stable = {k: statistics.median(v) for k, v in passes.items()
+              if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
+    unstable = sorted(f"{k[0]}/{k[1]}/{k[2]}" for k, v in passes.items() if k not in stable)
+    floor: dict = {b: [] for b, _, _ in T.BUCKETS}
+    for k, v in passes.items():
+        if k in stable:
+            floor[T.bucket(stable[k])].append(abs(v[1] / v[0] - 1) * 100)
+    floors = {b: p95(v) for b, v in floor.items()}
+    naive = {r["agents"]: r["commands_per_min"] for r in runs if r["mode"] == "naive"}
+    rows = []
+    for r in runs:
+        if r["mode"] not in POLICIES and r["mode"] != "naive":
+            continue
+        infl: dict = {b: [] for b, _, _ in T.BUCKETS}
+        for row in r["rows"]:
+            clean = row.get("regions_clean")
+            if r["mode"] != "naive" and (not clean or not all(clean)):
+                continue
+            for kind in ("candidate", "reference"):
+                ref = stable.get((row.get("size"), row.get("variant"), kind))
+                if ref:
+                    infl[T.bucket(ref)] += [abs(t / ref - 1) * 100 for t in timings(row, kind)]
+        p = {b: p95(v) for b, v in infl.items()}
+        goal = all(p[b] is not None and floors[b] is not None and p[b] <= floors[b] + 0.25 for b in p)
+        rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
+                     "commands": r["commands"], "failed": r["failed"],
+                     "commands_per_min": round(r["commands_per_min"], 2),
+                     "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 3) if naive.get(r["agents"]) else None,
+                     "p95_abs_inflation_pct": p, "kernels": {b: len(v) for b, v in infl.items()},
+                     "enough_kernels": all(len(v) >= 50 for v in infl.values()), "fidelity_goal": goal})
+    best = None
+    for policy in POLICIES.values():
+        mine = [x for x in rows if x["policy"] == policy]
+        if mine and all(x["fidelity_goal"] and x["enough_kernels"] for x in mine):
+            score = min(x["vs_naive"] or 0 for x in mine)
+            if best is None or score > best[1]:
+                best = (policy, score)
+    return {"floors_pct": floors, "floor_kernels": {b: len(v) for b, v in floor.items()}, "unstable": unstable,
+            "rows": rows, "best_policy": best[0] if best else None,
+            "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
+                            f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
+
+
+def table(result) -> str:
+    b = [name for name, _, _ in T.BUCKETS]
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"   # noqa: E731
+    out = ["| policy | agents | commands | vs naive | " + " | ".join(f"p95 abs {x} (%)" for x in b)
+           + " | kernels per bucket | goal |", "|---" * (5 + len(b)) + "|"]
+    out.append("| floor (isolated x2) | 1 | - | - | " + " | ".join(fmt(result["floors_pct"][x]) for x in b)
+               + " | " + "/".join(str(result["floor_kernels"][x]) for x in b) + " | |")
+    for r in result["rows"]:
+        out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | "
+                   + " | ".join(fmt(r["p95_abs_inflation_pct"][x]) for x in b) + " | "
+                   + "/".join(str(r["kernels"][x]) for x in b) + " | "
+                   + ("met" if r["fidelity_goal"] and r["enough_kernels"] else "not met") + " |")
+    out.append("")
+    out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
+               f"{', '.join(result['unstable']) or 'none'}")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scales", default="4,8,16")
+    ap.add_argument("--budget", type=float, default=30.0, help="seconds per mode before agents stop taking work")
+    ap.add_argument("--specs", type=int, default=400, help="candidate commands available per mode")
+    ap.add_argument("--variants", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=4, help="timings per kernel per command")
+    ap.add_argument("--stable-pct", type=float, default=2.0)
+    ap.add_argument("--candidate", default=T.CANDIDATE)
+    ap.add_argument("--logs", default=None)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--md", default=None)
+    ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
+    args = ap.parse_args()
+    if args.reanalyse:
+        runs = json.loads(Path(args.reanalyse).read_text())["runs"]
+    else:
+        T.CANDIDATE = str(Path(args.candidate).resolve())
+        T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)]
+        T.MIX[:] = BALANCED
+        scales = [int(x) for x in args.scales.split(",")]
+        plan = [("isolated", 1)] + [(m, n) for n in scales for m in ("naive", "krex", "krexnofreeze", "krexbusy")] \
+            + [("isolated", 1)]
+        specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
+        runs = []
+        with tempfile.TemporaryDirectory() as td:
+            ctls = T.Controllers(Path(td), plan, Path(args.logs or td))
+            try:
+                for i, (mode, n) in enumerate(plan):
+                    runs.append(T.run_mode(mode, n, specs, args.budget, Path(td), 1000 * (i + 1), ctls))
+                    Path(args.out).write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
+                    print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
+            finally:
+                ctls.stop()
+    result = analyse(runs, args.stable_pct)
+    Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": sys.argv}, indent=1))
+    md = table(result)
+    if args.md:
+        Path(args.md).write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tests/gpu/freeze_policy_h200.sh: the freeze-policy measurement on the H200 (bench/freeze_policy.py) in one
+# device call of at most ~9 minutes: freeze all, busy and none against naive sharing at SCALES agents, with a
+# bucket-balanced compile-heavy Triton mix and two isolated passes (the same-run noise floor).
+# Files back (at most 5): $OUT/freeze-policy.json, $OUT/freeze-policy.md, $OUT/freeze-policy.log,
+# $OUT/freeze-policy-smi.csv, $OUT/freeze-policy-logs.tgz (the controllers' logs).
+# The H200 machine has one GPU: placement is not measured here (tests/test_placement.py, fake 4- and 8-GPU nodes).
+#   SCALES=4,8,16 BUDGET=20 REPEAT=4 LIMIT=520 bash tests/gpu/freeze_policy_h200.sh
+# For >= 50 clean kernels per bucket at every scale, run one scale per call with a longer budget:
+#   SCALES=8 BUDGET=70 bash tests/gpu/freeze_policy_h200.sh   (then SCALES=4, SCALES=16)
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/krex-out}; L=/tmp/krex-freeze-policy
+mkdir -p "$OUT" $L
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/site
+make -s shim || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/freeze-policy.log
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
+  > $OUT/freeze-policy-smi.csv & SMI=$!
+timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
+  --repeat ${REPEAT:-4} --variants ${VARIANTS:-2} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  >> $OUT/freeze-policy.log 2>&1
+rc=$?
+echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
+if [ $rc -ne 0 ] && [ -s $OUT/freeze-policy.json ]; then   # cut short: analyse the steps that finished
+  cp $OUT/freeze-policy.json $L/partial.json
+  python3 bench/freeze_policy.py --reanalyse $L/partial.json --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+    >> $OUT/freeze-policy.log 2>&1
+fi
+kill $SMI 2>/dev/null
+tar czf $OUT/freeze-policy-logs.tgz -C $L . 2>/dev/null
+tail -30 $OUT/freeze-policy.log
+ls -la $OUT
