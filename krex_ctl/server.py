@@ -38,6 +38,7 @@ from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
 from .policy import jobs as job_rules
 from .policy.lifecycle import Lifecycle
+from .unregistered import Unregistered
 from .policy.regions import Regions
 from .server_regions import RegionEffects, now_ns
 from .wire import client, frames, ops, runtime
@@ -144,6 +145,7 @@ class Controller(RegionEffects):
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
+        self.unregistered = Unregistered()        # processes refused: their regions are not exclusive
         self.jobs: dict[int, Job] = {}
         self.timers: list[Timer] = []
         self.pool = WorkerPool(cfg, socket_path)
@@ -292,8 +294,14 @@ class Controller(RegionEffects):
                 sock, _ = self.listener.accept()
                 try:
                     sock.setblocking(False)
-                    sock.send(frames.pack(MSG["ERROR"], frames.error_payload(
-                        C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later")))
+                    self.note_refused(sock)
+                    frame = frames.pack(MSG["ERROR"], frames.error_payload(
+                        C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later"))
+                    # no descriptor to spare for a read-only copy: the sealed page itself, which cannot be
+                    # written or mapped writable through any descriptor (only where the seal took)
+                    fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self.gate.fd))] \
+                        if self.gate.sealed else []
+                    sock.sendmsg([frame], fds)
                 except OSError:
                     pass
                 sock.close()
@@ -347,10 +355,31 @@ class Controller(RegionEffects):
         self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("pidfd", client))
 
     def refuse(self, client: Client, why: str) -> None:
-        self.send_error(client, C.KREX_ERR_LIMIT, why)
+        self.refuse_with_gates(client, why)
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
+
+    def note_refused(self, sock: socket.socket) -> None:
+        try:
+            pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except OSError:
+            return
+        self.unregistered.note(pid)
+
+    def refuse_with_gates(self, client: Client, why: str) -> None:
+        """A refusal a shim can live with: the ERROR frame carries a read-only gate page, which the shim
+        honours while it retries; the process is remembered as unregistered (unregistered.py)."""
+        self.unregistered.note(client.pid)
+        try:
+            ro = self.gate.readonly_fd()
+        except OSError:
+            self.send_error(client, C.KREX_ERR_LIMIT, why)
+            return
+        try:
+            self.send(client, MSG["ERROR"], frames.error_payload(C.KREX_ERR_LIMIT, why), fds=(ro,))
+        finally:
+            os.close(ro)
 
     def expire_handshakes(self) -> None:
         deadline = time.monotonic() - float(self.cfg.handshake_timeout_s)
@@ -515,12 +544,13 @@ class Controller(RegionEffects):
                 c.uid == client.uid and c.role not in (0, C.KREX_ROLE_CLI) for c in self.clients.values()) \
                 >= int(self.cfg.max_clients_per_uid):
             self.counters["refused_connections"] += 1
-            self.send_error(client, C.KREX_ERR_LIMIT, f"uid {client.uid} is at its limit of "
-                            f"{self.cfg.max_clients_per_uid} clients of this controller")
+            self.refuse_with_gates(client, f"uid {client.uid} is at its limit of "
+                                   f"{self.cfg.max_clients_per_uid} clients of this controller")
             self.flush(client)
             self.drop(client, "per-user client limit")
             return
         self.unpend(client)
+        self.unregistered.registered(client.pid)
         client.role = hello.role
         if client.role != C.KREX_ROLE_CLI:
             client.job = self.place(client, int(hello.job), int(hello.job_root))

@@ -144,6 +144,9 @@ class RegionEffects:
     def finish(self, e) -> None:
         region, reason = e.region, e.reason
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
+        unregistered = self.unregistered.during(int(region.started * 1e9), ended)
+        if unregistered:
+            region.taints |= C.KREX_TAINT_UNREGISTERED
         att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
         region.phase_ns["attest_end"] = now_ns() - ended
         waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
@@ -162,6 +165,8 @@ class RegionEffects:
             extra["freeze_skipped"] = region.freeze_skipped
         if region.unstopped:
             extra["unstopped"] = region.unstopped
+        if unregistered:
+            extra["unregistered_pids"] = unregistered
         if region.clock_settle:
             extra["clock_settle"] = region.clock_settle
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
