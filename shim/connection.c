@@ -175,7 +175,10 @@ static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome
     memcpy(buf + sizeof h, &hello, sizeof hello);
     int gate_fd = -1, rc = -1;
     void *page = MAP_FAILED;
-    if (write_full(fd, buf, sizeof buf) == 0 && (rc = recv_welcome(fd, w, &gate_fd)) == 0) {
+    /* a controller at its limit answers at accept, before our HELLO, and closes: the HELLO may then fail
+     * (EPIPE) while its refusal waits to be read */
+    (void)write_full(fd, buf, sizeof buf);
+    if ((rc = recv_welcome(fd, w, &gate_fd)) == 0) {
         if (w->version != KREX_PROTO_VERSION) {
             krex_log(KREX_LOG_ERROR, "controller speaks protocol %u, this shim %u: upgrade one of them", w->version,
                      KREX_PROTO_VERSION);
