@@ -25,6 +25,26 @@ def answers(path: Path) -> bool:
 
 def ensure_controller(timeout: float = 10.0) -> Path:
     """The socket of a live controller: KREX_SOCKET, the system one, or an embedded one we start."""
+    path = _ensure_controller(timeout)
+    if path != paths.SYSTEM_SOCKET:
+        warn_other_users(path)
+    return path
+
+
+def warn_other_users(path: Path) -> None:
+    """A per-user controller cannot gate another user's processes: say so in one line when another user's
+    per-user controller runs on this node (its regions are tainted other_controller where they share a GPU)."""
+    from .registry import other_users_controllers
+
+    others = other_users_controllers(path)
+    if others:
+        o = others[0]
+        print(f"krex: another user's krex controller (uid {o['uid']}, pid {o['pid']}) runs on this node; regions are "
+              "exclusive only of this user's work and are tainted other_controller where the two share a GPU: only "
+              "a node controller (`krex controller`, run by root) gives exclusivity across users", file=sys.stderr)
+
+
+def _ensure_controller(timeout: float) -> Path:
     path = paths.default_socket()
     if answers(path):
         return path

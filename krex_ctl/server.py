@@ -38,6 +38,7 @@ from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
 from .policy import jobs as job_rules
 from .policy.lifecycle import Lifecycle
+from .registry import Registry
 from .unregistered import Unregistered
 from .policy.regions import Regions
 from .server_regions import RegionEffects, now_ns
@@ -146,6 +147,8 @@ class Controller(RegionEffects):
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.unregistered = Unregistered()        # processes refused: their regions are not exclusive
+        self.registry = Registry(socket_path, cfg.gpus, node=os.getuid() == 0)   # other controllers here
+        self.registry.announce()
         self.jobs: dict[int, Job] = {}
         self.timers: list[Timer] = []
         self.pool = WorkerPool(cfg, socket_path)
@@ -756,6 +759,7 @@ class Controller(RegionEffects):
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
         self.freezer.close()
+        self.registry.withdraw()
         try:
             if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
                 os.unlink(self.socket_path)

@@ -121,6 +121,7 @@ class RegionEffects:
         # the GPU's counters as the region begins: before the grant, so that nothing of the owner's own work
         # is in them (is the GPU power-capped by the load before the region?)
         region.attest_start = self.attest.snapshot(region.gpu_mask)
+        region.other_controllers = self.registry.during_region(region.gpu_mask)
         region.phase_ns["attest"] = now_ns() - t1
         region.granted_ns = now_ns()
         for m in list(region.members.values()):
@@ -147,6 +148,10 @@ class RegionEffects:
         unregistered = self.unregistered.during(int(region.started * 1e9), ended)
         if unregistered:
             region.taints |= C.KREX_TAINT_UNREGISTERED
+        others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}
+        others |= {(o["pid"], o["uid"], o["socket"]) for o in self.registry.during_region(region.gpu_mask)}
+        if others:
+            region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
         att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
         region.phase_ns["attest_end"] = now_ns() - ended
         waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
@@ -167,6 +172,8 @@ class RegionEffects:
             extra["unstopped"] = region.unstopped
         if unregistered:
             extra["unregistered_pids"] = unregistered
+        if others:
+            extra["other_controllers"] = [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)]
         if region.clock_settle:
             extra["clock_settle"] = region.clock_settle
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,

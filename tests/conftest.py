@@ -66,6 +66,9 @@ class Krex:
         self.env.update(KREX_SOCKET=str(self.socket), KREX_FAKE_TRACE=str(self.trace), KREX_LOG_LEVEL="warning",
                         PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp), KREX_NVML=str(BUILD / "fakes" / "libnvidia-ml.so.1"),
                         KREX_FAKE_NVML=str(self.nvml))
+        self.registry = tmp / "registry"  # the node-wide registry of controllers (krex_ctl/registry.py), per test
+        self.registry.mkdir()
+        self.env["KREX_REGISTRY_DIR"] = str(self.registry)
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 
