@@ -38,6 +38,7 @@ from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
 from .policy import jobs as job_rules
 from .policy.lifecycle import Lifecycle
+from . import sockfiles
 from .registry import Registry
 from .unregistered import Unregistered
 from .policy.regions import Regions
@@ -760,12 +761,12 @@ class Controller(RegionEffects):
             self.drop(c, "controller stopping")
         self.freezer.close()
         self.registry.withdraw()
-        try:
-            if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
-                os.unlink(self.socket_path)
+        # only the socket we bound (never a file put at its path since), and then our reserved-cores file
+        if sockfiles.remove_if_same(self.socket_path, BOUND.get(self.socket_path)):
+            try:
                 os.unlink(self.socket_path + ".reserved")
-        except OSError:
-            pass
+            except OSError:
+                pass
         self.listener.close()
 
     # ---- status ----------------------------------------------------------------------------------
@@ -819,9 +820,11 @@ def job_report_page(job, offset: int) -> dict:
     return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None}
 
 
+BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
+
+
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     """Take the socket's lock file and bind. Two controllers on one socket: the second gets a clear error."""
-    import fcntl
     import grp
 
     parent = os.path.dirname(os.path.abspath(path)) or "/"
@@ -829,21 +832,9 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
         raise KrexCommandError(f"--socket {path}: the directory {parent} does not exist", 2)
     if len(os.fsencode(path)) > 107:
         raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
-    try:
-        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        raise KrexCommandError(f"--socket {path}: cannot create its lock file ({e.strerror})", 2) from None
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock_fd)
-        raise KrexCommandError(f"another krex controller is already serving {path}", 4) from None
-    try:
-        os.unlink(path)  # a stale socket left by a controller that died: we hold the lock, so it is stale
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise KrexCommandError(f"--socket {path}: cannot replace the stale socket ({e.strerror})", 2) from None
+    sockfiles.check_dir(path)
+    lock_fd = sockfiles.take_lock(path)
+    sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
     try:
         sock = client.bind_private(path)
     except OSError as e:
@@ -857,4 +848,5 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
             raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
     os.chmod(path, cfg.socket_mode)
     sock.listen(512)
+    BOUND[path] = sockfiles.identity(path)
     return sock, lock_fd
