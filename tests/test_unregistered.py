@@ -29,7 +29,7 @@ def test_refused_process_honours_gates_and_taints(krex, tmp_path):
                             "SNIPPET_WAIT_FILE": str(go)})
     wait_for(lambda: len(shim_pids(krex)) == 1, timeout=60, what="owner registered")
     filler = Connection(str(krex.socket), C.KREX_ROLE_PYTHON)      # the controller is full now
-    hog_env = dict(krex.env, LD_PRELOAD=str(BUILD / "libkrex.so"), SNIPPET_SECONDS="30", SNIPPET_US="300",
+    hog_env = dict(krex.env, LD_PRELOAD=str(BUILD / "libkrex.so"), SNIPPET_MS="30000", SNIPPET_US="300",
                    SNIPPET_STREAMS="2")
     hog = subprocess.Popen([str(SNIP / "hog")], env=hog_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
@@ -89,7 +89,7 @@ def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
                              env=krex.env, stdout=other_log, stderr=other_log)
     try:
         wait_for(lambda: answers(other_sock), timeout=60, what="second controller")
-        hog = krex.popen([SNIP / "hog"], env={"KREX_SOCKET": str(other_sock), "SNIPPET_SECONDS": "30",
+        hog = krex.popen([SNIP / "hog"], env={"KREX_SOCKET": str(other_sock), "SNIPPET_MS": "30000",
                                               "SNIPPET_US": "300"})
         wait_for(lambda: any(t[4] == "hog" for t in krex.trace_lines()), timeout=60, what="hog launching")
         res = krex.run([SNIP / "region"], report=tmp_path / "r.json",

@@ -6,7 +6,7 @@ KREX_* variable): a mistake costs one line and exit status 2, not a benchmark ru
 frozen. It holds the job's connection to the controller and guards it: if the controller goes away, it
 resumes (SIGCONT) every process of its job and gives them back their CPUs, then connects to a controller
 again. Signals meant for the command are passed on (signals.py); the command dies with the wrapper
-(krex-exec: PR_SET_PDEATHSIG), so a SIGKILLed wrapper leaves no orphan on the GPU."""
+(krex-exec: a subreaper told of the wrapper's death), so a SIGKILLed wrapper leaves nothing of its command on the GPU."""
 
 import array
 import json
@@ -158,6 +158,7 @@ def run(gpu_spec, report_path, cold, hooks, overlap, command) -> None:
     forwarder = Forwarder()
     forwarder.start()
     job = conn.job if conn else 0
+    counters_file.remove_stale(counters_dirs())   # those of wrappers that were SIGKILLed
     counters = counters_file.make_counters(counters_dirs())
     if counters is None:
         print("krex: cannot create the job's counters file anywhere (full filesystems?); launches will not be "
