@@ -39,6 +39,7 @@ from .enforce.isolate import Isolation
 from .policy import jobs as job_rules
 from .policy.lifecycle import Lifecycle
 from . import sockfiles
+from .region_log import RegionLog
 from .registry import Registry
 from .unregistered import Unregistered
 from .policy.regions import Regions
@@ -102,12 +103,15 @@ class Client:
                 "job": self.job.id if self.job else None, "gpus": mask_to_list(self.devices)}
 
 
+SPILL_DIR: list = [None]   # where jobs spill their older region records: the socket's directory (Controller)
+
+
 class Job:
     def __init__(self, job_id: int, root_pid: int, uid: int):
         self.id, self.root_pid, self.uid = job_id, root_pid, uid
         self.root_start = procs.start_time(root_pid)
         self.clients: set[Client] = set()
-        self.regions: list[dict] = []
+        self.regions = RegionLog(SPILL_DIR[0])   # bounded in memory (region_log.py)
         self.command: list[str] = []
         self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
 
@@ -148,6 +152,7 @@ class Controller(RegionEffects):
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.unregistered = Unregistered()        # processes refused: their regions are not exclusive
+        SPILL_DIR[0] = os.path.dirname(os.path.abspath(socket_path))
         self.registry = Registry(socket_path, cfg.gpus, node=os.getuid() == 0)   # other controllers here
         self.registry.announce()
         self.jobs: dict[int, Job] = {}
@@ -499,7 +504,9 @@ class Controller(RegionEffects):
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
-                self.jobs.pop(client.job.id, None)
+                gone = self.jobs.pop(client.job.id, None)
+                if gone is not None:
+                    gone.regions.close()
         self.pool.gone(client)
         client.sock.close()
         if client.pidfd is not None:
@@ -808,16 +815,17 @@ def job_report_page(job, offset: int) -> dict:
     """A page of a job's region records from offset: as many as fit ops.REPORT_PAGE_BYTES of JSON (at least
     one), so that a reply never outgrows a frame however large the records are; "next" is the offset of the
     next page, None after the last."""
-    regions = job.regions if job else []
-    start, size, page = max(0, offset), 0, []
-    for rec in regions[start:]:
+    regions = job.regions if job else RegionLog()
+    size, page, end = 0, [], max(0, offset)
+    for i, rec in regions.records_from(offset):
         n = len(json.dumps(rec)) + 2
         if page and size + n > ops.REPORT_PAGE_BYTES:
             break
         page.append(rec)
         size += n
-    end = start + len(page)
-    return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None}
+        end = i + 1
+    return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None,
+            "dropped": regions.dropped}
 
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there

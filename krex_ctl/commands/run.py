@@ -213,7 +213,7 @@ def cleanup(counters: Optional[Path]) -> None:
 def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
            extra: dict, extra_regions: list, overlap: Optional[str] = None):
     """Collect the job's regions and counters, write the report, exit with the command's status."""
-    regions = []
+    regions, dropped = [], 0
     if guardian:
         offset: Optional[int] = 0
         while offset is not None:
@@ -222,6 +222,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
                 break
             regions += reply["regions"]
             offset = reply.get("next")
+            dropped = int(reply.get("dropped", 0))   # records the controller could not keep
         guardian.done.set()
         try:
             guardian.conn.close()
@@ -241,6 +242,8 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     if report_file is not None:
         try:
             rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
+            if dropped:
+                rep["regions_dropped"] = dropped   # older records past what the controller keeps per job
             if overlap:
                 rep["overlap"] = report.overlap_section(overlap, totals)
             report.write(report_file, rep)
