@@ -9,6 +9,7 @@ the record, the replies, the next grant."""
 import logging
 import os
 import time
+import weakref
 
 from . import procs
 from .policy import regions as policy
@@ -48,7 +49,11 @@ class RegionEffects:
             for c in e.clients:
                 self.send(c, MSG["DRAIN"], drain)
         elif isinstance(e, policy.Arm):
-            self.after(e.delay, lambda r=e.region, ev=e.event: self.fire(r, ev))
+            # a weak reference: a region that has ended is not kept alive until its time limit's timer fires
+            # (at hundreds of regions a second, a 60 s limit kept tens of thousands of them)
+            ref = weakref.ref(e.region)
+            t = self.after(e.delay, lambda ref=ref, ev=e.event: (lambda r: r is not None and self.fire(r, ev))(ref()))
+            self.__dict__.setdefault("region_timers", {}).setdefault(e.region.id, []).append(t)
         elif isinstance(e, policy.Freeze):
             new = self.book.to_stop(e.region, e.clients)
             already = [c for c in e.clients if c not in new]
@@ -193,3 +198,17 @@ class RegionEffects:
             if leaver is not None and self.connected(leaver):
                 self.send_ended(leaver, region, reason, e.leaver[1], ended, att)
         region.members.clear()
+        self.drop_timers(region)
+
+    def drop_timers(self, region) -> None:
+        """An ended region's timers are cancelled, and the heap compacted when most of it is cancelled."""
+        import heapq
+
+        timers = self.__dict__.setdefault("region_timers", {}).pop(region.id, [])
+        for t in timers:
+            t.cancelled = True
+        self.cancelled_timers = getattr(self, "cancelled_timers", 0) + len(timers)
+        if self.cancelled_timers > 1024 and self.cancelled_timers > len(self.timers) // 2:
+            self.timers = [t for t in self.timers if not t.cancelled]
+            heapq.heapify(self.timers)
+            self.cancelled_timers = 0
