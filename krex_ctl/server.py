@@ -817,7 +817,9 @@ def job_report_page(job, offset: int) -> dict:
     next page, None after the last."""
     regions = job.regions if job else RegionLog()
     size, page, end = 0, [], max(0, offset)
-    for i, rec in regions.records_from(offset):
+    items = regions.records_from(offset) if isinstance(regions, RegionLog) else \
+        enumerate(regions[end:], end)      # a plain list (tests, older callers)
+    for i, rec in items:
         n = len(json.dumps(rec)) + 2
         if page and size + n > ops.REPORT_PAGE_BYTES:
             break
@@ -825,7 +827,7 @@ def job_report_page(job, offset: int) -> dict:
         size += n
         end = i + 1
     return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None,
-            "dropped": regions.dropped}
+            "dropped": getattr(regions, "dropped", 0)}
 
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
