@@ -19,6 +19,14 @@
   interrupt        Ctrl-C while waiting for a region: requests left at the controller, another job's wait
   daemon           a frozen daemon (outside any wrapper's tree) when the controller is SIGKILLed: how soon
                    the resumer has it running
+  refused          GPU processes the controller refuses (max_clients) launching beside a region loop: regions
+                   reported exclusive while a refused process's kernel ran in them; refused shims registered later
+  two_controllers  a second controller (another user's per-user one) with a busy job on the same GPUs: regions
+                   of the first reported exclusive while the other's kernels ran in them
+  paths            each attack on the socket's files (a file at the socket path, linked log and lock files, a
+                   planted lock, a world-writable directory as root): refused in one line, nothing lost
+  wrapper_kill     `krex run -- sh -c 'hog; true'` wrappers SIGKILLed: grandchildren left running, counters files left
+  memory           one job's regions: the controller's RSS per region while the job runs and after it leaves
 (--only a,b updates those sections of an existing --out file)"""
 
 import argparse
@@ -62,7 +70,9 @@ class World:
         self.sock = tmp / "ctl.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
         self.env.update(KREX_SOCKET=str(self.sock), PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), KREX_LOG_LEVEL="error",
-                        KREX_FAKE_TRACE=str(tmp / "trace"), XDG_RUNTIME_DIR=str(tmp))
+                        KREX_FAKE_TRACE=str(tmp / "trace"), XDG_RUNTIME_DIR=str(tmp),
+                        KREX_REGISTRY_DIR=str(tmp / "registry"))
+        (tmp / "registry").mkdir(exist_ok=True)
         self.ctl_args = ctl_args
         self.ctl = None
         self.start()
@@ -558,6 +568,185 @@ def daemon(n: int, tmp: Path) -> dict:
     return {"iterations": n, "left_stopped": stuck, "resumed_ms": summary_ms(latencies)}
 
 
+def _exclusive_hits(trace: Path, regs: list, foreign_pids=None) -> tuple[int, int]:
+    """(regions reported exclusive with another process's kernel inside, such kernels)"""
+    spans = [(r["granted_ns"], r["ended_ns"]) for r in regs if r.get("granted_ns") and r.get("exclusive")]
+    own = {p for r in regs for p in r.get("pids", [])}
+    bad_regions, bad_kernels = set(), 0
+    if not trace.exists():
+        return 0, 0
+    for line in trace.read_text().splitlines():
+        pid, _sid, start, end = line.split(" ", 4)[:4]
+        pid, start, end = int(pid), int(start), int(end)
+        if pid in own or (foreign_pids is not None and pid not in foreign_pids):
+            continue
+        for i, (g, e) in enumerate(spans):
+            if start < e and end > g:
+                bad_regions.add(i)
+                bad_kernels += 1
+    return len(bad_regions), bad_kernels
+
+
+def refused(n: int, tmp: Path) -> dict:
+    """Two fake GPUs; the controller takes max_clients: a region loop per GPU fills it, then refused hogs
+    (preloaded, no wrapper) launch on both GPUs while the loops run n regions each."""
+    cfg = tmp / "refused.json"
+    cfg.write_text(json.dumps({"max_clients": 4}))
+    w = World(tmp / "refused", "--config", str(cfg))
+    go = w.tmp / "go"
+    owners = [w.krex_run([SNIP / "region"], report=w.tmp / f"o{g}.json", SNIPPET_REGIONS=str(n), SNIPPET_N="2",
+                         SNIPPET_US="300", SNIPPET_DEVICE=str(g), SNIPPET_WAIT_FILE=str(go)) for g in range(2)]
+    time.sleep(3)
+    hogs = [w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200", SNIPPET_DEVICE=str(g)) for g in range(2)]
+    time.sleep(1)
+    go.write_text("")
+    for p in owners:
+        try:
+            p.wait(timeout=max(300, n * 0.5))
+        except subprocess.TimeoutExpired:
+            p.kill()
+    registered = wait_until(lambda: _all_connected([h.pid for h in hogs]), 30, 0.1) is not None
+    for h in hogs:
+        h.kill()
+        h.wait()
+    w.stop()
+    regs = [r for g in range(2) if (w.tmp / f"o{g}.json").exists() for r in json.loads((w.tmp / f"o{g}.json").read_text())["regions"]]
+    bad, kernels = _exclusive_hits(w.tmp / "trace", regs, {h.pid for h in hogs})
+    return {"regions": len(regs), "exclusive": sum(r["exclusive"] for r in regs),
+            "tainted_unregistered": sum("unregistered" in r["taints"] for r in regs),
+            "exclusive_with_refused_kernels": bad, "refused_kernels_in_exclusive": kernels,
+            "refused_registered_after": registered}
+
+
+def _all_connected(pids) -> bool:
+    return all(_connected(p) for p in pids)
+
+
+def two_controllers(n: int, tmp: Path) -> dict:
+    w = World(tmp / "two")
+    other = tmp / "two" / "other.sock"
+    octl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(other), "--state-file",
+                             str(tmp / "two" / "other.state"), "--no-cpu-isolation", "--log-level", "error"],
+                            env=w.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: answers(other), 20, 0.01)
+    hog = w.krex_run([SNIP / "hog"], KREX_SOCKET=str(other), SNIPPET_MS=str(10 ** 7), SNIPPET_US="200")
+    time.sleep(1)
+    owner = w.krex_run([SNIP / "region"], report=w.tmp / "o.json", SNIPPET_REGIONS=str(n), SNIPPET_N="2",
+                       SNIPPET_US="300")
+    owner.wait(timeout=max(300, n))
+    hog.kill()
+    hog.wait()
+    octl.terminate()
+    octl.wait(20)
+    w.stop()
+    regs = json.loads((w.tmp / "o.json").read_text())["regions"] if (w.tmp / "o.json").exists() else []
+    bad, kernels = _exclusive_hits(w.tmp / "trace", regs)
+    return {"regions": len(regs), "tainted_other_controller": sum("other_controller" in r["taints"] for r in regs),
+            "exclusive_with_foreign_kernels": bad, "foreign_kernels_in_exclusive": kernels}
+
+
+def paths(n: int, tmp: Path) -> dict:
+    """Each attack once (n is ignored): the controller's or `krex run`'s answer, and whether anything was lost."""
+    d = tmp / "paths"
+    d.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+    env.update(PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(d), KREX_REGISTRY_DIR=str(d))
+
+    def ctl(sock):
+        return subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--state-file",
+                               str(d / "s.state"), "--no-cpu-isolation"], env=env, capture_output=True, text=True, timeout=60)
+
+    def run(sock):
+        return subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", "true"], env=dict(env, KREX_SOCKET=str(sock)),
+                              capture_output=True, text=True, timeout=60)
+
+    out = {}
+
+    def judge(name, r, kept):
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
+        out[name] = {"exit": r.returncode, "one_line": len(lines) == 1 and "Traceback" not in r.stderr,
+                     "nothing_lost": kept(), "line": lines[0] if lines else r.stderr[-200:]}
+
+    f = d / "data.txt"
+    f.write_text("precious")
+    judge("controller_socket_at_a_file", ctl(f), lambda: f.read_text() == "precious")
+    judge("run_socket_at_a_file", run(f), lambda: f.read_text() == "precious")
+    secret = d / "secret"
+    secret.write_text("secret")
+    os.chmod(secret, 0o600)
+    rt = d / "rt"
+    rt.mkdir(mode=0o700)
+    (rt / "krex.sock.log").symlink_to(secret)
+    judge("run_log_linked", run(rt / "krex.sock"), lambda: secret.read_text() == "secret")
+    (rt / "krex.sock.log").unlink()
+    (rt / "krex.sock.lock").symlink_to(secret)
+    judge("controller_lock_linked", ctl(rt / "krex.sock"), lambda: secret.read_text() == "secret")
+    (rt / "krex.sock.lock").unlink()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, time\n"
+                               f"fd = os.open({str(rt / 'krex.sock.lock')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    holder.stdout.readline()
+    judge("controller_lock_planted", ctl(rt / "krex.sock"), lambda: True)
+    holder.kill()
+    holder.wait()
+    if os.geteuid() == 0:
+        ww = d / "ww"
+        ww.mkdir()
+        os.chmod(ww, 0o777)
+        judge("node_controller_world_writable_dir", ctl(ww / "krex.sock"), lambda: True)
+    out["all_refused_in_one_line_nothing_lost"] = all(v["one_line"] and v["nothing_lost"] for v in out.values()
+                                                      if isinstance(v, dict))
+    return out
+
+
+def wrapper_kill(n: int, tmp: Path) -> dict:
+    w = World(tmp / "wkill")
+    left, trees = 0, 0
+    for i in range(n):
+        p = w.krex_run(["sh", "-c", f"{SNIP / 'hog'}; true"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200")
+        from krex_ctl.procs import descendants
+        if wait_until(lambda: any(_comm(q) == "hog" for q in descendants(p.pid)), 60, 0.01) is None:
+            p.kill()
+            continue
+        tree = descendants(p.pid)
+        p.kill()
+        p.wait()
+        trees += 1
+        wait_until(lambda: not any(state(q) not in (None, "Z", "X") for q in tree), 10, 0.01)
+        alive = [q for q in tree if state(q) not in (None, "Z", "X")]
+        left += len(alive)
+        for q in alive:
+            os.kill(q, signal.SIGKILL)
+    counters_left_before_next_start = len(list((w.tmp / "krex").glob("job-*.counters")))
+    subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", "true"], env=w.env, capture_output=True, timeout=60)
+    counters_left = len(list((w.tmp / "krex").glob("job-*.counters")))
+    w.stop()
+    return {"wrappers_killed": trees, "processes_left_running": left,
+            "counters_files_before_next_start": counters_left_before_next_start,
+            "counters_files_after_next_start": counters_left}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def memory(n: int, tmp: Path) -> dict:
+    w = World(tmp / "mem")
+    time.sleep(0.5)
+    rss0 = _rss_kb(w.ctl.pid)
+    p = w.krex_run([SNIP / "region"], report=w.tmp / "m.json", SNIPPET_REGIONS=str(n), SNIPPET_N="1", SNIPPET_US="10")
+    p.wait(timeout=max(600, n * 0.05))
+    rss1 = _rss_kb(w.ctl.pid)
+    regs = json.loads((w.tmp / "m.json").read_text())["regions"] if (w.tmp / "m.json").exists() else []
+    w.stop()
+    return {"regions": n, "reported": len(regs), "rss_before_kb": rss0, "rss_after_job_kb": rss1,
+            "bytes_per_region": round((rss1 - rss0) * 1024 / max(1, n), 1)}
+
+
 def summary_ms(xs: list) -> dict:
     if not xs:
         return {"n": 0}
@@ -577,6 +766,11 @@ SECTIONS = {   # name -> how to run it with the command line's counts
     "restart": lambda a, tmp: restart(a.restarts, tmp),
     "interrupt": lambda a, tmp: interrupt(a.interrupts, tmp),
     "daemon": lambda a, tmp: daemon(a.daemons, tmp),
+    "refused": lambda a, tmp: refused(a.refused_regions, tmp),
+    "two_controllers": lambda a, tmp: two_controllers(a.two_controller_regions, tmp),
+    "paths": lambda a, tmp: paths(0, tmp),
+    "wrapper_kill": lambda a, tmp: wrapper_kill(a.wrapper_kills, tmp),
+    "memory": lambda a, tmp: memory(a.memory_regions, tmp),
 }
 
 
@@ -593,6 +787,10 @@ def main() -> None:
     ap.add_argument("--restarts", type=int, default=10)
     ap.add_argument("--interrupts", type=int, default=50)
     ap.add_argument("--daemons", type=int, default=20)
+    ap.add_argument("--refused-regions", type=int, default=2000)
+    ap.add_argument("--two-controller-regions", type=int, default=2000)
+    ap.add_argument("--wrapper-kills", type=int, default=20)
+    ap.add_argument("--memory-regions", type=int, default=20000)
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

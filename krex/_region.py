@@ -211,6 +211,4 @@ def _forked() -> None:
     _open["n"] = 0   # the shim resets its own region state in the child (pthread_atfork)
 
 
-import os  # noqa: E402
-
 os.register_at_fork(after_in_child=_forked)

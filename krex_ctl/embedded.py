@@ -25,6 +25,26 @@ def answers(path: Path) -> bool:
 
 def ensure_controller(timeout: float = 10.0) -> Path:
     """The socket of a live controller: KREX_SOCKET, the system one, or an embedded one we start."""
+    path = _ensure_controller(timeout)
+    if path != paths.SYSTEM_SOCKET:
+        warn_other_users(path)
+    return path
+
+
+def warn_other_users(path: Path) -> None:
+    """A per-user controller cannot gate another user's processes: say so in one line when another user's
+    per-user controller runs on this node (its regions are tainted other_controller where they share a GPU)."""
+    from .registry import other_users_controllers
+
+    others = other_users_controllers(path)
+    if others:
+        o = others[0]
+        print(f"krex: another user's krex controller (uid {o['uid']}, pid {o['pid']}) runs on this node; regions are "
+              "exclusive only of this user's work and are tainted other_controller where the two share a GPU: only "
+              "a node controller (`krex controller`, run by root) gives exclusivity across users", file=sys.stderr)
+
+
+def _ensure_controller(timeout: float) -> Path:
     path = paths.default_socket()
     if answers(path):
         return path
@@ -38,14 +58,19 @@ def ensure_controller(timeout: float = 10.0) -> Path:
         raise KrexCommandError(f"cannot start a controller at {path}: {path.parent} does not exist", 3)
     elif not os.access(path.parent, os.W_OK | os.X_OK):
         raise KrexCommandError(f"cannot start a controller at {path}: cannot create files in {path.parent}", 3)
+    if len(os.fsencode(str(path))) > 107:
+        raise KrexCommandError(f"cannot start a controller at {path}: longer than the 107 bytes a Unix socket path "
+                               "may have (set KREX_SOCKET to a shorter path)", 3)
+    from .sockfiles import open_private
+
     log = path.parent / (path.name + ".log")
     try:
-        out = open(log, "ab")
-    except OSError as e:
-        raise KrexCommandError(f"cannot start a controller at {path}: {log}: {e.strerror}", 3) from None
-    with out:
+        log_fd = open_private(str(log), os.O_WRONLY | os.O_APPEND, "log", flag="KREX_SOCKET")
+    except KrexCommandError as e:
+        raise KrexCommandError(f"cannot start a controller at {path}: {e}", 3) from None
+    with os.fdopen(log_fd, "ab") as out:
         warm = ["--warm-workers", os.environ["KREX_WARM_WORKERS"]] if os.environ.get("KREX_WARM_WORKERS") else []
-        subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "krex_ctl", "controller", "--embedded", "--socket", str(path)] + warm,
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True,
             env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
@@ -53,5 +78,22 @@ def ensure_controller(timeout: float = 10.0) -> Path:
     while time.monotonic() < deadline:
         if answers(path):
             return path
+        if proc.poll() is not None and not answers(path):
+            # it exited before answering (a bad path, a planted file, another controller won the race)
+            if proc.returncode == 4 and answers(path):
+                return path
+            raise KrexCommandError(f"the controller started at {path} exited at once: {last_krex_line(log)}", 3)
         time.sleep(0.02)
     raise KrexCommandError(f"started a controller at {path} but it does not answer; see {log}", 3)
+
+
+def last_krex_line(log: Path) -> str:
+    """The controller's own one-line reason (its last `krex:` line) from its log, or where to look."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            lines = [ln.decode(errors="replace").strip() for ln in f.read().splitlines()]
+    except OSError:
+        lines = []
+    reasons = [ln[len("krex: "):] if ln.startswith("krex: ") else ln for ln in lines if "krex:" in ln or ln.startswith("Error")]
+    return reasons[-1] if reasons else f"see {log}"

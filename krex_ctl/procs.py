@@ -160,22 +160,45 @@ class Pidfd:
             self.fd = -1
 
 
+class Mask(set):
+    """A saved CPU mask that knows whose it is: the thread's start time when it was saved. A tid is reused
+    like a pid: a mask goes back only to the thread it was taken from, never to a stranger's thread that
+    took its tid since (the root controller would otherwise reset another user's affinity)."""
+
+    start: Optional[int] = None
+
+
+def thread_start(tid: int) -> Optional[int]:
+    return start_time(tid)     # /proc/TID/stat answers for any thread, by its tid
+
+
+def same_thread(tid: int, mask) -> bool:
+    start = getattr(mask, "start", None)
+    return start is None or thread_start(tid) == start
+
+
 def set_affinity(tids: Iterable[int], new_mask: Callable[[set[int]], set[int]], saved: dict[int, set[int]]) -> None:
     """Give each thread new_mask(its mask), remembering the previous mask in saved (first change wins)."""
     for tid in tids:
         try:
+            start = thread_start(tid) if tid not in saved else None
             old = os.sched_getaffinity(tid)
             cpus = new_mask(old)
             if not cpus or cpus == old:
                 continue
             os.sched_setaffinity(tid, cpus)
-            saved.setdefault(tid, old)
+            if tid not in saved:
+                kept = Mask(old)
+                kept.start = start
+                saved[tid] = kept
         except OSError:
             pass
 
 
 def restore_affinity(saved: dict[int, set[int]]) -> None:
     for tid, cpus in saved.items():
+        if not same_thread(tid, cpus):
+            continue                 # the thread is gone and its tid is someone else's now
         try:
             os.sched_setaffinity(tid, cpus)
         except OSError:

@@ -38,6 +38,10 @@ from .enforce.freeze import Freezer
 from .enforce.isolate import Isolation
 from .policy import jobs as job_rules
 from .policy.lifecycle import Lifecycle
+from . import sockfiles
+from .region_log import RegionLog
+from .registry import Registry
+from .unregistered import Unregistered
 from .policy.regions import Regions
 from .server_regions import RegionEffects, now_ns
 from .wire import client, frames, ops, runtime
@@ -99,12 +103,15 @@ class Client:
                 "job": self.job.id if self.job else None, "gpus": mask_to_list(self.devices)}
 
 
+SPILL_DIR: list = [None]   # where jobs spill their older region records: the socket's directory (Controller)
+
+
 class Job:
     def __init__(self, job_id: int, root_pid: int, uid: int):
         self.id, self.root_pid, self.uid = job_id, root_pid, uid
         self.root_start = procs.start_time(root_pid)
         self.clients: set[Client] = set()
-        self.regions: list[dict] = []
+        self.regions = RegionLog(SPILL_DIR[0])   # bounded in memory (region_log.py)
         self.command: list[str] = []
         self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
 
@@ -144,6 +151,10 @@ class Controller(RegionEffects):
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
+        self.unregistered = Unregistered()        # processes refused: their regions are not exclusive
+        SPILL_DIR[0] = os.path.dirname(os.path.abspath(socket_path))
+        self.registry = Registry(socket_path, cfg.gpus, node=os.getuid() == 0)   # other controllers here
+        self.registry.announce()
         self.jobs: dict[int, Job] = {}
         self.timers: list[Timer] = []
         self.pool = WorkerPool(cfg, socket_path)
@@ -292,8 +303,14 @@ class Controller(RegionEffects):
                 sock, _ = self.listener.accept()
                 try:
                     sock.setblocking(False)
-                    sock.send(frames.pack(MSG["ERROR"], frames.error_payload(
-                        C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later")))
+                    self.note_refused(sock)
+                    frame = frames.pack(MSG["ERROR"], frames.error_payload(
+                        C.KREX_ERR_LIMIT, "the controller is out of file descriptors; try again later"))
+                    # no descriptor to spare for a read-only copy: the sealed page itself, which cannot be
+                    # written or mapped writable through any descriptor (only where the seal took)
+                    fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self.gate.fd))] \
+                        if self.gate.sealed else []
+                    sock.sendmsg([frame], fds)
                 except OSError:
                     pass
                 sock.close()
@@ -347,10 +364,31 @@ class Controller(RegionEffects):
         self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("pidfd", client))
 
     def refuse(self, client: Client, why: str) -> None:
-        self.send_error(client, C.KREX_ERR_LIMIT, why)
+        self.refuse_with_gates(client, why)
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
+
+    def note_refused(self, sock: socket.socket) -> None:
+        try:
+            pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except OSError:
+            return
+        self.unregistered.note(pid)
+
+    def refuse_with_gates(self, client: Client, why: str) -> None:
+        """A refusal a shim can live with: the ERROR frame carries a read-only gate page, which the shim
+        honours while it retries; the process is remembered as unregistered (unregistered.py)."""
+        self.unregistered.note(client.pid)
+        try:
+            ro = self.gate.readonly_fd()
+        except OSError:
+            self.send_error(client, C.KREX_ERR_LIMIT, why)
+            return
+        try:
+            self.send(client, MSG["ERROR"], frames.error_payload(C.KREX_ERR_LIMIT, why), fds=(ro,))
+        finally:
+            os.close(ro)
 
     def expire_handshakes(self) -> None:
         deadline = time.monotonic() - float(self.cfg.handshake_timeout_s)
@@ -466,7 +504,9 @@ class Controller(RegionEffects):
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
-                self.jobs.pop(client.job.id, None)
+                gone = self.jobs.pop(client.job.id, None)
+                if gone is not None:
+                    gone.regions.close()
         self.pool.gone(client)
         client.sock.close()
         if client.pidfd is not None:
@@ -515,12 +555,13 @@ class Controller(RegionEffects):
                 c.uid == client.uid and c.role not in (0, C.KREX_ROLE_CLI) for c in self.clients.values()) \
                 >= int(self.cfg.max_clients_per_uid):
             self.counters["refused_connections"] += 1
-            self.send_error(client, C.KREX_ERR_LIMIT, f"uid {client.uid} is at its limit of "
-                            f"{self.cfg.max_clients_per_uid} clients of this controller")
+            self.refuse_with_gates(client, f"uid {client.uid} is at its limit of "
+                                   f"{self.cfg.max_clients_per_uid} clients of this controller")
             self.flush(client)
             self.drop(client, "per-user client limit")
             return
         self.unpend(client)
+        self.unregistered.registered(client.pid)
         client.role = hello.role
         if client.role != C.KREX_ROLE_CLI:
             client.job = self.place(client, int(hello.job), int(hello.job_root))
@@ -730,12 +771,13 @@ class Controller(RegionEffects):
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")
         self.freezer.close()
-        try:
-            if os.path.exists(self.socket_path) and os.stat(self.socket_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
-                os.unlink(self.socket_path)
+        self.registry.withdraw()
+        # only the socket we bound (never a file put at its path since), and then our reserved-cores file
+        if sockfiles.remove_if_same(self.socket_path, BOUND.get(self.socket_path)):
+            try:
                 os.unlink(self.socket_path + ".reserved")
-        except OSError:
-            pass
+            except OSError:
+                pass
         self.listener.close()
 
     # ---- status ----------------------------------------------------------------------------------
@@ -779,21 +821,26 @@ def job_report_page(job, offset: int) -> dict:
     """A page of a job's region records from offset: as many as fit ops.REPORT_PAGE_BYTES of JSON (at least
     one), so that a reply never outgrows a frame however large the records are; "next" is the offset of the
     next page, None after the last."""
-    regions = job.regions if job else []
-    start, size, page = max(0, offset), 0, []
-    for rec in regions[start:]:
+    regions = job.regions if job else RegionLog()
+    size, page, end = 0, [], max(0, offset)
+    items = regions.records_from(offset) if isinstance(regions, RegionLog) else \
+        enumerate(regions[end:], end)      # a plain list (tests, older callers)
+    for i, rec in items:
         n = len(json.dumps(rec)) + 2
         if page and size + n > ops.REPORT_PAGE_BYTES:
             break
         page.append(rec)
         size += n
-    end = start + len(page)
-    return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None}
+        end = i + 1
+    return {"job": job.id if job else None, "regions": page, "next": end if end < len(regions) else None,
+            "dropped": getattr(regions, "dropped", 0)}
+
+
+BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
 
 
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     """Take the socket's lock file and bind. Two controllers on one socket: the second gets a clear error."""
-    import fcntl
     import grp
 
     parent = os.path.dirname(os.path.abspath(path)) or "/"
@@ -801,21 +848,9 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
         raise KrexCommandError(f"--socket {path}: the directory {parent} does not exist", 2)
     if len(os.fsencode(path)) > 107:
         raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
-    try:
-        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        raise KrexCommandError(f"--socket {path}: cannot create its lock file ({e.strerror})", 2) from None
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock_fd)
-        raise KrexCommandError(f"another krex controller is already serving {path}", 4) from None
-    try:
-        os.unlink(path)  # a stale socket left by a controller that died: we hold the lock, so it is stale
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        raise KrexCommandError(f"--socket {path}: cannot replace the stale socket ({e.strerror})", 2) from None
+    sockfiles.check_dir(path)
+    lock_fd = sockfiles.take_lock(path)
+    sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
     try:
         sock = client.bind_private(path)
     except OSError as e:
@@ -829,4 +864,5 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
             raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
     os.chmod(path, cfg.socket_mode)
     sock.listen(512)
+    BOUND[path] = sockfiles.identity(path)
     return sock, lock_fd

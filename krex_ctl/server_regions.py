@@ -9,6 +9,7 @@ the record, the replies, the next grant."""
 import logging
 import os
 import time
+import weakref
 
 from . import procs, server_feedback
 from .policy import regions as policy
@@ -48,7 +49,11 @@ class RegionEffects:
             for c in e.clients:
                 self.send(c, MSG["DRAIN"], drain)
         elif isinstance(e, policy.Arm):
-            self.after(e.delay, lambda r=e.region, ev=e.event: self.fire(r, ev))
+            # a weak reference: a region that has ended is not kept alive until its time limit's timer fires
+            # (at hundreds of regions a second, a 60 s limit kept tens of thousands of them)
+            ref = weakref.ref(e.region)
+            t = self.after(e.delay, lambda ref=ref, ev=e.event: (lambda r: r is not None and self.fire(r, ev))(ref()))
+            self.__dict__.setdefault("region_timers", {}).setdefault(e.region.id, []).append(t)
         elif isinstance(e, policy.Freeze):
             new = self.book.to_stop(e.region, e.clients)
             already = [c for c in e.clients if c not in new]
@@ -124,6 +129,7 @@ class RegionEffects:
         # the GPU's counters as the region begins: before the grant, so that nothing of the owner's own work
         # is in them (is the GPU power-capped by the load before the region?)
         region.attest_start = self.attest.snapshot(region.gpu_mask)
+        region.other_controllers = self.registry.during_region(region.gpu_mask)
         region.phase_ns["attest"] = now_ns() - t1
         region.granted_ns = now_ns()
         for m in list(region.members.values()):
@@ -147,6 +153,13 @@ class RegionEffects:
     def finish(self, e) -> None:
         region, reason = e.region, e.reason
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
+        unregistered = self.unregistered.during(int(region.started * 1e9), ended)
+        if unregistered:
+            region.taints |= C.KREX_TAINT_UNREGISTERED
+        others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}
+        others |= {(o["pid"], o["uid"], o["socket"]) for o in self.registry.during_region(region.gpu_mask)}
+        if others:
+            region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
         att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
         region.phase_ns["attest_end"] = now_ns() - ended
         waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
@@ -168,6 +181,10 @@ class RegionEffects:
             extra["freeze_skipped"] = region.freeze_skipped
         if region.unstopped:
             extra["unstopped"] = region.unstopped
+        if unregistered:
+            extra["unregistered_pids"] = unregistered
+        if others:
+            extra["other_controllers"] = [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)]
         if region.clock_settle:
             extra["clock_settle"] = region.clock_settle
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
@@ -194,3 +211,17 @@ class RegionEffects:
             if leaver is not None and self.connected(leaver):
                 self.send_ended(leaver, region, reason, e.leaver[1], ended, att)
         region.members.clear()
+        self.drop_timers(region)
+
+    def drop_timers(self, region) -> None:
+        """An ended region's timers are cancelled, and the heap compacted when most of it is cancelled."""
+        import heapq
+
+        timers = self.__dict__.setdefault("region_timers", {}).pop(region.id, [])
+        for t in timers:
+            t.cancelled = True
+        self.cancelled_timers = getattr(self, "cancelled_timers", 0) + len(timers)
+        if self.cancelled_timers > 1024 and self.cancelled_timers > len(self.timers) // 2:
+            self.timers = [t for t in self.timers if not t.cancelled]
+            heapq.heapify(self.timers)
+            self.cancelled_timers = 0

@@ -94,6 +94,8 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
     }
 }
 
+static int refused_logged;   /* "refused us" is said once per refusal streak */
+
 static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
     struct krex_frame_hdr h;
     union {
@@ -112,17 +114,37 @@ static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
     if (h.length > sizeof body || read_full(fd, &body, h.length)) return -1;
     if (h.type == KREX_MSG_ERROR) {
         body.error.text[KREX_ERROR_TEXT - 1] = 0;
-        krex_log(KREX_LOG_ERROR, "controller refused us: %s", body.error.text);
-        return -2;
+        if (!refused_logged++)
+            krex_log(KREX_LOG_ERROR, "controller refused us: %s; %s", body.error.text,
+                     *gate_fd >= 0 ? "honouring its gates and asking again until it takes us"
+                                   : "asking again until it takes us (running without region exclusivity meanwhile)");
+        return body.error.code == KREX_ERR_LIMIT ? -3 : -2;
     }
     if (h.type != KREX_MSG_WELCOME || h.length < sizeof body.welcome) return -1;
     *w = body.welcome;
     return 0;
 }
 
+/* A refusal's gate page (struct krex_gate_page_hdr first), mapped read-only; NULL when none came or it is
+ * not one. A refused process keeps honouring the controller's gates while it asks again. */
+static const struct krex_gate_page_hdr *map_refused_page(int gate_fd) {
+    if (gate_fd < 0) return NULL;
+    void *page = mmap(NULL, KREX_GATE_PAGE_BYTES, PROT_READ, MAP_SHARED, gate_fd, 0);
+    if (page == MAP_FAILED) return NULL;
+    const struct krex_gate_page_hdr *hdr = page;
+    if (hdr->magic != KREX_GATE_MAGIC || hdr->version != KREX_PROTO_VERSION || hdr->max_gpus > KREX_MAX_GPUS) {
+        munmap(page, KREX_GATE_PAGE_BYTES);
+        return NULL;
+    }
+    return hdr;
+}
+
 /* Connect and handshake, holding no lock (it may take up to the handshake timeout). On success: the
- * socket, the mapped gate page, the welcome. -1: nobody answers; -2: someone answered but will not do. */
-static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w, int quiet) {
+ * socket, the mapped gate page, the welcome. -1: nobody answers; -2: someone answered but will not do;
+ * -3: the controller is at a limit (ask again later); *refused_page is its gate page when one came. */
+static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w, int quiet,
+                const struct krex_gate_page_hdr **refused_page) {
+    *refused_page = NULL;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     krex_socket_path(path, sizeof path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -153,7 +175,10 @@ static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome
     memcpy(buf + sizeof h, &hello, sizeof hello);
     int gate_fd = -1, rc = -1;
     void *page = MAP_FAILED;
-    if (write_full(fd, buf, sizeof buf) == 0 && (rc = recv_welcome(fd, w, &gate_fd)) == 0) {
+    /* a controller at its limit answers at accept, before our HELLO, and closes: the HELLO may then fail
+     * (EPIPE) while its refusal waits to be read */
+    (void)write_full(fd, buf, sizeof buf);
+    if ((rc = recv_welcome(fd, w, &gate_fd)) == 0) {
         if (w->version != KREX_PROTO_VERSION) {
             krex_log(KREX_LOG_ERROR, "controller speaks protocol %u, this shim %u: upgrade one of them", w->version,
                      KREX_PROTO_VERSION);
@@ -164,6 +189,8 @@ static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome
         } else {
             page = mmap(NULL, KREX_GATE_PAGE_BYTES, PROT_READ, MAP_SHARED, gate_fd, 0);
         }
+    } else if (rc == -3) {
+        *refused_page = map_refused_page(gate_fd);
     } else if (rc == -1 && !quiet) {
         krex_log(KREX_LOG_WARNING, "handshake with the controller at %s failed (%s); running without region "
                  "exclusivity until it answers", path, errno == EAGAIN ? "it did not answer in time" : "closed");
@@ -190,6 +217,7 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
                      __ATOMIC_RELEASE);
     __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */
     krex_failopen = 0;
+    refused_logged = 0;
     if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
                                  (unsigned)w->controller_pid);
     ever_connected = 1;
@@ -205,6 +233,26 @@ static void lose_locked(const char *why) {
     conn_state = CONN_DOWN;
     krex_failopen = 1;
     __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+}
+
+/* caller holds conn_lock: refused, we honour the gate page that came with the refusal (a page of the same
+ * controller replaces nothing; an old page stays mapped: a reader may hold it); with none, fail open */
+static void refused_locked(const struct krex_gate_page_hdr *page) {
+    static const struct krex_gate_page_hdr *last;
+    if (page && last && page->controller_pid == last->controller_pid) {
+        munmap((void *)page, KREX_GATE_PAGE_BYTES);
+        page = last;
+    }
+    if (page) {
+        last = page;
+        const char *job = getenv("KREX_JOB");
+        krex_job = job ? atoi(job) : 0;   /* our own job's regions do not hold us; every other one does */
+        __atomic_store_n(&krex_gates, (const struct krex_gate *)((const char *)page + sizeof *page), __ATOMIC_RELEASE);
+        krex_failopen = 0;
+    } else {
+        __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+        krex_failopen = 1;
+    }
 }
 
 union msg_buf {
@@ -259,14 +307,19 @@ static void *client_thread(void *arg) {
         nanosleep(&ts, NULL);
         if (backoff_ms < 1000) backoff_ms *= 2;
         const struct krex_gate *gates;
+        const struct krex_gate_page_hdr *refused;
         struct krex_welcome w;
-        int nfd;
-        if (dial(&nfd, &gates, &w, 1) == 0) {
-            pthread_mutex_lock(&conn_lock);
+        int nfd, r = dial(&nfd, &gates, &w, 1, &refused);
+        pthread_mutex_lock(&conn_lock);
+        if (r == 0) {
             install_locked(nfd, gates, &w);
-            pthread_mutex_unlock(&conn_lock);
             fd = nfd;
+        } else if (r == -3) {
+            refused_locked(refused);
+        } else if (krex_gates) {
+            refused_locked(NULL);   /* the refusing controller is gone: its gates mean nothing now */
         }
+        pthread_mutex_unlock(&conn_lock);
     }
     return NULL;
 }
@@ -312,8 +365,9 @@ static int connect_locked(void) {
     if (conn_state == CONN_UP) return 0;
     if (conn_state != CONN_NONE) return -1;
     const struct krex_gate *gates;
+    const struct krex_gate_page_hdr *refused;
     struct krex_welcome w;
-    int fd, r = dial(&fd, &gates, &w, 0);
+    int fd, r = dial(&fd, &gates, &w, 0, &refused);
     if (r == 0) {
         install_locked(fd, gates, &w);
         if (start_thread_locked(fd)) return 0;
@@ -323,7 +377,10 @@ static int connect_locked(void) {
     const char *job = getenv("KREX_JOB");
     int expected = (job && atoi(job) > 0) || ever_connected;
     krex_failopen = 1;
-    conn_state = expected && r == -1 && start_thread_locked(-1) ? CONN_DOWN : CONN_FAILED;
+    /* refused at a limit: a controller is there and may take us later, so keep asking whoever started us */
+    conn_state = (r == -3 || (expected && r == -1)) && start_thread_locked(-1) ? CONN_DOWN : CONN_FAILED;
+    if (r == -3 && conn_state == CONN_DOWN) refused_locked(refused);
+    else if (refused) munmap((void *)refused, KREX_GATE_PAGE_BYTES);
     return -1;
 }
 

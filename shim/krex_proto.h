@@ -106,7 +106,9 @@ enum krex_taint {
     KREX_TAINT_XID = 512,              /* the driver reported an XID error */
     KREX_TAINT_LIFECYCLE = 1024,       /* a sibling's context creation, teardown or exit was still in flight */
     KREX_TAINT_UNACKNOWLEDGED = 2048,  /* the controller did not acknowledge the end in time */
-    KREX_TAINT_CLOCK_LOW = 4096        /* the SM clock was not back at its peak when the clock settle ran out */
+    KREX_TAINT_CLOCK_LOW = 4096,       /* the SM clock was not back at its peak when the clock settle ran out */
+    KREX_TAINT_UNREGISTERED = 8192,    /* a krex process the controller refused (not drained, not frozen) was alive */
+    KREX_TAINT_OTHER_CONTROLLER = 16384 /* another krex controller (another user's) served the GPU: its work is not gated */
 };
 
 /* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not
@@ -115,7 +117,8 @@ enum krex_taint {
  * taints are derived from the enum names above (KREX_TAINT_CLOCK_LOW -> "clock_low"). */
 enum krex_taint_sets {
     KREX_TAINTS_NOT_EXCLUSIVE = KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED
-                                | KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS
+                                | KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS | KREX_TAINT_UNREGISTERED
+                                | KREX_TAINT_OTHER_CONTROLLER
 };
 
 /* events of struct krex_lifecycle */

@@ -69,6 +69,9 @@ class Krex:
         # the tests' commands share GPU 0 as siblings, as devices of their own (a command that names no GPU
         # keeps its caller's CUDA_VISIBLE_DEVICES); the placement tests (test_placement.py) drop it
         self.env["CUDA_VISIBLE_DEVICES"] = "0"
+        self.registry = tmp / "registry"  # the node-wide registry of controllers (krex_ctl/registry.py), per test
+        self.registry.mkdir()
+        self.env["KREX_REGISTRY_DIR"] = str(self.registry)
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 

@@ -213,7 +213,8 @@ def test_epilog_resumes_and_ends_what_is_left_of_a_job(slurm, tmp_path):
         t_end = time.monotonic_ns()
         out = slurm.epilog(201, wrap)
         assert out.returncode == 0, out.stderr
-        assert "2 process(es) ended" in out.stderr, out.stderr     # the krex run wrapper and its command
+        # the krex run wrapper, krex-exec (the subreaper between them) and the command
+        assert "3 process(es) ended" in out.stderr, out.stderr
         holder.communicate(timeout=30)
         wait_for(lambda: not any(g["owner"] for g in slurm.status()["gpus"]), timeout=30, what="the region's end")
         wait_for(lambda: proc_state(b.pid) not in ("T", "t"), timeout=30, what="job 203 resumed")

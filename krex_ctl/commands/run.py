@@ -6,7 +6,7 @@ KREX_* variable): a mistake costs one line and exit status 2, not a benchmark ru
 frozen. It holds the job's connection to the controller and guards it: if the controller goes away, it
 resumes (SIGCONT) every process of its job and gives them back their CPUs, then connects to a controller
 again. Signals meant for the command are passed on (signals.py); the command dies with the wrapper
-(krex-exec: PR_SET_PDEATHSIG), so a SIGKILLed wrapper leaves no orphan on the GPU."""
+(krex-exec: a subreaper told of the wrapper's death), so a SIGKILLed wrapper leaves nothing of its command on the GPU."""
 
 import array
 import json
@@ -181,6 +181,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     forwarder = Forwarder()
     forwarder.start()
     job = conn.job if conn else 0
+    counters_file.remove_stale(counters_dirs())   # those of wrappers that were SIGKILLed
     counters = counters_file.make_counters(counters_dirs())
     if counters is None:
         print("krex: cannot create the job's counters file anywhere (full filesystems?); launches will not be "
@@ -300,7 +301,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
            extra: dict, extra_regions: list, overlap: Optional[str] = None, facts: Optional[RunFacts] = None):
     """Collect the job's regions and counters, write the report, say the summary, exit with the command's
     status (or --strict's)."""
-    regions = []
+    regions, dropped = [], 0
     frozen = facts.watcher.stop() if facts and facts.watcher else {}
     if guardian:
         offset: Optional[int] = 0
@@ -310,6 +311,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
                 break
             regions += reply["regions"]
             offset = reply.get("next")
+            dropped = int(reply.get("dropped", 0))   # records the controller could not keep
         guardian.done.set()
         try:
             guardian.conn.close()
@@ -327,6 +329,8 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
         totals[k] = totals.get(k, 0) + v
     cleanup(counters)
     rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
+    if dropped:
+        rep["regions_dropped"] = dropped   # older records past what the controller keeps per job
     if overlap:
         rep["overlap"] = report.overlap_section(overlap, totals)
     if facts is not None:

@@ -24,9 +24,11 @@ class GatePage:
         self.map = mmap.mmap(self.fd, GATE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         # our mapping stays writable; from now on nobody can make another writable one, or write, or resize
         seals = F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+        self.sealed = True
         try:
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, seals)
         except OSError as e:
+            self.sealed = False
             if e.errno != errno.EINVAL:
                 raise
             # a kernel before 5.1: no future-write seal; mode 0444 keeps other users' reopens read-only

@@ -53,7 +53,7 @@ class Isolation:
         if region.reserved:
             for tid in procs.threads(pid):
                 old = region.saved_affinity.pop(tid, None)
-                if old is not None:
+                if old is not None and procs.same_thread(tid, old):
                     procs.set_affinity([tid], lambda _o, c=old: c, {})
 
     def end(self, region, frozen_pids: list[int], others_waiting: bool, held_regions) -> None:

@@ -42,6 +42,48 @@ def create_counters(path: Path, slots: int = C.KREX_COUNTER_SLOTS) -> None:
     os.close(fd)
 
 
+def remove_stale(dirs) -> list[Path]:
+    """The counters files a SIGKILLed wrapper left behind (job-PID-*.counters whose wrapper PID is gone),
+    removed: only regular files of ours with a counters header, never through a link. A file whose PID is
+    alive (its wrapper, or a process that took the PID since) stays."""
+    import re
+    import stat
+
+    removed = []
+    for d in dirs:
+        if d is None:
+            continue
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            m = re.fullmatch(r"job-(\d+)-[A-Za-z0-9_]+\.counters", name)
+            if not m or os.path.exists(f"/proc/{m.group(1)}"):
+                continue
+            path = os.path.join(d, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                head = os.pread(fd, 8, 0)
+                ours = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and len(head) == 8 and \
+                    int.from_bytes(head[:4], "little") == C.KREX_COUNTERS_MAGIC
+            except OSError:
+                ours = False
+            finally:
+                os.close(fd)
+            if ours:
+                try:
+                    os.unlink(path)
+                    removed.append(Path(path))
+                except OSError:
+                    pass
+    return removed
+
+
 def make_counters(dirs) -> Optional[Path]:
     """A fresh counters file in the first of dirs where one can be made (an unpredictable name, created
     O_EXCL, allocated up front), or None where none can (a full filesystem): the command then runs

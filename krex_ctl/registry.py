@@ -1,0 +1,156 @@
+"""The node-wide registry of krex controllers: one small file per live controller in a directory every
+user can write (/dev/shm, sticky: each user can remove only their own files; KREX_REGISTRY_DIR elsewhere).
+
+Two users without a node controller each get an embedded per-user controller; neither sees the other's
+processes (each gates, drains and freezes only its own clients), so a region of one is not exclusive of
+the other's work on the same GPU. Each controller announces itself here (pid, its start time, uid, socket,
+GPUs) and, at every region's end, looks for another live controller serving one of the region's GPUs: the
+region is tainted `other_controller` (not exclusive), and a warning says once that only a node controller
+(`krex controller`, run by root, one per node) gives exclusivity across users.
+
+An entry is trusted as far as it can be: a regular file (O_NOFOLLOW), of bounded size, named after its
+owner's uid and owned by that uid, whose pid is alive with the start time it names. A planted entry can only
+make regions look less exclusive than they were, never more."""
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Optional
+
+from . import procs
+
+log = logging.getLogger("krex.controller")
+
+PREFIX = "krex-controller-"
+MAX_ENTRY_BYTES = 4096
+
+
+def registry_dir() -> Optional[Path]:
+    d = os.environ.get("KREX_REGISTRY_DIR")
+    if d:
+        return Path(d)
+    return Path("/dev/shm") if os.path.isdir("/dev/shm") else None
+
+
+def read_entry(path: str) -> Optional[dict]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+            return None
+        data = json.loads(os.read(fd, MAX_ENTRY_BYTES))
+        if not isinstance(data, dict) or data.get("uid") != st.st_uid:
+            return None
+        data["gpus"] = [int(g) for g in data.get("gpus", [])]
+        data["pid"], data["start"] = int(data["pid"]), int(data["start"])
+        return data
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def ranges(gpus) -> str:
+    """0,1,2,3,7 -> 0-3,7"""
+    out, run = [], []
+    for g in sorted(gpus):
+        if run and g != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(g)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def other_users_controllers(socket_path) -> list[dict]:
+    """Live controllers of other users on this node (for `krex run`'s warning when its controller is a
+    per-user one)."""
+    reg = Registry(str(socket_path), [], node=False)
+    return [e for e in reg.others(~0) if e["uid"] != os.getuid() and not e.get("node")]
+
+
+class Registry:
+    def __init__(self, socket_path: str, gpus, node: bool) -> None:
+        self.dir = registry_dir()
+        self.me = {"pid": os.getpid(), "start": procs.start_time(os.getpid()) or 0, "uid": os.getuid(),
+                   "socket": str(socket_path), "gpus": sorted(int(g) for g in gpus), "node": bool(node)}
+        self.path: Optional[Path] = None
+        self.ino: Optional[int] = None
+        self.warned: set = set()
+
+    def announce(self) -> None:
+        if self.dir is None:
+            return
+        path = self.dir / f"{PREFIX}{os.getuid()}-{os.getpid()}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            old = read_entry(str(path))     # a stale one of ours (a pid reused after a crash): ours to replace
+            if old is not None and old["uid"] == os.getuid() and not self._alive(old):
+                os.unlink(path)
+                return self.announce()
+            log.warning("cannot announce this controller at %s (it exists and is not a stale entry of ours)", path)
+            return
+        except OSError as e:
+            log.warning("cannot announce this controller in %s (%s); other controllers on these GPUs cannot see "
+                        "this one", self.dir, e.strerror)
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.me, f)
+        self.path, self.ino = path, os.stat(path).st_ino
+        for other in self.others(sum(1 << g for g in self.me["gpus"])):
+            self.warn(other)
+
+    def withdraw(self) -> None:
+        """At a clean stop: remove our entry (only the file we created)."""
+        if self.path is None:
+            return
+        try:
+            if os.lstat(self.path).st_ino == self.ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        self.path = None
+
+    @staticmethod
+    def _alive(e: dict) -> bool:
+        return procs.start_time(e["pid"]) == e["start"]
+
+    def others(self, gpu_mask: int) -> list[dict]:
+        """Live controllers other than this one serving any GPU of gpu_mask."""
+        if self.dir is None:
+            return []
+        out = []
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX)]
+        except OSError:
+            return []
+        for name in names:
+            e = read_entry(os.path.join(self.dir, name))
+            if e is None or e["pid"] == self.me["pid"] or not self._alive(e):
+                continue
+            if any(gpu_mask >> g & 1 for g in e["gpus"]) or gpu_mask == ~0:
+                out.append(e)
+        return out
+
+    def warn(self, other: dict) -> None:
+        key = (other["pid"], other["start"])
+        if key in self.warned:
+            return
+        self.warned.add(key)
+        log.warning("krex: another krex controller (pid %d, uid %d, socket %s) serves GPU(s) %s too: its processes are "
+                    "neither gated nor frozen by this one, so regions on those GPUs are tainted other_controller; only a "
+                    "node controller (`krex controller` run by root, one per node) gives exclusivity across users",
+                    other["pid"], other["uid"], other["socket"], ranges(set(other["gpus"]) & set(self.me["gpus"])))
+
+    def during_region(self, gpu_mask: int) -> list[dict]:
+        found = self.others(gpu_mask)
+        for o in found:
+            self.warn(o)
+        return found

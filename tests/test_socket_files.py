@@ -1,0 +1,138 @@
+"""The files next to a controller's socket: krex removes only a stale socket of its own, never a file it did
+not create, and refuses planted lock and log files and a world-writable directory with one line."""
+
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, wait_for
+
+
+def controller(krex, sock, *args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--state-file",
+                           str(krex.dir / "s.state"), "--no-cpu-isolation", *args], env=krex.env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_krex_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("krex: ") and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_controller_never_unlinks_a_regular_file_at_its_socket_path(krex, tmp_path):
+    f = tmp_path / "data.txt"
+    f.write_text("precious\n")
+    r = controller(krex, f)
+    assert r.returncode == 2
+    assert "is a regular file, not a socket" in one_krex_line(r.stderr)
+    assert f.read_text() == "precious\n"
+
+
+def test_krex_run_with_krex_socket_at_a_file_keeps_it_and_says_so_at_once(krex, tmp_path):
+    f = tmp_path / "data.txt"
+    f.write_text("precious\n")
+    r = krex.run(["true"], env={"KREX_SOCKET": str(f)})
+    assert r.returncode == 0
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
+    assert len(line) == 1 and "exited at once" in line[0] and "not a socket" in line[0], r.stderr
+    assert f.read_text() == "precious\n"
+
+
+def test_a_stale_socket_is_replaced_and_a_clean_stop_removes_only_its_own(krex, tmp_path):
+    sock = tmp_path / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sock))
+    stale.close()                                     # a socket nobody answers at: stale
+    krex.socket = sock
+    krex.env["KREX_SOCKET"] = str(sock)
+    ctl = krex.start_controller()
+    krex.status()                                     # serving (its signal handlers are in place)
+    ctl.send_signal(signal.SIGTERM)
+    assert ctl.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert not sock.exists()                          # its own socket is removed at a clean stop
+    ctl = krex.start_controller()
+    krex.status()
+    sock.unlink()
+    sock.write_text("put there later\n")              # not its socket any more
+    ctl.send_signal(signal.SIGTERM)
+    assert ctl.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert sock.read_text() == "put there later\n"
+
+
+def test_a_live_socket_is_not_taken_over(krex, tmp_path):
+    krex.start_controller()
+    r = controller(krex, krex.socket)
+    assert r.returncode == 4 and "already serving" in one_krex_line(r.stderr)
+    assert krex.answers()
+
+
+def test_a_linked_lock_or_log_file_is_refused_and_its_target_untouched(krex, tmp_path):
+    target = tmp_path / "root-only"
+    target.write_text("secret\n")
+    os.chmod(target, 0o600)
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    (d / "krex.sock.lock").symlink_to(target)
+    r = controller(krex, d / "krex.sock")
+    assert r.returncode == 2 and "symbolic link" in one_krex_line(r.stderr)
+    (d / "krex.sock.lock").unlink()
+    (d / "krex.sock.log").symlink_to(target)
+    r = krex.run(["true"], env={"KREX_SOCKET": str(d / "krex.sock")})
+    assert r.returncode == 0
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
+    assert len(line) == 1 and "log file" in line[0] and "symbolic link" in line[0], r.stderr
+    assert target.read_text() == "secret\n"
+
+
+def test_a_planted_lock_is_named_not_taken_for_a_controller(krex, tmp_path):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    lock = d / "krex.sock.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = controller(krex, d / "krex.sock")
+        assert r.returncode == 4
+        line = one_krex_line(r.stderr)
+        assert f"held by pid {holder.pid}" in line and "no controller answers" in line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_file_open_to_others_is_refused(krex, tmp_path):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    lock = d / "krex.sock.lock"
+    lock.write_text("")
+    os.chmod(lock, 0o644)          # another user could open it, and flock it
+    r = controller(krex, d / "krex.sock")
+    assert r.returncode == 2 and "open to other users" in one_krex_line(r.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the directory rule is a node controller's (root's)")
+def test_a_node_controller_refuses_a_world_writable_directory(krex, tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    r = controller(krex, d / "krex.sock")
+    assert r.returncode == 2 and "writable by every user" in one_krex_line(r.stderr)
+    assert not (d / "krex.sock.lock").exists()
+
+
+def test_a_socket_path_too_long_for_an_embedded_controller_is_said_at_once(krex, tmp_path):
+    d = tmp_path / ("x" * 60) / ("y" * 60)
+    d.mkdir(parents=True)
+    r = krex.run(["true"], env={"KREX_SOCKET": str(d / "krex.sock")})
+    assert r.returncode == 0
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
+    assert len(line) == 1 and "107 bytes" in line[0] and "does not answer" not in line[0], r.stderr

@@ -1,0 +1,160 @@
+"""A GPU process the controller refused (max_clients, per-user limit, out of descriptors) is not invisible:
+its shim honours the gate page that came with the refusal and asks again until it is registered, and a
+region during which such a process was alive is not reported exclusive (taint `unregistered`)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import BUILD, SNIP, answers, overlaps, report_of, wait_for
+
+from krex_ctl.wire.client import Connection
+from krex_ctl.wire.frames import C
+
+
+def shim_pids(krex):
+    return {c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"}
+
+
+def test_refused_process_honours_gates_and_taints(krex, tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_clients": 3}))
+    krex.start_controller("--config", str(cfg))
+    go = tmp_path / "go"
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"SNIPPET_REGIONS": "15", "SNIPPET_N": "5", "SNIPPET_US": "2000", "SNIPPET_GAP_US": "3000",
+                            "SNIPPET_WAIT_FILE": str(go)})
+    wait_for(lambda: len(shim_pids(krex)) == 1, timeout=60, what="owner registered")
+    filler = Connection(str(krex.socket), C.KREX_ROLE_PYTHON)      # the controller is full now
+    hog_env = dict(krex.env, LD_PRELOAD=str(BUILD / "libkrex.so"), SNIPPET_MS="30000", SNIPPET_US="300",
+                   SNIPPET_STREAMS="2")
+    hog = subprocess.Popen([str(SNIP / "hog")], env=hog_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for(lambda: any(t[4] == "hog" for t in krex.trace_lines()), timeout=60, what="hog launching")
+        go.write_text("")
+        out, err = owner.communicate(timeout=120)
+        assert owner.returncode == 0, err
+        regions = report_of(tmp_path / "r.json")["regions"]
+        assert len(regions) == 15
+        exclusive = [r for r in regions if r["exclusive"]]
+        assert overlaps(krex.trace_lines(), exclusive) == []
+        # the hog was alive and refused throughout: every region says so
+        assert all("unregistered" in r["taints"] and hog.pid in r["unregistered_pids"] for r in regions)
+        # a slot frees up: the refused shim keeps asking and is registered
+        filler.close()
+        wait_for(lambda: hog.pid in shim_pids(krex), timeout=60, what="refused shim registered on retry")
+    finally:
+        hog.send_signal(signal.SIGKILL)
+        _, herr = hog.communicate(timeout=30)
+    assert "controller refused us" in herr and "asking again" in herr
+    assert herr.count("controller refused us") == 1      # said once, not at every retry
+
+
+def test_unregistered_book():
+    """The book of refused processes: alive ones count for every region they overlap, gone ones only for
+    regions that began before they were found gone, registered ones from their registration on."""
+    from krex_ctl.unregistered import Unregistered
+
+    book = Unregistered()
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        book.note(p.pid, now_ns=100)
+        assert book.during(50, 200) == [p.pid] and book.during(300, 400) == [p.pid]
+        book.registered(p.pid, now_ns=500)
+        assert book.during(400, 600) == [p.pid]        # it was unregistered until 500
+        assert book.during(600, 700) == []
+        book.note(p.pid, now_ns=800)                   # refused again (the controller restarted its count)
+        assert book.during(900, 1000) == [p.pid]
+    finally:
+        p.kill()
+        p.wait()
+    book.check(10**17)                                 # found gone then
+    assert book.during(10**18, 10**18 + 1) == []       # later regions are not its business
+    book.note(0)
+    assert book.refusals == 3
+
+
+def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
+    """Two per-user controllers on one GPU (two users without a node controller): neither gates the other's
+    processes, so each region says so (other_controller, not exclusive) and the controller warns once."""
+    krex.start_controller()
+    other_sock = tmp_path / "other.sock"
+    other_log = open(tmp_path / "other.log", "ab")
+    other = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(other_sock),
+                              "--state-file", str(tmp_path / "other.state"), "--no-cpu-isolation"],
+                             env=krex.env, stdout=other_log, stderr=other_log)
+    try:
+        wait_for(lambda: answers(other_sock), timeout=60, what="second controller")
+        hog = krex.popen([SNIP / "hog"], env={"KREX_SOCKET": str(other_sock), "SNIPPET_MS": "30000",
+                                              "SNIPPET_US": "300"})
+        wait_for(lambda: any(t[4] == "hog" for t in krex.trace_lines()), timeout=60, what="hog launching")
+        res = krex.run([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"SNIPPET_REGIONS": "8", "SNIPPET_US": "2000", "SNIPPET_GAP_US": "2000"}, timeout=120)
+        assert res.returncode == 0, res.stderr
+        regions = report_of(tmp_path / "r.json")["regions"]
+        assert regions and all("other_controller" in r["taints"] and not r["exclusive"] for r in regions)
+        assert all(r["other_controllers"][0]["pid"] == other.pid for r in regions)
+        assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
+        log = krex.ctl_log.read_text()
+        assert log.count("another krex controller (pid %d" % other.pid) == 1
+        assert "only a node controller" in log
+        hog.kill()
+        hog.communicate(timeout=30)
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(timeout=30)
+    # a clean stop withdraws its entry: regions are exclusive again
+    assert not [p for p in krex.registry.iterdir() if str(other.pid) in p.name]
+    res = krex.run([SNIP / "region"], report=tmp_path / "r2.json", env={"SNIPPET_REGIONS": "2"})
+    assert all(r["exclusive"] for r in report_of(tmp_path / "r2.json")["regions"])
+
+
+def test_registry_entries_are_checked():
+    """A planted entry (a link, a stranger's file naming a dead or foreign pid, junk) is never taken for a
+    live controller of more than it proves."""
+    import tempfile
+
+    from krex_ctl import registry
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d)
+        (p / "krex-controller-0-1").symlink_to("/etc/passwd")
+        (p / "krex-controller-0-2").write_text("junk")
+        (p / "krex-controller-0-3").write_text(json.dumps({"pid": 1, "start": 12345, "uid": os.getuid() + 1,
+                                                           "socket": "x", "gpus": [0]}))
+        (p / "krex-controller-0-4").write_text(json.dumps({"pid": os.getpid(), "start": 1, "uid": os.getuid(),
+                                                           "socket": "x", "gpus": [0]}))   # wrong start time
+        os.environ["KREX_REGISTRY_DIR"] = d
+        try:
+            reg = registry.Registry("/nowhere", [0], node=False)
+            assert reg.others(1) == []
+        finally:
+            del os.environ["KREX_REGISTRY_DIR"]
+
+
+def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
+    """`krex run` on a per-user controller says in one line that another user's controller runs here."""
+    if os.getuid() != 0:
+        import pytest
+
+        pytest.skip("needs root to plant another user's registry entry")
+    from krex_ctl import procs
+
+    krex.start_controller()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        entry = krex.registry / f"krex-controller-4242-{sleeper.pid}"
+        entry.write_text(json.dumps({"pid": sleeper.pid, "start": procs.start_time(sleeper.pid), "uid": 4242,
+                                     "socket": "/tmp/krex-4242/krex.sock", "gpus": [0, 1], "node": False}))
+        os.chown(entry, 4242, 4242)
+        res = krex.run(["true"])
+        assert res.returncode == 0
+        lines = [ln for ln in res.stderr.splitlines() if "another user's krex controller" in ln]
+        assert len(lines) == 1 and "uid 4242" in lines[0] and lines[0].startswith("krex: ")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
