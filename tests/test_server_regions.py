@@ -104,6 +104,9 @@ class Server(RegionEffects):
         self.gate, self.freezer = FakeGate(self.log), FakeFreezer(self.log, fail=kw.get("freeze_fails", False))
         self.isolation, self.attest = FakeIsolation(self.log), FakeAttest(self.log, kw.get("taint", 0))
         self.pool = SimpleNamespace(by_pid=lambda pid: None)
+        # no other controller on the node, no refused process (krex_ctl/registry.py, unregistered.py)
+        self.registry = SimpleNamespace(during_region=lambda mask: [])
+        self.unregistered = SimpleNamespace(during=lambda begin_ns, end_ns: [])
         self.lifecycle = Lifecycle(self.cfg)
         self.book = Regions(self.cfg, lambda: self.clients.values(), lambda c: c.job, self.lifecycle)
 
@@ -123,13 +126,18 @@ class Server(RegionEffects):
         return client.pid in self.clients
 
     def after(self, delay, fn):
-        self.timers.append((delay, fn))
+        t = SimpleNamespace(delay=delay, fn=fn, cancelled=False)
+        self.timers.append(t)
+        return t
 
     def run_timers(self, upto: float = 10.0):
         """Fire the armed timers of at most `upto` seconds (not the 60 s time limit unless asked), in order."""
-        while any(d <= upto for d, _ in self.timers):
-            i = next(i for i, (d, _) in enumerate(self.timers) if d <= upto)
-            self.timers.pop(i)[1]()
+        while True:
+            due = [t for t in self.timers if t.delay <= upto and not t.cancelled]
+            if not due:
+                return
+            self.timers.remove(due[0])
+            due[0].fn()
 
     def sent_to(self, pid, name):
         return [p for q, t, p, _ in self.sent if q == pid and t == MSG[name]]
