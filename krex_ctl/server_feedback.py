@@ -105,15 +105,7 @@ def visible_command(command: list, job_uid: int, asker_uid: Optional[int]) -> Op
     else only that there is one (argv may hold secrets: --api-token=...)."""
     if asker_uid is not None and asker_uid not in (0, job_uid):
         return None
-    out, size = [], 0
-    for a in command:
-        a = str(a)
-        if size + len(a) > STATUS_COMMAND_CHARS:
-            out.append(a[:max(0, STATUS_COMMAND_CHARS - size)] + "...")
-            break
-        out.append(a)
-        size += len(a)
-    return out
+    return ops.bounded_words(command, STATUS_COMMAND_CHARS)
 
 
 def bound_list(items: list, what: str, omitted: dict) -> list:

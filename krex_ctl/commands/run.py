@@ -247,14 +247,7 @@ COMMAND_DESCRIPTION_CHARS = 8192
 def command_description(command: list) -> list:
     """The command as the controller is told it (krex status shows it): at most 64 words and
     COMMAND_DESCRIPTION_CHARS characters, so that the request fits one frame whatever the argv's size."""
-    out, size = [], 0
-    for a in command[:64]:
-        if size + len(a) > COMMAND_DESCRIPTION_CHARS:
-            out.append(a[:max(0, COMMAND_DESCRIPTION_CHARS - size)] + "...")
-            break
-        out.append(a)
-        size += len(a)
-    return out
+    return ops.bounded_words(command, COMMAND_DESCRIPTION_CHARS, 64)
 
 
 def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int], environ) -> Optional[tuple]:

@@ -27,3 +27,18 @@ REPORT_PAGE_BYTES = 48 * 1024
 
 # a status reply is cut (server_feedback.bound_status) to stay under this many bytes of JSON
 STATUS_MAX_BYTES = 56 * 1024
+
+
+def bounded_words(words, max_chars: int, max_words: int = 1 << 30) -> list:
+    """A command's words cut to at most max_words and max_chars characters in all (the last one cut marked
+    "..."), so that a request or a reply carrying it fits one frame whatever the argv's size."""
+    out, size = [], 0
+    for a in list(words)[:max_words]:
+        a = str(a)
+        if size + len(a) > max_chars:
+            out.append(a[:max(0, max_chars - size)] + "...")
+            break
+        out.append(a)
+        size += len(a)
+    return out
+
