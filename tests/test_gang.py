@@ -117,3 +117,25 @@ def test_gpu_option_takes_a_list(krex, tmp_path):
     st = krex.status()
     assert st["jobs"] == [] or all(isinstance(j["gpus"], list) for j in st["jobs"])
     time.sleep(0.1)
+
+
+def test_owners_with_contexts_on_both_gpus_never_freeze_each_other(krex, tmp_path):
+    """Two jobs, each with contexts on GPU 0 and GPU 1, one looping regions on GPU 0, the other on GPU 1, with
+    freezing on: each was frozen as the other's sibling inside its own region (a 200 ms region took up to
+    1.5 s, reported clean), and the two waited for each other until the time limit revoked them. Now a
+    region holds every GPU its owner has a context on: they take turns, none is revoked, none overlaps."""
+    krex.start_controller("--region-time-limit", "5")
+    jobs = [run_gpu(krex, "0,1", [SNIP / "region"], report=tmp_path / f"j{g}.json",
+                    env={"SNIPPET_DEVICE": str(g), "SNIPPET_ALSO_DEVICE": str(1 - g), "SNIPPET_GPUS": str(g),
+                         "SNIPPET_REGIONS": "12", "SNIPPET_N": "2", "SNIPPET_US": "20000", "SNIPPET_GAP_US": "2000"})
+            for g in (0, 1)]
+    for j in jobs:
+        out, err = j.communicate(timeout=120)
+        assert j.returncode == 0, err
+    regions = [r for g in (0, 1) for r in report_of(tmp_path / f"j{g}.json")["regions"]]
+    assert len(regions) == 24
+    assert all(r["granted_ns"] and r["exclusive"] and r["end"] == "normal" for r in regions), \
+        [(r["end"], r["taints"]) for r in regions]
+    spans = sorted((r["granted_ns"], r["ended_ns"]) for r in regions)
+    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))          # one after the other, never at once
+    assert overlaps(krex.trace_lines(), regions) == []

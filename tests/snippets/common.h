@@ -20,12 +20,15 @@ static inline int env_int(const char *name, int dflt) {
 }
 
 /* The set-up every snippet shares: driver, primary context of SNIPPET_DEVICE made current, and a kernel
- * of the given name from a module (the fake driver accepts any image; the name lands in the trace). */
+ * of the given name from a module (the fake driver accepts any image; the name lands in the trace).
+ * SNIPPET_ALSO_DEVICE: the primary context of that device is retained too (a process holding contexts on
+ * two GPUs), the first stays current. */
 static inline CUfunction snippet_kernel(const char *name, CUcontext *ctx_out) {
-    CUcontext ctx;
+    CUcontext ctx, also;
     CUmodule mod;
     CUfunction f;
     CHECK(cuInit(0));
+    if (getenv("SNIPPET_ALSO_DEVICE")) CHECK(cuDevicePrimaryCtxRetain(&also, env_int("SNIPPET_ALSO_DEVICE", 1)));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, env_int("SNIPPET_DEVICE", 0)));
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuModuleLoadData(&mod, "image"));
