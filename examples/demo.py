@@ -50,8 +50,9 @@ def torch_sees_gpu() -> bool:
 
 
 def krex_run(env, report, cmd, **kw):
-    return subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--report", str(report), "--"] + cmd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    # every command on GPU 0: the demo shares one GPU (with no --gpu, krex would place them across the node)
+    return subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--gpu", "0", "--report", str(report), "--"]
+                            + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def main() -> int:
