@@ -73,6 +73,9 @@ class World:
                         KREX_FAKE_TRACE=str(tmp / "trace"), XDG_RUNTIME_DIR=str(tmp),
                         KREX_REGISTRY_DIR=str(tmp / "registry"))
         (tmp / "registry").mkdir(exist_ok=True)
+        # every command on GPU 0, as devices of its own (krex run keeps a caller's CUDA_VISIBLE_DEVICES): the
+        # scenarios put owners and neighbours on one GPU, and the fake trace, which names no GPU, is read so
+        self.env["CUDA_VISIBLE_DEVICES"] = "0"
         self.ctl_args = ctl_args
         self.ctl = None
         self.start()
