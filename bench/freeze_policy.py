@@ -87,7 +87,8 @@ def analyse(runs, stable_pct: float) -> dict:
                      "commands_per_min": round(r["commands_per_min"], 2),
                      "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 3) if naive.get(r["agents"]) else None,
                      "p95_abs_inflation_pct": p, "kernels": {b: len(v) for b, v in infl.items()},
-                     "enough_kernels": all(len(v) >= 50 for v in infl.values()), "fidelity_goal": goal})
+                     "enough_kernels": all(len(v) >= 50 for v in infl.values()), "fidelity_goal": goal,
+                     "metrics": r.get("metrics")})
     best = None
     for policy in POLICIES.values():
         mine = [x for x in rows if x["policy"] == policy]
@@ -114,9 +115,32 @@ def table(result) -> str:
                    + "/".join(str(r["kernels"][x]) for x in b) + " | "
                    + ("met" if r["fidelity_goal"] and r["enough_kernels"] else "not met") + " |")
     out.append("")
+    for r in result["rows"]:
+        if r.get("metrics"):
+            out.append(f"controller metrics after {r['policy']}:{r['agents']} (cumulative over the plan): "
+                       + ", ".join(f"{k.replace('krex_', '')}={v:g}" for k, v in sorted(r["metrics"].items())))
+    out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}")
     return "\n".join(out) + "\n"
+
+
+def metrics_summary(text: str) -> dict:
+    """The few figures of a controller's /metrics page that say what it saw: regions granted, not exclusive,
+    tainted by taint, and the wait and hold histograms' count and sum (prometheus_client's own parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in ("krex_regions_granted_total", "krex_regions_not_exclusive_total", "krex_regions_revoked_total"):
+                out[s.name] = out.get(s.name, 0) + s.value
+            elif s.name == "krex_regions_tainted_total":
+                key = f"tainted:{s.labels.get('taint')}"
+                out[key] = out.get(key, 0) + s.value
+            elif s.name in ("krex_region_wait_seconds_count", "krex_region_wait_seconds_sum",
+                            "krex_region_hold_seconds_count", "krex_region_hold_seconds_sum"):
+                out[s.name] = round(out.get(s.name, 0) + s.value, 3)
+    return out
 
 
 def main() -> None:
@@ -125,12 +149,15 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=30.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--specs", type=int, default=400, help="candidate commands available per mode")
     ap.add_argument("--variants", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=4, help="timings per kernel per command")
+    ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
     ap.add_argument("--stable-pct", type=float, default=2.0)
     ap.add_argument("--candidate", default=T.CANDIDATE)
     ap.add_argument("--logs", default=None)
     ap.add_argument("--out", required=True)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--metrics-port", type=int, default=0,
+                    help="> 0: each krex controller serves --metrics on 127.0.0.1 from this port on; each krex mode's "
+                         "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
     args = ap.parse_args()
     if args.reanalyse:
@@ -145,10 +172,14 @@ def main() -> None:
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
         with tempfile.TemporaryDirectory() as td:
-            ctls = T.Controllers(Path(td), plan, Path(args.logs or td))
+            ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port)
             try:
                 for i, (mode, n) in enumerate(plan):
                     runs.append(T.run_mode(mode, n, specs, args.budget, Path(td), 1000 * (i + 1), ctls))
+                    page = ctls.scrape(mode)
+                    if page:   # the controller lives for the whole plan: its counters are cumulative
+                        (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)
+                        runs[-1]["metrics"] = metrics_summary(page)
                     Path(args.out).write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
             finally:

@@ -83,8 +83,10 @@ class Controllers:
     keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
     pool is filled (steady state) and the time that took is reported as warmup_s."""
 
-    def __init__(self, tmp: Path, plan: list, logs: Path, extra: tuple = ()):
+    def __init__(self, tmp: Path, plan: list, logs: Path, extra: tuple = (), metrics_port: int = 0):
         self.tmp, self.logs, self.live, self.extra = tmp, logs, {}, list(extra)
+        self.metrics_port = metrics_port   # > 0: each controller serves Prometheus metrics, one port per mode
+        self.ports: dict = {}
         self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
 
     def get(self, mode: str, agents: int) -> tuple:
@@ -98,6 +100,9 @@ class Controllers:
                 args += ["--no-freeze"]
             elif mode == "krexbusy":
                 args += ["--freeze-policy", "busy"]
+            if self.metrics_port:
+                self.ports[mode] = self.metrics_port + len(self.ports)
+                args += ["--metrics", f"127.0.0.1:{self.ports[mode]}"]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
@@ -114,6 +119,17 @@ class Controllers:
         if mode == "krexwarm":
             wait_idle(env, agents, 400)
         return env, time.monotonic() - t0
+
+    def scrape(self, mode: str) -> str:
+        """The mode's controller's /metrics page ("" when it serves none or does not answer in 5 s)."""
+        if mode not in self.ports:
+            return ""
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[mode]}/metrics", timeout=5) as r:
+                return r.read().decode()
+        except OSError as e:
+            return f"# scrape failed: {e}\n"
 
     def stop(self) -> None:
         for ctl, _ in self.live.values():

@@ -4,9 +4,16 @@ user can write (/dev/shm, sticky: each user can remove only their own files; KRE
 Two users without a node controller each get an embedded per-user controller; neither sees the other's
 processes (each gates, drains and freezes only its own clients), so a region of one is not exclusive of
 the other's work on the same GPU. Each controller announces itself here (pid, its start time, uid, socket,
-GPUs) and, at every region's end, looks for another live controller serving one of the region's GPUs: the
-region is tainted `other_controller` (not exclusive), and a warning says once that only a node controller
-(`krex controller`, run by root, one per node) gives exclusivity across users.
+GPUs) and, at every region's end, looks for another live controller serving one of the region's GPUs that
+had GPU processes during the region: the region is tainted `other_controller` (not exclusive), and a warning
+says once that only a node controller (`krex controller`, run by root, one per node) gives exclusivity
+across users.
+
+An entry also says whether its controller has GPU processes now (`active`: a registered shim or region
+client, or a refused process it knows of) and since when it has had none (`idle_since_ns`, CLOCK_MONOTONIC,
+which every process of the node shares). The entry is rewritten before the first such client is welcomed,
+so no launch of that controller's processes precedes the entry that says so; a controller idle since
+before a region began cannot have launched in it. An entry without these fields counts as active.
 
 An entry is trusted as far as it can be: a regular file (O_NOFOLLOW), of bounded size, named after its
 owner's uid and owned by that uid, whose pid is alive with the start time it names. A planted entry can only
@@ -79,7 +86,8 @@ class Registry:
     def __init__(self, socket_path: str, gpus, node: bool) -> None:
         self.dir = registry_dir()
         self.me = {"pid": os.getpid(), "start": procs.start_time(os.getpid()) or 0, "uid": os.getuid(),
-                   "socket": str(socket_path), "gpus": sorted(int(g) for g in gpus), "node": bool(node)}
+                   "socket": str(socket_path), "gpus": sorted(int(g) for g in gpus), "node": bool(node),
+                   "active": False, "idle_since_ns": 0}
         self.path: Optional[Path] = None
         self.ino: Optional[int] = None
         self.warned: set = set()
@@ -107,6 +115,44 @@ class Registry:
         for other in self.others(sum(1 << g for g in self.me["gpus"])):
             self.warn(other)
 
+    def activity(self, active: bool, now_ns: int) -> None:
+        """This controller has GPU processes (active) or has had none since now_ns: rewrite the entry when
+        that changes."""
+        if bool(active) == self.me["active"]:
+            return
+        self.me["active"] = bool(active)
+        if not active:
+            self.me["idle_since_ns"] = int(now_ns)
+        if self.path is not None:
+            self._rewrite()
+
+    def _rewrite(self, retry: bool = True) -> None:
+        """A new file of ours renamed over our own entry: a reader sees the old entry or the new one."""
+        tmp = self.path.with_name(self.path.name + ".new")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:   # a leftover of ours (a crash between create and rename): ours to remove
+            st = os.lstat(tmp)
+            if retry and stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.unlink(tmp)
+                return self._rewrite(retry=False)
+            log.warning("cannot update this controller's entry (%s is in the way)", tmp)
+            return
+        except OSError as e:
+            log.warning("cannot update this controller's entry in %s (%s)", self.dir, e.strerror)
+            return
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.me, f)
+        try:
+            ours = os.lstat(self.path).st_ino == self.ino
+        except OSError:
+            ours = False
+        if not ours:               # our entry was removed or replaced: leave what is there
+            os.unlink(tmp)
+            return
+        os.rename(tmp, self.path)
+        self.ino = os.lstat(self.path).st_ino
+
     def withdraw(self) -> None:
         """At a clean stop: remove our entry (only the file we created)."""
         if self.path is None:
@@ -122,18 +168,21 @@ class Registry:
     def _alive(e: dict) -> bool:
         return procs.start_time(e["pid"]) == e["start"]
 
-    def others(self, gpu_mask: int) -> list[dict]:
-        """Live controllers other than this one serving any GPU of gpu_mask."""
+    def others(self, gpu_mask: int, since_ns: Optional[int] = None) -> list[dict]:
+        """Live controllers other than this one serving any GPU of gpu_mask (with since_ns: only those that
+        have had GPU processes at some time from since_ns on)."""
         if self.dir is None:
             return []
         out = []
         try:
-            names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX)]
+            names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX) and not n.endswith(".new")]
         except OSError:
             return []
         for name in names:
             e = read_entry(os.path.join(self.dir, name))
             if e is None or e["pid"] == self.me["pid"] or not self._alive(e):
+                continue
+            if since_ns is not None and e.get("active") is False and int(e.get("idle_since_ns", 0)) < since_ns:
                 continue
             if any(gpu_mask >> g & 1 for g in e["gpus"]) or gpu_mask == ~0:
                 out.append(e)
@@ -149,8 +198,10 @@ class Registry:
                     "node controller (`krex controller` run by root, one per node) gives exclusivity across users",
                     other["pid"], other["uid"], other["socket"], ranges(set(other["gpus"]) & set(self.me["gpus"])))
 
-    def during_region(self, gpu_mask: int) -> list[dict]:
-        found = self.others(gpu_mask)
+    def during_region(self, gpu_mask: int, since_ns: Optional[int] = None) -> list[dict]:
+        """Other controllers on these GPUs with GPU processes at some time from since_ns (the region's
+        start) on; without since_ns, every live one."""
+        found = self.others(gpu_mask, since_ns)
         for o in found:
             self.warn(o)
         return found

@@ -195,6 +195,7 @@ class Controller(RegionEffects):
         if int(self.cfg.warm_workers) > 0:
             self.every(1.0, self.pool.reap)
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
+        self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
         try:
             while self.running:
                 timeout = None
@@ -376,10 +377,18 @@ class Controller(RegionEffects):
             return
         self.unregistered.note(pid)
 
+    def note_activity(self) -> None:
+        """Tell other controllers on the node whether we have GPU processes (registry.py): registered shim
+        and region clients, and refused processes still alive."""
+        active = self.unregistered.live() > 0 or any(
+            c.role in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON) for c in self.clients.values())
+        self.registry.activity(active, time.monotonic_ns())
+
     def refuse_with_gates(self, client: Client, why: str) -> None:
         """A refusal a shim can live with: the ERROR frame carries a read-only gate page, which the shim
         honours while it retries; the process is remembered as unregistered (unregistered.py)."""
         self.unregistered.note(client.pid)
+        self.note_activity()
         try:
             ro = self.gate.readonly_fd()
         except OSError:
@@ -511,6 +520,7 @@ class Controller(RegionEffects):
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
+        self.note_activity()
         self.apply(self.book.schedule(time.monotonic()))
 
     # ---- messages, by sender ---------------------------------------------------------------------
@@ -563,6 +573,7 @@ class Controller(RegionEffects):
         self.unpend(client)
         self.unregistered.registered(client.pid)
         client.role = hello.role
+        self.note_activity()   # before the WELCOME: no launch of this client precedes our entry saying so
         if client.role != C.KREX_ROLE_CLI:
             client.job = self.place(client, int(hello.job), int(hello.job_root))
             client.job.clients.add(client)

@@ -129,7 +129,7 @@ class RegionEffects:
         # the GPU's counters as the region begins: before the grant, so that nothing of the owner's own work
         # is in them (is the GPU power-capped by the load before the region?)
         region.attest_start = self.attest.snapshot(region.gpu_mask)
-        region.other_controllers = self.registry.during_region(region.gpu_mask)
+        region.other_controllers = self.registry.during_region(region.gpu_mask, since_ns=now_ns())
         region.phase_ns["attest"] = now_ns() - t1
         region.granted_ns = now_ns()
         for m in list(region.members.values()):
@@ -157,7 +157,8 @@ class RegionEffects:
         if unregistered:
             region.taints |= C.KREX_TAINT_UNREGISTERED
         others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}
-        others |= {(o["pid"], o["uid"], o["socket"]) for o in self.registry.during_region(region.gpu_mask)}
+        others |= {(o["pid"], o["uid"], o["socket"])
+                   for o in self.registry.during_region(region.gpu_mask, since_ns=int(region.started * 1e9))}
         if others:
             region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
         att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)

@@ -189,13 +189,31 @@ def test_trial_modes_summary_groups_trials_by_what_they_followed():
     assert s["by"]["out_ptr"] == [["1", 4, 0.0], ["0", 4, 0.5]]     # every slow trial had the even address
 
 
+def _free_ports(n: int) -> int:
+    """A base port with n free consecutive ports above it."""
+    import random
+    import socket
+    for _ in range(50):
+        base = random.randrange(20000, 60000)
+        try:
+            socks = [socket.create_server(("127.0.0.1", base + i)) for i in range(n)]
+        except OSError:
+            continue
+        for s in socks:
+            s.close()
+        return base
+    raise RuntimeError("no free ports")
+
+
 def test_freeze_policy_harness_end_to_end(tmp_path):
     """bench/freeze_policy.py with the CPU stand-in: every policy's mode runs under its own controller, the
-    two isolated passes give the floor, and the table names every policy (the numbers mean nothing here)."""
+    two isolated passes give the floor, and the table names every policy (the numbers mean nothing here).
+    Each controller serves --metrics: its page, scraped after the mode, counts the regions the reports hold."""
     out, md = tmp_path / "fp.json", tmp_path / "fp.md"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md)],
+                        "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
+                        "--metrics-port", str(_free_ports(3))],
                        env=bench_env(tmp_path), capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -205,6 +223,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     assert "| busy | 2 |" in md.read_text()
+    for run in (r for r in data["runs"] if r["mode"].startswith("krex")):
+        m = run["metrics"]
+        assert m["krex_regions_granted_total"] == sum(r["regions"] for r in run["rows"]) == 32, m
+        assert m["krex_region_hold_seconds_count"] == 32 and m.get("krex_regions_not_exclusive_total", 0) == 0, m
+        assert (tmp_path / f"metrics-{run['mode']}-2.prom").exists()
     again = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", str(out),
                             "--out", str(tmp_path / "again.json")], env=bench_env(tmp_path), capture_output=True,
                            text=True, timeout=60)

@@ -80,7 +80,9 @@ def test_unregistered_book():
 
 def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
     """Two per-user controllers on one GPU (two users without a node controller): neither gates the other's
-    processes, so each region says so (other_controller, not exclusive) and the controller warns once."""
+    processes, so each region while the other has a GPU process says so (other_controller, not exclusive) and
+    the controller warns once; while the other has none (before its process came, after it left) regions are
+    exclusive (registry.py: the entry's `active` and `idle_since_ns`)."""
     krex.start_controller()
     other_sock = tmp_path / "other.sock"
     other_log = open(tmp_path / "other.log", "ab")
@@ -89,6 +91,10 @@ def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
                              env=krex.env, stdout=other_log, stderr=other_log)
     try:
         wait_for(lambda: answers(other_sock), timeout=60, what="second controller")
+        # while it has no GPU process it cannot have launched anything: regions stay exclusive
+        res = krex.run([SNIP / "region"], report=tmp_path / "r0.json", env={"SNIPPET_REGIONS": "2"}, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert all(r["exclusive"] for r in report_of(tmp_path / "r0.json")["regions"])
         hog = krex.popen([SNIP / "hog"], env={"KREX_SOCKET": str(other_sock), "SNIPPET_MS": "30000",
                                               "SNIPPET_US": "300"})
         wait_for(lambda: any(t[4] == "hog" for t in krex.trace_lines()), timeout=60, what="hog launching")
@@ -104,6 +110,11 @@ def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
         assert "only a node controller" in log
         hog.kill()
         hog.communicate(timeout=30)
+        # its GPU process gone, a region that begins later is exclusive again, the other controller still up
+        entry = next(p for p in krex.registry.iterdir() if p.name.endswith(f"-{other.pid}"))
+        wait_for(lambda: json.loads(entry.read_text())["active"] is False, timeout=30, what="other controller idle")
+        res = krex.run([SNIP / "region"], report=tmp_path / "r1.json", env={"SNIPPET_REGIONS": "2"}, timeout=120)
+        assert all(r["exclusive"] for r in report_of(tmp_path / "r1.json")["regions"])
     finally:
         other.send_signal(signal.SIGTERM)
         other.wait(timeout=30)
