@@ -23,6 +23,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import throughput as T  # noqa: E402
 
 POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy"}
+TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it started (about one command's time)
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
 
@@ -158,6 +160,9 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="> 0: each krex controller serves --metrics on 127.0.0.1 from this port on; each krex mode's "
                          "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
+                         "pass (as long as the first one took) still runs within it")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
     args = ap.parse_args()
     if args.reanalyse:
@@ -174,8 +179,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as td:
             ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port)
             try:
+                t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):
-                    runs.append(T.run_mode(mode, n, specs, args.budget, Path(td), 1000 * (i + 1), ctls))
+                    budget = args.budget
+                    if args.deadline and mode != "isolated" and runs:
+                        left = args.deadline - (time.monotonic() - t_plan) - 1.2 * runs[0]["wall_s"]
+                        shared_left = sum(1 for m, _ in plan[i:] if m != "isolated")
+                        budget = max(5.0, min(budget, left / shared_left - TAIL_S))
+                    runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1), ctls))
+                    runs[-1]["budget_s"] = budget
                     page = ctls.scrape(mode)
                     if page:   # the controller lives for the whole plan: its counters are cumulative
                         (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)

@@ -3,11 +3,12 @@
 # device call of at most ~9 minutes: freeze all, busy and none against naive sharing at SCALES agents, with a
 # bucket-balanced compile-heavy Triton mix and two isolated passes (the same-run noise floor).
 # Files back (at most 5): $OUT/freeze-policy.json, $OUT/freeze-policy.md, $OUT/freeze-policy.log,
-# $OUT/freeze-policy-smi.csv, $OUT/freeze-policy-logs.tgz (the controllers' logs).
+# $OUT/freeze-policy-smi.csv, $OUT/freeze-policy-logs.tgz (the controllers' logs and their /metrics pages).
 # The H200 machine has one GPU: placement is not measured here (tests/test_placement.py, fake 4- and 8-GPU nodes).
-#   SCALES=4,8,16 BUDGET=20 REPEAT=4 LIMIT=520 bash tests/gpu/freeze_policy_h200.sh
-# For >= 50 clean kernels per bucket at every scale, run one scale per call with a longer budget:
-#   SCALES=8 BUDGET=70 bash tests/gpu/freeze_policy_h200.sh   (then SCALES=4, SCALES=16)
+# For >= 50 clean kernels per bucket, one scale per call (each about 9 minutes):
+#   SCALES=8 BUDGET=75 bash tests/gpu/freeze_policy_h200.sh     then   SCALES=16 BUDGET=55 ...
+# REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
+# GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}; L=/tmp/krex-freeze-policy
@@ -22,7 +23,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-4} --variants ${VARIANTS:-2} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --variants ${VARIANTS:-2} --metrics-port 9470 --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
