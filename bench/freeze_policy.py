@@ -20,7 +20,6 @@ this script."""
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -35,62 +34,21 @@ TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it 
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
 
-def p95(xs):
-    return T.p95(xs) if xs else None
-
-
-def timings(row, kind):
-    return row.get(f"{kind}_all_ms") or ([row[f"{kind}_ms"]] if f"{kind}_ms" in row else [])
-
-
-def isolated_passes(runs):
-    """{(size, variant, kind): [median of pass 1, median of pass 2]}"""
-    out: dict = {}
-    for r in (x for x in runs if x["mode"] == "isolated"):
-        seen: dict = {}
-        for row in r["rows"]:
-            for kind in ("candidate", "reference"):
-                ts = timings(row, kind)
-                if ts:
-                    seen.setdefault((row["size"], row["variant"], kind), []).extend(ts)
-        for k, ts in seen.items():
-            out.setdefault(k, []).append(statistics.median(ts))
-    return out
-
-
 def analyse(runs, stable_pct: float) -> dict:
-    passes = isolated_passes(runs)
-    stable = {k: statistics.median(v) for k, v in passes.items()
-              if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
-    unstable = sorted(f"{k[0]}/{k[1]}/{k[2]}" for k, v in passes.items() if k not in stable)
-    floor: dict = {b: [] for b, _, _ in T.BUCKETS}
-    for k, v in passes.items():
-        if k in stable:
-            floor[T.bucket(stable[k])].append(abs(v[1] / v[0] - 1) * 100)
-    floors = {b: p95(v) for b, v in floor.items()}
+    ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == "isolated"], stable_pct)
+    floors = ref["floors_pct"]
     naive = {r["agents"]: r["commands_per_min"] for r in runs if r["mode"] == "naive"}
     rows = []
     for r in runs:
         if r["mode"] not in POLICIES and r["mode"] != "naive":
             continue
-        infl: dict = {b: [] for b, _, _ in T.BUCKETS}
-        for row in r["rows"]:
-            clean = row.get("regions_clean")
-            if r["mode"] != "naive" and (not clean or not all(clean)):
-                continue
-            for kind in ("candidate", "reference"):
-                ref = stable.get((row.get("size"), row.get("variant"), kind))
-                if ref:
-                    infl[T.bucket(ref)] += [abs(t / ref - 1) * 100 for t in timings(row, kind)]
-        p = {b: p95(v) for b, v in infl.items()}
-        goal = all(p[b] is not None and floors[b] is not None and p[b] <= floors[b] + 0.25 for b in p)
+        clean = None if r["mode"] == "naive" else (lambda row: bool(row.get("regions_clean")) and all(row["regions_clean"]))
+        fid = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), floors)
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
                      "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 3) if naive.get(r["agents"]) else None,
-                     "p95_abs_inflation_pct": p, "kernels": {b: len(v) for b, v in infl.items()},
-                     "enough_kernels": all(len(v) >= 50 for v in infl.values()), "fidelity_goal": goal,
-                     "metrics": r.get("metrics")})
+                     **fid, "metrics": r.get("metrics")})
     best = None
     for policy in POLICIES.values():
         mine = [x for x in rows if x["policy"] == policy]
@@ -98,7 +56,7 @@ def analyse(runs, stable_pct: float) -> dict:
             score = min(x["vs_naive"] or 0 for x in mine)
             if best is None or score > best[1]:
                 best = (policy, score)
-    return {"floors_pct": floors, "floor_kernels": {b: len(v) for b, v in floor.items()}, "unstable": unstable,
+    return {"floors_pct": floors, "floor_kernels": ref["floor_kernels"], "unstable": ref["unstable"],
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}

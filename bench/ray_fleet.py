@@ -31,13 +31,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import throughput as T  # noqa: E402
 from throughput import BUCKETS, bucket, distinct, make_specs, p95  # noqa: E402
 
 MODES = ("pergpu", "naive", "krex", "shell")
 
 
+REPEAT = [1]   # --repeat: timings per kernel per evaluation
+
+
 def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
-    return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce)]
+    return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce),
+            "--repeat", str(REPEAT[0])]
 
 
 def evaluate(candidate: str, spec: dict, nonce: int) -> dict:
@@ -139,6 +144,28 @@ def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidat
             "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "rows": rows}
 
 
+def clean_row(row: dict) -> bool:
+    regs = row.get("regions") or []
+    return bool(regs) and all(x.get("exclusive") and x.get("clean") for x in regs)
+
+
+def fidelity(runs: list, stable_pct: float = 2.0) -> dict:
+    """With two pergpu passes (the first and the last of the plan): the same-run floor per bucket, and per mode
+    the p95 |inflation| against it (krex modes: the evaluations whose regions were all exclusive and clean)."""
+    passes = [r["rows"] for r in runs if r["mode"] == "pergpu"]
+    if len(passes) < 2:
+        return {}
+    ref = T.reference_passes(passes, stable_pct)
+    modes = {}
+    for i, r in enumerate(runs):
+        if r["mode"] == "pergpu":
+            continue
+        clean = clean_row if r["mode"] in ("krex", "shell") else None
+        modes[f"{r['mode']}#{i}"] = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), ref["floors_pct"])
+    return {"floors_pct": ref["floors_pct"], "floor_kernels": ref["floor_kernels"], "unstable": ref["unstable"],
+            "modes": modes}
+
+
 def analyse(runs: list) -> list:
     truth: dict = {}
     for r in runs:
@@ -198,12 +225,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
+    ap.add_argument("--repeat", type=int, default=1, help="timings per kernel per evaluation (candidate --repeat)")
     ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     plan = args.plan.split(",")
+    REPEAT[0] = max(1, args.repeat)
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
@@ -225,7 +254,7 @@ def main() -> None:
             r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock))
             runs.append(r)
             Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,
-                                                  "summary": analyse(runs)}, indent=1))
+                                                  "summary": analyse(runs), "fidelity": fidelity(runs)}, indent=1))
             print(f"{mode}: {r['commands']} evaluations ({r['failed']} failed) in {r['wall_s']:.1f} s = "
                   f"{r['commands_per_min']:.1f}/min", flush=True)
     finally:
@@ -237,10 +266,13 @@ def main() -> None:
                        capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     summary = analyse(runs)
+    fid = fidelity(runs)
     Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "summary": summary,
+                                          "fidelity": fid,
                                           "env": {"python": sys.version, "argv": sys.argv,
                                                   "ray": ray.__version__}}, indent=1))
     print(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in fid.items() if k != "unstable"}, indent=1))
 
 
 if __name__ == "__main__":

@@ -210,6 +210,58 @@ def p95(xs: list) -> float:
     return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))] if xs else float("nan")
 
 
+def timings(row: dict, kind: str) -> list:
+    """Every timing of a kernel (candidate or reference) in a command's row: --repeat's list, or the one."""
+    return row.get(f"{kind}_all_ms") or ([row[f"{kind}_ms"]] if f"{kind}_ms" in row else [])
+
+
+def reference_passes(passes: list, stable_pct: float) -> dict:
+    """The ground truth from isolated passes (each a list of command rows; two at least for a floor): per kernel
+    (size, variant, candidate or reference) the median of each pass. A kernel is stable when its first two
+    passes agree within stable_pct (the same kernel in two processes alone on the GPU: bimodal ones are left
+    out); the floor of a bucket is the p95 over its stable kernels of |pass 2 / pass 1 - 1|, in percent."""
+    import statistics as st
+    per: dict = {}
+    for rows in passes:
+        seen: dict = {}
+        for row in rows:
+            for kind in ("candidate", "reference"):
+                if timings(row, kind):
+                    seen.setdefault((row["size"], row["variant"], kind), []).extend(timings(row, kind))
+        for k, ts in seen.items():
+            per.setdefault(k, []).append(st.median(ts))
+    stable = {k: st.median(v) for k, v in per.items() if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
+    floor: dict = {b: [] for b, _, _ in BUCKETS}
+    for k in stable:
+        floor[bucket(stable[k])].append(abs(per[k][1] / per[k][0] - 1) * 100)
+    return {"stable": stable, "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
+            "floors_pct": {b: (p95(v) if v else None) for b, v in floor.items()},
+            "floor_kernels": {b: len(v) for b, v in floor.items()}}
+
+
+def abs_inflation(rows: list, stable: dict, clean=None) -> dict:
+    """Per bucket, |timing / the kernel's isolated median - 1| in percent of every timing of a stable kernel, in
+    the rows clean(row) accepts (all rows without clean)."""
+    out: dict = {b: [] for b, _, _ in BUCKETS}
+    for row in rows:
+        if clean is not None and not clean(row):
+            continue
+        for kind in ("candidate", "reference"):
+            ref = stable.get((row.get("size"), row.get("variant"), kind))
+            if ref:
+                out[bucket(ref)] += [abs(t / ref - 1) * 100 for t in timings(row, kind)]
+    return out
+
+
+def fidelity_goal(infl: dict, floors: dict, points: float = 0.25, need: int = 50) -> dict:
+    """p95 of each bucket's |inflation| against its floor + points, with at least need timings in every bucket."""
+    p = {b: (p95(v) if v else None) for b, v in infl.items()}
+    met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
+    enough = all(len(v) >= need for v in infl.values())
+    return {"p95_abs_inflation_pct": p, "kernels": {b: len(v) for b, v in infl.items()}, "enough_kernels": enough,
+            "fidelity_goal": met}
+
+
 def analyse(runs: list) -> dict:
     iso_runs = [r for r in runs if r["mode"] == "isolated"]
     truth: dict = {}

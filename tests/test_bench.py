@@ -232,3 +232,31 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
                             "--out", str(tmp_path / "again.json")], env=bench_env(tmp_path), capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 0 and json.loads((tmp_path / "again.json").read_text())["rows"] == data["rows"]
+
+
+def test_ray_fleet_fidelity_against_the_same_run_floor():
+    """bench/ray_fleet.py's fidelity: the first and last pergpu passes give each kernel's reference and the
+    floor; a bimodal kernel is left out; a krex evaluation counts only when all its regions were clean."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ray_fleet
+
+    def row(size, variant, cand, ref, regions=None):
+        r = {"size": size, "variant": variant, "candidate_all_ms": cand, "reference_all_ms": ref,
+             "candidate_ms": cand[0], "reference_ms": ref[0]}
+        if regions is not None:
+            r["regions"] = [{"exclusive": c, "clean": c} for c in regions]
+        return r
+
+    runs = [{"mode": "pergpu", "rows": [row(2048, 0, [0.050], [0.040]), row(8192, 0, [2.0], [1.0])]},
+            {"mode": "krex", "rows": [row(2048, 0, [0.0505] * 3, [0.040] * 3, [True, True]),
+                                      row(8192, 0, [2.02] * 3, [9.9] * 3, [True, True]),
+                                      row(8192, 0, [9.0] * 3, [9.0] * 3, [True, False])]},   # tainted: left out
+            {"mode": "pergpu", "rows": [row(2048, 0, [0.0501], [0.0401]), row(8192, 0, [2.002], [1.5])]}]
+    f = ray_fleet.fidelity(runs)
+    assert f["unstable"] == ["8192/0/reference"]                # 1.0 then 1.5 ms: bimodal, left out
+    assert f["floor_kernels"] == {"<0.1ms": 2, "0.1-1ms": 0, "1-10ms": 1, ">10ms": 0}
+    k = f["modes"]["krex#1"]
+    assert k["kernels"] == {"<0.1ms": 6, "0.1-1ms": 0, "1-10ms": 3, ">10ms": 0}
+    assert k["p95_abs_inflation_pct"]["1-10ms"] == pytest.approx(abs(2.02 / 2.001 - 1) * 100)
+    assert not k["enough_kernels"] and not k["fidelity_goal"]    # empty buckets: no goal
+    assert ray_fleet.fidelity(runs[:2]) == {}                   # one pass: no floor, no figure

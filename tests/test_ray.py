@@ -338,7 +338,7 @@ STANDIN = """
 import argparse, ctypes, json, os, time
 T0 = time.monotonic()
 ap = argparse.ArgumentParser()
-for a in ("--size", "--variant", "--nonce"):
+for a in ("--size", "--variant", "--nonce", "--repeat"):
     ap.add_argument(a, type=int)
 args = ap.parse_args()
 cuda = ctypes.CDLL(LIBCUDA)

@@ -10,7 +10,9 @@
 #     bash tests/gpu/ray_h200.sh prepare      # .whl/: ray without those parts (~40 MB), its deps, cffi
 # then one device call with carry [".whl"]:
 #     bash tests/gpu/ray_h200.sh
-# Settings: AGENTS (8), PLAN (pergpu,naive,krex,shell), SPECS (16), BUDGET (75 s per mode), LIMIT (420 s).
+# Settings: AGENTS (8), PLAN (pergpu,naive,krex,shell), SPECS (16), BUDGET (75 s per mode), LIMIT (420 s),
+# REPEAT (1: timings per kernel per evaluation). Fidelity against the same-run floor needs a second pergpu pass
+# and >= 50 timings per bucket, e.g.  PLAN=pergpu,krex,pergpu SPECS=400 BUDGET=150 REPEAT=2 LIMIT=420
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
@@ -81,7 +83,7 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
   --format=csv -lms 500 > $L/smi.csv & SMI=$!
 timeout ${LIMIT:-420} python3 bench/ray_fleet.py --agents ${AGENTS:-8} --plan ${PLAN:-pergpu,naive,krex,shell} \
-  --specs ${SPECS:-16} --budget ${BUDGET:-75} --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
+  --specs ${SPECS:-16} --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
 echo "ray_fleet rc=$?"
 kill $SMI
 grep -v '^\s' $L/ray-fleet.log | tail -20
@@ -92,6 +94,10 @@ for s in d["summary"]:
     print(s["mode"], s["agents"], s["num_gpus"], "evals", s["commands"], "failed", s["failed"], "per min",
           s["commands_per_min"], "vs pergpu", s["vs_pergpu"], "p95", s["p95_inflation"], "regions",
           s.get("regions"), "exclusive", s.get("regions_exclusive"), "taints", s.get("taints"))
+f = d.get("fidelity") or {}
+print("floors", f.get("floors_pct"), "floor kernels", f.get("floor_kernels"), "unstable", f.get("unstable"))
+for m, x in (f.get("modes") or {}).items():
+    print(m, "p95 abs", x["p95_abs_inflation_pct"], "kernels", x["kernels"], "goal", x["fidelity_goal"] and x["enough_kernels"])
 EOF
 tar czf $OUT/ray-fleet-logs.tgz -C $L . 2>/dev/null
 ls -la $OUT
