@@ -118,6 +118,11 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="> 0: each krex controller serves --metrics on 127.0.0.1 from this port on; each krex mode's "
                          "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
+    ap.add_argument("--policies", default=",".join(POLICIES.values()),
+                    help="the krex policies to run at each scale, of all, none, busy")
+    ap.add_argument("--gate-lifecycle", action="store_true",
+                    help="krex commands run with KREX_GATE_CONTEXTS=1 and KREX_GATE_EXIT=1: a context is created, and "
+                         "a process with contexts exits, only while no other job's region holds its GPU")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
                          "pass (as long as the first one took) still runs within it")
@@ -130,12 +135,17 @@ def main() -> None:
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)]
         T.MIX[:] = BALANCED
         scales = [int(x) for x in args.scales.split(",")]
-        plan = [("isolated", 1)] + [(m, n) for n in scales for m in ("naive", "krex", "krexnofreeze", "krexbusy")] \
-            + [("isolated", 1)]
+        wanted = args.policies.split(",")
+        if any(w not in POLICIES.values() for w in wanted):
+            ap.error("--policies: a comma list of " + ", ".join(POLICIES.values()))
+        modes = ["naive"] + [m for m, pol in POLICIES.items() if pol in wanted]
+        plan = [("isolated", 1)] + [(m, n) for n in scales for m in modes] + [("isolated", 1)]
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
         with tempfile.TemporaryDirectory() as td:
             ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port)
+            if args.gate_lifecycle:
+                ctls.env_extra = {"KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}
             try:
                 t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):

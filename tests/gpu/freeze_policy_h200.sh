@@ -7,6 +7,7 @@
 # The H200 machine has one GPU: placement is not measured here (tests/test_placement.py, fake 4- and 8-GPU nodes).
 # For >= 50 clean kernels per bucket, one scale per call (each about 9 minutes):
 #   SCALES=8 BUDGET=75 bash tests/gpu/freeze_policy_h200.sh     then   SCALES=16 BUDGET=55 ...
+# POLICIES (all,none,busy) the krex policies; GATES=1: krex commands with KREX_GATE_CONTEXTS=1 KREX_GATE_EXIT=1.
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
@@ -23,7 +24,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --variants ${VARIANTS:-2} --metrics-port 9470 --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --variants ${VARIANTS:-2} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} ${GATES:+--gate-lifecycle} --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
