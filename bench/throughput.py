@@ -36,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexsolo")
+REFERENCE_MODES = ("isolated", "krexsolo")   # one command at a time, every distinct spec once, no budget
 CANDIDATE_ARGS: list = []           # more arguments for every candidate command (bench/freeze_policy.py)
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
@@ -140,7 +141,7 @@ class Controllers:
 
 def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int,
              ctls: Controllers) -> dict:
-    if mode == "isolated":
+    if mode in REFERENCE_MODES:   # krexsolo: the same alone, under a controller of its own (its clock settle)
         specs, budget_s = distinct(specs), float("inf")
     todo = list(enumerate(specs))
     rows, lock = [], threading.Lock()
