@@ -82,6 +82,9 @@ class Config:
     attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
     lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits
     lifecycle_timeout_s: float = 2.0           # longest wait for that barrier (then the region is tainted)
+    gate_contexts: bool = False                # every shim's default: create a context only while no other job's
+                                               # region holds its GPU (a shim's KREX_GATE_CONTEXTS decides instead)
+    gate_exit: bool = False                    # ... and exit, having contexts, only then (KREX_GATE_EXIT)
     settle_ms: float = 0.0                     # after a sibling exits or frees memory: wait this long ...
     settle_ms_per_gib: float = 0.0             # ... plus this per GiB it freed, before a region starts
     clock_drop_pct: float = 0.0                # an unexplained SM clock drop this large taints a region (0: off)
@@ -120,7 +123,8 @@ FLAGS = {
     "lifecycle_barrier": "--no-lifecycle-barrier", "settle_ms": "--settle-ms",
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
     "clock_settle_pct": "--clock-settle-pct", "metrics": "--metrics", "trace": "--trace",
-    "freeze_policy": "--freeze-policy", "fair_window_s": "--fair-window",
+    "freeze_policy": "--freeze-policy", "fair_window_s": "--fair-window", "gate_contexts": "--gate-contexts",
+    "gate_exit": "--gate-exit",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)
@@ -134,7 +138,7 @@ _COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "ma
            "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
 OWNER_CPUS = ("reserved", "own-and-reserved")
 FREEZE_POLICIES = ("all", "busy", "none")       # policy/regions.py freeze_policy
-_BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier")
+_BOOLS = ("isolate_cpus", "freeze", "attest", "lifecycle_barrier", "gate_contexts", "gate_exit")
 
 
 def _reserved_from(value) -> dict[int, list[int]]:

@@ -142,7 +142,7 @@ class Controller(RegionEffects):
         self.listener = listener
         self.socket_path = socket_path
         self.sel = selectors.DefaultSelector()
-        self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct)
+        self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct, cfg.gate_contexts, cfg.gate_exit)
         self.gpus = gpus.GpuTable(cfg, self.gate)
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
         self.lifecycle = Lifecycle(cfg)

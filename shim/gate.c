@@ -28,7 +28,7 @@ static struct krex_counter_slot *volatile krex_slot;
 static struct krex_counters_hdr *volatile krex_counters_file; /* the job's file, when mapped */
 static pthread_mutex_t krex_slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t krex_exit_gate_pid;   /* the process whose contexts the exit gate guards (not a vfork child) */
-static int krex_exit_gate_enabled = -1;
+static int krex_exit_gate_enabled = -2;   /* -2: not read yet; -1: KREX_GATE_EXIT unset; 0, 1 */
 
 int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST); }
 
@@ -153,15 +153,26 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
 /* Creating a context and tearing one down are GPU work too, though no submission: on the H200 other
  * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
  * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
- * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Both are off by
+ * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Unset, the
+ * controller's gate page decides (krex controller --gate-contexts / --gate-exit); both are off by
  * default: under krex regions the same churn moved a 1.6 ms kernel by +14-30% whichever of the two
- * was on (bench/results/perturb-krex-gates-*.json), so neither is shown to help yet. */
+ * was on (bench/results/perturb-krex-gates-*.json), so neither is shown to help timings yet. What they
+ * do change: a region that such work ran into is tainted lifecycle, and without freezing (H200
+ * freeze-policy run 2) a third of the regions were. */
+
+/* KREX_GATE_CONTEXTS / KREX_GATE_EXIT where set (1 or 0), else the controller's default in the gate page */
+static int gate_flag(int env, unsigned page_flag) {
+    if (env >= 0) return env;
+    const struct krex_gate_page_hdr *h = __atomic_load_n(&krex_gate_hdr, __ATOMIC_ACQUIRE);
+    return h && (h->flags & page_flag);
+}
 
 void krex_context_gate(int vendor, int local_device) {
-    static int enabled = -1;
-    if (enabled < 0) enabled = krex_env_flag("KREX_GATE_CONTEXTS", 0);
-    if (!enabled || krex_failopen) return;
+    static int env = -2;
+    if (env == -2) env = getenv("KREX_GATE_CONTEXTS") ? krex_env_flag("KREX_GATE_CONTEXTS", 0) : -1;
+    if (env == 0 || krex_failopen) return;
     if (!krex_gates) krex_connect();
+    if (!gate_flag(env, KREX_GATE_PAGE_CONTEXTS)) return;
     int dev = krex_physical_device(vendor, local_device);
     if (dev < 0 || dev >= KREX_MAX_GPUS) return;
     if (krex_closed_gate_in(1ull << dev)) krex_gate_wait(krex_counters(), 1ull << dev, 0);
@@ -173,13 +184,14 @@ void krex_context_gate(int vendor, int local_device) {
  * told of, so an exit must not be told of and then wait for that region. */
 static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
-    if (krex_exit_gate_enabled) krex_sleep_on_gates(krex_dev_mask, 0);
+    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_sleep_on_gates(krex_dev_mask, 0);
     static int told;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
 }
 
 void krex_exit_gate_arm(void) {
-    if (krex_exit_gate_enabled < 0) krex_exit_gate_enabled = krex_env_flag("KREX_GATE_EXIT", 0);
+    if (krex_exit_gate_enabled == -2)   /* -1: not set, the gate page decides at exit */
+        krex_exit_gate_enabled = getenv("KREX_GATE_EXIT") ? krex_env_flag("KREX_GATE_EXIT", 0) : -1;
     pid_t me = getpid();
     if (__atomic_exchange_n(&krex_exit_gate_pid, me, __ATOMIC_ACQ_REL) == me) return;
     static int registered;

@@ -261,6 +261,13 @@ struct krex_lifecycle {
  * client can map it writable, not even by reopening its descriptor). owner_job is the futex word:
  * 0 = open, otherwise only processes of that job may submit to the GPU. The uuid of each slot lets a
  * shim find the node-wide index of a GPU it knows only by the driver's UUID. */
+/* flags of struct krex_gate_page_hdr: the controller's defaults for the context and exit gates (a shim's
+ * KREX_GATE_CONTEXTS / KREX_GATE_EXIT, where set, decide for that process instead) */
+enum krex_gate_page_flags {
+    KREX_GATE_PAGE_CONTEXTS = 1,   /* a context is created only while no other job's region holds its GPU */
+    KREX_GATE_PAGE_EXIT = 2        /* a process with contexts exits only then */
+};
+
 struct krex_gate_page_hdr {
     uint32_t magic;                /* KREX_GATE_MAGIC */
     uint32_t version;
@@ -268,7 +275,9 @@ struct krex_gate_page_hdr {
     uint32_t controller_pid;
     uint32_t settle_ms;            /* the longest a region's settle may take (0: no settle) */
     uint32_t settle_permille;      /* the SM clock counts as back at this fraction of its peak */
-    uint64_t reserved[5];
+    uint32_t flags;                /* enum krex_gate_page_flags: what the controller asks of every shim */
+    uint32_t reserved32;
+    uint64_t reserved[4];
 };
 
 struct krex_gate {

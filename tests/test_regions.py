@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, SNIP, overlaps, proc_state, report_of, wait_for
 
 
@@ -275,12 +277,19 @@ if mode == "os_exit":
 """
 
 
-def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex, tmp_path):
+@pytest.mark.parametrize("asked_by", ["environment", "controller"])
+def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex, tmp_path, asked_by):
     """Not submissions, but GPU work that moves a timed kernel (bench/perturb.py): a context is
     created, memory allocated and a process with contexts exits only once no other job holds the GPU.
-    Without freezing, so the gate alone must hold them."""
-    krex.start_controller("--no-freeze")
-    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"), "KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}
+    Without freezing, so the gate alone must hold them; so nothing ran into the region (no lifecycle taint).
+    Asked for by each process (KREX_GATE_CONTEXTS, KREX_GATE_EXIT) or by the controller for all of them
+    (--gate-contexts, --gate-exit: a flag in the gate page)."""
+    env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    if asked_by == "environment":
+        krex.start_controller("--no-freeze")
+        env.update(KREX_GATE_CONTEXTS="1", KREX_GATE_EXIT="1")
+    else:
+        krex.start_controller("--no-freeze", "--gate-contexts", "--gate-exit")
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
     procs = {m: krex.popen([sys.executable, script, m, go], env=env) for m in ("alloc", "os_exit", "exit")}
@@ -301,7 +310,7 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         time.sleep(0.005)
     owner.communicate(timeout=30)
     [region] = report_of(tmp_path / "own.json")["regions"]
-    assert t_go < region["ended_ns"]
+    assert t_go < region["ended_ns"] and "lifecycle" not in region["taints"], region
     for m, p in procs.items():
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, (m, err)
@@ -311,6 +320,25 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
             assert t1 >= region["ended_ns"], m
         else:
             assert t1 < region["ended_ns"], m          # exit itself waited, not the work before it
+
+
+def test_a_process_environment_overrides_the_controllers_context_gate(krex, tmp_path):
+    """--gate-contexts is every shim's default; a process with KREX_GATE_CONTEXTS=0 creates its context at once,
+    into the region, which says so (lifecycle)."""
+    krex.start_controller("--no-freeze", "--gate-contexts")
+    script, go = tmp_path / "quiet.py", tmp_path / "go"
+    script.write_text(QUIET_SCRIPT)
+    go.write_text("")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1500000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
+                                                           "KREX_GATE_CONTEXTS": "0"})
+    t_done = time.monotonic_ns()
+    owner.communicate(timeout=30)
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    assert out.returncode == 0 and t_done < region["ended_ns"], out.stderr   # it did not wait for the region
+    assert "lifecycle" in region["taints"] and not region["clean"]
 
 
 def test_outside_regions_context_allocation_and_exit_do_not_wait(krex, tmp_path):

@@ -38,6 +38,12 @@ from ..server import Controller, bind
               help="Do not read the GPU's counters (NVML) at region boundaries: regions are not attested.")
 @click.option("--no-lifecycle-barrier", is_flag=True,
               help="Start regions even while another job creates or destroys a context or exits.")
+@click.option("--gate-contexts", is_flag=True,
+              help="Every client creates a context only while no other job's region holds that GPU (a process's "
+                   "KREX_GATE_CONTEXTS decides for it instead).")
+@click.option("--gate-exit", is_flag=True,
+              help="Every client with contexts exits only while no other job's region holds one of its GPUs "
+                   "(KREX_GATE_EXIT decides instead).")
 @click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
               "before a region starts (0).")
 @click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
@@ -58,7 +64,7 @@ from ..server import Controller, bind
 @click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
-               fair_window, no_attest, no_lifecycle_barrier,
+               fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload,
                worker_reuse, metrics, trace_file, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
@@ -74,6 +80,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
         fair_window_s=fair_window, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
+        gate_contexts=True if gate_contexts else None, gate_exit=True if gate_exit else None,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,

@@ -18,7 +18,8 @@ F_SEAL_FUTURE_WRITE = 0x0010   # Linux 5.1; not in Python's fcntl module
 
 
 class GatePage:
-    def __init__(self, clock_settle_ms: float = 0.0, clock_settle_pct: float = 98.0) -> None:
+    def __init__(self, clock_settle_ms: float = 0.0, clock_settle_pct: float = 98.0, gate_contexts: bool = False,
+                 gate_exit: bool = False) -> None:
         self.fd = os.memfd_create("krex-gates", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, GATE_BYTES)
         self.map = mmap.mmap(self.fd, GATE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -41,6 +42,8 @@ class GatePage:
         hdr.magic, hdr.version, hdr.max_gpus, hdr.controller_pid = C.KREX_GATE_MAGIC, VERSION, C.KREX_MAX_GPUS, os.getpid()
         # the shim's clock settle after each grant (shim/settle.c)
         hdr.settle_ms, hdr.settle_permille = round(clock_settle_ms), round(clock_settle_pct * 10)
+        # the shims' defaults for the context and exit gates (shim/gate.c; their environment decides where set)
+        hdr.flags = (C.KREX_GATE_PAGE_CONTEXTS if gate_contexts else 0) | (C.KREX_GATE_PAGE_EXIT if gate_exit else 0)
         self.gates = ffi.cast("struct krex_gate *", self._buf + ffi.sizeof("struct krex_gate_page_hdr"))
         self.offset = ffi.sizeof("struct krex_gate_page_hdr")
 
