@@ -127,8 +127,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES.values()),
                     help="the krex policies to run at each scale, of all, none, busy")
     ap.add_argument("--gate-lifecycle", action="store_true",
-                    help="krex commands run with KREX_GATE_CONTEXTS=1 and KREX_GATE_EXIT=1: a context is created, and "
-                         "a process with contexts exits, only while no other job's region holds its GPU")
+                    help="the krex controllers run with --gate-contexts --gate-exit: a context is created, and a "
+                         "process with contexts exits, only while no other job's region holds its GPU")
     ap.add_argument("--reference", choices=sorted(REFERENCES), default="solo",
                     help="the two reference passes: solo (each command alone under a krex controller of its own, so "
                          "each timing starts from the clock settle every region gets) or isolated (alone, no krex)")
@@ -153,9 +153,8 @@ def main() -> None:
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
         with tempfile.TemporaryDirectory() as td:
-            ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port)
-            if args.gate_lifecycle:
-                ctls.env_extra = {"KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}
+            ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port,
+                                 extra=("--gate-contexts", "--gate-exit") if args.gate_lifecycle else ())
             try:
                 t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):

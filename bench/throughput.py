@@ -88,13 +88,12 @@ class Controllers:
         self.tmp, self.logs, self.live, self.extra = tmp, logs, {}, list(extra)
         self.metrics_port = metrics_port   # > 0: each controller serves Prometheus metrics, one port per mode
         self.ports: dict = {}
-        self.env_extra: dict = {}          # more environment for every krex command (e.g. KREX_GATE_CONTEXTS)
         self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
 
     def get(self, mode: str, agents: int) -> tuple:
         if mode not in self.live:
             sock = self.tmp / f"{mode}.sock"
-            env = dict(krex_env(sock), **self.env_extra)
+            env = krex_env(sock)
             args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)] + self.extra
             if mode == "krexwarm":
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]

@@ -7,7 +7,7 @@
 # The H200 machine has one GPU: placement is not measured here (tests/test_placement.py, fake 4- and 8-GPU nodes).
 # For >= 50 clean kernels per bucket, one scale per call (each about 9 minutes):
 #   SCALES=8 BUDGET=75 bash tests/gpu/freeze_policy_h200.sh     then   SCALES=16 BUDGET=55 ...
-# POLICIES (all,none,busy) the krex policies; GATES=1: krex commands with KREX_GATE_CONTEXTS=1 KREX_GATE_EXIT=1.
+# POLICIES (all,none,busy) the krex policies; GATES=1: the krex controllers with --gate-contexts --gate-exit.
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
