@@ -12,8 +12,8 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
                    every region (the hooked timing functions ran no GPU work, or never ran)
 
 --strict (KREX_STRICT=1) turns "timings not protected" into exit status STRICT_EXIT for a command that
-succeeded (docs/reference/cli.md says the rule). The Watcher asks the controller over its own connection (role cli, ops.JOB_WAIT), so it never
-takes a reply meant for the wrapper's job connection."""
+succeeded (docs/reference/cli.md, strict mode, says the rule). The Watcher asks the controller over its own
+connection (role cli, ops.JOB_WAIT), so it never takes a reply meant for the wrapper's job connection."""
 
 import os
 import pwd
@@ -217,9 +217,9 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
                     f"cffi?)" if hooks else " (mark one: krex.region(), --hooks, docs/guide/marking-regions.md)")
         out.append(f"{launches} GPU launch{'es' if launches != 1 else ''} but no region was granted{hint}")
     elif hooks and launches and outside >= launches:
-        out.append(f"hooks {hooks} were asked for, but all {launches} GPU launch{'es' if launches != 1 else ''} "
-                   f"were outside every region (no hooked timing function ran GPU work: is the timing function one "
-                   f"of theirs?)")
+        what = f"all {launches} GPU launches were" if launches != 1 else "the one GPU launch was"
+        out.append(f"hooks {hooks} were asked for, but {what} outside every region (no hooked timing function ran "
+                   f"GPU work: is the timing function one of theirs?)")
     bad = [r for r in regions if r.get("granted_ns") and not r.get("exclusive")]
     if bad:
         names = sorted({r.get("name", "") for r in bad})

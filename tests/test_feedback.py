@@ -147,6 +147,19 @@ def test_strict_with_hooks_fails_a_run_whose_launches_were_all_outside_regions(k
     assert out.returncode == 0 and "all 7 GPU launches were outside every region" in out.stderr, out.stderr
 
 
+def test_launches_outside_regions_fail_only_with_hooks_and_only_when_all_are_outside():
+    region = {"name": "triton.do_bench", "granted_ns": 2, "exclusive": True, "taints": []}
+    rep = {"launches": 7, "launches_outside_regions": 7, "regions": [region]}
+    assert feedback.unprotected(rep, True) == []                                      # explicit regions: not judged
+    [why] = feedback.unprotected(rep, True, "triton")
+    assert why.startswith("hooks triton were asked for, but all 7 GPU launches were outside every region")
+    assert feedback.unprotected(dict(rep, launches_outside_regions=6), True, "triton") == []    # one inside: enough
+    assert feedback.unprotected({"launches": 7, "regions": [region]}, True, "all") == []       # a shim without the count
+    one = feedback.unprotected({"launches": 1, "launches_outside_regions": 1, "regions": [region]}, True, "all")
+    assert one[0].startswith("hooks all were asked for, but the one GPU launch was outside every region")
+    assert "(7 outside regions)" in feedback.summary(rep) and "launches (" not in feedback.summary({"launches": 0})
+
+
 def test_quiet_keeps_only_the_warning(krex):
     krex.start_controller()
     for how in (["--quiet"], ["-q"]):

@@ -204,7 +204,8 @@ def test_strict_hooks_raise_instead_of_timing_unprotected(tmp_path):
     script.write_text("import triton.testing\nprint('result', triton.testing.do_bench(lambda: None))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
     env.update(KREX_HOOKS="triton", KREX_SOCKET=str(tmp_path / "none.sock"), KREX_LOG_LEVEL="error",
-               HARNESS_LOG=str(tmp_path / "harness.log"), PYTHONPATH=os.pathsep.join(map(str, [HOOKS_DIR, FAKES, ROOT])))
+               HARNESS_LOG=str(tmp_path / "harness.log"),
+               PYTHONPATH=os.pathsep.join(map(str, [HOOKS_DIR, FAKES, ROOT])))
     out = subprocess.run([sys.executable, str(script)], env=dict(env, KREX_STRICT="1"), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 1 and "result" not in out.stdout, out.stderr
