@@ -6,6 +6,7 @@ cores. Works with the shim preloaded (the usual `krex run` case) or without it (
 controller directly). Without any controller the code runs unprotected and says so once. After the
 block, `r.exclusive`, `r.clean` and `r.taints` say whether the measurement can be trusted."""
 
-from ._region import RegionInfo, RegionTimeout, krex_region_begin, krex_region_end, last_region, region
+from ._region import RegionInfo, RegionTimeout, StrictError, krex_region_begin, krex_region_end, last_region, region
 
-__all__ = ["region", "krex_region_begin", "krex_region_end", "last_region", "RegionInfo", "RegionTimeout"]
+__all__ = ["region", "krex_region_begin", "krex_region_end", "last_region", "RegionInfo", "RegionTimeout",
+           "StrictError"]

@@ -66,6 +66,15 @@ class RegionTimeout(TimeoutError):
     """No grant came within the region's timeout; the request was cancelled at the controller."""
 
 
+class StrictError(RuntimeError):
+    """krex strict mode (`krex run --strict`, KREX_STRICT=1): a hooked timing function's region was not granted
+    (no controller, refused, not granted within KREX_REGION_TIMEOUT) or not exclusive, so the hook raises this
+    instead of returning a timing nobody protected. Its message is one line that names the region and why."""
+
+
+StrictError.__module__ = "krex"     # a traceback's last line reads krex.StrictError: ...
+
+
 def env_timeout() -> Optional[float]:
     """KREX_REGION_TIMEOUT in seconds, None without it (or, with a warning once, when it is not a number)."""
     value = os.environ.get("KREX_REGION_TIMEOUT", "")

@@ -39,6 +39,7 @@ class RunOptions:
     gpu_uuids: Optional[list[str]] = None     # the same GPUs by UUID, where the controller knows them
     overlap: Optional[str] = None             # `--overlap`: the overlap controls (KREX_OVERLAP), checked
     region_timeout: Optional[float] = None    # `--region-timeout`: KREX_REGION_TIMEOUT, seconds
+    strict: bool = False                      # `--strict`: KREX_STRICT=1, which the hooks read too
 
 
 def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]:
@@ -70,6 +71,8 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
         env["KREX_OVERLAP"] = opts.overlap
     if opts.region_timeout is not None:
         env["KREX_REGION_TIMEOUT"] = f"{opts.region_timeout:g}"
+    if opts.strict:
+        env["KREX_STRICT"] = "1"
     if "priority" in env.get("KREX_OVERLAP", "").split(","):
         env.setdefault("TORCH_NCCL_HIGH_PRIORITY", "1")   # PyTorch's NCCL streams from its high-priority pool
     hooks = opts.hooks if opts.hooks is not None else env.get("KREX_HOOKS")

@@ -4,14 +4,16 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
   while waiting    "krex: waiting 3.1 s for GPU 0: held by pid 812 (alice, region 'bench', python b.py); 2nd of 3"
                    after 1 s of waiting for a region or at a closed gate, then at most every 10 s
   after a freeze   "krex: this command was paused 3.0 s (frozen) on GPU 0 by pid 812 (alice, region 'bench')"
-  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches, 2.10 s wall"
-                   (for a command that used a GPU)
+  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches (3 outside
+                   regions), 2.10 s wall" (for a command that used a GPU; "outside regions": launches a process made
+                   while it had no region open, for information: set-up, warm-ups and checks belong there)
                    then "krex: timings not protected: ..." when the command made GPU launches and no region was
-                   granted, or a region was not exclusive
+                   granted, a region was not exclusive, or hooks were asked for and every GPU launch was outside
+                   every region (the hooked timing functions ran no GPU work, or never ran)
 
 --strict (KREX_STRICT=1) turns "timings not protected" into exit status STRICT_EXIT for a command that
-succeeded. The Watcher asks the controller over its own connection (role cli, ops.JOB_WAIT), so it never
-takes a reply meant for the wrapper's job connection."""
+succeeded (docs/reference/cli.md, strict mode, says the rule). The Watcher asks the controller over its own
+connection (role cli, ops.JOB_WAIT), so it never takes a reply meant for the wrapper's job connection."""
 
 import os
 import pwd
@@ -182,17 +184,28 @@ def summary(rep: dict) -> str:
              + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"]
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
     parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")
-    launches = "launches not counted" if rep.get("counters_unavailable") else f"{rep.get('launches', 0)} launches"
-    parts.append(launches)
+    if rep.get("counters_unavailable"):
+        parts.append("launches not counted")
+    elif rep.get("launches"):
+        parts.append(f"{rep['launches']} launches ({rep.get('launches_outside_regions', 0)} outside regions)")
+    else:
+        parts.append("0 launches")
     if rep.get("wall_ns") is not None:
         parts.append(f"{rep['wall_ns'] / 1e9:.2f} s wall")
     return ", ".join(parts)
 
 
 def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> list[str]:
-    """Why this run's timings were not protected (empty when they were, or when nothing was timed on a GPU)."""
+    """Why this run's timings were not protected (empty when they were, or when nothing was timed on a GPU).
+
+    Launches outside regions fail a run only where hooks were asked for and no GPU launch at all was inside a
+    region: a hooked timing function that runs its kernels opens a region around them, and the set-up,
+    correctness checks and first calls it leaves outside are legitimate. Every launch outside means the hooks
+    never fired around GPU work (the benchmark timed with something else). With explicit regions only, what
+    they cover is the user's choice: not judged."""
     regions = rep.get("regions", [])
     launches = rep.get("launches", 0)
+    outside = rep.get("launches_outside_regions", 0)
     out = []
     if not controller and (regions or launches):
         out.append("no controller")
@@ -203,6 +216,10 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
             hint = (f" (the hooks {hooks} marked none: is the timing function one of theirs, in a Python that has "
                     f"cffi?)" if hooks else " (mark one: krex.region(), --hooks, docs/guide/marking-regions.md)")
         out.append(f"{launches} GPU launch{'es' if launches != 1 else ''} but no region was granted{hint}")
+    elif hooks and launches and outside >= launches:
+        what = f"all {launches} GPU launches were" if launches != 1 else "the one GPU launch was"
+        out.append(f"hooks {hooks} were asked for, but {what} outside every region (no hooked timing function ran "
+                   f"GPU work: is the timing function one of theirs?)")
     bad = [r for r in regions if r.get("granted_ns") and not r.get("exclusive")]
     if bad:
         names = sorted({r.get("name", "") for r in bad})

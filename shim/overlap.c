@@ -566,14 +566,15 @@ static CUresult overlap_launch(struct launch *l) {
 
 static inline int overlap_on(void) { return config_ready() && cfg.any; }
 
-/* the wrappers of KREX_CUDA_LAUNCHES: gated and counted like every submission (submit.c), then launched as the
- * overlap controls say */
+/* the wrappers of KREX_CUDA_LAUNCHES: gated and counted like every submission (submit.c, krex_count_outside
+ * included), then launched as the overlap controls say */
 #define KREX_LAUNCH_WRAPPER(name)                                                                                 \
     KREX_EXPORT CUresult name(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,     \
                               unsigned bz, unsigned smem, CUstream s, void **kp, void **ex) {                    \
         launch_fn real = (launch_fn)krex_real(KREX_H_##name);                                                    \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, s, KREX_H_##name);                  \
+        krex_count_outside(entered);                                                                             \
         CUresult r;                                                                                              \
         if (KREX_UNLIKELY(overlap_on())) {                                                                       \
             struct launch l = {KREX_H_##name, 0, f, gx, gy, gz, bx, by, bz, smem, s, kp, ex, NULL};             \
@@ -592,6 +593,7 @@ KREX_LAUNCH_WRAPPER(cuLaunchKernel_ptsz)
         launch_ex_fn real = (launch_ex_fn)krex_real(KREX_H_##name);                                              \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, c ? c->hStream : NULL, KREX_H_##name); \
+        krex_count_outside(entered);                                                                             \
         CUresult r;                                                                                              \
         if (KREX_UNLIKELY(overlap_on()) && c) {                                                                  \
             struct launch l = {KREX_H_##name, 1, f, 0, 0, 0, 0, 0, 0, 0, c->hStream, kp, ex, c};                \
@@ -614,6 +616,7 @@ typedef CUresult (*launch_coop_fn)(CUfunction, unsigned, unsigned, unsigned, uns
         launch_coop_fn real = (launch_coop_fn)krex_real(KREX_H_##name);                                          \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, s, KREX_H_##name);                  \
+        krex_count_outside(entered);                                                                             \
         if (KREX_UNLIKELY(overlap_on()) && cfg.shape) COUNT(overlap_skip_cooperative);                           \
         CUresult r = real(f, gx, gy, gz, bx, by, bz, smem, s, kp);                                               \
         krex_submit_leave(entered);                                                                              \

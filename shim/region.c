@@ -37,6 +37,7 @@ static struct {
 } R;
 static struct krex_region_info last;
 static int have_last;
+volatile int krex_region_open;   /* R.depth > 0, for the launch path (krex_count_outside), read without the lock */
 
 static void init_cond(void) {
     pthread_condattr_t a;
@@ -66,6 +67,7 @@ void krex_region_reset_after_fork(void) {
     pthread_mutex_init(&region_lock, NULL);
     init_cond();
     memset(&R, 0, sizeof R);   /* the parent's region is not the child's (it asks for its own) */
+    krex_region_open = 0;
 }
 
 /* the client thread: a GRANTED, ENDED or ERROR frame from the controller */
@@ -150,6 +152,7 @@ static void finish_locked(uint32_t reason) {
     uint32_t depth = (uint32_t)R.depth;
     memset(&R, 0, sizeof R);
     R.depth = (int)depth;
+    __atomic_store_n(&krex_region_open, depth > 0, __ATOMIC_RELAXED);
 }
 
 /* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller (runs
@@ -164,6 +167,7 @@ KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
     }
     memset(&R, 0, sizeof R);
     R.depth = 1;
+    __atomic_store_n(&krex_region_open, 1, __ATOMIC_RELAXED);   /* launches from here to the end are inside */
     R.requested_ns = krex_now_ns();
     snprintf(R.name, sizeof R.name, "%s", name && *name ? name : "region");
     uint64_t fallback = krex_env_gpus();

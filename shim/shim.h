@@ -41,6 +41,9 @@ extern volatile int32_t krex_job;             /* the job the controller placed t
 extern volatile int krex_failopen;            /* the controller is gone: the gate is ignored */
 extern volatile uint32_t krex_controller_pid; /* the controller instance we are connected to */
 
+/* region.c */
+extern volatile int krex_region_open;         /* this process has a region open (begun and not yet ended) */
+
 /* contexts.c */
 extern volatile uint64_t krex_dev_mask;       /* node-wide GPUs of this process that the controller knows of */
 extern volatile int krex_device_known;        /* a device was registered, or looked up and failed */
@@ -68,6 +71,14 @@ void krex_exit_gate_arm(void);                 /* this process has contexts: exi
 
 struct krex_local_region *krex_local_region_claim(void);   /* a record in the job's counters file, or NULL */
 struct krex_counter_slot *krex_counter_slot(void);         /* this process's counters */
+
+/* after krex_submit_enter of a kernel, graph, copy or other submission (not MEMORY): one that was counted
+ * (entered) while this process had no region open is also counted in outside_regions. A relaxed load and,
+ * outside regions, a relaxed add to the process's own slot: no lock, no system call. */
+static inline void krex_count_outside(int entered) {
+    if (entered && !__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED))
+        __atomic_fetch_add(&krex_counter_slot()->outside_regions, 1, __ATOMIC_RELAXED);
+}
 
 /* env.c: the environment, checked */
 int krex_env_flag(const char *name, int dflt);  /* 1/true/yes/on, 0/false/no/off; else a warning and dflt */

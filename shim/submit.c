@@ -1,4 +1,5 @@
-/* submit.c: the generated wrappers of GPU submissions (hook_list.h, all but KREX_CUDA_LAUNCHES): gate, count, call. */
+/* submit.c: the generated wrappers of GPU submissions (hook_list.h, all but KREX_CUDA_LAUNCHES): gate, count
+ * (and count again when no region is open: krex_count_outside), call. */
 #include "shim.h"
 
 #define KREX_GEN_SUBMIT(V, K, n, P, A, S)                                                  \
@@ -7,6 +8,7 @@
         krex_fn_t real = (krex_fn_t)krex_real(KREX_H_##n);                                 \
         if (KREX_UNLIKELY(!real)) return 1; /* CUDA_ERROR_INVALID_VALUE / hipErrorInvalidValue */ \
         int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_##K, (void *)(S), KREX_H_##n); \
+        if (KREX_KIND_##K != KREX_KIND_MEMORY) krex_count_outside(entered);                \
         int r = real A;                                                                    \
         krex_submit_leave(entered);                                                        \
         return r;                                                                          \

@@ -275,3 +275,33 @@ def test_a_tainted_measurement_is_taken_again(krex, tmp_path, stranger):
     assert [r["taints"] for r in regions] == [["foreign_process"], []]
     assert "was tainted (foreign_process); measuring again (1 of 2)" in out.stderr
     assert out.stdout.split() == ["1.0", "8"]     # two whole do_bench runs of 4 calls each
+
+
+def test_strict_hooks_raise_for_a_region_not_exclusive_after_the_retries(krex, tmp_path, stranger):
+    """KREX_STRICT=1: a hooked do_bench whose region ended not exclusive (a foreign process on the GPU) returned
+    its number. Now the last attempt decides: clean after a retry, the number is returned (the wrapper still
+    exits 5: the first attempt's region is in the report, not exclusive); still not exclusive, krex.StrictError
+    names the taint."""
+    krex.start_controller()
+    script = tmp_path / "b.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, triton.testing
+        calls = []
+        def fn():
+            calls.append(1)
+            if len(calls) == 2 and sys.argv[1] == "goes":   # inside the first region: the stranger is gone after it
+                open({str(krex.nvml)!r}, "w").close()
+        print(triton.testing.do_bench(fn), len(calls))
+    """))
+    env = {"KREX_HOOKS": "triton", "KREX_STRICT": "1", "PYTHONPATH": os.pathsep.join([str(FAKES), str(ROOT)])}
+    for how, retries, code in (("goes", "1", 5), ("stays", "1", 1)):
+        krex.nvml.write_text(f"process 0 {stranger} 1000\n")
+        rep = tmp_path / f"{how}.json"
+        out = krex.run([sys.executable, str(script), how], report=rep, env=dict(env, KREX_RETRY_TAINTED=retries))
+        assert out.returncode == code, out.stderr
+        assert len(report_of(rep)["regions"]) == 2 and report_of(rep)["regions"][0]["taints"] == ["foreign_process"]
+        if how == "goes":
+            assert out.stdout.split() == ["1.0", "8"] and "StrictError" not in out.stderr, out.stderr
+    assert out.stdout == "" and (
+        "krex.StrictError: krex strict mode (krex run --strict / KREX_STRICT=1): region 'triton.do_bench' was not "
+        "exclusive (foreign_process); not returning a timing krex did not protect") in out.stderr.splitlines()

@@ -1,6 +1,7 @@
 """Bounded waits: krex.region(name, timeout=S), krex_region_begin_timeout / KREX_REGION_TIMEOUT in C and
 `krex run --region-timeout S`. On timeout the request is cancelled at the controller; Python raises
-RegionTimeout, C gets -3, the hooks time unprotected; the report marks the region not_granted."""
+RegionTimeout, C gets -3, the hooks time unprotected (in strict mode they raise krex.StrictError); the report
+marks the region not_granted."""
 
 import subprocess
 import sys
@@ -84,6 +85,15 @@ def test_hooks_fall_back_to_an_unprotected_timing(krex):
         assert r.returncode == 0 and "result 42" in r.stdout, r.stderr
         regions = report_of(rep)["regions"]
         assert [x["name"] for x in regions] == ["bench"] and "not_granted" in regions[0]["taints"], regions
+        # --strict reaches the hooks (KREX_STRICT=1 in the command): the hooked call raises, nothing is returned
+        r = subprocess.run(full[:4] + ["--strict"] + full[4:], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "result" not in r.stdout, r.stderr
+        assert ("krex.StrictError: krex strict mode (krex run --strict / KREX_STRICT=1): region 'bench' was not "
+                "granted within KREX_REGION_TIMEOUT (0.3 s); not returning a timing krex did not protect") in \
+            r.stderr.splitlines(), r.stderr
+        regions = report_of(rep)["regions"]
+        assert [x["name"] for x in regions] == ["bench"] and "not_granted" in regions[0]["taints"], regions
+        assert queued(krex) == 0
     finally:
         holder.kill()
         holder.wait()

@@ -72,17 +72,92 @@ def test_launches_without_a_region_are_said_and_strict_fails_the_run(krex, tmp_p
 
 
 def test_protected_regions_give_the_summary_and_strict_passes(krex, tmp_path):
+    """A kernel before each region (SNIPPET_PRE_US) is outside it: said in the summary, and not judged (no hooks:
+    explicit regions cover what their author chose)."""
     krex.start_controller()
     rep = tmp_path / "r.json"
-    out = krex_cli(krex, "run", "--strict", "--report", str(rep), "--", str(SNIP / "region"))
+    out = krex_cli(krex, "run", "--strict", "--report", str(rep), "--", str(SNIP / "region"),
+                   env={"SNIPPET_PRE_US": "50"})
     assert out.returncode == 0, out.stderr
     summary = [line for line in krex_lines(out.stderr) if "regions" in line]
-    assert summary and summary[0].startswith("krex: 3 regions (3 exclusive, ") and "15 launches" in summary[0]
+    assert summary and summary[0].startswith("krex: 3 regions (3 exclusive, ")
+    assert "18 launches (3 outside regions)" in summary[0], summary
     assert "not protected" not in out.stderr
     r = report_of(rep)
+    assert r["launches"] == 18 and r["launches_outside_regions"] == 3
     assert r["krex_version"] and r["host"] == os.uname().nodename and r["wall_ns"] > 0 and r["controller"] is True
     assert r["frozen_ns"] == 0 and r["frozen_ns_by_pid"] == {}
     assert all(reg["attestation"]["source"] == "fake" for reg in r["regions"])   # never "nvml" on the fake
+
+
+GPU_BENCH = """
+import ctypes, sys, time
+import triton.testing
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, mod, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"bench") == 0
+
+
+def kernel():
+    assert cuda.cuLaunchKernel(fn, 10, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+    assert cuda.cuCtxSynchronize() == 0
+
+
+for _ in range(4):          # set-up and a correctness check: outside every region
+    kernel()
+if sys.argv[1] == "hooked":
+    print(triton.testing.do_bench(kernel))      # the hook's region holds every call but the first
+else:
+    triton.testing.do_bench(lambda: None)       # the hook fires, around no GPU work
+    t = time.perf_counter()
+    for _ in range(3):                          # the timing that counts, taken by hand: outside
+        kernel()
+    print(time.perf_counter() - t)
+"""
+
+
+def gpu_bench(krex, tmp_path, mode, *options):
+    script = tmp_path / "bench.py"
+    script.write_text(GPU_BENCH)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "harness_fakes"), str(ROOT)]),
+           "LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+    return krex_cli(krex, "run", *options, "--", sys.executable, str(script), mode, env=env)
+
+
+def test_strict_with_hooks_fails_a_run_whose_launches_were_all_outside_regions(krex, tmp_path):
+    """Hooks asked for, the hook's region granted, and every GPU launch outside it (the benchmark timed by hand):
+    --strict let it pass. A job whose hook fired around its kernels is not failed by its set-up launches."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = gpu_bench(krex, tmp_path, "hooked", "--strict", "--hooks", "triton", "--report", str(rep))
+    assert out.returncode == 0, out.stderr
+    summary = [line for line in krex_lines(out.stderr) if "region" in line and "launches" in line]
+    assert summary and summary[0].startswith("krex: 1 region (1 exclusive, "), out.stderr
+    assert "8 launches (5 outside regions)" in summary[0], summary       # 4 set-up + the first call outside
+    assert "not protected" not in out.stderr
+    assert report_of(rep)["launches_outside_regions"] == 5
+    out = gpu_bench(krex, tmp_path, "by_hand", "--strict", "--hooks", "triton")
+    assert out.returncode == feedback.STRICT_EXIT, out.stderr
+    [why] = [line for line in krex_lines(out.stderr) if "not protected" in line]
+    assert why.startswith("krex: timings not protected: hooks triton were asked for, but all 7 GPU launches "
+                          "were outside every region"), why
+    out = gpu_bench(krex, tmp_path, "by_hand", "--hooks", "triton")      # not strict: said, status passed through
+    assert out.returncode == 0 and "all 7 GPU launches were outside every region" in out.stderr, out.stderr
+
+
+def test_launches_outside_regions_fail_only_with_hooks_and_only_when_all_are_outside():
+    region = {"name": "triton.do_bench", "granted_ns": 2, "exclusive": True, "taints": []}
+    rep = {"launches": 7, "launches_outside_regions": 7, "regions": [region]}
+    assert feedback.unprotected(rep, True) == []                                      # explicit regions: not judged
+    [why] = feedback.unprotected(rep, True, "triton")
+    assert why.startswith("hooks triton were asked for, but all 7 GPU launches were outside every region")
+    assert feedback.unprotected(dict(rep, launches_outside_regions=6), True, "triton") == []    # one inside: enough
+    assert feedback.unprotected({"launches": 7, "regions": [region]}, True, "all") == []       # a shim without the count
+    one = feedback.unprotected({"launches": 1, "launches_outside_regions": 1, "regions": [region]}, True, "all")
+    assert one[0].startswith("hooks all were asked for, but the one GPU launch was outside every region")
+    assert "(7 outside regions)" in feedback.summary(rep) and "launches (" not in feedback.summary({"launches": 0})
 
 
 def test_quiet_keeps_only_the_warning(krex):

@@ -188,3 +188,30 @@ def test_hooks_option_of_krex_run(krex, tmp_path):
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert [r["name"] for r in report_of(tmp_path / "r.json")["regions"]] == ["triton.do_bench"]
+
+
+STRICT_LINE = ("krex.StrictError: krex strict mode (krex run --strict / KREX_STRICT=1): region 'triton.do_bench' "
+               "was not granted (no controller answered); not returning a timing krex did not protect")
+
+
+def test_strict_hooks_raise_instead_of_timing_unprotected(tmp_path):
+    """No controller: a hooked do_bench returned an unprotected number under KREX_STRICT=1. Now it raises
+    krex.StrictError (one line naming strict mode and why) after the first call, before any timed call;
+    without strict it still times, unprotected."""
+    from krex_ctl.environ import HOOKS_DIR
+
+    script = tmp_path / "b.py"
+    script.write_text("import triton.testing\nprint('result', triton.testing.do_bench(lambda: None))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+    env.update(KREX_HOOKS="triton", KREX_SOCKET=str(tmp_path / "none.sock"), KREX_LOG_LEVEL="error",
+               HARNESS_LOG=str(tmp_path / "harness.log"),
+               PYTHONPATH=os.pathsep.join(map(str, [HOOKS_DIR, FAKES, ROOT])))
+    out = subprocess.run([sys.executable, str(script)], env=dict(env, KREX_STRICT="1"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and "result" not in out.stdout, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == STRICT_LINE, out.stderr
+    assert [w for w, _ in harness_log(tmp_path)] == ["first-start"]      # raised in the first call: nothing timed
+    (tmp_path / "harness.log").unlink()
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["result", "1.0"], out.stderr
+    assert [w for w, _ in harness_log(tmp_path)].count("call") == 3

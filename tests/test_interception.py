@@ -24,6 +24,8 @@ def check(krex, cmd, tmp_path):
     want = expected(out.stdout)
     got = report_of(rep)["submissions"]
     assert got == want, f"{cmd}: shim saw {got}, program made {want}"
+    # none of these programs opens a region: every counted submission was made outside one
+    assert report_of(rep)["launches_outside_regions"] == report_of(rep)["launches"]
     return report_of(rep)
 
 
@@ -94,3 +96,28 @@ def test_more_processes_than_counter_slots_are_all_counted(tmp_path):
         assert out.returncode == 0 and "counters" not in out.stderr, out.stderr
     totals = read_counters(counters)
     assert totals["processes"] == 5 and totals["kernels"] == 25 and totals["contexts"] == 5
+
+
+def test_launches_outside_regions_are_counted_in_the_process_slot(tmp_path):
+    """The counter slot's outside_regions: of each region's four kernels, the one launched before the begin is
+    outside, the three between begin and end inside (a region no controller granted is open all the same); a
+    process with no region counts all of its launches there."""
+    import os
+    import subprocess
+
+    from conftest import BUILD
+    from krex_ctl.wire.counters import create_counters, read_counters
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(LD_PRELOAD=str(BUILD / "libkrex.so"), KREX_SOCKET=str(tmp_path / "none.sock"), KREX_LOG_LEVEL="error")
+    for name, cmd, extra, kernels, outside in (
+            ("region", SNIP / "region", {"SNIPPET_REGIONS": "2", "SNIPPET_N": "3", "SNIPPET_US": "10",
+                                         "SNIPPET_PRE_US": "10"}, 8, 2),
+            ("direct", SNIP / "direct", {}, 5, 5)):
+        counters = tmp_path / f"{name}.counters"
+        create_counters(counters)
+        out = subprocess.run([cmd], env=dict(env, KREX_COUNTERS=str(counters), **extra), capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        totals = read_counters(counters)
+        assert (totals["kernels"], totals["outside_regions"]) == (kernels, outside), (name, totals)

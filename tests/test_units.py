@@ -32,6 +32,13 @@ def test_preload_environ_is_pure_and_sets_the_contract_variables():
     assert "KREX_COUNTERS" not in preload_environ({"KREX_COUNTERS": "/stale"}, opts())   # none made: none passed on
 
 
+def test_strict_reaches_the_command():
+    """krex run --strict did not tell the command: the hooks, which read KREX_STRICT, never saw it."""
+    assert preload_environ({}, opts(strict=True))["KREX_STRICT"] == "1"
+    assert "KREX_STRICT" not in preload_environ({}, opts())
+    assert preload_environ({"KREX_STRICT": "0"}, opts())["KREX_STRICT"] == "0"    # the caller's own, as it was
+
+
 def test_several_gpus_by_uuid_where_known():
     env = preload_environ({}, opts(gpus=[0, 1], gpu_uuids=["GPU-a", "GPU-b"]))
     assert env["KREX_GPU"] == "0,1" and env["HIP_VISIBLE_DEVICES"] == "0,1"

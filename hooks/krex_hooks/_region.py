@@ -4,14 +4,54 @@ KREX_RETRY_TAINTED=N: a measurement whose region was granted but is not exclusiv
 GPU was power-capped when it began, its clock dropped, a foreign process used the GPU, ...) is taken again,
 up to N more times, and the last one is returned; each attempt is a region of its own in the report.
 
-A region not granted within KREX_REGION_TIMEOUT is timed anyway, without exclusivity (the report marks it
-not_granted): a hook never makes a benchmark fail."""
+A region not granted (no controller, refused, not granted within KREX_REGION_TIMEOUT) is timed anyway,
+without exclusivity (the report marks it not_granted): a hook never makes a benchmark fail. Except in strict
+mode (`krex run --strict`, KREX_STRICT=1): there a hooked call whose region was not granted raises
+krex.StrictError before it runs the timing, and one whose region ended not exclusive (after any
+KREX_RETRY_TAINTED attempts) raises it instead of returning its result. A call nested in a region held
+already is that region's; only its grant is checked."""
 
 import functools
 import os
 import sys
 
 import krex
+from krex._region import env_timeout
+from krex_ctl.feedback import flag
+
+WHY_NOT_GRANTED = {-1: "no controller answered", -2: "the controller refused it"}
+
+
+def strict() -> bool:
+    return flag(os.environ, "KREX_STRICT")
+
+
+def not_protected(name: str, why: str) -> krex.StrictError:
+    return krex.StrictError(f"krex strict mode (krex run --strict / KREX_STRICT=1): region {name!r} {why}; "
+                            f"not returning a timing krex did not protect")
+
+
+def begin(name: str, on_timeout: str = "unprotected") -> krex.region:
+    """krex.region(name) entered for a hook. Strict mode: a region not granted is ended at once and
+    krex.StrictError raised (the timing is not run)."""
+    r = krex.region(name, on_timeout=on_timeout)
+    r.__enter__()
+    if r.status != 0 and strict():
+        r.__exit__(None, None, None)
+        if r.status == -3:
+            timeout = env_timeout()
+            why = f"was not granted within KREX_REGION_TIMEOUT ({timeout:g} s)" if timeout is not None else \
+                "was not granted in time"
+        else:
+            why = f"was not granted ({WHY_NOT_GRANTED.get(r.status, f'status {r.status}')})"
+        raise not_protected(name, why)
+    return r
+
+
+def check_exclusive(r: krex.region, name: str) -> None:
+    """After the hooked call and its retries: strict mode raises krex.StrictError for a region not exclusive."""
+    if r.info is not None and not r.info.exclusive and strict():
+        raise not_protected(name, f"was not exclusive ({', '.join(r.info.taints) or 'not granted'})")
 
 
 def retries() -> int:
@@ -51,9 +91,13 @@ def around(name: str, original):
     def wrapper(*args, **kwargs):
         attempt = 0
         while True:
-            with krex.region(name, on_timeout="unprotected") as r:
+            r = begin(name)
+            try:
                 result = original(*args, **kwargs)
+            finally:
+                r.__exit__(None, None, None)
             if not worth_another(r.info, attempt, name):
+                check_exclusive(r, name)
                 return result
             attempt += 1
     wrapper.__krex_original__ = original
@@ -81,7 +125,7 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn"):
                     return fn(*a, **k)
                 result = fn(*a, **k)
                 synchronize()
-                state["region"] = krex.region(name, on_timeout="unprotected").__enter__()
+                state["region"] = begin(name)
                 return result
 
             if fn_kw in kwargs:
@@ -93,7 +137,10 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn"):
             finally:
                 if state["region"] is not None:
                     state["region"].__exit__(None, None, None)
-            if state["region"] is None or not worth_another(state["region"].info, attempt, name):
+            if state["region"] is None:
+                return result
+            if not worth_another(state["region"].info, attempt, name):
+                check_exclusive(state["region"], name)
                 return result
             attempt += 1
     wrapper.__krex_original__ = original

@@ -4,15 +4,19 @@ entries from one thread fold into one region), else by wrapping the Benchmarker'
 
 import contextlib
 
-import krex
-
-from ._region import around, patch_attr
+from ._region import around, begin, check_exclusive, patch_attr
 
 
 @contextlib.contextmanager
 def _region():
-    with krex.region("inductor.benchmark_gpu"):
+    """A region per benchmark (a timeout raises krex.RegionTimeout, as krex.region does); strict mode
+    (KREX_STRICT=1) as every hook: krex.StrictError when not granted, or not exclusive at the end."""
+    r = begin("inductor.benchmark_gpu", on_timeout="raise")
+    try:
         yield
+    finally:
+        r.__exit__(None, None, None)
+    check_exclusive(r, "inductor.benchmark_gpu")
 
 
 def patch(benchmarking) -> None:

@@ -216,7 +216,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
         hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap,
-        region_timeout=region_timeout))
+        region_timeout=region_timeout, strict=strict))
     run_facts.hooks = env.get("KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         cold = True    # the shim reads the controls once, at the first launch: a warm worker has read its own
