@@ -376,6 +376,8 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     (tmp_path / "nvml").write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k not in ("LD_PRELOAD",
                                                                                          "CUDA_VISIBLE_DEVICES")}
+    (tmp_path / "registry").mkdir()   # a registry of its own: another controller on this machine must not taint it
+    env.update(KREX_REGISTRY_DIR=str(tmp_path / "registry"))
     env.update(KREX_NVML=str(FAKES / "libnvidia-ml.so.1"), KREX_FAKE_NVML=str(tmp_path / "nvml"),
                KREX_FAKE_TRACE=str(tmp_path / "trace"), KREX_LOG_LEVEL="warning", XDG_RUNTIME_DIR=str(tmp_path),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT),
