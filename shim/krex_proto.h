@@ -317,7 +317,8 @@ struct krex_counter_slot {
     uint64_t overlap_sm_target;    /* cuBLASLt matmul descriptors given the SM count target */
     uint64_t overlap_sm_target_unchecked; /* cuBLASLt matmul descriptors the target could not be set on */
     uint64_t overlap_skip_idle;    /* not padded: no communication kernel in flight on another stream */
-    uint64_t overlap_reserved[2];
+    uint64_t overlap_guard_off_epochs;    /* epochs the overlap guard ran with the controls off (exploring or chosen) */
+    uint64_t overlap_guard_on_epochs;     /* epochs the overlap guard ran with the controls on */
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:
