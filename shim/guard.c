@@ -8,8 +8,9 @@
  * rank runs. Only launches that run now count (not those captured into a graph), and only those of the first
  * context that launched one (a process driving several GPUs times its epochs on that one).
  *
- * An epoch's time: a timing event is recorded behind the communication launch that ends each exploration epoch,
- * on that launch's stream; the epoch lasted from the event before to that one (cuEventElapsedTime). The
+ * An epoch's time: a timing event is recorded ahead of the communication launch that begins each exploration
+ * epoch (and the one after the last), on that launch's stream; the epoch lasted from its event to the next one
+ * (cuEventElapsedTime). The
  * events are read without blocking (cuEventQuery at later epoch boundaries: never a synchronize in a launch
  * path); the choice waits until every one of the exploration's events has completed, with the cycle's starting
  * arm in force meanwhile. The schedule and the rule are guard_rule.c's: ABBA exploration for 11 epochs of every
@@ -31,7 +32,7 @@ KREX_HELPERS(KREX_FN_SPECIAL)
 #define COUNT(field) __atomic_fetch_add(&krex_counter_slot()->field, 1, __ATOMIC_RELAXED)
 #define CU_EVENT_DEFAULT 0                 /* timing on */
 #define CUDA_ERROR_NOT_READY 600
-#define EVENTS (KREX_GUARD_EXPLORE + 1)    /* ev[p]: recorded where position p of the exploration begins (1..11) */
+#define EVENTS (KREX_GUARD_EXPLORE + 1)    /* ev[p]: recorded where position p of the cycle begins (1..11) */
 
 static struct {
     int enabled;                           /* the guard is on: set once, before any launch reads the arm */
@@ -122,18 +123,19 @@ static void record_locked(int pos, CUstream s) {
     g.recorded[pos] = g.ev[pos] && REAL(cuEventRecord) && REAL(cuEventRecord)(g.ev[pos], s) == CUDA_SUCCESS ? 1 : -1;
 }
 
-void krex_guard_comm_launched(CUcontext ctx, CUstream s) {
+/* Before a communication launch that runs now (not captured): where the launches counted so far have filled the
+ * epoch in progress, this one begins the next: the event that ends the one and starts the other is recorded on
+ * its stream ahead of it, and the arm this launch and those after it take is chosen. An epoch is so its E
+ * communication launches and the compute launched from its first one to the next epoch's first. */
+void krex_guard_comm_begin(CUcontext ctx, CUstream s) {
     if (!g.enabled || !ctx) return;
     pthread_mutex_lock(&g.mu);
     if (!g.ctx) g.ctx = ctx;
-    if (ctx != g.ctx || ++g.launches % g.epoch_len) {
+    if (ctx != g.ctx || g.launches / g.epoch_len <= g.epoch) {
         pthread_mutex_unlock(&g.mu);
         return;
     }
-    /* an epoch boundary: the epoch in progress ends behind this launch */
-    if (g.epoch_arm) COUNT(overlap_guard_on_epochs);
-    else COUNT(overlap_guard_off_epochs);
-    g.epoch++;
+    g.epoch = g.launches / g.epoch_len;
     int pos = (int)(g.epoch % KREX_GUARD_PERIOD);
     if (pos == 0) {                        /* a new cycle: explore again from the arm exploited so far */
         if (g.deciding)
@@ -151,6 +153,17 @@ void krex_guard_comm_launched(CUcontext ctx, CUstream s) {
         krex_log(KREX_LOG_DEBUG, "overlap guard: epoch %llu: controls %s", (unsigned long long)g.epoch, arm ? "on" : "off");
     g.epoch_arm = arm;
     __atomic_store_n(&g.arm, arm, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* after it launched: counted; an epoch's last launch counts the epoch, by its arm */
+void krex_guard_comm_done(CUcontext ctx) {
+    if (!g.enabled || !ctx) return;
+    pthread_mutex_lock(&g.mu);
+    if (ctx == g.ctx && ++g.launches % g.epoch_len == 0) {
+        if (g.epoch_arm) COUNT(overlap_guard_on_epochs);
+        else COUNT(overlap_guard_off_epochs);
+    }
     pthread_mutex_unlock(&g.mu);
 }
 

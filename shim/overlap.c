@@ -529,6 +529,11 @@ static CUresult overlap_launch(struct launch *l) {
     if (e->klass == FN_COMM) {
         CUresult r;
         int prio;
+        if (!cfg.noguard && !(capturing = stream_capturing(l))) {
+            int ptsz = l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz;
+            krex_guard_comm_begin(e->ctx, ptsz && !l->s ? CU_STREAM_PER_THREAD : l->s);   /* may begin an epoch */
+            on = krex_guard_arm();
+        }
         if (!cfg.priority || !on) {
             r = launch_original(l);
         } else if (!attrs_ok || e->prio_refused || greatest_priority(e->ctx, &prio) != 0 ||
@@ -544,15 +549,12 @@ static CUresult overlap_launch(struct launch *l) {
             __atomic_store_n(&priority_verified, 1, __ATOMIC_RELAXED);
             COUNT(overlap_prioritized);
         }
-        if (r == CUDA_SUCCESS && (cfg.shape || !cfg.noguard) && capturing < 0) capturing = stream_capturing(l);
+        if (r == CUDA_SUCCESS && cfg.shape && capturing < 0) capturing = stream_capturing(l);
         if (cfg.shape) {
             if (on) COUNT(overlap_skip_communication);
             if (r == CUDA_SUCCESS && !capturing) comm_launched(e->ctx, l->s);
         }
-        if (r == CUDA_SUCCESS && !capturing && !cfg.noguard) {
-            int ptsz = l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz;
-            krex_guard_comm_launched(e->ctx, ptsz && !l->s ? CU_STREAM_PER_THREAD : l->s);   /* may end an epoch */
-        }
+        if (r == CUDA_SUCCESS && !cfg.noguard && !capturing) krex_guard_comm_done(e->ctx);
         return r;
     }
     if (!cfg.shape || !on) return launch_original(l);

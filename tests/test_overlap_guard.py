@@ -114,9 +114,10 @@ def test_where_padding_makes_compute_slower_the_guard_settles_on_off(tmp_path):
     # 130 epochs: on only for the exploration's 5 (epochs 3-7 of the first cycle), off for every other one
     assert guard(c) == (125, 5)
     # the padded GEMMs are exactly those of epochs 3-7: the schedule is a function of the launch count alone (the
-    # ranks of one collective program explore in lockstep); the GEMM after communication launch i is epoch i // E
+    # ranks of one collective program explore in lockstep); an epoch begins with its first communication launch,
+    # so the GEMM after communication launch i (from 0) is in epoch i // E
     padded = [i for i, f in enumerate(gemms(kernels)) if f["occ"] == "1"]
-    assert padded == list(range(3 * E - 1, 8 * E - 1)) and c["overlap_padded"] == 5 * E
+    assert padded == list(range(3 * E, 8 * E)) and c["overlap_padded"] == 5 * E
     assert "the controls are off until epoch 128" in out.stderr
     # the cost against no control: the exploration's 20 padded GEMMs, under 1% of the GEMMs' model time here
     _, plain, _ = run(tmp_path, None, LOOP, occ_us="1:1200")
