@@ -135,9 +135,12 @@ void krex_guard_comm_begin(CUcontext ctx, CUstream s) {
         pthread_mutex_unlock(&g.mu);
         return;
     }
-    g.epoch = g.launches / g.epoch_len;
+    uint64_t before = g.epoch;
+    g.epoch = g.launches / g.epoch_len;    /* one on, or more where threads launched at once */
     int pos = (int)(g.epoch % KREX_GUARD_PERIOD);
-    if (pos == 0) {                        /* a new cycle: explore again from the arm exploited so far */
+    /* a new cycle (even where threads launching at once skipped its first epoch): explore again, from the arm
+     * exploited so far */
+    if (g.epoch / KREX_GUARD_PERIOD != before / KREX_GUARD_PERIOD) {
         if (g.deciding)
             krex_log(KREX_LOG_INFO, "overlap guard: epoch %llu: the last exploration's epochs did not complete in "
                      "time; the controls stay %s", (unsigned long long)g.epoch, g.chosen ? "on" : "off");
@@ -145,6 +148,10 @@ void krex_guard_comm_begin(CUcontext ctx, CUstream s) {
         memset(g.samples, 0, sizeof g.samples);
         memset(g.recorded, 0, sizeof g.recorded);
     }
+    for (uint64_t e = before + 1; e < g.epoch; e++)        /* epochs skipped over: their times are lost */
+        if (e / KREX_GUARD_PERIOD == g.epoch / KREX_GUARD_PERIOD && e % KREX_GUARD_PERIOD >= 1 &&
+            e % KREX_GUARD_PERIOD <= KREX_GUARD_EXPLORE)
+            g.recorded[e % KREX_GUARD_PERIOD] = -1;
     if (pos >= 1 && pos <= KREX_GUARD_EXPLORE && g.deciding) record_locked(pos, s);
     poll_locked();
     int sample, arm = krex_guard_schedule(pos, g.a, &sample);
