@@ -25,20 +25,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-# (name, krex run --overlap value or None, extra environment)
+# (name, krex run --overlap value or None, extra environment). The controls raw (noguard: every eligible launch
+# changed), as this benchmark measures each control itself; the overlap guard (on by default) is measured by
+# bench/overlap_proxy.py's guard+ variants
 VARIANTS = [
     ("serial", None, {}),
     ("off", None, {}),
-    ("priority", "priority", {}),
-    ("priority+shape=1", "priority,shape=1", {}),
-    ("priority+shape=2", "priority,shape=2", {}),
-    ("priority+shape=4", "priority,shape=4", {}),
-    ("shape=2", "shape=2", {}),
+    ("priority", "priority,noguard", {}),
+    ("priority+shape=1", "priority,shape=1,noguard", {}),
+    ("priority+shape=2", "priority,shape=2,noguard", {}),
+    ("priority+shape=4", "priority,shape=4,noguard", {}),
+    ("shape=2", "shape=2,noguard", {}),
     ("nccl-max-ctas=8", None, {"NCCL_MAX_CTAS": "8"}),
     ("nccl-cga-1", None, {"NCCL_CGA_CLUSTER_SIZE": "1"}),
-    ("priority+nccl-cga-1", "priority", {"NCCL_CGA_CLUSTER_SIZE": "1"}),
+    ("priority+nccl-cga-1", "priority,noguard", {"NCCL_CGA_CLUSTER_SIZE": "1"}),
     ("sm_target=116", "sm_target=116", {}),
-    ("priority+sm_target=116", "priority,sm_target=116", {}),
+    ("priority+sm_target=116", "priority,sm_target=116,noguard", {}),
 ]
 
 

@@ -13,18 +13,28 @@ concurrent (two streams); the communication span is the copy stream's first-to-l
 set of controls, in its own process under `krex run --overlap CONTROLS` (or, without krex_ctl's cffi, with
 the shim preloaded and KREX_OVERLAP set); `off` runs first and calibrates the balanced cases (copy count
 chosen so communication alone takes about what compute alone takes); the other variants reuse its counts.
+Every control list runs twice: raw (with `noguard`: every eligible launch changed, under the labels of the
+first study) and guarded (`guard+...`: the same list without it, the overlap guard of shim/guard.c choosing).
+The guard's epochs are communication launches (KREX_OVERLAP_GUARD_EPOCH, set to --guard-epoch, 6: one
+repetition of a 6-copy case), so a guarded variant is measured over one whole guard cycle per case: its copy
+launches are first brought to a cycle's start (tiny copies, nothing beside them), then the concurrent pattern
+runs back to back for one cycle (128 epochs: its exploration, then what it chose), `steady` in the results,
+its mean the cost of guarding included. `off` runs the same; guarded variants skip the alone and serial modes.
 A PyTorch training step (GEMMs, a backward pass and an all_reduce on one rank) is timed with controls off and
-on, alternating, for correctness and for what the controls cost when there is nothing to overlap.
+on (guarded, the default), alternating, for correctness and for what the controls cost when there is nothing
+to overlap.
 
 Writes OUT/overlap-summary.json (every number, each variant's krex report, the goals checked), OUT/overlap.png
 and OUT/overlap-logs.tgz (each process's output). Goals (the issue): the best control turns each case where
 concurrency loses (off's concurrent total above serial) into a win over serial; in a balanced case it cuts total time by >= 25.5% against
 serial with the communication span within 1.5x of alone; controls on where nothing overlaps within 1% of off;
-no launch lost or failed because of a control (report: fallbacks, and each process's checks)."""
+no guarded control slower than no control by more than 1% (steady means); no launch lost or failed because of a
+control (report: fallbacks, and each process's checks)."""
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -56,8 +66,7 @@ CASES = {
 }
 SMS = 132
 # label, KREX_OVERLAP (None: no controls), worker flags
-VARIANTS = [        # in this order: what is skipped when time runs out comes last
-    ("off", None, []),
+RAW = [
     ("priority", "priority", []),
     ("priority+shape=1", "priority,shape=1", []),
     (f"priority+sm_target={SMS - 16}", f"priority,sm_target={SMS - 16}", []),
@@ -69,7 +78,25 @@ VARIANTS = [        # in this order: what is skipped when time runs out comes la
     ("shape=2", "shape=2", []),
     ("shape=4", "shape=4", []),
 ]
-TRAIN_CONTROLS = f"priority,shape=2,sm_target={SMS - 16}"
+
+
+def guarded(controls) -> bool:
+    """The overlap guard chooses for this list: priority or shape on, and no noguard (shim/overlap.c)."""
+    items = (controls or "").split(",")
+    return "noguard" not in items and any(c == "priority" or c.startswith("shape=") for c in items)
+
+
+# in this order: what is skipped when time runs out comes last; each raw list (noguard) then the same guarded
+VARIANTS = [("off", None, [])]
+for _label, _controls, _flags in RAW:
+    VARIANTS.append((_label, f"{_controls},noguard" if guarded(_controls) else _controls, _flags))
+    if guarded(_controls):
+        VARIANTS.append((f"guard+{_label}", _controls, _flags))
+TRAIN_CONTROLS = f"priority,shape=2,sm_target={SMS - 16}"      # guarded: the default
+GUARD_EPOCH = 6                  # communication launches per guard epoch: one repetition of a 6-copy case
+# epochs from one exploration's start to the next: the shim's own constant
+GUARD_PERIOD = int(re.search(r"#define KREX_GUARD_PERIOD (\d+)", (ROOT / "shim" / "guard_rule.h").read_text()).group(1))
+ALL_MODES = ("comm", "compute", "serial", "concurrent")
 COPY_BYTES = 256 << 20
 COPY_SMEM = 80 << 10
 COPY_THREADS = 512
@@ -146,6 +173,8 @@ def triton_matmul():
 
 
 class Case:
+    launched = 0          # communication launches of this process, every case's: what the guard's epochs count
+
     def __init__(self, name: str, spec: dict, copies: int, copy_stream_priority: bool):
         import cupy as cp
         import torch
@@ -169,6 +198,8 @@ class Case:
             self.mm = lambda x, y, out: torch.matmul(x, y, out=out)
         self.kernel = cp.RawKernel(KERNELS, "ncclDevKernel_ProxyRing" if spec["ring"] else "ncclDevKernel_ProxyCopy")
         self.kernel.max_dynamic_shared_size_bytes = COPY_SMEM     # as NCCL raises its kernels' limit
+        self.filler = cp.RawKernel(KERNELS, "ncclDevKernel_ProxyCopy")
+        self.filler.max_dynamic_shared_size_bytes = COPY_SMEM
         self.s_comm = torch.cuda.Stream(priority=-10 if copy_stream_priority else 0)
         self.s_comp = torch.cuda.Stream()
         self.cp_comm = cp.cuda.ExternalStream(self.s_comm.cuda_stream)
@@ -191,6 +222,34 @@ class Case:
                                 shared_mem=COPY_SMEM)
                 else:
                     self.kernel(grid, block, (self.src_cp, self.dst_cp, n16, slots), shared_mem=COPY_SMEM)
+                Case.launched += 1
+
+    def fill(self, n: int) -> None:
+        """n tiny copies (256 bytes of src to dst, as the real ones copy them) on the copy stream, nothing beside
+        them: communication launches that only move the guard's epoch count on."""
+        import numpy as np
+
+        with self.cp_comm:
+            for _ in range(n):
+                self.filler((self.spec["ctas"],), (COPY_THREADS,), (self.src_cp, self.dst_cp, np.int64(16),
+                                                                    np.int32(COPY_SMEM // 16)), shared_mem=COPY_SMEM)
+                Case.launched += 1
+        self.torch.cuda.synchronize()
+
+    def steady(self, epoch: int, period: int) -> dict:
+        """One whole cycle of the overlap guard on this case: the communication launches brought to a cycle's
+        start (fill), then the concurrent pattern back to back for period epochs of epoch launches. Its mean
+        total is the cost with the guard's exploration; the median of its second half what the guard chose."""
+        cycle = epoch * period
+        filled = (-Case.launched) % cycle
+        self.fill(filled)
+        reps = -(-cycle // self.copies)
+        runs = [self.timed("concurrent") for _ in range(reps)]
+        totals = [r["total_ms"] for r in runs]
+        return {"total_ms": statistics.fmean(totals), "comm_ms": statistics.fmean(r["comm_ms"] for r in runs),
+                "compute_ms": statistics.fmean(r["compute_ms"] for r in runs),
+                "second_half_median_ms": statistics.median(totals[len(totals) // 2:]), "reps": reps,
+                "filled": filled}
 
     def compute(self, stream) -> None:
         with self.torch.cuda.stream(stream):
@@ -269,8 +328,11 @@ def worker(args) -> None:
                 case.copies = max(1, round(compute / one))
                 row["calibrated"] = True
             row["copies"] = case.copies
-            for mode in ("comm", "compute", "serial", "concurrent"):
-                row[mode] = case.measure(mode, args.reps)
+            for mode in args.modes.split(","):
+                if mode == "steady":
+                    row[mode] = case.steady(args.guard_epoch, GUARD_PERIOD)
+                else:
+                    row[mode] = case.measure(mode, args.reps)
             row.update(case.check())
             row["seconds"] = round(time.monotonic() - t0, 1)
         except Exception as e:   # one case's failure (out of memory, a compile error) is recorded, not fatal
@@ -325,11 +387,17 @@ def krex_available(env: dict) -> bool:
     return p.returncode == 0
 
 
-def launch_cmd(label: str, controls, inner: list, logs: Path, use_krex: bool) -> tuple[list, dict]:
-    """The command line of one variant: under `krex run` (with its report) or with the shim preloaded."""
+def launch_cmd(label: str, controls, inner: list, logs: Path, use_krex: bool,
+               guard_epoch: int = GUARD_EPOCH) -> tuple[list, dict]:
+    """The command line of one variant: under `krex run` (with its report) or with the shim preloaded. A guarded
+    variant gets its epoch length and the shim's log at info (the guard's choices, in the variant's log)."""
     env = dict(os.environ, **SAFE, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env.pop("KREX_OVERLAP", None)
+    for k in ("KREX_OVERLAP", "KREX_OVERLAP_GUARD_EPOCH"):
+        env.pop(k, None)
+    if guarded(controls):
+        env["KREX_OVERLAP_GUARD_EPOCH"] = str(guard_epoch)
+        env["KREX_LOG_LEVEL"] = "info"
     if use_krex:
         cmd = [sys.executable, "-m", "krex_ctl", "run", "--cold", "--report", str(logs / f"{label}.report.json")]
         if controls:
@@ -343,8 +411,9 @@ def launch_cmd(label: str, controls, inner: list, logs: Path, use_krex: bool) ->
     return inner, env
 
 
-def run_variant(label: str, controls, inner: list, logs: Path, use_krex: bool, timeout: float) -> dict:
-    cmd, env = launch_cmd(label, controls, inner, logs, use_krex)
+def run_variant(label: str, controls, inner: list, logs: Path, use_krex: bool, timeout: float,
+                guard_epoch: int = GUARD_EPOCH) -> dict:
+    cmd, env = launch_cmd(label, controls, inner, logs, use_krex, guard_epoch)
     log = logs / f"{label}.log"
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -356,6 +425,9 @@ def run_variant(label: str, controls, inner: list, logs: Path, use_krex: bool, t
         except subprocess.TimeoutExpired:
             rc = "timeout"
     rec = {"label": label, "controls": controls, "rc": rc, "seconds": round(time.monotonic() - t0, 1)}
+    if guarded(controls):        # the guard's choices, from the shim's log: [epoch, "on" or "off"]
+        found = re.findall(r"overlap guard: epoch (\d+): the controls are (on|off)", log.read_text(errors="replace"))
+        rec["guard_choices"] = [[int(e), arm] for e, arm in found]
     report = logs / f"{label}.report.json"
     if report.exists():
         try:
@@ -368,29 +440,45 @@ def run_variant(label: str, controls, inner: list, logs: Path, use_krex: bool, t
 
 def summarize(variants: list, train: list) -> dict:
     """Per case: each variant's concurrent total and communication span against the off variant's serial and alone
-    times; the best variant; the goals checked."""
+    times, and against off's own concurrent total (vs_off); where a variant ran a whole guard cycle (steady), its
+    mean against off's (steady_vs_off); the best variant, the worst raw and the worst guarded; the goals checked."""
     off = next((v for v in variants if v["label"] == "off" and v.get("cases")), None)
     base = {c["case"]: c for c in (off or {}).get("cases", []) if "error" not in c}
+    controls = {v["label"]: v.get("controls") for v in variants}
     cases = {}
     for name, b in base.items():
         serial, alone_comm, alone_compute = b["serial"]["total_ms"], b["comm"]["comm_ms"], b["compute"]["compute_ms"]
+        off_total, off_steady = b["concurrent"]["total_ms"], (b.get("steady") or {}).get("total_ms")
         rows = []
         for v in variants:
             c = next((c for c in v.get("cases", []) if c["case"] == name and "error" not in c), None)
-            if c is None:
+            if c is None or "concurrent" not in c:
                 continue
             conc = c["concurrent"]
-            rows.append({"variant": v["label"], "total_ms": conc["total_ms"], "comm_span_ms": conc["comm_ms"],
-                         "compute_span_ms": conc["compute_ms"], "vs_serial": conc["total_ms"] / serial,
-                         "comm_vs_alone": conc["comm_ms"] / alone_comm,
-                         "overlap_efficiency": (alone_comm + alone_compute - conc["total_ms"]) / min(alone_comm, alone_compute),
-                         "correct": bool(c.get("copy_ok") and c.get("gemm_ok") and c.get("ring_ok", True)),
-                         "serial_ms_own": c["serial"]["total_ms"]})
+            row = {"variant": v["label"], "guarded": guarded(v.get("controls")), "total_ms": conc["total_ms"],
+                   "comm_span_ms": conc["comm_ms"], "compute_span_ms": conc["compute_ms"],
+                   "vs_serial": conc["total_ms"] / serial, "vs_off": conc["total_ms"] / off_total,
+                   "comm_vs_alone": conc["comm_ms"] / alone_comm,
+                   "overlap_efficiency": (alone_comm + alone_compute - conc["total_ms"]) / min(alone_comm, alone_compute),
+                   "correct": bool(c.get("copy_ok") and c.get("gemm_ok") and c.get("ring_ok", True)),
+                   "serial_ms_own": (c.get("serial") or {}).get("total_ms")}
+            if c.get("steady") and off_steady:
+                row.update(steady_ms=c["steady"]["total_ms"], steady_vs_off=c["steady"]["total_ms"] / off_steady,
+                           steady_second_half_ms=c["steady"].get("second_half_median_ms"))
+            rows.append(row)
         best = min((r for r in rows if r["variant"] != "off" and r["correct"]), key=lambda r: r["total_ms"], default=None)
+        raw = [r for r in rows if r["variant"] != "off" and not r["guarded"] and controls.get(r["variant"])]
+        guard = [r for r in rows if r["guarded"] and "steady_vs_off" in r]
+        worst_raw = max(raw, key=lambda r: r["vs_off"], default=None)
+        worst_guard = max(guard, key=lambda r: r["steady_vs_off"], default=None)
         cases[name] = {"serial_ms": serial, "alone_comm_ms": alone_comm, "alone_compute_ms": alone_compute,
                        "copies": b["copies"], "rows": rows, "best": best["variant"] if best else None,
                        "best_vs_serial": best["vs_serial"] if best else None,
-                       "best_comm_vs_alone": best["comm_vs_alone"] if best else None}
+                       "best_comm_vs_alone": best["comm_vs_alone"] if best else None,
+                       "worst_raw": worst_raw["variant"] if worst_raw else None,
+                       "worst_raw_vs_off": worst_raw["vs_off"] if worst_raw else None,
+                       "worst_guarded": worst_guard["variant"] if worst_guard else None,
+                       "worst_guarded_vs_off": worst_guard["steady_vs_off"] if worst_guard else None}
     goals = {}
     losing = []
     for name, c in cases.items():     # every case where plain concurrency loses to serial
@@ -417,6 +505,9 @@ def summarize(variants: list, train: list) -> dict:
         losses = [t["losses"] for t in train if t.get("losses")]
         training["max_loss_difference"] = max(abs(a - b) for ls in losses for a, b in zip(losses[0], ls))
         goals["training_on_within_1pct_of_off"] = training["on_vs_off"] <= 1.01
+    judged = [c["worst_guarded_vs_off"] for c in cases.values() if c["worst_guarded_vs_off"] is not None]
+    if judged:
+        goals["no_guarded_control_1pct_slower_than_off"] = max(judged) <= 1.01
     fallbacks = sum(((v.get("report") or {}).get("overlap") or {}).get("fallbacks", 0) for v in variants + train)
     failed = [v["label"] for v in variants + train if v.get("rc") != 0]
     errors = {f"{v['label']}/{c['case']}": c["error"] for v in variants for c in v.get("cases", []) if "error" in c}
@@ -441,8 +532,8 @@ def plot(summary: dict, path: Path) -> None:
         totals = [c["serial_ms"]] + [r["total_ms"] for r in c["rows"]]
         spans = [c["alone_comm_ms"]] + [r["comm_span_ms"] for r in c["rows"]]
         x = range(len(labels))
-        ax.bar(x, totals, color=["#888"] + ["#c44" if r["variant"] == "off" else "#48c" for r in c["rows"]],
-               label="total")
+        ax.bar(x, totals, color=["#888"] + ["#c44" if r["variant"] == "off" else "#4a4" if r.get("guarded") else "#48c"
+                                            for r in c["rows"]], label="total (red: off, blue: raw, green: guarded)")
         ax.plot(x, spans, "k_", markersize=14, mew=2, label="communication span (serial: alone)")
         ax.axhline(c["serial_ms"], color="#888", lw=0.8, ls="--")
         ax.axhline(c["serial_ms"] * (1 - 0.255), color="#4a4", lw=0.8, ls=":")
@@ -477,7 +568,7 @@ def orchestrate(args) -> None:
                 continue
             result = logs / f"{label}.result.json"
             rec = run_variant(label, controls, me + ["--train", "--steps", str(args.steps), "--result", str(result)],
-                              logs, use_krex, min(args.timeout, left))
+                              logs, use_krex, min(args.timeout, left), args.guard_epoch)
             if result.exists():
                 rec.update(json.loads(result.read_text()))
             train.append(rec)
@@ -491,10 +582,14 @@ def orchestrate(args) -> None:
             variants.append({"label": label, "controls": controls, "rc": "skipped: out of time"})
             continue
         result = logs / f"{label}.result.json"
-        inner = me + ["--worker", "--cases", args.cases, "--reps", str(args.reps), "--result", str(result)] + flags
+        # a guarded variant: the concurrent pattern, and one whole guard cycle of it per case; off: every mode
+        # and the same cycle, for the like-for-like comparison
+        modes = "concurrent,steady" if guarded(controls) else ",".join(ALL_MODES + ("steady",) * (label == "off"))
+        inner = me + ["--worker", "--cases", args.cases, "--reps", str(args.reps), "--result", str(result),
+                      "--modes", modes, "--guard-epoch", str(args.guard_epoch)] + flags
         if counts:
             inner += ["--copies", json.dumps(counts)]
-        rec = run_variant(label, controls, inner, logs, use_krex, min(args.timeout, left))
+        rec = run_variant(label, controls, inner, logs, use_krex, min(args.timeout, left), args.guard_epoch)
         if result.exists():
             rec.update(json.loads(result.read_text()))
         variants.append(rec)
@@ -504,6 +599,7 @@ def orchestrate(args) -> None:
             training()
     summary = summarize(variants, train)
     summary.update({"launcher": "krex run --overlap" if use_krex else "LD_PRELOAD + KREX_OVERLAP",
+                    "guard_epoch": args.guard_epoch, "guard_period": GUARD_PERIOD,
                     "variants": variants, "train": train, "cases_spec": {n: CASES[n] for n in args.cases.split(",")}})
     (out / "overlap-summary.json").write_text(json.dumps(summary, indent=1))
     try:
@@ -514,6 +610,9 @@ def orchestrate(args) -> None:
         t.add(logs, arcname="overlap-logs")
     print(json.dumps({"goals": summary["goals"], "best": {n: (c["best"], c["best_vs_serial"], c["best_comm_vs_alone"])
                                                           for n, c in summary["cases"].items()},
+                      "worst_raw_vs_off": {n: (c["worst_raw"], c["worst_raw_vs_off"]) for n, c in summary["cases"].items()},
+                      "worst_guarded_vs_off": {n: (c["worst_guarded"], c["worst_guarded_vs_off"])
+                                               for n, c in summary["cases"].items()},
                       "training": summary["training"]}, indent=1))
 
 
@@ -533,6 +632,9 @@ def main(argv=None) -> None:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--copies", default="", help=argparse.SUPPRESS)
     ap.add_argument("--copy-stream-priority", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--modes", default=",".join(ALL_MODES), help=argparse.SUPPRESS)
+    ap.add_argument("--guard-epoch", type=int, default=GUARD_EPOCH,
+                    help="KREX_OVERLAP_GUARD_EPOCH of the guarded variants (communication launches per epoch)")
     args = ap.parse_args(argv)
     bad = [c for c in args.cases.split(",") if c not in CASES]
     if bad:

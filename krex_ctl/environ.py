@@ -112,6 +112,8 @@ def parse_gpus(text: str, what: str = "--gpu") -> list[int]:
 def check_environment(env: Mapping[str, str]) -> None:
     """Every KREX_* setting a `krex run` command would read, checked before anything runs: one line naming
     the variable, exit status 2 (the shim, used without `krex run`, warns and takes the default instead)."""
+    import re
+
     from .errors import KrexCommandError
 
     for name in FLAG_VARS:
@@ -132,6 +134,9 @@ def check_environment(env: Mapping[str, str]) -> None:
         check_hooks(hooks, "KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
         check_overlap(env["KREX_OVERLAP"], "KREX_OVERLAP")
+    epoch = env.get("KREX_OVERLAP_GUARD_EPOCH")
+    if epoch not in (None, "") and not (re.fullmatch(r"[0-9]{1,5}", epoch) and 1 <= int(epoch) <= 65535):
+        raise KrexCommandError(f"KREX_OVERLAP_GUARD_EPOCH must be a whole number from 1 to 65535, not {epoch!r}", 2)
     if env.get("KREX_REGION_TIMEOUT"):
         check_region_timeout(env["KREX_REGION_TIMEOUT"], "KREX_REGION_TIMEOUT")
 
@@ -151,17 +156,20 @@ def check_region_timeout(value, what: str = "--region-timeout") -> float:
     return t
 
 
-OVERLAP_CONTROL = r"priority|shape=([1-9]|[12][0-9]|3[0-2])|sm_target=[1-9][0-9]{0,4}"   # shim/overlap.c's grammar
+# shim/overlap.c's grammar (krex_overlap_parse): keep the two in step
+OVERLAP_CONTROL = r"priority|noguard|shape=([1-9]|[12][0-9]|3[0-2])|sm_target=[1-9][0-9]{0,4}"
 
 
 def check_overlap(spec: str, what: str = "--overlap") -> str:
-    """'priority,shape=2,sm_target=116' as given; else one line naming `what`, exit status 2."""
+    """'priority,shape=2,sm_target=116' (and 'noguard': the overlap guard off) as given; else one line naming
+    `what`, exit status 2."""
     import re
 
     from .errors import KrexCommandError
 
     if not all(re.fullmatch(OVERLAP_CONTROL, c) and int(c.partition("=")[2] or 1) <= 65535 for c in spec.split(",")):
-        raise KrexCommandError(f"{what}: {spec!r} is not a comma list of priority, shape=K (K 1-32), sm_target=N", 2)
+        raise KrexCommandError(f"{what}: {spec!r} is not a comma list of priority, shape=K (K 1-32), sm_target=N, "
+                               "noguard", 2)
     return spec
 
 

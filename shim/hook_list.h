@@ -301,6 +301,8 @@
     X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
     X(CUDA, cuEventRecord, CUresult, (CUevent e, CUstream s)) \
     X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
+    X(CUDA, cuEventElapsedTime, CUresult, (float *ms, CUevent a, CUevent b)) \
+    X(CUDA, cuEventElapsedTime_v2, CUresult, (float *ms, CUevent a, CUevent b)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \

@@ -11,6 +11,10 @@
  *                whole SM) can start there.
  *   sm_target=N  cuBLASLt matmul descriptors get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = N when they are created
  *                (the lever for GEMMs already at one block per SM, where padding can do nothing).
+ *   noguard      priority and shape apply to every eligible launch; without it the guard (guard.c) measures the
+ *                program with them on and off in epochs of communication launches (KREX_OVERLAP_GUARD_EPOCH) and
+ *                keeps them on only where that was faster. A launch in an epoch the guard runs off is made
+ *                exactly as the caller asked and counted nowhere but in the guard's epochs.
  *
  * Fail open, always: a control whose preconditions cannot be checked leaves the launch as the caller made it,
  * and a changed launch the driver refuses is launched again as the caller made it. Each outcome is counted in
@@ -48,7 +52,7 @@ KREX_HELPERS(KREX_FN_SPECIAL)
 
 /* ---- the configuration ---- */
 
-static struct { int parsed, any, priority, shape, sm_target; } cfg;
+static struct { int parsed, any, priority, shape, sm_target, noguard; } cfg;
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 
 static int parse_number(const char *p, size_t n, int lo, int hi) {
@@ -61,15 +65,17 @@ static int parse_number(const char *p, size_t n, int lo, int hi) {
     return v >= lo && v <= hi ? v : -1;
 }
 
-/* "priority,shape=2,sm_target=116" -> the three controls (0: off). 0, or -1 when spec is not such a list. The
- * same grammar as krex_ctl.environ.check_overlap, which refuses a bad list before anything runs. */
-int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target) {
-    *priority = *shape = *sm_target = 0;
+/* "priority,shape=2,sm_target=116,noguard" -> the three controls (0: off) and whether the guard is off. 0, or -1
+ * when spec is not such a list. The same grammar as krex_ctl.environ.check_overlap, which refuses a bad list
+ * before anything runs. */
+int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target, int *noguard) {
+    *priority = *shape = *sm_target = *noguard = 0;
     if (!spec) return 0;
     for (const char *p = spec; *p;) {
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         if (n == 8 && !strncmp(p, "priority", 8)) *priority = 1;
+        else if (n == 7 && !strncmp(p, "noguard", 7)) *noguard = 1;
         else if (n > 6 && !strncmp(p, "shape=", 6)) *shape = parse_number(p + 6, n - 6, 1, MAX_SHAPE);
         else if (n > 10 && !strncmp(p, "sm_target=", 10)) *sm_target = parse_number(p + 10, n - 10, 1, 65535);
         else if (n) return -1;
@@ -79,14 +85,24 @@ int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_targ
     return 0;
 }
 
+#define GUARD_EPOCH_DEFAULT 16
+
 static void read_config(void) {
     const char *v = getenv("KREX_OVERLAP");
-    if (v && *v && krex_overlap_parse(v, &cfg.priority, &cfg.shape, &cfg.sm_target) != 0) {
-        krex_log(KREX_LOG_WARNING, "KREX_OVERLAP=%s is not a list of priority, shape=K (1-%d), sm_target=N; the "
-                 "overlap controls are off", v, MAX_SHAPE);
-        cfg.priority = cfg.shape = cfg.sm_target = 0;
+    if (v && *v && krex_overlap_parse(v, &cfg.priority, &cfg.shape, &cfg.sm_target, &cfg.noguard) != 0) {
+        krex_log(KREX_LOG_WARNING, "KREX_OVERLAP=%s is not a list of priority, shape=K (1-%d), sm_target=N, noguard; "
+                 "the overlap controls are off", v, MAX_SHAPE);
+        cfg.priority = cfg.shape = cfg.sm_target = cfg.noguard = 0;
     }
     cfg.any = cfg.priority || cfg.shape;
+    const char *e = getenv("KREX_OVERLAP_GUARD_EPOCH");
+    int epoch = e && *e ? parse_number(e, strlen(e), 1, 65535) : GUARD_EPOCH_DEFAULT;
+    if (epoch < 0) {
+        krex_log(KREX_LOG_WARNING, "KREX_OVERLAP_GUARD_EPOCH=%s is not a whole number from 1 to 65535; using %d", e,
+                 GUARD_EPOCH_DEFAULT);
+        epoch = GUARD_EPOCH_DEFAULT;
+    }
+    krex_guard_configure(cfg.any && !cfg.noguard, (unsigned)epoch);
     __atomic_store_n(&cfg.parsed, 1, __ATOMIC_RELEASE);
 }
 
@@ -358,6 +374,7 @@ static int greatest_priority(CUcontext ctx, int *out) {
 #define COMM_SLOTS 8
 #define RECHECK_NS 20000                 /* an in-flight verdict is trusted this long before the event is asked again */
 #define CU_EVENT_DISABLE_TIMING 2
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 static struct comm_slot { CUcontext ctx; CUstream stream; CUevent ev; int in_flight; int64_t checked_ns; } comm[COMM_SLOTS];
 static int comm_pending;                 /* slots in flight: 0 is the fast path of every compute launch */
@@ -501,9 +518,10 @@ static CUresult fall_back(const struct launch *l) {
 static CUresult overlap_launch(struct launch *l) {
     struct fn_info *e = info_of(l->f);
     int capturing = -1;
+    int on = krex_guard_arm();           /* 0: the guard runs this epoch with the controls off */
     if (!e) {
-        if (cfg.shape) COUNT(overlap_skip_unchecked);
-        if (cfg.priority) COUNT(overlap_priority_unchecked);
+        if (cfg.shape && on) COUNT(overlap_skip_unchecked);
+        if (cfg.priority && on) COUNT(overlap_priority_unchecked);
         return launch_original(l);
     }
     int cooperative, cluster;
@@ -511,7 +529,12 @@ static CUresult overlap_launch(struct launch *l) {
     if (e->klass == FN_COMM) {
         CUresult r;
         int prio;
-        if (!cfg.priority) {
+        if (!cfg.noguard && !(capturing = stream_capturing(l))) {
+            int ptsz = l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz;
+            krex_guard_comm_begin(e->ctx, ptsz && !l->s ? CU_STREAM_PER_THREAD : l->s);   /* may begin an epoch */
+            on = krex_guard_arm();
+        }
+        if (!cfg.priority || !on) {
             r = launch_original(l);
         } else if (!attrs_ok || e->prio_refused || greatest_priority(e->ctx, &prio) != 0 ||
                    !krex_real(l->id == KREX_H_cuLaunchKernel_ptsz || l->id == KREX_H_cuLaunchKernelEx_ptsz
@@ -526,13 +549,15 @@ static CUresult overlap_launch(struct launch *l) {
             __atomic_store_n(&priority_verified, 1, __ATOMIC_RELAXED);
             COUNT(overlap_prioritized);
         }
+        if (r == CUDA_SUCCESS && cfg.shape && capturing < 0) capturing = stream_capturing(l);
         if (cfg.shape) {
-            COUNT(overlap_skip_communication);
-            if (r == CUDA_SUCCESS && !(capturing < 0 ? stream_capturing(l) : capturing)) comm_launched(e->ctx, l->s);
+            if (on) COUNT(overlap_skip_communication);
+            if (r == CUDA_SUCCESS && !capturing) comm_launched(e->ctx, l->s);
         }
+        if (r == CUDA_SUCCESS && !cfg.noguard && !capturing) krex_guard_comm_done(e->ctx);
         return r;
     }
-    if (!cfg.shape) return launch_original(l);
+    if (!cfg.shape || !on) return launch_original(l);
     unsigned threads = l->ex ? l->config->blockDimX * l->config->blockDimY * l->config->blockDimZ : l->bx * l->by * l->bz;
     unsigned in = l->ex ? l->config->sharedMemBytes : l->smem;
     if (e->klass == FN_UNNAMED) COUNT(overlap_skip_unnamed);
@@ -617,7 +642,7 @@ typedef CUresult (*launch_coop_fn)(CUfunction, unsigned, unsigned, unsigned, uns
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, s, KREX_H_##name);                  \
         krex_count_outside(entered);                                                                             \
-        if (KREX_UNLIKELY(overlap_on()) && cfg.shape) COUNT(overlap_skip_cooperative);                           \
+        if (KREX_UNLIKELY(overlap_on()) && cfg.shape && krex_guard_arm()) COUNT(overlap_skip_cooperative);       \
         CUresult r = real(f, gx, gy, gz, bx, by, bz, smem, s, kp);                                               \
         krex_submit_leave(entered);                                                                              \
         return r;                                                                                                \
@@ -669,7 +694,7 @@ KREX_EXPORT CUresult cuLibraryUnload(void *lib) {
 
 /* a communication kernel added to a graph as a kernel node gets the priority attribute on the node */
 static CUresult node_added(CUresult r, CUgraphNode *node, CUfunction f) {
-    if (r != CUDA_SUCCESS || !node || !f || !config_ready() || !cfg.priority) return r;
+    if (r != CUDA_SUCCESS || !node || !f || !config_ready() || !cfg.priority || !krex_guard_arm()) return r;
     struct fn_info *e = info_of(f);
     if (!e || e->klass != FN_COMM) return r;
     union { int priority; char pad[64]; } value;
@@ -720,4 +745,5 @@ void krex_overlap_reset_after_fork(void) {
     table = NULL;
     memset(comm, 0, sizeof comm);
     comm_pending = 0, comm_seen = 0, nprios = 0, priority_verified = 0;
+    krex_guard_reset_after_fork();
 }

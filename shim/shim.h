@@ -115,8 +115,15 @@ void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
 
 /* overlap.c: the overlap controls (KREX_OVERLAP) */
-int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target);  /* 0, or -1: not a list */
+int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target, int *noguard); /* 0, -1: not a list */
 void krex_overlap_reset_after_fork(void);
+
+/* guard.c: the overlap guard (measure the controls on and off, keep the faster) */
+void krex_guard_configure(int on, unsigned epoch_len);   /* once, before any launch; off: the arm is always on */
+int krex_guard_arm(void);                                 /* 1: this launch takes the controls, 0: as asked */
+void krex_guard_comm_begin(CUcontext ctx, CUstream s);      /* before a communication launch that runs now */
+void krex_guard_comm_done(CUcontext ctx);                   /* after it launched */
+void krex_guard_reset_after_fork(void);
 
 /* settle.c: after a grant, the SM clock back at its peak before the caller goes on */
 void krex_settle_prepare(void);                 /* before a request: the canary built outside the region */

@@ -47,7 +47,7 @@ def overlap_counts(totals):
 
 
 def test_communication_kernels_by_name_get_the_greatest_priority(tmp_path):
-    out, rec, c = launch(tmp_path, "priority", f"X:{COMM}:16:512:81920", f"L:{COMM}_ptr:8:512:0",
+    out, rec, c = launch(tmp_path, "priority,noguard", f"X:{COMM}:16:512:81920", f"L:{COMM}_ptr:8:512:0",
                          f"XP:{COMM}_own:8:512:0", "X:ncclSymkDevKernel_AllGather:8:512:0", f"X:{GEMM}:64:256:0",
                          "L:not_nccl_reduce:64:256:0")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -61,7 +61,7 @@ def test_communication_kernels_by_name_get_the_greatest_priority(tmp_path):
 
 
 def test_graph_kernel_nodes_of_communication_kernels_get_the_priority(tmp_path):
-    out, rec, c = launch(tmp_path, "priority", f"G:{COMM}:4:512:0", f"G:{GEMM}:4:256:0")
+    out, rec, c = launch(tmp_path, "priority,noguard", f"G:{COMM}:4:512:0", f"G:{GEMM}:4:256:0")
     assert out.returncode == 0, out.stdout + out.stderr
     assert rec[COMM]["prio"] == "-5" and rec[GEMM]["prio"] == "0"
     assert overlap_counts(c) == {"prioritized": 1}
@@ -71,7 +71,7 @@ def test_shape_pads_compute_kernels_to_fewer_resident_blocks(tmp_path):
     grid = 2000                                          # more blocks than fit at once
     _, off, _ = launch(tmp_path, None, IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
     assert off[GEMM] == {"smem": "0", "prio": "0", "occ": "4", "resident": str(4 * 132)}
-    out, on, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
+    out, on, c = launch(tmp_path, "shape=2,noguard", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
     assert out.returncode == 0, out.stdout + out.stderr
     for name in (GEMM, f"{GEMM}_ex"):
         assert on[name]["occ"] == "2" and int(on[name]["resident"]) == 2 * 132 < int(off[name]["resident"])
@@ -79,22 +79,22 @@ def test_shape_pads_compute_kernels_to_fewer_resident_blocks(tmp_path):
         assert 3 * (int(on[name]["smem"]) + 1024) > 233472 >= 2 * (int(on[name]["smem"]) + 1024)
     assert overlap_counts(c) == {"padded": 2, "skip_communication": 1}
     # shape=1: one block per SM, above 48 KiB: the function's limit was raised first
-    _, one, _ = launch(tmp_path, "shape=1", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0")
+    _, one, _ = launch(tmp_path, "shape=1,noguard", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0")
     assert one[GEMM]["occ"] == "1" and int(one[GEMM]["smem"]) > 48 * 1024
 
 
 def test_shape_pads_only_while_communication_is_in_flight_on_another_stream(tmp_path):
     # no communication at all; then a short one that has ended; then one on the same stream (it ends first)
-    _, rec, c = launch(tmp_path, "shape=2", f"L:{GEMM}:2000:256:0")
+    _, rec, c = launch(tmp_path, "shape=2,noguard", f"L:{GEMM}:2000:256:0")
     assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1}
-    _, rec, c = launch(tmp_path, "shape=2", f"X:{COMM}:1000:512:0", "SLEEP:100", f"L:{GEMM}:2000:256:0")
+    _, rec, c = launch(tmp_path, "shape=2,noguard", f"X:{COMM}:1000:512:0", "SLEEP:100", f"L:{GEMM}:2000:256:0")
     assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1, "skip_communication": 1}
-    _, rec, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:2000:256:0", env={"SNIPPET_ONE_STREAM": "1"})
+    _, rec, c = launch(tmp_path, "shape=2,noguard", IN_FLIGHT, f"L:{GEMM}:2000:256:0", env={"SNIPPET_ONE_STREAM": "1"})
     assert rec[GEMM]["occ"] == "4" and overlap_counts(c) == {"skip_idle": 1, "skip_communication": 1}
 
 
 def test_kernels_that_are_never_padded(tmp_path):
-    out, rec, c = launch(tmp_path, "shape=2", IN_FLIGHT, "C:coop:8:256:0", "XC:coop_ex:8:256:0",
+    out, rec, c = launch(tmp_path, "shape=2,noguard", IN_FLIGHT, "C:coop:8:256:0", "XC:coop_ex:8:256:0",
                          "XK:clustered:8:256:0", "L:built_cluster_k:8:256:0", "L:big_smem=90000:64:256:0",
                          "L:noname_kernel:64:256:0", "CAP:captured_first:64:256:0")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -104,21 +104,21 @@ def test_kernels_that_are_never_padded(tmp_path):
 
 
 def test_a_change_the_driver_refuses_falls_back_to_the_original_launch(tmp_path):
-    out, rec, c = launch(tmp_path, "shape=2,priority", f"X:{COMM}:400000:512:0", f"L:{GEMM}:300:256:0",
+    out, rec, c = launch(tmp_path, "shape=2,priority,noguard", f"X:{COMM}:400000:512:0", f"L:{GEMM}:300:256:0",
                          f"L:{GEMM}_b:300:256:0", env={"KREX_FAKE_REFUSE_SMEM_ABOVE": "50000"})
     assert out.returncode == 0, out.stdout + out.stderr          # no launch lost or failed
     assert out.stdout.split() == ["X", COMM, "0", "L", GEMM, "0", "L", f"{GEMM}_b", "0"]
     assert rec[GEMM]["smem"] == "0" and rec[f"{GEMM}_b"]["smem"] == "0"
     assert overlap_counts(c) == {"fallbacks": 2, "prioritized": 1, "skip_communication": 1}
     # a refused padding is not tried again: the second launch of the same function goes as asked at once
-    out, rec, c = launch(tmp_path, "shape=2", f"X:{COMM}:400000:512:0", f"LL:{GEMM}:300:256:0",
+    out, rec, c = launch(tmp_path, "shape=2,noguard", f"X:{COMM}:400000:512:0", f"LL:{GEMM}:300:256:0",
                          env={"KREX_FAKE_REFUSE_SMEM_ABOVE": "50000"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert overlap_counts(c) == {"fallbacks": 1, "skip_unchecked": 1, "skip_communication": 1}
 
 
 def test_a_launch_that_fails_as_asked_still_fails_and_is_no_fallback(tmp_path):
-    out, _, c = launch(tmp_path, "shape=2", IN_FLIGHT, f"L:{GEMM}:300:2048:0")  # 2048 threads: invalid either way
+    out, _, c = launch(tmp_path, "shape=2,noguard", IN_FLIGHT, f"L:{GEMM}:300:2048:0")  # 2048 threads: invalid either way
     assert out.returncode == 1 and out.stdout.split()[-3:] == ["L", GEMM, "1"]
     assert "fallbacks" not in overlap_counts(c)
 
@@ -144,7 +144,8 @@ def test_controls_off_or_unreadable_change_nothing(tmp_path):
 @pytest.mark.parametrize("spec,ok", [("priority", True), ("shape=2", True), ("priority,shape=1,sm_target=116", True),
                                      ("shape=32", True), ("shape=0", False), ("shape=33", False), ("shape=", False),
                                      ("sm_target=0", False), ("sm_target=70000", False), ("prio", False), ("", False),
-                                     ("priority,", False), ("shape=2 ", False)])
+                                     ("priority,", False), ("shape=2 ", False), ("noguard", True),
+                                     ("priority,shape=1,noguard", True), ("noguard=1", False), ("guard", False)])
 def test_check_overlap(spec, ok):
     if ok:
         assert check_overlap(spec) == spec
@@ -157,15 +158,16 @@ def test_check_overlap(spec, ok):
 def test_krex_run_overlap_reports_what_each_control_did(krex, tmp_path):
     krex.start_controller()
     rep = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "krex_ctl", "run", "--overlap", "priority,shape=2", "--report", str(rep), "--",
+    cmd = [sys.executable, "-m", "krex_ctl", "run", "--overlap", "priority,shape=2,noguard", "--report", str(rep), "--",
            str(SNIP / "overlap"), f"X:{COMM}:300000:512:0", f"L:{GEMM}:500:256:0", "C:coop:8:256:0"]
     out = subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     r = json.loads(rep.read_text())
     assert r["launches"] == 3
     ov = r["overlap"]
-    assert ov["controls"] == "priority,shape=2"
+    assert ov["controls"] == "priority,shape=2,noguard"
     assert (ov["prioritized"], ov["padded"], ov["fallbacks"], ov["sm_target"]) == (1, 1, 0, 0)
+    assert (ov["guard_off_epochs"], ov["guard_on_epochs"]) == (0, 0)
     assert ov["skipped"]["communication"] == 1 and ov["skipped"]["cooperative"] == 1
     assert sum(ov["skipped"].values()) == 2
     by_name = {t[4]: t[5] for t in krex.trace_records()}

@@ -77,6 +77,51 @@ def test_goals_fail_where_the_numbers_do():
     assert s["fallbacks"] == 3 and not g["no_launch_lost_or_failed"]
 
 
+def steady(case_, total):
+    return dict(case_, steady={"total_ms": total, "comm_ms": 1.0, "compute_ms": 1.0, "second_half_median_ms": total,
+                               "reps": 128, "filled": 0})
+
+
+def test_every_control_list_runs_raw_and_guarded():
+    labels = {label: controls for label, controls, _ in op.VARIANTS}
+    assert labels["shape=4"] == "shape=4,noguard" and labels["guard+shape=4"] == "shape=4"
+    assert labels["priority+shape=1+sm_target=116"].endswith(",noguard")
+    assert labels["sm_target=116"] == "sm_target=116" and "guard+sm_target=116" not in labels   # nothing to guard
+    assert "guard+stream-priority" not in labels and labels["off"] is None
+    for label, controls in labels.items():
+        assert op.guarded(controls) == label.startswith("guard+"), label
+    order = [label for label, _, _ in op.VARIANTS]
+    assert order.index("guard+shape=4") == order.index("shape=4") + 1          # side by side in one device run
+    assert op.GUARD_PERIOD == 128                                              # read from shim/guard_rule.h
+
+
+def test_a_guarded_variant_gets_its_epoch_and_the_shims_log_at_info(tmp_path):
+    _, env = op.launch_cmd("guard+shape=4", "shape=4", ["python", "w.py"], tmp_path, use_krex=True, guard_epoch=6)
+    assert env["KREX_OVERLAP_GUARD_EPOCH"] == "6" and env["KREX_LOG_LEVEL"] == "info"
+    _, env = op.launch_cmd("shape=4", "shape=4,noguard", ["python", "w.py"], tmp_path, use_krex=True)
+    assert "KREX_OVERLAP_GUARD_EPOCH" not in env
+
+
+def test_guarded_variants_are_judged_on_a_whole_guard_cycle_against_off():
+    base = case(18.0, 9.0, 9.0, 13.5, 12.0)
+    runs = [variant("off", None, {"balanced": steady(base, 13.6)}),
+            variant("shape=4", "shape=4,noguard", {"balanced": case(18.0, 9.0, 9.0, 14.6, 11.0)}),
+            dict(variant("guard+shape=4", "shape=4", {"balanced": steady(base, 13.7)}),
+                 guard_choices=[[12, "off"]])]
+    for r in runs[2]["cases"]:
+        r.pop("serial")                         # a guarded variant runs the concurrent pattern only
+    s = op.summarize(runs, [])
+    bal = s["cases"]["balanced"]
+    assert bal["worst_raw"] == "shape=4" and bal["worst_raw_vs_off"] == pytest.approx(14.6 / 13.5)
+    assert bal["worst_guarded"] == "guard+shape=4" and bal["worst_guarded_vs_off"] == pytest.approx(13.7 / 13.6)
+    row = next(r for r in bal["rows"] if r["variant"] == "guard+shape=4")
+    assert row["guarded"] and row["serial_ms_own"] is None
+    assert s["goals"]["no_guarded_control_1pct_slower_than_off"] is True
+    runs[2]["cases"][0]["steady"]["total_ms"] = 13.9                       # 2.2% slower than off
+    assert op.summarize(runs, [])["goals"]["no_guarded_control_1pct_slower_than_off"] is False
+    assert "no_guarded_control_1pct_slower_than_off" not in op.summarize(MADE_UP, TRAIN)["goals"]   # no cycle run
+
+
 def test_a_failed_or_missing_variant_is_recorded_not_fatal():
     s = op.summarize([MADE_UP[0], {"label": "shape=1", "controls": "shape=1", "rc": "timeout"}], [])
     assert s["failed_variants"] == ["shape=1"] and s["cases"]["4096"]["best"] is None
@@ -117,12 +162,14 @@ def test_orchestrator_records_every_variant_when_the_workers_cannot_run(tmp_path
     variant's failure, and its logs."""
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "overlap_proxy.py"), "--out", str(out), "--no-krex",
-                        "--variants", "off,shape=2", "--train-rounds", "1", "--timeout", "60", "--budget", "200"],
+                        "--variants", "off,shape=2,guard+shape=2", "--train-rounds", "1", "--timeout", "60",
+                        "--budget", "200"],
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
                                                                          "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((out / "overlap-summary.json").read_text())
-    assert [v["label"] for v in s["variants"]] == ["off", "shape=2"]       # in VARIANTS' order
+    assert [v["label"] for v in s["variants"]] == ["off", "shape=2", "guard+shape=2"]       # in VARIANTS' order
+    assert s["variants"][2]["guard_choices"] == [] and s["guard_epoch"] == op.GUARD_EPOCH
     assert [t["label"] for t in s["train"]] == ["train-off-0", "train-on-0"]
     assert s["launcher"] == "LD_PRELOAD + KREX_OVERLAP" and not s["goals"]["no_launch_lost_or_failed"]
     assert (out / "overlap-logs.tgz").stat().st_size > 0

@@ -144,12 +144,14 @@ def build(command: list, exit_code: int, totals: Optional[dict], regions: list, 
 
 def overlap_section(controls: Optional[str], totals: Optional[dict]) -> dict:
     """The report's `overlap` section: what each overlap control (KREX_OVERLAP, shim/overlap.c) did to the
-    command's kernel launches, from the overlap_* counters of struct krex_counter_slot."""
+    command's kernel launches, and the epochs the overlap guard (shim/guard.c) ran with them off and on, from the
+    overlap_* counters of struct krex_counter_slot."""
     get = lambda k: int((totals or {}).get(f"overlap_{k}", 0))   # noqa: E731
     return {
         "controls": controls or "",
         "prioritized": get("prioritized"), "padded": get("padded"), "sm_target": get("sm_target"),
         "fallbacks": get("fallbacks"),
+        "guard_off_epochs": get("guard_off_epochs"), "guard_on_epochs": get("guard_on_epochs"),
         "skipped": {"communication": get("skip_communication"), "cooperative": get("skip_cooperative"),
                     "cluster": get("skip_cluster"), "at_or_below": get("skip_at_or_below"),
                     "unnamed": get("skip_unnamed"), "limit": get("skip_limit"), "unchecked": get("skip_unchecked"),

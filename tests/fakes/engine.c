@@ -241,13 +241,39 @@ static const struct fk_kinfo plain = {0, 0, 0, -1, 0};
 
 int fk_kernel(struct fk_stream *s, unsigned us, const char *name) { return fk_kernel_ex(s, us, name, &plain); }
 
+/* KREX_FAKE_OCC_US="B:PERMILLE,...": per blocks per SM (1-32), the share of its time a kernel takes (0: all) */
+static int occ_permille[33];
+static pthread_once_t occ_once = PTHREAD_ONCE_INIT;
+
+static void read_occ_us(void) {
+    const char *v = getenv("KREX_FAKE_OCC_US");
+    for (const char *p = v; p && *p;) {
+        int b, permille, n = 0;
+        if (sscanf(p, "%d:%d%n", &b, &permille, &n) != 2 || b < 1 || b > 32 || permille < 0 || permille > 1000000 ||
+            (p[n] && p[n] != ',')) {
+            fprintf(stderr, "fake: KREX_FAKE_OCC_US=%s is not a list of B:PERMILLE (B 1-32); ignored from %s\n", v, p);
+            return;
+        }
+        occ_permille[b] = permille;
+        p += n + (p[n] == ',');
+    }
+}
+
+/* a kernel's time at its modelled occupancy (-1: not modelled, its gridDimX as given) */
+static unsigned occ_scaled(unsigned us, int occ) {
+    pthread_once(&occ_once, read_occ_us);
+    if (occ < 1 || occ > 32 || !occ_permille[occ]) return us;
+    unsigned long long v = (unsigned long long)us * (unsigned)occ_permille[occ] / 1000;
+    return v < 1 ? 1 : v > 0xffffffffu ? 0xffffffffu : (unsigned)v;
+}
+
 int fk_kernel_ex(struct fk_stream *s, unsigned us, const char *name, const struct fk_kinfo *info) {
     if (s->capture) {
         fk_graph_add_ex(s->capture, us, name, info);
         return 0;
     }
     struct fk_op *op = calloc(1, sizeof *op);
-    op->kind = FK_KERNEL, op->us = us, op->info = *info;
+    op->kind = FK_KERNEL, op->us = occ_scaled(us, info->occ), op->info = *info;
     snprintf(op->name, sizeof op->name, "%s", name ? name : "kernel");
     enqueue(s, op);
     return 0;

@@ -1,5 +1,7 @@
 /* engine.h: the asynchronous execution model shared by the fake CUDA and HIP drivers.
- * A kernel "runs" for gridDimX microseconds on its stream's executor thread; streams run concurrently;
+ * A kernel "runs" for gridDimX microseconds on its stream's executor thread (with KREX_FAKE_OCC_US="B:PERMILLE,..."
+ * a kernel whose modelled occupancy is B blocks per SM runs PERMILLE/1000 of that: occupancy, and so the
+ * overlap controls' padding, can cost or save time; unlisted occupancies run as given); streams run concurrently;
  * work on one stream runs in launch order; synchronize calls wait. With KREX_FAKE_TRACE=path each
  * finished kernel appends `pid stream_id start_ns end_ns name smem=D prio=P` (CLOCK_MONOTONIC, O_APPEND;
  * D the launch's dynamic shared memory, P its priority), then ` occ=B resident=R` where the driver modelled

@@ -8,7 +8,11 @@
  * `threads=N` (its most threads per block) anywhere in it set them (32 registers, 0, 1024 otherwise); a name
  * with `noname` in it is one cuFuncGetName cannot give, with `cluster` one compiled with cluster dimensions.
  * KREX_FAKE_REFUSE_SMEM_ABOVE=N: launches with more than N bytes of dynamic shared memory fail with
- * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (a driver refusing what the occupancy calculator allowed). */
+ * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (a driver refusing what the occupancy calculator allowed).
+ * KREX_FAKE_OCC_US="B:PERMILLE,...": a kernel whose occupancy is B blocks per SM runs PERMILLE/1000 of its
+ * gridDimX microseconds (engine.c), so that occupancy, and padding, can matter for time.
+ * Events: one made with CU_EVENT_DISABLE_TIMING cannot be timed (cuEventElapsedTime: invalid handle, as the
+ * driver says); krex_fake_event_counts() tells a test program how many events of each kind were made. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +33,7 @@ struct CUctx_st { struct fk_ctx *fk; };
 struct CUstream_st { struct fk_stream *fk; };
 struct CUmod_st { int loaded; };
 struct CUfunc_st { char name[96]; int regs, static_smem, max_threads, max_dyn, noname, cluster; };
-struct CUevent_st { struct fk_event *fk; };
+struct CUevent_st { struct fk_event *fk; int untimed; };
 struct CUgraph_st { struct fk_graph *fk; };
 struct CUgraphNode_st { struct fk_graph *graph; int index; };
 struct CUgraphExec_st { struct fk_graph *fk; };
@@ -492,11 +496,18 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLa
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { if (!e) return E_HANDLE; free(e->fk->nodes); free(e->fk); free(e); return OK; }
 EXPORT CUresult cuGraphDestroy(CUgraph g) { if (!g) return E_HANDLE; free(g->fk->nodes); free(g->fk); free(g); return OK; }
 
+static unsigned events_made[2];           /* [0] timing, [1] CU_EVENT_DISABLE_TIMING */
+EXPORT void krex_fake_event_counts(unsigned *timing, unsigned *untimed) {
+    *timing = __atomic_load_n(&events_made[0], __ATOMIC_RELAXED);
+    *untimed = __atomic_load_n(&events_made[1], __ATOMIC_RELAXED);
+}
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned fl) {
     NEED_CTX();
-    if (!e) return E_VALUE;
+    if (!e || fl & ~0xfu) return E_VALUE;
     *e = calloc(1, sizeof(struct CUevent_st));
     (*e)->fk = fk_event_new();
+    (*e)->untimed = (fl & 2) != 0;
+    __atomic_fetch_add(&events_made[(fl & 2) != 0], 1, __ATOMIC_RELAXED);
     return OK;
 }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { NEED_CTX(); if (!e) return E_HANDLE; fk_event_record(stream_of(s), e->fk); return OK; }
@@ -507,7 +518,7 @@ EXPORT CUresult cuEventQuery(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     NEED_INIT();
     if (!ms) return E_VALUE;
-    if (!a || !b) return E_HANDLE;
+    if (!a || !b || a->untimed || b->untimed) return E_HANDLE;
     if (!a->fk->recorded || !b->fk->recorded) return E_VALUE;
     if (a->fk->pending || b->fk->pending) return E_NOT_READY;
     *ms = (float)((double)(b->fk->time_ns - a->fk->time_ns) / 1e6);

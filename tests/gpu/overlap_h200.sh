@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/gpu/overlap_h200.sh: the overlap controls (krex run --overlap) on the H200 in one device call, under 8
 # minutes: bench/overlap_proxy.py runs every variant of the controls in its own process with a timeout (a
-# failure is recorded, never fatal), then a training step with the controls off and on, alternating.
+# failure is recorded, never fatal), each control list raw (noguard) and guarded (the overlap guard choosing,
+# measured over one whole guard cycle per case), then a training step with the controls off and on, alternating
+# (about 300 s in all).
 # Carry .whl (cffi and pycparser, for `krex run` and its report; without them the variants run with the shim
 # preloaded and no report). Back in $OUT: overlap-summary.json, overlap.png, overlap-logs.tgz (every process's
 # output and krex report), overlap-run.log, overlap-info.txt, overlap-smoke.txt.

@@ -8,7 +8,12 @@
  * SMEM above 48 KiB raises the function's dynamic shared memory limit first (as NCCL and cuBLAS do). Prints
  * `API NAME RC` per launch; exits 1 when one failed, after synchronizing everything. The argument LT makes a
  * cuBLASLt matmul descriptor and prints `LT sm_target N`, its SM count target; SLEEP:MS waits. With
- * SNIPPET_ONE_STREAM=1 every launch goes to one stream. (The fake runs a kernel for GRID microseconds.) */
+ * SNIPPET_ONE_STREAM=1 every launch goes to one stream. (The fake runs a kernel for GRID microseconds.)
+ * LOOP:N:COMM:CGRID:GEMM:GGRID is a training loop's shape: N times, COMM by cuLaunchKernelEx (512 threads) on
+ * one stream, then GEMM by cuLaunchKernel (256 threads) on another, then a context synchronize (COMM `-`: no
+ * communication kernel); prints `LOOP N RC`. EVENTS prints `EVENTS timing T untimed U`, the events the fake
+ * driver made so far (the shim's too). */
+#include <dlfcn.h>
 #include <string.h>
 #include <unistd.h>
 #include "common.h"
@@ -85,6 +90,37 @@ int main(int argc, char **argv) {
         }
         if (!strncmp(argv[i], "SLEEP:", 6)) {
             usleep((useconds_t)atoi(argv[i] + 6) * 1000);
+            continue;
+        }
+        if (!strcmp(argv[i], "EVENTS")) {
+            void (*counts)(unsigned *, unsigned *) = (void (*)(unsigned *, unsigned *))dlsym(RTLD_DEFAULT,
+                                                                                          "krex_fake_event_counts");
+            unsigned timing = 0, untimed = 0;
+            if (counts) counts(&timing, &untimed);
+            printf("EVENTS timing %u untimed %u\n", timing, untimed);
+            continue;
+        }
+        if (!strncmp(argv[i], "LOOP:", 5)) {
+            char comm_name[96], gemm_name[96];
+            unsigned n, cgrid, ggrid;
+            if (sscanf(argv[i], "LOOP:%u:%95[^:]:%u:%95[^:]:%u", &n, comm_name, &cgrid, gemm_name, &ggrid) != 5) {
+                fprintf(stderr, "bad loop %s\n", argv[i]);
+                return 2;
+            }
+            CUfunction comm = NULL, gemm;
+            CUstream sc, sg;
+            if (strcmp(comm_name, "-")) CHECK(cuModuleGetFunction(&comm, mod, comm_name));
+            CHECK(cuModuleGetFunction(&gemm, mod, gemm_name));
+            CHECK(cuStreamCreate(&sc, 1));
+            CHECK(cuStreamCreate(&sg, 1));
+            CUresult r = CUDA_SUCCESS;
+            for (unsigned k = 0; k < n && r == CUDA_SUCCESS; k++) {
+                if (comm) r = launch("X", comm, cgrid, 512, 0, sc);
+                if (r == CUDA_SUCCESS) r = launch("L", gemm, ggrid, 256, 0, sg);
+                CHECK(cuCtxSynchronize());
+            }
+            printf("LOOP %u %d\n", n, (int)r);
+            failed |= r != CUDA_SUCCESS;
             continue;
         }
         char api[8], name[96];
