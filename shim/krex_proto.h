@@ -326,12 +326,13 @@ struct krex_counter_slot {
     uint64_t overlap_sm_target;    /* cuBLASLt matmul descriptors given the SM count target */
     uint64_t overlap_sm_target_unchecked; /* cuBLASLt matmul descriptors the target could not be set on */
     uint64_t overlap_skip_idle;    /* not padded: no communication kernel in flight on another stream */
-    /* submissions outside regions took the slot's first spare word, the guard's epochs its second and one more
-     * (the slot grew from 192 to 200 bytes: the wrapper and the shim of one build agree on it) */
+    /* submissions outside regions took the slot's first spare word, the guard's epochs its second and one more:
+     * the slot grew from three cache lines to four (the wrapper and the shim of one build agree on it) */
     uint64_t outside_regions;      /* of kernels + graphs + copies + other: those this process submitted while it had
                                     * no region open (none begun, or every one ended: shim/region.c) */
     uint64_t overlap_guard_off_epochs;    /* epochs the overlap guard ran with the controls off (exploring or chosen) */
     uint64_t overlap_guard_on_epochs;     /* epochs the overlap guard ran with the controls on */
+    uint64_t reserved[7];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:
