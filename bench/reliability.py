@@ -35,6 +35,9 @@
                    on opposite GPUs, freezing on, one single-GPU owner per GPU) under a fresh controller, K times:
                    runs with a deadlock (no progress for 3 s, or a region revoked at its time limit), runs with an
                    owner seen stopped while holding its region
+  unconnected      the socket moved away for 3 s, again and again, under a region loop, a busy GPU process started
+                   in each window (its connect() fails): regions reported exclusive with its kernels inside, regions
+                   tainted unregistered, whether it registered once the socket was back
 (--only a,b updates those sections of an existing --out file)"""
 
 import argparse
@@ -605,10 +608,13 @@ def refused(n: int, tmp: Path) -> dict:
     cfg.write_text(json.dumps({"max_clients": 4}))
     w = World(tmp / "refused", "--config", str(cfg))
     go = w.tmp / "go"
+    # both fake GPUs visible (World's commands see GPU 0 alone)
     owners = [w.krex_run([SNIP / "region"], report=w.tmp / f"o{g}.json", SNIPPET_REGIONS=str(n), SNIPPET_N="2",
-                         SNIPPET_US="300", SNIPPET_DEVICE=str(g), SNIPPET_WAIT_FILE=str(go)) for g in range(2)]
+                         SNIPPET_US="300", SNIPPET_DEVICE=str(g), SNIPPET_WAIT_FILE=str(go), CUDA_VISIBLE_DEVICES="0,1")
+              for g in range(2)]
     time.sleep(3)
-    hogs = [w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200", SNIPPET_DEVICE=str(g)) for g in range(2)]
+    hogs = [w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200", SNIPPET_DEVICE=str(g),
+                      CUDA_VISIBLE_DEVICES="0,1") for g in range(2)]
     time.sleep(1)
     go.write_text("")
     for p in owners:
@@ -624,9 +630,33 @@ def refused(n: int, tmp: Path) -> dict:
     regs = [r for g in range(2) if (w.tmp / f"o{g}.json").exists() for r in json.loads((w.tmp / f"o{g}.json").read_text())["regions"]]
     bad, kernels = _exclusive_hits(w.tmp / "trace", regs, {h.pid for h in hogs})
     return {"regions": len(regs), "exclusive": sum(r["exclusive"] for r in regs),
+            "most_refused_kernels_in_a_region_per_stream": _most_inside(w.tmp / "trace", regs, {h.pid for h in hogs}),
             "tainted_unregistered": sum("unregistered" in r["taints"] for r in regs),
             "exclusive_with_refused_kernels": bad, "refused_kernels_in_exclusive": kernels,
             "refused_registered_after": registered}
+
+
+def _most_inside(trace: Path, regs: list, pids: set) -> int:
+    """The most kernels one stream of those processes ran inside one region, on the region's GPUs: a process
+    that waits at closed gates but is drained by nobody carries in only what it had queued (the hog: 4)."""
+    import bisect
+
+    spans = sorted((r["granted_ns"], r["ended_ns"], i) for i, r in enumerate(regs) if r.get("granted_ns"))
+    starts = [a for a, _, _ in spans]
+    counts: dict = {}
+    if not trace.exists():
+        return 0
+    for line in trace.read_text().splitlines():
+        pid, sid, start, end, rest = line.split(" ", 4)
+        if int(pid) not in pids:
+            continue
+        start, end = int(start), int(end)
+        gpu = next((int(f[4:]) for f in rest.split(" ")[1:] if f.startswith("gpu=")), None)
+        j = bisect.bisect_left(starts, end)
+        for a, b, i in spans[max(0, j - 4):j]:
+            if start < b and end > a and (gpu is None or gpu in regs[i]["gpu"]):
+                counts[(i, pid, sid)] = counts.get((i, pid, sid), 0) + 1
+    return max(counts.values(), default=0)
 
 
 def _all_connected(pids) -> bool:
@@ -957,6 +987,49 @@ def load2(clients: int, total_regions: int, tmp: Path, stuck_s: float = 30.0) ->
             "regions_per_s": round(len(regs) / max(elapsed, 1e-9), 1), "wait_ms": summary_ms(waits)}
 
 
+def unconnected(n: int, tmp: Path, window_s: float = 3.0) -> dict:
+    """n times: the socket moved away for window_s (connect() fails with ENOENT; the controller serves on) while
+    a region loop of another job runs, and a busy GPU process started in the window; then the socket back.
+    Counts regions reported exclusive with that process's kernels inside, regions tainted unregistered, and
+    whether each process registered once it could."""
+    w = World(tmp / "unconnected")
+    rep = w.tmp / "r.json"
+    owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS=str(10 ** 6), SNIPPET_N="1", SNIPPET_US="500",
+                       SNIPPET_GAP_US="20000")
+    time.sleep(2.0)
+    away = w.tmp / "away.sock"
+    hogs, registered, windows = [], 0, []
+    for _ in range(n):
+        os.rename(w.sock, away)
+        t0 = time.monotonic_ns()
+        hog = w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
+        hogs.append(hog)
+        time.sleep(window_s)
+        os.rename(away, w.sock)
+        windows.append((t0, time.monotonic_ns()))
+        registered += wait_until(lambda: _connected(hog.pid), 10, 0.01) is not None
+        time.sleep(1.0)
+    owner.send_signal(signal.SIGINT)
+    try:
+        owner.wait(60)
+    except subprocess.TimeoutExpired:
+        owner.kill()
+    for h in hogs:
+        h.kill()
+        h.wait()
+    w.stop()
+    regs = json.loads(rep.read_text())["regions"] if rep.exists() else []
+    kernels = [k for k in _trace_kernels(w.tmp / "trace") if k[0] in {h.pid for h in hogs}]
+    bad_regions, bad_kernels = _foreign_in_exclusive(kernels, regs)
+    in_window = [r for r in regs if r.get("granted_ns") and any(a < r["ended_ns"] and r["granted_ns"] < b
+                                                               for a, b in windows)]
+    return {"windows": n, "window_s": window_s, "regions": len(regs), "regions_in_windows": len(in_window),
+            "in_windows_tainted_unregistered": sum("unregistered" in r["taints"] for r in in_window),
+            "exclusive": sum(bool(r["exclusive"]) for r in regs), "unconnected_kernels": len(kernels),
+            "exclusive_with_unconnected_kernels": bad_regions, "unconnected_kernels_in_exclusive": bad_kernels,
+            "registered_after_window": registered}
+
+
 def _taint_counts(regs: list) -> dict:
     out: dict = {}
     for r in regs:
@@ -1055,6 +1128,7 @@ SECTIONS = {   # name -> how to run it with the command line's counts
     "memory": lambda a, tmp: memory(a.memory_regions, tmp),
     "load2": lambda a, tmp: load2(a.load2_clients, a.load2_regions, tmp),
     "gang_repeat": lambda a, tmp: gang_repeat(a.gang_runs, tmp),
+    "unconnected": lambda a, tmp: unconnected(a.unconnected_windows, tmp),
 }
 
 
@@ -1078,6 +1152,7 @@ def main() -> None:
     ap.add_argument("--load2-clients", type=int, default=64)
     ap.add_argument("--load2-regions", type=int, default=20000, help="regions in all, over the clients")
     ap.add_argument("--gang-runs", type=int, default=100)
+    ap.add_argument("--unconnected-windows", type=int, default=10)
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
