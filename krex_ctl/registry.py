@@ -120,7 +120,8 @@ class Registry:
 
     @staticmethod
     def _alive(e: dict) -> bool:
-        return procs.start_time(e["pid"]) == e["start"]
+        # a zombie (a SIGKILLed controller its parent has not reaped yet) serves nothing
+        return procs.start_time(e["pid"]) == e["start"] and procs.state(e["pid"]) not in (None, "Z", "X")
 
     def others(self, gpu_mask: int) -> list[dict]:
         """Live controllers other than this one serving any GPU of gpu_mask."""

@@ -207,11 +207,14 @@ def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
 
 def test_registry_entries_are_checked():
     """A planted entry (a link, a stranger's file naming a dead or foreign pid, junk) is never taken for a
-    live controller of more than it proves."""
+    live controller of more than it proves; nor is a SIGKILLed controller not yet reaped (a zombie: every
+    region after a restart was tainted other_controller by its predecessor while that one was unreaped)."""
     import tempfile
 
-    from krex_ctl import registry
+    from krex_ctl import procs, registry
 
+    zombie = subprocess.Popen(["true"])
+    wait_for(lambda: procs.state(zombie.pid) == "Z", what="a zombie")
     with tempfile.TemporaryDirectory() as d:
         p = Path(d)
         (p / "krex-controller-0-1").symlink_to("/etc/passwd")
@@ -220,12 +223,15 @@ def test_registry_entries_are_checked():
                                                            "socket": "x", "gpus": [0]}))
         (p / "krex-controller-0-4").write_text(json.dumps({"pid": os.getpid(), "start": 1, "uid": os.getuid(),
                                                            "socket": "x", "gpus": [0]}))   # wrong start time
+        (p / "krex-controller-0-5").write_text(json.dumps({"pid": zombie.pid, "start": procs.start_time(zombie.pid),
+                                                           "uid": os.getuid(), "socket": "x", "gpus": [0]}))
         os.environ["KREX_REGISTRY_DIR"] = d
         try:
             reg = registry.Registry("/nowhere", [0], node=False)
             assert reg.others(1) == []
         finally:
             del os.environ["KREX_REGISTRY_DIR"]
+            zombie.wait()
 
 
 def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
