@@ -484,7 +484,7 @@ def restart(n: int, tmp: Path) -> dict:
     hog = w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
     time.sleep(0.8)
     rep = w.tmp / "r.json"
-    regions = n * 25 + 20
+    regions = n * 40 + 20     # a region every ~100 ms, a kill every ~4 s
     owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS=str(regions), SNIPPET_GAP_US="100000",
                        SNIPPET_N="1", SNIPPET_US="500")
     time.sleep(1.5)
@@ -499,7 +499,8 @@ def restart(n: int, tmp: Path) -> dict:
         t = wait_until(w.answers, 15, 0.002)                     # a guardian has started another
         back.append((t or kills[-1] + 99) - kills[-1])
         pids.append(pid)
-        time.sleep(2.5)
+        # past the 2 s after a restart in which regions are not exclusive (unregistered.RECONNECT_GRACE_S)
+        time.sleep(4.0)
     owner.wait(timeout=regions * 0.3 + 60)
     recs = json.loads(rep.read_text())["regions"] if rep.exists() else []
     excl = [r for r in recs if r["exclusive"] and r.get("granted_ns")]
