@@ -27,6 +27,17 @@
                    planted lock, a world-writable directory as root): refused in one line, nothing lost
   wrapper_kill     `krex run -- sh -c 'hog; true'` wrappers SIGKILLed: grandchildren left running, counters files left
   memory           one job's regions: the controller's RSS per region while the job runs and after it leaves
+  load2            the load goal on 2 fake GPUs: 64 region loops, a quarter with contexts on both GPUs asking regions
+                   on either, 20,000 regions in all, a busy neighbour on each GPU: regions reported exclusive with
+                   another process's kernel inside on their GPUs (the trace's gpu=), stuck clients, owners seen
+                   stopped while holding their region, revoked regions
+  gang_repeat      tests/test_gang.py's deadlock-prone set-up (two owners with contexts on both GPUs looping regions
+                   on opposite GPUs, freezing on, one single-GPU owner per GPU) under a fresh controller, K times:
+                   runs with a deadlock (no progress for 3 s, or a region revoked at its time limit), runs with an
+                   owner seen stopped while holding its region
+  unconnected      the socket moved away for 3 s, again and again, under a region loop, a busy GPU process started
+                   in each window (its connect() fails): regions reported exclusive with its kernels inside, regions
+                   tainted unregistered, whether it registered once the socket was back
 (--only a,b updates those sections of an existing --out file)"""
 
 import argparse
@@ -473,7 +484,7 @@ def restart(n: int, tmp: Path) -> dict:
     hog = w.krex_run([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
     time.sleep(0.8)
     rep = w.tmp / "r.json"
-    regions = n * 25 + 20
+    regions = n * 40 + 20     # a region every ~100 ms, a kill every ~4 s
     owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS=str(regions), SNIPPET_GAP_US="100000",
                        SNIPPET_N="1", SNIPPET_US="500")
     time.sleep(1.5)
@@ -488,7 +499,8 @@ def restart(n: int, tmp: Path) -> dict:
         t = wait_until(w.answers, 15, 0.002)                     # a guardian has started another
         back.append((t or kills[-1] + 99) - kills[-1])
         pids.append(pid)
-        time.sleep(2.5)
+        # past the 2 s after a restart in which regions are not exclusive (unregistered.RECONNECT_GRACE_S)
+        time.sleep(4.0)
     owner.wait(timeout=regions * 0.3 + 60)
     recs = json.loads(rep.read_text())["regions"] if rep.exists() else []
     excl = [r for r in recs if r["exclusive"] and r.get("granted_ns")]
@@ -597,10 +609,13 @@ def refused(n: int, tmp: Path) -> dict:
     cfg.write_text(json.dumps({"max_clients": 4}))
     w = World(tmp / "refused", "--config", str(cfg))
     go = w.tmp / "go"
+    # both fake GPUs visible (World's commands see GPU 0 alone)
     owners = [w.krex_run([SNIP / "region"], report=w.tmp / f"o{g}.json", SNIPPET_REGIONS=str(n), SNIPPET_N="2",
-                         SNIPPET_US="300", SNIPPET_DEVICE=str(g), SNIPPET_WAIT_FILE=str(go)) for g in range(2)]
+                         SNIPPET_US="300", SNIPPET_DEVICE=str(g), SNIPPET_WAIT_FILE=str(go), CUDA_VISIBLE_DEVICES="0,1")
+              for g in range(2)]
     time.sleep(3)
-    hogs = [w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200", SNIPPET_DEVICE=str(g)) for g in range(2)]
+    hogs = [w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="200", SNIPPET_DEVICE=str(g),
+                      CUDA_VISIBLE_DEVICES="0,1") for g in range(2)]
     time.sleep(1)
     go.write_text("")
     for p in owners:
@@ -616,9 +631,33 @@ def refused(n: int, tmp: Path) -> dict:
     regs = [r for g in range(2) if (w.tmp / f"o{g}.json").exists() for r in json.loads((w.tmp / f"o{g}.json").read_text())["regions"]]
     bad, kernels = _exclusive_hits(w.tmp / "trace", regs, {h.pid for h in hogs})
     return {"regions": len(regs), "exclusive": sum(r["exclusive"] for r in regs),
+            "most_refused_kernels_in_a_region_per_stream": _most_inside(w.tmp / "trace", regs, {h.pid for h in hogs}),
             "tainted_unregistered": sum("unregistered" in r["taints"] for r in regs),
             "exclusive_with_refused_kernels": bad, "refused_kernels_in_exclusive": kernels,
             "refused_registered_after": registered}
+
+
+def _most_inside(trace: Path, regs: list, pids: set) -> int:
+    """The most kernels one stream of those processes ran inside one region, on the region's GPUs: a process
+    that waits at closed gates but is drained by nobody carries in only what it had queued (the hog: 4)."""
+    import bisect
+
+    spans = sorted((r["granted_ns"], r["ended_ns"], i) for i, r in enumerate(regs) if r.get("granted_ns"))
+    starts = [a for a, _, _ in spans]
+    counts: dict = {}
+    if not trace.exists():
+        return 0
+    for line in trace.read_text().splitlines():
+        pid, sid, start, end, rest = line.split(" ", 4)
+        if int(pid) not in pids:
+            continue
+        start, end = int(start), int(end)
+        gpu = next((int(f[4:]) for f in rest.split(" ")[1:] if f.startswith("gpu=")), None)
+        j = bisect.bisect_left(starts, end)
+        for a, b, i in spans[max(0, j - 4):j]:
+            if start < b and end > a and (gpu is None or gpu in regs[i]["gpu"]):
+                counts[(i, pid, sid)] = counts.get((i, pid, sid), 0) + 1
+    return max(counts.values(), default=0)
 
 
 def _all_connected(pids) -> bool:
@@ -750,6 +789,320 @@ def memory(n: int, tmp: Path) -> dict:
             "bytes_per_region": round((rss1 - rss0) * 1024 / max(1, n), 1)}
 
 
+def _trace_kernels(trace: Path) -> list:
+    """(pid, start_ns, end_ns, gpu) of each kernel in the fake driver's trace; gpu None where the line names
+    none (a trace from before the fake wrote gpu=: then the kernel counts for every GPU)"""
+    out = []
+    if not trace.exists():
+        return out
+    for line in trace.read_text().splitlines():
+        pid, _sid, start, end, rest = line.split(" ", 4)
+        gpu = next((int(f[4:]) for f in rest.split(" ")[1:] if f.startswith("gpu=")), None)
+        out.append((int(pid), int(start), int(end), gpu))
+    return out
+
+
+def _foreign_in_exclusive(kernels: list, regs: list) -> tuple[int, int]:
+    """(regions reported exclusive with another process's kernel inside on one of the region's GPUs, such
+    kernels): whatever that process was (a neighbour, another owner, an unregistered one)"""
+    import bisect
+
+    by_gpu: dict = {}
+    for i, r in enumerate(regs):
+        if r.get("granted_ns") and r.get("exclusive"):
+            for g in r["gpu"]:
+                by_gpu.setdefault(g, []).append((r["granted_ns"], r["ended_ns"], i))
+    for spans in by_gpu.values():
+        spans.sort()
+    starts = {g: [a for a, _, _ in spans] for g, spans in by_gpu.items()}
+    members = [set(r.get("pids", [])) | {r.get("pid")} for r in regs]
+    bad_regions, bad_kernels = set(), 0
+    for pid, start, end, gpu in kernels:
+        hit = False
+        for g in (by_gpu if gpu is None else (gpu,)):
+            spans = by_gpu.get(g)
+            if not spans:
+                continue
+            j = bisect.bisect_left(starts[g], end) - 1
+            # spans on one GPU do not overlap (overlapping_regions counts it if they do): a few back suffice
+            for a, b, i in spans[max(0, j - 3):j + 1]:
+                if start < b and end > a and pid not in members[i]:
+                    bad_regions.add(i)
+                    hit = True
+        bad_kernels += hit
+    return len(bad_regions), bad_kernels
+
+
+def _overlapping_on_a_gpu(regs: list) -> int:
+    """pairs of granted regions that share a GPU and were held at the same time"""
+    n = 0
+    by_gpu: dict = {}
+    for r in regs:
+        if r.get("granted_ns"):
+            for g in r["gpu"]:
+                by_gpu.setdefault(g, []).append((r["granted_ns"], r["ended_ns"]))
+    for spans in by_gpu.values():
+        spans.sort()
+        n += sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+    return n
+
+
+def _frozen_while_holding_records(regs: list) -> int:
+    """from the records alone: regions whose members another region, held at the same time, froze"""
+    held = sorted((r["granted_ns"], r["ended_ns"], set(r.get("pids", [])), set(r.get("frozen_pids", [])))
+                  for r in regs if r.get("granted_ns"))
+    n = 0
+    for k, (a0, a1, _pa, fa) in enumerate(held):
+        if not fa:
+            continue
+        for b0, b1, pb, _fb in held:
+            if b0 < a1 and b1 > a0 and fa & pb:
+                n += 1
+    return n
+
+
+class FrozenOwnerWatch:
+    """Samples the controller's status every interval: a region owner or member in state T while the same
+    region is still its own at the next look is counted (region id, pid) once: frozen while holding."""
+
+    def __init__(self, sock: Path, interval: float = 0.1):
+        import threading
+
+        self.sock, self.interval = sock, interval
+        self.seen: set = set()
+        self.samples = 0
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def holders(self, conn) -> dict:
+        from krex_ctl.wire import ops
+
+        st = conn.request(ops.STATUS, timeout=10)
+        out = {}
+        for g in st.get("gpus", []):
+            o = g.get("owner")
+            if o and o.get("state") == "held":
+                for pid in set(o.get("members", [])) | {o["pid"]}:
+                    out[pid] = o["region"]
+        return out
+
+    def run(self) -> None:
+        conn = None
+        while not self.stop_ev.wait(self.interval):
+            try:
+                conn = conn or client.Connection(str(self.sock), C.KREX_ROLE_CLI, timeout=5)
+                now = self.holders(conn)
+                self.samples += 1
+                stopped = {p: r for p, r in now.items() if state(p) in ("T", "t")}
+                if stopped:
+                    again = self.holders(conn)
+                    self.seen |= {(r, p) for p, r in stopped.items() if again.get(p) == r}
+            except Exception:       # the controller went away (end of a run) or answered late
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+    def close(self) -> int:
+        self.stop_ev.set()
+        self.thread.join(15)
+        return len(self.seen)
+
+
+def load2(clients: int, total_regions: int, tmp: Path, stuck_s: float = 30.0) -> dict:
+    """The load goal on 2 fake GPUs: `clients` region loops under `krex run` (a quarter of them holding
+    contexts on both GPUs, asking regions on GPU 0 or GPU 1 in turn, the rest on one GPU, half on each),
+    total_regions regions in all, a busy neighbour launching on each GPU. Counts regions reported exclusive
+    with another process's kernel inside on one of their GPUs (the trace's gpu= field), overlapping regions,
+    clients without progress for stuck_s, owners seen stopped while holding their region, revoked regions."""
+    w = World(tmp / "load2")
+    both = max(1, clients // 4)
+    hogs = [w.krex_run([SNIP / "hog"], CUDA_VISIBLE_DEVICES=str(g), SNIPPET_MS=str(10 ** 7), SNIPPET_US="300",
+                       SNIPPET_STREAMS="2") for g in range(2)]
+    time.sleep(1.0)
+    owners, outs = [], []
+    for i in range(clients):
+        n = total_regions // clients + (1 if i < total_regions % clients else 0)
+        env = dict(SNIPPET_REGIONS=str(n), SNIPPET_N="1", SNIPPET_US="100")
+        if i < both:      # contexts on both GPUs, regions on GPU i % 2 (the other GPU's context stays held)
+            g = i % 2
+            env.update(CUDA_VISIBLE_DEVICES="0,1", SNIPPET_DEVICE=str(g), SNIPPET_ALSO_DEVICE=str(1 - g),
+                       SNIPPET_GPUS=str(g))
+        else:
+            env.update(CUDA_VISIBLE_DEVICES=str(i % 2), SNIPPET_DEVICE="0")
+        out = w.tmp / f"o{i}.out"
+        outs.append(out)
+        full = [sys.executable, "-m", "krex_ctl", "run", "--report", str(w.tmp / f"o{i}.json"), "--", str(SNIP / "region")]
+        owners.append(subprocess.Popen(full, env=dict(w.env, **env), stdout=open(out, "w"), stderr=subprocess.DEVNULL))
+    t0 = time.monotonic()
+    watch = FrozenOwnerWatch(w.sock, 0.2)
+    last = [(0, t0)] * clients
+    stuck, longest_stall = set(), 0.0
+    deadline = t0 + max(900, total_regions * 0.1)
+    while time.monotonic() < deadline and any(p.poll() is None for p in owners):
+        time.sleep(1.0)
+        now = time.monotonic()
+        for i, p in enumerate(owners):
+            if p.poll() is not None:
+                continue
+            size = outs[i].stat().st_size
+            if size != last[i][0]:
+                last[i] = (size, now)
+            stall = now - last[i][1]
+            longest_stall = max(longest_stall, stall)
+            if stall > stuck_s:
+                stuck.add(i)
+    unfinished = [i for i, p in enumerate(owners) if p.poll() is None]
+    for i in unfinished:
+        owners[i].kill()
+        owners[i].wait()
+    elapsed = time.monotonic() - t0
+    frozen_seen = watch.close()
+    for h in hogs:
+        h.send_signal(signal.SIGTERM)
+        h.wait(30)
+    w.stop()
+    regs, two_gpu = [], 0
+    for i in range(clients):
+        f = w.tmp / f"o{i}.json"
+        if f.exists():
+            mine = json.loads(f.read_text())["regions"]
+            regs += mine
+            two_gpu += len(mine) if i < both else 0
+    kernels = _trace_kernels(w.tmp / "trace")
+    bad_regions, bad_kernels = _foreign_in_exclusive(kernels, regs)
+    granted = [r for r in regs if r["granted_ns"]]
+    waits = [(r["granted_ns"] - r["requested_ns"]) / 1e9 for r in granted]
+    return {"clients": clients, "two_gpu_owners": both, "gpus": 2, "regions_expected": total_regions,
+            "regions_done": len(regs), "exclusive": sum(bool(r["exclusive"]) for r in regs),
+            "two_gpu_owner_regions": two_gpu,
+            "kernels_traced": len(kernels), "kernels_without_gpu": sum(k[3] is None for k in kernels),
+            "exclusive_with_foreign_kernels": bad_regions, "foreign_kernels_in_exclusive": bad_kernels,
+            "overlapping_regions": _overlapping_on_a_gpu(regs), "stuck_clients": len(stuck),
+            "unfinished_clients": len(unfinished), "longest_stall_s": round(longest_stall, 1),
+            "owners_seen_frozen_while_holding": frozen_seen, "status_samples": watch.samples,
+            "frozen_while_holding_by_records": _frozen_while_holding_records(regs),
+            "revoked": sum(1 for r in regs if r["end"] == "time_limit"),
+            "not_normal_end": sum(1 for r in regs if r["end"] != "normal"),
+            "taints": _taint_counts(regs), "seconds": round(elapsed, 1),
+            "regions_per_s": round(len(regs) / max(elapsed, 1e-9), 1), "wait_ms": summary_ms(waits)}
+
+
+def unconnected(n: int, tmp: Path, window_s: float = 3.0) -> dict:
+    """n times: the socket moved away for window_s (connect() fails with ENOENT; the controller serves on) while
+    a region loop of another job runs, and a busy GPU process started in the window; then the socket back.
+    Counts regions reported exclusive with that process's kernels inside, regions tainted unregistered, and
+    whether each process registered once it could."""
+    w = World(tmp / "unconnected")
+    rep = w.tmp / "r.json"
+    owner = w.krex_run([SNIP / "region"], report=rep, SNIPPET_REGIONS=str(10 ** 6), SNIPPET_N="1", SNIPPET_US="500",
+                       SNIPPET_GAP_US="20000")
+    time.sleep(2.0)
+    away = w.tmp / "away.sock"
+    hogs, registered, windows = [], 0, []
+    for _ in range(n):
+        os.rename(w.sock, away)
+        t0 = time.monotonic_ns()
+        hog = w.preload([SNIP / "hog"], SNIPPET_MS=str(10 ** 7), SNIPPET_US="300", SNIPPET_STREAMS="2")
+        hogs.append(hog)
+        time.sleep(window_s)
+        os.rename(away, w.sock)
+        windows.append((t0, time.monotonic_ns()))
+        registered += wait_until(lambda: _connected(hog.pid), 10, 0.01) is not None
+        time.sleep(1.0)
+    owner.send_signal(signal.SIGINT)
+    try:
+        owner.wait(60)
+    except subprocess.TimeoutExpired:
+        owner.kill()
+    for h in hogs:
+        h.kill()
+        h.wait()
+    w.stop()
+    regs = json.loads(rep.read_text())["regions"] if rep.exists() else []
+    kernels = [k for k in _trace_kernels(w.tmp / "trace") if k[0] in {h.pid for h in hogs}]
+    bad_regions, bad_kernels = _foreign_in_exclusive(kernels, regs)
+    in_window = [r for r in regs if r.get("granted_ns") and any(a < r["ended_ns"] and r["granted_ns"] < b
+                                                               for a, b in windows)]
+    return {"windows": n, "window_s": window_s, "regions": len(regs), "regions_in_windows": len(in_window),
+            "in_windows_tainted_unregistered": sum("unregistered" in r["taints"] for r in in_window),
+            "exclusive": sum(bool(r["exclusive"]) for r in regs), "unconnected_kernels": len(kernels),
+            "exclusive_with_unconnected_kernels": bad_regions, "unconnected_kernels_in_exclusive": bad_kernels,
+            "registered_after_window": registered}
+
+
+def _taint_counts(regs: list) -> dict:
+    out: dict = {}
+    for r in regs:
+        for t in r.get("taints", []):
+            out[t] = out.get(t, 0) + 1
+    return out
+
+
+def gang_repeat(runs: int, tmp: Path, regions: int = 10, stuck_s: float = 3.0) -> dict:
+    """The deadlock-prone set-up of tests/test_gang.py, runs times, each under a fresh controller: two owners
+    with contexts on both fake GPUs looping regions on opposite GPUs, freezing on, and one single-GPU owner
+    on each GPU. A run deadlocks when no owner makes progress for stuck_s or a region is revoked at its time
+    limit; a run has a frozen owner when an owner was seen stopped while holding its region."""
+    from krex_ctl.wire.counters import create_counters, read_local_regions
+
+    stats = {"runs": runs, "runs_with_deadlock": 0, "runs_with_revoked_region": 0, "runs_with_no_progress": 0,
+             "runs_with_owner_frozen": 0, "regions": 0,
+             "regions_expected": runs * 4 * regions, "exclusive": 0, "exclusive_with_foreign_kernels": 0,
+             "overlapping_regions": 0}
+    walls = []
+    for k in range(runs):
+        w = World(tmp / f"gang{k}", "--region-time-limit", "2")
+        t0 = time.monotonic()
+        procs, outs, counters = [], [], []
+        specs = [dict(CUDA_VISIBLE_DEVICES="0,1", SNIPPET_DEVICE=str(g), SNIPPET_ALSO_DEVICE=str(1 - g),
+                      SNIPPET_GPUS=str(g)) for g in (0, 1)] + \
+                [dict(CUDA_VISIBLE_DEVICES=str(g), SNIPPET_DEVICE="0") for g in (0, 1)]
+        for i, spec in enumerate(specs):
+            c = w.tmp / f"o{i}.counters"
+            create_counters(c)
+            counters.append(c)
+            outs.append(w.tmp / f"o{i}.out")
+            procs.append(subprocess.Popen([str(SNIP / "region")], stdout=open(outs[-1], "w"), stderr=subprocess.DEVNULL,
+                                          env=dict(w.env, LD_PRELOAD=str(SHIM), KREX_COUNTERS=str(c),
+                                                   SNIPPET_REGIONS=str(regions), SNIPPET_N="2", SNIPPET_US="5000",
+                                                   SNIPPET_GAP_US="1000", **spec)))
+        watch = FrozenOwnerWatch(w.sock, 0.02)
+        last, stalled = (-1, time.monotonic()), False
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+            size = sum(o.stat().st_size for o in outs)
+            if size != last[0]:
+                last = (size, time.monotonic())
+            elif time.monotonic() - last[1] > stuck_s:
+                stalled = True
+                break
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        frozen = watch.close()
+        w.stop()
+        walls.append(time.monotonic() - t0)
+        recs = [dict(r, pids=[r["pid"]]) for c in counters for r in read_local_regions(c)[0]]
+        regs = [{"gpu": [g for g in range(64) if r["gpu_mask"] >> g & 1], "granted_ns": r["granted_ns"] or None,
+                 "ended_ns": r["ended_ns"], "pid": r["pid"], "pids": r["pids"],
+                 "exclusive": bool(r["flags"] & C.KREX_REGION_EXCLUSIVE)} for r in recs]
+        revoked = sum(r["end_reason"] == C.KREX_END_TIME_LIMIT for r in recs)
+        bad, _ = _foreign_in_exclusive(_trace_kernels(w.tmp / "trace"), regs)
+        stats["runs_with_deadlock"] += bool(stalled or revoked)
+        stats["runs_with_revoked_region"] += bool(revoked)
+        stats["runs_with_no_progress"] += stalled
+        stats["runs_with_owner_frozen"] += bool(frozen)
+        stats["regions"] += len(regs)
+        stats["exclusive"] += sum(r["exclusive"] for r in regs)
+        stats["exclusive_with_foreign_kernels"] += bad
+        stats["overlapping_regions"] += _overlapping_on_a_gpu(regs)
+    stats["run_s"] = summary_ms(walls)
+    stats["run_s"] = {k: (round(v / 1e3, 2) if k != "n" else v) for k, v in stats["run_s"].items()}
+    return stats
+
+
 def summary_ms(xs: list) -> dict:
     if not xs:
         return {"n": 0}
@@ -774,6 +1127,9 @@ SECTIONS = {   # name -> how to run it with the command line's counts
     "paths": lambda a, tmp: paths(0, tmp),
     "wrapper_kill": lambda a, tmp: wrapper_kill(a.wrapper_kills, tmp),
     "memory": lambda a, tmp: memory(a.memory_regions, tmp),
+    "load2": lambda a, tmp: load2(a.load2_clients, a.load2_regions, tmp),
+    "gang_repeat": lambda a, tmp: gang_repeat(a.gang_runs, tmp),
+    "unconnected": lambda a, tmp: unconnected(a.unconnected_windows, tmp),
 }
 
 
@@ -794,6 +1150,10 @@ def main() -> None:
     ap.add_argument("--two-controller-regions", type=int, default=2000)
     ap.add_argument("--wrapper-kills", type=int, default=20)
     ap.add_argument("--memory-regions", type=int, default=20000)
+    ap.add_argument("--load2-clients", type=int, default=64)
+    ap.add_argument("--load2-regions", type=int, default=20000, help="regions in all, over the clients")
+    ap.add_argument("--gang-runs", type=int, default=100)
+    ap.add_argument("--unconnected-windows", type=int, default=10)
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

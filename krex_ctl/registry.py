@@ -166,7 +166,8 @@ class Registry:
 
     @staticmethod
     def _alive(e: dict) -> bool:
-        return procs.start_time(e["pid"]) == e["start"]
+        # a zombie (a SIGKILLed controller its parent has not reaped yet) serves nothing
+        return procs.start_time(e["pid"]) == e["start"] and procs.state(e["pid"]) not in (None, "Z", "X")
 
     def others(self, gpu_mask: int, since_ns: Optional[int] = None) -> list[dict]:
         """Live controllers other than this one serving any GPU of gpu_mask (with since_ns: only those that

@@ -41,7 +41,7 @@ from .policy.lifecycle import Lifecycle
 from . import sockfiles
 from .region_log import RegionLog
 from .registry import Registry
-from .unregistered import Unregistered
+from .unregistered import RECONNECT_GRACE_S, Unregistered
 from .policy.regions import Regions
 from .server_regions import RegionEffects, now_ns
 from .wire import client, frames, ops, runtime
@@ -144,6 +144,8 @@ class Controller(RegionEffects):
         self.sel = selectors.DefaultSelector()
         self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct, cfg.gate_contexts, cfg.gate_exit)
         self.gpus = gpus.GpuTable(cfg, self.gate)
+        # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
+        self.gate.publish(socket_path + ".gate")
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
         self.lifecycle = Lifecycle(cfg)
         self.book = Regions(cfg, lambda: self.clients.values(), self.command_job, self.lifecycle)
@@ -151,7 +153,12 @@ class Controller(RegionEffects):
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
-        self.unregistered = Unregistered()        # processes refused: their regions are not exclusive
+        self.unregistered = Unregistered()        # processes refused or unconnected: their regions are not exclusive
+        self.unregistered.readers = self.gate.readers
+        if STALE.get(socket_path) or self.gate.replaced_stale_file:
+            log.info("a controller died here: regions in the next %.0f s are not exclusive (its processes may be "
+                     "reconnecting)", RECONNECT_GRACE_S)
+            self.unregistered.after_a_dead_controller()
         SPILL_DIR[0] = os.path.dirname(os.path.abspath(socket_path))
         self.registry = Registry(socket_path, cfg.gpus, node=os.getuid() == 0)   # other controllers here
         self.registry.announce()
@@ -776,6 +783,9 @@ class Controller(RegionEffects):
         return {"ok": True}
 
     def shutdown(self) -> None:
+        # GPU processes still connected will be reconnecting: the gate file stays, so that the next controller
+        # here knows (a dead controller's file) and does not report regions exclusive before they are back
+        keep_gate_file = any(c.role in REGION_ROLES and c.devices for c in self.clients.values())
         self.apply(self.book.shutdown(time.monotonic()))
         self.isolation.release(())
         self.pool.shutdown()
@@ -789,6 +799,8 @@ class Controller(RegionEffects):
                 os.unlink(self.socket_path + ".reserved")
             except OSError:
                 pass
+        if not keep_gate_file:
+            self.gate.unpublish()
         self.listener.close()
 
     # ---- status ----------------------------------------------------------------------------------
@@ -848,6 +860,7 @@ def job_report_page(job, offset: int) -> dict:
 
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
+STALE: dict[str, bool] = {}                         # socket path -> a dead controller's socket was replaced
 
 
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
@@ -861,7 +874,10 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
         raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
     sockfiles.check_dir(path)
     lock_fd = sockfiles.take_lock(path)
-    sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
+    stale_socket = sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
+    # a gate file that is not a dead controller's of ours is refused before our socket exists (enforce/gate.py
+    # creates ours)
+    STALE[path] = sockfiles.remove_stale_gate_file(path + ".gate", C.KREX_GATE_MAGIC) or stale_socket
     try:
         sock = client.bind_private(path)
     except OSError as e:

@@ -44,6 +44,8 @@ class RegionEffects:
         if isinstance(e, policy.CloseGates):
             for g in report.mask_to_list(e.region.gpu_mask):
                 self.gate.close_gate(g, e.region.job.id, e.region.id)
+            # after the close: a process honouring the gate file from now on sees it closed (unregistered.py)
+            e.region.unconnected = set(self.unregistered.unconnected())
         elif isinstance(e, policy.SendDrain):
             drain = encode("struct krex_drain", drain_id=e.region.id, gpu_mask=e.region.gpu_mask)
             for c in e.clients:
@@ -130,6 +132,7 @@ class RegionEffects:
         # is in them (is the GPU power-capped by the load before the region?)
         region.attest_start = self.attest.snapshot(region.gpu_mask)
         region.other_controllers = self.registry.during_region(region.gpu_mask, since_ns=now_ns())
+        region.unconnected = getattr(region, "unconnected", set()) | set(self.unregistered.unconnected())
         region.phase_ns["attest"] = now_ns() - t1
         region.granted_ns = now_ns()
         for m in list(region.members.values()):
@@ -153,7 +156,7 @@ class RegionEffects:
     def finish(self, e) -> None:
         region, reason = e.region, e.reason
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
-        unregistered = self.unregistered.during(int(region.started * 1e9), ended)
+        unregistered = self.unregistered.during(int(region.started * 1e9), ended, getattr(region, "unconnected", ()))
         if unregistered:
             region.taints |= C.KREX_TAINT_UNREGISTERED
         others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}

@@ -1,4 +1,4 @@
-"""The files next to a controller's socket (PATH, PATH.lock, PATH.log) and the directory they live in.
+"""The files next to a controller's socket (PATH, PATH.lock, PATH.log, PATH.gate) and the directory they live in.
 
 krex removes or writes only what it can tell is its own:
 - PATH is removed only when it is a socket (S_ISSOCK, lstat: never through a link) that nobody answers at:
@@ -8,7 +8,11 @@ krex removes or writes only what it can tell is its own:
 - a node controller's directory (a controller run by root) must not be writable by others unless sticky
   and root's; anyone could otherwise plant those files before it starts;
 - a clean stop removes the socket only while PATH is still the very socket it bound (same device and
-  inode, recorded at bind), never a file put there later.
+  inode, recorded at bind), never a file put there later;
+- PATH.gate, the gate page as a read-only file (enforce/gate.py), is created new (written, locked, mode 0444,
+  then linked into place: never over an existing file); one already there is removed only when it is a
+  regular file of ours with the gate page's magic whose controller is gone (nobody holds its lock), anything
+  else is refused; a clean stop removes it only while it is still the file we created.
 
 Every refusal is a KrexCommandError: one `krex:` line and exit status 2 (4 when a controller answers)."""
 
@@ -89,12 +93,12 @@ def answers(path: str) -> bool:
         s.close()
 
 
-def remove_stale_socket(path: str) -> None:
-    """Make room for our socket at path: nothing there, or a socket nobody answers at (removed)."""
+def remove_stale_socket(path: str) -> bool:
+    """Make room for our socket at path: nothing there (False), or a socket nobody answers at (removed: True)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
             else "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket"
@@ -108,6 +112,7 @@ def remove_stale_socket(path: str) -> None:
         pass
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot replace the stale socket ({e.strerror})", 2) from None
+    return True
 
 
 def identity(path: str) -> Optional[tuple[int, int]]:
@@ -161,3 +166,103 @@ def take_lock(path: str) -> int:
         raise KrexCommandError(f"--socket {path}: its lock file {lock} is held by {who}, and no controller answers "
                                "there yet (one starting?): stop that process or choose another --socket", 4)
     raise AssertionError("unreachable")
+
+
+# ---- PATH.gate ----------------------------------------------------------------------------------------------
+GATE_LOCK_BYTE = 0      # the controller's write lock: it lives
+PRESENCE_BYTE = 1       # read locks of shims that honour the file (shim/gatefile.c)
+
+
+def lock_probe(fd: int, kind: int, start: int) -> tuple[int, int]:
+    """F_GETLK for a lock of kind on one byte: (the type of a lock in the way or F_UNLCK, its holder's pid)."""
+    import fcntl
+    import struct
+
+    fmt = "hh4xqqi4x"      # struct flock on LP64 Linux: l_type, l_whence, l_start, l_len, l_pid
+    got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(fmt, kind, os.SEEK_SET, start, 1, 0))
+    l_type, _whence, _start, _len, pid = struct.unpack(fmt, got)
+    return l_type, pid
+
+
+def _refuse_gate(path: str, why: str, code: int = 2) -> KrexCommandError:
+    sock = path[:-len(".gate")]
+    return KrexCommandError(f"--socket {sock}: its gate file {path} is {why}; remove it or choose another --socket",
+                            code)
+
+
+def remove_stale_gate_file(path: str, magic: int) -> bool:
+    """Make room for our gate file: nothing there (False), or a krex gate file of ours (a regular file of
+    this user starting with magic) whose controller is gone: removed (True). Anything else is refused."""
+    import fcntl
+    import struct
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse_gate(path, "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file")
+    if st.st_uid != os.geteuid():
+        raise _refuse_gate(path, f"owned by uid {st.st_uid}, not by this user")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise _refuse_gate(path, f"not readable ({e.strerror})") from None
+    try:
+        head = os.pread(fd, 4, 0)
+        if os.fstat(fd).st_ino != st.st_ino or len(head) < 4 or struct.unpack("=I", head)[0] != magic:
+            raise _refuse_gate(path, "not a krex gate file")
+        held, pid = lock_probe(fd, fcntl.F_RDLCK, GATE_LOCK_BYTE)
+        if held != fcntl.F_UNLCK:
+            raise _refuse_gate(path, f"still held by a live controller (pid {pid})", 4)
+    finally:
+        os.close(fd)       # we hold no lock on it: nothing of ours goes with this close
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise _refuse_gate(path, f"stale and cannot be removed ({e.strerror})") from None
+    return True
+
+
+def create_gate_file(path: str, data: bytes) -> tuple[int, tuple[int, int]]:
+    """The gate file at path, new: data written, our write lock on its first byte taken, mode 0444, and only
+    then linked into place (never over a file: EEXIST is refused). Returns its read-write descriptor (never
+    to be closed while we live: a close would drop the lock) and its (device, inode)."""
+    import fcntl
+    import tempfile
+
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        os.ftruncate(fd, len(data))
+        os.pwrite(fd, data, 0)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, GATE_LOCK_BYTE)
+        os.fchmod(fd, 0o444)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise _refuse_gate(path, "created by someone else while we started") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        os.unlink(tmp)
+    st = os.fstat(fd)
+    return fd, (st.st_dev, st.st_ino)
+
+
+def remove_gate_file_if_same(path: str, ident: Optional[tuple[int, int]]) -> bool:
+    """At a clean stop: remove path only if it is still the gate file we created."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if ident is None or not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != ident:
+        return False
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False

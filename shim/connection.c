@@ -8,6 +8,13 @@
  * (contexts.c): a long-lived benchmark is protected again as soon as a controller answers. Without any
  * controller (no socket, not started under `krex run`) the shim logs once and passes everything through.
  *
+ * A connect() that fails while a controller lives (ECONNREFUSED, ENOENT with the socket moved, EACCES, a full
+ * backlog, a handshake past its timeout) does not let the process run free: the controller's gate page is
+ * also a read-only file next to its socket (SOCKET.gate, gatefile.c), which the shim maps and honours, known
+ * to the controller through a lock on it, while the client thread asks again. Out of descriptors, the shim's
+ * own socket and that file get room past the soft RLIMIT_NOFILE (krex_fd_room). Only a process with no
+ * descriptor left below its hard limit, or with no krex at all, is invisible: NVML alone sees it.
+ *
  * A controller must be root or this user (SO_PEERCRED): a socket in a directory another user could write
  * must not hand our GPU processes to a stranger. */
 #define _GNU_SOURCE
@@ -95,6 +102,7 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
 }
 
 static int refused_logged;   /* "refused us" is said once per refusal streak */
+static int unreachable_logged;   /* "cannot connect" is said once per streak */
 
 static int recv_welcome(int fd, struct krex_welcome *w, int *gate_fd) {
     struct krex_frame_hdr h;
@@ -139,22 +147,43 @@ static const struct krex_gate_page_hdr *map_refused_page(int gate_fd) {
     return hdr;
 }
 
-/* Connect and handshake, holding no lock (it may take up to the handshake timeout). On success: the
- * socket, the mapped gate page, the welcome. -1: nobody answers; -2: someone answered but will not do;
- * -3: the controller is at a limit (ask again later); *refused_page is its gate page when one came. */
-static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w, int quiet,
+static char dial_why[160];   /* why the last dial returned -1 */
+
+/* Connect and handshake, holding no lock (it may take up to the handshake timeout). One thread dials at a
+ * time: connect_locked before any client thread exists, then only the client thread; the gate file's state
+ * (gatefile.c) and dial_why are that thread's too. On success: the socket, the mapped gate page,
+ * the welcome. -1: nobody answers (dial_why says why; the gate file at the socket's path is held open,
+ * gatefile.c); -2: someone answered but will not do; -3: the controller is at a limit (ask again later);
+ * *refused_page is its gate page when one came. */
+static int dial_with_room(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w,
+                          const struct krex_gate_page_hdr **refused_page, rlim_t *room);
+
+static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w,
                 const struct krex_gate_page_hdr **refused_page) {
+    rlim_t room = RLIM_INFINITY;
+    int r = dial_with_room(fd_out, gates, w, refused_page, &room);
+    krex_fd_room_done(room);   /* after the handshake: the gate page's descriptor needed room too */
+    return r;
+}
+
+/* out of descriptors (EMFILE), *room is the soft limit to put back once the handshake is over */
+static int dial_with_room(int *fd_out, const struct krex_gate **gates, struct krex_welcome *w,
+                          const struct krex_gate_page_hdr **refused_page, rlim_t *room) {
     *refused_page = NULL;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     krex_socket_path(path, sizeof path);
+    krex_gatefile_open(path);            /* before the socket: out of descriptors, the file may still be had */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 && errno == EMFILE) {
+        *room = krex_fd_room();
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
     struct timeval tv = {HANDSHAKE_TIMEOUT_S, 0};
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
-        if (!quiet)
-            krex_log(KREX_LOG_WARNING, "no controller at %s (%s); running without region exclusivity", path, strerror(errno));
+        snprintf(dial_why, sizeof dial_why, "%s", strerror(errno));
         if (fd >= 0) close(fd);
         return -1;
     }
@@ -191,9 +220,8 @@ static int dial(int *fd_out, const struct krex_gate **gates, struct krex_welcome
         }
     } else if (rc == -3) {
         *refused_page = map_refused_page(gate_fd);
-    } else if (rc == -1 && !quiet) {
-        krex_log(KREX_LOG_WARNING, "handshake with the controller at %s failed (%s); running without region "
-                 "exclusivity until it answers", path, errno == EAGAIN ? "it did not answer in time" : "closed");
+    } else if (rc == -1) {
+        snprintf(dial_why, sizeof dial_why, "the handshake %s", errno == EAGAIN ? "was not answered in time" : "failed");
     }
     if (gate_fd >= 0) close(gate_fd);
     if (page == MAP_FAILED) {
@@ -218,6 +246,8 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */
     krex_failopen = 0;
     refused_logged = 0;
+    unreachable_logged = 0;
+    krex_gatefile_release();   /* registered: the gate file, and our presence on it, go */
     if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
                                  (unsigned)w->controller_pid);
     ever_connected = 1;
@@ -245,14 +275,38 @@ static void refused_locked(const struct krex_gate_page_hdr *page) {
     }
     if (page) {
         last = page;
+        krex_gatefile_release();          /* the refusal's own page: the controller knows of us by it */
         const char *job = getenv("KREX_JOB");
         krex_job = job ? atoi(job) : 0;   /* our own job's regions do not hold us; every other one does */
         __atomic_store_n(&krex_gates, (const struct krex_gate *)((const char *)page + sizeof *page), __ATOMIC_RELEASE);
+        krex_contexts_gate_all();         /* nobody drains us: every GPU we use is gated */
         krex_failopen = 0;
     } else {
         __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
         krex_failopen = 1;
     }
+}
+
+/* caller holds conn_lock: no connection (dial returned -1, or -3 with no page). With the gate file of a live
+ * controller, we honour it as a refused process honours its refusal's page; else we fail open. */
+static void unreachable_locked(int quiet) {
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    krex_socket_path(path, sizeof path);
+    if (krex_gatefile_honour()) {
+        const char *job = getenv("KREX_JOB");
+        krex_job = job ? atoi(job) : 0;
+        __atomic_store_n(&krex_gates, krex_gatefile_gates(), __ATOMIC_RELEASE);   /* our presence is taken */
+        krex_contexts_gate_all();
+        krex_failopen = 0;
+        if (!unreachable_logged++)
+            krex_log(KREX_LOG_WARNING, "cannot connect to the controller at %s (%s); honouring its gates (%s.gate) "
+                     "and asking again until it answers (its regions are not exclusive meanwhile)", path, dial_why, path);
+        return;
+    }
+    if (!quiet && !unreachable_logged++)
+        krex_log(KREX_LOG_WARNING, "no controller at %s (%s); running without region exclusivity", path, dial_why);
+    __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+    krex_failopen = 1;
 }
 
 union msg_buf {
@@ -309,15 +363,20 @@ static void *client_thread(void *arg) {
         const struct krex_gate *gates;
         const struct krex_gate_page_hdr *refused;
         struct krex_welcome w;
-        int nfd, r = dial(&nfd, &gates, &w, 1, &refused);
+        int nfd, r = dial(&nfd, &gates, &w, &refused);
         pthread_mutex_lock(&conn_lock);
         if (r == 0) {
             install_locked(nfd, gates, &w);
             fd = nfd;
-        } else if (r == -3) {
+        } else if (r == -3 && refused) {
             refused_locked(refused);
-        } else if (krex_gates) {
-            refused_locked(NULL);   /* the refusing controller is gone: its gates mean nothing now */
+        } else if (r == -2) {
+            krex_gatefile_release();
+            refused_locked(NULL);
+        } else {
+            /* the gate file of a live controller, or fail open (a refusing controller that is gone: its
+             * gates mean nothing now) */
+            unreachable_locked(1);
         }
         pthread_mutex_unlock(&conn_lock);
     }
@@ -348,6 +407,7 @@ static void at_fork_child(void) {
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1, conn_state = CONN_NONE, ever_connected = 0;
     krex_gates = NULL, krex_gate_hdr = NULL, krex_failopen = 0;
+    krex_gatefile_reset_after_fork();
     krex_contexts_reset_after_fork();
     krex_region_reset_after_fork();
     krex_settle_reset_after_fork();
@@ -367,20 +427,28 @@ static int connect_locked(void) {
     const struct krex_gate *gates;
     const struct krex_gate_page_hdr *refused;
     struct krex_welcome w;
-    int fd, r = dial(&fd, &gates, &w, 0, &refused);
+    int fd, r = dial(&fd, &gates, &w, &refused);
     if (r == 0) {
         install_locked(fd, gates, &w);
         if (start_thread_locked(fd)) return 0;
         close(fd);
         conn_fd = -1;
     }
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    krex_socket_path(path, sizeof path);
     const char *job = getenv("KREX_JOB");
-    int expected = (job && atoi(job) > 0) || ever_connected;
+    /* a controller was here (its socket or gate file is): it may answer later, so keep asking */
+    int expected = (job && atoi(job) > 0) || ever_connected || krex_gatefile_trace_of_controller(path);
     krex_failopen = 1;
     /* refused at a limit: a controller is there and may take us later, so keep asking whoever started us */
     conn_state = (r == -3 || (expected && r == -1)) && start_thread_locked(-1) ? CONN_DOWN : CONN_FAILED;
-    if (r == -3 && conn_state == CONN_DOWN) refused_locked(refused);
-    else if (refused) munmap((void *)refused, KREX_GATE_PAGE_BYTES);
+    if (r == -3 && refused && conn_state == CONN_DOWN) {
+        refused_locked(refused);
+    } else {
+        if (refused) munmap((void *)refused, KREX_GATE_PAGE_BYTES);
+        if (r == -2 || (r == -1 && conn_state != CONN_DOWN)) krex_gatefile_release();
+        if (r == -1 || (r == -3 && conn_state == CONN_DOWN)) unreachable_locked(0);
+    }
     return -1;
 }
 
@@ -397,5 +465,6 @@ int krex_connected(void) { return conn_state == CONN_UP; }
 void krex_announce(void) {
     pthread_mutex_lock(&conn_lock);
     if (conn_state == CONN_UP) krex_contexts_announce_locked(0);
+    else if (krex_gates && !krex_failopen) krex_contexts_gate_all();   /* refused or unreachable: gated anyway */
     pthread_mutex_unlock(&conn_lock);
 }

@@ -36,6 +36,18 @@ void krex_contexts_announce_locked(int fresh) {
     __atomic_store_n(&krex_dev_mask, announced, __ATOMIC_SEQ_CST);
 }
 
+/* A process the controller does not know (refused, or honouring the gate file because it cannot connect) is
+ * drained by nobody, so nothing is gained by leaving a GPU ungated until the controller knows it: it waits at
+ * the gate of every GPU it has a context on. */
+void krex_contexts_gate_all(void) {
+    uint64_t mask = 0;
+    pthread_mutex_lock(&ctx_lock);
+    for (int i = 0; i < nctxs; i++)
+        if (ctxs[i].device >= 0) mask |= 1ull << ctxs[i].device;
+    pthread_mutex_unlock(&ctx_lock);
+    __atomic_store_n(&krex_dev_mask, mask, __ATOMIC_SEQ_CST);
+}
+
 /* the contexts on the GPUs of mask, for the drain: how many were written to out */
 int krex_contexts_on(uint64_t mask, struct krex_ctx_ref *out, int max) {
     int n = 0;

@@ -2,6 +2,7 @@
 #ifndef KREX_SHIM_H
 #define KREX_SHIM_H
 #include <stdint.h>
+#include <sys/resource.h>
 #include "krex_wire.h"
 #include "hook_list.h"
 
@@ -94,6 +95,16 @@ int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_
 void krex_announce(void);                      /* registered contexts to the controller, if connected */
 void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
 
+/* gatefile.c: the controller's gate page as a file (SOCKET.gate), for a process that cannot connect */
+const struct krex_gate_page_hdr *krex_gatefile_open(const char *socket_path);  /* mapped, or NULL */
+int krex_gatefile_honour(void);                /* 1: its controller lives and our presence is taken */
+const struct krex_gate *krex_gatefile_gates(void);
+void krex_gatefile_release(void);
+int krex_gatefile_trace_of_controller(const char *socket_path);   /* a socket or gate file is there */
+void krex_gatefile_reset_after_fork(void);
+rlim_t krex_fd_room(void);                     /* room for one descriptor of ours past the soft limit */
+void krex_fd_room_done(rlim_t old);
+
 /* contexts.c: this process's contexts and their GPUs */
 #define KREX_MAX_CONTEXTS 64
 struct krex_ctx_ref { int vendor; void *ctx; };   /* a context to synchronize (HIP: the device ordinal) */
@@ -105,6 +116,7 @@ uint64_t krex_own_gpus(void);
 int krex_contexts_on(uint64_t mask, struct krex_ctx_ref *out, int max);
 void krex_contexts_announce_locked(int fresh);  /* connection.c holds its lock; fresh: a new connection */
 void krex_contexts_reset_after_fork(void);
+void krex_contexts_gate_all(void);             /* not registered: the gates of every GPU it has contexts on */
 
 /* drain.c: the drain the controller asks for */
 void krex_drain_request(const struct krex_drain *m);

@@ -70,7 +70,7 @@ def test_graph_kernel_nodes_of_communication_kernels_get_the_priority(tmp_path):
 def test_shape_pads_compute_kernels_to_fewer_resident_blocks(tmp_path):
     grid = 2000                                          # more blocks than fit at once
     _, off, _ = launch(tmp_path, None, IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
-    assert off[GEMM] == {"smem": "0", "prio": "0", "occ": "4", "resident": str(4 * 132)}
+    assert off[GEMM] == {"smem": "0", "prio": "0", "occ": "4", "resident": str(4 * 132), "gpu": "0"}
     out, on, c = launch(tmp_path, "shape=2,noguard", IN_FLIGHT, f"L:{GEMM}:{grid}:256:0", f"X:{GEMM}_ex:{grid}:256:1024")
     assert out.returncode == 0, out.stdout + out.stderr
     for name in (GEMM, f"{GEMM}_ex"):

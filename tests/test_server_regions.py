@@ -104,9 +104,10 @@ class Server(RegionEffects):
         self.gate, self.freezer = FakeGate(self.log), FakeFreezer(self.log, fail=kw.get("freeze_fails", False))
         self.isolation, self.attest = FakeIsolation(self.log), FakeAttest(self.log, kw.get("taint", 0))
         self.pool = SimpleNamespace(by_pid=lambda pid: None)
-        # no other controller on the node, no refused process (krex_ctl/registry.py, unregistered.py)
+        # no other controller on the node, no refused or unconnected process (krex_ctl/registry.py, unregistered.py)
         self.registry = SimpleNamespace(during_region=lambda mask, since_ns=None: [])
-        self.unregistered = SimpleNamespace(during=lambda begin_ns, end_ns: [])
+        self.unregistered = SimpleNamespace(during=lambda begin_ns, end_ns, seen=(): sorted(seen),
+                                            unconnected=lambda: [])
         self.lifecycle = Lifecycle(self.cfg)
         self.book = Regions(self.cfg, lambda: self.clients.values(), lambda c: c.job, self.lifecycle)
 

@@ -5,6 +5,7 @@ import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 
@@ -63,6 +64,41 @@ def test_a_stale_socket_is_replaced_and_a_clean_stop_removes_only_its_own(krex, 
     ctl.send_signal(signal.SIGTERM)
     assert ctl.wait(timeout=30) in (0, -signal.SIGTERM)
     assert sock.read_text() == "put there later\n"
+
+
+def test_the_gate_file_is_ours_alone(krex, tmp_path):
+    """SOCKET.gate (the gate page for processes that cannot connect): a planted file or link there is refused
+    in one line and left as it was; a dead controller's is replaced; a clean stop removes it."""
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    sock, gate = d / "krex.sock", d / "krex.sock.gate"
+    gate.write_text("precious\n")
+    r = controller(krex, sock)
+    assert r.returncode == 2 and "not a krex gate file" in one_krex_line(r.stderr)
+    assert gate.read_text() == "precious\n"
+    gate.unlink()
+    target = tmp_path / "target"
+    target.write_text("kept\n")
+    gate.symlink_to(target)
+    r = controller(krex, sock)
+    assert r.returncode == 2 and "symbolic link" in one_krex_line(r.stderr)
+    assert target.read_text() == "kept\n"
+    gate.unlink()
+    krex.socket = sock
+    krex.env["KREX_SOCKET"] = str(sock)
+    ctl = krex.start_controller()
+    krex.status()
+    st = gate.lstat()
+    assert st.st_mode & 0o777 == 0o444 and st.st_uid == os.geteuid() and gate.is_file() and not gate.is_symlink()
+    ctl.kill()
+    ctl.wait()
+    assert gate.exists()                              # a dead controller's
+    ctl = krex.start_controller()
+    krex.status()
+    assert struct.unpack_from("=4I", gate.read_bytes())[3] == ctl.pid   # replaced: the header names this one
+    ctl.send_signal(signal.SIGTERM)
+    assert ctl.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert not gate.exists()
 
 
 def test_a_live_socket_is_not_taken_over(krex, tmp_path):

@@ -1,6 +1,8 @@
 """A GPU process the controller refused (max_clients, per-user limit, out of descriptors) is not invisible:
 its shim honours the gate page that came with the refusal and asks again until it is registered, and a
-region during which such a process was alive is not reported exclusive (taint `unregistered`)."""
+region during which such a process was alive is not reported exclusive (taint `unregistered`). Nor is one
+whose connect() fails outright: it honours the gate file next to the socket (SOCKET.gate), its regions say
+so, and a process out of descriptors gets room for the shim's own socket and registers."""
 
 import json
 import os
@@ -17,6 +19,25 @@ from krex_ctl.wire.frames import C
 
 def shim_pids(krex):
     return {c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"}
+
+
+def most_inside(trace, regions, pid) -> int:
+    """The most kernels of pid on one stream that ran inside one region. A process that waits at a closed
+    gate but is drained by nobody carries into a region only what it had queued before the gate closed
+    (the hog snippet queues 4 a stream); one that ignores the gate runs on throughout."""
+    counts: dict = {}
+    for p, sid, start, end, _name in trace:
+        if p != pid:
+            continue
+        for i, r in enumerate(regions):
+            if r.get("granted_ns") and start < r["ended_ns"] and end > r["granted_ns"]:
+                counts[(i, sid)] = counts.get((i, sid), 0) + 1
+    return max(counts.values(), default=0)
+
+
+def preloaded(krex, cmd, **env):
+    return subprocess.Popen([str(c) for c in cmd], env=dict(krex.env, LD_PRELOAD=str(BUILD / "libkrex.so"), **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_refused_process_honours_gates_and_taints(krex, tmp_path):
@@ -44,6 +65,8 @@ def test_refused_process_honours_gates_and_taints(krex, tmp_path):
         assert overlaps(krex.trace_lines(), exclusive) == []
         # the hog was alive and refused throughout: every region says so
         assert all("unregistered" in r["taints"] and hog.pid in r["unregistered_pids"] for r in regions)
+        # and it waited at the closed gates (it ran on through every region when its GPU was never gated)
+        assert most_inside(krex.trace_lines(), regions, hog.pid) <= 4
         # a slot frees up: the refused shim keeps asking and is registered
         filler.close()
         wait_for(lambda: hog.pid in shim_pids(krex), timeout=60, what="refused shim registered on retry")
@@ -52,6 +75,75 @@ def test_refused_process_honours_gates_and_taints(krex, tmp_path):
         _, herr = hog.communicate(timeout=30)
     assert "controller refused us" in herr and "asking again" in herr
     assert herr.count("controller refused us") == 1      # said once, not at every retry
+
+
+def test_a_process_that_cannot_connect_honours_the_gate_file(krex, tmp_path):
+    """The socket moved away for a while (connect() fails with ENOENT; the controller serves on): a GPU process
+    started then ran free inside another job's regions, reported exclusive. Now its shim honours the gate file
+    next to the socket, the controller sees it there and reports those regions `unregistered`, and once the
+    socket is back the shim registers (it keeps asking) and is drained and frozen like any other."""
+    krex.start_controller()
+    go = tmp_path / "go"
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                       env={"SNIPPET_REGIONS": "3", "SNIPPET_HOLD_US": "300000", "SNIPPET_GAP_US": "50000",
+                            "SNIPPET_WAIT_FILE": str(go)})
+    wait_for(lambda: len(shim_pids(krex)) == 1, timeout=60, what="owner registered")
+    away = tmp_path / "away.sock"
+    os.rename(krex.socket, away)
+    hog = preloaded(krex, [SNIP / "hog"], SNIPPET_MS="30000", SNIPPET_US="300", SNIPPET_STREAMS="2")
+    try:
+        wait_for(lambda: any(t[0] == hog.pid for t in krex.trace_lines()), timeout=60, what="hog launching")
+        go.write_text("")
+        out, err = owner.communicate(timeout=120)
+        assert owner.returncode == 0, err
+        regions = report_of(tmp_path / "r.json")["regions"]
+        assert len(regions) == 3
+        assert all("unregistered" in r["taints"] and not r["exclusive"] and hog.pid in r["unregistered_pids"]
+                   for r in regions), [(r["taints"], r.get("unregistered_pids")) for r in regions]
+        assert most_inside(krex.trace_lines(), regions, hog.pid) <= 4
+        gate_file = Path(str(krex.socket) + ".gate")
+        assert gate_file.stat().st_mode & 0o777 == 0o444 and gate_file.stat().st_uid == os.getuid()
+        os.rename(away, krex.socket)
+        wait_for(lambda: hog.pid in shim_pids(krex), timeout=30, what="the shim registered once it could")
+        res = krex.run([SNIP / "region"], report=tmp_path / "r2.json", env={"SNIPPET_REGIONS": "2",
+                                                                             "SNIPPET_HOLD_US": "100000"})
+        assert res.returncode == 0, res.stderr
+        later = report_of(tmp_path / "r2.json")["regions"]
+        assert all(r["exclusive"] and r["frozen"] == 1 for r in later), [(r["taints"], r["frozen"]) for r in later]
+        assert overlaps(krex.trace_lines(), later) == []
+    finally:
+        hog.send_signal(signal.SIGKILL)
+        _, herr = hog.communicate(timeout=30)
+        if away.exists():
+            os.rename(away, krex.socket)
+    assert herr.count("honouring its gates") == 1, herr
+
+
+def test_a_process_out_of_descriptors_registers(krex, tmp_path):
+    """Its descriptor table full at its first context (soft limit reached, the hard one higher), the shim's
+    socket() failed with EMFILE and the process ran free beside other jobs' exclusive regions. Now the shim
+    makes room for its own descriptor past the soft limit: it registers, and is drained and frozen."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 128:
+        import pytest
+
+        pytest.skip("the hard descriptor limit leaves no room above the snippet's soft 64")
+    krex.start_controller()
+    hog = preloaded(krex, [SNIP / "hog"], SNIPPET_FILL_FDS="1", SNIPPET_MS="30000", SNIPPET_US="300")
+    try:
+        wait_for(lambda: any(t[0] == hog.pid for t in krex.trace_lines()), timeout=60, what="hog launching")
+        res = krex.run([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "3",
+                                                                            "SNIPPET_HOLD_US": "100000"})
+        assert res.returncode == 0, res.stderr
+        regions = report_of(tmp_path / "r.json")["regions"]
+        assert hog.pid in shim_pids(krex)
+        assert len(regions) == 3 and all(r["exclusive"] and r["frozen"] == 1 for r in regions), \
+            [(r["taints"], r["frozen"]) for r in regions]
+        assert overlaps(krex.trace_lines(), regions) == []
+    finally:
+        hog.send_signal(signal.SIGKILL)
+        hog.communicate(timeout=30)
 
 
 def test_unregistered_book():
@@ -126,11 +218,14 @@ def test_another_controller_on_the_gpu_taints_regions(krex, tmp_path):
 
 def test_registry_entries_are_checked():
     """A planted entry (a link, a stranger's file naming a dead or foreign pid, junk) is never taken for a
-    live controller of more than it proves."""
+    live controller of more than it proves; nor is a SIGKILLed controller not yet reaped (a zombie: every
+    region after a restart was tainted other_controller by its predecessor while that one was unreaped)."""
     import tempfile
 
-    from krex_ctl import registry
+    from krex_ctl import procs, registry
 
+    zombie = subprocess.Popen(["true"])
+    wait_for(lambda: procs.state(zombie.pid) == "Z", what="a zombie")
     with tempfile.TemporaryDirectory() as d:
         p = Path(d)
         (p / "krex-controller-0-1").symlink_to("/etc/passwd")
@@ -139,12 +234,15 @@ def test_registry_entries_are_checked():
                                                            "socket": "x", "gpus": [0]}))
         (p / "krex-controller-0-4").write_text(json.dumps({"pid": os.getpid(), "start": 1, "uid": os.getuid(),
                                                            "socket": "x", "gpus": [0]}))   # wrong start time
+        (p / "krex-controller-0-5").write_text(json.dumps({"pid": zombie.pid, "start": procs.start_time(zombie.pid),
+                                                           "uid": os.getuid(), "socket": "x", "gpus": [0]}))
         os.environ["KREX_REGISTRY_DIR"] = d
         try:
             reg = registry.Registry("/nowhere", [0], node=False)
             assert reg.others(1) == []
         finally:
             del os.environ["KREX_REGISTRY_DIR"]
+            zombie.wait()
 
 
 def test_krex_run_warns_of_another_users_controller(krex, tmp_path):

@@ -88,19 +88,26 @@ int fk_physical(const char *env, int local) {
 int fk_device_count(void) { return fk_physical("CUDA_VISIBLE_DEVICES", -1); }
 int fk_hip_device_count(void) { return fk_physical("HIP_VISIBLE_DEVICES", -1); }
 
+static int trace_fd = -2;   /* -2: not opened yet */
+
+void fk_trace_open(void) {
+    const char *p = getenv("KREX_FAKE_TRACE");
+    trace_fd = p && *p ? open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -2;
+}
+
 static void trace(const struct fk_stream *s, int64_t start, int64_t end, const char *name, const struct fk_kinfo *k) {
-    static int fd = -2;
-    if (fd == -2) {
-        const char *p = getenv("KREX_FAKE_TRACE");
-        fd = p && *p ? open(p, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
+    if (trace_fd == -2) {
+        fk_trace_open();
+        if (trace_fd == -2) trace_fd = -1;
     }
-    if (fd < 0) return;
+    if (trace_fd < 0) return;
     char line[320];
     int n = snprintf(line, sizeof line, "%d %d %lld %lld %s smem=%u prio=%d", (int)getpid(), s->id, (long long)start,
                      (long long)end, name, k->smem, k->has_prio ? k->prio : s->priority);
     if (k->occ >= 0) n += snprintf(line + n, sizeof line - (size_t)n, " occ=%d resident=%u", k->occ, k->resident);
+    if (s->ctx && s->ctx->gpu >= 0) n += snprintf(line + n, sizeof line - (size_t)n, " gpu=%d", s->ctx->gpu);
     line[n++] = '\n';
-    ssize_t w = write(fd, line, (size_t)n);   /* one write, O_APPEND: lines never interleave */
+    ssize_t w = write(trace_fd, line, (size_t)n);   /* one write, O_APPEND: lines never interleave */
     (void)w;
 }
 
@@ -167,7 +174,7 @@ static void enqueue(struct fk_stream *s, struct fk_op *op) {
 
 struct fk_ctx *fk_ctx_new(int device, int primary) {
     struct fk_ctx *c = calloc(1, sizeof *c);
-    c->device = device, c->primary = primary, c->valid = 1, c->refcount = 1;
+    c->device = device, c->primary = primary, c->valid = 1, c->refcount = 1, c->gpu = -1;
     pthread_mutex_init(&c->mu, NULL);
     c->default_stream = fk_stream_new(c, 0);
     return c;

@@ -5,7 +5,9 @@
  * work on one stream runs in launch order; synchronize calls wait. With KREX_FAKE_TRACE=path each
  * finished kernel appends `pid stream_id start_ns end_ns name smem=D prio=P` (CLOCK_MONOTONIC, O_APPEND;
  * D the launch's dynamic shared memory, P its priority), then ` occ=B resident=R` where the driver modelled
- * its occupancy (B blocks per SM, R blocks resident at once). */
+ * its occupancy (B blocks per SM, R blocks resident at once), then ` gpu=G`: the physical GPU the kernel ran
+ * on (its context's device through the visible-devices variable). The trace file is opened when the library
+ * loads, so that a process that later runs out of descriptors still traces its kernels. */
 #ifndef FK_ENGINE_H
 #define FK_ENGINE_H
 #include <pthread.h>
@@ -56,12 +58,16 @@ struct fk_stream {
 
 struct fk_ctx {
     int device, primary, refcount, valid;
+    int gpu;                            /* the physical GPU (-1: unknown), for the trace */
     pthread_mutex_t mu;
     struct fk_stream *streams;          /* includes the default stream */
     struct fk_stream *default_stream;
 };
 
 int64_t fk_now_ns(void);
+/* the drivers open the trace when they load: a process that runs out of descriptors later (tests do that on
+ * purpose) still has its trace; one given KREX_FAKE_TRACE only after loading opens it at its first kernel */
+void fk_trace_open(void);
 int fk_device_count(void);                       /* CUDA devices this process sees */
 int fk_hip_device_count(void);
 int fk_physical(const char *env, int local);     /* visible device -> physical GPU (-1: none) */

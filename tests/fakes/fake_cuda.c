@@ -22,6 +22,9 @@
 #include "engine.h"
 
 #define EXPORT __attribute__((visibility("default")))
+
+__attribute__((constructor)) static void trace_at_load(void) { fk_trace_open(); }
+
 enum {
     OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_CONTEXT = 201,
     E_HANDLE = 400, E_NOT_FOUND = 500, E_NOT_READY = 600, E_OUT_OF_RESOURCES = 701, E_COOP_TOO_LARGE = 720,
@@ -143,6 +146,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
     struct CUctx_st *c = calloc(1, sizeof *c);
     c->fk = fk_ctx_new(d, 0);
+    c->fk->gpu = fk_physical("CUDA_VISIBLE_DEVICES", d);
     *pctx = c;
     return push(c);
 }
@@ -167,6 +171,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
         ctx_delay();
         primary[d] = calloc(1, sizeof(struct CUctx_st));
         primary[d]->fk = fk_ctx_new(d, 1);
+        primary[d]->fk->gpu = fk_physical("CUDA_VISIBLE_DEVICES", d);
     } else {
         primary[d]->fk->refcount++;
     }

@@ -8,6 +8,9 @@
 #include "engine.h"
 
 #define EXPORT __attribute__((visibility("default")))
+
+__attribute__((constructor)) static void trace_at_load(void) { fk_trace_open(); }
+
 enum { OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_HANDLE = 400, E_NOT_FOUND = 500,
        E_NOT_READY = 600, E_CAPTURE_UNSUPPORTED = 900, E_NOT_CAPTURED = 906 };
 
@@ -29,6 +32,7 @@ static struct ihipCtx_t *dev_ctx(int d) {
     if (!devices[d]) {
         devices[d] = calloc(1, sizeof(struct ihipCtx_t));
         devices[d]->fk = fk_ctx_new(d, 1);
+        devices[d]->fk->gpu = fk_physical("HIP_VISIBLE_DEVICES", d);
     }
     pthread_mutex_unlock(&dev_mu);
     return devices[d];
