@@ -115,17 +115,18 @@ def remove_stale_socket(path: str) -> bool:
     return True
 
 
-def identity(path: str) -> Optional[tuple[int, int]]:
+def identity(path: str, is_kind=stat.S_ISSOCK) -> Optional[tuple[int, int]]:
+    """(device, inode) of path itself (not followed) when it is of that kind (a socket by default)."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+    return (st.st_dev, st.st_ino) if is_kind(st.st_mode) else None
 
 
-def remove_if_same(path: str, ident: Optional[tuple[int, int]]) -> bool:
-    """At a clean stop: remove path only if it is still the socket we bound."""
-    if ident is None or identity(path) != ident:
+def remove_if_same(path: str, ident: Optional[tuple[int, int]], is_kind=stat.S_ISSOCK) -> bool:
+    """At a clean stop: remove path only if it is still the file we made (the socket we bound by default)."""
+    if ident is None or identity(path, is_kind) != ident:
         return False
     try:
         os.unlink(path)
@@ -255,14 +256,4 @@ def create_gate_file(path: str, data: bytes) -> tuple[int, tuple[int, int]]:
 
 def remove_gate_file_if_same(path: str, ident: Optional[tuple[int, int]]) -> bool:
     """At a clean stop: remove path only if it is still the gate file we created."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if ident is None or not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != ident:
-        return False
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
+    return remove_if_same(path, ident, stat.S_ISREG)
