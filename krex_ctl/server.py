@@ -124,6 +124,9 @@ class Timer:
         return self.when < other.when
 
 
+GPU_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)   # clients that may launch on a GPU
+
+
 def raise_fd_limit() -> int:
     """Soft RLIMIT_NOFILE up to the hard limit; returns the soft limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -152,6 +155,7 @@ class Controller(RegionEffects):
         self.lifecycle.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}
+        self.gpu_clients = 0                      # registered shim and region clients (note_activity)
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.unregistered = Unregistered()        # processes refused or unconnected: their regions are not exclusive
         self.unregistered.readers = self.gate.readers
@@ -387,9 +391,7 @@ class Controller(RegionEffects):
     def note_activity(self) -> None:
         """Tell other controllers on the node whether we have GPU processes (registry.py): registered shim
         and region clients, and refused processes still alive."""
-        active = self.unregistered.live() > 0 or any(
-            c.role in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON) for c in self.clients.values())
-        self.registry.activity(active, time.monotonic_ns())
+        self.registry.activity(self.gpu_clients > 0 or self.unregistered.live() > 0, time.monotonic_ns())
 
     def refuse_with_gates(self, client: Client, why: str) -> None:
         """A refusal a shim can live with: the ERROR frame carries a read-only gate page, which the shim
@@ -527,7 +529,9 @@ class Controller(RegionEffects):
         client.sock.close()
         if client.pidfd is not None:
             client.pidfd.close()
-        self.note_activity()
+        if client.role in GPU_ROLES:
+            self.gpu_clients -= 1
+            self.note_activity()
         self.apply(self.book.schedule(time.monotonic()))
 
     # ---- messages, by sender ---------------------------------------------------------------------
@@ -580,7 +584,9 @@ class Controller(RegionEffects):
         self.unpend(client)
         self.unregistered.registered(client.pid)
         client.role = hello.role
-        self.note_activity()   # before the WELCOME: no launch of this client precedes our entry saying so
+        if client.role in GPU_ROLES:
+            self.gpu_clients += 1
+            self.note_activity()   # before the WELCOME: no launch of this client precedes our entry saying so
         if client.role != C.KREX_ROLE_CLI:
             client.job = self.place(client, int(hello.job), int(hello.job_root))
             client.job.clients.add(client)
