@@ -504,7 +504,7 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="10000", SNIPPET_STREAMS="2", SNIPPET_US="300")
     owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
-                       env={"SNIPPET_REGIONS": "30", "SNIPPET_GAP_US": "200000", "SNIPPET_HOLD_US": "20000"})
+                       env={"SNIPPET_REGIONS": "45", "SNIPPET_GAP_US": "120000", "SNIPPET_HOLD_US": "20000"})
     wait_for(lambda: held(krex), what="a first region")
     first = krex.ctl.pid
     krex.ctl.kill()
@@ -518,7 +518,7 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     assert owner.returncode == 0, err
     assert "connected to a controller again" in err
     regions = report_of(tmp_path / "r.json")["regions"]
-    assert len(regions) == 30
+    assert len(regions) == 45
     later = [r for r in regions if r["exclusive"] and r.get("controller_pid") == second]
     assert len(later) >= 5 and all(r["frozen"] == 1 for r in later), [(r["exclusive"], r["taints"]) for r in regions]
     assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
