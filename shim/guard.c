@@ -16,9 +16,10 @@
  * arm in force meanwhile. The schedule and the rule are guard_rule.c's: ABBA exploration for 11 epochs of every
  * 128, ON kept only when its median epoch is faster than OFF's by more than the margin.
  *
- * What the guard cannot toggle: sm_target (set on cuBLASLt descriptors when they are created, so it applies in
- * both arms), and what a graph captured earlier baked in (a launch captured into a graph takes the arm in force
- * at capture; its replays are not counted). One mutex: communication launches come from any thread, but they are
+ * sm_target follows the arm in force when a cuBLASLt descriptor is made (PyTorch makes one per matmul call).
+ * What the guard cannot toggle: a descriptor made once and reused keeps the arm it was made in, and what a graph
+ * captured earlier baked in (a launch captured into a graph takes the arm in force at capture; its replays are
+ * not counted). One mutex: communication launches come from any thread, but they are
  * rare next to compute launches, which only read the arm (one atomic load). */
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -11,9 +11,9 @@
  *                whole SM) can start there.
  *   sm_target=N  cuBLASLt matmul descriptors get CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = N when they are created
  *                (the lever for GEMMs already at one block per SM, where padding can do nothing).
- *   noguard      priority and shape apply to every eligible launch; without it the guard (guard.c) measures the
- *                program with them on and off in epochs of communication launches (KREX_OVERLAP_GUARD_EPOCH) and
- *                keeps them on only where that was faster. A launch in an epoch the guard runs off is made
+ *   noguard      the controls apply to every eligible launch (and descriptor); without it the guard (guard.c)
+ *                measures the program with them on and off in epochs of communication launches
+ *                (KREX_OVERLAP_GUARD_EPOCH) and keeps them on only where that was faster. A launch in an epoch the guard runs off is made
  *                exactly as the caller asked and counted nowhere but in the guard's epochs.
  *
  * Fail open, always: a control whose preconditions cannot be checked leaves the launch as the caller made it,
@@ -94,7 +94,9 @@ static void read_config(void) {
                  "the overlap controls are off", v, MAX_SHAPE);
         cfg.priority = cfg.shape = cfg.sm_target = cfg.noguard = 0;
     }
-    cfg.any = cfg.priority || cfg.shape;
+    /* the launch path is taken for priority and shape, and for sm_target under the guard (whose epochs count
+     * the communication launches) */
+    cfg.any = cfg.priority || cfg.shape || (cfg.sm_target && !cfg.noguard);
     const char *e = getenv("KREX_OVERLAP_GUARD_EPOCH");
     int epoch = e && *e ? parse_number(e, strlen(e), 1, 65535) : GUARD_EPOCH_DEFAULT;
     if (epoch < 0) {
@@ -726,6 +728,9 @@ KREX_EXPORT cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, 
     if (!REAL(cublasLtMatmulDescCreate)) return CUBLAS_STATUS_NOT_INITIALIZED;
     cublasStatus_t r = REAL(cublasLtMatmulDescCreate)(desc, compute, scale);
     if (r != CUBLAS_STATUS_SUCCESS || !desc || !config_ready() || !cfg.sm_target) return r;
+    /* under the guard, the arm in force when the descriptor is made: PyTorch makes one per matmul call, so its
+     * matmuls follow the guard's epochs as launches do; a descriptor kept and reused keeps the arm it was made in */
+    if (!krex_guard_arm()) return r;
     int32_t target = cfg.sm_target;
     /* set at creation: the caller's heuristic query sees it, and a target the caller sets itself wins */
     if (REAL(cublasLtMatmulDescSetAttribute) &&

@@ -124,9 +124,12 @@ def test_a_launch_that_fails_as_asked_still_fails_and_is_no_fallback(tmp_path):
 
 
 def test_sm_target_goes_on_every_cublaslt_matmul_descriptor(tmp_path):
-    out, _, c = launch(tmp_path, "sm_target=116", "LT", "LT")
+    out, _, c = launch(tmp_path, "sm_target=116,noguard", "LT", "LT")
     assert out.stdout.split() == ["LT", "sm_target", "116"] * 2
     assert overlap_counts(c) == {"sm_target": 2}
+    # under the guard, none before the first communication launch (the controls are off until an exploration)
+    out, _, c = launch(tmp_path, "sm_target=116", "LT")
+    assert out.stdout.split() == ["LT", "sm_target", "0"] and overlap_counts(c) == {}
     out, _, _ = launch(tmp_path, None, "LT")
     assert out.stdout.split() == ["LT", "sm_target", "0"]
 

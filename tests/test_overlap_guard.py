@@ -72,7 +72,7 @@ N = 520                          # iterations: one cycle and two epochs of the n
 LOOP = f"LOOP:{N}:{COMM}:200:{GEMM}:400"      # each: a 200 us collective beside a 400 us GEMM, then a sync
 
 
-def run(tmp_path, controls, *args, occ_us=None, epoch=E):
+def run(tmp_path, controls, *args, occ_us=None, epoch=E, extra=None):
     """The overlap snippet under the shim (no controller needed), the guard's decisions logged. Returns (completed
     process, the trace's kernels in completion order as (name, fields), counters)."""
     counters, trace = tmp_path / "counters", tmp_path / "trace"
@@ -86,6 +86,7 @@ def run(tmp_path, controls, *args, occ_us=None, epoch=E):
         env["KREX_OVERLAP"] = controls
     if occ_us:
         env["KREX_FAKE_OCC_US"] = occ_us
+    env.update(extra or {})
     out = subprocess.run([str(SNIP / "overlap"), *args], env=env, capture_output=True, text=True, timeout=120)
     kernels = []
     for line in trace.read_text().splitlines() if trace.exists() else []:
@@ -146,6 +147,18 @@ def test_the_exploration_toggles_priority_too(tmp_path):
     prio = [i for i, (name, f) in enumerate(k for k in kernels if k[0] == COMM) if f["prio"] == "-5"]
     assert prio == list(range(3 * E, 8 * E)) and c["overlap_prioritized"] == 5 * E
     assert guard(c) == (6, 5)
+
+
+def test_the_exploration_toggles_sm_target_on_the_descriptors_made_in_its_on_epochs(tmp_path):
+    # a descriptor made per iteration, as PyTorch makes one per matmul call: those of epochs 3-7 get the target
+    out, _, c = run(tmp_path, "sm_target=116", f"LOOP:44:{COMM}:100:{GEMM}:100", extra={"SNIPPET_LOOP_LT": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    targeted = [int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("LT_TARGET")]
+    assert targeted == list(range(3 * E, 8 * E)) and c["overlap_sm_target"] == 5 * E
+    assert all(line.split()[2] == "116" for line in out.stdout.splitlines() if line.startswith("LT_TARGET"))
+    assert guard(c) == (6, 5)
+    out, _, c = run(tmp_path, "sm_target=116,noguard", f"LOOP:44:{COMM}:100:{GEMM}:100", extra={"SNIPPET_LOOP_LT": "1"})
+    assert sum(line.startswith("LT_TARGET") for line in out.stdout.splitlines()) == 44 == c["overlap_sm_target"]
 
 
 def test_noguard_keeps_the_raw_controls(tmp_path):

@@ -11,7 +11,8 @@
  * SNIPPET_ONE_STREAM=1 every launch goes to one stream. (The fake runs a kernel for GRID microseconds.)
  * LOOP:N:COMM:CGRID:GEMM:GGRID is a training loop's shape: N times, COMM by cuLaunchKernelEx (512 threads) on
  * one stream, then GEMM by cuLaunchKernel (256 threads) on another, then a context synchronize (COMM `-`: no
- * communication kernel); prints `LOOP N RC`. EVENTS prints `EVENTS timing T untimed U`, the events the fake
+ * communication kernel); prints `LOOP N RC`. With SNIPPET_LOOP_LT set, each iteration also makes a cuBLASLt
+ * descriptor after COMM and prints `LT_TARGET K N` where iteration K's got a target N. EVENTS prints `EVENTS timing T untimed U`, the events the fake
  * driver made so far (the shim's too). */
 #include <dlfcn.h>
 #include <string.h>
@@ -114,8 +115,17 @@ int main(int argc, char **argv) {
             CHECK(cuStreamCreate(&sc, 1));
             CHECK(cuStreamCreate(&sg, 1));
             CUresult r = CUDA_SUCCESS;
+            int lt = getenv("SNIPPET_LOOP_LT") != NULL;     /* a cuBLASLt descriptor made in each iteration */
             for (unsigned k = 0; k < n && r == CUDA_SUCCESS; k++) {
                 if (comm) r = launch("X", comm, cgrid, 512, 0, sc);
+                if (lt) {
+                    cublasLtMatmulDesc_t d;
+                    int32_t target = 0;
+                    CHECK(cublasLtMatmulDescCreate(&d, 0, 0));
+                    CHECK(cublasLtMatmulDescGetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target,
+                                                         sizeof target, NULL));
+                    if (target) printf("LT_TARGET %u %d\n", k, target);
+                }
                 if (r == CUDA_SUCCESS) r = launch("L", gemm, ggrid, 256, 0, sg);
                 CHECK(cuCtxSynchronize());
             }
