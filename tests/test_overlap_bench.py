@@ -21,13 +21,14 @@ def case(serial, comm, compute, conc_total, conc_comm, copies=6, ok=True):
             "copy_ok": ok, "gemm_ok": True, "ring_ok": True}
 
 
-def variant(label, controls, cases, rc=0, fallbacks=0):
+def variant(label, controls, cases, rc=0, fallbacks=0, padded=5):
     out = []
     for name, c in cases.items():
         c = dict(c, case=name)
         out.append(c)
+    overlap = {"fallbacks": fallbacks, "padded": padded, "prioritized": 0, "sm_target": 0} if controls else None
     return {"label": label, "controls": controls, "rc": rc, "cases": out,
-            "report": {"launches": 10, "exit_code": rc, "overlap": {"fallbacks": fallbacks} if controls else None}}
+            "report": {"launches": 10, "exit_code": rc, "overlap": overlap}}
 
 
 # the numbers measured before without krex (the issue), and what the controls would have to reach
@@ -86,8 +87,9 @@ def test_every_control_list_runs_raw_and_guarded():
     labels = {label: controls for label, controls, _ in op.VARIANTS}
     assert labels["shape=4"] == "shape=4,noguard" and labels["guard+shape=4"] == "shape=4"
     assert labels["priority+shape=1+sm_target=116"].endswith(",noguard")
-    assert labels["sm_target=116"] == "sm_target=116" and "guard+sm_target=116" not in labels   # nothing to guard
-    assert "guard+stream-priority" not in labels and labels["off"] is None
+    assert labels["sm_target=116"] == "sm_target=116,noguard" and labels["guard+sm_target=116"] == "sm_target=116"
+    assert "guard+stream-priority" not in labels and labels["off"] is None and labels["off-again"] is None
+    assert order_last(op.VARIANTS) == "off-again"                              # the floor: off once more, last
     for label, controls in labels.items():
         assert op.guarded(controls) == label.startswith("guard+"), label
     order = [label for label, _, _ in op.VARIANTS]
@@ -120,6 +122,33 @@ def test_guarded_variants_are_judged_on_a_whole_guard_cycle_against_off():
     runs[2]["cases"][0]["steady"]["total_ms"] = 13.9                       # 2.2% slower than off
     assert op.summarize(runs, [])["goals"]["no_guarded_control_1pct_slower_than_off"] is False
     assert "no_guarded_control_1pct_slower_than_off" not in op.summarize(MADE_UP, TRAIN)["goals"]   # no cycle run
+
+
+def order_last(variants):
+    return variants[-1][0]
+
+
+def test_the_floor_is_off_again_and_inert_controls_are_never_best_or_worst():
+    base = case(18.0, 9.0, 9.0, 13.5, 12.0)
+    runs = [variant("off", None, {"balanced": steady(base, 13.6)}),
+            # shape=4 padded nothing (every GEMM a cluster launch, say): its 12.0 is noise, not a control's win
+            variant("shape=4", "shape=4,noguard", {"balanced": case(18.0, 9.0, 9.0, 12.0, 11.0)}, padded=0),
+            variant("shape=1", "shape=1,noguard", {"balanced": case(18.0, 9.0, 9.0, 13.0, 11.0)}),
+            dict(variant("guard+shape=1", "shape=1", {"balanced": steady(base, 13.85)})),
+            variant("off-again", None, {"balanced": steady(case(18.0, 9.0, 9.0, 13.77, 12.0), 13.872)})]
+    for r in runs[3]["cases"] + runs[4]["cases"]:
+        r.pop("serial")
+    s = op.summarize(runs, [])
+    bal = s["cases"]["balanced"]
+    rows = {r["variant"]: r for r in bal["rows"]}
+    assert rows["shape=4"]["inert"] and not rows["shape=1"]["inert"] and not rows["off"]["inert"]
+    assert bal["best"] == "shape=1" and bal["worst_raw"] == "shape=1"
+    assert bal["floor_pct"] == pytest.approx(2.0) and bal["floor_steady_pct"] == pytest.approx(2.0)
+    assert bal["best_beyond_floor"] is True                       # 13.0 / 13.5: 3.7% under off, beyond the 2%
+    g = s["goals"]
+    assert g["no_guarded_control_1pct_slower_than_off"] is False  # 13.85 / 13.6: 1.8% slower
+    assert g["no_guarded_control_slower_than_off_beyond_max_1pct_floor"] is True   # within the 2% floor
+    assert "no_guarded_control_slower_than_off_beyond_max_1pct_floor" not in op.summarize(runs[:4], [])["goals"]
 
 
 def test_a_failed_or_missing_variant_is_recorded_not_fatal():
