@@ -17,6 +17,13 @@ sys.path.insert(0, str(ROOT))
 from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import it from here)
 
+# A suite started in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
+# and so would every process a test starts: a Python child then never gets KeyboardInterrupt, and the tests of
+# Ctrl-C (status --watch, a wrapper interrupted while waiting) hang until their timeout. A handler here is reset
+# to the default in each exec'd child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def native_build():
