@@ -11,7 +11,11 @@ of its own, krexsolo; --reference isolated: alone without krex). A solo referenc
 region does (after the clock settle, on the owner's own CPUs), with nobody else there. In H200 run 2 the
 plain isolated 0.1-1 ms kernels were 3-5% slower (medians) than the same kernels timed in krex regions with
 7 agents around, though nvidia-smi's SM clock (sampled every 500 ms) was higher in the isolated passes: the
-cause is not known, and a reference that is off by itself makes every |inflation| larger. Analysis:
+cause is not known, and a reference that is off by itself makes every |inflation| larger; in run 3 the timings
+above 1 ms under krex were faster than the solo reference. --reference solo-busy takes the reference beside a
+GPU neighbour (bench/contender.py under krex run, frozen in every region), so that the GPU is as busy between
+the commands as under load; --reference solo,solo-busy runs both (the first judges, the second is shown) and
+each row gets the median signed inflation per bucket (median_signed_pct: negative, faster). Analysis:
   - a kernel (size, variant, candidate or reference) is stable when its two isolated passes agree within
     --stable-pct (default 2%, the bimodality check across processes); unstable kernels are left out of every
     inflation figure and listed;
@@ -35,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import throughput as T  # noqa: E402
 
 POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy"}
-REFERENCES = {"solo": "krexsolo", "isolated": "isolated"}
+REFERENCES = {"solo": "krexsolo", "isolated": "isolated", "solo-busy": "krexsolobusy"}
 TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it started (about one command's time)
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
@@ -50,6 +54,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             continue
         clean = None if r["mode"] == "naive" else (lambda row: bool(row.get("regions_clean")) and all(row["regions_clean"]))
         fid = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), floors)
+        fid["median_signed_pct"] = signed_medians(r["rows"], ref["stable"], clean)
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
@@ -66,6 +71,21 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
+
+
+def signed_medians(rows: list, stable: dict, clean) -> dict:
+    """Per bucket, the median of (timing / the kernel's reference median - 1) in percent: which way the
+    timings lean (negative: faster than the reference)."""
+    import statistics as st
+    out: dict = {b: [] for b, _, _ in T.BUCKETS}
+    for row in rows:
+        if clean is not None and not clean(row):
+            continue
+        for kind in ("candidate", "reference"):
+            ref = stable.get((row.get("size"), row.get("variant"), kind))
+            if ref:
+                out[T.bucket(ref)] += [(t / ref - 1) * 100 for t in T.timings(row, kind)]
+    return {b: (round(st.median(v), 3) if v else None) for b, v in out.items()}
 
 
 def table(result) -> str:
@@ -88,6 +108,8 @@ def table(result) -> str:
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}")
+    for ref, other in (result.get("also") or {}).items():   # the same runs against another reference
+        out += ["", f"against the {ref} reference:", ""] + table({**other, "also": None}).splitlines()
     return "\n".join(out) + "\n"
 
 
@@ -126,17 +148,28 @@ def main() -> None:
                          "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
     ap.add_argument("--policies", default=",".join(POLICIES.values()),
                     help="the krex policies to run at each scale, of all, none, busy")
-    ap.add_argument("--gate-lifecycle", action="store_true",
-                    help="the krex controllers run with --gate-contexts --gate-exit: a context is created, and a "
-                         "process with contexts exits, only while no other job's region holds its GPU")
-    ap.add_argument("--reference", choices=sorted(REFERENCES), default="solo",
+    ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="on",
+                    help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
+                         "controller: a context is created, and a process with contexts exits, only while no other "
+                         "job's region holds its GPU); off: with --no-gate-contexts --no-gate-exit")
+    ap.add_argument("--reference", default="solo",
                     help="the two reference passes: solo (each command alone under a krex controller of its own, so "
-                         "each timing starts from the clock settle every region gets) or isolated (alone, no krex)")
+                         "each timing starts from the clock settle every region gets), isolated (alone, no krex) or "
+                         "solo-busy (solo beside a GPU neighbour, --neighbour, frozen in every region: a GPU that is "
+                         "busy between the commands); a comma list runs each, the first judging, the others shown")
+    ap.add_argument("--neighbour", default=None,
+                    help="solo-busy's neighbour script (args STOP READY; default bench/contender.py, bf16 matmuls)")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
                          "pass (as long as the first one took) still runs within it")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
     args = ap.parse_args()
+    bad = [x for x in args.reference.split(",") if x not in REFERENCES]
+    if bad:
+        ap.error(f"--reference: a comma list of {', '.join(sorted(REFERENCES))}, not {','.join(bad)}")
+    refs = [REFERENCES[x] for x in args.reference.split(",")]
+    if args.neighbour:
+        T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
     if args.reanalyse:
         runs = json.loads(Path(args.reanalyse).read_text())["runs"]
     else:
@@ -148,19 +181,21 @@ def main() -> None:
         if any(w not in POLICIES.values() for w in wanted):
             ap.error("--policies: a comma list of " + ", ".join(POLICIES.values()))
         modes = ["naive"] + [m for m, pol in POLICIES.items() if pol in wanted]
-        ref_mode = REFERENCES[args.reference]
-        plan = [(ref_mode, 1)] + [(m, n) for n in scales for m in modes] + [(ref_mode, 1)]
+        # each reference's two passes: one before everything, one after (in the reverse order)
+        plan = [(m, 1) for m in refs] + [(m, n) for n in scales for m in modes] + [(m, 1) for m in refs[::-1]]
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
         with tempfile.TemporaryDirectory() as td:
             ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port,
-                                 extra=("--gate-contexts", "--gate-exit") if args.gate_lifecycle else ())
+                                 extra=("--gate-contexts", "--gate-exit") if args.gate_lifecycle == "on"
+                                 else ("--no-gate-contexts", "--no-gate-exit"))
             try:
                 t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):
                     budget = args.budget
                     if args.deadline and mode not in T.REFERENCE_MODES and runs:
-                        left = args.deadline - (time.monotonic() - t_plan) - 1.2 * runs[0]["wall_s"]
+                        first = sum(r["wall_s"] for r in runs[:len(refs)])   # the last passes take as long
+                        left = args.deadline - (time.monotonic() - t_plan) - 1.2 * first
                         shared_left = sum(1 for m, _ in plan[i:] if m not in T.REFERENCE_MODES)
                         budget = max(5.0, min(budget, left / shared_left - TAIL_S))
                     runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1), ctls))
@@ -173,10 +208,13 @@ def main() -> None:
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
             finally:
                 ctls.stop()
-    ref_mode = REFERENCES[args.reference]
+    ref_mode = refs[0]
     if args.reanalyse and not any(r["mode"] == ref_mode for r in runs):
         ref_mode = next((m for m in T.REFERENCE_MODES if any(r["mode"] == m for r in runs)), ref_mode)
     result = analyse(runs, args.stable_pct, ref_mode)
+    also = [m for m in refs[1:] if any(r["mode"] == m for r in runs)]
+    if also:
+        result["also"] = {m: analyse(runs, args.stable_pct, m) for m in also}
     Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": sys.argv}, indent=1))
     md = table(result)
     if args.md:

@@ -36,8 +36,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexsolo")
-REFERENCE_MODES = ("isolated", "krexsolo")   # one command at a time, every distinct spec once, no budget
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexsolo", "krexsolobusy")
+# one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
+# neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
+REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")
+NEIGHBOUR = [str(ROOT / "bench" / "contender.py")]   # krexsolobusy's neighbour: args STOP READY [SIZE]
 CANDIDATE_ARGS: list = []           # more arguments for every candidate command (bench/freeze_policy.py)
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
@@ -146,6 +149,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     rows, lock = [], threading.Lock()
     kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)
     workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode == "krexwarm" else set()
+    neighbour = start_neighbour(kenv, tmp, mode) if mode == "krexsolobusy" else None
     t_start = time.monotonic()
 
     def agent(aid: int) -> None:
@@ -191,6 +195,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
         t.start()
     for t in threads:
         t.join()
+    if neighbour:
+        stop_neighbour(*neighbour)
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
     extra = {}
@@ -200,6 +206,33 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                  "warm_commands": sum(1 for r in rows if r.get("import_s", 9) < 1.0)}   # cold: >= 2.9 s
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),
             "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows, **extra}
+
+
+def start_neighbour(kenv: dict, tmp: Path, mode: str) -> tuple:
+    """The GPU neighbour of krexsolobusy, under `krex run` on the mode's controller, once it is running (its
+    READY file), or SystemExit."""
+    stop, ready = tmp / f"{mode}.stop", tmp / f"{mode}.ready"
+    stop.unlink(missing_ok=True)
+    ready.unlink(missing_ok=True)
+    log = open(tmp / f"{mode}-neighbour.log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, *NEIGHBOUR, str(stop),
+                          str(ready)], env=kenv, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            raise SystemExit(f"the {mode} neighbour did not start (see {log.name})")
+        time.sleep(0.1)
+    return p, stop
+
+
+def stop_neighbour(p, stop: Path) -> None:
+    stop.touch()
+    try:
+        p.wait(60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def bucket(ms: float) -> str:

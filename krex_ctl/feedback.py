@@ -20,6 +20,7 @@ import pwd
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 STRICT_EXIT = 5           # docs/reference/exit-codes.md
@@ -80,9 +81,9 @@ class Watcher(threading.Thread):
     """Polls the controller about this job while the command runs; says what it waits for and when it was
     paused. Never fails the run: a controller it cannot ask is a controller it stops asking."""
 
-    def __init__(self, socket_path: str, job: int, fb: Feedback):
+    def __init__(self, socket_path: str, job: int, fb: Feedback, counters: Optional[str] = None):
         super().__init__(daemon=True, name="krex-watcher")
-        self.socket_path, self.job, self.fb = socket_path, job, fb
+        self.socket_path, self.job, self.fb, self.counters = socket_path, job, fb, counters
         self.done = threading.Event()
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
@@ -128,7 +129,7 @@ class Watcher(threading.Thread):
     def take(self, reply: dict) -> None:
         now = time.monotonic()
         keys = set()
-        for w in reply.get("waits", []):
+        for w in reply.get("waits", []) + self.counted_gate_waits(reply):
             key = (w.get("kind"), w.get("gpu"), w.get("name"))
             keys.add(key)
             if w.get("since_s", 0) < FIRST_WAIT_S:
@@ -148,6 +149,28 @@ class Watcher(threading.Thread):
                 self.resumed(pid, f, reply.get("frozen_ns", {}))
         self.frozen = seen
         self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+
+    def counted_gate_waits(self, reply: dict) -> list:
+        """The gate waits the controller did not list, from the job's counters: a process blocked at a closed
+        gate before the controller knows its GPUs (its first context's creation), one wait per GPU."""
+        if not self.counters:
+            return []
+        from .wire import counters as counters_file
+        try:
+            blocked = counters_file.gate_waits(Path(self.counters))
+        except (OSError, ValueError):
+            return []
+        listed = {w.get("gpu") for w in reply.get("waits", [])}
+        held = reply.get("held", {})
+        out, now_ns = {}, time.monotonic_ns()
+        for b in blocked:
+            for g in b["gpus"]:
+                if g in listed or str(g) not in held:
+                    continue
+                since = (now_ns - b["since_ns"]) / 1e9
+                if g not in out or since > out[g]["since_s"]:
+                    out[g] = {"gpu": g, "kind": "gate", "since_s": since, "holder": held[str(g)], "queued": 0}
+        return list(out.values())
 
     def resumed(self, pid: int, f: dict, totals: dict) -> None:
         gpus = ",".join(str(g) for g in f.get("gpu", []))

@@ -63,7 +63,10 @@ def job_wait(ctl, client, req: dict) -> dict:
             if c.job is job:
                 frozen.append({"pid": c.pid, "since_s": (now_ns() - (getattr(c, "frozen_at", 0) or now_ns())) / 1e9,
                                "by": holder(region), "gpu": [g for g in ctl.cfg.gpus if region.gpu_mask >> g & 1]})
-    return {"waits": waits, "frozen": frozen, "frozen_ns": frozen_ns(ctl, job)}
+    # who holds each GPU another job's region holds: for a process of this job blocked at that gate before the
+    # controller knows its GPUs (creating its first context), which its wrapper finds in the job's counters
+    held = {str(g): holder(r) for g in ctl.cfg.gpus if (r := owner_on(ctl, 1 << g)) is not None and r.job is not job}
+    return {"waits": waits, "frozen": frozen, "frozen_ns": frozen_ns(ctl, job), "held": held}
 
 
 def frozen_ns(ctl, job) -> dict:

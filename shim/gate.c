@@ -127,10 +127,17 @@ static const struct krex_gate *krex_closed_gate_in(uint64_t m) {
 
 static const struct krex_gate *krex_closed_gate(void) { return krex_closed_gate_in(krex_dev_mask); }
 
-/* sleep until no gate in mask is held by another job (or the shim fails open) */
+/* sleep until no gate in mask is held by another job (or the shim fails open); the wait is shown in the
+ * process's counter slot while it lasts (gate_wait_since_ns, gate_wait_gpus) */
 static void krex_sleep_on_gates(uint64_t mask, int inflight) {
     const struct krex_gate *g;
+    struct krex_counter_slot *s = NULL;
     while ((g = krex_closed_gate_in(mask)) && !krex_failopen) {
+        if (!s) {
+            s = krex_counters();
+            __atomic_store_n(&s->gate_wait_gpus, mask, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->gate_wait_since_ns, krex_now_ns(), __ATOMIC_RELEASE);
+        }
         if (inflight) __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
         uint32_t owner = __atomic_load_n(&g->owner_job, __ATOMIC_ACQUIRE);
         if (owner) {
@@ -141,6 +148,7 @@ static void krex_sleep_on_gates(uint64_t mask, int inflight) {
         }
         if (inflight) __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
     }
+    if (s) __atomic_store_n(&s->gate_wait_since_ns, 0, __ATOMIC_RELEASE);
 }
 
 /* the same, counted as this process's time blocked at a closed gate */
@@ -154,11 +162,11 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
  * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
  * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
  * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Unset, the
- * controller's gate page decides (krex controller --gate-contexts / --gate-exit); both are off by
- * default: under krex regions the same churn moved a 1.6 ms kernel by +14-30% whichever of the two
- * was on (bench/results/perturb-krex-gates-*.json), so neither is shown to help timings yet. What they
- * do change: a region that such work ran into is tainted lifecycle, and without freezing (H200
- * freeze-policy run 2) a third of the regions were. */
+ * controller's gate page decides (krex controller --gate-contexts / --gate-exit, both on by default),
+ * and without a controller both are off. Why on: a region that such work ran into is tainted lifecycle;
+ * with 8 agents and no freezing on the H200, a third of the regions were without the gates (freeze-policy
+ * run 2), none with them (run 3), at the same throughput. (Before the lifecycle barrier, the same churn
+ * moved a 1.6 ms kernel by +14-30% in krex regions whichever gate was on: bench/results/perturb-krex-gates-*.) */
 
 /* KREX_GATE_CONTEXTS / KREX_GATE_EXIT where set (1 or 0), else the controller's default in the gate page */
 static int gate_flag(int env, unsigned page_flag) {

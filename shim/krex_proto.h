@@ -332,7 +332,11 @@ struct krex_counter_slot {
                                     * no region open (none begun, or every one ended: shim/region.c) */
     uint64_t overlap_guard_off_epochs;    /* epochs the overlap guard ran with the controls off (exploring or chosen) */
     uint64_t overlap_guard_on_epochs;     /* epochs the overlap guard ran with the controls on */
-    uint64_t reserved[7];
+    /* a wait at a closed gate under way (a launch, an allocation, a context's creation, an exit), for the wrapper's
+     * "waiting" line: the controller cannot tell a process blocked before its first context from an idle one */
+    int64_t gate_wait_since_ns;    /* CLOCK_MONOTONIC when it began; 0: not waiting */
+    uint64_t gate_wait_gpus;       /* the node's GPUs it waits on (bit g: GPU g) */
+    uint64_t reserved[5];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:

@@ -215,7 +215,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
-                        "--metrics-port", str(_free_ports(3))],
+                        "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
+                        "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
                        env=bench_env(tmp_path), capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -225,7 +226,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     assert "| busy | 2 |" in md.read_text()
-    assert data["reference"] == "krexsolo" and [r["mode"] for r in data["runs"]][::5] == ["krexsolo", "krexsolo"]
+    modes = [r["mode"] for r in data["runs"]]
+    assert data["reference"] == "krexsolo" and modes[:2] == ["krexsolo", "krexsolobusy"]
+    assert modes[-2:] == ["krexsolobusy", "krexsolo"]          # each reference's second pass, in reverse order
+    assert set(data["also"]) == {"krexsolobusy"} and "against the krexsolobusy reference:" in md.read_text()
+    assert set(data["rows"][0]["median_signed_pct"]) == set(data["floors_pct"])
     for run in (r for r in data["runs"] if r["mode"].startswith("krex")):
         m = run["metrics"]            # cumulative: krexsolo's second pass counts its first one's regions too
         n = sum(r["regions"] for x in data["runs"] if x["mode"] == run["mode"] and x is not run

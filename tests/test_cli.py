@@ -172,16 +172,16 @@ def test_bad_krex_variables_stop_the_run(krex, tmp_path):
 
 
 def test_gate_flags_accept_words(krex, tmp_path):
-    """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context and memory
-    gates off in words, a process that only makes a context and allocates is done while another job's
+    """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
+    exit gates off in words, a process that only makes a context and allocates is done while another job's
     region is still held."""
     krex.start_controller()
     hold = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "4000000"})
     from conftest import wait_for
 
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
-    out = krex.run([SNIP / "churn"], env={"KREX_GATE_CONTEXTS": "false", "KREX_GATE_MEMORY": "off", "SNIPPET_MB": "1",
-                                          "SNIPPET_MS": "0"})
+    out = krex.run([SNIP / "churn"], env={"KREX_GATE_CONTEXTS": "false", "KREX_GATE_MEMORY": "off",
+                                          "KREX_GATE_EXIT": "no", "SNIPPET_MB": "1", "SNIPPET_MS": "0"})
     assert out.returncode == 0, out.stderr
     assert any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"])   # it did not wait
     hold.communicate(timeout=30)

@@ -182,7 +182,8 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60,
              what="hog registered with its context")
     owner, owner_pid = holder(krex, 8.0)
-    waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
+    # its context made at once, so that it waits in the region queue (the next test: at the context gate)
+    waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "KREX_GATE_CONTEXTS": "0"})
     out, err = waiter.communicate(timeout=120)
     assert waiter.returncode == 0, err
     waits = [line for line in krex_lines(err) if line.startswith("krex: waiting")]
@@ -197,6 +198,22 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     r = report_of(sib_report)
     assert r["frozen_ns"] >= 1e9 and sum(r["frozen_ns_by_pid"].values()) == r["frozen_ns"]
     assert "frozen " in [line for line in krex_lines(sib_err) if "regions (" in line][0]
+
+
+def test_a_command_held_at_the_context_gate_is_told_why(krex):
+    """The context gate (on by default) holds a process's first context while another job's region holds its GPU;
+    the controller does not know that process's GPUs yet, so its wrapper finds the wait in the job's counters and
+    says it with the holder, as for any closed gate."""
+    krex.start_controller()
+    owner, owner_pid = holder(krex, 4.0)
+    waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
+    out, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err
+    waits = [line for line in krex_lines(err) if line.startswith("krex: waiting")]
+    assert waits and "at GPU 0's closed gate" in waits[0] and f"held by pid {owner_pid} (" in waits[0], err
+    assert "region 'timed'" in waits[0]
+    owner.communicate(timeout=60)
+    assert "region 0 begin=0" in out and "exclusive=1" in out           # its own region came after the holder's
 
 
 # ---- the report's destination ----------------------------------------------------------------------------

@@ -333,7 +333,7 @@ def test_a_process_environment_overrides_the_controllers_context_gate(krex, tmp_
                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1500000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
-                                                           "KREX_GATE_CONTEXTS": "0"})
+                                                           "KREX_GATE_CONTEXTS": "0", "KREX_GATE_EXIT": "0"})
     t_done = time.monotonic_ns()
     owner.communicate(timeout=30)
     [region] = report_of(tmp_path / "own.json")["regions"]

@@ -38,12 +38,12 @@ from ..server import Controller, bind
               help="Do not read the GPU's counters (NVML) at region boundaries: regions are not attested.")
 @click.option("--no-lifecycle-barrier", is_flag=True,
               help="Start regions even while another job creates or destroys a context or exits.")
-@click.option("--gate-contexts", is_flag=True,
-              help="Every client creates a context only while no other job's region holds that GPU (a process's "
-                   "KREX_GATE_CONTEXTS decides for it instead).")
-@click.option("--gate-exit", is_flag=True,
+@click.option("--gate-contexts/--no-gate-contexts", default=None,
+              help="Every client creates a context only while no other job's region holds that GPU (on by default; "
+                   "a process's KREX_GATE_CONTEXTS decides for it instead).")
+@click.option("--gate-exit/--no-gate-exit", default=None,
               help="Every client with contexts exits only while no other job's region holds one of its GPUs "
-                   "(KREX_GATE_EXIT decides instead).")
+                   "(on by default; KREX_GATE_EXIT decides instead).")
 @click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
               "before a region starts (0).")
 @click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
@@ -80,7 +80,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
         fair_window_s=fair_window, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
-        gate_contexts=True if gate_contexts else None, gate_exit=True if gate_exit else None,
+        gate_contexts=gate_contexts, gate_exit=gate_exit,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,

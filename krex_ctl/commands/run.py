@@ -209,7 +209,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
         if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
-    watcher = feedback.Watcher(str(sock), job, fb) if conn else None
+    watcher = feedback.Watcher(str(sock), job, fb, str(counters) if counters else None) if conn else None
     if watcher:
         watcher.start()
     run_facts = RunFacts(fb, watcher, strict, started_ns)

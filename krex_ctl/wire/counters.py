@@ -124,6 +124,26 @@ def read_counters(path: Path) -> dict:
     return totals
 
 
+def gate_waits(path: Path) -> list[dict]:
+    """The job's processes blocked at a closed gate now: [{"pid", "since_ns" (CLOCK_MONOTONIC), "gpus"}]."""
+    hdr_size, slot_size = ffi.sizeof("struct krex_counters_hdr"), ffi.sizeof("struct krex_counter_slot")
+    with open(path, "rb") as f:           # the header, then only the slots in use (it is read twice a second)
+        head = f.read(hdr_size)
+        if len(head) < hdr_size:
+            return []
+        hdr = ffi.cast("struct krex_counters_hdr *", ffi.from_buffer(head))
+        used = min(int(hdr.next_slot), int(hdr.slots), C.KREX_COUNTER_SLOTS)
+        body = f.read(used * slot_size)
+    slots = ffi.cast("struct krex_counter_slot *", ffi.from_buffer(body)) if body else None
+    out = []
+    for i in range(len(body) // slot_size):
+        s = slots[i]
+        if s.gate_wait_since_ns:
+            out.append({"pid": int(s.pid), "since_ns": int(s.gate_wait_since_ns),
+                        "gpus": [g for g in range(64) if s.gate_wait_gpus >> g & 1]})
+    return out
+
+
 def read_local_regions(path: Path) -> tuple[list[dict], int]:
     """The regions the job's processes recorded themselves (struct krex_local_region), in claim order, and
     how many more did not fit the table."""
