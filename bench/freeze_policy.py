@@ -77,15 +77,7 @@ def signed_medians(rows: list, stable: dict, clean) -> dict:
     """Per bucket, the median of (timing / the kernel's reference median - 1) in percent: which way the
     timings lean (negative: faster than the reference)."""
     import statistics as st
-    out: dict = {b: [] for b, _, _ in T.BUCKETS}
-    for row in rows:
-        if clean is not None and not clean(row):
-            continue
-        for kind in ("candidate", "reference"):
-            ref = stable.get((row.get("size"), row.get("variant"), kind))
-            if ref:
-                out[T.bucket(ref)] += [(t / ref - 1) * 100 for t in T.timings(row, kind)]
-    return {b: (round(st.median(v), 3) if v else None) for b, v in out.items()}
+    return {b: (round(st.median(v), 3) if v else None) for b, v in T.inflation(rows, stable, clean).items()}
 
 
 def table(result) -> str:

@@ -273,9 +273,9 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             "floor_kernels": {b: len(v) for b, v in floor.items()}}
 
 
-def abs_inflation(rows: list, stable: dict, clean=None) -> dict:
-    """Per bucket, |timing / the kernel's isolated median - 1| in percent of every timing of a stable kernel, in
-    the rows clean(row) accepts (all rows without clean)."""
+def inflation(rows: list, stable: dict, clean=None) -> dict:
+    """Per bucket, timing / the kernel's isolated median - 1 in percent (negative: faster) of every timing of a
+    stable kernel, in the rows clean(row) accepts (all rows without clean)."""
     out: dict = {b: [] for b, _, _ in BUCKETS}
     for row in rows:
         if clean is not None and not clean(row):
@@ -283,8 +283,13 @@ def abs_inflation(rows: list, stable: dict, clean=None) -> dict:
         for kind in ("candidate", "reference"):
             ref = stable.get((row.get("size"), row.get("variant"), kind))
             if ref:
-                out[bucket(ref)] += [abs(t / ref - 1) * 100 for t in timings(row, kind)]
+                out[bucket(ref)] += [(t / ref - 1) * 100 for t in timings(row, kind)]
     return out
+
+
+def abs_inflation(rows: list, stable: dict, clean=None) -> dict:
+    """inflation()'s values, absolute."""
+    return {b: [abs(x) for x in v] for b, v in inflation(rows, stable, clean).items()}
 
 
 def fidelity_goal(infl: dict, floors: dict, points: float = 0.25, need: int = 50) -> dict:
