@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# tests/gpu/overlap_h200.sh: the overlap controls (krex run --overlap) on the H200 in one device call, under 8
+# tests/gpu/overlap_h200.sh: the overlap controls (krex run --overlap) on the H200 in one device call, under 9
 # minutes: bench/overlap_proxy.py runs every variant of the controls in its own process with a timeout (a
 # failure is recorded, never fatal), each control list raw (noguard) and guarded (the overlap guard choosing,
 # measured over one whole guard cycle per case), then a training step with the controls off and on, alternating
-# (about 300 s in all).
+# (about 420 s in all).
 # Carry .whl (cffi and pycparser, for `krex run` and its report; without them the variants run with the shim
 # preloaded and no report). Back in $OUT: overlap-summary.json, overlap.png, overlap-logs.tgz (every process's
 # output and krex report), overlap-run.log, overlap-info.txt, overlap-smoke.txt.
-#   LIMIT=seconds for everything (460); CASES=, VARIANTS= narrow bench/overlap_proxy.py's lists; EXTRA= more options
+#   LIMIT=seconds for everything (540); CASES=, VARIANTS= narrow bench/overlap_proxy.py's lists; EXTRA= more options
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}
@@ -46,7 +46,7 @@ if python3 -c 'import krex_ctl.wire.frames' 2>/dev/null; then
     > /tmp/krex-gpu/overlap-controller.log 2>&1 & CTL=$!
   sleep 2
 fi
-LEFT=$(( ${LIMIT:-460} - ($(date +%s) - START) ))
+LEFT=$(( ${LIMIT:-540} - ($(date +%s) - START) ))
 timeout $LEFT python3 bench/overlap_proxy.py --out $OUT --budget $(( LEFT - 25 )) \
   ${CASES:+--cases $CASES} ${VARIANTS:+--variants $VARIANTS} ${EXTRA:-} > $OUT/overlap-run.log 2>&1
 echo "overlap_proxy rc=$? after $(( $(date +%s) - START )) s"
