@@ -85,7 +85,8 @@ def table(result) -> str:
     fmt = lambda x: "-" if x is None else f"{x:.2f}"   # noqa: E731
     out = ["| policy | agents | commands | vs naive | " + " | ".join(f"p95 abs {x} (%)" for x in b)
            + " | kernels per bucket | goal |", "|---" * (5 + len(b)) + "|"]
-    out.append("| floor (isolated x2) | 1 | - | - | " + " | ".join(fmt(result["floors_pct"][x]) for x in b)
+    out.append(f"| floor ({result.get('reference', 'isolated')} x2) | 1 | - | - | "
+               + " | ".join(fmt(result["floors_pct"][x]) for x in b)
                + " | " + "/".join(str(result["floor_kernels"][x]) for x in b) + " | |")
     for r in result["rows"]:
         out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | "
@@ -157,8 +158,9 @@ def main() -> None:
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
     args = ap.parse_args()
     bad = [x for x in args.reference.split(",") if x not in REFERENCES]
-    if bad:
-        ap.error(f"--reference: a comma list of {', '.join(sorted(REFERENCES))}, not {','.join(bad)}")
+    if bad or len(set(args.reference.split(","))) != len(args.reference.split(",")):
+        ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, "
+                 f"not {args.reference!r}")
     refs = [REFERENCES[x] for x in args.reference.split(",")]
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]

@@ -191,12 +191,14 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 rows.append(row)
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if neighbour:
-        stop_neighbour(*neighbour)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:           # never a neighbour left busy on the GPU
+        if neighbour:
+            stop_neighbour(*neighbour)
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
     extra = {}

@@ -14,11 +14,14 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
-def holder(region) -> dict:
-    """Who holds a GPU: the region's owner pid, uid, region name and the job's command (argv[0..])."""
+def holder(region, asker_uid: Optional[int] = None) -> dict:
+    """Who holds a GPU: the region's owner pid, uid, region name and the job's command (argv[0..]); the command
+    only to root and the job's own user when asker_uid is given (argv may hold secrets, as in krex status)."""
     owner = region.owner or region.req.owner
+    job_uid = region.job.uid if region.job else owner.uid
+    shown = asker_uid is None or asker_uid in (0, job_uid)
     return {"pid": owner.pid, "uid": owner.uid, "region": region.req.name,
-            "command": describe_command(region.job.command if region.job else []),
+            "command": describe_command(region.job.command if region.job else []) if shown else "",
             "held_s": (now_ns() - region.granted_ns) / 1e9 if region.granted_ns else 0.0}
 
 
@@ -50,22 +53,26 @@ def job_wait(ctl, client, req: dict) -> dict:
             if r.owner.job is job:
                 waits.append({"gpu": g, "kind": "region", "name": r.name, "pid": r.owner.pid, "place": place,
                               "queued": len(queue), "since_s": (now_ns() - r.requested_ns) / 1e9,
-                              "holder": holder(held) if held is not None else None})
+                              "holder": holder(held, client.uid) if held is not None else None})
         if any(w["gpu"] == g for w in waits):
             continue      # its region waits in the queue: that is the line to say, not the gate
         if held is not None and held.job is not job and any(c.job is job and c.devices & bit
                                                               for c in ctl.clients.values()):
             waits.append({"gpu": g, "kind": "gate", "since_s": (time.monotonic() - held.started) if held.started
-                          else 0.0, "holder": holder(held), "queued": len(queue)})
+                          else 0.0, "holder": holder(held, client.uid), "queued": len(queue)})
     frozen = []
     for region in ctl.book.regions.values():
         for c in region.frozen:
             if c.job is job:
                 frozen.append({"pid": c.pid, "since_s": (now_ns() - (getattr(c, "frozen_at", 0) or now_ns())) / 1e9,
-                               "by": holder(region), "gpu": [g for g in ctl.cfg.gpus if region.gpu_mask >> g & 1]})
+                               "by": holder(region, client.uid),
+                               "gpu": [g for g in ctl.cfg.gpus if region.gpu_mask >> g & 1]})
     # who holds each GPU another job's region holds: for a process of this job blocked at that gate before the
     # controller knows its GPUs (creating its first context), which its wrapper finds in the job's counters
-    held = {str(g): holder(r) for g in ctl.cfg.gpus if (r := owner_on(ctl, 1 << g)) is not None and r.job is not job}
+    # (only the job's own GPUs where it has any: those it was placed on or declared)
+    mine = [g for g in ctl.cfg.gpus if not job.gpus or job.gpus >> g & 1]
+    held = {str(g): holder(r, client.uid) for g in mine
+            if (r := owner_on(ctl, 1 << g)) is not None and r.job is not job}
     return {"waits": waits, "frozen": frozen, "frozen_ns": frozen_ns(ctl, job), "held": held}
 
 

@@ -278,11 +278,13 @@ static void refused_locked(const struct krex_gate_page_hdr *page) {
         krex_gatefile_release();          /* the refusal's own page: the controller knows of us by it */
         const char *job = getenv("KREX_JOB");
         krex_job = job ? atoi(job) : 0;   /* our own job's regions do not hold us; every other one does */
+        __atomic_store_n(&krex_gate_hdr, page, __ATOMIC_RELEASE);   /* its flags: the context and exit gates */
         __atomic_store_n(&krex_gates, (const struct krex_gate *)((const char *)page + sizeof *page), __ATOMIC_RELEASE);
         krex_contexts_gate_all();         /* nobody drains us: every GPU we use is gated */
         krex_failopen = 0;
     } else {
         __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+        __atomic_store_n(&krex_gate_hdr, NULL, __ATOMIC_RELEASE);
         krex_failopen = 1;
     }
 }
@@ -295,6 +297,7 @@ static void unreachable_locked(int quiet) {
     if (krex_gatefile_honour()) {
         const char *job = getenv("KREX_JOB");
         krex_job = job ? atoi(job) : 0;
+        __atomic_store_n(&krex_gate_hdr, krex_gatefile_hdr(), __ATOMIC_RELEASE);  /* published: stays mapped */
         __atomic_store_n(&krex_gates, krex_gatefile_gates(), __ATOMIC_RELEASE);   /* our presence is taken */
         krex_contexts_gate_all();
         krex_failopen = 0;
@@ -306,6 +309,7 @@ static void unreachable_locked(int quiet) {
     if (!quiet && !unreachable_logged++)
         krex_log(KREX_LOG_WARNING, "no controller at %s (%s); running without region exclusivity", path, dial_why);
     __atomic_store_n(&krex_gates, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&krex_gate_hdr, NULL, __ATOMIC_RELEASE);
     krex_failopen = 1;
 }
 

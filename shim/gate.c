@@ -135,8 +135,9 @@ static void krex_sleep_on_gates(uint64_t mask, int inflight) {
     while ((g = krex_closed_gate_in(mask)) && !krex_failopen) {
         if (!s) {
             s = krex_counters();
-            __atomic_store_n(&s->gate_wait_gpus, mask, __ATOMIC_RELAXED);
-            __atomic_store_n(&s->gate_wait_since_ns, krex_now_ns(), __ATOMIC_RELEASE);
+            __atomic_fetch_or(&s->gate_wait_gpus, mask, __ATOMIC_RELAXED);
+            if (__atomic_fetch_add(&s->gate_waiters, 1, __ATOMIC_ACQ_REL) == 0)
+                __atomic_store_n(&s->gate_wait_since_ns, krex_now_ns(), __ATOMIC_RELEASE);
         }
         if (inflight) __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
         uint32_t owner = __atomic_load_n(&g->owner_job, __ATOMIC_ACQUIRE);
@@ -148,7 +149,10 @@ static void krex_sleep_on_gates(uint64_t mask, int inflight) {
         }
         if (inflight) __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
     }
-    if (s) __atomic_store_n(&s->gate_wait_since_ns, 0, __ATOMIC_RELEASE);
+    if (s && __atomic_fetch_sub(&s->gate_waiters, 1, __ATOMIC_ACQ_REL) == 1) {
+        __atomic_store_n(&s->gate_wait_since_ns, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->gate_wait_gpus, 0, __ATOMIC_RELAXED);
+    }
 }
 
 /* the same, counted as this process's time blocked at a closed gate */

@@ -123,6 +123,8 @@ int krex_gatefile_honour(void) {
     return 1;
 }
 
+const struct krex_gate_page_hdr *krex_gatefile_hdr(void) { return held_page; }
+
 const struct krex_gate *krex_gatefile_gates(void) {
     return held_page ? (const struct krex_gate *)((const char *)held_page + sizeof *held_page) : NULL;
 }

@@ -334,9 +334,10 @@ struct krex_counter_slot {
     uint64_t overlap_guard_on_epochs;     /* epochs the overlap guard ran with the controls on */
     /* a wait at a closed gate under way (a launch, an allocation, a context's creation, an exit), for the wrapper's
      * "waiting" line: the controller cannot tell a process blocked before its first context from an idle one */
-    int64_t gate_wait_since_ns;    /* CLOCK_MONOTONIC when it began; 0: not waiting */
-    uint64_t gate_wait_gpus;       /* the node's GPUs it waits on (bit g: GPU g) */
-    uint64_t reserved[5];
+    int64_t gate_wait_since_ns;    /* CLOCK_MONOTONIC when the first of its waits under way began; 0: none */
+    uint64_t gate_wait_gpus;       /* the node's GPUs its waits under way are on (bit g: GPU g) */
+    uint64_t gate_waiters;         /* its threads waiting now: the first sets the two above, the last clears them */
+    uint64_t reserved[4];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:

@@ -526,6 +526,7 @@ static CUresult overlap_launch(struct launch *l) {
         if (cfg.priority && on) COUNT(overlap_priority_unchecked);
         return launch_original(l);
     }
+    if (e->klass != FN_COMM && !cfg.shape) return launch_original(l);   /* sm_target alone: only counting */
     int cooperative, cluster;
     int attrs_ok = read_attrs(l, &cooperative, &cluster) == 0;
     if (e->klass == FN_COMM) {

@@ -99,6 +99,7 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the c
 const struct krex_gate_page_hdr *krex_gatefile_open(const char *socket_path);  /* mapped, or NULL */
 int krex_gatefile_honour(void);                /* 1: its controller lives and our presence is taken */
 const struct krex_gate *krex_gatefile_gates(void);
+const struct krex_gate_page_hdr *krex_gatefile_hdr(void);   /* the same page's header (its flags, settle) */
 void krex_gatefile_release(void);
 int krex_gatefile_trace_of_controller(const char *socket_path);   /* a socket or gate file is there */
 void krex_gatefile_reset_after_fork(void);

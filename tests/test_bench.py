@@ -217,7 +217,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
                         "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
-                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=400)
+                       env=dict(bench_env(tmp_path), NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
+                       capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert [(r["policy"], r["agents"]) for r in data["rows"]] == [("naive", 2), ("all", 2), ("none", 2), ("busy", 2)]
@@ -231,6 +232,9 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert modes[-2:] == ["krexsolobusy", "krexsolo"]          # each reference's second pass, in reverse order
     assert set(data["also"]) == {"krexsolobusy"} and "against the krexsolobusy reference:" in md.read_text()
     assert set(data["rows"][0]["median_signed_pct"]) == set(data["floors_pct"])
+    # the neighbour ran under krex run, once for each solo-busy pass, and was stopped each time
+    marks = (tmp_path / "neighbour").read_text().split("\n")[:-1]
+    assert [m.split()[0] for m in marks] == ["start", "stop"] * 2 and all(m.split()[1] != "-" for m in marks)
     for run in (r for r in data["runs"] if r["mode"].startswith("krex")):
         m = run["metrics"]            # cumulative: krexsolo's second pass counts its first one's regions too
         n = sum(r["regions"] for x in data["runs"] if x["mode"] == run["mode"] and x is not run

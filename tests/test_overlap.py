@@ -180,6 +180,19 @@ def test_krex_run_overlap_reports_what_each_control_did(krex, tmp_path):
     assert out.returncode == 0 and "overlap" not in json.loads(rep.read_text())
 
 
+def test_guarded_controls_that_never_ran_an_epoch_are_said_to_have_stayed_off(krex, tmp_path):
+    krex.start_controller()
+    cmd = [sys.executable, "-m", "krex_ctl", "run", "--overlap", "sm_target=116", "--", str(SNIP / "overlap"),
+           f"L:{GEMM}:500:256:0", "LT"]
+    out = subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == ["LT", "sm_target", "0"]
+    assert "no communication kernel ended a guard epoch, so every control stayed off" in out.stderr
+    cmd[5] = "sm_target=116,noguard"                 # asked to apply them anyway: applied, and nothing to say
+    out = subprocess.run(cmd, env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[-3:] == ["LT", "sm_target", "116"] and "guard epoch" not in out.stderr
+
+
 def test_a_bad_overlap_list_is_refused_before_anything_runs(krex, tmp_path):
     marker = tmp_path / "ran"
     base = [sys.executable, "-m", "krex_ctl", "run"]

@@ -172,3 +172,28 @@ def test_which_commands_may_run_warm(tmp_path):
     for k, v in (("CUDA_VISIBLE_DEVICES", "1"), ("LD_LIBRARY_PATH", "/x"), ("PYTHONHASHSEED", "0"),
                  ("TORCH_LOGS", "+dynamo"), ("KREX_HOOKS", "all")):
         assert fingerprint(base) != fingerprint(dict(base, **{k: v})), k
+
+
+def test_gate_waits_are_read_from_the_counters_and_a_dead_waiters_mark_is_ignored(tmp_path):
+    """The wrapper's view of its processes blocked at a closed gate (shim/gate.c marks the slot): a live
+    process's wait with its GPUs; the mark a process killed at a gate left behind is not a wait."""
+    import os
+    import subprocess
+
+    from krex_ctl.wire.counters import create_counters, gate_waits
+    from krex_ctl.wire.frames import ffi
+
+    path = tmp_path / "counters"
+    create_counters(path, slots=4)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    data = bytearray(path.read_bytes())
+    buf = ffi.from_buffer(data)
+    hdr = ffi.cast("struct krex_counters_hdr *", buf)
+    slots = ffi.cast("struct krex_counter_slot *", buf + ffi.sizeof("struct krex_counters_hdr"))
+    hdr.next_slot = 3
+    slots[0].pid, slots[0].gate_wait_since_ns, slots[0].gate_wait_gpus, slots[0].gate_waiters = os.getpid(), 5, 0b101, 1
+    slots[1].pid, slots[1].gate_wait_since_ns, slots[1].gate_wait_gpus = dead.pid, 7, 0b1     # killed at the gate
+    slots[2].pid = os.getpid()                                                                  # not waiting
+    path.write_bytes(bytes(data))
+    assert gate_waits(path) == [{"pid": os.getpid(), "since_ns": 5, "gpus": [0, 2]}]

@@ -325,7 +325,12 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     if dropped:
         rep["regions_dropped"] = dropped   # older records past what the controller keeps per job
     if overlap:
-        rep["overlap"] = report.overlap_section(overlap, totals)
+        rep["overlap"] = ov = report.overlap_section(overlap, totals)
+        if ("noguard" not in overlap.split(",") and totals.get("kernels") and facts is not None
+                and not ov["guard_off_epochs"] + ov["guard_on_epochs"]):
+            # under the guard the controls wait for an exploration, which needs communication launches
+            facts.fb.say(f"--overlap {overlap}: no communication kernel ended a guard epoch, so every control "
+                         "stayed off (add noguard to apply them anyway)")
     if facts is not None:
         report.add_run_facts(rep, wall_ns=time.monotonic_ns() - facts.started_ns, host=feedback.host(),
                              frozen=frozen, controller=guardian is not None)

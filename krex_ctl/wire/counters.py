@@ -125,7 +125,10 @@ def read_counters(path: Path) -> dict:
 
 
 def gate_waits(path: Path) -> list[dict]:
-    """The job's processes blocked at a closed gate now: [{"pid", "since_ns" (CLOCK_MONOTONIC), "gpus"}]."""
+    """The job's processes blocked at a closed gate now: [{"pid", "since_ns" (CLOCK_MONOTONIC), "gpus"}]. A slot
+    whose process is gone is left out (one killed at a gate never cleared its mark)."""
+    import psutil
+
     hdr_size, slot_size = ffi.sizeof("struct krex_counters_hdr"), ffi.sizeof("struct krex_counter_slot")
     with open(path, "rb") as f:           # the header, then only the slots in use (it is read twice a second)
         head = f.read(hdr_size)
@@ -138,7 +141,7 @@ def gate_waits(path: Path) -> list[dict]:
     out = []
     for i in range(len(body) // slot_size):
         s = slots[i]
-        if s.gate_wait_since_ns:
+        if s.gate_wait_since_ns and psutil.pid_exists(int(s.pid)):
             out.append({"pid": int(s.pid), "since_ns": int(s.gate_wait_since_ns),
                         "gpus": [g for g in range(64) if s.gate_wait_gpus >> g & 1]})
     return out
