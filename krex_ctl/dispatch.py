@@ -49,7 +49,7 @@ def python_command(argv: list[str], env: Mapping[str, str]) -> Optional[tuple[st
 ZYGOTE_VARS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TMPDIR", "TZ", "TERM",
                "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "KREX_LOG_LEVEL",
                "KREX_SHIM", "KREX_NVML", "KREX_FAKE_TRACE", "KREX_FAKE_GPUS", "KREX_GATE_CONTEXTS", "KREX_GATE_EXIT",
-               "KREX_GATE_MEMORY", "KREX_SOCKET")
+               "KREX_GATE_MEMORY", "KREX_GATE_LIFECYCLE_WAIT", "KREX_SOCKET")
 
 
 def zygote_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -139,6 +139,9 @@ def check_environment(env: Mapping[str, str]) -> None:
         raise KrexCommandError(f"KREX_OVERLAP_GUARD_EPOCH must be a whole number from 1 to 65535, not {epoch!r}", 2)
     if env.get("KREX_REGION_TIMEOUT"):
         check_region_timeout(env["KREX_REGION_TIMEOUT"], "KREX_REGION_TIMEOUT")
+    wait = env.get("KREX_GATE_LIFECYCLE_WAIT")
+    if wait not in (None, "") and not (re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", wait) and float(wait) <= 3600):
+        raise KrexCommandError(f"KREX_GATE_LIFECYCLE_WAIT must be a number of seconds (0 to 3600), not {wait!r}", 2)
 
 
 def check_region_timeout(value, what: str = "--region-timeout") -> float:

@@ -127,12 +127,18 @@ static const struct krex_gate *krex_closed_gate_in(uint64_t m) {
 
 static const struct krex_gate *krex_closed_gate(void) { return krex_closed_gate_in(krex_dev_mask); }
 
-/* sleep until no gate in mask is held by another job (or the shim fails open); the wait is shown in the
- * process's counter slot while it lasts (gate_wait_since_ns, gate_wait_gpus) */
-static void krex_sleep_on_gates(uint64_t mask, int inflight) {
+/* sleep until no gate in mask is held by another job (or the shim fails open, or deadline_ns passes: 0, none);
+ * the wait is shown in the process's counter slot while it lasts (gate_wait_since_ns, gate_wait_gpus). 1 when
+ * it ended at the deadline with a gate still closed. */
+static int krex_sleep_on_gates_until(uint64_t mask, int inflight, int64_t deadline_ns) {
     const struct krex_gate *g;
     struct krex_counter_slot *s = NULL;
+    int late = 0;
     while ((g = krex_closed_gate_in(mask)) && !krex_failopen) {
+        if (deadline_ns && krex_now_ns() >= deadline_ns) {
+            late = 1;
+            break;
+        }
         if (!s) {
             s = krex_counters();
             __atomic_fetch_or(&s->gate_wait_gpus, mask, __ATOMIC_RELAXED);
@@ -153,6 +159,43 @@ static void krex_sleep_on_gates(uint64_t mask, int inflight) {
         __atomic_store_n(&s->gate_wait_since_ns, 0, __ATOMIC_RELEASE);
         __atomic_store_n(&s->gate_wait_gpus, 0, __ATOMIC_RELAXED);
     }
+    return late;
+}
+
+static void krex_sleep_on_gates(uint64_t mask, int inflight) { (void)krex_sleep_on_gates_until(mask, inflight, 0); }
+
+/* KREX_GATE_LIFECYCLE_WAIT (seconds, 0 to 3600; 5): the longest a context's creation or an exit waits at another
+ * job's closed gate. The gate opens between two regions, but the next queued one can close it again at once:
+ * under back-to-back regions of other jobs a start-up or an exit would wait for as long as they go on. Past the
+ * bound the process goes on; its creation or exit is announced as always, so the region it runs into is
+ * tainted lifecycle (never silent). */
+static int64_t krex_lifecycle_wait_ns(void) {
+    static int64_t ns = -1;
+    if (__atomic_load_n(&ns, __ATOMIC_RELAXED) >= 0) return ns;
+    double s = 5.0;
+    const char *v = getenv("KREX_GATE_LIFECYCLE_WAIT");
+    if (v && *v) {
+        char *end;
+        double x = strtod(v, &end);
+        if (*end || !(x >= 0) || x > 3600)
+            krex_log(KREX_LOG_WARNING, "KREX_GATE_LIFECYCLE_WAIT=%s is not a number of seconds (0 to 3600); using 5", v);
+        else
+            s = x;
+    }
+    __atomic_store_n(&ns, (int64_t)(s * 1e9), __ATOMIC_RELAXED);
+    return ns;
+}
+
+/* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; the
+ * time is counted as blocked at a closed gate where counted is set */
+static void krex_lifecycle_gate_wait(uint64_t mask, const char *what, int counted) {
+    int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
+    int late = krex_sleep_on_gates_until(mask, 0, max ? t0 + max : t0 + 1);
+    int64_t waited = krex_now_ns() - t0;
+    if (counted) __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+    if (late)
+        krex_log(KREX_LOG_INFO, "%s waited %.1f s at another job's closed gate (KREX_GATE_LIFECYCLE_WAIT); going on: "
+                 "the region it runs into is tainted lifecycle", what, (double)waited / 1e9);
 }
 
 /* the same, counted as this process's time blocked at a closed gate */
@@ -187,7 +230,7 @@ void krex_context_gate(int vendor, int local_device) {
     if (!gate_flag(env, KREX_GATE_PAGE_CONTEXTS)) return;
     int dev = krex_physical_device(vendor, local_device);
     if (dev < 0 || dev >= KREX_MAX_GPUS) return;
-    if (krex_closed_gate_in(1ull << dev)) krex_gate_wait(krex_counters(), 1ull << dev, 0);
+    if (krex_closed_gate_in(1ull << dev)) krex_lifecycle_gate_wait(1ull << dev, "creating a context", 1);
 }
 
 /* Exit: with KREX_GATE_EXIT=1, first wait for other jobs' regions on our GPUs to end; then tell the
@@ -196,7 +239,7 @@ void krex_context_gate(int vendor, int local_device) {
  * told of, so an exit must not be told of and then wait for that region. */
 static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
-    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_sleep_on_gates(krex_dev_mask, 0);
+    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, "exiting", 0);
     static int told;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
 }

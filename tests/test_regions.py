@@ -341,6 +341,27 @@ def test_a_process_environment_overrides_the_controllers_context_gate(krex, tmp_
     assert "lifecycle" in region["taints"] and not region["clean"]
 
 
+def test_a_context_gate_wait_is_bounded_and_the_region_it_runs_into_says_so(krex, tmp_path):
+    """Back-to-back regions of other jobs could hold a start-up at the context gate for as long as they go on:
+    past KREX_GATE_LIFECYCLE_WAIT the creation goes ahead, and the region it ran into is tainted lifecycle."""
+    krex.start_controller("--no-freeze")
+    script, go = tmp_path / "quiet.py", tmp_path / "go"
+    script.write_text(QUIET_SCRIPT)
+    go.write_text("")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "4000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    t0 = time.monotonic_ns()
+    out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
+                                                           "KREX_GATE_LIFECYCLE_WAIT": "0.5", "KREX_GATE_EXIT": "0"})
+    t_done = time.monotonic_ns()
+    owner.communicate(timeout=30)
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    assert out.returncode == 0 and t_done < region["ended_ns"], out.stderr     # it did not wait for the region
+    assert t_done - t0 >= 0.5e9                                                 # but it waited the bound
+    assert "lifecycle" in region["taints"] and not region["clean"]
+
+
 def test_outside_regions_context_allocation_and_exit_do_not_wait(krex, tmp_path):
     krex.start_controller()
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"), "KREX_GATE_CONTEXTS": "1", "KREX_GATE_EXIT": "1"}

@@ -143,7 +143,10 @@ def test_environment_is_checked_before_a_run():
     from krex_ctl.environ import check_environment
 
     check_environment({"KREX_GATE_CONTEXTS": "true", "KREX_GATE_EXIT": "0", "KREX_GPU": "0,1", "KREX_HOOKS": "all"})
+    check_environment({"KREX_GATE_LIFECYCLE_WAIT": "2.5"})
     for env, message in (({"KREX_GATE_CONTEXTS": "maybe"}, "KREX_GATE_CONTEXTS must be 0 or 1"),
+                         ({"KREX_GATE_LIFECYCLE_WAIT": "-1"}, "KREX_GATE_LIFECYCLE_WAIT must be a number of seconds"),
+                         ({"KREX_GATE_LIFECYCLE_WAIT": "4000"}, "KREX_GATE_LIFECYCLE_WAIT must be a number of seconds"),
                          ({"KREX_GPU": "abc"}, "KREX_GPU: 'abc' is not a GPU index"),
                          ({"KREX_LOG_LEVEL": "loud"}, "KREX_LOG_LEVEL must be one of"),
                          ({"KREX_HOOKS": "triton,nope"}, "KREX_HOOKS: unknown hook nope"),
