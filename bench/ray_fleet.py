@@ -6,6 +6,10 @@ a Triton matmul variant compiled, checked against torch.mm and timed (candidate 
 triton.testing.do_bench, with the specs and kernel mix of bench/throughput.py. Modes:
   pergpu  num_gpus=1 per task: Ray runs one task at a time per GPU. Its timings are the isolated ground truth;
           it runs each distinct spec once, whatever the budget
+  pergpubusy  the same under krex.ray.runtime_env(), beside a GPU neighbour under `krex run` on the same
+          controller (bench/contender.py, frozen in every region): one task per GPU on a GPU that is busy between
+          the tasks, as it is under load (krex's timings below 1 ms were faster than pergpu's in H200 run 2); with
+          two passes of it, --reference pergpubusy judges against them
   naive   num_gpus=1/AGENTS per task, nothing between the tasks
   krex    the same, the tasks' workers under krex.ray.runtime_env(hooks="triton"): each do_bench a region
   shell   the same through krex.ray.shell(): the candidate as a command under `krex run`, the task a plain one
@@ -34,7 +38,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
 from throughput import BUCKETS, bucket, distinct, make_specs, p95  # noqa: E402
 
-MODES = ("pergpu", "naive", "krex", "shell")
+MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy")
+REFERENCE_MODES = ("pergpu", "pergpubusy")   # one task per GPU, each distinct spec once
+KREX_MODES = ("krex", "shell", "pergpubusy")  # under the controller: its counters, each region's flags
 
 
 REPEAT = [1]   # --repeat: timings per kernel per evaluation
@@ -97,21 +103,37 @@ def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidat
              sock: str) -> dict:
     import krex.ray
 
-    share = 1.0 if mode == "pergpu" else 1.0 / agents
-    if mode == "pergpu":
+    share = 1.0 if mode in REFERENCE_MODES else 1.0 / agents
+    if mode in REFERENCE_MODES:
         specs, budget_s = distinct(specs), float("inf")
     if mode == "shell":
         def launch(spec, nonce):
             return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce), num_gpus=share,
                                   hooks="triton", timeout=600)
     else:
-        env = krex.ray.runtime_env(hooks="triton") if mode == "krex" else None
+        env = krex.ray.runtime_env(hooks="triton") if mode in ("krex", "pergpubusy") else None
         task = ray.remote(num_gpus=share, max_retries=0, runtime_env=env)(evaluate)
 
         def launch(spec, nonce):
             return task.remote(candidate, spec, nonce)
 
-    before = krex_counters(sock) if mode in ("krex", "shell") else {}
+    before = krex_counters(sock) if mode in KREX_MODES else {}
+    neighbour = T.start_neighbour(dict(os.environ), Path(sock).parent, mode) if mode == "pergpubusy" else None
+    try:
+        rows = run_tasks(ray, launch, mode, agents, specs, budget_s, nonce_base)
+    finally:             # never a neighbour left busy on the GPU
+        if neighbour:
+            T.stop_neighbour(*neighbour)
+    wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
+    ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
+    after = krex_counters(sock) if mode in KREX_MODES else {}
+    return {"mode": mode, "agents": agents, "num_gpus": share, "wall_s": wall, "commands": len(ok),
+            "failed": len(rows) - len(ok), "commands_per_min": 60 * len(ok) / wall if wall else 0.0,
+            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "rows": rows}
+
+
+def run_tasks(ray, launch, mode: str, agents: int, specs: list, budget_s: float, nonce_base: int) -> list:
+    """Each agent's evaluations one after another, agents at once, until the budget: the rows."""
     todo, inflight, rows = list(enumerate(specs)), {}, []
     t_start = time.monotonic()
 
@@ -136,12 +158,7 @@ def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidat
         rows.append(row)
         if todo and time.monotonic() - t_start < budget_s:
             submit()
-    wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
-    ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
-    after = krex_counters(sock) if mode in ("krex", "shell") else {}
-    return {"mode": mode, "agents": agents, "num_gpus": share, "wall_s": wall, "commands": len(ok),
-            "failed": len(rows) - len(ok), "commands_per_min": 60 * len(ok) / wall if wall else 0.0,
-            "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "rows": rows}
+    return rows
 
 
 def clean_row(row: dict) -> bool:
@@ -149,21 +166,25 @@ def clean_row(row: dict) -> bool:
     return bool(regs) and all(x.get("exclusive") and x.get("clean") for x in regs)
 
 
-def fidelity(runs: list, stable_pct: float = 2.0) -> dict:
-    """With two pergpu passes (the first and the last of the plan): the same-run floor per bucket, and per mode
-    the p95 |inflation| against it (krex modes: the evaluations whose regions were all exclusive and clean)."""
-    passes = [r["rows"] for r in runs if r["mode"] == "pergpu"]
+def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> dict:
+    """With two passes of the reference mode (the first and the last of the plan): the same-run floor per
+    bucket, and per mode the p95 |inflation| against it (krex modes: the evaluations whose regions were all
+    exclusive and clean) and the median signed inflation (negative: faster than the reference)."""
+    passes = [r["rows"] for r in runs if r["mode"] == reference]
     if len(passes) < 2:
         return {}
     ref = T.reference_passes(passes, stable_pct)
     modes = {}
     for i, r in enumerate(runs):
-        if r["mode"] == "pergpu":
+        if r["mode"] in REFERENCE_MODES:
             continue
-        clean = clean_row if r["mode"] in ("krex", "shell") else None
+        clean = clean_row if r["mode"] in KREX_MODES else None
         modes[f"{r['mode']}#{i}"] = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), ref["floors_pct"])
-    return {"floors_pct": ref["floors_pct"], "floor_kernels": ref["floor_kernels"], "unstable": ref["unstable"],
-            "modes": modes}
+        signed = T.inflation(r["rows"], ref["stable"], clean)
+        modes[f"{r['mode']}#{i}"]["median_signed_pct"] = {b: (round(statistics.median(v), 3) if v else None)
+                                                          for b, v in signed.items()}
+    return {"reference": reference, "floors_pct": ref["floors_pct"], "floor_kernels": ref["floor_kernels"],
+            "unstable": ref["unstable"], "modes": modes}
 
 
 def analyse(runs: list) -> list:
@@ -192,7 +213,7 @@ def analyse(runs: list) -> list:
              "p95_inflation": {b: p95(v) for b, v in infl.items()},
              "median_inflation": {b: (statistics.median(v) if v else float("nan")) for b, v in infl.items()},
              "kernels": {b: len(v) for b, v in infl.items()}}
-        if r["mode"] in ("krex", "shell"):
+        if r["mode"] in KREX_MODES:
             s.update(regions=len(regions), regions_exclusive=sum(bool(x.get("exclusive")) for x in regions),
                      regions_clean=sum(bool(x.get("clean")) for x in regions),
                      taints=sorted({t for x in regions for t in x.get("taints", [])}),
@@ -229,10 +250,17 @@ def main() -> None:
     ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
+    ap.add_argument("--reference", choices=REFERENCE_MODES, default="pergpu",
+                    help="the mode whose first and last passes are the ground truth and the floor (the other one, "
+                         "with two passes in the plan, is shown beside it as fidelity_other)")
+    ap.add_argument("--neighbour", default=None,
+                    help="pergpubusy's neighbour script (args STOP READY; default bench/contender.py)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     plan = args.plan.split(",")
     REPEAT[0] = max(1, args.repeat)
+    if args.neighbour:
+        T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
@@ -254,7 +282,8 @@ def main() -> None:
             r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock))
             runs.append(r)
             Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,
-                                                  "summary": analyse(runs), "fidelity": fidelity(runs)}, indent=1))
+                                                  "summary": analyse(runs),
+                                                  "fidelity": fidelity(runs, reference=args.reference)}, indent=1))
             print(f"{mode}: {r['commands']} evaluations ({r['failed']} failed) in {r['wall_s']:.1f} s = "
                   f"{r['commands_per_min']:.1f}/min", flush=True)
     finally:
@@ -266,9 +295,10 @@ def main() -> None:
                        capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     summary = analyse(runs)
-    fid = fidelity(runs)
+    fid = fidelity(runs, reference=args.reference)
+    other = fidelity(runs, reference=next(m for m in REFERENCE_MODES if m != args.reference))
     Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "summary": summary,
-                                          "fidelity": fid,
+                                          "fidelity": fid, "fidelity_other": other,
                                           "env": {"python": sys.version, "argv": sys.argv,
                                                   "ray": ray.__version__}}, indent=1))
     print(json.dumps(summary, indent=1))
