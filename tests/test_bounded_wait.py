@@ -50,7 +50,7 @@ def test_python_timeout_raises_and_cancels(krex):
 
 def test_c_begin_returns_minus_3_under_region_timeout(krex):
     krex.start_controller()
-    holder = hold_gpu(krex)
+    holder = hold_gpu(krex, 8)      # its launches after the refusal wait for the holder's region to end
     try:
         rep = krex.dir / "c.json"
         full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.5", "--report", str(rep), "--",
