@@ -8,8 +8,8 @@
 # For >= 50 clean kernels per bucket, one scale per call (each about 9 minutes):
 #   SCALES=8 BUDGET=75 bash tests/gpu/freeze_policy_h200.sh     then   SCALES=16 BUDGET=55 ...
 # REFERENCE (solo) the reference passes: solo, isolated, solo-busy or a comma list (solo,solo-busy: both, the
-# first judging). POLICIES (all,none,busy) the krex policies; GATES (1) 0: the krex controllers with --no-gate-contexts
-# --no-gate-exit (run 2's setting; 1, the controller's default since run 3, with --gate-contexts --gate-exit).
+# first judging). POLICIES (all,none,busy) the krex policies; GATES (0) 1: the krex controllers with
+# --gate-contexts --gate-exit (run 3), 0 with --no-gate-contexts --no-gate-exit (the controller's default).
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
@@ -26,7 +26,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} --gate-lifecycle $([ "${GATES:-1}" = 0 ] && echo off || echo on) --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} --gate-lifecycle $([ "${GATES:-0}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
