@@ -116,12 +116,18 @@ def main() -> int:
     print(f"\nall done in {wall:.1f} s")
     status = 0
     if not gpu:
-        inside = 0
+        inside = flagged = 0     # in regions reported exclusive (a broken promise); in regions reported not
+        exclusive = [r for r in regions if r.get("exclusive")]
         for line in (tmp / "trace").read_text().splitlines():
             _pid, _sid, start, end, name = line.split(" ")[:5]   # key=value fields may follow the name
-            if name == "hog" and any(int(start) < r["ended_ns"] and int(end) > r["granted_ns"] for r in regions):
-                inside += 1
-        print(f"fake-driver trace: {inside} neighbour kernels ran inside any of the {len(regions)} regions")
+            if name != "hog":
+                continue
+            overlaps = [r for r in regions if int(start) < r["ended_ns"] and int(end) > r["granted_ns"]]
+            inside += any(r.get("exclusive") for r in overlaps)
+            flagged += bool(overlaps) and not any(r.get("exclusive") for r in overlaps)
+        print(f"fake-driver trace: {inside} neighbour kernels ran inside any of the {len(exclusive)} regions "
+              f"reported exclusive" + (f" ({flagged} inside the {len(regions) - len(exclusive)} reported not "
+                                       "exclusive, as they say)" if flagged else ""))
         status = 1 if inside else 0
     subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=env)
     st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True, text=True)

@@ -642,7 +642,10 @@ class Controller(RegionEffects):
             self.send_error(client, C.KREX_ERR_GPU, f"GPU {ctx.device if device is None else device} is not managed "
                             "by this controller", seq=seq)
             return
+        new = not client.devices >> device & 1
         client.devices |= 1 << device
+        if new:   # told of before a region's gate closed, it may have launched there unknown to that region's drain
+            self.apply(self.book.late_context(client, 1 << device, int(ctx.announced_ns), time.monotonic()))
 
     def on_drained(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: finished a drain"""

@@ -44,6 +44,7 @@ class RegionEffects:
         if isinstance(e, policy.CloseGates):
             for g in report.mask_to_list(e.region.gpu_mask):
                 self.gate.close_gate(g, e.region.job.id, e.region.id)
+            e.region.gates_closed_ns = time.monotonic_ns()   # after the close: see Regions.late_context
             # after the close: a process honouring the gate file from now on sees it closed (unregistered.py)
             e.region.unconnected = set(self.unregistered.unconnected())
         elif isinstance(e, policy.SendDrain):

@@ -27,8 +27,9 @@ void krex_contexts_announce_locked(int fresh) {
     for (int i = 0; i < nctxs; i++) {
         struct krex_ctx_rec *c = &ctxs[i];
         if (c->device < 0 || (announced & (1ull << c->device))) continue;
-        struct krex_context m = {(uint32_t)c->vendor, c->device, c->has_uuid ? KREX_CONTEXT_HAS_UUID : 0, c->local, {0}};
+        struct krex_context m = {(uint32_t)c->vendor, c->device, c->has_uuid ? KREX_CONTEXT_HAS_UUID : 0, c->local, {0}, 0};
         memcpy(m.uuid, c->uuid, sizeof m.uuid);
+        m.announced_ns = krex_now_ns();   /* before the send, so before any launch the gate lets through */
         if (krex_send_locked(KREX_MSG_CONTEXT, &m, sizeof m, NULL) == 0) announced |= 1ull << c->device;
     }
     pthread_mutex_unlock(&ctx_lock);

@@ -2,6 +2,7 @@
 is exclusive, and no neighbour kernel ran inside one (the demo checks the fake driver's trace itself)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -15,4 +16,6 @@ def test_the_demo_runs_on_the_fake_driver_with_no_neighbour_kernel_inside_a_regi
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "on the FAKE driver" in out.stdout
-    assert "0 neighbour kernels ran inside any of the 12 regions" in out.stdout, out.stdout[-3000:]
+    # none inside a region reported exclusive (one that could not be proven so says it, with its taint)
+    assert re.search(r"\b0 neighbour kernels ran inside any of the \d+ regions reported exclusive", out.stdout), \
+        out.stdout[-3000:]

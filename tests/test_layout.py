@@ -44,7 +44,7 @@ def test_c_encoded_messages_decode_in_python():
         (frames.MAGIC, frames.VERSION, C.KREX_ROLE_SHIM, 42, 4242, C.KREX_HELLO_RECONNECT)
     ctx = frames.decode("struct krex_context", got["CONTEXT"][0])
     assert (ctx.vendor, ctx.device, ctx.flags, ctx.local_device) == (C.KREX_VENDOR_HIP, 3, C.KREX_CONTEXT_HAS_UUID, 1)
-    assert bytes(frames.ffi.buffer(ctx.uuid)) == b"krex" + bytes(12)
+    assert bytes(frames.ffi.buffer(ctx.uuid)) == b"krex" + bytes(12) and ctx.announced_ns == 31337
     b = frames.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
     assert (b.gpu_mask, b.requested_ns, frames.cstr(b.name), b.fallback_mask) == (5, 123456789, "matmul", 2)
     e = frames.decode("struct krex_region_end", got["REGION_END"][0])
@@ -131,4 +131,5 @@ def test_taint_names_come_from_the_header_enum():
     assert {int(v): n.lower() for n, v in declared} == frames.TAINT_NAMES
     assert frames.NOT_EXCLUSIVE == (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED
                                     | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS
-                                    | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER)
+                                    | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER
+                                    | C.KREX_TAINT_LATE_CONTEXT)

@@ -105,6 +105,7 @@ class Region:
     attest_start: Any = None
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
+    gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
 
     @property
     def id(self) -> int:
@@ -346,6 +347,26 @@ class Regions:
             out += [SendDrain(region, sibs), Arm(region, E.DRAIN_TIMEOUT, float(self.cfg.drain_timeout_s))]
             return out
         return out + self._drained(region, E.DRAINED, now)
+
+    def late_context(self, client, bit: int, announced_ns: int, now: float) -> list:
+        """CONTEXT: a process told of a new context on GPU bit. Told before a live region of another job closed
+        that GPU's gate (announced_ns against the time taken after the close), it may have launched there before
+        the close, unknown to that region's drain (the controller reads its clients in turn: the announcement can
+        still be unread when the drain's siblings are taken). While the region drains, the process is drained
+        too; past that, its work may have run inside, and the region is not exclusive (late_context)."""
+        out: list = []
+        for region in list(self.regions.values()):
+            if (not self.live(region) or not region.gpu_mask & bit or client in region.members
+                    or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns
+                    or client not in self.siblings(region)):
+                continue
+            if region.state is S.DRAINING:
+                if client not in region.pending_drain:
+                    region.pending_drain.add(client)
+                    out.append(SendDrain(region, [client]))
+            else:
+                region.taints |= C.KREX_TAINT_LATE_CONTEXT
+        return out
 
     def drained(self, region: Region, client, busy_us: int, now: float) -> list:
         """DRAINED from a sibling."""

@@ -15,7 +15,7 @@ static void frame(int type, const void *p, uint32_t len) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "encode")) {
         struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, 42, 4242, KREX_HELLO_RECONNECT};
-        struct krex_context ctx = {KREX_VENDOR_HIP, 3, KREX_CONTEXT_HAS_UUID, 1, {0x6b, 0x72, 0x65, 0x78}};
+        struct krex_context ctx = {KREX_VENDOR_HIP, 3, KREX_CONTEXT_HAS_UUID, 1, {0x6b, 0x72, 0x65, 0x78}, 31337};
         struct krex_region_begin b = {0x5, 123456789, "matmul", 0x2};
         struct krex_region_end e = {77, 987654321};
         struct krex_drained d = {9, -3, 250, 1ull << 33, 55, 1200, 0};
