@@ -646,6 +646,11 @@ class Controller(RegionEffects):
         client.devices |= 1 << device
         if new:   # told of before a region's gate closed, it may have launched there unknown to that region's drain
             self.apply(self.book.late_context(client, 1 << device, int(ctx.announced_ns), time.monotonic()))
+            for rid, pid in self.book.late_unproven:
+                log.warning("region %d: pid %d told of a context on GPU %d before the gate closed, read after the drain "
+                            "began: what it launched before the close may have run inside (not drained)", rid, pid,
+                            device)
+            self.book.late_unproven.clear()
 
     def on_drained(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: finished a drain"""

@@ -213,8 +213,8 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
  * and without a controller both are off. Not on by default: the context gate lets its waiters go at the
  * end of a region, just as the next region's drain is set up, and a waiter whose context the controller has
  * not read of yet is left out of that drain (on the fake driver, examples/demo.py, 3 of 15 runs had a
- * neighbour's kernels inside a region reported exclusive with the gates on, 0 of 15 off; such a region is
- * now tainted late_context: contexts.c stamps each announcement, Regions.late_context). What they
+ * neighbour's kernels inside a region reported exclusive with the gates on, 0 of 15 off; contexts.c stamps each
+ * announcement, and Regions.late_context drains such a process while the region still drains). What they
  * are for: a region that such work ran into is tainted lifecycle; with 8 agents and no freezing on the H200, a
  * third of the regions were without the gates (freeze-policy run 2), none with them (run 3), at the same
  * throughput. (Before the lifecycle barrier, the same churn

@@ -211,6 +211,7 @@ class Regions:
         self.freezes = Freezes()
         self.revoked_ids: dict[int, bool] = {}
         self.ids = itertools.count(1)
+        self.late_unproven: list = []     # (region id, pid): late_context found a context it could not drain
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
@@ -353,7 +354,9 @@ class Regions:
         that GPU's gate (announced_ns against the time taken after the close), it may have launched there before
         the close, unknown to that region's drain (the controller reads its clients in turn: the announcement can
         still be unread when the drain's siblings are taken). While the region drains, the process is drained
-        too; past that, its work may have run inside, and the region is not exclusive (late_context)."""
+        too. Past that, its work may have run inside: the region is named in late_unproven (logged) but not
+        tainted yet, since a region with no known sibling is granted in one pass and so meets this at most job
+        starts (tainting them made every concurrent start unclean): draining it before the grant is the fix."""
         out: list = []
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
@@ -365,7 +368,7 @@ class Regions:
                     region.pending_drain.add(client)
                     out.append(SendDrain(region, [client]))
             else:
-                region.taints |= C.KREX_TAINT_LATE_CONTEXT
+                self.late_unproven.append((region.id, client.pid))
         return out
 
     def drained(self, region: Region, client, busy_us: int, now: float) -> list:
