@@ -54,7 +54,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             continue
         clean = None if r["mode"] == "naive" else (lambda row: bool(row.get("regions_clean")) and all(row["regions_clean"]))
         fid = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), floors)
-        fid["median_signed_pct"] = signed_medians(r["rows"], ref["stable"], clean)
+        fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
@@ -71,13 +71,6 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
-
-
-def signed_medians(rows: list, stable: dict, clean) -> dict:
-    """Per bucket, the median of (timing / the kernel's reference median - 1) in percent: which way the
-    timings lean (negative: faster than the reference)."""
-    import statistics as st
-    return {b: (round(st.median(v), 3) if v else None) for b, v in T.inflation(rows, stable, clean).items()}
 
 
 def table(result) -> str:

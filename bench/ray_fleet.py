@@ -180,9 +180,7 @@ def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> 
             continue
         clean = clean_row if r["mode"] in KREX_MODES else None
         modes[f"{r['mode']}#{i}"] = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), ref["floors_pct"])
-        signed = T.inflation(r["rows"], ref["stable"], clean)
-        modes[f"{r['mode']}#{i}"]["median_signed_pct"] = {b: (round(statistics.median(v), 3) if v else None)
-                                                          for b, v in signed.items()}
+        modes[f"{r['mode']}#{i}"]["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
     return {"reference": reference, "floors_pct": ref["floors_pct"], "floor_kernels": ref["floor_kernels"],
             "unstable": ref["unstable"], "modes": modes}
 
