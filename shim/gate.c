@@ -162,14 +162,7 @@ static int krex_sleep_on_gates_until(uint64_t mask, int inflight, int64_t deadli
     return late;
 }
 
-/* the same, counted as this process's time blocked at a closed gate where counted is set */
-static int krex_gate_wait_until(uint64_t mask, int inflight, int64_t deadline_ns, int counted, int64_t *waited) {
-    int64_t t0 = krex_now_ns();
-    int late = krex_sleep_on_gates_until(mask, inflight, deadline_ns);
-    *waited = krex_now_ns() - t0;
-    if (counted) __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)*waited, __ATOMIC_RELAXED);
-    return late;
-}
+static void krex_sleep_on_gates(uint64_t mask, int inflight) { (void)krex_sleep_on_gates_until(mask, inflight, 0); }
 
 /* KREX_GATE_LIFECYCLE_WAIT (seconds, 0 to 3600; 5): the longest a context's creation or an exit waits at another
  * job's closed gate. The gate opens between two regions, but the next queued one can close it again at once:
@@ -193,15 +186,24 @@ static int64_t krex_lifecycle_wait_ns(void) {
     return ns;
 }
 
-/* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached */
+/* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; the
+ * time is counted as blocked at a closed gate where counted is set */
 static void krex_lifecycle_gate_wait(uint64_t mask, const char *what, int counted) {
-    int64_t now = krex_now_ns(), max = krex_lifecycle_wait_ns(), waited;
-    int late = krex_gate_wait_until(mask, 0, max ? now + max : now + 1, counted, &waited);
+    int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
+    int late = krex_sleep_on_gates_until(mask, 0, max ? t0 + max : t0 + 1);
+    int64_t waited = krex_now_ns() - t0;
+    if (counted) __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
     if (late)
         krex_log(KREX_LOG_INFO, "%s waited %.1f s at another job's closed gate (KREX_GATE_LIFECYCLE_WAIT); going on: "
                  "the region it runs into is tainted lifecycle", what, (double)waited / 1e9);
 }
 
+/* the same, counted as this process's time blocked at a closed gate */
+static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int inflight) {
+    int64_t t0 = krex_now_ns();
+    krex_sleep_on_gates(mask, inflight);
+    __atomic_fetch_add(&s->waited_ns, (uint64_t)(krex_now_ns() - t0), __ATOMIC_RELAXED);
+}
 
 /* Creating a context and tearing one down are GPU work too, though no submission: on the H200 other
  * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
@@ -292,10 +294,7 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     }
     if (KREX_UNLIKELY(!krex_device_known)) krex_register_current_device(vendor);
     __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
-    if (KREX_UNLIKELY(krex_closed_gate() != NULL)) {
-        int64_t waited;
-        (void)krex_gate_wait_until(krex_dev_mask, 1, 0, 1, &waited);
-    }
+    if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s, krex_dev_mask, 1);
     if (kind == KREX_KIND_MEMORY) return 1;   /* gated, not counted */
     uint64_t *counter = kind == KREX_KIND_KERNEL ? &s->kernels
                         : kind == KREX_KIND_GRAPH ? &s->graphs

@@ -560,7 +560,7 @@ static CUresult overlap_launch(struct launch *l) {
         if (r == CUDA_SUCCESS && !cfg.noguard && !capturing) krex_guard_comm_done(e->ctx);
         return r;
     }
-    if (!on) return launch_original(l);             /* (shape is asked: checked above) */
+    if (!cfg.shape || !on) return launch_original(l);
     unsigned threads = l->ex ? l->config->blockDimX * l->config->blockDimY * l->config->blockDimZ : l->bx * l->by * l->bz;
     unsigned in = l->ex ? l->config->sharedMemBytes : l->smem;
     if (e->klass == FN_UNNAMED) COUNT(overlap_skip_unnamed);
