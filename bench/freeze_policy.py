@@ -19,7 +19,9 @@ each row gets the median signed inflation per bucket (median_signed_pct: negativ
   - a kernel (size, variant, candidate or reference) is stable when its two isolated passes agree within
     --stable-pct (default 2%, the bimodality check across processes); unstable kernels are left out of every
     inflation figure and listed;
-  - the floor of a bucket: p95 over its stable kernels of |pass2 / pass1 - 1|;
+  - the floor of a bucket: the p95 of |timing / the other pass's median - 1| over every timing of its stable
+    kernels in the two passes (the judged statistic, where nothing else ran; see throughput.reference_passes);
+    the older floor over pass medians and the spread of one process's repeats are shown beside it;
   - per mode: throughput against naive at the same N, and per bucket the p95 |inflation| of the timings
     whose regions were all exclusive and clean, against the isolated median, and how many there are
     (goal: >= 50 per bucket); goal met when p95 <= floor + 0.25 points in every bucket.
@@ -67,7 +69,9 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             score = min(x["vs_naive"] or 0 for x in mine)
             if best is None or score > best[1]:
                 best = (policy, score)
-    return {"reference": reference, "floors_pct": floors, "floor_kernels": ref["floor_kernels"], "unstable": ref["unstable"],
+    return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
+            "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
+            "repeat_spread_pct": ref["repeat_spread_pct"], "unstable": ref["unstable"],
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
@@ -77,10 +81,18 @@ def table(result) -> str:
     b = [name for name, _, _ in T.BUCKETS]
     fmt = lambda x: "-" if x is None else f"{x:.2f}"   # noqa: E731
     out = ["| policy | agents | commands | vs naive | " + " | ".join(f"p95 abs {x} (%)" for x in b)
-           + " | kernels per bucket | goal |", "|---" * (5 + len(b)) + "|"]
-    out.append(f"| floor ({result.get('reference', 'isolated')} x2) | 1 | - | - | "
+           + " | timings per bucket | goal |", "|---" * (5 + len(b)) + "|"]
+    ref = result.get("reference", "isolated")
+    out.append(f"| floor ({ref} x2, per timing) | 1 | - | - | "
                + " | ".join(fmt(result["floors_pct"][x]) for x in b)
-               + " | " + "/".join(str(result["floor_kernels"][x]) for x in b) + " | |")
+               + " | " + "/".join(str((result.get("floor_timings") or result["floor_kernels"])[x]) for x in b) + " | |")
+    if result.get("floors_medians_pct"):
+        out.append(f"| floor ({ref} x2, pass medians) | 1 | - | - | "
+                   + " | ".join(fmt(result["floors_medians_pct"][x]) for x in b)
+                   + " | " + "/".join(f"{result['floor_kernels'][x]} kernels" for x in b) + " | |")
+    if result.get("repeat_spread_pct"):
+        out.append(f"| one process's repeats ({ref}, max/min - 1) | 1 | - | - | "
+                   + " | ".join(fmt(result["repeat_spread_pct"][x]) for x in b) + " | | |")
     for r in result["rows"]:
         out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | "
                    + " | ".join(fmt(r["p95_abs_inflation_pct"][x]) for x in b) + " | "
@@ -125,6 +137,9 @@ def main() -> None:
     ap.add_argument("--variants", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
     ap.add_argument("--stable-pct", type=float, default=2.0)
+    ap.add_argument("--warmup-ms", type=float, default=25.0,
+                    help="the candidates' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
+    ap.add_argument("--min-reps", type=int, default=0, help="the candidates' do_bench repetitions, at least")
     ap.add_argument("--candidate", default=T.CANDIDATE)
     ap.add_argument("--logs", default=None)
     ap.add_argument("--out", required=True)
@@ -161,7 +176,8 @@ def main() -> None:
         runs = json.loads(Path(args.reanalyse).read_text())["runs"]
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
-        T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)]
+        T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
+                              "--min-reps", str(args.min_reps)]
         T.MIX[:] = BALANCED
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")

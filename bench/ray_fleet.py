@@ -44,11 +44,12 @@ KREX_MODES = ("krex", "shell", "pergpubusy")  # under the controller: its counte
 
 
 REPEAT = [1]   # --repeat: timings per kernel per evaluation
+HARNESS: list = []   # --warmup-ms, --min-reps: how each evaluation's do_bench times (bench/candidate.py)
 
 
 def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
     return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce),
-            "--repeat", str(REPEAT[0])]
+            "--repeat", str(REPEAT[0])] + HARNESS
 
 
 def evaluate(candidate: str, spec: dict, nonce: int) -> dict:
@@ -181,8 +182,7 @@ def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> 
         clean = clean_row if r["mode"] in KREX_MODES else None
         modes[f"{r['mode']}#{i}"] = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), ref["floors_pct"])
         modes[f"{r['mode']}#{i}"]["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
-    return {"reference": reference, "floors_pct": ref["floors_pct"], "floor_kernels": ref["floor_kernels"],
-            "unstable": ref["unstable"], "modes": modes}
+    return {"reference": reference, **{k: v for k, v in ref.items() if k != "stable"}, "modes": modes}
 
 
 def analyse(runs: list) -> list:
@@ -253,10 +253,14 @@ def main() -> None:
                          "with two passes in the plan, is shown beside it as fidelity_other)")
     ap.add_argument("--neighbour", default=None,
                     help="pergpubusy's neighbour script (args STOP READY; default bench/contender.py)")
+    ap.add_argument("--warmup-ms", type=float, default=25.0,
+                    help="the evaluations' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
+    ap.add_argument("--min-reps", type=int, default=0, help="the evaluations' do_bench repetitions, at least")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     plan = args.plan.split(",")
     REPEAT[0] = max(1, args.repeat)
+    HARNESS[:] = ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps)]
     if args.neighbour:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:

@@ -255,24 +255,45 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
     """The ground truth from isolated passes (each a list of command rows; two at least for a floor): per kernel
     (size, variant, candidate or reference) the median of each pass. A kernel is stable when its first two
     passes agree within stable_pct (the same kernel in two processes alone on the GPU: bimodal ones are left
-    out); the floor of a bucket is the p95 over its stable kernels of |pass 2 / pass 1 - 1|, in percent."""
+    out); its reference is the median of the pass medians.
+
+    The floor of a bucket is the same statistic as the one it judges, taken where nothing else ran: the p95 of
+    |timing / the other pass's median - 1| over every timing of the bucket's stable kernels in both passes, in
+    percent (floor_timings: how many). A judged timing is one timing in one process against a median from other
+    processes, so its floor must be one too: the older floor, the p95 over kernels of |pass 2 median / pass 1
+    median - 1| (floors_medians_pct, on 2-4 kernels a bucket), hid the spread of single timings behind medians
+    and so compared unlike figures. repeat_spread_pct: per bucket, the p95 over the reference commands of
+    max / min - 1 of one kernel's timings in one process (--repeat > 1), the harness's own repeatability."""
     import statistics as st
     per: dict = {}
+    all_t: dict = {}
+    spread: dict = {b: [] for b, _, _ in BUCKETS}
     for rows in passes:
         seen: dict = {}
         for row in rows:
             for kind in ("candidate", "reference"):
-                if timings(row, kind):
-                    seen.setdefault((row["size"], row["variant"], kind), []).extend(timings(row, kind))
+                ts = timings(row, kind)
+                if ts:
+                    seen.setdefault((row["size"], row["variant"], kind), []).extend(ts)
+                    if len(ts) > 1 and min(ts) > 0:
+                        spread[bucket(st.median(ts))].append((max(ts) / min(ts) - 1) * 100)
         for k, ts in seen.items():
             per.setdefault(k, []).append(st.median(ts))
+            all_t.setdefault(k, []).append(ts)
     stable = {k: st.median(v) for k, v in per.items() if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
+    medians: dict = {b: [] for b, _, _ in BUCKETS}
     floor: dict = {b: [] for b, _, _ in BUCKETS}
     for k in stable:
-        floor[bucket(stable[k])].append(abs(per[k][1] / per[k][0] - 1) * 100)
+        b = bucket(stable[k])
+        medians[b].append(abs(per[k][1] / per[k][0] - 1) * 100)
+        for j in (0, 1):
+            floor[b] += [abs(t / per[k][1 - j] - 1) * 100 for t in all_t[k][j]]
     return {"stable": stable, "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
             "floors_pct": {b: (p95(v) if v else None) for b, v in floor.items()},
-            "floor_kernels": {b: len(v) for b, v in floor.items()}}
+            "floor_timings": {b: len(v) for b, v in floor.items()},
+            "floors_medians_pct": {b: (p95(v) if v else None) for b, v in medians.items()},
+            "floor_kernels": {b: len(v) for b, v in medians.items()},
+            "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spread.items()}}
 
 
 def inflation(rows: list, stable: dict, clean=None) -> dict:

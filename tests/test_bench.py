@@ -214,7 +214,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     out, md = tmp_path / "fp.json", tmp_path / "fp.md"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "8", "--repeat", "2", "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
+                        "--specs", "8", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100",
+                        "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
                        env=dict(bench_env(tmp_path), NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
@@ -226,6 +227,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
+    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100} for r in rows), rows   # passed through
     assert "| busy | 2 |" in md.read_text()
     modes = [r["mode"] for r in data["runs"]]
     assert data["reference"] == "krexsolo" and modes[:2] == ["krexsolo", "krexsolobusy"]
@@ -275,3 +277,21 @@ def test_ray_fleet_fidelity_against_the_same_run_floor():
     assert k["p95_abs_inflation_pct"]["1-10ms"] == pytest.approx(abs(2.02 / 2.001 - 1) * 100)
     assert not k["enough_kernels"] and not k["fidelity_goal"]    # empty buckets: no goal
     assert ray_fleet.fidelity(runs[:2]) == {}                   # one pass: no floor, no figure
+
+
+def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
+    """The floor of a bucket is the p95 of |one timing / the other pass's median - 1| over the stable kernels'
+    timings in both passes (the statistic a judged timing gets), not the p95 over kernels of the pass medians'
+    difference; the older floor and one process's repeat spread are kept beside it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    p1 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.0, 2.2], "reference_all_ms": [1.0, 1.0]}]
+    p2 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.1, 2.1], "reference_all_ms": [1.01, 1.01]}]
+    ref = T.reference_passes([p1, p2], stable_pct=2.0)
+    assert ref["floor_timings"]["1-10ms"] == 8 and ref["floor_kernels"]["1-10ms"] == 2
+    # candidate: medians 2.1 and 2.1, so the medians' floor is 0, but its single timings are 4.8% off
+    worst = abs(2.0 / 2.1 - 1) * 100
+    assert ref["floors_pct"]["1-10ms"] == pytest.approx(worst)
+    assert ref["floors_medians_pct"]["1-10ms"] == pytest.approx(1.0)      # the reference kernel's 1.01 / 1.0
+    assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
