@@ -21,6 +21,12 @@ ap.add_argument("--region", action="store_true")
 ap.add_argument("--repeat", type=int, default=1,
                 help="time candidate and reference this many times each (one do_bench, one region, each); the "
                      "JSON line gets every timing in candidate_all_ms / reference_all_ms")
+ap.add_argument("--warmup-ms", type=float, default=25.0,
+                help="do_bench's warm-up (25, Triton's default); on the H200 a 500 ms warm-up brings the GPU to its "
+                     "power-steady clock first (bench/harness_stability.py, docs/measurements/harness-stability.md)")
+ap.add_argument("--min-reps", type=int, default=0,
+                help="> 0: do_bench's rep window is at least this many times the kernel's time (Triton's default "
+                     "100 ms is 7 repetitions of a 13 ms matmul)")
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
@@ -107,15 +113,26 @@ with tempfile.TemporaryDirectory() as td:
     compile_s = time.monotonic() - t1
     ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
     timings, every = {}, {"candidate": [], "reference": []}
+    rep = {"candidate": 100.0, "reference": 100.0}
+    if args.min_reps > 0:    # the rep window from a rough estimate with CUDA events (do_bench would be a region)
+        for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            fn()
+            start.record()
+            for _ in range(3):
+                fn()
+            end.record()
+            end.synchronize()
+            rep[name] = max(100.0, args.min_reps * start.elapsed_time(end) / 3)
     for _ in range(max(1, args.repeat)):
         for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
             if args.region:
                 import krex
 
                 with krex.region(f"do_bench.{name}"):
-                    t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    t = do_bench(fn, warmup=args.warmup_ms, rep=rep[name], return_mode="median")
             else:
-                t = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                t = do_bench(fn, warmup=args.warmup_ms, rep=rep[name], return_mode="median")
             timings.setdefault(name, t)
             every[name].append(t)
     probe = {}

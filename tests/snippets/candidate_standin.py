@@ -15,6 +15,8 @@ ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--probe", action="store_true")     # accepted as bench/candidate.py does; nothing to probe
 ap.add_argument("--churn", action="store_true")
 ap.add_argument("--repeat", type=int, default=1)   # as bench/candidate.py: every timing in *_all_ms
+ap.add_argument("--warmup-ms", type=float, default=25.0)   # as bench/candidate.py; echoed in the JSON line
+ap.add_argument("--min-reps", type=int, default=0)
 args = ap.parse_args()
 import krex  # noqa: E402
 
@@ -39,5 +41,6 @@ for _ in range(max(1, args.repeat)):
         if args.repeat > 1:
             timings.setdefault(f"{name}_all_ms", []).append(t)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
+                  "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps},
                   "pid": os.getpid(), "ppid": os.getppid(),
                   "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))
