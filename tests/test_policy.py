@@ -76,7 +76,7 @@ class World:
         """Carry out effects as a server would, everyone draining and stopping at once, a read pass whenever
         nothing else is to be done; the effects seen."""
         seen, todo = [], list(self.closed(effects))
-        while todo:
+        while todo or (todo := self.read_pass()):
             e = todo.pop(0)
             seen.append(e)
             if isinstance(e, P.SendDrain):
@@ -88,8 +88,6 @@ class World:
                 todo += self.book.stop_poll(e.region, [], self.now)
             elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
                 todo += self.closed(self.book.settle_poll(e.region, self.now))
-            if not todo:
-                todo += self.read_pass()
         return seen
 
 
