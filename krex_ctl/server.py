@@ -2,10 +2,13 @@
 
 Region begin, in order: close the gate of each GPU (siblings' new submissions block in their shims),
 drain (each sibling with a context there finishes in-flight submissions and synchronizes, then
-acknowledges; a bounded wait), wait out siblings' context creation, teardown and exit (the lifecycle
-barrier), freeze the siblings (SIGSTOP through pidfds), move the members' threads onto the reserved cores
-and every other krex-managed process off them, grant. Region end, owner death or time limit undo it in
-reverse: restore affinity, SIGCONT, open the gate, grant the next. The order and every decision are policy/regions.py's; this module and server_regions.py carry them out.
+acknowledges; a bounded wait; and a pass of the event loop begun after the close reads every client, so
+that a context announced before the close is drained too, never read only after), wait out siblings'
+context creation, teardown and exit (the lifecycle barrier), freeze the siblings (SIGSTOP through pidfds),
+move the members' threads onto the reserved cores and every other krex-managed process off them, grant.
+Region end, owner death or time limit undo it in reverse: restore affinity, SIGCONT, open the gate, grant
+the next. The order and every decision are policy/regions.py's; this module and server_regions.py carry
+them out.
 
 No process is ever left stopped: frozen pids are written to a state file (or nobody is frozen) and handed
 to the resumer process before SIGSTOP; the resumer resumes them the moment this process dies, the next
@@ -18,6 +21,7 @@ and max_clients_per_uid registered ones; out of file descriptors, a spare one le
 instead of spinning on it."""
 
 import errno
+import fcntl
 import heapq
 import itertools
 import json
@@ -28,6 +32,8 @@ import selectors
 import signal
 import socket
 import struct
+import sys
+import termios
 import time
 from collections import deque
 from typing import Any, Callable, Optional
@@ -214,6 +220,12 @@ class Controller(RegionEffects):
                     heapq.heappop(self.timers)
                 if self.timers:
                     timeout = max(0.0, self.timers[0].when - time.monotonic())
+                if self.book.awaiting_read():
+                    timeout = 0.0       # a region waits for this pass (Regions.read_pass_done): do not sleep
+                # A read pass: one select(), then every ready client read up to what was queued when it was read.
+                # A region whose gates closed before this select() began leaves DRAINING only after it (below):
+                # every announcement sent before its close has been read by then (policy/regions.py).
+                started_ns = time.monotonic_ns()
                 for key, mask in self.sel.select(timeout):
                     kind, client = key.data
                     try:
@@ -225,6 +237,7 @@ class Controller(RegionEffects):
                                 self.drop(client, "internal error")
                             except Exception:
                                 log.exception("error dropping client %d", client.id)
+                self.read_pass_done(started_ns)
                 now = time.monotonic()
                 while self.timers and (self.timers[0].cancelled or self.timers[0].when <= now):
                     t = heapq.heappop(self.timers)
@@ -252,6 +265,8 @@ class Controller(RegionEffects):
                 self.flush(client)
         elif kind == "pidfd":
             assert client is not None
+            if self.connected(client):
+                self.read(client)     # what it sent before it exited (a context, its exit) is read first
             self.drop(client, "process exited")
 
     def after(self, delay: float, fn: Callable[[], None]) -> Timer:
@@ -428,16 +443,30 @@ class Controller(RegionEffects):
                 del self.pending[client.uid]
 
     def read(self, client: Client) -> None:
-        try:
-            data = client.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.drop(client, "disconnected")
-            return
-        client.inbuf += data
+        """Everything queued on the client's socket when we look (FIONREAD), frame by frame: a pass over the
+        ready clients then reads every frame sent before its select() began (Regions.read_pass_done relies on
+        it), and a client that keeps sending cannot hold the loop (what it sends meanwhile waits for the next
+        pass)."""
+        queued = fionread(client.sock)
+        got = 0
+        while self.connected(client):
+            try:
+                data = client.sock.recv(max(65536, queued - got))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.drop(client, "disconnected")
+                return
+            got += len(data)
+            client.inbuf += data
+            self.take_frames(client)
+            if got >= queued:
+                return
+
+    def take_frames(self, client: Client) -> None:
+        """Handle every complete frame in the client's input buffer."""
         while self.connected(client) and len(client.inbuf) >= frames.HDR_SIZE:
             try:
                 mtype, length, seq = frames.unpack_header(bytes(client.inbuf[:frames.HDR_SIZE]))
@@ -646,11 +675,11 @@ class Controller(RegionEffects):
         client.devices |= 1 << device
         if new:   # told of before a region's gate closed, it may have launched there unknown to that region's drain
             self.apply(self.book.late_context(client, 1 << device, int(ctx.announced_ns), time.monotonic()))
-            for rid, pid in self.book.late_unproven:
-                log.warning("region %d: pid %d told of a context on GPU %d before the gate closed, read after the drain "
-                            "began: what it launched before the close may have run inside (not drained)", rid, pid,
-                            device)
-            self.book.late_unproven.clear()
+            for rid, pid in self.book.late_contexts:
+                log.warning("region %d: pid %d told of a context on GPU %d before the gate closed, read only after the "
+                            "region's drain: what it launched before the close may have run inside; tainted "
+                            "late_context (not exclusive)", rid, pid, device)
+            self.book.late_contexts.clear()
 
     def on_drained(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: finished a drain"""
@@ -852,6 +881,16 @@ class Controller(RegionEffects):
             "workers": self.pool.describe(),
             "zygotes": self.pool.describe_zygotes(),
         }
+
+
+def fionread(sock: socket.socket) -> int:
+    """Bytes queued on a socket now (FIONREAD, SIOCINQ for a Unix stream socket); 0 where it cannot say."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, sys.byteorder, signed=True)
 
 
 def job_report_page(job, offset: int) -> dict:

@@ -85,13 +85,23 @@ class RegionEffects:
         else:
             raise TypeError(f"unknown effect {e!r}")
 
+    def read_pass_done(self, started_ns: int) -> None:
+        """The event loop read every ready client in a pass whose select() began at started_ns: regions whose
+        gates closed before it may go on (policy.Regions.read_pass_done)."""
+        self.apply(self.book.read_pass_done(started_ns, time.monotonic()))
+
     def fire(self, region, event: Event) -> None:
         """A timer the policy armed: feed it back with what can be observed now."""
         now = time.monotonic()
         if event is Event.DRAIN_TIMEOUT:
             if region.state is policy.State.DRAINING and self.book.live(region):
-                log.warning("region %d: %d process(es) did not finish draining in %.1f s: %s", region.id,
-                            len(region.pending_drain), self.cfg.drain_timeout_s, [c.pid for c in region.pending_drain])
+                if region.pending_drain:
+                    log.warning("region %d: %d process(es) did not finish draining in %.1f s: %s", region.id,
+                                len(region.pending_drain), self.cfg.drain_timeout_s,
+                                [c.pid for c in region.pending_drain])
+                else:
+                    log.warning("region %d: its clients were not all read in the %.1f s of its drain after its gates "
+                                "closed; going on, tainted drain_timeout", region.id, self.cfg.drain_timeout_s)
             self.apply(self.book.drain_timed_out(region, now))
         elif event is Event.SETTLED:
             before = region.taints

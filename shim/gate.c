@@ -210,15 +210,16 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
  * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
  * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Unset, the
  * controller's gate page decides (krex controller --gate-contexts / --gate-exit, both off by default),
- * and without a controller both are off. Not on by default: the context gate lets its waiters go at the
- * end of a region, just as the next region's drain is set up, and a waiter whose context the controller has
- * not read of yet is left out of that drain (on the fake driver, examples/demo.py, 3 of 15 runs had a
- * neighbour's kernels inside a region reported exclusive with the gates on, 0 of 15 off; contexts.c stamps each
- * announcement, and Regions.late_context drains such a process while the region still drains). What they
- * are for: a region that such work ran into is tainted lifecycle; with 8 agents and no freezing on the H200, a
- * third of the regions were without the gates (freeze-policy run 2), none with them (run 3), at the same
- * throughput. (Before the lifecycle barrier, the same churn
- * moved a 1.6 ms kernel by +14-30% in krex regions whichever gate was on: bench/results/perturb-krex-gates-*.) */
+ * and without a controller both are off. The context gate lets its waiters go at the end of a region, just
+ * as the next region's drain is set up, so a waiter's context announcement is often still unread when the
+ * next region closes the gate: a region leaves its drain only after a read pass of the controller begun
+ * after its close, which reads that announcement (contexts.c stamps it), and Regions.late_context drains the
+ * process with the region (before that rule, on the fake driver, examples/demo.py had a neighbour's kernels
+ * inside a region reported exclusive in 3 of 15 runs with the gates on). What they are for: a region that
+ * such work ran into is tainted lifecycle; with 8 agents and no freezing on the H200, a third of the regions
+ * were without the gates (freeze-policy run 2), none with them (run 3), at the same throughput. (Before the
+ * lifecycle barrier, the same churn moved a 1.6 ms kernel by +14-30% in krex regions whichever gate was on:
+ * bench/results/perturb-krex-gates-*.) */
 
 /* KREX_GATE_CONTEXTS / KREX_GATE_EXIT where set (1 or 0), else the controller's default in the gate page */
 static int gate_flag(int env, unsigned page_flag) {

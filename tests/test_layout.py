@@ -131,4 +131,5 @@ def test_taint_names_come_from_the_header_enum():
     assert {int(v): n.lower() for n, v in declared} == frames.TAINT_NAMES
     assert frames.NOT_EXCLUSIVE == (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED
                                     | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS
-                                    | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER)
+                                    | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER
+                                    | C.KREX_TAINT_LATE_CONTEXT)

@@ -47,30 +47,47 @@ class World:
         self.life.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
         self.life.outsider = lambda region, c: c.job not in {region.job}
         self.now = 100.0
+        self.ns = 1_000_000          # the server's CLOCK_MONOTONIC, in ns: one tick a step
+
+    def tick(self):
+        self.ns += 1_000
+        return self.ns
 
     def client(self, pid, job, devices=1):
         c = Client(pid, job, devices)
         self.clients.append(c)
         return c
 
+    def closed(self, effects):
+        """As the server does at once with a CloseGates: the time just after the gates closed."""
+        for e in effects:
+            if isinstance(e, P.CloseGates):
+                e.region.gates_closed_ns = self.tick()
+        return effects
+
     def request(self, c, mask=1, name="r", seq=1):
-        return self.book.request(c, mask, name, 0, seq, self.now)
+        return self.closed(self.book.request(c, mask, name, 0, seq, self.now))
+
+    def read_pass(self):
+        """One pass of the server's event loop, its select() begun now, every ready client read: the effects."""
+        return self.closed(self.book.read_pass_done(self.tick(), self.now))
 
     def run_to_grant(self, effects):
-        """Carry out effects as a server would, everyone draining and stopping at once; the effects seen."""
-        seen, todo = [], list(effects)
-        while todo:
+        """Carry out effects as a server would, everyone draining and stopping at once, a read pass whenever
+        nothing else is to be done; the effects seen."""
+        seen, todo = [], list(self.closed(effects))
+        while todo or (todo := self.read_pass()):
             e = todo.pop(0)
             seen.append(e)
             if isinstance(e, P.SendDrain):
                 for c in e.clients:
-                    todo += self.book.drained(e.region, c, 0, self.now)
+                    todo += self.closed(self.book.drained(e.region, c, 0, self.now))
             elif isinstance(e, P.Freeze):
                 todo += self.book.frozen(e.region, e.clients, "", self.now)
             elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
                 todo += self.book.stop_poll(e.region, [], self.now)
             elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
-                todo += self.book.settle_poll(e.region, self.now)
+                todo += self.closed(self.book.settle_poll(e.region, self.now))
         return seen
 
 
@@ -117,6 +134,7 @@ def test_siblings_are_drained_then_frozen_then_the_region_is_granted():
     r = region_of(effects)
     assert kinds(effects) == ["CloseGates", "SendDrain", "Arm"] and effects[1].clients == [b]
     assert r.state is State.DRAINING
+    assert w.read_pass() == [] and r.state is State.DRAINING and r.read_after_close    # b has not answered
     after = w.book.drained(r, b, 1500, w.now)
     assert r.state is State.FREEZING and kinds(after) == ["Freeze"] and after[0].clients == [b]
     assert r.others_busy_us == 1500
@@ -128,33 +146,90 @@ def test_siblings_are_drained_then_frozen_then_the_region_is_granted():
     assert kinds(arm) == ["Arm"]
 
 
-def test_a_context_told_of_before_the_gate_closed_is_drained_with_the_region():
+def test_a_region_with_no_sibling_is_granted_only_after_a_read_pass_begun_after_its_close():
+    """A region with no known sibling has nobody to drain, but the controller may not have read every process
+    that announced a context before the close (it reads its clients in turn): it waits, bounded by the drain's
+    time, for a read pass whose select() began after the close, then goes on in that call."""
+    w = World()
+    a = w.client(10, Job(1))
+    effects = w.request(a)
+    r = region_of(effects)
+    assert kinds(effects) == ["CloseGates", "Arm"] and effects[1].event is Event.DRAIN_TIMEOUT
+    assert r.state is State.DRAINING and w.book.awaiting_read()
+    # a pass whose select() began before the close (the one that read the request) lets nothing through
+    assert w.book.read_pass_done(r.gates_closed_ns - 1, w.now) == [] and r.state is State.DRAINING
+    assert w.book.read_pass_done(r.gates_closed_ns, w.now) == [] and not r.read_after_close
+    out = w.read_pass()
+    assert r.read_after_close and r.state is State.HELD and kinds(out) == ["Grant", "Arm"]
+    assert not w.book.awaiting_read() and set(r.phase_ns) == {"drain", "settle", "freeze"}
+    assert w.read_pass() == []                                          # once
+    # a region whose close the server has not stamped yet (gates_closed_ns 0) waits too
+    b = w.client(20, Job(2), devices=2)
+    rb = region_of(w.book.request(b, 2, "r", 0, 1, w.now))
+    assert w.book.read_pass_done(w.tick(), w.now) == [] and rb.state is State.DRAINING
+
+
+def test_a_context_told_of_before_the_close_and_read_in_that_pass_is_drained_before_the_grant():
     """The controller reads its clients in turn: a process can announce a context on the GPU, launch there, and
     have the announcement still unread when a region of another job takes its drain's siblings. Told of before
-    the gate closed (announced_ns against gates_closed_ns) while the region drains, the process is drained too;
-    past the drain it is named in late_unproven (the server logs it). Told of after the close, its launches wait
-    at the gate: nothing to do."""
+    the gate closed (announced_ns against gates_closed_ns), it is read at the latest in the read pass after
+    the close, and is drained before the region goes on. Told of after the close, its launches wait at the
+    gate: nothing to do."""
+    w = World()
+    a = w.client(10, Job(1))
+    r = region_of(w.request(a))                                 # no known sibling
+    late = w.client(30, Job(3), devices=0)                      # not known to have a context at the close
+    late.devices = 1
+    # read in the pass after the close, before that pass is done
+    out = w.book.late_context(late, 1, r.gates_closed_ns - 1, w.now)
+    assert kinds(out) == ["SendDrain"] and out[0].clients == [late] and r.pending_drain == {late}
+    assert w.book.late_context(late, 1, r.gates_closed_ns - 1, w.now) == []        # once
+    assert w.read_pass() == [] and r.state is State.DRAINING    # read, but its drain is pending
+    granted = w.run_to_grant(w.book.drained(r, late, 0, w.now))
+    assert r.state is State.HELD and "Grant" in kinds(granted) and r.frozen == [late]
+    assert not r.taints and w.book.late_contexts == []
+    # read late, and answering its drain before the pass is done: the pass lets the region go
+    b, c = w.client(40, Job(4), devices=2), w.client(50, Job(5), devices=0)
+    rb = region_of(w.request(b, mask=2))
+    c.devices = 2
+    assert kinds(w.book.late_context(c, 2, rb.gates_closed_ns - 1, w.now)) == ["SendDrain"]
+    assert w.book.drained(rb, c, 0, w.now) == [] and rb.state is State.DRAINING    # the pass is not done
+    out = w.read_pass()
+    assert rb.state is State.FREEZING and kinds(out) == ["Freeze"] and out[0].clients == [c]
+    # told of after the close, on another GPU, or by the owner's own job: nothing
+    assert w.book.late_context(w.client(60, Job(6), devices=1), 1, r.gates_closed_ns, w.now) == []
+    assert w.book.late_context(w.client(70, Job(7), devices=4), 4, 1, w.now) == []
+    assert w.book.late_context(w.client(80, a.job, devices=1), 1, 1, w.now) == []
+    assert w.book.late_contexts == [] and not r.taints
+
+
+def test_a_context_told_of_before_the_close_but_read_after_the_drain_taints_the_region():
+    """The read pass after the close makes it impossible; should it happen anyway, the region may have had that
+    process's work inside: tainted late_context (not exclusive), and named for the log."""
     w = World()
     a, b = w.client(10, Job(1)), w.client(20, Job(2))
     r = region_of(w.request(a))
-    r.gates_closed_ns = 5_000                                   # the server sets it after closing the gates
-    late = w.client(30, Job(3), devices=0)                      # not known to have a context when r drained
-    late.devices = 1
-    assert kinds(out := w.book.late_context(late, 1, 4_000, w.now)) == ["SendDrain"] and out[0].clients == [late]
-    assert r.pending_drain == {b, late} and w.book.late_context(late, 1, 4_000, w.now) == []   # once
+    w.read_pass()
     w.book.drained(r, b, 0, w.now)
-    assert r.state is State.DRAINING                            # the late one has not answered yet
-    w.book.drained(r, late, 0, w.now)
-    assert r.state is not State.DRAINING and w.book.late_unproven == []
-    # past the drain: told of before the close, its work may have run inside: named for the log
+    assert r.state is not State.DRAINING
     later = w.client(40, Job(4), devices=1)
-    assert w.book.late_context(later, 1, 4_999, w.now) == [] and w.book.late_unproven == [(r.id, 40)]
-    w.book.late_unproven.clear()
-    # told of after the close, on another GPU, or by the owner's own job: nothing
-    assert w.book.late_context(w.client(50, Job(5), devices=1), 1, 5_000, w.now) == []
-    assert w.book.late_context(w.client(60, Job(6), devices=2), 2, 1_000, w.now) == []
-    assert w.book.late_context(w.client(70, a.job, devices=1), 1, 1_000, w.now) == []
-    assert w.book.late_unproven == []
+    assert w.book.late_context(later, 1, r.gates_closed_ns - 1, w.now) == []
+    assert r.taints == C.KREX_TAINT_LATE_CONTEXT and w.book.late_contexts == [(r.id, 40)]
+    assert C.KREX_TAINT_LATE_CONTEXT & C.KREX_TAINTS_NOT_EXCLUSIVE
+    w.book.late_contexts.clear()
+    # announced after the close: its launches waited at the gate
+    assert w.book.late_context(w.client(50, Job(5), devices=1), 1, r.gates_closed_ns, w.now) == []
+    assert w.book.late_contexts == [] and r.taints == C.KREX_TAINT_LATE_CONTEXT
+
+
+def test_a_drain_timeout_bounds_the_wait_for_the_read_pass():
+    """No read pass came within the drain's time (a stuck loop): the region goes on, tainted drain_timeout."""
+    w = World()
+    a = w.client(10, Job(1))
+    r = region_of(w.request(a))
+    out = w.run_to_grant(w.book.drain_timed_out(r, w.now + 2))
+    assert r.state is State.HELD and r.taints & C.KREX_TAINT_DRAIN_TIMEOUT and r.drain_timeouts == 0
+    assert "Grant" in kinds(out) and w.read_pass() == []
 
 
 def test_a_drain_that_times_out_taints_and_goes_on():
@@ -172,6 +247,7 @@ def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
     a, b = w.client(10, Job(1)), w.client(20, Job(2))
     w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
     r = region_of(w.request(a))
+    w.read_pass()
     polls = w.book.drained(r, b, 0, w.now)
     assert r.state is State.SETTLING and kinds(polls) == ["Arm"] and polls[0].event is Event.SETTLED
     assert kinds(w.book.settle_poll(r, w.now + 0.5)) == ["Arm"]
@@ -183,6 +259,7 @@ def test_a_freeze_that_does_not_take_in_time_still_grants_and_says_who():
     w = World()
     a, b = w.client(10, Job(1)), w.client(20, Job(2))
     r = region_of(w.request(a))
+    w.read_pass()
     w.book.drained(r, b, 0, w.now)
     w.book.frozen(r, [b], "", w.now)
     out = w.book.stop_poll(r, [20], w.now + 1)
@@ -193,6 +270,7 @@ def test_no_freeze_when_switched_off():
     w = World(freeze=False)
     a, b = w.client(10, Job(1)), w.client(20, Job(2))
     r = region_of(w.request(a))
+    w.read_pass()
     out = w.book.drained(r, b, 0, w.now)
     assert "Freeze" not in kinds(out) and r.state is State.HELD
 
@@ -205,6 +283,7 @@ def test_the_owner_leaving_in_any_state_ends_the_region_and_resumes_its_siblings
     w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
     r = region_of(w.request(a))
     if stage != "draining":
+        w.read_pass()
         w.book.drained(r, b, 0, w.now)
     if stage in ("freezing", "held"):
         w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_END, device=0, bytes=0), w.now)

@@ -376,3 +376,37 @@ def test_memory_gate_can_be_turned_off(krex, tmp_path):
     [region] = report_of(tmp_path / "own.json")["regions"]
     t0, t1 = map(int, out.split("done")[1].split())
     assert proc.returncode == 0 and t1 < region["ended_ns"], err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gates", [False, True], ids=["gates_off", "gates_on"])
+def test_jobs_starting_next_to_back_to_back_regions_never_run_inside_an_exclusive_one(krex, tmp_path, gates):
+    """Jobs start one after another (a context, then 2 ms kernels at once) while another job takes short regions
+    back to back, which have no sibling most of the time. A starting job's context announcement can still be
+    unread when a region closes the gate; its first kernels, launched before the close, ran inside regions
+    reported exclusive (on the fake driver, 3 to 9 kernels per run of 40 starts before a region waited for a
+    read pass of the controller begun after its close). Now such a job is read and drained before the grant,
+    so no neighbour kernel runs inside an exclusive region and none is read past a drain (late_context)."""
+    krex.start_controller(*(["--gate-contexts", "--gate-exit"] if gates else []))
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "100000", "SNIPPET_N": "1", "SNIPPET_US": "300"})
+    wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="a first region")
+    hogs: list = []
+    for i in range(40):
+        hogs.append(krex.popen([SNIP / "hog"], env={"SNIPPET_MS": "150", "SNIPPET_US": "2000",
+                                                     "SNIPPET_STREAMS": "1"}))
+        time.sleep(0.05 + 0.1 * (i * 7 % 10) / 10)
+        if len(hogs) > 4:
+            assert hogs.pop(0).wait(60) == 0
+    assert all(h.wait(60) == 0 for h in hogs)
+    owner.send_signal(signal.SIGTERM)
+    owner.communicate(timeout=30)
+    regions = report_of(tmp_path / "own.json")["regions"]
+    assert len(regions) > 100
+    exclusive = [r for r in regions if r["exclusive"]]
+    trace = krex.trace_lines()
+    assert len([t for t in trace if t[4] == "hog"]) > 500
+    assert overlaps(trace, exclusive) == []
+    assert not [r for r in regions if "late_context" in r["taints"]]
+    assert "read only after the region's drain" not in krex.ctl_log.read_text()

@@ -1,7 +1,10 @@
 """The server's half of regions (krex_ctl/server_regions.py) carrying out the policy's effects, with a fake
 of each enforcement mechanism (gate, freezer, isolation, attestation) and a recorded send: no socket, no
 signal, no process. What is checked is the order at the end (counters first, CPUs, resume, gates, record,
-replies), what each mechanism is asked to do, and that the records and replies say what happened."""
+replies), what each mechanism is asked to do, and that the records and replies say what happened. Last, the
+event loop's read of one client (server.py), on which a region's read pass after its close relies."""
+
+import socket
 
 import time
 from types import SimpleNamespace
@@ -9,7 +12,9 @@ from types import SimpleNamespace
 from krex_ctl.enforce.attest import Attestor
 from krex_ctl.policy.lifecycle import Lifecycle
 from krex_ctl.policy.regions import Regions, State
+from krex_ctl import server
 from krex_ctl.server_regions import RegionEffects
+from krex_ctl.wire import frames
 from krex_ctl.wire.frames import MSG, C, decode
 
 
@@ -131,6 +136,10 @@ class Server(RegionEffects):
         self.timers.append(t)
         return t
 
+    def read_pass(self):
+        """One pass of the event loop over the clients, its select() begun now (server.py serve_forever)."""
+        self.read_pass_done(time.monotonic_ns())
+
     def run_timers(self, upto: float = 10.0):
         """Fire the armed timers of at most `upto` seconds (not the 60 s time limit unless asked), in order."""
         while True:
@@ -150,6 +159,7 @@ def test_a_grant_closes_the_gate_drains_freezes_isolates_and_replies():
     s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
     assert ("close", 0) in s.log and len(s.sent_to(20, "DRAIN")) == 1
     region = next(iter(s.book.regions.values()))
+    s.read_pass()
     s.apply(s.book.drained(region, sib, 0, time.monotonic()))
     s.run_timers()
     assert region.state is State.HELD and ("stop", [20]) in s.log and ("isolate", [10]) in s.log
@@ -162,6 +172,7 @@ def test_at_the_end_the_counters_are_read_first_then_cpus_resume_gates_record_re
     owner, sib = s.client(10, 1), s.client(20, 2)
     s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
     region = next(iter(s.book.regions.values()))
+    s.read_pass()
     s.apply(s.book.drained(region, sib, 0, time.monotonic()))
     s.run_timers()
     s.log.clear()
@@ -179,6 +190,7 @@ def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():
     owner = s.client(10, 1)
     s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
     region = next(iter(s.book.regions.values()))
+    s.read_pass()
     s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
     rec = owner.job.regions[-1]
     assert not rec["exclusive"] and rec["taints"] == ["foreign_process"]
@@ -191,6 +203,7 @@ def test_a_freeze_that_cannot_be_recorded_stops_nobody_and_the_record_says_why()
     owner, sib = s.client(10, 1), s.client(20, 2)
     s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
     region = next(iter(s.book.regions.values()))
+    s.read_pass()
     s.apply(s.book.drained(region, sib, 0, time.monotonic()))
     s.run_timers()
     assert region.state is State.HELD and not any(e[0] == "stop" for e in s.log)
@@ -214,8 +227,87 @@ def test_the_time_limit_revokes_and_the_reply_carries_the_begin_seq():
     s = Server()
     owner = s.client(10, 1)
     s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    s.read_pass()
     s.run_timers(upto=60.0)  # the time limit's timer too: revoked at once
     ended = [(p, q) for pid, t, p, q in s.sent if pid == 10 and t == MSG["REGION_ENDED"]]
     e = decode("struct krex_region_ended", ended[0][0])
     assert e.reason == C.KREX_END_TIME_LIMIT and ended[0][1] == 7
-    assert owner.job.regions[-1]["end"] == "revoked" and "revoked" in owner.job.regions[-1]["taints"]
+    assert owner.job.regions[-1]["end"] == "revoked" and owner.job.regions[-1]["taints"] == ["revoked"]
+
+
+def test_a_region_waits_for_the_read_pass_and_drains_a_context_told_of_before_its_close():
+    """With no known sibling, the grant waits for a read pass begun after the gates closed; a process whose
+    context was told of before the close and read in that pass is drained first."""
+    s = Server()
+    owner = s.client(10, 1)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    assert region.gates_closed_ns and region.state is State.DRAINING and not s.sent_to(10, "REGION_GRANTED")
+    late = s.client(20, 2, devices=0)
+    late.devices = 1
+    s.apply(s.book.late_context(late, 1, region.gates_closed_ns - 1, time.monotonic()))
+    assert len(s.sent_to(20, "DRAIN")) == 1
+    s.read_pass()
+    assert region.state is State.DRAINING and not s.sent_to(10, "REGION_GRANTED")
+    s.apply(s.book.drained(region, late, 0, time.monotonic()))
+    s.run_timers()
+    assert region.state is State.HELD and ("stop", [20]) in s.log and s.sent_to(10, "REGION_GRANTED")
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
+    assert owner.job.regions[-1]["exclusive"] and owner.job.regions[-1]["clean"]
+
+
+def test_a_context_told_of_before_the_close_read_after_the_drain_taints_record_and_reply():
+    s = Server()
+    owner = s.client(10, 1)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    s.read_pass()
+    s.run_timers()
+    assert region.state is State.HELD
+    late = s.client(20, 2)
+    s.apply(s.book.late_context(late, 1, region.gates_closed_ns - 1, time.monotonic()))
+    assert s.book.late_contexts == [(region.id, 20)] and not s.sent_to(20, "DRAIN")
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
+    rec = owner.job.regions[-1]
+    assert not rec["exclusive"] and rec["taints"] == ["late_context"]
+    ended = decode("struct krex_region_ended", s.sent_to(10, "REGION_ENDED")[0])
+    assert not ended.flags & C.KREX_REGION_EXCLUSIVE and ended.taints == C.KREX_TAINT_LATE_CONTEXT
+
+
+class Reader:
+    """server.Controller's read of one client, over a socketpair, handling frames by recording them."""
+    read = server.Controller.read
+    take_frames = server.Controller.take_frames
+
+    def __init__(self):
+        self.peer, sock = socket.socketpair()
+        sock.setblocking(False)
+        self.peer.settimeout(5.0)
+        self.client = SimpleNamespace(sock=sock, inbuf=bytearray())
+        self.handled, self.dropped = [], []
+
+    def connected(self, client):
+        return not self.dropped
+
+    def handle(self, client, mtype, payload, seq):
+        self.handled.append(seq)
+
+    def drop(self, client, why):
+        self.dropped.append(why)
+
+
+def test_one_read_takes_every_frame_queued_on_the_socket_however_much():
+    """A pass of the event loop reads each ready client once: everything queued when it is read (FIONREAD), past
+    the 64 KiB of one recv, so a context announced behind more than that is read in this pass."""
+    r = Reader()
+    frame = frames.pack(MSG["JSON"], b"x" * 1000)
+    sent = 100                              # about 100 KB: more than one recv of 64 KiB
+    r.peer.sendall(frame * sent + frames.pack(MSG["CONTEXT"], b"", seq=999))
+    r.read(r.client)
+    assert len(r.handled) == sent + 1 and r.handled[-1] == 999 and not r.dropped and not r.client.inbuf
+    r.peer.send(frame)
+    r.read(r.client)
+    assert len(r.handled) == sent + 2
+    r.peer.close()
+    r.read(r.client)
+    assert r.dropped == ["disconnected"]

@@ -4,7 +4,10 @@ A grant, in order, the same for every region:
 
     DRAINING   the gates of the region's GPUs are closed (siblings' new submissions block in their shims);
                each sibling with a context there finishes its in-flight work and acknowledges (DRAINED),
-               or the drain's time runs out (taint drain_timeout)
+               or the drain's time runs out (taint drain_timeout). The region also waits for the controller
+               to have read every announcement sent before the close (below): it leaves DRAINING when both
+               are done, on DRAINED (the last acknowledgement, the read done) or READ (the read, nothing
+               pending), or on DRAIN_TIMEOUT, which also bounds the wait for the read
     SETTLING   the lifecycle barrier: no sibling's context creation, teardown or exit under way, and the
                memory they freed given time to be scrubbed (lifecycle.py), or its time runs out (lifecycle)
     FREEZING   the siblings are stopped (SIGSTOP), each only by the first live region that freezes it, until
@@ -14,9 +17,21 @@ A grant, in order, the same for every region:
     ENDED      its last member left, its owner went away, it was cancelled, or the time limit revoked it;
                everything is undone (attestation, CPUs, resume, gates, record, replies, the next grant)
 
+Late announcements. The drain's siblings are the processes known to have a context on the region's GPUs,
+but the controller reads its clients in turn: a process may announce a context (CONTEXT), launch there, and
+have its announcement still unread when the gate closes. It can only have launched before the close if its
+announcement was sent before the close (the shim sends it, then lets launches through the gate), so that
+frame was in the controller's socket at the close, and a select() begun after the close sees it. Hence the
+rule: a region does not leave DRAINING before the server has completed a read pass whose select began after
+the region's gates closed (read_pass_done), reading every client up to what was queued when it read it. A
+context announced before the close (announced_ns against gates_closed_ns) and read while the region drains
+is drained with it (late_context); one read after the region left DRAINING cannot happen by that rule, and
+if it does the region is tainted late_context (not exclusive) and named in late_contexts for the log.
+
 TRANSITIONS is the whole table: a (state, event) pair that is not in it is a bug and raises. The machine
 (Regions) turns events into effects; the server carries the effects out and feeds back what it observed
-(the time, which siblings are stopped yet). Unit tests walk every transition with no socket or process."""
+(the time, which siblings are stopped, that a read pass is done). Unit tests walk every transition with no
+socket or process."""
 
 import enum
 import itertools
@@ -38,7 +53,8 @@ class State(enum.Enum):
 
 
 class Event(enum.Enum):
-    DRAINED = "drained"                 # the last pending sibling acknowledged the drain
+    DRAINED = "drained"                 # the last pending sibling acknowledged the drain, the read pass done
+    READ = "read"                       # a read pass begun after the close is done, no drain pending
     DRAIN_TIMEOUT = "drain_timeout"
     SETTLED = "settled"                 # the lifecycle barrier let it go
     SETTLE_TIMEOUT = "settle_timeout"
@@ -51,6 +67,7 @@ class Event(enum.Enum):
 S, E = State, Event
 TRANSITIONS: dict[tuple[State, Event], State] = {
     (S.DRAINING, E.DRAINED): S.SETTLING,
+    (S.DRAINING, E.READ): S.SETTLING,
     (S.DRAINING, E.DRAIN_TIMEOUT): S.SETTLING,
     (S.SETTLING, E.SETTLED): S.FREEZING,
     (S.SETTLING, E.SETTLE_TIMEOUT): S.FREEZING,
@@ -106,6 +123,7 @@ class Region:
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
     gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
+    read_after_close: bool = False                   # a read pass begun after gates_closed_ns is done (read_pass_done)
 
     @property
     def id(self) -> int:
@@ -211,9 +229,9 @@ class Regions:
         self.freezes = Freezes()
         self.revoked_ids: dict[int, bool] = {}
         self.ids = itertools.count(1)
-        self.late_unproven: list = []     # (region id, pid): late_context found a context it could not drain
+        self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
-                         "fair_share_waits": 0}
+                         "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recheck_at: Optional[float] = None
@@ -343,20 +361,39 @@ class Regions:
         # would stall its own region
         sibs = [c for c in self.siblings(region) if self.region_of(c) is None]
         region.pending_drain = set(sibs)
-        out: list = [CloseGates(region)]
-        if sibs:
-            out += [SendDrain(region, sibs), Arm(region, E.DRAIN_TIMEOUT, float(self.cfg.drain_timeout_s))]
-            return out
-        return out + self._drained(region, E.DRAINED, now)
+        out: list = [CloseGates(region)] + ([SendDrain(region, sibs)] if sibs else [])
+        # with no sibling too: the region waits for a read pass begun after the close (read_pass_done), and the
+        # drain's time bounds that wait as well
+        return out + [Arm(region, E.DRAIN_TIMEOUT, float(self.cfg.drain_timeout_s))]
+
+    def awaiting_read(self) -> bool:
+        """A live region waits for a read pass begun after its gates closed: the server's next select must not
+        sleep."""
+        return any(r.state is S.DRAINING and not r.read_after_close for r in self.regions.values())
+
+    def read_pass_done(self, started_ns: int, now: float) -> list:
+        """The server read every client that select() found readable, each up to what was queued when it was
+        read, in a pass whose select() began at started_ns (CLOCK_MONOTONIC). Every announcement sent before a
+        gate that closed before started_ns has been read now (late_context saw it): such a region may leave
+        DRAINING once its drain is complete."""
+        out: list = []
+        for region in list(self.regions.values()):
+            if (not self.live(region) or region.state is not S.DRAINING or region.read_after_close
+                    or not region.gates_closed_ns or region.gates_closed_ns >= started_ns):
+                continue
+            region.read_after_close = True
+            if not region.pending_drain:
+                out += self._drained(region, E.READ, now)
+        return out
 
     def late_context(self, client, bit: int, announced_ns: int, now: float) -> list:
         """CONTEXT: a process told of a new context on GPU bit. Told before a live region of another job closed
         that GPU's gate (announced_ns against the time taken after the close), it may have launched there before
         the close, unknown to that region's drain (the controller reads its clients in turn: the announcement can
         still be unread when the drain's siblings are taken). While the region drains, the process is drained
-        too. Past that, its work may have run inside: the region is named in late_unproven (logged) but not
-        tainted yet, since a region with no known sibling is granted in one pass and so meets this at most job
-        starts (tainting them made every concurrent start unclean): draining it before the grant is the fix."""
+        too: a region leaves DRAINING only after a read pass begun after its close (read_pass_done), which reads
+        every such announcement. Read after the region left DRAINING (which that rule rules out), its work may
+        have run inside: the region is tainted late_context (not exclusive) and named in late_contexts."""
         out: list = []
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
@@ -366,9 +403,12 @@ class Regions:
             if region.state is S.DRAINING:
                 if client not in region.pending_drain:
                     region.pending_drain.add(client)
+                    self.counters["late_contexts_drained"] += 1
                     out.append(SendDrain(region, [client]))
             else:
-                self.late_unproven.append((region.id, client.pid))
+                region.taints |= C.KREX_TAINT_LATE_CONTEXT
+                self.counters["late_contexts_tainted"] += 1
+                self.late_contexts.append((region.id, client.pid))
         return out
 
     def drained(self, region: Region, client, busy_us: int, now: float) -> list:
@@ -379,9 +419,13 @@ class Regions:
         region.others_busy_us = max(region.others_busy_us, int(busy_us))
         if busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0)):
             region.busy.append(client)
-        return [] if region.pending_drain else self._drained(region, E.DRAINED, now)
+        if region.pending_drain or not region.read_after_close:
+            return []           # the rest of the drain, or the read pass after the close (read_pass_done)
+        return self._drained(region, E.DRAINED, now)
 
     def drain_timed_out(self, region: Region, now: float) -> list:
+        """The drain's time ran out: those still pending (or, with none, the read pass after the close that has
+        not come) are given up on, and the region, tainted drain_timeout, goes on."""
         if not self.live(region) or region.state is not S.DRAINING:
             return []
         region.drain_timeouts = len(region.pending_drain)
@@ -513,7 +557,7 @@ class Regions:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)
             elif client in region.pending_drain:
                 region.pending_drain.discard(client)
-                if not region.pending_drain and region.state is S.DRAINING:
+                if not region.pending_drain and region.state is S.DRAINING and region.read_after_close:
                     out += self._drained(region, E.DRAINED, now)
         return out + self.schedule(now)
 
