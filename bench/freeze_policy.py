@@ -149,10 +149,10 @@ def main() -> None:
                          "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
     ap.add_argument("--policies", default=",".join(POLICIES.values()),
                     help="the krex policies to run at each scale, of all, none, busy")
-    ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="off",
-                    help="on: the krex controllers run with --gate-contexts --gate-exit (a context is created, and "
-                         "a process with contexts exits, only while no other job's region holds its GPU); off (the "
-                         "controller's default): with --no-gate-contexts --no-gate-exit")
+    ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="on",
+                    help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
+                         "controller: a context is created, and a process with contexts exits, only while no other "
+                         "job's region holds its GPU); off: with --no-gate-contexts --no-gate-exit")
     ap.add_argument("--reference", default="solo",
                     help="the two reference passes: solo (each command alone under a krex controller of its own, so "
                          "each timing starts from the clock settle every region gets), isolated (alone, no krex) or "

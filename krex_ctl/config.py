@@ -82,9 +82,9 @@ class Config:
     attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
     lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits
     lifecycle_timeout_s: float = 2.0           # longest wait for that barrier (then the region is tainted)
-    gate_contexts: bool = False                # every shim's default: create a context only while no other job's
+    gate_contexts: bool = True                 # every shim's default: create a context only while no other job's
                                                # region holds its GPU (a shim's KREX_GATE_CONTEXTS decides instead)
-    gate_exit: bool = False                    # ... and exit, having contexts, only then (KREX_GATE_EXIT)
+    gate_exit: bool = True                     # ... and exit, having contexts, only then (KREX_GATE_EXIT)
     settle_ms: float = 0.0                     # after a sibling exits or frees memory: wait this long ...
     settle_ms_per_gib: float = 0.0             # ... plus this per GiB it freed, before a region starts
     clock_drop_pct: float = 0.0                # an unexplained SM clock drop this large taints a region (0: off)

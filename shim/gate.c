@@ -209,7 +209,7 @@ static void krex_gate_wait(struct krex_counter_slot *s, uint64_t mask, int infli
  * processes doing it at ~7/s moved a 0.2 ms kernel by +22% (bench/results/perturb-h200.json). With
  * KREX_GATE_CONTEXTS=1 a context is created only while no other job's region holds its GPU; with
  * KREX_GATE_EXIT=1 a process that has contexts exits (exit() or _exit()) only then. Unset, the
- * controller's gate page decides (krex controller --gate-contexts / --gate-exit, both off by default),
+ * controller's gate page decides (krex controller --gate-contexts / --gate-exit, both on by default),
  * and without a controller both are off. The context gate lets its waiters go at the end of a region, just
  * as the next region's drain is set up, so a waiter's context announcement is often still unread when the
  * next region closes the gate: a region leaves its drain only after a read pass of the controller begun

@@ -201,10 +201,10 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
 
 
 def test_a_command_held_at_the_context_gate_is_told_why(krex):
-    """The context gate (--gate-contexts) holds a process's first context while another job's region holds its
-    GPU; the controller does not know that process's GPUs yet, so its wrapper finds the wait in the job's counters
-    and says it with the holder, as for any closed gate."""
-    krex.start_controller("--gate-contexts")
+    """The context gate (on by default) holds a process's first context while another job's region holds its GPU;
+    the controller does not know that process's GPUs yet, so its wrapper finds the wait in the job's counters and
+    says it with the holder, as for any closed gate."""
+    krex.start_controller()
     owner, owner_pid = holder(krex, 4.0)
     waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
     out, err = waiter.communicate(timeout=120)

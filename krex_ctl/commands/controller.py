@@ -39,11 +39,11 @@ from ..server import Controller, bind
 @click.option("--no-lifecycle-barrier", is_flag=True,
               help="Start regions even while another job creates or destroys a context or exits.")
 @click.option("--gate-contexts/--no-gate-contexts", default=None,
-              help="Every client creates a context only while no other job's region holds that GPU (off by default; "
+              help="Every client creates a context only while no other job's region holds that GPU (on by default; "
                    "a process's KREX_GATE_CONTEXTS decides for it instead).")
 @click.option("--gate-exit/--no-gate-exit", default=None,
               help="Every client with contexts exits only while no other job's region holds one of its GPUs "
-                   "(off by default; KREX_GATE_EXIT decides instead).")
+                   "(on by default; KREX_GATE_EXIT decides instead).")
 @click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
               "before a region starts (0).")
 @click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
