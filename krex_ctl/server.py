@@ -63,6 +63,9 @@ SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 REGION_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)
 
 
+# drops of a process that goes on running, and may launch unregistered until it connects again
+LIVE_DROPS = ("bad frame", "internal error", "not reading its messages")
+
 class Client:
     _ids = itertools.count(1)
 
@@ -80,6 +83,7 @@ class Client:
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.request: Optional[Request] = None
+        self.exited = False             # its pidfd said it exited: what it left queued is read, not served
 
     def open_pidfd(self) -> None:
         """The peer's pidfd, bound to the process that connected: SO_PEERPIDFD (Linux 6.5) names it even if
@@ -237,7 +241,10 @@ class Controller(RegionEffects):
                                 self.drop(client, "internal error")
                             except Exception:
                                 log.exception("error dropping client %d", client.id)
-                self.read_pass_done(started_ns)
+                try:
+                    self.read_pass_done(started_ns)
+                except Exception:  # the controller never dies of one region step
+                    log.exception("read pass failed")
                 now = time.monotonic()
                 while self.timers and (self.timers[0].cancelled or self.timers[0].when <= now):
                     t = heapq.heappop(self.timers)
@@ -266,6 +273,7 @@ class Controller(RegionEffects):
         elif kind == "pidfd":
             assert client is not None
             if self.connected(client):
+                client.exited = True  # its queued region requests and ops are not served (on_region_begin)
                 self.read(client)     # what it sent before it exited (a context, its exit) is read first
             self.drop(client, "process exited")
 
@@ -536,6 +544,11 @@ class Controller(RegionEffects):
         if client.role == 0:
             self.unpend(client)
         log.debug("client %d (pid %d) dropped: %s", client.id, client.pid, why)
+        if client.role in GPU_ROLES and not client.exited and why.startswith(LIVE_DROPS) \
+                and client.pidfd is not None and client.pidfd.alive():
+            # dropped while alive (a bad frame, an internal error, a full output buffer): its shim fails open and
+            # may launch before it registers again, so the regions it overlaps are tainted unregistered
+            self.unregistered.note(client.pid)
         self.sel.unregister(client.sock)
         if client.pidfd is not None:
             try:
@@ -720,6 +733,8 @@ class Controller(RegionEffects):
     def on_region_begin(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: ask for a region"""
         b = frames.decode("struct krex_region_begin", payload)
+        if client.exited:
+            return            # sent before it exited: no region is started for a process that is gone
         if client.role not in REGION_ROLES or client.job is None:
             self.send_error(client, C.KREX_ERR_DENIED, f"a {client.role_name} client cannot hold regions", seq=seq)
             return

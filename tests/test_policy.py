@@ -230,6 +230,26 @@ def test_a_drain_timeout_bounds_the_wait_for_the_read_pass():
     out = w.run_to_grant(w.book.drain_timed_out(r, w.now + 2))
     assert r.state is State.HELD and r.taints & C.KREX_TAINT_DRAIN_TIMEOUT and r.drain_timeouts == 0
     assert "Grant" in kinds(out) and w.read_pass() == []
+    assert w.book.counters["read_pass_timeouts"] == 1 and w.book.counters["drain_timeouts"] == 0   # told apart
+
+
+def test_a_late_context_is_not_drained_twice_nor_taken_from_another_live_region():
+    """A sibling already sent this drain synchronizes all its contexts on the region's GPUs when it answers, so
+    a second context it announces late is not a second drain; a member of another live region is gated per
+    process and never drained (as at the start of a region)."""
+    w = World()
+    a, b = w.client(10, Job(1), devices=3), w.client(20, Job(2), devices=1)
+    r = region_of(w.request(a, mask=3))                         # GPUs 0 and 1; b is a sibling on GPU 0
+    assert r.pending_drain == {b}
+    b.devices |= 2
+    assert w.book.late_context(b, 2, r.gates_closed_ns - 1, w.now) == []    # b's new context on GPU 1
+    assert r.pending_drain == {b} and w.book.counters["late_contexts_drained"] == 0
+    c = w.client(30, Job(3), devices=4)
+    rc = region_of(w.run_to_grant(w.request(c, mask=4)))        # c holds a region of its own on GPU 2
+    assert rc.state is State.HELD
+    c.devices |= 1                                              # as the server records it before asking
+    assert c in w.book.siblings(r) and r.state is State.DRAINING
+    assert w.book.late_context(c, 1, r.gates_closed_ns - 1, w.now) == [] and c not in r.pending_drain
 
 
 def test_a_drain_that_times_out_taints_and_goes_on():

@@ -388,7 +388,7 @@ def test_jobs_starting_next_to_back_to_back_regions_never_run_inside_an_exclusiv
     reported exclusive (on the fake driver, 3 to 9 kernels per run of 40 starts before a region waited for a
     read pass of the controller begun after its close). Now such a job is read and drained before the grant,
     so no neighbour kernel runs inside an exclusive region and none is read past a drain (late_context)."""
-    krex.start_controller(*(["--gate-contexts", "--gate-exit"] if gates else []))
+    krex.start_controller(*(["--gate-contexts", "--gate-exit"] if gates else ["--no-gate-contexts", "--no-gate-exit"]))
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
                        env={"SNIPPET_REGIONS": "100000", "SNIPPET_N": "1", "SNIPPET_US": "300"})
     wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="a first region")

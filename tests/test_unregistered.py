@@ -267,3 +267,21 @@ def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_live_gpu_client_dropped_by_the_controller_taints_the_regions_it_overlaps(krex, tmp_path):
+    """A GPU client the controller drops while it lives (here a malformed frame) loses its registration: its
+    shim fails open and may launch until it connects again, unread by any drain. The regions it overlaps are
+    tainted unregistered, naming it, as a refused process's are."""
+    krex.start_controller()
+    shim = Connection(str(krex.socket), C.KREX_ROLE_SHIM)         # this test's process, as a shim would be
+    shim.sock.sendall(b"\xff" * 64)                               # not a frame: the controller drops it
+    shim.sock.settimeout(30)
+    while shim.sock.recv(4096):                                   # its error reply, then the close
+        pass
+    out = krex.run([SNIP / "region"], report=tmp_path / "r.json", env={"SNIPPET_REGIONS": "2"})
+    assert out.returncode == 0, out.stderr
+    regions = report_of(tmp_path / "r.json")["regions"]
+    assert len(regions) == 2
+    assert all("unregistered" in r["taints"] and os.getpid() in r["unregistered_pids"] and not r["exclusive"]
+               for r in regions), regions

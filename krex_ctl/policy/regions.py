@@ -124,6 +124,7 @@ class Region:
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
     gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
     read_after_close: bool = False                   # a read pass begun after gates_closed_ns is done (read_pass_done)
+    drain_sent: set = field(default_factory=set)     # every client sent this region's DRAIN (late ones included)
 
     @property
     def id(self) -> int:
@@ -231,7 +232,7 @@ class Regions:
         self.ids = itertools.count(1)
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
-                         "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0}
+                         "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recheck_at: Optional[float] = None
@@ -361,6 +362,7 @@ class Regions:
         # would stall its own region
         sibs = [c for c in self.siblings(region) if self.region_of(c) is None]
         region.pending_drain = set(sibs)
+        region.drain_sent = set(sibs)
         out: list = [CloseGates(region)] + ([SendDrain(region, sibs)] if sibs else [])
         # with no sibling too: the region waits for a read pass begun after the close (read_pass_done), and the
         # drain's time bounds that wait as well
@@ -401,7 +403,10 @@ class Regions:
                     or client not in self.siblings(region)):
                 continue
             if region.state is S.DRAINING:
-                if client not in region.pending_drain:
+                # one already sent this drain synchronizes every context it has on the region's GPUs when it
+                # answers, and a member of another live region is gated per process (as _start leaves it out)
+                if client not in region.drain_sent and self.region_of(client) is None:
+                    region.drain_sent.add(client)
                     region.pending_drain.add(client)
                     self.counters["late_contexts_drained"] += 1
                     out.append(SendDrain(region, [client]))
@@ -429,6 +434,8 @@ class Regions:
         if not self.live(region) or region.state is not S.DRAINING:
             return []
         region.drain_timeouts = len(region.pending_drain)
+        if not region.pending_drain and not region.read_after_close:
+            self.counters["read_pass_timeouts"] += 1    # no sibling late: the read pass after the close never came
         region.busy += list(region.pending_drain)       # not answering: maybe running, counted as busy
         region.taints |= C.KREX_TAINT_DRAIN_TIMEOUT
         self.counters["drain_timeouts"] += region.drain_timeouts
