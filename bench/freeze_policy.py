@@ -55,7 +55,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
         if r["mode"] not in POLICIES and r["mode"] != "naive":
             continue
         clean = None if r["mode"] == "naive" else (lambda row: bool(row.get("regions_clean")) and all(row["regions_clean"]))
-        fid = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), floors)
+        fid = T.judge(r["rows"], ref, clean)
         fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],

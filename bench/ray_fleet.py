@@ -180,9 +180,10 @@ def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> 
         if r["mode"] in REFERENCE_MODES:
             continue
         clean = clean_row if r["mode"] in KREX_MODES else None
-        modes[f"{r['mode']}#{i}"] = T.fidelity_goal(T.abs_inflation(r["rows"], ref["stable"], clean), ref["floors_pct"])
+        modes[f"{r['mode']}#{i}"] = T.judge(r["rows"], ref, clean)
         modes[f"{r['mode']}#{i}"]["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
-    return {"reference": reference, **{k: v for k, v in ref.items() if k != "stable"}, "modes": modes}
+    return {"reference": reference, **{k: v for k, v in ref.items() if k not in ("stable", "pass_medians")},
+            "modes": modes}
 
 
 def analyse(runs: list) -> list:

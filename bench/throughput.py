@@ -259,15 +259,17 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
 
     The floor of a bucket is the same statistic as the one it judges, taken where nothing else ran: the p95 of
     |timing / the other pass's median - 1| over every timing of the bucket's stable kernels in both passes, in
-    percent (floor_timings: how many). A judged timing is one timing in one process against a median from other
-    processes, so its floor must be one too: the older floor, the p95 over kernels of |pass 2 median / pass 1
-    median - 1| (floors_medians_pct, on 2-4 kernels a bucket), hid the spread of single timings behind medians
-    and so compared unlike figures. repeat_spread_pct: per bucket, the p95 over the reference commands of
-    max / min - 1 of one kernel's timings in one process (--repeat > 1), the harness's own repeatability."""
+    percent (floor_timings: how many). judge() holds a timing against each pass's median in turn, so that
+    the judged figure is the same statistic (one timing against one pass's median). The older floor, the p95
+    over kernels of |pass 2 median / pass 1 median - 1| (floors_medians_pct, on 2-4 kernels a bucket), hid the
+    spread of single timings behind medians and so compared unlike figures. repeat_spread_pct: per bucket, the
+    p95 over the reference commands of max / min - 1 of one stable kernel's timings in one process
+    (--repeat > 1), the harness's own repeatability. With 20 or fewer values a p95 is the largest or the
+    second largest: read it with its count."""
     import statistics as st
     per: dict = {}
     all_t: dict = {}
-    spread: dict = {b: [] for b, _, _ in BUCKETS}
+    spread: list = []       # (kernel, max / min - 1 of its timings in one command)
     for rows in passes:
         seen: dict = {}
         for row in rows:
@@ -276,24 +278,29 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
                 if ts:
                     seen.setdefault((row["size"], row["variant"], kind), []).extend(ts)
                     if len(ts) > 1 and min(ts) > 0:
-                        spread[bucket(st.median(ts))].append((max(ts) / min(ts) - 1) * 100)
+                        spread.append(((row["size"], row["variant"], kind), (max(ts) / min(ts) - 1) * 100))
         for k, ts in seen.items():
             per.setdefault(k, []).append(st.median(ts))
             all_t.setdefault(k, []).append(ts)
     stable = {k: st.median(v) for k, v in per.items() if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
     medians: dict = {b: [] for b, _, _ in BUCKETS}
     floor: dict = {b: [] for b, _, _ in BUCKETS}
+    spreads: dict = {b: [] for b, _, _ in BUCKETS}
+    for k, x in spread:
+        if k in stable:
+            spreads[bucket(stable[k])].append(x)
     for k in stable:
         b = bucket(stable[k])
         medians[b].append(abs(per[k][1] / per[k][0] - 1) * 100)
         for j in (0, 1):
             floor[b] += [abs(t / per[k][1 - j] - 1) * 100 for t in all_t[k][j]]
-    return {"stable": stable, "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
+    return {"stable": stable, "pass_medians": {k: per[k][:2] for k in stable},
+            "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
             "floors_pct": {b: (p95(v) if v else None) for b, v in floor.items()},
             "floor_timings": {b: len(v) for b, v in floor.items()},
             "floors_medians_pct": {b: (p95(v) if v else None) for b, v in medians.items()},
             "floor_kernels": {b: len(v) for b, v in medians.items()},
-            "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spread.items()}}
+            "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spreads.items()}}
 
 
 def inflation(rows: list, stable: dict, clean=None) -> dict:
@@ -315,18 +322,33 @@ def signed_medians(rows: list, stable: dict, clean=None) -> dict:
     return {b: (round(statistics.median(v), 3) if v else None) for b, v in inflation(rows, stable, clean).items()}
 
 
-def abs_inflation(rows: list, stable: dict, clean=None) -> dict:
-    """inflation()'s values, absolute."""
-    return {b: [abs(x) for x in v] for b, v in inflation(rows, stable, clean).items()}
-
-
-def fidelity_goal(infl: dict, floors: dict, points: float = 0.25, need: int = 50) -> dict:
-    """p95 of each bucket's |inflation| against its floor + points, with at least need timings in every bucket."""
+def fidelity_goal(infl: dict, floors: dict, points: float = 0.25, need: int = 50, counts=None) -> dict:
+    """p95 of each bucket's |inflation| against its floor + points, with at least need timings in every bucket
+    (counts: timings per bucket where a timing gave more than one value; else one value a timing)."""
     p = {b: (p95(v) if v else None) for b, v in infl.items()}
     met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
-    enough = all(len(v) >= need for v in infl.values())
-    return {"p95_abs_inflation_pct": p, "kernels": {b: len(v) for b, v in infl.items()}, "enough_kernels": enough,
-            "fidelity_goal": met}
+    counts = counts or {b: len(v) for b, v in infl.items()}
+    enough = all(counts[b] >= need for b in infl)
+    return {"p95_abs_inflation_pct": p, "kernels": counts, "enough_kernels": enough, "fidelity_goal": met}
+
+
+def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50) -> dict:
+    """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
+    clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own
+    statistic; the p95 of those against the floor + points, with at least need timings in every bucket."""
+    vals: dict = {b: [] for b, _, _ in BUCKETS}
+    counts: dict = {b: 0 for b, _, _ in BUCKETS}
+    for row in rows:
+        if clean is not None and not clean(row):
+            continue
+        for kind in ("candidate", "reference"):
+            key = (row.get("size"), row.get("variant"), kind)
+            if key in ref["pass_medians"]:
+                b = bucket(ref["stable"][key])
+                for t in timings(row, kind):
+                    counts[b] += 1
+                    vals[b] += [abs(t / m - 1) * 100 for m in ref["pass_medians"][key]]
+    return fidelity_goal(vals, ref["floors_pct"], points, need, counts)
 
 
 def analyse(runs: list) -> dict:
