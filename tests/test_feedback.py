@@ -200,6 +200,40 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     assert "frozen " in [line for line in krex_lines(sib_err) if "regions (" in line][0]
 
 
+def test_each_freeze_is_told_with_its_own_holder():
+    """Two regions that froze a process one after the other between two polls of the watcher (the second
+    region started as the first ended) were one entry per pid: the 8 s freeze by the first region was told as
+    the second's, 'at least 0.1 s by pid <the second's owner>'."""
+    import io
+
+    def by(pid, name):
+        return {"pid": pid, "uid": os.getuid(), "region": name, "command": "bench"}
+
+    def reply(*frozen, total=0):
+        return {"waits": [], "frozen": [dict(f, gpu=[0]) for f in frozen], "frozen_ns": {"901": total}}
+
+    out = io.StringIO()
+    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    first = {"pid": 901, "region_id": 7, "since_s": 8.0, "by": by(812, "long")}
+    second = {"pid": 901, "region_id": 8, "since_s": 0.1, "by": by(813, "next")}
+    w.take(reply(first, total=int(8e9)))
+    w.take(reply(dict(first, since_s=8.4), total=int(8.4e9)))
+    assert out.getvalue() == ""                                      # one freeze going on: nothing yet
+    w.take(reply(second, total=int(8.6e9)))
+    w.take(reply(total=int(8.7e9)))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert "at least 8.4 s on GPU 0 by pid 812 (" in lines[0] and "region 'long'" in lines[0]
+    assert "; still paused by pid 813 (" in lines[0] and lines[0].endswith("; 8.6 s frozen in all")
+    assert "at least 0.1 s on GPU 0 by pid 813 (" in lines[1] and lines[1].endswith("; resumed; 8.7 s frozen in all")
+    # a controller that sends no region id: the holder tells the freezes apart
+    out = io.StringIO()
+    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    w.take(reply({k: v for k, v in first.items() if k != "region_id"}))
+    w.take(reply({k: v for k, v in second.items() if k != "region_id"}))
+    assert "by pid 812 (" in out.getvalue() and "; still paused by pid 813 (" in out.getvalue()
+
+
 def test_a_command_held_at_the_context_gate_is_told_why(krex):
     """The context gate (--gate-contexts) holds a process's first context while another job's region holds its
     GPU; the controller does not know that process's GPUs yet, so its wrapper finds the wait in the job's counters
