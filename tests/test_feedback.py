@@ -52,7 +52,7 @@ def holder(krex, hold_s: float, **env):
 def test_launches_without_a_region_are_said_and_strict_fails_the_run(krex, tmp_path):
     """10 launches and no region exited 0 with nothing said."""
     krex.start_controller()
-    hog = {"SNIPPET_SECONDS": "0.2"}
+    hog = {"SNIPPET_MS": "200"}
     out = krex.run([SNIP / "hog"], env=hog)
     assert out.returncode == 0, out.stderr
     lines = krex_lines(out.stderr)
@@ -165,7 +165,7 @@ def test_quiet_keeps_only_the_warning(krex):
     for how in (["--quiet"], ["-q"]):
         out = krex_cli(krex, "run", *how, "--", str(SNIP / "region"))
         assert out.returncode == 0 and krex_lines(out.stderr) == [], out.stderr
-    out = krex_cli(krex, "run", "--", str(SNIP / "hog"), env={"KREX_QUIET": "1", "SNIPPET_SECONDS": "0.2"})
+    out = krex_cli(krex, "run", "--", str(SNIP / "hog"), env={"KREX_QUIET": "1", "SNIPPET_MS": "200"})
     lines = krex_lines(out.stderr)
     assert lines and all("timings not protected" in line for line in lines), out.stderr
     out = krex_cli(krex, "run", "--", "true", env={"KREX_QUIET": "maybe"})
@@ -178,7 +178,7 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     report showed no frozen time."""
     krex.start_controller()
     sib_report = tmp_path / "sib.json"
-    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_MS": "30000"})
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60,
              what="hog registered with its context")
     owner, owner_pid = holder(krex, 8.0)
@@ -425,7 +425,7 @@ def check_trace_event_format(data) -> list:
 def test_krex_trace_turns_a_report_into_a_perfetto_trace(krex, tmp_path):
     krex.start_controller()
     sib_report, rep = tmp_path / "sib.json", tmp_path / "r.json"
-    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_MS": "30000"})
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60, what="hog")
     out = krex.run([SNIP / "region"], report=rep)
     assert out.returncode == 0, out.stderr
