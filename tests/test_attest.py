@@ -189,11 +189,23 @@ def test_python_regions_carry_the_attestation(krex, tmp_path, preload):
 
 
 # ---- what the other processes do without submitting -----------------------------------------------
+def making_a_context(krex):
+    """churn under krex run, once its context is being made: its shim registers with the controller right
+    before it announces and makes its first context, which KREX_FAKE_CTX_MS makes last 3 s. (A fixed 0.7 s sleep
+    after the start left too little of a 1.5 s creation on a loaded machine: the region, itself slower to
+    start, found 0.15 to 0.39 s of it left.) A region that waits for all of it needs a lifecycle_timeout_s
+    above the default 2 s."""
+    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "3000", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="churn making its context")
+    return maker
+
+
 def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
     """The lifecycle barrier: a region does not begin while another job is making a context on its GPU."""
-    krex.start_controller()
-    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
-    time.sleep(0.7)                                # the context is being made now
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg))
+    maker = making_a_context(krex)
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] > 0.4e9 and r["clean"]   # it waited, so nothing of that creation was in it
     maker.communicate(timeout=30)
@@ -201,8 +213,7 @@ def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
 
 def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
     krex.start_controller("--no-lifecycle-barrier")
-    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
-    time.sleep(0.7)
+    maker = making_a_context(krex)
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] < 0.3e9 and r["taints"] == ["lifecycle"] and r["exclusive"]
     maker.communicate(timeout=30)
