@@ -243,9 +243,13 @@ def test_a_teardown_is_announced_on_the_gpu_of_the_context_torn_down(tmp_path):
 
 
 def test_memory_another_job_freed_is_given_time_to_settle(krex, tmp_path):
-    """settle_ms_per_gib: after a sibling freed 2 GiB (1 s at 500 ms/GiB), the next region waits for what is left of it."""
-    krex.start_controller("--settle-ms-per-gib", "500")
-    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_MS": "4000"})
+    """settle_ms_per_gib: after a sibling freed 2 GiB (4 s at 2000 ms/GiB), the next region waits for what is left
+    of it. The region starts a Python wrapper and a process after the free: on a loaded machine that took most of
+    a 1 s window (500 ms/GiB), so the window is 4 s, and lifecycle_timeout_s lets the region wait for all of it."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"settle_ms_per_gib": 2000, "lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg))
+    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_MS": "30000"})   # killed below
     assert churn.stdout.readline().strip() == "ready"
     wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="churn registered")
     _, r = region_of(krex, tmp_path)
