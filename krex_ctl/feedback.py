@@ -3,7 +3,9 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
 
   while waiting    "krex: waiting 3.1 s for GPU 0: held by pid 812 (alice, region 'bench', python b.py); 2nd of 3"
                    after 1 s of waiting for a region or at a closed gate, then at most every 10 s
-  after a freeze   "krex: this command was paused 3.0 s (frozen) on GPU 0 by pid 812 (alice, region 'bench')"
+  after a freeze   "krex: this command's pid 901 was paused (frozen) at least 3.0 s on GPU 0 by pid 812 (alice, region
+                   'bench', python b.py); resumed; 3.0 s frozen in all", one line per region that froze it ("still
+                   paused by ..." instead of "resumed" where another region has it frozen now)
   at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches (3 outside
                    regions), 2.10 s wall" (for a command that used a GPU; "outside regions": launches a process made
                    while it had no region open, for information: set-up, warm-ups and checks belong there)
@@ -77,6 +79,14 @@ def wait_line(w: dict) -> str:
     return f"waiting {w['since_s']:.1f} s at GPU {w['gpu']}'s closed gate: {held}{queued}"
 
 
+def freeze_key(f: dict) -> tuple:
+    """One freeze: a process and the region that froze it (its id; from a controller that sends none, the
+    holder's pid and region name)."""
+    by = f.get("by") or {}
+    region = f["region_id"] if "region_id" in f else (by.get("pid"), by.get("region"))
+    return f["pid"], region
+
+
 class Watcher(threading.Thread):
     """Polls the controller about this job while the command runs; says what it waits for and when it was
     paused. Never fails the run: a controller it cannot ask is a controller it stops asking."""
@@ -87,7 +97,7 @@ class Watcher(threading.Thread):
         self.done = threading.Event()
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
-        self.frozen: dict = {}       # pid -> the last frozen entry seen
+        self.frozen: dict = {}       # freeze key (pid, region) -> the last entry seen of that freeze
         self.frozen_ns: dict = {}
         self.lock = threading.Lock()
 
@@ -141,14 +151,19 @@ class Watcher(threading.Thread):
         for key in list(self.said):
             if key not in keys:
                 del self.said[key]
-        seen = {}
-        for f in reply.get("frozen", []):
-            seen[f["pid"]] = f
-        for pid, f in list(self.frozen.items()):
-            if pid not in seen:
-                self.resumed(pid, f, reply.get("frozen_ns", {}))
+        seen = {freeze_key(f): f for f in reply.get("frozen", [])}
+        self.say_ended(seen, reply.get("frozen_ns", {}))
         self.frozen = seen
         self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+
+    def say_ended(self, listed: dict, totals: dict) -> None:
+        """A line for each freeze seen before and no longer listed. A freeze is one region's, so that two
+        regions that froze a process one after the other between two polls are two lines, each naming its
+        own holder."""
+        for key, f in list(self.frozen.items()):
+            if key not in listed:
+                still = next((g for k, g in listed.items() if k[0] == key[0]), None)
+                self.resumed(key[0], f, totals, still)
 
     def counted_gate_waits(self, reply: dict) -> list:
         """The gate waits the controller did not list, from the job's counters: a process blocked at a closed
@@ -172,11 +187,14 @@ class Watcher(threading.Thread):
                     out[g] = {"gpu": g, "kind": "gate", "since_s": since, "holder": held[str(g)], "queued": 0}
         return list(out.values())
 
-    def resumed(self, pid: int, f: dict, totals: dict) -> None:
+    def resumed(self, pid: int, f: dict, totals: dict, still: Optional[dict] = None) -> None:
+        """The line for one freeze that is over; still: the entry of another region that has the process
+        frozen now (it froze it too, or again since the last poll)."""
         gpus = ",".join(str(g) for g in f.get("gpu", []))
         held = f.get("since_s", 0.0)
+        after = f"still paused by {describe_holder(still.get('by'))}" if still else "resumed"
         self.fb.say(f"this command's pid {pid} was paused (frozen) at least {held:.1f} s on GPU {gpus} by "
-                    f"{describe_holder(f.get('by'))}; resumed; {int(totals.get(str(pid), 0)) / 1e9:.1f} s frozen "
+                    f"{describe_holder(f.get('by'))}; {after}; {int(totals.get(str(pid), 0)) / 1e9:.1f} s frozen "
                     f"in all")
 
     def stop(self) -> dict:
@@ -185,9 +203,7 @@ class Watcher(threading.Thread):
         self.join(timeout=10)
         reply = self.ask()
         if reply is not None:
-            for pid, f in self.frozen.items():
-                if not any(x["pid"] == pid for x in reply.get("frozen", [])):
-                    self.resumed(pid, f, reply.get("frozen_ns", {}))
+            self.say_ended({freeze_key(f): f for f in reply.get("frozen", [])}, reply.get("frozen_ns", {}))
             self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
         self.close_conn()
         return dict(self.frozen_ns)

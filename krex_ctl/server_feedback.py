@@ -65,7 +65,7 @@ def job_wait(ctl, client, req: dict) -> dict:
         for c in region.frozen:
             if c.job is job:
                 frozen.append({"pid": c.pid, "since_s": (now_ns() - (getattr(c, "frozen_at", 0) or now_ns())) / 1e9,
-                               "by": holder(region, client.uid),
+                               "region_id": region.id, "by": holder(region, client.uid),
                                "gpu": [g for g in ctl.cfg.gpus if region.gpu_mask >> g & 1]})
     # who holds each GPU another job's region holds: for a process of this job blocked at that gate before the
     # controller knows its GPUs (creating its first context), which its wrapper finds in the job's counters

@@ -189,11 +189,23 @@ def test_python_regions_carry_the_attestation(krex, tmp_path, preload):
 
 
 # ---- what the other processes do without submitting -----------------------------------------------
+def making_a_context(krex):
+    """churn under krex run, once its context is being made: its shim registers with the controller right
+    before it announces and makes its first context, which KREX_FAKE_CTX_MS makes last 3 s. (A fixed 0.7 s sleep
+    after the start left too little of a 1.5 s creation on a loaded machine: the region, itself slower to
+    start, found 0.15 to 0.39 s of it left.) A region that waits for all of it needs a lifecycle_timeout_s
+    above the default 2 s."""
+    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "3000", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
+    wait_for(lambda: any(c["role"] == "shim" for c in krex.status()["clients"]), what="churn making its context")
+    return maker
+
+
 def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
     """The lifecycle barrier: a region does not begin while another job is making a context on its GPU."""
-    krex.start_controller()
-    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
-    time.sleep(0.7)                                # the context is being made now
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg))
+    maker = making_a_context(krex)
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] > 0.4e9 and r["clean"]   # it waited, so nothing of that creation was in it
     maker.communicate(timeout=30)
@@ -201,8 +213,7 @@ def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
 
 def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
     krex.start_controller("--no-lifecycle-barrier")
-    maker = krex.popen([SNIP / "churn"], env={"KREX_FAKE_CTX_MS": "1500", "SNIPPET_MB": "1", "SNIPPET_MS": "200"})
-    time.sleep(0.7)
+    maker = making_a_context(krex)
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] < 0.3e9 and r["taints"] == ["lifecycle"] and r["exclusive"]
     maker.communicate(timeout=30)
@@ -232,9 +243,13 @@ def test_a_teardown_is_announced_on_the_gpu_of_the_context_torn_down(tmp_path):
 
 
 def test_memory_another_job_freed_is_given_time_to_settle(krex, tmp_path):
-    """settle_ms_per_gib: after a sibling freed 2 GiB (1 s at 500 ms/GiB), the next region waits for what is left of it."""
-    krex.start_controller("--settle-ms-per-gib", "500")
-    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_MS": "4000"})
+    """settle_ms_per_gib: after a sibling freed 2 GiB (4 s at 2000 ms/GiB), the next region waits for what is left
+    of it. The region starts a Python wrapper and a process after the free: on a loaded machine that took most of
+    a 1 s window (500 ms/GiB), so the window is 4 s, and lifecycle_timeout_s lets the region wait for all of it."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"settle_ms_per_gib": 2000, "lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg))
+    churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_MS": "30000"})   # killed below
     assert churn.stdout.readline().strip() == "ready"
     wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="churn registered")
     _, r = region_of(krex, tmp_path)

@@ -52,7 +52,7 @@ def holder(krex, hold_s: float, **env):
 def test_launches_without_a_region_are_said_and_strict_fails_the_run(krex, tmp_path):
     """10 launches and no region exited 0 with nothing said."""
     krex.start_controller()
-    hog = {"SNIPPET_SECONDS": "0.2"}
+    hog = {"SNIPPET_MS": "200"}
     out = krex.run([SNIP / "hog"], env=hog)
     assert out.returncode == 0, out.stderr
     lines = krex_lines(out.stderr)
@@ -165,7 +165,7 @@ def test_quiet_keeps_only_the_warning(krex):
     for how in (["--quiet"], ["-q"]):
         out = krex_cli(krex, "run", *how, "--", str(SNIP / "region"))
         assert out.returncode == 0 and krex_lines(out.stderr) == [], out.stderr
-    out = krex_cli(krex, "run", "--", str(SNIP / "hog"), env={"KREX_QUIET": "1", "SNIPPET_SECONDS": "0.2"})
+    out = krex_cli(krex, "run", "--", str(SNIP / "hog"), env={"KREX_QUIET": "1", "SNIPPET_MS": "200"})
     lines = krex_lines(out.stderr)
     assert lines and all("timings not protected" in line for line in lines), out.stderr
     out = krex_cli(krex, "run", "--", "true", env={"KREX_QUIET": "maybe"})
@@ -178,7 +178,7 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     report showed no frozen time."""
     krex.start_controller()
     sib_report = tmp_path / "sib.json"
-    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_MS": "30000"})
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60,
              what="hog registered with its context")
     owner, owner_pid = holder(krex, 8.0)
@@ -198,6 +198,40 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     r = report_of(sib_report)
     assert r["frozen_ns"] >= 1e9 and sum(r["frozen_ns_by_pid"].values()) == r["frozen_ns"]
     assert "frozen " in [line for line in krex_lines(sib_err) if "regions (" in line][0]
+
+
+def test_each_freeze_is_told_with_its_own_holder():
+    """Two regions that froze a process one after the other between two polls of the watcher (the second
+    region started as the first ended) were one entry per pid: the 8 s freeze by the first region was told as
+    the second's, 'at least 0.1 s by pid <the second's owner>'."""
+    import io
+
+    def by(pid, name):
+        return {"pid": pid, "uid": os.getuid(), "region": name, "command": "bench"}
+
+    def reply(*frozen, total=0):
+        return {"waits": [], "frozen": [dict(f, gpu=[0]) for f in frozen], "frozen_ns": {"901": total}}
+
+    out = io.StringIO()
+    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    first = {"pid": 901, "region_id": 7, "since_s": 8.0, "by": by(812, "long")}
+    second = {"pid": 901, "region_id": 8, "since_s": 0.1, "by": by(813, "next")}
+    w.take(reply(first, total=int(8e9)))
+    w.take(reply(dict(first, since_s=8.4), total=int(8.4e9)))
+    assert out.getvalue() == ""                                      # one freeze going on: nothing yet
+    w.take(reply(second, total=int(8.6e9)))
+    w.take(reply(total=int(8.7e9)))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert "at least 8.4 s on GPU 0 by pid 812 (" in lines[0] and "region 'long'" in lines[0]
+    assert "; still paused by pid 813 (" in lines[0] and lines[0].endswith("; 8.6 s frozen in all")
+    assert "at least 0.1 s on GPU 0 by pid 813 (" in lines[1] and lines[1].endswith("; resumed; 8.7 s frozen in all")
+    # a controller that sends no region id: the holder tells the freezes apart
+    out = io.StringIO()
+    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    w.take(reply({k: v for k, v in first.items() if k != "region_id"}))
+    w.take(reply({k: v for k, v in second.items() if k != "region_id"}))
+    assert "by pid 812 (" in out.getvalue() and "; still paused by pid 813 (" in out.getvalue()
 
 
 def test_a_command_held_at_the_context_gate_is_told_why(krex):
@@ -391,7 +425,7 @@ def check_trace_event_format(data) -> list:
 def test_krex_trace_turns_a_report_into_a_perfetto_trace(krex, tmp_path):
     krex.start_controller()
     sib_report, rep = tmp_path / "sib.json", tmp_path / "r.json"
-    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_SECONDS": "30"})
+    sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_MS": "30000"})
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60, what="hog")
     out = krex.run([SNIP / "region"], report=rep)
     assert out.returncode == 0, out.stderr

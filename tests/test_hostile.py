@@ -549,7 +549,10 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     """Ctrl-C in a wait left a region that was granted later to nobody (another job then waited 58.7 s), and a
     nesting count that made later regions look granted."""
     krex.start_controller()
-    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "2000000"})
+    # the holder's region lasts until the test has interrupted the wait (a 2 s hold ran out first on a loaded
+    # machine: the waiting region was granted before the Ctrl-C, or as it came)
+    release = tmp_path / "release"
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: held(krex), what="holder's region")
     script = tmp_path / "s.py"
     script.write_text(INTERRUPTED)
@@ -563,6 +566,7 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     os.kill(script_pid, signal.SIGINT)
     assert p.stdout.readline().strip() == "interrupted"
     assert sum(len(g["queue"]) for g in krex.status()["gpus"]) == 0       # the request is gone at once
+    release.write_text("")
     holder.communicate(timeout=30)
     t0 = time.monotonic()
     out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})     # another job is not kept waiting

@@ -130,11 +130,22 @@ def test_where_padding_makes_compute_slower_the_guard_settles_on_off(tmp_path):
     assert timing == 11                   # the exploration's boundary events, made once and kept
 
 
+# Choosing on takes epoch times that say so, and the fake's events are wall clock: a CPU busy with other work
+# delays each wake-up of the fake's stream threads and of the program (a few per iteration) by up to a scheduler
+# slice, and an epoch then lasts milliseconds longer, tens of them at worst (measured on 2 busy cores). Two such
+# epochs among an arm's four samples widen that arm's spread, the margin, past what on gains, and the guard keeps
+# off, as it should on noise. So the fast case is made large against that noise: epochs of one iteration (the
+# fewest wake-ups per epoch), a 10 ms collective beside a 100 ms GEMM that padding makes 10 ms (KREX_FAKE_OCC_US
+# 1:100): on is 10 ms an epoch, off 100 ms, and on is still chosen with a margin up to about 90%.
+FAST_N = 130                     # iterations, each an epoch (E = 1): one cycle and two epochs of the next
+FAST_LOOP = f"LOOP:{FAST_N}:{COMM}:10000:{GEMM}:100000"
+
+
 def test_where_padding_makes_compute_faster_the_guard_settles_on_on(tmp_path):
-    out, kernels, c = run(tmp_path, "shape=1", LOOP, occ_us="1:250")
+    out, kernels, c = run(tmp_path, "shape=1", FAST_LOOP, occ_us="1:100", epoch=1)
     assert out.returncode == 0, out.stdout + out.stderr
     off, on = guard(c)
-    assert off + on == N // E and off <= 12 and on >= 110       # off: the exploration's 6, and until the choice
+    assert off + on == FAST_N and off <= 12 and on >= 110       # off: the exploration's 6, and until the choice
     assert "the controls are on until epoch 128" in out.stderr
     assert all(f["occ"] == "1" for f in gemms(kernels)[-100:])  # and it stays on into the next cycle (A is on)
     assert c["overlap_padded"] == sum(f["occ"] == "1" for f in gemms(kernels))

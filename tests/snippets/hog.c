@@ -1,5 +1,6 @@
 /* hog.c: a busy neighbour. Launches SNIPPET_US-microsecond kernels named "hog" on SNIPPET_STREAMS
- * streams (one thread each) until SNIPPET_SECONDS pass, keeping at most 4 kernels queued per stream. */
+ * streams (one thread each) until SNIPPET_MS milliseconds pass (2000; counted while it is frozen too), keeping
+ * at most 4 kernels queued per stream. */
 #include <pthread.h>
 #include <time.h>
 #include "common.h"

@@ -4,7 +4,9 @@
  * of it, and, with SNIPPET_AFFINITY_FILE, the CPUs it ran on inside. With SNIPPET_WAIT_FILE it makes its
  * context first and begins only once that file exists. SNIPPET_GPUS ("0,1") asks for those node-wide GPUs
  * (krex_region_begin_mask) instead of the job's. SNIPPET_PRE_US: before each begin, one kernel that long on the
- * legacy default stream, not waited for; the begin's own time is printed (begin_ms=). */
+ * legacy default stream, not waited for; the begin's own time is printed (begin_ms=). SNIPPET_HOLD_FILE: inside
+ * each region, after its kernels and SNIPPET_HOLD_US, it waits until that file exists (at most 60 s), so that a
+ * test ends the region when it is done with it rather than after a guessed time. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
@@ -50,6 +52,8 @@ int main(void) {
         for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         CHECK(cuStreamSynchronize(s));
         if (sleep_us) usleep((useconds_t)sleep_us);
+        const char *hold_file = getenv("SNIPPET_HOLD_FILE");
+        for (int waited = 0; hold_file && access(hold_file, F_OK) != 0 && waited < 30000; waited++) usleep(2000);
         int e = krex_end();
         if (aff) print_affinity(aff, "after");
         struct krex_region_info info = {0};
