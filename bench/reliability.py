@@ -1156,6 +1156,8 @@ def main() -> None:
     ap.add_argument("--unconnected-windows", type=int, default=10)
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--out", required=True)
+    ap.add_argument("--keep", default=None,
+                    help="a directory for the scenarios' files (controller logs, reports), kept; else a temporary one")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     out = {}
@@ -1163,7 +1165,8 @@ def main() -> None:
         out = json.loads(Path(args.out).read_text())      # a partial run updates its sections only
     out.update(machine={"cpus": os.cpu_count(), "host": os.uname().nodename}, argv=sys.argv)
     with tempfile.TemporaryDirectory() as td:
-        tmp = Path(td)
+        tmp = Path(args.keep or td)
+        tmp.mkdir(parents=True, exist_ok=True)
         for name in args.only.split(","):
             t0 = time.monotonic()
             out[name] = SECTIONS[name](args, tmp)
