@@ -384,9 +384,15 @@ class Regions:
                     or not region.gates_closed_ns or region.gates_closed_ns >= started_ns):
                 continue
             region.read_after_close = True
-            if not region.pending_drain:
-                out += self._drained(region, E.READ, now)
+            out += self._drain_done(region, E.READ, now)
         return out
+
+    def _drain_done(self, region: Region, event: Event, now: float) -> list:
+        """Leave DRAINING once both halves are done: every sibling sent the drain answered, and a read pass begun
+        after the close (read_pass_done) read every announcement sent before it."""
+        if region.state is not S.DRAINING or region.pending_drain or not region.read_after_close:
+            return []
+        return self._drained(region, event, now)
 
     def late_context(self, client, bit: int, announced_ns: int, now: float) -> list:
         """CONTEXT: a process told of a new context on GPU bit. Told before a live region of another job closed
@@ -424,9 +430,7 @@ class Regions:
         region.others_busy_us = max(region.others_busy_us, int(busy_us))
         if busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0)):
             region.busy.append(client)
-        if region.pending_drain or not region.read_after_close:
-            return []           # the rest of the drain, or the read pass after the close (read_pass_done)
-        return self._drained(region, E.DRAINED, now)
+        return self._drain_done(region, E.DRAINED, now)
 
     def drain_timed_out(self, region: Region, now: float) -> list:
         """The drain's time ran out: those still pending (or, with none, the read pass after the close that has
@@ -564,8 +568,7 @@ class Regions:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)
             elif client in region.pending_drain:
                 region.pending_drain.discard(client)
-                if not region.pending_drain and region.state is S.DRAINING and region.read_after_close:
-                    out += self._drained(region, E.DRAINED, now)
+                out += self._drain_done(region, E.DRAINED, now)
         return out + self.schedule(now)
 
     def shutdown(self, now: float) -> list:
