@@ -303,17 +303,26 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spreads.items()}}
 
 
-def inflation(rows: list, stable: dict, clean=None) -> dict:
-    """Per bucket, timing / the kernel's isolated median - 1 in percent (negative: faster) of every timing of a
-    stable kernel, in the rows clean(row) accepts (all rows without clean)."""
-    out: dict = {b: [] for b, _, _ in BUCKETS}
+def stable_timings(rows: list, stable: dict, clean=None):
+    """(kernel, its reference median, one timing) for every timing of a stable kernel in the rows clean(row)
+    accepts (all rows without clean)."""
     for row in rows:
         if clean is not None and not clean(row):
             continue
         for kind in ("candidate", "reference"):
-            ref = stable.get((row.get("size"), row.get("variant"), kind))
+            key = (row.get("size"), row.get("variant"), kind)
+            ref = stable.get(key)
             if ref:
-                out[bucket(ref)] += [(t / ref - 1) * 100 for t in timings(row, kind)]
+                for t in timings(row, kind):
+                    yield key, ref, t
+
+
+def inflation(rows: list, stable: dict, clean=None) -> dict:
+    """Per bucket, timing / the kernel's isolated median - 1 in percent (negative: faster) of every timing of a
+    stable kernel, in the rows clean(row) accepts (all rows without clean)."""
+    out: dict = {b: [] for b, _, _ in BUCKETS}
+    for _, ref, t in stable_timings(rows, stable, clean):
+        out[bucket(ref)].append((t / ref - 1) * 100)
     return out
 
 
@@ -322,33 +331,21 @@ def signed_medians(rows: list, stable: dict, clean=None) -> dict:
     return {b: (round(statistics.median(v), 3) if v else None) for b, v in inflation(rows, stable, clean).items()}
 
 
-def fidelity_goal(infl: dict, floors: dict, points: float = 0.25, need: int = 50, counts=None) -> dict:
-    """p95 of each bucket's |inflation| against its floor + points, with at least need timings in every bucket
-    (counts: timings per bucket where a timing gave more than one value; else one value a timing)."""
-    p = {b: (p95(v) if v else None) for b, v in infl.items()}
-    met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
-    counts = counts or {b: len(v) for b, v in infl.items()}
-    enough = all(counts[b] >= need for b in infl)
-    return {"p95_abs_inflation_pct": p, "kernels": counts, "enough_kernels": enough, "fidelity_goal": met}
-
-
 def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50) -> dict:
     """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
     clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own
     statistic; the p95 of those against the floor + points, with at least need timings in every bucket."""
     vals: dict = {b: [] for b, _, _ in BUCKETS}
     counts: dict = {b: 0 for b, _, _ in BUCKETS}
-    for row in rows:
-        if clean is not None and not clean(row):
-            continue
-        for kind in ("candidate", "reference"):
-            key = (row.get("size"), row.get("variant"), kind)
-            if key in ref["pass_medians"]:
-                b = bucket(ref["stable"][key])
-                for t in timings(row, kind):
-                    counts[b] += 1
-                    vals[b] += [abs(t / m - 1) * 100 for m in ref["pass_medians"][key]]
-    return fidelity_goal(vals, ref["floors_pct"], points, need, counts)
+    for key, median, t in stable_timings(rows, ref["stable"], clean):
+        b = bucket(median)
+        counts[b] += 1
+        vals[b] += [abs(t / m - 1) * 100 for m in ref["pass_medians"][key]]
+    p = {b: (p95(v) if v else None) for b, v in vals.items()}
+    floors = ref["floors_pct"]
+    met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
+    return {"p95_abs_inflation_pct": p, "kernels": counts, "enough_kernels": all(n >= need for n in counts.values()),
+            "fidelity_goal": met}
 
 
 def analyse(runs: list) -> dict:
