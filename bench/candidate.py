@@ -114,29 +114,27 @@ with tempfile.TemporaryDirectory() as td:
     compile_s = time.monotonic() - t1
     ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
     timings, every = {}, {"candidate": [], "reference": []}
+    kernels = (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b)))
+
+    def bench(name, fn, **kw):
+        """One do_bench, in a region of its own with --region (else the triton hook makes it one)."""
+        if not args.region:
+            return do_bench(fn, return_mode="median", **kw)
+        import krex
+
+        with krex.region(f"do_bench.{name}"):
+            return do_bench(fn, return_mode="median", **kw)
+
     rep = {"candidate": 100.0, "reference": 100.0}
     if args.min_reps > 0:
         # the rep window from a short do_bench, itself a region (KREX_HOOKS=triton, or --region): an estimate
         # taken beside other agents' work would be longer, and the window's length alone moves a timing
         # (docs/measurements/harness-stability.md)
-        for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
-            if args.region:
-                import krex
-
-                with krex.region(f"do_bench.estimate.{name}"):
-                    est = do_bench(fn, warmup=5, rep=20, return_mode="median")
-            else:
-                est = do_bench(fn, warmup=5, rep=20, return_mode="median")
-            rep[name] = max(100.0, args.min_reps * est)
+        for name, fn in kernels:
+            rep[name] = max(100.0, args.min_reps * bench(f"estimate.{name}", fn, warmup=5, rep=20))
     for _ in range(max(1, args.repeat)):
-        for name, fn in (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b))):
-            if args.region:
-                import krex
-
-                with krex.region(f"do_bench.{name}"):
-                    t = do_bench(fn, warmup=args.warmup_ms, rep=rep[name], return_mode="median")
-            else:
-                t = do_bench(fn, warmup=args.warmup_ms, rep=rep[name], return_mode="median")
+        for name, fn in kernels:
+            t = bench(name, fn, warmup=args.warmup_ms, rep=rep[name])
             timings.setdefault(name, t)
             every[name].append(t)
     probe = {}

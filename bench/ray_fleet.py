@@ -43,13 +43,12 @@ REFERENCE_MODES = ("pergpu", "pergpubusy")   # one task per GPU, each distinct s
 KREX_MODES = ("krex", "shell", "pergpubusy")  # under the controller: its counters, each region's flags
 
 
-REPEAT = [1]   # --repeat: timings per kernel per evaluation
-HARNESS: list = []   # --warmup-ms, --min-reps: how each evaluation's do_bench times (bench/candidate.py)
+CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps: passed to bench/candidate.py
 
 
 def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
     return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce),
-            "--repeat", str(REPEAT[0])] + HARNESS
+            *CANDIDATE_ARGS]
 
 
 def evaluate(candidate: str, spec: dict, nonce: int) -> dict:
@@ -260,8 +259,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     plan = args.plan.split(",")
-    REPEAT[0] = max(1, args.repeat)
-    HARNESS[:] = ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps)]
+    CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat)), "--warmup-ms", str(args.warmup_ms),
+                         "--min-reps", str(args.min_reps)]
     if args.neighbour:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:
