@@ -5,7 +5,10 @@ agent counts, against naive sharing, with the noise floor of two isolated passes
 The workload is bench/throughput.py's: agents running compile-heavy Triton candidate commands
 (bench/candidate.py), here with a mix balanced over the four kernel-length buckets (2048: < 0.1 ms, 4096:
 0.1-1 ms, 8192: 1-10 ms, 16384: > 10 ms on an H200) and --repeat R timings per kernel per command, so that
-each bucket gets enough kernels. Plan, per scale N: naive:N, krex:N (all), krexnofreeze:N, krexbusy:N; one
+each bucket gets enough kernels. Plan, per scale N: naive:N (unless --skip-naive), then one mode per policy of
+--policies (all: krex:N, none: krexnofreeze:N, busy: krexbusy:N, all+warm: krexwarm:N, busy+warm:
+krexwarmbusy:N; the +warm ones run each command in a warm worker of the controller, its pool filled before the
+mode's clock starts); one
 reference pass first and one last (--reference solo, the default: each command alone under a krex controller
 of its own, krexsolo; --reference isolated: alone without krex). A solo reference times each kernel as every
 region does (after the clock settle, on the owner's own CPUs), with nobody else there. In H200 run 2 the
@@ -40,7 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import throughput as T  # noqa: E402
 
-POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy"}
+POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy",
+            # the same policies with the controller's warm workers (krex controller --warm-workers N): each command
+            # in a process forked from one that imported torch and triton and holds its context
+            "krexwarm": "all+warm", "krexwarmbusy": "busy+warm"}
+COLD = ("all", "none", "busy")   # the default --policies
 REFERENCES = {"solo": "krexsolo", "isolated": "isolated", "solo-busy": "krexsolobusy"}
 TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it started (about one command's time)
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
@@ -147,8 +154,11 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="> 0: each krex controller serves --metrics on 127.0.0.1 from this port on; each krex mode's "
                          "page is scraped when it ends (LOGS/metrics-MODE-N.prom, a summary in the result)")
-    ap.add_argument("--policies", default=",".join(POLICIES.values()),
-                    help="the krex policies to run at each scale, of all, none, busy")
+    ap.add_argument("--policies", default=",".join(COLD),
+                    help="the krex policies to run at each scale, of " + ", ".join(POLICIES.values())
+                         + " (+warm: commands in warm workers)")
+    ap.add_argument("--skip-naive", action="store_true",
+                    help="no naive sharing step (no throughput against naive): for a fidelity-only run")
     ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="on",
                     help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
                          "controller: a context is created, and a process with contexts exits, only while no other "
@@ -183,7 +193,7 @@ def main() -> None:
         wanted = args.policies.split(",")
         if any(w not in POLICIES.values() for w in wanted):
             ap.error("--policies: a comma list of " + ", ".join(POLICIES.values()))
-        modes = ["naive"] + [m for m, pol in POLICIES.items() if pol in wanted]
+        modes = ([] if args.skip_naive else ["naive"]) + [m for m, pol in POLICIES.items() if pol in wanted]
         # each reference's two passes: one before everything, one after (in the reverse order)
         plan = [(m, 1) for m in refs] + [(m, n) for n in scales for m in modes] + [(m, 1) for m in refs[::-1]]
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
@@ -207,6 +217,8 @@ def main() -> None:
                     if page:   # the controller lives for the whole plan: its counters are cumulative
                         (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)
                         runs[-1]["metrics"] = metrics_summary(page)
+                    if mode in T.WARM_MODES and all(m != mode for m, _ in plan[i + 1:]):
+                        ctls.stop(mode)   # its idle workers' contexts would taint the later steps' regions
                     Path(args.out).write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
             finally:

@@ -74,6 +74,28 @@ CASES = {
                                compute_first=True),
 }
 SMS = 132
+
+
+def search_cases() -> dict:
+    """Candidate cases where concurrency may lose to serial (bench/overlap_search.py times each without controls
+    and keeps those that lose): the GEMMs through cuBLAS, cuBLASLt or a persistent Triton kernel (one program
+    per SM looping over tiles, 160-192 KiB of shared memory: a program that cannot find an SM next to a copy CTA
+    waits for it, as a persistent GEMM beside a collective does); 4096-sized x 6 or 2048-sized x 24; 16, 32 or 66
+    copy CTAs, 1 or 2 copies; three orders: the copy first, the GEMMs first (late), or a pipeline (each copy
+    waits for the GEMM before it, as a gradient's all-reduce waits for the backward GEMM that made it)."""
+    out = {}
+    for backend in ("cublas", "cublaslt", "triton-persistent"):
+        for n, gemms in ((4096, 6), (2048, 24)):
+            for ctas, copies in ((16, 1), (16, 2), (32, 1), (66, 1)):
+                for order in ("first", "late", "pipe"):
+                    name = f"s-{backend}-{n}x{gemms}-c{ctas}x{copies}-{order}"
+                    out[name] = dict(n=n, gemms=gemms, backend=backend, ctas=ctas, copies=copies, ring=False,
+                                     compute_first=order == "late", pipeline=order == "pipe")
+    return out
+
+
+SEARCH = search_cases()
+ALL_CASES = {**CASES, **SEARCH}     # what --cases accepts
 # label, KREX_OVERLAP (None: no controls), worker flags
 RAW = [
     ("priority", "priority", []),
@@ -212,6 +234,41 @@ def triton_matmul():
     return mm
 
 
+def triton_persistent_matmul(programs: int):
+    """A persistent Triton GEMM: `programs` programs (one per SM by default), each looping over output tiles
+    (128x128, K in steps of 64, 6 stages of 32 KiB: 160-192 KiB of shared memory, so at most one program per SM
+    and none beside an 80 KiB copy CTA). A program that finds no SM free waits, and its tiles with it."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def persistent_kernel(a, b, c, M, N, K, NPROG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_n = tl.cdiv(N, BN)
+        tiles = tl.cdiv(M, BM) * grid_n
+        for tile in range(pid, tiles, NPROG):
+            pm, pn = tile // grid_n, tile % grid_n
+            rm = pm * BM + tl.arange(0, BM)
+            rn = pn * BN + tl.arange(0, BN)
+            rk = tl.arange(0, BK)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for k in range(0, K, BK):
+                x = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
+                y = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
+                acc += tl.dot(x, y)
+            tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
+
+    def mm(x, y, out):
+        m, k = x.shape
+        n = y.shape[1]
+        persistent_kernel[(programs,)](x, y, out, m, n, k, NPROG=programs, BM=128, BN=128, BK=64, num_warps=8,
+                                       num_stages=6)
+        return out
+
+    return mm
+
+
 class Case:
     launched = 0          # communication launches of this process, every case's: what the guard's epochs count
 
@@ -233,6 +290,8 @@ class Case:
         self.err = torch.zeros(1, device=dev, dtype=torch.int32)
         if spec["backend"] == "triton":
             self.mm = triton_matmul()
+        elif spec["backend"] == "triton-persistent":
+            self.mm = triton_persistent_matmul(spec.get("programs", SMS))
         else:
             torch.backends.cuda.preferred_blas_library("cublaslt" if spec["backend"] == "cublaslt" else "cublas")
             self.mm = lambda x, y, out: torch.matmul(x, y, out=out)
@@ -248,22 +307,54 @@ class Case:
         self.flags_cp, self.err_cp = cp.asarray(self.flags), cp.asarray(self.err)
         self.reference = None
 
-    def comm(self, stream) -> None:
+    def chunks(self) -> list:
+        """The copy launches as (offset, length) in 16-byte words of src: `copies` whole copies; in a pipeline
+        case the same bytes in one launch per GEMM (each a bucket whose GEMM made it), together covering src."""
+        whole = COPY_BYTES // 16
+        if not self.spec.get("pipeline"):
+            return [(0, whole)] * self.copies
+        g = self.spec["gemms"]
+        per = -(-self.copies * whole // g)
+        return [(min(i * per % whole, whole - per), per) for i in range(g)]
+
+    def comm(self, stream, chunks: list | None = None) -> None:
+        """The copy launches (default: every chunk of the case) on stream."""
         import numpy as np
 
         cps = self.cp_comm if stream is self.s_comm else self.cp.cuda.ExternalStream(stream.cuda_stream)
-        n16, slots = np.int64(COPY_BYTES // 16), np.int32(COPY_SMEM // 16)
+        slots = np.int32(COPY_SMEM // 16)
         grid, block = (self.spec["ctas"],), (COPY_THREADS,)
         with cps:                                  # CuPy launches on its current stream
-            for _ in range(self.copies):
+            for off, n in (self.chunks() if chunks is None else chunks):
+                src, dst = self.src_cp[4 * off:4 * (off + n)], self.dst_cp[4 * off:4 * (off + n)]   # int32 views
                 if self.spec["ring"]:
                     with self.torch.cuda.stream(stream):
                         self.flags.zero_()
-                    self.kernel(grid, block, (self.src_cp, self.dst_cp, n16, slots, self.flags_cp, self.err_cp),
+                    self.kernel(grid, block, (src, dst, np.int64(n), slots, self.flags_cp, self.err_cp),
                                 shared_mem=COPY_SMEM)
                 else:
-                    self.kernel(grid, block, (self.src_cp, self.dst_cp, n16, slots), shared_mem=COPY_SMEM)
+                    self.kernel(grid, block, (src, dst, np.int64(n), slots), shared_mem=COPY_SMEM)
                 Case.launched += 1
+
+    def pipeline(self, serial: bool, g0, g1, c0, c1) -> None:
+        """Each GEMM, then the copy of its bucket: on the copy stream after an event (a gradient's all-reduce
+        waits for the backward GEMM that made it), or on the same stream when serial; g0/g1 and c0/c1 mark each
+        stream's first and last work."""
+        torch = self.torch
+        comm = self.s_comp if serial else self.s_comm
+        g0.record(self.s_comp)
+        for i, (out, chunk) in enumerate(zip(self.c, self.chunks())):
+            with torch.cuda.stream(self.s_comp):
+                self.mm(self.a, self.b, out)
+            if not serial:
+                ev = torch.cuda.Event()
+                ev.record(self.s_comp)
+                comm.wait_event(ev)
+            if i == 0:
+                c0.record(comm)
+            self.comm(comm, [chunk])
+        g1.record(self.s_comp)
+        c1.record(comm)
 
     def fill(self, n: int) -> None:
         """n tiny copies (256 bytes of src to dst, as the real ones copy them) on the copy stream, nothing beside
@@ -284,7 +375,7 @@ class Case:
         cycle = epoch * period
         filled = (-Case.launched) % cycle
         self.fill(filled)
-        reps = -(-cycle // self.copies)
+        reps = -(-cycle // len(self.chunks()))      # communication launches per repetition
         runs = [self.timed("concurrent") for _ in range(reps)]
         totals = [r["total_ms"] for r in runs]
         return {"total_ms": statistics.fmean(totals), "comm_ms": statistics.fmean(r["comm_ms"] for r in runs),
@@ -308,6 +399,8 @@ class Case:
             s.wait_event(start)
         if mode == "comm":
             c0.record(self.s_comm), self.comm(self.s_comm), c1.record(self.s_comm)
+        elif self.spec.get("pipeline") and mode in ("serial", "concurrent"):
+            self.pipeline(mode == "serial", g0, g1, c0, c1)
         elif mode == "compute":
             g0.record(self.s_comp), self.compute(self.s_comp), g1.record(self.s_comp)
         elif mode == "serial":
@@ -354,7 +447,7 @@ def worker(args) -> None:
     counts = json.loads(args.copies) if args.copies else {}
     results = []
     for name in args.cases.split(","):
-        spec = CASES[name]
+        spec = ALL_CASES[name]
         t0 = time.monotonic()
         try:
             case = Case(name, spec, max(1, counts.get(name) or spec["copies"] or 1), args.copy_stream_priority)
@@ -675,7 +768,7 @@ def orchestrate(args) -> None:
     summary = summarize(variants, train)
     summary.update({"launcher": "krex run --overlap" if use_krex else "LD_PRELOAD + KREX_OVERLAP",
                     "guard_epoch": args.guard_epoch, "guard_period": GUARD_PERIOD,
-                    "variants": variants, "train": train, "cases_spec": {n: CASES[n] for n in args.cases.split(",")}})
+                    "variants": variants, "train": train, "cases_spec": {n: ALL_CASES[n] for n in args.cases.split(",")}})
     (out / "overlap-summary.json").write_text(json.dumps(summary, indent=1))
     try:
         plot(summary, out / "overlap.png")
@@ -694,7 +787,8 @@ def orchestrate(args) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/krex-out"), help="where the summary, plot and logs go")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma list of " + ", ".join(CASES) + " or of the search's s-* cases (bench/overlap_search.py)")
     ap.add_argument("--variants", default="", help="comma list of variant labels (default: all)")
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement (the median is kept)")
     ap.add_argument("--steps", type=int, default=30, help="training steps per training run")
@@ -711,7 +805,7 @@ def main(argv=None) -> None:
     ap.add_argument("--guard-epoch", type=int, default=GUARD_EPOCH,
                     help="KREX_OVERLAP_GUARD_EPOCH of the guarded variants (communication launches per epoch)")
     args = ap.parse_args(argv)
-    bad = [c for c in args.cases.split(",") if c not in CASES]
+    bad = [c for c in args.cases.split(",") if c not in ALL_CASES]
     if bad:
         ap.error(f"unknown case {', '.join(bad)}")
     if args.worker:

@@ -17,6 +17,7 @@ torch.mm) work through the same list of candidate specs in each mode:
             and the drain only, their CPU work (compiling, importing) goes on during a region
   krexbusy  as krex, with `krex controller --freeze-policy busy`: only the siblings whose GPU work was in
             flight at the drain are stopped
+  krexwarmbusy  krexwarm's warm workers under krexbusy's freeze policy
 Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
 16384 (> 10 ms), drawn 15/15/25/30/15 %.
@@ -36,7 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexsolo", "krexsolobusy")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexwarmbusy", "krexsolo",
+         "krexsolobusy")
+WARM_MODES = ("krexwarm", "krexwarmbusy")   # commands run in the controller's warm workers
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
 # neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
 REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")
@@ -83,30 +86,32 @@ def wait_idle(env: dict, n: int, timeout: float) -> None:
 
 
 class Controllers:
-    """One controller per krex mode kind, kept for the whole plan as a node's controller is. The krexwarm one
-    keeps as many warm workers as the plan's largest krexwarm step has agents; before each krexwarm step the
-    pool is filled (steady state) and the time that took is reported as warmup_s."""
+    """One controller per krex mode kind, kept for the whole plan as a node's controller is. A warm mode's
+    (WARM_MODES) keeps as many warm workers as the plan's largest warm step has agents; before each warm step
+    the pool is filled (steady state) and the time that took is reported as warmup_s."""
 
     def __init__(self, tmp: Path, plan: list, logs: Path, extra: tuple = (), metrics_port: int = 0):
         self.tmp, self.logs, self.live, self.extra = tmp, logs, {}, list(extra)
         self.metrics_port = metrics_port   # > 0: each controller serves Prometheus metrics, one port per mode
         self.ports: dict = {}
-        self.pool = max([a for m, a in plan if m == "krexwarm"], default=0)
+        self.argv: dict = {}   # mode: the controller's command line after `krex_ctl` (what the result records)
+        self.pool = max([a for m, a in plan if m in WARM_MODES], default=0)
 
     def get(self, mode: str, agents: int) -> tuple:
         if mode not in self.live:
             sock = self.tmp / f"{mode}.sock"
             env = krex_env(sock)
             args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)] + self.extra
-            if mode == "krexwarm":
+            if mode in WARM_MODES:
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
-            elif mode == "krexnofreeze":
+            if mode == "krexnofreeze":
                 args += ["--no-freeze"]
-            elif mode == "krexbusy":
+            elif mode in ("krexbusy", "krexwarmbusy"):
                 args += ["--freeze-policy", "busy"]
             if self.metrics_port:
                 self.ports[mode] = self.metrics_port + len(self.ports)
                 args += ["--metrics", f"127.0.0.1:{self.ports[mode]}"]
+            self.argv[mode] = args[3:]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")
             ctl = subprocess.Popen(args, env=env, stdout=log, stderr=log)
             deadline = time.monotonic() + 30
@@ -114,13 +119,13 @@ class Controllers:
                 if ctl.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the {mode} controller did not start (see {log.name})")
                 time.sleep(0.05)
-            if mode == "krexwarm":   # one command declares the pool's environment (it runs cold)
+            if mode in WARM_MODES:   # one command declares the pool's environment (it runs cold)
                 subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", "pass"],
                                env=env, check=True, timeout=300)
             self.live[mode] = (ctl, env)
         ctl, env = self.live[mode]
         t0 = time.monotonic()
-        if mode == "krexwarm":
+        if mode in WARM_MODES:
             wait_idle(env, agents, 400)
         return env, time.monotonic() - t0
 
@@ -135,10 +140,14 @@ class Controllers:
         except OSError as e:
             return f"# scrape failed: {e}\n"
 
-    def stop(self) -> None:
-        for ctl, _ in self.live.values():
-            ctl.terminate()
-            ctl.wait(60)
+    def stop(self, mode: str | None = None) -> None:
+        """Stop every controller, or mode's only (a warm pool's workers hold GPU contexts: while its controller
+        lives, it counts as active in the node's registry and taints other controllers' regions)."""
+        for m in [mode] if mode else list(self.live):
+            ctl, _ = self.live.pop(m, (None, None))
+            if ctl is not None:
+                ctl.terminate()
+                ctl.wait(60)
 
 
 def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int,
@@ -148,7 +157,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     todo = list(enumerate(specs))
     rows, lock = [], threading.Lock()
     kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)
-    workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode == "krexwarm" else set()
+    workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode in WARM_MODES else set()
     neighbour = start_neighbour(kenv, tmp, mode) if mode == "krexsolobusy" else None
     t_start = time.monotonic()
 
@@ -202,10 +211,12 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
     extra = {}
-    if mode == "krexwarm":
+    if mode in WARM_MODES:
         now = {w["pid"] for w in krex_status(kenv)["workers"]}
         extra = {"warmup_s": round(warmup, 2), "workers_replaced": len(workers_before - now),
                  "warm_commands": sum(1 for r in rows if r.get("import_s", 9) < 1.0)}   # cold: >= 2.9 s
+    if mode in ctls.argv:
+        extra["controller_argv"] = ctls.argv[mode]
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),
             "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows, **extra}
 
@@ -382,8 +393,8 @@ def analyse(runs: list) -> dict:
             held = statistics.mean(row.get("region_held_s", 0) for row in ok)
             iso_t = statistics.mean(row["wall_s"] for x in iso_runs for row in x["rows"] if "total_s" in row) \
                 if iso_runs else t_cmd
-            if r["mode"] == "krexwarm":   # commands that skip start-up, as fast as alone: krexwarm:1's commands,
-                alone = [row["wall_s"] for x in runs if x["mode"] == "krexwarm" and x["agents"] == 1
+            if r["mode"] in WARM_MODES:   # commands that skip start-up, as fast as alone: the mode's :1 commands,
+                alone = [row["wall_s"] for x in runs if x["mode"] == r["mode"] and x["agents"] == 1
                          for row in x["rows"] if "total_s" in row]
                 if not alone:             # or else the isolated ones without their imports (an optimistic bound)
                     alone = [row["total_s"] - row.get("import_s", 0) for x in iso_runs for row in x["rows"]

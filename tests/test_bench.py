@@ -26,17 +26,21 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
-                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexnofreeze:2,isolated:1", "--specs", "6",
+                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "6",
                         "--budget", "60",
                         "--logs", str(tmp_path), "--out", str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     summary = {(s["mode"], s["agents"]): s for s in data["summary"]}
-    assert [r["failed"] for r in data["runs"]] == [0] * 6
+    assert [r["failed"] for r in data["runs"]] == [0] * 7
     assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 6
-    assert summary[("krexwarm", 2)]["warm_commands"] == 6          # the pool served every command
-    for mode in ("krex", "krexwarm", "krexnofreeze"):
+    for mode in ("krexwarm", "krexwarmbusy"):
+        assert summary[(mode, 2)]["warm_commands"] == 6             # the pool served every command
+    argv = {r["mode"]: r.get("controller_argv", []) for r in data["runs"]}
+    assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
+    assert "--freeze-policy" not in argv["krexwarm"] and "--no-freeze" in argv["krexnofreeze"]
+    for mode in ("krex", "krexwarm", "krexwarmbusy", "krexnofreeze"):
         rows = next(r for r in data["runs"] if r["mode"] == mode)["rows"]
         assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in rows), rows
         assert summary[(mode, 2)]["amdahl_fraction"] > 0

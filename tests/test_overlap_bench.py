@@ -206,3 +206,52 @@ def test_orchestrator_records_every_variant_when_the_workers_cannot_run(tmp_path
     assert [t["label"] for t in s["train"]] == ["train-off-0", "train-on-0"]
     assert s["launcher"] == "LD_PRELOAD + KREX_OVERLAP" and not s["goals"]["no_launch_lost_or_failed"]
     assert (out / "overlap-logs.tgz").stat().st_size > 0
+
+
+def test_the_search_cases_are_cases_the_worker_and_the_orchestrator_take():
+    assert len(op.SEARCH) == 72 and not set(op.SEARCH) & set(op.CASES)
+    assert all(name in op.ALL_CASES for name in op.SEARCH)
+    orders = {(s["compute_first"], s["pipeline"]) for s in op.SEARCH.values()}
+    assert orders == {(False, False), (True, False), (False, True)}      # copy first, GEMMs first, pipeline
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "overlap_proxy.py"), "--cases",
+                        "s-cublas-4096x6-c16x1-pipe,nope"], capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown case nope" in p.stderr and "s-cublas" not in p.stderr
+
+
+@pytest.mark.parametrize("gemms,copies", [(6, 1), (6, 2), (24, 1), (24, 2), (7, 3)])
+def test_a_pipeline_moves_the_same_bytes_in_one_bucket_per_gemm_covering_the_source(gemms, copies):
+    c = op.Case.__new__(op.Case)
+    c.spec, c.copies = {"gemms": gemms, "pipeline": True}, copies
+    whole = op.COPY_BYTES // 16
+    chunks = c.chunks()
+    assert len(chunks) == gemms and all(0 <= off and off + n <= whole for off, n in chunks)
+    assert copies * whole <= sum(n for _, n in chunks) < copies * whole + gemms     # the same bytes, rounded up
+    covered, end = sorted(chunks), 0
+    for off, n in covered:
+        assert off <= end            # no gap: every word of src is copied, so the copy check holds
+        end = max(end, off + n)
+    assert end == whole
+    c.spec = {"gemms": gemms}
+    assert c.chunks() == [(0, whole)] * copies                  # not a pipeline: whole copies
+
+
+def test_the_search_calls_a_loss_only_what_both_processes_show():
+    import overlap_search as osr
+
+    def row(name, conc, serial=4.0, ok=True, copies=1):
+        return dict(case(serial, 3.0, 1.0, conc, 3.5, copies=copies, ok=ok), case=name)
+
+    a, b, c, d = ("s-cublas-4096x6-c16x1-first", "s-cublas-4096x6-c16x2-first", "s-cublas-2048x24-c16x1-pipe",
+                  "s-cublaslt-4096x6-c66x1-late")
+    first = [row(a, 4.4), row(b, 4.6, copies=2), row(c, 4.8), row(d, 4.2, ok=False), {"case": "x", "error": "OOM"}]
+    second = [row(a, 4.3), row(b, 4.02, copies=2), row(c, 4.5), row(d, 4.3, ok=False)]
+    s = osr.summarize(first, second, 1.02)
+    by = {r["case"]: r for r in s["cases"]}
+    assert by[a]["loss"] and by[c]["loss"]
+    assert not by[b]["loss"]                  # 1.15 then 1.005: not confirmed by the second process
+    assert not by[d]["loss"]                  # a wrong copy is never a loss
+    assert s["failed"] == ["x"] and by["x"]["loss"] is False
+    assert s["losses"] == [c, a]              # worst first, by the smaller of the two ratios (1.125, 1.075)
+    # the guard epoch of the worst (a 24-GEMM pipeline: 24 launches a repetition); a (1 launch) is not handed on
+    assert s["guard_epoch"] == 24 and s["handed_on"] == [c]
+    assert osr.ratio({"case": "y", "error": "x"}) is None
