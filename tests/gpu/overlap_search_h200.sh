@@ -7,7 +7,8 @@
 #      count, its --guard-epoch), under `krex run --overlap`, for the variants in VARIANTS (below), no training step.
 # Carry .whl (cffi and pycparser, for `krex run` and its reports). Back in $OUT: overlap-search.json,
 # search-1.log/-2.log (+ .json), overlap-summary.json, overlap.png, overlap-logs.tgz, overlap-search-run.log.
-#   LIMIT (420) seconds for everything; SEARCH_CASES= narrows the search; VARIANTS= the controls' variants
+#   LIMIT (420) seconds for everything; SEARCH_CASES= narrows the search; VARIANTS= the controls' variants;
+#   REPS (10) timed repetitions per measurement in both steps (the median kept); TOP (3) losses handed on
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/krex-out}
@@ -24,10 +25,10 @@ make -s shim || { echo "the shim did not build" | tee $OUT/overlap-search-run.lo
   git log --oneline -1 2>/dev/null
 } > $OUT/overlap-search-run.log 2>&1
 timeout $(( LIMIT / 2 )) python3 bench/overlap_search.py --out $OUT ${SEARCH_CASES:+--cases $SEARCH_CASES} \
-  --timeout $(( LIMIT / 2 - 10 )) >> $OUT/overlap-search-run.log 2>&1
+  --reps ${REPS:-10} --timeout $(( LIMIT / 2 - 10 )) >> $OUT/overlap-search-run.log 2>&1
 echo "overlap_search rc=$? after $(( $(date +%s) - START )) s" | tee -a $OUT/overlap-search-run.log
 read -r CASES EPOCH <<< "$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
-print(",".join(d["handed_on"][:3]), d["guard_epoch"] or "")' $OUT/overlap-search.json 2>/dev/null)"
+print(",".join(d["handed_on"][:int(sys.argv[2])]), d["guard_epoch"] or "")' $OUT/overlap-search.json ${TOP:-3} 2>/dev/null)"
 if [ -z "$CASES" ] || [ -z "${EPOCH:-}" ]; then
   echo "no confirmed loss: nothing for the controls to turn around" | tee -a $OUT/overlap-search-run.log
 else
@@ -38,7 +39,7 @@ else
   LEFT=$(( LIMIT - ($(date +%s) - START) ))
   V=${VARIANTS:-off,priority,guard+priority,sm_target=116,guard+sm_target=116,priority+sm_target=116,guard+priority+sm_target=116,shape=1,guard+shape=1,priority+shape=1+sm_target=116,guard+priority+shape=1+sm_target=116,stream-priority,off-again}
   timeout $LEFT python3 bench/overlap_proxy.py --out $OUT --budget $(( LEFT - 20 )) --cases $CASES --variants $V \
-    --guard-epoch $EPOCH --train-rounds 0 >> $OUT/overlap-search-run.log 2>&1
+    --guard-epoch $EPOCH --train-rounds 0 --reps ${REPS:-10} >> $OUT/overlap-search-run.log 2>&1
   echo "overlap_proxy rc=$? after $(( $(date +%s) - START )) s" | tee -a $OUT/overlap-search-run.log
   kill $CTL; wait $CTL
 fi
