@@ -135,6 +135,7 @@ GUARD_EPOCH = 6                  # communication launches per guard epoch: one r
 GUARD_PERIOD = int(re.search(r"#define KREX_GUARD_PERIOD (\d+)", (ROOT / "shim" / "guard_rule.h").read_text()).group(1))
 ALL_MODES = ("comm", "compute", "serial", "concurrent")
 COPY_BYTES = 256 << 20
+HOLD_CYCLES = 20_000_000        # ~10 ms at the H200's 1980 MHz: longer than enqueueing a repetition takes
 COPY_SMEM = 80 << 10
 COPY_THREADS = 512
 
@@ -394,6 +395,9 @@ class Case:
         start, end, c0, c1, g0, g1 = ev(), ev(), ev(), ev(), ev(), ev()
         main = torch.cuda.current_stream()
         torch.cuda.synchronize()
+        # the GPU waits (a spin of HOLD_CYCLES) while everything below is enqueued, so that the span timed is the
+        # GPU's: with dozens of small launches and event waits, the host's enqueueing would otherwise be timed
+        torch.cuda._sleep(HOLD_CYCLES)
         start.record(main)
         for s in (self.s_comm, self.s_comp):
             s.wait_event(start)
