@@ -9,7 +9,9 @@ CTA writes (as ring steps wait across GPUs): a CTA that cannot start stalls the 
 on another stream, bf16 GEMMs through cuBLAS, cuBLASLt or a Triton kernel.
 
 Each case is timed alone (communication, compute), serial (one after the other on one stream) and
-concurrent (two streams); the communication span is the copy stream's first-to-last event. A variant is one
+concurrent (two streams); the communication span is the copy stream's first-to-last event. Each repetition is
+enqueued while the GPU spins (~10 ms), so what is timed is the GPU's span, not the host's enqueueing (before
+that, the 24-GEMM pipeline cases of bench/overlap_search.py were host-bound: serial 1.7x the sum of its parts). A variant is one
 set of controls, in its own process under `krex run --overlap CONTROLS` (or, without krex_ctl's cffi, with
 the shim preloaded and KREX_OVERLAP set); `off` runs first and calibrates the balanced cases (copy count
 chosen so communication alone takes about what compute alone takes); the other variants reuse its counts.
