@@ -26,7 +26,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
-                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexnofreeze:2,isolated:1", "--specs", "6",
+                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexnofreeze:2,isolated:1", "--specs", "4",
                         "--budget", "60",
                         "--logs", str(tmp_path), "--out", str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -34,8 +34,8 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     data = json.loads(out.read_text())
     summary = {(s["mode"], s["agents"]): s for s in data["summary"]}
     assert [r["failed"] for r in data["runs"]] == [0] * 6
-    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 6
-    assert summary[("krexwarm", 2)]["warm_commands"] == 6          # the pool served every command
+    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 4
+    assert summary[("krexwarm", 2)]["warm_commands"] == 4          # the pool served every command
     for mode in ("krex", "krexwarm", "krexnofreeze"):
         rows = next(r for r in data["runs"] if r["mode"] == mode)["rows"]
         assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in rows), rows
@@ -43,7 +43,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     assert summary[("cmdlock", 2)]["vs_cmdlock"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "report_table.py"), str(out)], capture_output=True,
                            text=True, check=True).stdout
-    assert "| krexwarm | 2 | 6 |" in table
+    assert "| krexwarm | 2 | 4 |" in table
 
 
 def test_warm_probe_alternates_cold_warm_and_churned_runs(tmp_path):
@@ -214,7 +214,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     out, md = tmp_path / "fp.json", tmp_path / "fp.md"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "8", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100",
+                        "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
@@ -223,7 +223,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert [(r["policy"], r["agents"]) for r in data["rows"]] == [("naive", 2), ("all", 2), ("none", 2), ("busy", 2)]
-    assert all(r["failed"] == 0 and r["commands"] == 8 for r in data["rows"])
+    assert all(r["failed"] == 0 and r["commands"] == 4 for r in data["rows"])
     assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
