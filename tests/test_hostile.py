@@ -225,6 +225,7 @@ def test_no_freezing_without_a_state_file_but_the_gpu_stays_exclusive(krex, tmp_
     regions = report_of(tmp_path / "r.json")["regions"]
     assert all(r["frozen"] == 0 and r["freeze_skipped"] == "state file not writable" for r in regions)
     assert overlaps(krex.trace_lines(), regions) == []         # the gate and the drain still hold the GPU
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert sum("cannot write state file" in line for line in krex.ctl_log.read_text().splitlines()) <= 2
 
@@ -238,10 +239,12 @@ def test_a_frozen_daemon_is_resumed_when_the_controller_dies(krex, tmp_path):
     launcher.communicate(timeout=30)
     daemon = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="daemon"))
     wait_for(lambda: any(c["pid"] == daemon and c["gpus"] for c in krex.status()["clients"]), what="daemon registered")
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "5000000"})
+    release = tmp_path / "release"           # the owner holds its region until the daemon has been resumed
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: proc_state(daemon) in ("T", "t"), what="daemon frozen")
     krex.ctl.kill()
     wait_for(lambda: proc_state(daemon) not in ("T", "t"), timeout=3, what="daemon resumed without a controller")
+    release.touch()
     owner.communicate(timeout=30)
     os.kill(daemon, signal.SIGKILL)
 
@@ -523,6 +526,7 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     assert len(later) >= 5 and all(r["frozen"] == 1 for r in later), [(r["exclusive"], r["taints"]) for r in regions]
     assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
     assert len(jobs) == 2 and len({j["root_pid"] for j in jobs}) == 2   # each command is one job again
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     os.kill(second, signal.SIGTERM)
 

@@ -78,6 +78,7 @@ def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path, cpus):
     for before, inside, after in zip(lines[0::3], lines[1::3], lines[2::3]):
         assert inside.split()[1:] == [str(cpus[-1])]
         assert before.split()[1:] == after.split()[1:] == [str(c) for c in cpus]
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
 
@@ -102,6 +103,7 @@ def test_owner_cpus_own_and_reserved_keeps_the_owners_cpus_and_adds_the_reserved
         assert before.split()[1:] == after.split()[1:] == [str(cpus[0])]
         assert inside.split()[1:] == [str(cpus[0]), str(cpus[-1])]
     wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
@@ -113,6 +115,7 @@ def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     assert proc_state(hog_pid) in ("T", "t")
     owner.communicate(timeout=30)
     wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=2, what="hog resumed")
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
 
@@ -125,6 +128,7 @@ def test_without_freezing_the_gate_alone_keeps_siblings_off_the_gpu(krex, tmp_pa
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     assert proc_state(hog_pid) not in ("T", "t")          # it runs on (its CPU work), blocked at the gate
     owner.communicate(timeout=30)
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     regions = report_of(tmp_path / "own.json")["regions"]
     assert len(regions) == 3 and all(r["frozen"] == 0 for r in regions)
@@ -148,6 +152,7 @@ def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     assert owner.returncode == 128 + signal.SIGKILL
     rep = report_of(tmp_path / "o.json")
     assert rep["regions"][0]["end"] == "owner_gone"
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
     st = krex.status()
@@ -231,6 +236,7 @@ def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, t
                    for line in lines if not line.startswith("inside"))
     wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
     assert krex.status()["counters"]["regions_granted"] == 18
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
