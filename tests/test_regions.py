@@ -53,12 +53,13 @@ def test_grants_are_fifo(krex, tmp_path):
                for i in range(3)]
     wait_for(lambda: sum(c["role"] == "shim" and bool(c.get("gpus")) for c in krex.status()["clients"]) == 3,
              what="waiters' contexts")
-    holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",
-                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "4000000"})
+    holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",     # held until the waiters are queued
+                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(tmp_path / "release")})
     wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="first region")
     for i in range(3):
         (tmp_path / f"go{i}").write_text("")
         wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == i + 1, what=f"waiter {i} queued")
+    (tmp_path / "release").touch()
     for p in [holder] + waiters:
         p.communicate(timeout=60)
         assert p.returncode == 0
@@ -211,11 +212,14 @@ def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_
     import sys
 
     krex.start_controller()
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "3000000"})
+    release = tmp_path / "release"           # the region is held until the probe is done
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                               "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     probe = [sys.executable, "-c", "import os, time; time.sleep(0.3); print(sorted(os.sched_getaffinity(0)))"]
     during = krex.run(probe)
     assert during.returncode == 0 and str(cpus[-1]) not in during.stdout.strip()[1:-1].split(", ")
+    release.touch()
     owner.communicate(timeout=30)
     after = krex.run(probe)
     assert after.stdout.strip() == str(cpus)
@@ -245,7 +249,9 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
 
     krex.start_controller()
     published = tmp_path / "ctl.sock.reserved"
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "2000000"})
+    release = tmp_path / "release"           # the region is held until the checks inside it are done
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                               "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     assert published.read_text() == str(cpus[-1])
     mine = os.sched_getaffinity(0)
@@ -254,6 +260,7 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
         assert os.sched_getaffinity(0) == mine - {cpus[-1]}
     finally:
         os.sched_setaffinity(0, mine)
+        release.touch()
     owner.communicate(timeout=30)
     assert published.read_text() == ""
     assert procs.step_off_reserved(str(published)[:-len(".reserved")]) is None
@@ -339,13 +346,15 @@ def test_a_context_made_into_another_jobs_region_taints_it(krex, tmp_path, env, 
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
     go.write_text("")
+    release = tmp_path / "release"           # the region is held until the command is done
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "3000000"})
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     t0 = time.monotonic_ns()
     out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
                                                            "KREX_GATE_EXIT": "0", **env})
     t_done = time.monotonic_ns()
+    release.touch()
     owner.communicate(timeout=30)
     [region] = report_of(tmp_path / "own.json")["regions"]
     assert out.returncode == 0 and t_done < region["ended_ns"], out.stderr   # it did not wait for the region
