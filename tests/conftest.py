@@ -40,6 +40,18 @@ def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stderr_until(proc, text: str) -> str:
+    """proc's stderr up to its first whole line with text in it (all of it, if none comes), read from the
+    descriptor (nothing is buffered: proc.communicate() returns the rest)."""
+    data = b""
+    while not any(text.encode() in line and line.endswith(b"\n") for line in data.splitlines(True)):
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
 def stopped_processes_under(marker: str) -> list[int]:
     """Processes in state T whose command line mentions marker (a test's private directory)."""
     out = []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SNIP, in_namespace, report_of, wait_for
+from conftest import ROOT, SNIP, in_namespace, report_of, stderr_until, wait_for
 
 sys.path.insert(0, str(ROOT))
 from krex_ctl import feedback, server_feedback  # noqa: E402
@@ -47,18 +47,6 @@ def holder(krex, release: Path, **env):
                 return o["pid"]
         return None
     return proc, wait_for(granted, timeout=60, interval=0.05, what="holder granted")
-
-
-def stderr_until(proc, prefix: str) -> str:
-    """proc's stderr up to a whole line starting with prefix (all of it, if none comes), read from its descriptor
-    (nothing buffered: proc.communicate() returns the rest)."""
-    data = b""
-    while not any(line.startswith(prefix.encode()) and line.endswith(b"\n") for line in data.splitlines(True)):
-        chunk = os.read(proc.stderr.fileno(), 65536)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace")
 
 
 # ---- the summary, the warning, --strict, --quiet ----------------------------------------------------------
