@@ -533,7 +533,7 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
 
 # ---- 10: the Python API ------------------------------------------------------------------------------------
 INTERRUPTED = r'''
-import signal, sys, time
+import os, signal, sys, time
 import krex
 print("waiting", flush=True)
 try:
@@ -541,7 +541,8 @@ try:
         print("never granted", flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
-time.sleep(float(sys.argv[1]))
+while not os.path.exists(sys.argv[1]):      # alive, its wait given up, until the test says go on
+    time.sleep(0.01)
 with krex.region("after") as r:
     pass
 print("after", r.status, r.granted, r.exclusive, flush=True)
@@ -561,7 +562,8 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     script = tmp_path / "s.py"
     script.write_text(INTERRUPTED)
     env = dict(krex.env)
-    cmd = [sys.executable, str(script), "4"]
+    go = tmp_path / "go"
+    cmd = [sys.executable, str(script), str(go)]
     p = krex.popen(cmd) if preload else subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                                           stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "waiting"
@@ -576,6 +578,7 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})     # another job is not kept waiting
     assert out.returncode == 0 and "begin=0" in out.stdout
     assert time.monotonic() - t0 < 4.0
+    go.touch()
     rest, err = p.communicate(timeout=30)
     assert rest.split() == ["after", "0", "True", "True"], err
     assert krex.status()["counters"]["regions_granted"] == 3
