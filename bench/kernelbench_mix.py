@@ -422,8 +422,10 @@ def main() -> int:
         if mode.startswith("krex"):
             world = new_world(mode, mode)
             if mode in ("krexdist", "krexforeign"):
-                dist = start_disturbers(world, tmp, args.disturbers.split(",") if mode == "krexdist" else ["bursts"])
-                time.sleep(8)     # torch imported, disturbing
+                which = args.disturbers.split(",") if mode == "krexdist" else ["bursts"]
+                dist = start_disturbers(world, tmp, which)
+                # disturbing: torch imported (load, bursts), or a context made (ctx, exitbig, alloc: ctypes alone)
+                time.sleep(8 if {"load", "bursts"} & set(which) else 2)
         mode_plans = plans if mode != "krexforeign" else [p[:1] for p in plans]
         recs, wall = run_agents(mode_plans, kb, tmp, args.trials, mode, world, args.mode_limit)
         if dist:

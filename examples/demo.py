@@ -81,7 +81,8 @@ def main() -> int:
         print(f"krex demo on the FAKE driver ({why}): 3 C benchmarks with regions + 2 busy neighbours,"
               " all at once\n")
         env.update(LD_LIBRARY_PATH=f"{BUILD / 'fakes'}:{env.get('LD_LIBRARY_PATH', '')}",
-                   KREX_FAKE_TRACE=str(tmp / "trace"), SNIPPET_MS="4000", SNIPPET_STREAMS="2")
+                   KREX_FAKE_TRACE=str(tmp / "trace"), SNIPPET_MS="4000", SNIPPET_STREAMS="2",
+                   SNIPPET_STOP=str(tmp / "stop"))   # the neighbours stop once the benchmarks are done
         bench = [str(BUILD / "snippets" / "spin_bench"), "-r", "4", "-n", "5", "-u", "2000"]
         hog = [str(BUILD / "snippets" / "hog")]
     t0 = time.monotonic()

@@ -40,6 +40,18 @@ def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stderr_until(proc, text: str) -> str:
+    """proc's stderr up to its first whole line with text in it (all of it, if none comes), read from the
+    descriptor (nothing is buffered: proc.communicate() returns the rest)."""
+    data = b""
+    while not any(text.encode() in line and line.endswith(b"\n") for line in data.splitlines(True)):
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
 def stopped_processes_under(marker: str) -> list[int]:
     """Processes in state T whose command line mentions marker (a test's private directory)."""
     out = []
@@ -79,6 +91,10 @@ class Krex:
         self.registry = tmp / "registry"  # the node-wide registry of controllers (krex_ctl/registry.py), per test
         self.registry.mkdir()
         self.env["KREX_REGISTRY_DIR"] = str(self.registry)
+        # a hog (tests/snippets/hog.c) runs SNIPPET_MS, long enough to outlive what it neighbours on a loaded
+        # machine; a test done with its hogs ends them sooner with stop_hogs()
+        self.hog_stop = tmp / "hogs.stop"
+        self.env["SNIPPET_STOP"] = str(self.hog_stop)
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 
@@ -128,6 +144,10 @@ class Krex:
         pid = wait_for(lambda: next((c["pid"] for c in self.status()["clients"]
                                      if c["role"] == "shim" and c["pid"] not in before), None), what="sibling registered")
         return proc, pid
+
+    def stop_hogs(self) -> None:
+        """The hogs started with this world's environment stop (before their SNIPPET_MS is up)."""
+        self.hog_stop.touch()
 
     def status(self) -> dict:
         out = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=self.env,

@@ -81,6 +81,7 @@ def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_p
     krex.nvml.write_text("")
     _, uncapped = region_of(krex, tmp_path)
     assert uncapped["clean"]                        # busy neighbours alone are no taint: they were drained
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
@@ -95,6 +96,7 @@ def test_a_power_cap_at_the_grant_is_cleared_when_the_clock_settle_reads_the_pea
     _, r = region_of(krex, tmp_path)
     assert sorted(r["taints"]) == sorted(taints) and r["others_busy_us"] >= 1000 and r["exclusive"]
     assert r["attestation"]["gpus"]["0"]["power_cap_at_grant"] == ("taint" if taints else "cleared by the clock settle")
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
@@ -154,6 +156,7 @@ def test_a_krex_process_on_the_gpu_is_not_foreign(krex, tmp_path):
     krex.nvml.write_text(f"process 0 {hog_pid} 1000\n")
     _, r = region_of(krex, tmp_path)
     assert r["clean"] and r["frozen"] == 1
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 

@@ -6,13 +6,14 @@ marks the region not_granted."""
 import subprocess
 import sys
 
-from conftest import SNIP, report_of, wait_for
+from conftest import SNIP, report_of, stderr_until, wait_for
 
 
-def hold_gpu(krex, seconds=30):
-    """Another job holds GPU 0's region for a while: (its Popen), once granted."""
-    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
-                                                 "SNIPPET_HOLD_US": str(int(seconds * 1e6))})
+def hold_gpu(krex, seconds=30, release=None):
+    """Another job holds GPU 0's region for a while (or until the file release exists): (its Popen), once
+    granted."""
+    hold = {"SNIPPET_HOLD_FILE": str(release)} if release else {"SNIPPET_HOLD_US": str(int(seconds * 1e6))}
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", **hold})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
              timeout=60, what="the holder's region granted")
     return holder
@@ -50,18 +51,23 @@ def test_python_timeout_raises_and_cancels(krex):
 
 def test_c_begin_returns_minus_3_under_region_timeout(krex):
     krex.start_controller()
-    holder = hold_gpu(krex, 8)      # its launches after the refusal wait for the holder's region to end
+    release = krex.dir / "release"
+    holder = hold_gpu(krex, release=release)   # its launches after the refusal wait for the holder's region to end
     try:
         rep = krex.dir / "c.json"
         full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.5", "--report", str(rep), "--",
                 str(SNIP / "region")]
         # its context made at once (the context gate, on by default, would hold it until the holder's region
         # ended: a wait at a gate, which --region-timeout does not bound, as it does not bound one at a launch)
-        r = subprocess.run(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0"),
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        told = stderr_until(p, "not granted in time")      # never silent; said as the wait is given up
+        release.touch()
+        out, err = p.communicate(timeout=120)
+        r = subprocess.CompletedProcess(full, p.returncode, out, told + err)
         assert r.returncode == 0, r.stderr
         assert "begin=-3" in r.stdout and "exclusive=0" in r.stdout, r.stdout
-        assert "not granted in time" in r.stderr            # never silent
+        assert "not granted in time" in r.stderr
         assert queued(krex) == 0
         regions = report_of(rep)["regions"]
         assert len(regions) == 1 and "not_granted" in regions[0]["taints"], regions

@@ -176,7 +176,8 @@ def test_gate_flags_accept_words(krex, tmp_path):
     exit gates off in words, a process that only makes a context and allocates is done while another job's
     region is still held."""
     krex.start_controller()
-    hold = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "4000000"})
+    release = tmp_path / "release"           # the other job's region is held until the test is done with it
+    hold = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
     from conftest import wait_for
 
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
@@ -184,6 +185,7 @@ def test_gate_flags_accept_words(krex, tmp_path):
                                           "KREX_GATE_EXIT": "no", "SNIPPET_MB": "1", "SNIPPET_MS": "0"})
     assert out.returncode == 0, out.stderr
     assert any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"])   # it did not wait
+    release.touch()
     hold.communicate(timeout=30)
 
 

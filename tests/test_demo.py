@@ -30,7 +30,7 @@ def test_the_demo_with_the_lifecycle_gates_on_never_has_a_neighbour_kernel_insid
     a region ends, just as the next one closes the gate): a process's context announcement can be unread when a
     region closes the gate. A region leaves its drain only after a read pass begun after its close, so the
     announcement is read and the process drained first; none is read past the drain (the region would be tainted
-    late_context), and no neighbour kernel runs inside a region reported exclusive. Six runs, about 40 s."""
+    late_context), and no neighbour kernel runs inside a region reported exclusive. Six runs, about 20 s."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
     env.update(PYTHONPATH=str(ROOT), KREX_GATE_CONTEXTS="1", KREX_GATE_EXIT="1", TMPDIR=str(tmp_path))
     for run in range(6):

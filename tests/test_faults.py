@@ -219,6 +219,7 @@ def test_frozen_sibling_that_dies_while_frozen_does_not_break_the_region(krex, t
     owner.communicate(timeout=30)
     assert owner.returncode == 0
     wait_for(lambda: proc_state(pids[1]) not in ("T", "t"), timeout=2, what="survivor resumed")
+    krex.stop_hogs()
     for h in hogs:
         h.communicate(timeout=30)
     assert krex.status()["gpus"] == [] or all(g["owner"] is None for g in krex.status()["gpus"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SNIP, in_namespace, report_of, wait_for
+from conftest import ROOT, SNIP, in_namespace, report_of, stderr_until, wait_for
 
 sys.path.insert(0, str(ROOT))
 from krex_ctl import feedback, server_feedback  # noqa: E402
@@ -34,10 +34,11 @@ def krex_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("krex:")]
 
 
-def holder(krex, hold_s: float, **env):
-    """A region of hold_s seconds under krex run, returned once the controller granted it: (Popen, its pid)."""
+def holder(krex, release: Path, **env):
+    """A region under krex run, held until the file release exists (60 s at most), returned once the controller
+    granted it: (Popen, its pid)."""
     proc = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_US": "100",
-                                               "SNIPPET_HOLD_US": str(int(hold_s * 1e6)), **env})
+                                               "SNIPPET_HOLD_FILE": str(release), **env})
 
     def granted():
         for g in krex.status()["gpus"]:
@@ -181,10 +182,14 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     sibling = krex.popen([SNIP / "hog"], report=sib_report, env={"SNIPPET_MS": "30000"})
     wait_for(lambda: any(c["role"] == "shim" and c["gpus"] for c in krex.status()["clients"]), timeout=60,
              what="hog registered with its context")
-    owner, owner_pid = holder(krex, 8.0)
+    release = tmp_path / "release"
+    owner, owner_pid = holder(krex, release)
     # its context made at once, so that it waits in the region queue (the next test: at the context gate)
     waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "KREX_GATE_CONTEXTS": "0"})
+    told = stderr_until(waiter, "krex: waiting")      # the holder's region ends once the waiter has been told
+    release.touch()
     out, err = waiter.communicate(timeout=120)
+    err = told + err
     assert waiter.returncode == 0, err
     waits = [line for line in krex_lines(err) if line.startswith("krex: waiting")]
     assert waits, err
@@ -234,14 +239,18 @@ def test_each_freeze_is_told_with_its_own_holder():
     assert "by pid 812 (" in out.getvalue() and "; still paused by pid 813 (" in out.getvalue()
 
 
-def test_a_command_held_at_the_context_gate_is_told_why(krex):
+def test_a_command_held_at_the_context_gate_is_told_why(krex, tmp_path):
     """The context gate (on by default) holds a process's first context while another job's region holds its GPU;
     the controller does not know that process's GPUs yet, so its wrapper finds the wait in the job's counters and
     says it with the holder, as for any closed gate."""
     krex.start_controller()
-    owner, owner_pid = holder(krex, 4.0)
+    release = tmp_path / "release"
+    owner, owner_pid = holder(krex, release)
     waiter = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
+    told = stderr_until(waiter, "krex: waiting")
+    release.touch()
     out, err = waiter.communicate(timeout=120)
+    err = told + err
     assert waiter.returncode == 0, err
     waits = [line for line in krex_lines(err) if line.startswith("krex: waiting")]
     assert waits and "at GPU 0's closed gate" in waits[0] and f"held by pid {owner_pid} (" in waits[0], err
@@ -305,15 +314,16 @@ def test_socket_in_a_directory_that_cannot_be_written_is_one_line(tmp_path):
 
 
 # ---- krex status --------------------------------------------------------------------------------------------
-def test_status_text_names_user_command_and_uuid(krex):
+def test_status_text_names_user_command_and_uuid(krex, tmp_path):
     krex.start_controller()
-    owner, pid = holder(krex, 4.0)
+    owner, pid = holder(krex, tmp_path / "release")
     out = krex_cli(krex, "status")
     assert out.returncode == 0, out.stderr
     gpu0 = [line for line in out.stdout.splitlines() if line.startswith("GPU 0")][0]
     assert "GPU-6b726578-" in gpu0 and f"of pid {pid} (" in gpu0 and "snippets/region" in gpu0
     import pwd
     assert pwd.getpwuid(os.getuid()).pw_name in gpu0
+    (tmp_path / "release").touch()
     owner.communicate(timeout=60)
 
 
@@ -330,10 +340,10 @@ def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
     assert p.returncode == 0 and "Traceback" not in err
 
 
-def test_status_watch_draws_a_live_table_on_a_terminal(krex):
+def test_status_watch_draws_a_live_table_on_a_terminal(krex, tmp_path):
     """In a pseudo-terminal: rich's table (box drawing), refreshed, with the holder's row."""
     krex.start_controller()
-    owner, pid = holder(krex, 6.0)
+    owner, pid = holder(krex, tmp_path / "release")
     master, slave = pty.openpty()
     p = subprocess.Popen(KREX + ["status", "--watch", "0.3"], env=dict(krex.env, COLUMNS="160", TERM="xterm"),
                          stdin=slave, stdout=slave, stderr=slave)
@@ -351,6 +361,7 @@ def test_status_watch_draws_a_live_table_on_a_terminal(krex):
     p.send_signal(signal.SIGINT)
     p.wait(timeout=30)
     os.close(master)
+    (tmp_path / "release").touch()
     owner.communicate(timeout=60)
     text = data.decode(errors="replace")
     assert str(pid) in text and "held" in text, text[-2000:]
@@ -376,11 +387,11 @@ def test_status_hides_other_users_commands_and_stays_bounded():
     assert server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=0)["jobs"][0]["command"]
 
 
-def test_a_huge_argv_runs_and_status_still_answers(krex):
+def test_a_huge_argv_runs_and_status_still_answers(krex, tmp_path):
     """argv over 64 KiB made `krex run` fail without running it; a command of 63 x 1010 characters made the
     status reply too large."""
     krex.start_controller()
-    owner, _ = holder(krex, 5.0)
+    owner, _ = holder(krex, tmp_path / "release")
     big = [krex_cli(krex, "run", "--", "sh", "-c", "exit 0", *(["y" * 1010] * 63))]
     huge = krex_cli(krex, "run", "--", "sh", "-c", "exit 4", *(["z" * 4096] * 40))
     assert big[0].returncode == 0 and huge.returncode == 4, huge.stderr
@@ -391,6 +402,7 @@ def test_a_huge_argv_runs_and_status_still_answers(krex):
     out = krex_cli(krex, "status")
     assert out.returncode == 0 and "bad frame" not in out.stderr, out.stderr
     p.communicate(timeout=60)
+    (tmp_path / "release").touch()
     owner.communicate(timeout=60)
 
 

@@ -41,6 +41,7 @@ def test_one_region_covers_every_gpu_of_a_job_and_its_ranks_join_it(krex, tmp_pa
     trace = krex.trace_lines()
     assert overlaps(trace, regions) == []                                # no foreign kernel on either GPU
     assert sum(t[4] in ("rank0", "rank1") for t in trace) == 16
+    krex.stop_hogs()
     for h in hogs:
         h.communicate(timeout=30)
 
@@ -90,6 +91,7 @@ def test_a_gpu_is_one_gpu_whatever_the_visible_devices_say(krex, tmp_path):
     trace = krex.trace_lines()
     assert not [t for t in overlaps(trace, regions) if t[0] == pids[(1,)]]    # GPU 1's hog held off
     assert [t for t in overlaps(trace, regions) if t[0] == pids[(0,)]]        # GPU 0's ran on
+    krex.stop_hogs()
     for h in (on0, on1):
         h.communicate(timeout=30)
 
@@ -104,6 +106,7 @@ def test_python_regions_on_several_gpus(krex, tmp_path):
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
     regions = report_of(tmp_path / "r.json")["regions"]
     assert [(r["name"], r["gpu"], r["frozen"]) for r in regions] == [("both", [0, 1], 2), ("one", [1], 1)]
+    krex.stop_hogs()
     for h in hogs:
         h.communicate(timeout=30)
 

@@ -225,6 +225,7 @@ def test_no_freezing_without_a_state_file_but_the_gpu_stays_exclusive(krex, tmp_
     regions = report_of(tmp_path / "r.json")["regions"]
     assert all(r["frozen"] == 0 and r["freeze_skipped"] == "state file not writable" for r in regions)
     assert overlaps(krex.trace_lines(), regions) == []         # the gate and the drain still hold the GPU
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert sum("cannot write state file" in line for line in krex.ctl_log.read_text().splitlines()) <= 2
 
@@ -238,10 +239,12 @@ def test_a_frozen_daemon_is_resumed_when_the_controller_dies(krex, tmp_path):
     launcher.communicate(timeout=30)
     daemon = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="daemon"))
     wait_for(lambda: any(c["pid"] == daemon and c["gpus"] for c in krex.status()["clients"]), what="daemon registered")
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "5000000"})
+    release = tmp_path / "release"           # the owner holds its region until the daemon has been resumed
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: proc_state(daemon) in ("T", "t"), what="daemon frozen")
     krex.ctl.kill()
     wait_for(lambda: proc_state(daemon) not in ("T", "t"), timeout=3, what="daemon resumed without a controller")
+    release.touch()
     owner.communicate(timeout=30)
     os.kill(daemon, signal.SIGKILL)
 
@@ -523,13 +526,14 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     assert len(later) >= 5 and all(r["frozen"] == 1 for r in later), [(r["exclusive"], r["taints"]) for r in regions]
     assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
     assert len(jobs) == 2 and len({j["root_pid"] for j in jobs}) == 2   # each command is one job again
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     os.kill(second, signal.SIGTERM)
 
 
 # ---- 10: the Python API ------------------------------------------------------------------------------------
 INTERRUPTED = r'''
-import signal, sys, time
+import os, signal, sys, time
 import krex
 print("waiting", flush=True)
 try:
@@ -537,7 +541,8 @@ try:
         print("never granted", flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
-time.sleep(float(sys.argv[1]))
+while not os.path.exists(sys.argv[1]):      # alive, its wait given up, until the test says go on
+    time.sleep(0.01)
 with krex.region("after") as r:
     pass
 print("after", r.status, r.granted, r.exclusive, flush=True)
@@ -557,7 +562,8 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     script = tmp_path / "s.py"
     script.write_text(INTERRUPTED)
     env = dict(krex.env)
-    cmd = [sys.executable, str(script), "4"]
+    go = tmp_path / "go"
+    cmd = [sys.executable, str(script), str(go)]
     p = krex.popen(cmd) if preload else subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                                           stderr=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "waiting"
@@ -572,6 +578,7 @@ def test_ctrl_c_while_waiting_leaves_no_ghost_region(krex, tmp_path, preload):
     out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})     # another job is not kept waiting
     assert out.returncode == 0 and "begin=0" in out.stdout
     assert time.monotonic() - t0 < 4.0
+    go.touch()
     rest, err = p.communicate(timeout=30)
     assert rest.split() == ["after", "0", "True", "True"], err
     assert krex.status()["counters"]["regions_granted"] == 3

@@ -53,12 +53,13 @@ def test_grants_are_fifo(krex, tmp_path):
                for i in range(3)]
     wait_for(lambda: sum(c["role"] == "shim" and bool(c.get("gpus")) for c in krex.status()["clients"]) == 3,
              what="waiters' contexts")
-    holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",
-                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "4000000"})
+    holder = krex.popen([SNIP / "region"], report=tmp_path / "a.json",     # held until the waiters are queued
+                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(tmp_path / "release")})
     wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="first region")
     for i in range(3):
         (tmp_path / f"go{i}").write_text("")
         wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == i + 1, what=f"waiter {i} queued")
+    (tmp_path / "release").touch()
     for p in [holder] + waiters:
         p.communicate(timeout=60)
         assert p.returncode == 0
@@ -78,6 +79,7 @@ def test_owner_gets_reserved_cores_and_others_leave_them(krex, tmp_path, cpus):
     for before, inside, after in zip(lines[0::3], lines[1::3], lines[2::3]):
         assert inside.split()[1:] == [str(cpus[-1])]
         assert before.split()[1:] == after.split()[1:] == [str(c) for c in cpus]
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
 
@@ -102,6 +104,7 @@ def test_owner_cpus_own_and_reserved_keeps_the_owners_cpus_and_adds_the_reserved
         assert before.split()[1:] == after.split()[1:] == [str(cpus[0])]
         assert inside.split()[1:] == [str(cpus[0]), str(cpus[-1])]
     wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
@@ -113,6 +116,7 @@ def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     assert proc_state(hog_pid) in ("T", "t")
     owner.communicate(timeout=30)
     wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=2, what="hog resumed")
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
 
@@ -125,6 +129,7 @@ def test_without_freezing_the_gate_alone_keeps_siblings_off_the_gpu(krex, tmp_pa
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     assert proc_state(hog_pid) not in ("T", "t")          # it runs on (its CPU work), blocked at the gate
     owner.communicate(timeout=30)
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     regions = report_of(tmp_path / "own.json")["regions"]
     assert len(regions) == 3 and all(r["frozen"] == 0 for r in regions)
@@ -148,6 +153,7 @@ def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     assert owner.returncode == 128 + signal.SIGKILL
     rep = report_of(tmp_path / "o.json")
     assert rep["regions"][0]["end"] == "owner_gone"
+    krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0
     st = krex.status()
@@ -206,11 +212,14 @@ def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_
     import sys
 
     krex.start_controller()
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "3000000"})
+    release = tmp_path / "release"           # the region is held until the probe is done
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                               "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     probe = [sys.executable, "-c", "import os, time; time.sleep(0.3); print(sorted(os.sched_getaffinity(0)))"]
     during = krex.run(probe)
     assert during.returncode == 0 and str(cpus[-1]) not in during.stdout.strip()[1:-1].split(", ")
+    release.touch()
     owner.communicate(timeout=30)
     after = krex.run(probe)
     assert after.stdout.strip() == str(cpus)
@@ -231,6 +240,7 @@ def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, t
                    for line in lines if not line.startswith("inside"))
     wait_for(lambda: os.sched_getaffinity(hog_pid) == set(cpus), timeout=2, what="hog's CPUs restored")
     assert krex.status()["counters"]["regions_granted"] == 18
+    krex.stop_hogs()
     hog.communicate(timeout=30)
 
 
@@ -239,7 +249,9 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
 
     krex.start_controller()
     published = tmp_path / "ctl.sock.reserved"
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "2000000"})
+    release = tmp_path / "release"           # the region is held until the checks inside it are done
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                               "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     assert published.read_text() == str(cpus[-1])
     mine = os.sched_getaffinity(0)
@@ -248,6 +260,7 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
         assert os.sched_getaffinity(0) == mine - {cpus[-1]}
     finally:
         os.sched_setaffinity(0, mine)
+        release.touch()
     owner.communicate(timeout=30)
     assert published.read_text() == ""
     assert procs.step_off_reserved(str(published)[:-len(".reserved")]) is None
@@ -333,13 +346,15 @@ def test_a_context_made_into_another_jobs_region_taints_it(krex, tmp_path, env, 
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
     go.write_text("")
+    release = tmp_path / "release"           # the region is held until the command is done
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "3000000"})
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     t0 = time.monotonic_ns()
     out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
                                                            "KREX_GATE_EXIT": "0", **env})
     t_done = time.monotonic_ns()
+    release.touch()
     owner.communicate(timeout=30)
     [region] = report_of(tmp_path / "own.json")["regions"]
     assert out.returncode == 0 and t_done < region["ended_ns"], out.stderr   # it did not wait for the region

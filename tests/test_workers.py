@@ -336,10 +336,12 @@ def test_an_idle_worker_frozen_in_a_region_is_resumed_when_the_controller_dies(k
     krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
     assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
     worker = idle_worker(krex)["pid"]                # it holds a context on GPU 0: a sibling of any region
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
+    release = tmp_path / "release"                   # the region is held until the worker has been resumed
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
     wait_for(lambda: proc_state(worker) in ("T", "t"), what="the idle worker frozen by the region")
     krex.ctl.kill()                                  # no guardian has the worker in its tree: the zygote resumes it
     wait_for(lambda: proc_state(worker) not in ("T", "t"), timeout=5, what="the worker resumed")
+    release.touch()
     owner.communicate(timeout=30)
     wait_for(lambda: proc_state(worker) is None, timeout=15, what="the idle worker gone with the controller")
 
@@ -368,12 +370,14 @@ def test_a_warm_commands_own_gpu_children_are_not_frozen_by_its_region(krex, tmp
         import os, subprocess, time
         import krex
         from krex_ctl.procs import state
-        child = subprocess.Popen([{str(SNIP / "hog")!r}], env=dict(os.environ, SNIPPET_MS="3000", SNIPPET_US="200"),
-                                 stdout=subprocess.DEVNULL)
+        stop = {str(tmp_path / "hog.stop")!r}
+        child = subprocess.Popen([{str(SNIP / "hog")!r}], env=dict(os.environ, SNIPPET_MS="3000", SNIPPET_US="200",
+                                                                   SNIPPET_STOP=stop), stdout=subprocess.DEVNULL)
         time.sleep(0.5)                               # registered and launching under the wrapper's job
         with krex.region("mine"):
             time.sleep(0.3)
             print(os.getpid(), state(child.pid))
+        open(stop, "w").close()                       # the hog is done with
         child.wait()
     """, env=env)
     pid, child_state = out.stdout.splitlines()[-1].split()

@@ -1,8 +1,9 @@
 /* hog.c: a busy neighbour. Launches SNIPPET_US-microsecond kernels named "hog" on SNIPPET_STREAMS
  * streams (one thread each) until SNIPPET_MS milliseconds pass (2000; counted while it is frozen too), keeping
- * at most 4 kernels queued per stream. */
+ * at most 4 kernels queued per stream. SNIPPET_STOP names a file: once it exists, the hog stops sooner. */
 #include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 #include "common.h"
 
 
@@ -10,6 +11,7 @@ static CUcontext ctx;
 static CUfunction f;
 static double seconds;
 static int us;
+static const char *stop_file;
 static long launched[64];
 
 static double now(void) {
@@ -24,7 +26,7 @@ static void *worker(void *arg) {
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuStreamCreate(&s, 0));
     double end = now() + seconds;
-    while (now() < end) {
+    while (now() < end && !(stop_file && access(stop_file, F_OK) == 0)) {
         for (int k = 0; k < 4; k++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         launched[i] += 4;
         CHECK(cuStreamSynchronize(s));
@@ -36,6 +38,8 @@ int main(void) {
     int streams = env_int("SNIPPET_STREAMS", 2);
     seconds = env_int("SNIPPET_MS", 2000) / 1000.0;
     us = env_int("SNIPPET_US", 500);
+    stop_file = getenv("SNIPPET_STOP");
+    if (stop_file && !*stop_file) stop_file = NULL;
     f = snippet_kernel("hog", &ctx);
     pthread_t t[64];
     if (streams > 64) streams = 64;
