@@ -200,3 +200,30 @@ def test_gate_waits_are_read_from_the_counters_and_a_dead_waiters_mark_is_ignore
     slots[2].pid = os.getpid()                                                                  # not waiting
     path.write_bytes(bytes(data))
     assert gate_waits(path) == [{"pid": os.getpid(), "since_ns": 5, "gpus": [0, 2]}]
+
+
+def test_the_resumer_holds_a_process_before_it_is_stopped(tmp_path):
+    """A controller killed between a SIGSTOP and the resumer's hold left that process stopped (the resumer
+    never knew of it): the hold goes first, and a process that could not be stopped is held all the same
+    (a SIGCONT to it does nothing)."""
+    import signal
+    from types import SimpleNamespace
+
+    from krex_ctl.enforce.freeze import Freezer
+
+    order = []
+
+    class Fd:
+        def __init__(self, pid, ok=True):
+            self.pid, self.fd, self.ok, self.start_time = pid, 100 + pid, ok, 1
+
+        def signal(self, sig):
+            order.append(("signal", self.pid, sig))
+            return self.ok
+
+    f = Freezer(str(tmp_path / "state"), lambda *a: None)
+    f.resumer = SimpleNamespace(hold=lambda rid, fds: order.append(("hold", rid, tuple(fds))))
+    a, b, gone = (SimpleNamespace(pid=p, pidfd=Fd(p, ok)) for p, ok in ((1, True), (2, True), (3, False)))
+    held, skipped = f.freeze(7, [b, gone], [a], [a])
+    assert order == [("hold", 7, (101, 102, 103)), ("signal", 2, signal.SIGSTOP), ("signal", 3, signal.SIGSTOP)]
+    assert held == [a, b] and skipped == ""

@@ -46,9 +46,12 @@ class Freezer:
             skipped = "state file not writable"
         else:
             skipped = ""
-        held = list(already) + [c for c in new if c.pidfd is not None and c.pidfd.signal(signal.SIGSTOP)]
-        if held:
-            self.resumer.hold(region_id, [c.pidfd.fd for c in held])
+        targets = [c for c in new if c.pidfd is not None]
+        if targets or already:
+            # the resumer holds them before the first SIGSTOP: a controller killed in between leaves nobody
+            # stopped (a SIGCONT to a process that was never stopped does nothing)
+            self.resumer.hold(region_id, [c.pidfd.fd for c in list(already) + targets])
+        held = list(already) + [c for c in targets if c.pidfd.signal(signal.SIGSTOP)]
         return held, skipped
 
     @staticmethod
