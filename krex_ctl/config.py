@@ -77,7 +77,7 @@ class Config:
     owner_cpus: str = "reserved"               # reserved: the owner's threads on the reserved cores only;
                                                # own-and-reserved: they keep their CPUs and gain the reserved ones
     freeze: bool = True                        # SIGSTOP the other GPU processes during a region
-    freeze_policy: str = "all"                 # all, busy (only siblings with GPU work in flight), none
+    freeze_policy: str = "busy"                # busy (only siblings with GPU work in flight), all, none
     fair_window_s: float = 5.0                 # the fair share's window (policy/scheduler.py FairShare); 0: off
     attest: bool = True                        # read the GPU's own counters (NVML) at region boundaries
     lifecycle_barrier: bool = True             # no region starts while a sibling creates/destroys a context or exits

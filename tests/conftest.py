@@ -98,10 +98,15 @@ class Krex:
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 
-    def start_controller(self, *args: str, preexec_fn=None, state_file=None) -> subprocess.Popen:
+    def start_controller(self, *args: str, preexec_fn=None, state_file=None, default_freeze=False) -> subprocess.Popen:
+        """The controller, with --freeze-policy all unless args choose a policy or default_freeze: these tests
+        follow siblings through the freeze whatever work they have in flight (the default, busy, stops only
+        those with work left at the drain: test_regions' default-policy test)."""
         log = open(self.ctl_log, "ab")
         cpus = sorted(os.sched_getaffinity(0))
         reserved = [] if any(a.startswith("--reserved-cores") for a in args) else ["--reserved-cores", str(cpus[-1])]
+        if not default_freeze and not any(a in ("--freeze-policy", "--no-freeze") for a in args):
+            reserved += ["--freeze-policy", "all"]
         self.ctl = subprocess.Popen(
             [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.socket), "--state-file",
              str(state_file or self.state_file), *reserved, *args], env=self.env, stdout=log, stderr=log,

@@ -15,8 +15,9 @@ from krex_ctl.wire.frames import C
 
 
 def cfg(**kw):
+    # freeze_policy all: these tests follow every sibling through the freeze (the controller's default is busy)
     base = dict(drain_timeout_s=2.0, lifecycle_timeout_s=1.0, freeze_timeout_s=0.5, region_time_limit_s=60.0,
-                freeze=True, lifecycle_barrier=True, settle_ms=0.0, settle_ms_per_gib=0.0)
+                freeze=True, freeze_policy="all", lifecycle_barrier=True, settle_ms=0.0, settle_ms_per_gib=0.0)
     base.update(kw)
     return SimpleNamespace(**base)
 

@@ -137,6 +137,29 @@ def test_without_freezing_the_gate_alone_keeps_siblings_off_the_gpu(krex, tmp_pa
     assert any(t[4] == "hog" for t in trace) and overlaps(trace, regions) == []
 
 
+def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leaves_an_idle_one_running(krex, tmp_path):
+    """The controller's default (busy): a sibling whose GPU work took more than busy_before_us to drain is
+    frozen for the region; one with nothing in flight goes on with its CPU work, held at the gate; both run
+    again after it, and the record counts one frozen process."""
+    krex.start_controller(default_freeze=True)
+    busy, busy_pid = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="20000", SNIPPET_STREAMS="2")  # 20 ms kernels
+    idle, idle_pid = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_STREAMS="0")    # a context, nothing launched
+    time.sleep(0.3)
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "1500000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    assert proc_state(busy_pid) in ("T", "t")
+    assert proc_state(idle_pid) not in ("T", "t")
+    owner.communicate(timeout=30)
+    wait_for(lambda: proc_state(busy_pid) not in ("T", "t"), what="busy sibling resumed")
+    (region,) = report_of(tmp_path / "o.json")["regions"]
+    assert region["frozen"] == 1 and region["exclusive"]
+    krex.stop_hogs()
+    busy.communicate(timeout=30)
+    idle.communicate(timeout=30)
+    assert busy.returncode == idle.returncode == 0
+
+
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")

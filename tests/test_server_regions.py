@@ -102,9 +102,10 @@ class Server(RegionEffects):
 
     def __init__(self, **kw):
         self.log, self.sent, self.timers = [], [], []
+        # freeze_policy all: the effects of freezing every sibling (the controller's default is busy)
         self.cfg = SimpleNamespace(drain_timeout_s=2.0, lifecycle_timeout_s=1.0, freeze_timeout_s=0.5,
-                                   region_time_limit_s=60.0, freeze=True, lifecycle_barrier=True, settle_ms=0.0,
-                                   settle_ms_per_gib=0.0)
+                                   region_time_limit_s=60.0, freeze=True, freeze_policy="all", lifecycle_barrier=True,
+                                   settle_ms=0.0, settle_ms_per_gib=0.0)
         self.clients, self.jobs = {}, {}
         self.gate, self.freezer = FakeGate(self.log), FakeFreezer(self.log, fail=kw.get("freeze_fails", False))
         self.isolation, self.attest = FakeIsolation(self.log), FakeAttest(self.log, kw.get("taint", 0))

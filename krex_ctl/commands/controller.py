@@ -29,8 +29,8 @@ from ..server import Controller, bind
               help="Do not SIGSTOP other GPU processes during a region (the gate and the drain keep the GPU "
                    "exclusive; their CPU work goes on).")
 @click.option("--freeze-policy", default=None, metavar="all|busy|none",
-              help="Which siblings a region stops: all (default), busy (only those with GPU work in flight at the "
-                   "drain), none (as --no-freeze).")
+              help="Which siblings a region stops: busy (default: only those whose GPU work was still in flight at "
+                   "the drain), all, none (as --no-freeze).")
 @click.option("--fair-window", default=None, metavar="S",
               help="Window of the fair share of region time per user and job, in seconds (5; 0: first come, "
                    "first served only).")

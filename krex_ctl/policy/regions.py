@@ -587,4 +587,4 @@ def freeze_policy(cfg) -> str:
     answer it); none: nobody (the gate and the drain alone). `freeze = false` (--no-freeze) is none."""
     if not getattr(cfg, "freeze", True):
         return "none"
-    return getattr(cfg, "freeze_policy", "all") or "all"
+    return getattr(cfg, "freeze_policy", "busy") or "busy"

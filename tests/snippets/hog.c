@@ -1,6 +1,8 @@
 /* hog.c: a busy neighbour. Launches SNIPPET_US-microsecond kernels named "hog" on SNIPPET_STREAMS
  * streams (one thread each) until SNIPPET_MS milliseconds pass (2000; counted while it is frozen too), keeping
- * at most 4 kernels queued per stream. SNIPPET_STOP names a file: once it exists, the hog stops sooner. */
+ * at most 4 kernels queued per stream. SNIPPET_STOP names a file: once it exists, the hog stops sooner.
+ * SNIPPET_STREAMS=0: an idle GPU process, its context held and nothing launched, for SNIPPET_MS (or until the
+ * stop file). */
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +45,10 @@ int main(void) {
     f = snippet_kernel("hog", &ctx);
     pthread_t t[64];
     if (streams > 64) streams = 64;
+    if (streams <= 0) {
+        double end = now() + seconds;
+        while (now() < end && !(stop_file && access(stop_file, F_OK) == 0)) usleep(10000);
+    }
     for (int i = 0; i < streams; i++) pthread_create(&t[i], NULL, worker, (void *)(long)i);
     long total = 0;
     for (int i = 0; i < streams; i++) {
