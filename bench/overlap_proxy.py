@@ -39,6 +39,7 @@ no guarded control slower than no control by more than 1% (steady means); no lau
 control (report: fallbacks, and each process's checks)."""
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -208,15 +209,15 @@ extern "C" __global__ void __launch_bounds__(640) ncclDevKernel_ProxyRing(const 
 
 # ------------------------------------------------------------------ the worker: one variant, every case
 
-def triton_matmul():
+@functools.lru_cache(maxsize=None)
+def triton_kernels():
+    """The Triton GEMM kernels, built once: one output tile (inlined into both), a kernel of one program per
+    tile, and a persistent one whose NPROG programs loop over the tiles."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def matmul_kernel(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        pid = tl.program_id(0)
-        grid_n = tl.cdiv(N, BN)
-        pm, pn = pid // grid_n, pid % grid_n
+    def tile(a, b, c, pm, pn, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         rm = pm * BM + tl.arange(0, BM)
         rn = pn * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
@@ -227,11 +228,29 @@ def triton_matmul():
             acc += tl.dot(x, y)
         tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
 
+    @triton.jit
+    def matmul_kernel(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_n = tl.cdiv(N, BN)
+        tile(a, b, c, pid // grid_n, pid % grid_n, M, N, K, BM, BN, BK)
+
+    @triton.jit
+    def persistent_kernel(a, b, c, M, N, K, NPROG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr):
+        grid_n = tl.cdiv(N, BN)
+        for t in range(tl.program_id(0), tl.cdiv(M, BM) * grid_n, NPROG):
+            tile(a, b, c, t // grid_n, t % grid_n, M, N, K, BM, BN, BK)
+
+    return matmul_kernel, persistent_kernel
+
+
+def triton_matmul():
     def mm(x, y, out):
         m, k = x.shape
         n = y.shape[1]
         # 128x128x64 tiles, 3 stages: ~96 KiB of shared memory, 2 blocks per SM: what shape=1 can change
-        matmul_kernel[(m // 128 * (n // 128),)](x, y, out, m, n, k, BM=128, BN=128, BK=64, num_warps=8, num_stages=3)
+        triton_kernels()[0][(m // 128 * (n // 128),)](x, y, out, m, n, k, BM=128, BN=128, BK=64, num_warps=8,
+                                                       num_stages=3)
         return out
 
     return mm
@@ -241,32 +260,11 @@ def triton_persistent_matmul(programs: int):
     """A persistent Triton GEMM: `programs` programs (one per SM by default), each looping over output tiles
     (128x128, K in steps of 64, 6 stages of 32 KiB: 160-192 KiB of shared memory, so at most one program per SM
     and none beside an 80 KiB copy CTA). A program that finds no SM free waits, and its tiles with it."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def persistent_kernel(a, b, c, M, N, K, NPROG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BK: tl.constexpr):
-        pid = tl.program_id(0)
-        grid_n = tl.cdiv(N, BN)
-        tiles = tl.cdiv(M, BM) * grid_n
-        for tile in range(pid, tiles, NPROG):
-            pm, pn = tile // grid_n, tile % grid_n
-            rm = pm * BM + tl.arange(0, BM)
-            rn = pn * BN + tl.arange(0, BN)
-            rk = tl.arange(0, BK)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for k in range(0, K, BK):
-                x = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
-                y = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
-                acc += tl.dot(x, y)
-            tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
-
     def mm(x, y, out):
         m, k = x.shape
         n = y.shape[1]
-        persistent_kernel[(programs,)](x, y, out, m, n, k, NPROG=programs, BM=128, BN=128, BK=64, num_warps=8,
-                                       num_stages=6)
+        triton_kernels()[1][(programs,)](x, y, out, m, n, k, NPROG=programs, BM=128, BN=128, BK=64, num_warps=8,
+                                         num_stages=6)
         return out
 
     return mm

@@ -3,10 +3,9 @@
 # and the disturbance A/B: bench/perturb.py under krex regions with the lifecycle barrier on, off, and with a
 # settle time; every log in $OUT/attest-run.tgz, the summaries beside it.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-work; mkdir -p "$OUT" $W /tmp/krex-gpu
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
+. tests/gpu/env.sh
+W=/tmp/krex-work; mkdir -p $W /tmp/krex-gpu
+export KREX_SOCKET=/tmp/krex-gpu/krex.sock
 OUT=$W STEPS="info build exports coverage" bash tests/gpu/run_all.sh 2>&1 | tail -30
 python3 bench/nvml_cost.py --out $W/nvml-cost.json | tail -25
 ROUNDS=${ROUNDS:-3}

@@ -11,12 +11,9 @@
 # --watch is not used here, so rich is not needed). The render needs matplotlib (the device has it).
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/feedback_h200.sh
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-fb; rm -rf $W; mkdir -p "$OUT" $W   # a new run: a trace file left there would stop --trace
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=$W/krex.sock
+. tests/gpu/env.sh
+W=/tmp/krex-fb; rm -rf $W; mkdir -p $W   # a new run: a trace file left there would stop --trace
+export KREX_SOCKET=$W/krex.sock
 make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee $W/info.txt
 METRICS=""

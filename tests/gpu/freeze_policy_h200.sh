@@ -16,13 +16,8 @@
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; L=/tmp/krex-freeze-policy
-mkdir -p "$OUT" $L
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD:/tmp/site
+. tests/gpu/env.sh
+L=/tmp/krex-freeze-policy; mkdir -p $L
 make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/freeze-policy.log
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log

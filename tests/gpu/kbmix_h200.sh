@@ -5,10 +5,8 @@
 # TRIAL_ITEMS=PROBLEM:DTYPE,... first runs bench/trial_modes.py on them ($OUT/trial-modes.json), and with
 # TRIAL_PIN=CPUS once more pinned to those CPUs ($OUT/trial-modes-pinCPUS.json).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT" /tmp/kbmix
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site KBMIX_TMP=/tmp/kbmix
+. tests/gpu/env.sh
+mkdir -p /tmp/kbmix; export KBMIX_TMP=/tmp/kbmix
 make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \

@@ -10,13 +10,8 @@
 #   LIMIT (420) seconds for everything; SEARCH_CASES= narrows the search; VARIANTS= the controls' variants;
 #   REPS (10) timed repetitions per measurement in both steps (the median kept); TOP (3) losses handed on
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}
-mkdir -p "$OUT" /tmp/krex-gpu
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock XDG_RUNTIME_DIR=/tmp/krex-gpu
+. tests/gpu/env.sh
+mkdir -p /tmp/krex-gpu; export KREX_SOCKET=/tmp/krex-gpu/krex.sock XDG_RUNTIME_DIR=/tmp/krex-gpu
 START=$(date +%s); LIMIT=${LIMIT:-420}
 make -s shim || { echo "the shim did not build" | tee $OUT/overlap-search-run.log; exit 1; }
 {

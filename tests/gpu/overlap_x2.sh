@@ -4,10 +4,8 @@
 # all_reduce of one rank moves nothing). Carry .whl (cffi, pycparser). Results: $OUT/nccl-overlap.json,
 # $OUT/nccl-overlap.png, every variant's log and report in $OUT/nccl-overlap-runs.tgz.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT" /tmp/krex-gpu
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
+. tests/gpu/env.sh
+mkdir -p /tmp/krex-gpu; export KREX_SOCKET=/tmp/krex-gpu/krex.sock
 make -s shim || exit 1
 nvidia-smi -L
 python3 -m krex_ctl controller --socket $KREX_SOCKET --state-file /tmp/krex-gpu/x2.state \

@@ -5,10 +5,8 @@
 # time after frees and exits, and the barrier with the context gate (KREX_GATE_CONTEXTS=1). AB="NAME:ARGS ..."
 # picks other settings (e.g. AB="settle_on: settle_off:--clock-settle-ms=0" CONDS=quiet,load: the clock settle).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}; W=/tmp/krex-ab; mkdir -p "$OUT" $W
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site
+. tests/gpu/env.sh
+W=/tmp/krex-ab; mkdir -p $W
 make -s shim || exit 1
 for setting in ${AB:-barrier: nobarrier:--no-lifecycle-barrier settle:--settle-ms-per-gib=${SETTLE:-10} ctxgate:}; do
   name=${setting%%:*}; args=${setting#*:}; args=${args//=/ }

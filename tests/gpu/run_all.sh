@@ -5,13 +5,8 @@
 #   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
 #   perturbgates (GPU work that is not a submission, bare and under krex regions).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/krex-out}
-mkdir -p "$OUT" /tmp/krex-gpu
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD:/tmp/site KREX_SOCKET=/tmp/krex-gpu/krex.sock
+. tests/gpu/env.sh
+mkdir -p /tmp/krex-gpu; export KREX_SOCKET=/tmp/krex-gpu/krex.sock
 STEPS=${STEPS:-"info build exports coverage overhead fidelity fidelity_hook hooks"}
 B=build/gpu; mkdir -p $B
 export PYTHONFAULTHANDLER=1   # a hung Python process prints its stack on SIGABRT (see watched)
