@@ -217,8 +217,8 @@ def main() -> None:
                     if page:   # the controller lives for the whole plan: its counters are cumulative
                         (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)
                         runs[-1]["metrics"] = metrics_summary(page)
-                    if mode in T.WARM_MODES and all(m != mode for m, _ in plan[i + 1:]):
-                        ctls.stop(mode)   # its idle workers' contexts would taint the later steps' regions
+                    if mode in T.WARM_MODES:   # its idle workers' contexts would taint the next steps' regions
+                        ctls.stop(mode)        # (other_controller); the next scale starts and fills it again
                     Path(args.out).write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
             finally:

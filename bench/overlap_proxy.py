@@ -11,7 +11,8 @@ on another stream, bf16 GEMMs through cuBLAS, cuBLASLt or a Triton kernel.
 Each case is timed alone (communication, compute), serial (one after the other on one stream) and
 concurrent (two streams); the communication span is the copy stream's first-to-last event. Each repetition is
 enqueued while the GPU spins (~10 ms), so what is timed is the GPU's span, not the host's enqueueing (before
-that, the 24-GEMM pipeline cases of bench/overlap_search.py were host-bound: serial 1.7x the sum of its parts). A variant is one
+that, the 24-GEMM pipeline cases of bench/overlap_search.py were host-bound: serial 1.7x the sum of its parts);
+a repetition whose enqueueing outlasted the spin is counted (`overruns`, per measurement). A variant is one
 set of controls, in its own process under `krex run --overlap CONTROLS` (or, without krex_ctl's cffi, with
 the shim preloaded and KREX_OVERLAP set); `off` runs first and calibrates the balanced cases (copy count
 chosen so communication alone takes about what compute alone takes); the other variants reuse its counts.
@@ -382,7 +383,7 @@ class Case:
         return {"total_ms": statistics.fmean(totals), "comm_ms": statistics.fmean(r["comm_ms"] for r in runs),
                 "compute_ms": statistics.fmean(r["compute_ms"] for r in runs),
                 "second_half_median_ms": statistics.median(totals[len(totals) // 2:]), "reps": reps,
-                "filled": filled}
+                "filled": filled, "overruns": sum(r["overrun"] for r in runs)}
 
     def compute(self, stream) -> None:
         with self.torch.cuda.stream(stream):
@@ -419,8 +420,9 @@ class Case:
         for s in (self.s_comm, self.s_comp):
             main.wait_stream(s)
         end.record(main)
+        overrun = bool(start.query())     # the GPU was past the spin before the last launch was enqueued
         torch.cuda.synchronize()
-        out = {"total_ms": start.elapsed_time(end)}
+        out = {"total_ms": start.elapsed_time(end), "overrun": overrun}
         if mode != "compute":
             out["comm_ms"] = c0.elapsed_time(c1)
         if mode != "comm":
@@ -431,7 +433,8 @@ class Case:
         for _ in range(2):
             self.timed(mode)
         runs = [self.timed(mode) for _ in range(reps)]
-        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        overruns = sum(r.pop("overrun") for r in runs)
+        return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "overruns": overruns}
 
     def check(self) -> dict:
         """After the runs: the copies' bytes and the GEMMs' values as alone (bit for bit, or within bf16 rounding

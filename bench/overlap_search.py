@@ -62,7 +62,9 @@ def summarize(first: list, second: list, confirm: float) -> dict:
                        concurrent_ms=round(r["concurrent"]["total_ms"], 3),
                        comm_alone_ms=round(r["comm"]["comm_ms"], 3), compute_alone_ms=round(r["compute"]["compute_ms"], 3),
                        comm_stretch=round(r["concurrent"]["comm_ms"] / r["comm"]["comm_ms"], 3),
-                       correct=bool(r.get("copy_ok") and r.get("gemm_ok") and r.get("ring_ok")))
+                       correct=bool(r.get("copy_ok") and r.get("gemm_ok") and r.get("ring_ok")),
+                       # repetitions whose enqueueing outlasted the GPU's spin: the host may be in their span
+                       overruns=sum(r[m].get("overruns", 0) for m in ("comm", "compute", "serial", "concurrent")))
         row["loss"] = bool(x and y and x > confirm and y > confirm and row.get("correct"))
         spec = op.ALL_CASES.get(r["case"], {})
         row["launches"] = spec.get("gemms") if spec.get("pipeline") else r.get("copies", spec.get("copies"))
@@ -102,13 +104,20 @@ def main(argv=None) -> None:
         if suspects else []
     summary = summarize(first, second, args.confirm)
     summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["confirm_failed"] = bool(suspects) and not second   # suspects that could not be timed again
+    summary["overruns"] = sum(r.get("overruns", 0) for r in summary["cases"])
     (out / "overlap-search.json").write_text(json.dumps(summary, indent=1))
     for r in sorted(summary["cases"], key=lambda r: -(r["concurrent_vs_serial"] or 0)):
         print(f"{r['case']:40s} {r['concurrent_vs_serial']} {r['again']} "
               f"serial {r.get('serial_ms')} concurrent {r.get('concurrent_ms')} stretch {r.get('comm_stretch')}"
               + (f" ERROR {r['error']}" if r.get("error") else ""))
+    if summary["overruns"]:
+        print(f"{summary['overruns']} repetitions were enqueued past the GPU's spin (the host may be in their span)")
     print(f"losses: {len(summary['losses'])}; handed on with --guard-epoch {summary['guard_epoch']}:")
     print(",".join(summary["handed_on"]), summary["guard_epoch"] or "")
+    if summary["confirm_failed"]:
+        raise SystemExit(f"overlap_search: {len(suspects)} suspected losses could not be timed again (see "
+                         f"{out / 'search-2.log'}): whether they are losses is not known")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,11 @@ class World:
         # every command on GPU 0, as devices of its own (krex run keeps a caller's CUDA_VISIBLE_DEVICES): the
         # scenarios put owners and neighbours on one GPU, and the fake trace, which names no GPU, is read so
         self.env["CUDA_VISIBLE_DEVICES"] = "0"
-        self.ctl_args = ctl_args
+        # the scenarios follow their neighbours through the freeze, whatever work those have in flight: every
+        # sibling is stopped unless ctl_args choose a policy (the controller's default, busy, stops only those
+        # with work left at the drain)
+        policy = [] if any(a in ("--freeze-policy", "--no-freeze") for a in ctl_args) else ["--freeze-policy", "all"]
+        self.ctl_args = (*ctl_args, *policy)
         self.ctl = None
         self.start()
 

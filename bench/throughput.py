@@ -40,6 +40,10 @@ CANDIDATE = str(ROOT / "bench" / "candidate.py")
 MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexwarmbusy", "krexsolo",
          "krexsolobusy")
 WARM_MODES = ("krexwarm", "krexwarmbusy")   # commands run in the controller's warm workers
+# each krex mode's freeze policy, always named (the controller's default changed from all to busy)
+FREEZE_ARGS = {"krexnofreeze": ["--no-freeze"], "krexbusy": ["--freeze-policy", "busy"],
+               "krexwarmbusy": ["--freeze-policy", "busy"],
+               **{m: ["--freeze-policy", "all"] for m in ("krex", "krexwarm", "krexsolo", "krexsolobusy")}}
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
 # neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
 REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")
@@ -104,12 +108,9 @@ class Controllers:
             args = [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)] + self.extra
             if mode in WARM_MODES:
                 args += ["--warm-workers", str(self.pool), "--worker-preload", "torch,triton"]
-            if mode == "krexnofreeze":
-                args += ["--no-freeze"]
-            elif mode in ("krexbusy", "krexwarmbusy"):
-                args += ["--freeze-policy", "busy"]
-            if self.metrics_port:
-                self.ports[mode] = self.metrics_port + len(self.ports)
+            args += FREEZE_ARGS[mode]
+            if self.metrics_port:       # a mode's controller started again (stop(mode)) keeps its port
+                self.ports.setdefault(mode, self.metrics_port + len(self.ports))
                 args += ["--metrics", f"127.0.0.1:{self.ports[mode]}"]
             self.argv[mode] = args[3:]
             log = open(self.logs / f"throughput-{mode}-controller.log", "wb")

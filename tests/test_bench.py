@@ -39,7 +39,8 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
         assert summary[(mode, 2)]["warm_commands"] == 4             # the pool served every command
     argv = {r["mode"]: r.get("controller_argv", []) for r in data["runs"]}
     assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
-    assert "--freeze-policy" not in argv["krexwarm"] and "--no-freeze" in argv["krexnofreeze"]
+    assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
+    assert "--no-freeze" in argv["krexnofreeze"] and "--freeze-policy" not in argv["krexnofreeze"]
     for mode in ("krex", "krexwarm", "krexwarmbusy", "krexnofreeze"):
         rows = next(r for r in data["runs"] if r["mode"] == mode)["rows"]
         assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in rows), rows

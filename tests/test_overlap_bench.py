@@ -255,3 +255,19 @@ def test_the_search_calls_a_loss_only_what_both_processes_show():
     # the guard epoch of the worst (a 24-GEMM pipeline: 24 launches a repetition); a (1 launch) is not handed on
     assert s["guard_epoch"] == 24 and s["handed_on"] == [c]
     assert osr.ratio({"case": "y", "error": "x"}) is None
+
+
+def test_the_search_says_so_when_its_suspects_could_not_be_timed_again(tmp_path, monkeypatch):
+    """A confirming process that failed is no verdict: the result says confirm_failed and the search exits
+    non-zero, where every suspect would have read as 'not a loss'."""
+    import overlap_search as osr
+
+    name = "s-cublas-4096x6-c16x1-first"
+    first = [dict(case(4.0, 3.0, 1.0, 4.6, 3.5, copies=1), case=name)]
+    calls = iter([first, []])
+    monkeypatch.setattr(osr, "run_worker", lambda *a, **k: next(calls))
+    with pytest.raises(SystemExit) as e:
+        osr.main(["--out", str(tmp_path), "--cases", name])
+    assert "could not be timed again" in str(e.value)
+    data = json.loads((tmp_path / "overlap-search.json").read_text())
+    assert data["confirm_failed"] and data["losses"] == [] and data["cases"][0]["again"] is None

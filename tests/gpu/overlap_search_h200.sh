@@ -20,8 +20,13 @@ make -s shim || { echo "the shim did not build" | tee $OUT/overlap-search-run.lo
   git log --oneline -1 2>/dev/null
 } > $OUT/overlap-search-run.log 2>&1
 timeout $(( LIMIT / 2 )) python3 bench/overlap_search.py --out $OUT ${SEARCH_CASES:+--cases $SEARCH_CASES} \
-  --reps ${REPS:-10} --timeout $(( LIMIT / 2 - 10 )) >> $OUT/overlap-search-run.log 2>&1
-echo "overlap_search rc=$? after $(( $(date +%s) - START )) s" | tee -a $OUT/overlap-search-run.log
+  --reps ${REPS:-10} --timeout $(( LIMIT / 4 - 5 )) >> $OUT/overlap-search-run.log 2>&1
+RC=$?
+echo "overlap_search rc=$RC after $(( $(date +%s) - START )) s" | tee -a $OUT/overlap-search-run.log
+if [ $RC -ne 0 ] || [ ! -s $OUT/overlap-search.json ]; then   # cut short, or suspects not timed again
+  echo "the search did not finish: no verdict on losses" | tee -a $OUT/overlap-search-run.log
+  ls -la $OUT; exit 1
+fi
 read -r CASES EPOCH <<< "$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 print(",".join(d["handed_on"][:int(sys.argv[2])]), d["guard_epoch"] or "")' $OUT/overlap-search.json ${TOP:-3} 2>/dev/null)"
 if [ -z "$CASES" ] || [ -z "${EPOCH:-}" ]; then
