@@ -93,6 +93,7 @@ def test_status_and_version(krex):
     krex.start_controller()
     out = krex_cli(krex, "status")
     assert out.returncode == 0 and out.stdout.startswith("controller pid")
+    assert ", freeze policy all" in out.stdout.splitlines()[0]        # the fixture's (the default is busy)
     st = json.loads(krex_cli(krex, "status", "--json").stdout)
     assert set(st) == {"controller", "gpus", "clients", "jobs", "counters", "workers", "zygotes", "placement"}
     out = krex_cli(krex, "--version")

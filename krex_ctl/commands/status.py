@@ -38,12 +38,19 @@ def jobs_by_id(st: dict) -> dict:
     return {j["job"]: j for j in st.get("jobs", [])}
 
 
+def freeze_policy(ctl: dict) -> str:
+    """Which siblings this controller's regions stop (its config: `freeze` false is none)."""
+    cfg = ctl.get("config") or {}
+    return "none" if cfg.get("freeze") is False else str(cfg.get("freeze_policy") or "?")
+
+
 def lines(st: dict) -> list[str]:
     """The status as plain text lines."""
     out = []
     ctl = st["controller"]
     out.append(f"controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s, protocol {ctl['protocol']}"
-               + (f", attestation {ctl['attestation']}" if ctl.get("attestation") else ""))
+               + (f", attestation {ctl['attestation']}" if ctl.get("attestation") else "")
+               + f", freeze policy {freeze_policy(ctl)}")
     if not st["gpus"]:
         out.append("no GPU in use")
     jobs = jobs_by_id(st)
@@ -86,7 +93,8 @@ def table(st: dict):
     from rich.text import Text
 
     ctl = st["controller"]
-    t = Table(title=f"krex controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s",
+    t = Table(title=f"krex controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s, "
+                    f"freeze policy {freeze_policy(ctl)}",
               expand=True)
     for col in ("GPU", "owner", "user", "command", "state", "held s", "frozen", "queue"):
         t.add_column(col, overflow="fold")
