@@ -469,6 +469,7 @@ def worker(args) -> None:
                 case.copies = max(1, round(compute / one))
                 row["calibrated"] = True
             row["copies"] = case.copies
+            row["launches"] = len(case.chunks())       # communication launches per repetition
             for mode in args.modes.split(","):
                 if mode == "steady":
                     row[mode] = case.steady(args.guard_epoch, GUARD_PERIOD)

@@ -24,13 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import overlap_proxy as op  # noqa: E402
 
-MODES = "comm,compute,serial,concurrent"
 
 
 def run_worker(cases: list, reps: int, result: Path, log: Path, timeout: float) -> list:
     """overlap_proxy's worker over cases in one plain process (no krex); its rows, [] when it failed."""
     cmd = [sys.executable, str(ROOT / "bench" / "overlap_proxy.py"), "--worker", "--cases", ",".join(cases),
-           "--reps", str(reps), "--result", str(result), "--modes", MODES]
+           "--reps", str(reps), "--result", str(result), "--modes", ",".join(op.ALL_MODES)]
     env = {**os.environ, **op.SAFE}
     with open(log, "wb") as f:
         try:
@@ -64,10 +63,9 @@ def summarize(first: list, second: list, confirm: float) -> dict:
                        comm_stretch=round(r["concurrent"]["comm_ms"] / r["comm"]["comm_ms"], 3),
                        correct=bool(r.get("copy_ok") and r.get("gemm_ok") and r.get("ring_ok")),
                        # repetitions whose enqueueing outlasted the GPU's spin: the host may be in their span
-                       overruns=sum(r[m].get("overruns", 0) for m in ("comm", "compute", "serial", "concurrent")))
+                       overruns=sum(r[m].get("overruns", 0) for m in op.ALL_MODES))
         row["loss"] = bool(x and y and x > confirm and y > confirm and row.get("correct"))
-        spec = op.ALL_CASES.get(r["case"], {})
-        row["launches"] = spec.get("gemms") if spec.get("pipeline") else r.get("copies", spec.get("copies"))
+        row["launches"] = r.get("launches")       # the worker's count (Case.chunks): the guard epoch to hand on
         rows.append(row)
     losses = sorted((r for r in rows if r["loss"]), key=lambda r: -min(r["concurrent_vs_serial"], r["again"]))
     # what overlap_proxy's guard needs: one epoch = one repetition's communication launches, one value per process,

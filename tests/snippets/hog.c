@@ -22,13 +22,16 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* before `end` and no stop file yet */
+static int go_on(double end) { return now() < end && !(stop_file && access(stop_file, F_OK) == 0); }
+
 static void *worker(void *arg) {
     int i = (int)(long)arg;
     CUstream s;
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuStreamCreate(&s, 0));
     double end = now() + seconds;
-    while (now() < end && !(stop_file && access(stop_file, F_OK) == 0)) {
+    while (go_on(end)) {
         for (int k = 0; k < 4; k++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         launched[i] += 4;
         CHECK(cuStreamSynchronize(s));
@@ -47,7 +50,7 @@ int main(void) {
     if (streams > 64) streams = 64;
     if (streams <= 0) {
         double end = now() + seconds;
-        while (now() < end && !(stop_file && access(stop_file, F_OK) == 0)) usleep(10000);
+        while (go_on(end)) usleep(10000);
     }
     for (int i = 0; i < streams; i++) pthread_create(&t[i], NULL, worker, (void *)(long)i);
     long total = 0;
