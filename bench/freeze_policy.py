@@ -53,6 +53,21 @@ TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it 
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
 
+def parse_mix(text: str, ap) -> list:
+    """--mix "2048:0.4,4096:0.2,...": (size, weight) pairs, sizes distinct positive integers, weights > 0."""
+    out = []
+    for item in text.split(","):
+        size, _, weight = item.partition(":")
+        try:
+            n, w = int(size), float(weight)
+        except ValueError:
+            n, w = 0, 0.0
+        if n <= 0 or not w > 0 or any(n == m for m, _ in out):
+            ap.error(f"--mix: SIZE:WEIGHT,... with distinct sizes > 0 and weights > 0, not {text!r}")
+        out.append((n, w))
+    return out
+
+
 def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
     ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == reference], stable_pct)
     floors = ref["floors_pct"]
@@ -64,6 +79,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
         clean = None if r["mode"] == "naive" else (lambda row: bool(row.get("regions_clean")) and all(row["regions_clean"]))
         fid = T.judge(r["rows"], ref, clean)
         fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
+        fid["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
@@ -113,6 +129,22 @@ def table(result) -> str:
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}")
+    kernel_rows = [r for r in result["rows"] if r.get("per_kernel")]
+    if kernel_rows:
+        # which kernels make each tail: per stable kernel and mode, median signed inflation (lowest .. highest),
+        # timings, and how many lie more than 5% off
+        names = sorted({k for r in kernel_rows for k in r["per_kernel"]},
+                       key=lambda k: (int(k.split("/")[0]), k))
+        out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%", "",
+                "| kernel | " + " | ".join(f"{r['policy']}:{r['agents']}" for r in kernel_rows) + " |",
+                "|---" * (1 + len(kernel_rows)) + "|"]
+        for k in names:
+            cells = []
+            for r in kernel_rows:
+                x = r["per_kernel"].get(k)
+                cells.append("-" if x is None else
+                             f"{x['median_pct']:+.2f} ({x['min_pct']:+.1f} .. {x['max_pct']:+.1f}) n={x['n']} far={x['far']}")
+            out.append(f"| {k} | " + " | ".join(cells) + " |")
     for ref, other in (result.get("also") or {}).items():   # the same runs against another reference
         out += ["", f"against the {ref} reference:", ""] + table({**other, "also": None}).splitlines()
     return "\n".join(out) + "\n"
@@ -143,6 +175,10 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=400, help="candidate commands available per mode")
     ap.add_argument("--variants", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
+    ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
+                    help="SIZE:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: the four "
+                         "buckets alike); more weight on 2048 gives the < 0.1 ms bucket more timings, where half its "
+                         "kernels (the Triton candidates, launched from Python) can be host-bound")
     ap.add_argument("--stable-pct", type=float, default=2.0)
     ap.add_argument("--warmup-ms", type=float, default=25.0,
                     help="the candidates' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
@@ -188,7 +224,7 @@ def main() -> None:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
                               "--min-reps", str(args.min_reps)]
-        T.MIX[:] = BALANCED
+        T.MIX[:] = parse_mix(args.mix, ap)
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")
         if any(w not in POLICIES.values() for w in wanted):

@@ -343,6 +343,24 @@ def signed_medians(rows: list, stable: dict, clean=None) -> dict:
     return {b: (round(statistics.median(v), 3) if v else None) for b, v in inflation(rows, stable, clean).items()}
 
 
+def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> dict:
+    """Per stable kernel ("size/variant/kind"), what makes a bucket's tail: its reference median (ms), how many
+    timings, and their median, lowest and highest inflation against it (percent), and how many lie further than
+    far_pct either way. A tail that one kernel makes (a small Triton kernel whose timing includes its
+    launch from Python when the host is slow, say) reads differently from one spread over every kernel."""
+    per: dict = {}
+    for key, ref, t in stable_timings(rows, stable, clean):
+        per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
+    out = {}
+    for key in sorted(per, key=lambda k: per[k][0]):
+        ref, xs = per[key]
+        out[f"{key[0]}/{key[1]}/{key[2]}"] = {
+            "ref_ms": round(ref, 5), "n": len(xs), "median_pct": round(statistics.median(xs), 2),
+            "min_pct": round(min(xs), 2), "max_pct": round(max(xs), 2),
+            "far": sum(abs(x) > far_pct for x in xs)}
+    return out
+
+
 def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50) -> dict:
     """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
     clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own

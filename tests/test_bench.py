@@ -234,6 +234,9 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100} for r in rows), rows   # passed through
     assert "| busy | 2 |" in md.read_text()
+    assert "per kernel: median signed inflation" in md.read_text()
+    for r in data["rows"]:          # per kernel: the same timings the buckets count, split by kernel
+        assert r["per_kernel"] and sum(k["n"] for k in r["per_kernel"].values()) == sum(r["kernels"].values()), r
     modes = [r["mode"] for r in data["runs"]]
     assert data["reference"] == "krexsolo" and modes[:2] == ["krexsolo", "krexsolobusy"]
     assert modes[-2:] == ["krexsolobusy", "krexsolo"]          # each reference's second pass, in reverse order
@@ -301,3 +304,25 @@ def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
     assert ref["floors_pct"]["1-10ms"] == pytest.approx(worst)
     assert ref["floors_medians_pct"]["1-10ms"] == pytest.approx(1.0)      # the reference kernel's 1.01 / 1.0
     assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
+
+
+def test_per_kernel_names_the_kernel_that_makes_a_tail():
+    """throughput.per_kernel: per stable kernel of the clean rows, its reference, how many timings, their median,
+    lowest and highest inflation, and how many lie more than 5% off; unstable kernels and unclean rows are not
+    there. freeze_policy's table prints it per mode."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    stable = {(2048, 1, "candidate"): 0.030, (2048, 1, "reference"): 0.028}     # ms
+    rows = [{"size": 2048, "variant": 1, "candidate_all_ms": [0.030, 0.075], "reference_all_ms": [0.028, 0.0281],
+             "ok": True},
+            {"size": 2048, "variant": 1, "candidate_all_ms": [0.0303, 0.0297], "reference_all_ms": [0.0279, 0.028],
+             "ok": True},
+            {"size": 2048, "variant": 1, "candidate_all_ms": [9.0], "reference_all_ms": [9.0], "ok": False},
+            {"size": 4096, "variant": 0, "candidate_all_ms": [0.2], "reference_all_ms": [0.2], "ok": True}]
+    got = T.per_kernel(rows, stable, clean=lambda r: r["ok"])
+    assert list(got) == ["2048/1/reference", "2048/1/candidate"]             # by reference time; 4096 unstable
+    c = got["2048/1/candidate"]
+    assert c["n"] == 4 and c["far"] == 1 and c["max_pct"] == pytest.approx(150.0)
+    assert c["min_pct"] == pytest.approx(-1.0) and c["median_pct"] == pytest.approx(0.5)
+    assert got["2048/1/reference"]["far"] == 0 and got["2048/1/reference"]["n"] == 4

@@ -13,6 +13,7 @@
 # --gate-contexts --gate-exit (the controller's default, run 3), 0 with --no-gate-contexts --no-gate-exit (run 4).
 # WARMUP_MS (25) and MIN_REPS (0): the candidates' do_bench warm-up and least repetitions (500 and 100: the
 # power-steady harness of docs/measurements/harness-stability.md).
+# MIX (the four sizes alike): SIZE:WEIGHT,... e.g. 2048:0.4,4096:0.2,8192:0.2,16384:0.2 for more < 0.1 ms timings.
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
@@ -24,7 +25,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
