@@ -28,6 +28,11 @@ ap.add_argument("--min-reps", type=int, default=0,
                 help="> 0: do_bench's rep window is at least this many times the kernel's time (Triton's default "
                      "100 ms is 7 repetitions of a 13 ms matmul), from a short do_bench first (one more region "
                      "per kernel)")
+ap.add_argument("--timer", choices=("events", "graph"), default="events",
+                help="events: triton.testing.do_bench (an L2 flush, then the kernel launched from Python between two "
+                     "events, per repetition); graph: do_bench_cudagraph (the repetitions captured in one CUDA graph "
+                     "and replayed, no flush): the GPU's time without the host's launches, which a kernel under ~50 us "
+                     "otherwise includes when the host is slow (docs/measurements/freeze-policy.md)")
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
@@ -37,7 +42,7 @@ ap.add_argument("--probe", action="store_true",
 args = ap.parse_args()
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 IMPORT_S = time.monotonic() - T0               # ~0 in a warm worker (torch and triton already imported)
 
@@ -116,14 +121,19 @@ with tempfile.TemporaryDirectory() as td:
     timings, every = {}, {"candidate": [], "reference": []}
     kernels = (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b)))
 
-    def bench(name, fn, **kw):
-        """One do_bench, in a region of its own with --region (else the triton hook makes it one)."""
+    def bench(name, fn, warmup, rep):
+        """One do_bench (--timer graph: do_bench_cudagraph, which warms up on its own), in a region of its own
+        with --region (else the triton hook makes it one)."""
+        def timed():
+            if args.timer == "graph":
+                return do_bench_cudagraph(fn, rep=rep, return_mode="median")
+            return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         if not args.region:
-            return do_bench(fn, return_mode="median", **kw)
+            return timed()
         import krex
 
         with krex.region(f"do_bench.{name}"):
-            return do_bench(fn, return_mode="median", **kw)
+            return timed()
 
     rep = {"candidate": 100.0, "reference": 100.0}
     if args.min_reps > 0:
@@ -140,8 +150,6 @@ with tempfile.TemporaryDirectory() as td:
     probe = {}
     if args.probe:
         import gc
-
-        from triton.testing import do_bench_cudagraph
 
         fn = lambda: mod.matmul(a, b)  # noqa: E731
         torch.cuda.synchronize()
@@ -184,5 +192,5 @@ print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonc
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),
-                  "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
+                  "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
 sys.exit(0 if ok else 1)

@@ -183,6 +183,9 @@ def main() -> None:
     ap.add_argument("--warmup-ms", type=float, default=25.0,
                     help="the candidates' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
     ap.add_argument("--min-reps", type=int, default=0, help="the candidates' do_bench repetitions, at least")
+    ap.add_argument("--timer", choices=("events", "graph"), default="events",
+                    help="the candidates' timer (bench/candidate.py --timer): events, do_bench; graph, "
+                         "do_bench_cudagraph, without the host's launches in the timing")
     ap.add_argument("--candidate", default=T.CANDIDATE)
     ap.add_argument("--logs", default=None)
     ap.add_argument("--out", required=True)
@@ -223,7 +226,7 @@ def main() -> None:
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
-                              "--min-reps", str(args.min_reps)]
+                              "--min-reps", str(args.min_reps), "--timer", args.timer]
         T.MIX[:] = parse_mix(args.mix, ap)
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")

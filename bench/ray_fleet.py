@@ -43,7 +43,7 @@ REFERENCE_MODES = ("pergpu", "pergpubusy")   # one task per GPU, each distinct s
 KREX_MODES = ("krex", "shell", "pergpubusy")  # under the controller: its counters, each region's flags
 
 
-CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps: passed to bench/candidate.py
+CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps, --timer: passed to bench/candidate.py
 
 
 def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
@@ -256,11 +256,13 @@ def main() -> None:
     ap.add_argument("--warmup-ms", type=float, default=25.0,
                     help="the evaluations' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
     ap.add_argument("--min-reps", type=int, default=0, help="the evaluations' do_bench repetitions, at least")
+    ap.add_argument("--timer", choices=("events", "graph"), default="events",
+                    help="the evaluations' timer (bench/candidate.py --timer; graph: do_bench_cudagraph)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     plan = args.plan.split(",")
     CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat)), "--warmup-ms", str(args.warmup_ms),
-                         "--min-reps", str(args.min_reps)]
+                         "--min-reps", str(args.min_reps), "--timer", args.timer]
     if args.neighbour:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:

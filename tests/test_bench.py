@@ -219,7 +219,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     out, md = tmp_path / "fp.json", tmp_path / "fp.md"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100",
+                        "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
@@ -232,7 +232,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
-    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100} for r in rows), rows   # passed through
+    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
     assert "| busy | 2 |" in md.read_text()
     assert "per kernel: median signed inflation" in md.read_text()
     for r in data["rows"]:          # per kernel: the same timings the buckets count, split by kernel

@@ -17,6 +17,7 @@ ap.add_argument("--churn", action="store_true")
 ap.add_argument("--repeat", type=int, default=1)   # as bench/candidate.py: every timing in *_all_ms
 ap.add_argument("--warmup-ms", type=float, default=25.0)   # as bench/candidate.py; echoed in the JSON line
 ap.add_argument("--min-reps", type=int, default=0)
+ap.add_argument("--timer", choices=("events", "graph"), default="events")   # as bench/candidate.py; echoed
 args = ap.parse_args()
 import krex  # noqa: E402
 
@@ -41,6 +42,6 @@ for _ in range(max(1, args.repeat)):
         if args.repeat > 1:
             timings.setdefault(f"{name}_all_ms", []).append(t)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
-                  "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps},
+                  "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps, "timer": args.timer},
                   "pid": os.getpid(), "ppid": os.getppid(),
                   "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))
