@@ -169,7 +169,8 @@ def clean_row(row: dict) -> bool:
 def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> dict:
     """With two passes of the reference mode (the first and the last of the plan): the same-run floor per
     bucket, and per mode the p95 |inflation| against it (krex modes: the evaluations whose regions were all
-    exclusive and clean) and the median signed inflation (negative: faster than the reference)."""
+    exclusive and clean), the median signed inflation (negative: faster than the reference) and, per kernel,
+    what makes each tail (throughput.per_kernel)."""
     passes = [r["rows"] for r in runs if r["mode"] == reference]
     if len(passes) < 2:
         return {}
@@ -181,6 +182,7 @@ def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> 
         clean = clean_row if r["mode"] in KREX_MODES else None
         modes[f"{r['mode']}#{i}"] = T.judge(r["rows"], ref, clean)
         modes[f"{r['mode']}#{i}"]["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
+        modes[f"{r['mode']}#{i}"]["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
     return {"reference": reference, **{k: v for k, v in ref.items() if k not in ("stable", "pass_medians")},
             "modes": modes}
 

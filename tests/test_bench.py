@@ -285,6 +285,8 @@ def test_ray_fleet_fidelity_against_the_same_run_floor():
     # each timing against each pass's median (2.0 and 2.002), the floor's own statistic
     assert k["p95_abs_inflation_pct"]["1-10ms"] == pytest.approx(abs(2.02 / 2.0 - 1) * 100)
     assert not k["enough_kernels"] and not k["fidelity_goal"]    # empty buckets: no goal
+    assert set(k["per_kernel"]) == {"2048/0/candidate", "2048/0/reference", "8192/0/candidate"}
+    assert k["per_kernel"]["8192/0/candidate"]["n"] == 3            # the clean evaluation's three timings
     assert ray_fleet.fidelity(runs[:2]) == {}                   # one pass: no floor, no figure
 
 
