@@ -302,6 +302,9 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
                         : kind == KREX_KIND_COPY  ? &s->copies
                                                   : &s->other;
     __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
+    if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)) && kind == KREX_KIND_KERNEL &&
+        vendor == KREX_VENDOR_CUDA)
+        krex_hostbound_launch((CUstream)stream, strstr(krex_hook_names[id], "_ptsz") != NULL);
     return 1;
 }
 

@@ -28,6 +28,7 @@
 #include "guard_rule.h"
 
 #define KREX_FN_SPECIAL(V, n, R, P) typedef R (*fn_##n) P;
+KREX_SPECIALS(KREX_FN_SPECIAL)
 KREX_HELPERS(KREX_FN_SPECIAL)
 #define REAL(name) ((fn_##name)krex_real(KREX_H_##name))
 #define COUNT(field) __atomic_fetch_add(&krex_counter_slot()->field, 1, __ATOMIC_RELAXED)

@@ -13,7 +13,8 @@
  *   KREX_CUDA_LAUNCHES are submissions too, with wrappers written by hand (overlap.c): the overlap
  *   controls may change how they launch.
  * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c, memory.c and overlap.c:
- *   context creation, allocations, capture bookkeeping, the resolvers, what the overlap controls need.
+ *   context creation, allocations, capture bookkeeping, the resolvers, what the overlap controls need,
+ *   the event records the host-bound check watches (hostbound.c).
  * KREX_HELPERS(X): driver functions the shim calls but does not wrap.
  * vendor names the library a name is resolved in: CUDA (libcuda), HIP (libamdhip64), CUBLASLT. */
 #ifndef KREX_HOOK_LIST_H
@@ -259,6 +260,12 @@
       const CUDA_KERNEL_NODE_PARAMS *p)) \
     X(CUDA, cuGraphAddKernelNode_v2, CUresult, (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd, \
       const CUDA_KERNEL_NODE_PARAMS_v2 *p)) \
+    X(CUDA, cuEventRecord, CUresult, (CUevent e, CUstream s)) \
+    X(CUDA, cuEventRecord_ptsz, CUresult, (CUevent e, CUstream s)) \
+    X(CUDA, cuEventRecordWithFlags, CUresult, (CUevent e, CUstream s, unsigned fl)) \
+    X(CUDA, cuEventRecordWithFlags_ptsz, CUresult, (CUevent e, CUstream s, unsigned fl)) \
+    X(CUDA, cuEventDestroy, CUresult, (CUevent e)) \
+    X(CUDA, cuEventDestroy_v2, CUresult, (CUevent e)) \
     X(CUBLASLT, cublasLtMatmulDescCreate, cublasStatus_t, (cublasLtMatmulDesc_t *d, int compute, int scale)) \
     X(HIP, hipInit, hipError_t, (unsigned fl)) \
     X(HIP, hipSetDevice, hipError_t, (int d)) \
@@ -299,7 +306,6 @@
     X(CUDA, cuCtxGetStreamPriorityRange, CUresult, (int *least, int *greatest)) \
     X(CUDA, cuGraphKernelNodeSetAttribute, CUresult, (CUgraphNode n, int attr, const void *value)) \
     X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
-    X(CUDA, cuEventRecord, CUresult, (CUevent e, CUstream s)) \
     X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
     X(CUDA, cuEventElapsedTime, CUresult, (float *ms, CUevent a, CUevent b)) \
     X(CUDA, cuEventElapsedTime_v2, CUresult, (float *ms, CUevent a, CUevent b)) \

@@ -119,6 +119,35 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     return REAL(cuStreamEndCapture_ptsz) ? capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g)) : NO_DRIVER;
 }
 
+/* Event records and destroys: forwarded as they are, and seen by the host-bound check while it is armed
+ * (hostbound.c). */
+static CUresult event_recorded(CUresult r, CUevent e, CUstream s, int per_thread) {
+    if (r == CUDA_SUCCESS && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
+        krex_hostbound_recorded(e, s, per_thread);
+    return r;
+}
+KREX_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+    return REAL(cuEventRecord) ? event_recorded(REAL(cuEventRecord)(e, s), e, s, 0) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
+    return REAL(cuEventRecord_ptsz) ? event_recorded(REAL(cuEventRecord_ptsz)(e, s), e, s, 1) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned fl) {
+    if (!REAL(cuEventRecordWithFlags)) return NO_DRIVER;
+    return event_recorded(REAL(cuEventRecordWithFlags)(e, s, fl), e, s, 0);
+}
+KREX_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned fl) {
+    if (!REAL(cuEventRecordWithFlags_ptsz)) return NO_DRIVER;
+    return event_recorded(REAL(cuEventRecordWithFlags_ptsz)(e, s, fl), e, s, 1);
+}
+static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
+    if (!real) return NO_DRIVER;
+    if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED))) krex_hostbound_forget(e);
+    return real(e);
+}
+KREX_EXPORT CUresult cuEventDestroy(CUevent e) { return event_destroy(REAL(cuEventDestroy), e); }
+KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cuEventDestroy_v2), e); }
+
 KREX_EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl) {
     if (!REAL(cuGetProcAddress)) return NO_DRIVER;
     CUresult r = REAL(cuGetProcAddress)(sym, pfn, ver, fl);

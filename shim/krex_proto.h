@@ -360,4 +360,6 @@ struct krex_local_region {
     uint16_t sm_clock_min_mhz;     /* the region's SM clock range (0: not attested) */
     uint16_t sm_clock_max_mhz;
     char name[64];
+    uint32_t launches_checked;     /* KREX_HOST_BOUND: kernel launches checked, the first after each event record */
+    uint32_t launches_late;        /* of those, launches whose event had completed: the GPU waited for the host */
 };

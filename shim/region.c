@@ -36,6 +36,7 @@ static struct {
     char name[KREX_NAME_MAX];
 } R;
 static struct krex_region_info last;
+static uint32_t last_checked, last_late;     /* the host-bound check's counts of the last region (hostbound.c) */
 static int have_last;
 volatile int krex_region_open;   /* R.depth > 0, for the launch path (krex_count_outside), read without the lock */
 
@@ -68,6 +69,7 @@ void krex_region_reset_after_fork(void) {
     init_cond();
     memset(&R, 0, sizeof R);   /* the parent's region is not the child's (it asks for its own) */
     krex_region_open = 0;
+    krex_hostbound_reset_after_fork();
 }
 
 /* the client thread: a GRANTED, ENDED or ERROR frame from the controller */
@@ -138,6 +140,7 @@ static void finish_locked(uint32_t reason) {
     last = (struct krex_region_info){R.state == R_HELD ? R.region_id : 0, R.gpu_mask, R.requested_ns,
                                      R.state == R_HELD ? R.granted_ns : 0, ended, flags, taints, R.clock_min,
                                      R.clock_max, reason, R.state == R_HELD ? R.controller_pid : 0};
+    krex_hostbound_end(&last_checked, &last_late);
     have_last = 1;
     struct krex_local_region *rec = krex_local_region_claim();
     if (rec) {
@@ -145,6 +148,7 @@ static void finish_locked(uint32_t reason) {
         rec->granted_ns = last.granted_ns, rec->controller_pid = last.controller_pid, rec->flags = flags;
         rec->taints = taints, rec->end_reason = reason;
         rec->sm_clock_min_mhz = (uint16_t)R.clock_min, rec->sm_clock_max_mhz = (uint16_t)R.clock_max;
+        rec->launches_checked = last_checked, rec->launches_late = last_late;
         memcpy(rec->name, R.name, sizeof rec->name);
         rec->pid = getpid();
         __atomic_store_n(&rec->ended_ns, ended, __ATOMIC_RELEASE);   /* last: the record is complete */
@@ -200,7 +204,10 @@ KREX_EXPORT int krex_region_wait(int timeout_ms) {
     int64_t seen = R.grant_seen_ns;
     R.settled = 1;
     pthread_mutex_unlock(&region_lock);
-    if (settle) krex_settle(id, seen);     /* the caller goes on with the SM clock back at its peak */
+    if (settle) {
+        krex_settle(id, seen);             /* the caller goes on with the SM clock back at its peak */
+        krex_hostbound_begin();            /* its launches from here on are checked (KREX_HOST_BOUND) */
+    }
     return r;
 }
 
@@ -328,6 +335,18 @@ KREX_EXPORT int krex_region_last(struct krex_region_info *out) {
     lock();
     int r = have_last ? 0 : -1;
     if (have_last && out) *out = last;
+    pthread_mutex_unlock(&region_lock);
+    return r;
+}
+
+/* the host-bound check's counts of the last finished region (KREX_HOST_BOUND; both 0 with the check off):
+ * 0 and filled, -1 when there is none yet. A function of its own, not fields of struct krex_region_info: that
+ * struct is compiled into callers of krex.h, and a larger one would be written past their copy. */
+KREX_EXPORT int krex_region_last_launches(uint32_t *checked, uint32_t *late) {
+    lock();
+    int r = have_last ? 0 : -1;
+    if (checked) *checked = have_last ? last_checked : 0;
+    if (late) *late = have_last ? last_late : 0;
     pthread_mutex_unlock(&region_lock);
     return r;
 }

@@ -45,6 +45,9 @@ extern volatile uint32_t krex_controller_pid; /* the controller instance we are 
 /* region.c */
 extern volatile int krex_region_open;         /* this process has a region open (begun and not yet ended) */
 
+/* hostbound.c */
+extern volatile int krex_hostbound_armed;     /* this process holds a granted region and KREX_HOST_BOUND=1 */
+
 /* contexts.c */
 extern volatile uint64_t krex_dev_mask;       /* node-wide GPUs of this process that the controller knows of */
 extern volatile int krex_device_known;        /* a device was registered, or looked up and failed */
@@ -143,6 +146,14 @@ void krex_settle_prepare(void);                 /* before a request: the canary 
 void krex_settle(uint64_t region_id, int64_t granted_at_ns);
 void krex_settle_forget(void *ctx);             /* a context is going away (NULL: all of them) */
 void krex_settle_reset_after_fork(void);
+
+/* hostbound.c: the host-bound check (KREX_HOST_BOUND): did the GPU wait for the host inside the region? */
+void krex_hostbound_begin(void);                /* a region was granted: counts and table reset, armed if on */
+void krex_hostbound_end(uint32_t *checked, uint32_t *late);   /* disarmed; its counts (0 when never armed) */
+void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread);   /* armed: an event was recorded on s */
+void krex_hostbound_forget(CUevent e);          /* armed: e is being destroyed */
+void krex_hostbound_launch(CUstream s, int per_thread);   /* armed: a kernel launch on s is about to go */
+void krex_hostbound_reset_after_fork(void);
 
 /* memory.c: sizes of device allocations */
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */

@@ -165,5 +165,6 @@ def read_local_regions(path: Path) -> tuple[list[dict], int]:
                     "granted_ns": int(r.granted_ns), "ended_ns": int(r.ended_ns), "pid": int(r.pid),
                     "controller_pid": int(r.controller_pid), "flags": int(r.flags), "taints": int(r.taints),
                     "end_reason": int(r.end_reason), "sm_clock_mhz": [int(r.sm_clock_min_mhz), int(r.sm_clock_max_mhz)],
-                    "name": ffi.string(r.name).decode(errors="replace")})
+                    "name": ffi.string(r.name).decode(errors="replace"),
+                    "launches_checked": int(r.launches_checked), "launches_late": int(r.launches_late)})
     return out, max(0, int(hdr.next_region) - int(hdr.regions))

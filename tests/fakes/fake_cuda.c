@@ -518,6 +518,7 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned fl) {
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { NEED_CTX(); if (!e) return E_HANDLE; fk_event_record(stream_of(s), e->fk); return OK; }
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
 EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned fl) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned fl) { return cuEventRecord(e, s); }
 EXPORT CUresult cuEventSynchronize(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; fk_event_sync(e->fk); return OK; }
 EXPORT CUresult cuEventQuery(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; return e->fk->pending ? E_NOT_READY : OK; }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
@@ -531,6 +532,7 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
 }
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { if (!e) return E_HANDLE; free(e); return OK; }
+EXPORT CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     NEED_CTX();
@@ -647,8 +649,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \
     X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \
-    X(cuEventRecordWithFlags) X(cuEventSynchronize) X(cuEventQuery) X(cuEventElapsedTime) X(cuEventElapsedTime_v2) \
-    X(cuEventDestroy_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) \
+    X(cuEventRecordWithFlags) X(cuEventRecordWithFlags_ptsz) X(cuEventSynchronize) X(cuEventQuery) X(cuEventElapsedTime) X(cuEventElapsedTime_v2) \
+    X(cuEventDestroy_v2) X(cuEventDestroy) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) \
     X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyHtoDAsync_v2_ptsz) \
     X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoHAsync_v2_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) \
     X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) \

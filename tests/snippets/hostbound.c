@@ -1,0 +1,101 @@
+/* hostbound.c: the host-bound check (KREX_HOST_BOUND) through each way of reaching cuEventRecord.
+ * `hostbound MODE PATTERN`: one region "timed" of SNIPPET_N (10) repetitions of PATTERN, then prints
+ * "begin=B checked=C late=L" from krex_region_last_launches.
+ *   PATTERN gpu:  a long kernel (5 ms) queued, an event recorded, a short kernel launched at once: never late.
+ *   PATTERN host: an event recorded on a drained stream, 5 ms of host time, a short kernel: always late.
+ * After the repetitions, an event recorded and destroyed before the next launch: never asked (not checked).
+ *   MODE direct         cuEventRecord / cuLaunchKernel as linked, on a stream of its own
+ *   MODE legacy         the same on the NULL (legacy default) stream
+ *   MODE dlsym          cuEventRecord from dlsym(libcuda)
+ *   MODE withflags      cuEventRecordWithFlags from dlsym(libcuda)
+ *   MODE procaddr-v1    cuEventRecord from cuGetProcAddress
+ *   MODE procaddr-v2    cuEventRecordWithFlags from cuGetProcAddress_v2
+ *   MODE procaddr-ptsz  cuEventRecord and cuLaunchKernel from cuGetProcAddress_v2 with the per-thread default
+ *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+#include <unistd.h>
+#include "../../shim/krex.h"
+#include "common.h"
+
+typedef CUresult (*record_t)(CUevent, CUstream);
+typedef CUresult (*record_flags_t)(CUevent, CUstream, unsigned);
+typedef CUresult (*destroy_t)(CUevent);
+typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+typedef CUresult (*gpa1_t)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa2_t)(const char *, void **, int, cuuint64_t, int *);
+
+static void *lib;
+static record_t record;
+static record_flags_t record_flags;
+
+static void *sym(const char *n) {
+    void *p = dlsym(lib, n);
+    if (!p) {
+        fprintf(stderr, "hostbound: no %s in the driver\n", n);
+        exit(11);
+    }
+    return p;
+}
+
+static void *proc(const char *n, cuuint64_t flags) {
+    void *p = NULL;
+    int st = -1;
+    CHECK(((gpa2_t)sym("cuGetProcAddress_v2"))(n, &p, 12000, flags, &st));
+    if (!p || st != 0) exit(12);
+    return p;
+}
+
+static CUresult record_event(CUevent e, CUstream s) { return record ? record(e, s) : record_flags(e, s, 0); }
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "direct", *pattern = argc > 2 ? argv[2] : "gpu";
+    int n = env_int("SNIPPET_N", 10);
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CUfunction f = snippet_kernel("timed", NULL);
+    CUstream s = NULL;
+    launch_t launch = cuLaunchKernel;
+    if (strcmp(mode, "legacy") && strcmp(mode, "procaddr-ptsz")) CHECK(cuStreamCreate(&s, 0));
+    if (!strcmp(mode, "direct") || !strcmp(mode, "legacy")) record = cuEventRecord;
+    else if (!strcmp(mode, "dlsym")) record = (record_t)sym("cuEventRecord");
+    else if (!strcmp(mode, "withflags")) record_flags = (record_flags_t)sym("cuEventRecordWithFlags");
+    else if (!strcmp(mode, "procaddr-v1")) {
+        void *p = NULL;
+        CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuEventRecord", &p, 11030, 0));
+        record = (record_t)p;
+    } else if (!strcmp(mode, "procaddr-v2")) record_flags = (record_flags_t)proc("cuEventRecordWithFlags", 0);
+    else if (!strcmp(mode, "procaddr-ptsz")) {
+        record = (record_t)proc("cuEventRecord", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        launch = (launch_t)proc("cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    } else {
+        fprintf(stderr, "hostbound: unknown mode %s\n", mode);
+        return 2;
+    }
+    int host = !strcmp(pattern, "host");
+    CUevent ev, gone;
+    CHECK(cuEventCreate(&ev, 0));
+    CHECK(cuEventCreate(&gone, 0));
+    int b = krex_begin("timed");
+    for (int i = 0; i < n; i++) {
+        if (host) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(record_event(ev, s));
+            usleep(5000);                    /* the host is slow: the event completes before the launch */
+        } else {
+            CHECK(launch(f, 5000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK(record_event(ev, s));
+        }
+        CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+    }
+    CHECK(record_event(gone, s));
+    CHECK(((destroy_t)sym("cuEventDestroy_v2"))(gone));
+    CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* its event was destroyed: not asked */
+    CHECK(cuStreamSynchronize(s));
+    krex_end();
+    uint32_t checked = 0, late = 0;
+    if (krex_region_last_launches) krex_region_last_launches(&checked, &late);
+    printf("begin=%d checked=%u late=%u\n", b, checked, late);
+    return 0;
+}

@@ -1,0 +1,131 @@
+"""The host-bound check (KREX_HOST_BOUND=1, shim/hostbound.c): inside a granted region, the first kernel launch
+after each event record asks whether that event had already completed (the GPU waited for the host). Real
+processes on the fake driver, whose events stay pending until the work queued before them has run."""
+
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT, SNIP, report_of
+from krex_ctl.wire.report import host_bound, launch_check
+
+MODES = ["direct", "legacy", "dlsym", "withflags", "procaddr-v1", "procaddr-v2", "procaddr-ptsz"]
+FAKES = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
+
+
+def counts(stdout: str) -> tuple:
+    m = re.search(r"begin=(-?\d+) checked=(\d+) late=(\d+)", stdout)
+    assert m, stdout
+    return tuple(int(g) for g in m.groups())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
+    """Host-bound pattern through each way of reaching cuEventRecord[WithFlags][_ptsz]: every launch after a
+    record is checked and late; a recorded event destroyed before the next launch is not asked about."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "hostbound", mode, "host"], report=rep, env={"KREX_HOST_BOUND": "1"})
+    assert out.returncode == 0, out.stderr
+    assert counts(out.stdout) == (0, 10, 10)
+    region = report_of(rep)["regions"][0]
+    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 10, True)
+    assert report_of(rep)["regions_host_bound"] == 1
+
+
+def test_gpu_bound_pattern_is_not_late(krex, tmp_path):
+    """A long kernel queued ahead of each record: the event is pending at the next launch."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "hostbound", "direct", "gpu"], report=rep, env={"KREX_HOST_BOUND": "1"})
+    assert out.returncode == 0, out.stderr
+    assert counts(out.stdout) == (0, 10, 0)
+    region = report_of(rep)["regions"][0]
+    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 0, False)
+
+
+@pytest.mark.parametrize("value", [None, "0"])
+def test_off_by_default_counts_nothing(krex, tmp_path, value):
+    """Unset (or 0): the hooks only forward; the counts stay 0 and no event is asked about."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "hostbound", "direct", "host"], report=rep,
+                   env={} if value is None else {"KREX_HOST_BOUND": value})
+    assert out.returncode == 0, out.stderr
+    assert counts(out.stdout) == (0, 0, 0)
+    region = report_of(rep)["regions"][0]
+    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (0, 0, False)
+
+
+def test_not_checked_without_a_grant(krex, tmp_path):
+    """No controller: the region is not granted (not exclusive, said already); nothing is checked."""
+    out = krex.run([SNIP / "hostbound", "direct", "host"], env={"KREX_HOST_BOUND": "1",
+                                                               "KREX_SOCKET": str(tmp_path / "none" / "ctl.sock")})
+    assert out.returncode == 0, out.stderr
+    begin, checked, late = counts(out.stdout)
+    assert begin == -1 and (checked, late) == (0, 0)
+
+
+PY_REGION = """
+import ctypes, sys, time
+import krex
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, mod, fn, s, ev = (ctypes.c_void_p() for _ in range(5))
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"timed") == 0
+assert cuda.cuStreamCreate(ctypes.byref(s), 0) == 0 and cuda.cuEventCreate(ctypes.byref(ev), 0) == 0
+cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+
+
+def launch(us):
+    assert cuda.cuLaunchKernel(fn, us, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+
+
+for attempt in range(2):            # the second host-bound region of the same name is not said again
+    for pattern in sys.argv[1:]:
+        with krex.region(pattern) as r:
+            for _ in range(10):
+                if pattern == "host":
+                    assert cuda.cuStreamSynchronize(s) == 0
+                    assert cuda.cuEventRecord(ev, s) == 0
+                    time.sleep(0.005)
+                else:
+                    launch(5000)
+                    assert cuda.cuEventRecord(ev, s) == 0
+                launch(10)
+            assert cuda.cuStreamSynchronize(s) == 0
+        print(pattern, r.granted, r.launches_checked, r.launches_late, r.host_bound, flush=True)
+"""
+
+
+def test_region_object_and_one_warning_per_name(krex, tmp_path):
+    """krex.region's launches_checked, launches_late and host_bound; a host-bound region is said on stderr
+    once per region name and process, a GPU-bound one never."""
+    krex.start_controller()
+    script = tmp_path / "bench.py"
+    script.write_text(PY_REGION)
+    out = krex.run([sys.executable, script, "gpu", "host"], env=dict(FAKES, KREX_HOST_BOUND="1"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["gpu True 10 0 False", "host True 10 10 True"] * 2
+    warnings = [line for line in out.stderr.splitlines() if "host-bound" in line]
+    assert warnings == ["krex: region 'host': the GPU waited for the host at 10 of 10 timed launches; its timing "
+                        "includes launch latency (host-bound)"]
+
+
+def test_region_object_with_the_check_off(krex, tmp_path):
+    krex.start_controller()
+    script = tmp_path / "bench.py"
+    script.write_text(PY_REGION)
+    out = krex.run([sys.executable, script, "host"], env=FAKES)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["host True 0 0 False"] * 2
+    assert "host-bound" not in out.stderr
+
+
+@pytest.mark.parametrize("checked, late, bound", [(0, 0, False), (7, 7, False), (8, 4, True), (8, 3, False),
+                                                  (100, 50, True), (100, 49, False)])
+def test_host_bound_rule(checked, late, bound):
+    assert host_bound(checked, late) is bound
+    assert launch_check(checked, late) == {"launches_checked": checked, "launches_late": late, "host_bound": bound}
