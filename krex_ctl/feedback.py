@@ -219,7 +219,9 @@ def summary(rep: dict) -> str:
     for r in regions:
         for t in r.get("taints", []):
             taints[t] = taints.get(t, 0) + 1
+    bound = sum(bool(r.get("host_bound")) for r in regions)   # KREX_HOST_BOUND: the GPU waited for the host
     parts = [f"{n} region{'s' if n != 1 else ''} ({ex} exclusive, {clean} clean"
+             + (f", {bound} host-bound" if bound else "")
              + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"]
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
     parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")

@@ -32,6 +32,8 @@ def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
     region = report_of(rep)["regions"][0]
     assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 10, True)
     assert report_of(rep)["regions_host_bound"] == 1
+    if mode == "direct":
+        assert "1 exclusive, 1 clean, 1 host-bound" in out.stderr   # krex run's summary line
 
 
 def test_gpu_bound_pattern_is_not_late(krex, tmp_path):
@@ -43,6 +45,7 @@ def test_gpu_bound_pattern_is_not_late(krex, tmp_path):
     assert counts(out.stdout) == (0, 10, 0)
     region = report_of(rep)["regions"][0]
     assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 0, False)
+    assert "host-bound" not in out.stderr
 
 
 @pytest.mark.parametrize("value", [None, "0"])
@@ -109,9 +112,10 @@ def test_region_object_and_one_warning_per_name(krex, tmp_path):
     out = krex.run([sys.executable, script, "gpu", "host"], env=dict(FAKES, KREX_HOST_BOUND="1"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["gpu True 10 0 False", "host True 10 10 True"] * 2
-    warnings = [line for line in out.stderr.splitlines() if "host-bound" in line]
+    warnings = [line for line in out.stderr.splitlines() if "waited for the host" in line]
     assert warnings == ["krex: region 'host': the GPU waited for the host at 10 of 10 timed launches; its timing "
                         "includes launch latency (host-bound)"]
+    assert "(4 exclusive, 4 clean, 2 host-bound)" in out.stderr            # krex run's summary line
 
 
 def test_region_object_with_the_check_off(krex, tmp_path):
