@@ -48,6 +48,15 @@ def test_gpu_bound_pattern_is_not_late(krex, tmp_path):
     assert "host-bound" not in out.stderr
 
 
+def test_table_of_sixteen_streams(krex, tmp_path):
+    """Records on 17 streams: the least recently recorded gives way; only the first launch after a record counts."""
+    krex.start_controller()
+    out = krex.run([SNIP / "hostbound", "direct", "many"], env={"KREX_HOST_BOUND": "1"})
+    assert out.returncode == 0, out.stderr
+    begin, checked, _ = counts(out.stdout)
+    assert (begin, checked) == (0, 16)
+
+
 @pytest.mark.parametrize("value", [None, "0"])
 def test_off_by_default_counts_nothing(krex, tmp_path, value):
     """Unset (or 0): the hooks only forward; the counts stay 0 and no event is asked about."""

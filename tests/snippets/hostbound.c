@@ -3,6 +3,8 @@
  * "begin=B checked=C late=L" from krex_region_last_launches.
  *   PATTERN gpu:  a long kernel (5 ms) queued, an event recorded, a short kernel launched at once: never late.
  *   PATTERN host: an event recorded on a drained stream, 5 ms of host time, a short kernel: always late.
+ *   PATTERN many: events recorded on 17 streams of its own (the check's table holds 16: the first gives way), then
+ *                 two launches on each: 16 checked (the first launch after each record only), whatever is late.
  * After the repetitions, an event recorded and destroyed before the next launch: never asked (not checked).
  *   MODE direct         cuEventRecord / cuLaunchKernel as linked, on a stream of its own
  *   MODE legacy         the same on the NULL (legacy default) stream
@@ -78,6 +80,18 @@ int main(int argc, char **argv) {
     CHECK(cuEventCreate(&ev, 0));
     CHECK(cuEventCreate(&gone, 0));
     int b = krex_begin("timed");
+    if (!strcmp(pattern, "many")) {
+        CUstream many[17];
+        CUevent evs[17];
+        for (int i = 0; i < 17; i++) {
+            CHECK(cuStreamCreate(&many[i], 0));
+            CHECK(cuEventCreate(&evs[i], 0));
+            CHECK(record_event(evs[i], many[i]));
+        }
+        for (int i = 0; i < 17; i++)
+            for (int j = 0; j < 2; j++) CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, many[i], NULL, NULL));
+        n = 0;
+    }
     for (int i = 0; i < n; i++) {
         if (host) {
             CHECK(cuStreamSynchronize(s));
