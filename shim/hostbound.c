@@ -46,6 +46,19 @@ static int enabled(void) {
     return __atomic_load_n(&on, __ATOMIC_RELAXED);
 }
 
+/* Whether a resolver (dlsym, cuGetProcAddress) hands out the shim's wrapper for hook id: the event records and
+ * destroys only with the check on, so that with it off every caller gets the driver's own functions, as before
+ * the check existed (the exported symbols still forward). */
+int krex_hook_wanted(int id) {
+    switch (id) {
+    case KREX_H_cuEventRecord: case KREX_H_cuEventRecord_ptsz: case KREX_H_cuEventRecordWithFlags:
+    case KREX_H_cuEventRecordWithFlags_ptsz: case KREX_H_cuEventDestroy: case KREX_H_cuEventDestroy_v2:
+        return enabled();
+    default:
+        return 1;
+    }
+}
+
 static uintptr_t stream_key(CUstream s, int per_thread) {
     if (s) return (uintptr_t)s;
     return per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;

@@ -123,7 +123,7 @@ void *krex_route(const char *requested, void *p, int per_thread) {
         }
         if (id < 0) id = krex_hook_lookup(requested);
     }
-    if (id < 0 || !krex_hook_wrappers[id] || krex_is_wrapper(id, p)) return p;
+    if (id < 0 || !krex_hook_wrappers[id] || krex_is_wrapper(id, p) || !krex_hook_wanted(id)) return p;
     if (!krex_remember(id, p)) {
         krex_log(KREX_LOG_DEBUG, "resolver returned a second %s at %p; left unwrapped", krex_hook_names[id], p);
         return p;
@@ -155,7 +155,7 @@ KREX_EXPORT void *dlsym(void *handle, const char *name) {
     void *p = handle == RTLD_NEXT ? krex_dlsym_next(real_dlsym, name, __builtin_return_address(0))
                                   : real_dlsym(handle, name);
     int id = krex_hook_lookup(name);
-    if (!p || id < 0 || !krex_hook_wrappers[id] || krex_is_wrapper(id, p)) return p;
+    if (!p || id < 0 || !krex_hook_wrappers[id] || krex_is_wrapper(id, p) || !krex_hook_wanted(id)) return p;
     if (!krex_remember(id, p)) return p;
     return krex_hook_wrappers[id];
 }

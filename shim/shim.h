@@ -154,6 +154,7 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread);   /* armed:
 void krex_hostbound_forget(CUevent e);          /* armed: e is being destroyed */
 void krex_hostbound_launch(CUstream s, int per_thread);   /* armed: a kernel launch on s is about to go */
 void krex_hostbound_reset_after_fork(void);
+int krex_hook_wanted(int id);                   /* 0: resolvers hand out the driver's function (the check off) */
 
 /* memory.c: sizes of device allocations */
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */

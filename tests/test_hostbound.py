@@ -70,6 +70,16 @@ def test_off_by_default_counts_nothing(krex, tmp_path, value):
     assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (0, 0, False)
 
 
+@pytest.mark.parametrize("value, home", [(None, "libcuda.so.1"), ("1", "libkrex.so")])
+def test_resolvers_hand_out_the_wrapper_only_with_the_check_on(krex, value, home):
+    """Off, dlsym and cuGetProcAddress give every caller the driver's own cuEventRecord, as before the check
+    existed; on, the shim's wrapper."""
+    krex.start_controller()
+    out = krex.run([SNIP / "hostbound", "which"], env={} if value is None else {"KREX_HOST_BOUND": value})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [f"dlsym={home}", f"procaddr={home}"]
+
+
 def test_not_checked_without_a_grant(krex, tmp_path):
     """No controller: the region is not granted (not exclusive, said already); nothing is checked."""
     out = krex.run([SNIP / "hostbound", "direct", "host"], env={"KREX_HOST_BOUND": "1",

@@ -13,7 +13,9 @@
  *   MODE procaddr-v1    cuEventRecord from cuGetProcAddress
  *   MODE procaddr-v2    cuEventRecordWithFlags from cuGetProcAddress_v2
  *   MODE procaddr-ptsz  cuEventRecord and cuLaunchKernel from cuGetProcAddress_v2 with the per-thread default
- *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream */
+ *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream
+ * `hostbound which`: prints, for cuEventRecord as dlsym and cuGetProcAddress give it, the file it lives in
+ * ("dlsym=libkrex.so procaddr=libkrex.so": the shim's wrapper; the driver's file: the driver's own function). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
@@ -50,12 +52,25 @@ static void *proc(const char *n, cuuint64_t flags) {
     return p;
 }
 
+static const char *home(void *p) {
+    Dl_info info;
+    if (!dladdr(p, &info) || !info.dli_fname) return "?";
+    const char *slash = strrchr(info.dli_fname, '/');
+    return slash ? slash + 1 : info.dli_fname;
+}
+
 static CUresult record_event(CUevent e, CUstream s) { return record ? record(e, s) : record_flags(e, s, 0); }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct", *pattern = argc > 2 ? argv[2] : "gpu";
     int n = env_int("SNIPPET_N", 10);
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!strcmp(mode, "which")) {
+        void *p = NULL;
+        CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuEventRecord", &p, 11030, 0));
+        printf("dlsym=%s procaddr=%s\n", home(sym("cuEventRecord")), home(p));
+        return 0;
+    }
     CUfunction f = snippet_kernel("timed", NULL);
     CUstream s = NULL;
     launch_t launch = cuLaunchKernel;
