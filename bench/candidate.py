@@ -142,11 +142,20 @@ with tempfile.TemporaryDirectory() as td:
         # (docs/measurements/harness-stability.md)
         for name, fn in kernels:
             rep[name] = max(100.0, args.min_reps * bench(f"estimate.{name}", fn, warmup=5, rep=20))
+    # under krex run with KREX_HOST_BOUND=1: whether the region of each timing was host-bound (the GPU waited for
+    # the launches from Python: the timing includes them), from the region the do_bench just ended
+    last_region = None
+    if os.environ.get("KREX_JOB") and os.environ.get("KREX_HOST_BOUND", "0").lower() in ("1", "true", "yes", "on"):
+        from krex import last_region
+    bound = {"candidate": [], "reference": []}
     for _ in range(max(1, args.repeat)):
         for name, fn in kernels:
             t = bench(name, fn, warmup=args.warmup_ms, rep=rep[name])
             timings.setdefault(name, t)
             every[name].append(t)
+            if last_region is not None:
+                info = last_region()
+                bound[name].append(None if info is None else bool(info.host_bound))
     probe = {}
     if args.probe:
         import gc
@@ -192,5 +201,7 @@ print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonc
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),
+                  **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
+                     if last_region is not None else {}),
                   "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
 sys.exit(0 if ok else 1)

@@ -80,6 +80,13 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
         fid = T.judge(r["rows"], ref, clean)
         fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         fid["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
+        flagged = sum(sum(T.host_bound_flags(row, k)) for row in r["rows"] if clean is None or clean(row)
+                      for k in ("candidate", "reference"))
+        checked = any(f"{k}_host_bound" in row for row in r["rows"] for k in ("candidate", "reference"))
+        if checked:   # --host-bound-check: the same judgement without the timings whose region was host-bound
+            fid["host_bound_timings"] = flagged
+            fid["without_host_bound"] = {k: v for k, v in T.judge(r["rows"], ref, clean, skip_host_bound=True).items()
+                                         if k in ("p95_abs_inflation_pct", "kernels", "fidelity_goal", "enough_kernels")}
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
@@ -121,6 +128,12 @@ def table(result) -> str:
                    + " | ".join(fmt(r["p95_abs_inflation_pct"][x]) for x in b) + " | "
                    + "/".join(str(r["kernels"][x]) for x in b) + " | "
                    + ("met" if r["fidelity_goal"] and r["enough_kernels"] else "not met") + " |")
+        w = r.get("without_host_bound")
+        if w:
+            out.append(f"| {r['policy']}, less {r['host_bound_timings']} host-bound timings | {r['agents']} | - | - | "
+                       + " | ".join(fmt(w["p95_abs_inflation_pct"][x]) for x in b) + " | "
+                       + "/".join(str(w["kernels"][x]) for x in b) + " | "
+                       + ("met" if w["fidelity_goal"] and w["enough_kernels"] else "not met") + " |")
     out.append("")
     for r in result["rows"]:
         if r.get("metrics"):
@@ -143,7 +156,8 @@ def table(result) -> str:
             for r in kernel_rows:
                 x = r["per_kernel"].get(k)
                 cells.append("-" if x is None else
-                             f"{x['median_pct']:+.2f} ({x['min_pct']:+.1f} .. {x['max_pct']:+.1f}) n={x['n']} far={x['far']}")
+                             f"{x['median_pct']:+.2f} ({x['min_pct']:+.1f} .. {x['max_pct']:+.1f}) n={x['n']} far={x['far']}"
+                             + (f" host-bound={x['host_bound']}" if x.get("host_bound") else ""))
             out.append(f"| {k} | " + " | ".join(cells) + " |")
     for ref, other in (result.get("also") or {}).items():   # the same runs against another reference
         out += ["", f"against the {ref} reference:", ""] + table({**other, "also": None}).splitlines()
@@ -186,6 +200,9 @@ def main() -> None:
     ap.add_argument("--timer", choices=("events", "graph"), default="events",
                     help="the candidates' timer (bench/candidate.py --timer): events, do_bench; graph, "
                          "do_bench_cudagraph, without the host's launches in the timing")
+    ap.add_argument("--host-bound-check", action="store_true",
+                    help="KREX_HOST_BOUND=1 in the krex commands: each timing says whether its region was host-bound "
+                         "(the GPU waited for the launches from Python), and each policy gets a row without those")
     ap.add_argument("--candidate", default=T.CANDIDATE)
     ap.add_argument("--logs", default=None)
     ap.add_argument("--out", required=True)
@@ -228,6 +245,7 @@ def main() -> None:
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
                               "--min-reps", str(args.min_reps), "--timer", args.timer]
         T.MIX[:] = parse_mix(args.mix, ap)
+        T.HOST_BOUND[0] = args.host_bound_check
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")
         if any(w not in POLICIES.values() for w in wanted):

@@ -69,8 +69,14 @@ def distinct(specs: list) -> list[dict]:
     return [seen[k] for k in sorted(seen)]
 
 
+HOST_BOUND = [False]   # KREX_HOST_BOUND=1 in the krex commands (freeze_policy --host-bound-check): each timing's
+                      # region says whether the GPU waited for the host (candidate.py's *_host_bound lists)
+
+
 def krex_env(sock: Path) -> dict:
     env = dict(os.environ, KREX_SOCKET=str(sock), KREX_HOOKS="triton")
+    if HOST_BOUND[0]:
+        env["KREX_HOST_BOUND"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -315,9 +321,16 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spreads.items()}}
 
 
-def stable_timings(rows: list, stable: dict, clean=None):
+def host_bound_flags(row: dict, kind: str) -> list:
+    """Per timing of timings(row, kind): True when its region was host-bound (KREX_HOST_BOUND), else False (also
+    where the check did not run)."""
+    flags = row.get(f"{kind}_host_bound") or []
+    return [bool(flags[i]) if i < len(flags) else False for i in range(len(timings(row, kind)))]
+
+
+def stable_timings(rows: list, stable: dict, clean=None, skip_host_bound: bool = False):
     """(kernel, its reference median, one timing) for every timing of a stable kernel in the rows clean(row)
-    accepts (all rows without clean)."""
+    accepts (all rows without clean); skip_host_bound: not the timings whose region was host-bound."""
     for row in rows:
         if clean is not None and not clean(row):
             continue
@@ -325,8 +338,9 @@ def stable_timings(rows: list, stable: dict, clean=None):
             key = (row.get("size"), row.get("variant"), kind)
             ref = stable.get(key)
             if ref:
-                for t in timings(row, kind):
-                    yield key, ref, t
+                for t, bound in zip(timings(row, kind), host_bound_flags(row, kind)):
+                    if not (skip_host_bound and bound):
+                        yield key, ref, t
 
 
 def inflation(rows: list, stable: dict, clean=None) -> dict:
@@ -351,23 +365,30 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     per: dict = {}
     for key, ref, t in stable_timings(rows, stable, clean):
         per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
+    bound: dict = {}
+    for row in rows:               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
+        if clean is None or clean(row):
+            for kind in ("candidate", "reference"):
+                key = (row.get("size"), row.get("variant"), kind)
+                bound[key] = bound.get(key, 0) + sum(host_bound_flags(row, kind))
     out = {}
     for key in sorted(per, key=lambda k: per[k][0]):
         ref, xs = per[key]
         out[f"{key[0]}/{key[1]}/{key[2]}"] = {
             "ref_ms": round(ref, 5), "n": len(xs), "median_pct": round(statistics.median(xs), 2),
             "min_pct": round(min(xs), 2), "max_pct": round(max(xs), 2),
-            "far": sum(abs(x) > far_pct for x in xs)}
+            "far": sum(abs(x) > far_pct for x in xs), "host_bound": bound.get(key, 0)}
     return out
 
 
-def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50) -> dict:
+def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50,
+          skip_host_bound: bool = False) -> dict:
     """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
     clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own
     statistic; the p95 of those against the floor + points, with at least need timings in every bucket."""
     vals: dict = {b: [] for b, _, _ in BUCKETS}
     counts: dict = {b: 0 for b, _, _ in BUCKETS}
-    for key, median, t in stable_timings(rows, ref["stable"], clean):
+    for key, median, t in stable_timings(rows, ref["stable"], clean, skip_host_bound):
         b = bucket(median)
         counts[b] += 1
         vals[b] += [abs(t / m - 1) * 100 for m in ref["pass_medians"][key]]

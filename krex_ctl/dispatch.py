@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 # read once at start-up by the interpreter, the dynamic loader, CUDA, NCCL, torch or triton
 STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHASHSEED", "PYTHONHOME", "PYTHONPATH", "PYTHONOPTIMIZE",
                 "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONUTF8",
-                "PYTHONIOENCODING", "PYTHONMALLOC", "KREX_HOOKS", "NVTX_INJECTION64_PATH")
+                "PYTHONIOENCODING", "PYTHONMALLOC", "KREX_HOOKS", "KREX_HOST_BOUND", "NVTX_INJECTION64_PATH")
 STARTUP_PREFIXES = ("CUDA_", "HIP_", "ROCR_", "HSA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "OMP_", "MKL_",
                     "OPENBLAS_", "NVIDIA_", "CUBLAS", "CUDNN")
 

@@ -220,6 +220,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
+                        "--host-bound-check",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
@@ -235,6 +236,12 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
     assert "| busy | 2 |" in md.read_text()
     assert "per kernel: median signed inflation" in md.read_text()
+    # --host-bound-check: every krex command's timings say whether their region was host-bound (the stand-in
+    # launches nothing: none), and each krex policy has the judgement without them beside its own
+    assert all(len(r["candidate_host_bound"]) == 2 and not any(r["candidate_host_bound"]) for r in rows), rows
+    assert all(r.get("host_bound_timings") == 0 and r["without_host_bound"]["kernels"] == r["kernels"]
+               for r in data["rows"] if r["policy"] != "naive")
+    assert "less 0 host-bound timings" in md.read_text()
     for r in data["rows"]:          # per kernel: the same timings the buckets count, split by kernel
         assert r["per_kernel"] and sum(k["n"] for k in r["per_kernel"].values()) == sum(r["kernels"].values()), r
     modes = [r["mode"] for r in data["runs"]]
@@ -317,7 +324,7 @@ def test_per_kernel_names_the_kernel_that_makes_a_tail():
 
     stable = {(2048, 1, "candidate"): 0.030, (2048, 1, "reference"): 0.028}     # ms
     rows = [{"size": 2048, "variant": 1, "candidate_all_ms": [0.030, 0.075], "reference_all_ms": [0.028, 0.0281],
-             "ok": True},
+             "candidate_host_bound": [False, True], "ok": True},
             {"size": 2048, "variant": 1, "candidate_all_ms": [0.0303, 0.0297], "reference_all_ms": [0.0279, 0.028],
              "ok": True},
             {"size": 2048, "variant": 1, "candidate_all_ms": [9.0], "reference_all_ms": [9.0], "ok": False},
@@ -328,3 +335,9 @@ def test_per_kernel_names_the_kernel_that_makes_a_tail():
     assert c["n"] == 4 and c["far"] == 1 and c["max_pct"] == pytest.approx(150.0)
     assert c["min_pct"] == pytest.approx(-1.0) and c["median_pct"] == pytest.approx(0.5)
     assert got["2048/1/reference"]["far"] == 0 and got["2048/1/reference"]["n"] == 4
+    assert c["host_bound"] == 1 and got["2048/1/reference"]["host_bound"] == 0
+    # the timing whose region was host-bound (KREX_HOST_BOUND) left out on request, and only then
+    kept = [t for key, _, t in T.stable_timings(rows, stable, lambda r: r["ok"], skip_host_bound=True)
+            if key == (2048, 1, "candidate")]
+    assert sorted(kept) == [0.0297, 0.030, 0.0303]
+    assert len([1 for key, _, _ in T.stable_timings(rows, stable, lambda r: r["ok"]) if key[2] == "candidate"]) == 4

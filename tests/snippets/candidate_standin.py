@@ -34,6 +34,7 @@ def spin(seconds: float) -> float:
 region = krex.region if os.environ.get("KREX_JOB") else (lambda name: contextlib.nullcontext())
 spin(0.02)                                     # "compile"
 timings = {}
+check = os.environ.get("KREX_JOB") and os.environ.get("KREX_HOST_BOUND") == "1"   # as bench/candidate.py
 for _ in range(max(1, args.repeat)):
     for name in ("candidate", "reference"):
         with region(f"standin.{name}"):
@@ -41,6 +42,9 @@ for _ in range(max(1, args.repeat)):
         timings.setdefault(f"{name}_ms", t)
         if args.repeat > 1:
             timings.setdefault(f"{name}_all_ms", []).append(t)
+        if check:
+            info = krex.last_region()
+            timings.setdefault(f"{name}_host_bound", []).append(None if info is None else bool(info.host_bound))
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
                   "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps, "timer": args.timer},
                   "pid": os.getpid(), "ppid": os.getppid(),
