@@ -529,7 +529,7 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     # the restarted controller knows the hog again: each region froze it, or its policy (busy) left it running
     # because nothing of it was in flight at that drain (the hog syncs between its batches)
     knew = [r["frozen"] == 1 or r.get("freeze_skipped", "").startswith("freeze policy busy") for r in later]
-    assert len(later) >= 5 and all(knew), [(r["exclusive"], r["taints"], r["frozen"]) for r in regions]
+    assert len(later) >= 5 and all(knew), [(r["exclusive"], r["taints"], r.get("frozen"), r.get("controller_pid")) for r in regions]
     assert overlaps(krex.trace_lines(), [r for r in regions if r["exclusive"]]) == []
     assert len(jobs) == 2 and len({j["root_pid"] for j in jobs}) == 2   # each command is one job again
     krex.stop_hogs()
