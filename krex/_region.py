@@ -51,14 +51,14 @@ class RegionInfo:
     requested_ns: int = 0
     granted_ns: int = 0
     ended_ns: int = 0
-    launches_checked: int = 0       # KREX_HOST_BOUND=1: kernel launches checked, the first after each event record
-    launches_late: int = 0          # of those, launches whose event had already completed (the GPU waited)
+    timings_checked: int = 0        # KREX_HOST_BOUND=1: intervals read in the region whose start event was checked
+    timings_late: int = 0           # of those, ones in which the GPU waited for the host >= 1% of the interval
 
     @property
     def host_bound(self) -> bool:
         """The GPU waited for the host in at least half of 8 or more checked launches: the timing includes
         launch latency, which no exclusivity can remove (always False with KREX_HOST_BOUND off)."""
-        return host_bound(self.launches_checked, self.launches_late)
+        return host_bound(self.timings_checked, self.timings_late)
 
 
 def _shim():
@@ -156,7 +156,7 @@ def last_region() -> Optional[RegionInfo]:
         return None
     flags = int(info.flags)
     attested = bool(flags & C.KREX_REGION_ATTESTED)
-    checked, late = _last_launches(lib)
+    checked, late = _last_timings(lib)
     return RegionInfo(granted=bool(flags & C.KREX_REGION_GRANTED), exclusive=bool(flags & C.KREX_REGION_EXCLUSIVE),
                       clean=bool(flags & C.KREX_REGION_CLEAN), attested=attested,
                       revoked=info.end_reason == C.KREX_END_TIME_LIMIT or bool(info.taints & C.KREX_TAINT_REVOKED),
@@ -164,13 +164,13 @@ def last_region() -> Optional[RegionInfo]:
                       sm_clock_mhz=(int(info.sm_clock_min_mhz), int(info.sm_clock_max_mhz)) if attested else None,
                       region_id=int(info.region_id), gpus=[i for i in range(64) if info.gpu_mask >> i & 1],
                       requested_ns=int(info.requested_ns), granted_ns=int(info.granted_ns),
-                      ended_ns=int(info.ended_ns), launches_checked=checked, launches_late=late)
+                      ended_ns=int(info.ended_ns), timings_checked=checked, timings_late=late)
 
 
-def _last_launches(lib) -> tuple:
+def _last_timings(lib) -> tuple:
     """The host-bound check's counts of the last region: (checked, late); (0, 0) from a shim without the check."""
     try:
-        fn = lib.krex_region_last_launches
+        fn = lib.krex_region_last_timings
     except AttributeError:
         return 0, 0
     checked, late = ffi.new("uint32_t *"), ffi.new("uint32_t *")
@@ -182,15 +182,15 @@ def _warn_host_bound(name: str, info: RegionInfo) -> None:
     if not info.host_bound or name in _host_bound_warned:
         return
     _host_bound_warned.add(name)
-    print(f"krex: region {name!r}: the GPU waited for the host at {info.launches_late} of {info.launches_checked} "
-          "timed launches; its timing includes launch latency (host-bound)", file=sys.stderr)
+    print(f"krex: region {name!r}: in {info.timings_late} of {info.timings_checked} timings the GPU waited for the "
+          "host's launch; they include launch latency (host-bound)", file=sys.stderr)
 
 
 class region(contextlib.ContextDecorator):
     """Context manager and decorator: `with krex.region("matmul") as r:` / `@krex.region("matmul")`.
     gpus (or gpu): a node-wide GPU index or a list of them (default: every GPU of this job).
     After the block: r.granted, r.exclusive, r.clean, r.taints, r.revoked, r.sm_clock_mhz, and with
-    KREX_HOST_BOUND=1 r.launches_checked, r.launches_late, r.host_bound (r.info has them all); None inside the
+    KREX_HOST_BOUND=1 r.timings_checked, r.timings_late, r.host_bound (r.info has them all); None inside the
     block, and for a block nested in another (it is part of the outer one). A region that ends host-bound is
     said on stderr (once per region name and process)."""
 
@@ -247,8 +247,8 @@ class region(contextlib.ContextDecorator):
     revoked = property(lambda self: self._get("revoked"))
     taints = property(lambda self: self._get("taints"))
     sm_clock_mhz = property(lambda self: self._get("sm_clock_mhz"))
-    launches_checked = property(lambda self: self._get("launches_checked"))
-    launches_late = property(lambda self: self._get("launches_late"))
+    timings_checked = property(lambda self: self._get("timings_checked"))
+    timings_late = property(lambda self: self._get("timings_late"))
     host_bound = property(lambda self: self._get("host_bound"))
 
 

@@ -266,6 +266,8 @@
     X(CUDA, cuEventRecordWithFlags_ptsz, CUresult, (CUevent e, CUstream s, unsigned fl)) \
     X(CUDA, cuEventDestroy, CUresult, (CUevent e)) \
     X(CUDA, cuEventDestroy_v2, CUresult, (CUevent e)) \
+    X(CUDA, cuEventElapsedTime, CUresult, (float *ms, CUevent a, CUevent b)) \
+    X(CUDA, cuEventElapsedTime_v2, CUresult, (float *ms, CUevent a, CUevent b)) \
     X(CUBLASLT, cublasLtMatmulDescCreate, cublasStatus_t, (cublasLtMatmulDesc_t *d, int compute, int scale)) \
     X(HIP, hipInit, hipError_t, (unsigned fl)) \
     X(HIP, hipSetDevice, hipError_t, (int d)) \
@@ -307,8 +309,6 @@
     X(CUDA, cuGraphKernelNodeSetAttribute, CUresult, (CUgraphNode n, int attr, const void *value)) \
     X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
     X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
-    X(CUDA, cuEventElapsedTime, CUresult, (float *ms, CUevent a, CUevent b)) \
-    X(CUDA, cuEventElapsedTime_v2, CUresult, (float *ms, CUevent a, CUevent b)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \

@@ -55,6 +55,7 @@ KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
     int dev = krex_forget_context(c);     /* its own GPU, not the current context's; -1: all of this process's */
     krex_settle_forget(c);
+    krex_hostbound_forget_all();          /* its events go with it */
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
     CUresult r = REAL(cuCtxDestroy_v2)(c);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
@@ -66,6 +67,7 @@ KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
 static CUresult primary_teardown(CUresult (*real)(CUdevice), CUdevice d, uint64_t bytes) {
     if (!real) return NO_DRIVER;
     krex_settle_forget(NULL);
+    krex_hostbound_forget_all();
     int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, bytes);
     CUresult r = real(d);
@@ -119,8 +121,8 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     return REAL(cuStreamEndCapture_ptsz) ? capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g)) : NO_DRIVER;
 }
 
-/* Event records and destroys: forwarded as they are, and seen by the host-bound check while it is armed
- * (hostbound.c). */
+/* Event records, destroys and elapsed-time reads: forwarded as they are, and seen by the host-bound check while
+ * it is armed (hostbound.c). */
 static CUresult event_recorded(CUresult r, CUevent e, CUstream s, int per_thread) {
     if (r == CUDA_SUCCESS && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
         krex_hostbound_recorded(e, s, per_thread);
@@ -147,6 +149,17 @@ static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
 }
 KREX_EXPORT CUresult cuEventDestroy(CUevent e) { return event_destroy(REAL(cuEventDestroy), e); }
 KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cuEventDestroy_v2), e); }
+static CUresult elapsed_read(CUresult r, float *ms, CUevent start) {
+    if (r == CUDA_SUCCESS && ms && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
+        krex_hostbound_elapsed(start, *ms);
+    return r;
+}
+KREX_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    return REAL(cuEventElapsedTime) ? elapsed_read(REAL(cuEventElapsedTime)(ms, a, b), ms, a) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+    return REAL(cuEventElapsedTime_v2) ? elapsed_read(REAL(cuEventElapsedTime_v2)(ms, a, b), ms, a) : NO_DRIVER;
+}
 
 KREX_EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl) {
     if (!REAL(cuGetProcAddress)) return NO_DRIVER;

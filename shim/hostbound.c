@@ -1,29 +1,39 @@
-/* hostbound.c: the host-bound check (KREX_HOST_BOUND=1, off by default): does the GPU wait for the host inside
- * a region?
+/* hostbound.c: the host-bound check (KREX_HOST_BOUND=1, off by default): did the GPU wait for the host inside
+ * the timings a region reads?
  *
  * A timing loop such as triton.testing.do_bench records a start event, launches the kernel from Python and records
  * an end event. When the host is slower than the GPU (a short kernel, a loaded or confined CPU), the start event
  * has already completed when the kernel is enqueued, and the interval it starts includes the host's launch latency:
  * on the H200 a 29 us Triton matmul timed 35-75 us in up to half the timings under CPU load. krex cannot protect
- * such a timing, and must not let it pass in silence, so while this process holds a granted region the shim
- * remembers, per stream, the last event recorded on it (unchecked), and at the next kernel launch on that stream
- * asks the driver whether the event is complete (cuEventQuery, before the launch is forwarded): complete means
- * the GPU had nothing queued ahead of the launch and sat idle until it came (late). Only the first launch after
- * each record is checked. The counts go into the region's record; the Python API calls a region host-bound when
- * at least half of 8 or more checked launches were late (krex_ctl/wire/report.py host_bound).
+ * such a timing and must not let it pass in silence. While this process holds a granted region:
+ *   - an event record on a stream is remembered (per stream, the last one, with the host time of the record);
+ *   - the next kernel launch on that stream asks the driver, before the launch is forwarded, whether that event
+ *     has completed (cuEventQuery); if it has, the GPU sat idle from the event until this launch, at most the
+ *     host time since the record (the gap); the answer is kept for the event;
+ *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;
+ *     it is late when its start had completed and the gap is at least 1% of the interval read (KREX_LATE_SHARE):
+ *     then up to that much of the timing is the host's. An end event's answer is never used, so a loop that
+ *     synchronizes between its repetitions (the next launch after an end event finds it complete) is not blamed,
+ *     nor a long kernel launched onto an idle stream (a few microseconds of a milliseconds-long interval).
+ * The counts (timings checked, late) go into the region's record; the Python API calls a region host-bound when
+ * at least half of 8 or more checked timings were late (krex_ctl/wire/report.py host_bound): a median of the
+ * repetitions, as do_bench reports, then includes host time. Timings read after the region ended are not seen.
  *
  * Streams are keyed by their handle value, the default streams by CU_STREAM_LEGACY (0x1) or CU_STREAM_PER_THREAD
- * (0x2) as the entry point's variant means a NULL stream; a per-thread stream of two threads shares one key. The
- * table is small and fixed (no allocation on the launch path), the least recently recorded entry gives way, and
- * it is read and written under one lock taken only while the check is armed (a granted region, the check on):
- * outside that the hooks cost one relaxed load and call nothing more. Records into a capturing stream are not
- * remembered (they are graph nodes, not events that complete), nor are destroyed events kept (cuEventDestroy). */
+ * (0x2) as the entry point's variant means a NULL stream. Both tables are small and fixed (no allocation on the
+ * launch path); the least recently recorded stream gives way, and an answer overwrites the oldest slot when its
+ * event's probe is full. They are read and written under one lock taken only while the check is armed (a granted
+ * region, the check on): outside that the hooks cost one relaxed load and call nothing more. Records into a
+ * capturing stream are not remembered (graph nodes, not events that complete), nor destroyed events, and graph
+ * launches are not checked. The driver functions are resolved at arming, outside the lock. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
 #include "shim.h"
 
 #define STREAMS 16
+#define ANSWERS 4096                       /* do_bench keeps ~1000 repetitions' events before it reads them */
+#define LATE_SHARE 0.01                    /* a gap of this share of the interval read makes a timing late */
 #define CU_STREAM_LEGACY ((uintptr_t)0x1)
 #define CU_STREAM_PER_THREAD ((uintptr_t)0x2)
 #define CUDA_ERROR_NOT_READY 600
@@ -34,9 +44,13 @@ typedef CUresult (*capturing_fn)(CUstream, int *);
 volatile int krex_hostbound_armed;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct entry { uintptr_t stream; CUevent ev; uint64_t stamp; int unchecked; } table[STREAMS];
-static uint64_t stamp;                     /* records seen: the entry with the lowest stamp gives way */
-static uint32_t checked, late;
+static struct stream_entry { uintptr_t stream; CUevent ev; int64_t recorded_ns; uint64_t stamp; int unchecked; }
+    streams[STREAMS];
+static struct answer { CUevent ev; int64_t gap_ns; int complete; } answers[ANSWERS];   /* ev NULL: empty */
+static uint64_t stamp;                     /* records seen: the stream entry with the lowest stamp gives way */
+static uint32_t checked, late;             /* timings read in the region, and of those the late ones */
+static query_fn query;                     /* resolved when arming, outside the lock */
+static capturing_fn capturing, capturing_ptsz;
 
 /* KREX_HOST_BOUND, read once */
 static int enabled(void) {
@@ -46,13 +60,14 @@ static int enabled(void) {
     return __atomic_load_n(&on, __ATOMIC_RELAXED);
 }
 
-/* Whether a resolver (dlsym, cuGetProcAddress) hands out the shim's wrapper for hook id: the event records and
- * destroys only with the check on, so that with it off every caller gets the driver's own functions, as before
- * the check existed (the exported symbols still forward). */
+/* Whether a resolver (dlsym, cuGetProcAddress) hands out the shim's wrapper for hook id: the event records,
+ * destroys and elapsed-time reads only with the check on, so that with it off every caller gets the driver's own
+ * functions, as before the check existed (the exported symbols still forward). */
 int krex_hook_wanted(int id) {
     switch (id) {
     case KREX_H_cuEventRecord: case KREX_H_cuEventRecord_ptsz: case KREX_H_cuEventRecordWithFlags:
     case KREX_H_cuEventRecordWithFlags_ptsz: case KREX_H_cuEventDestroy: case KREX_H_cuEventDestroy_v2:
+    case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2:
         return enabled();
     default:
         return 1;
@@ -64,11 +79,41 @@ static uintptr_t stream_key(CUstream s, int per_thread) {
     return per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
 }
 
+#define PROBE 8                            /* answers an event may sit in: a short probe from its hash */
+
+static size_t answer_hash(CUevent e) { return ((uintptr_t)e >> 4) * 0x9E3779B97F4A7C15ull % ANSWERS; }
+
+static struct answer *answer_of(CUevent e) {
+    size_t h = answer_hash(e);
+    for (size_t i = 0; i < PROBE; i++)
+        if (answers[(h + i) % ANSWERS].ev == e) return &answers[(h + i) % ANSWERS];
+    return NULL;
+}
+
+/* where e's answer goes: its own slot, else the first empty one of its probe, else the probe's first */
+static struct answer *answer_slot(CUevent e) {
+    struct answer *a = answer_of(e);
+    if (a) return a;
+    size_t h = answer_hash(e);
+    for (size_t i = 0; i < PROBE; i++)
+        if (!answers[(h + i) % ANSWERS].ev) return &answers[(h + i) % ANSWERS];
+    return &answers[h];
+}
+
 static void clear_locked(void) {
-    memset(table, 0, sizeof table);
+    memset(streams, 0, sizeof streams);
+    memset(answers, 0, sizeof answers);
     stamp = 0, checked = 0, late = 0;
 }
 
+void krex_hostbound_prepare(void) {
+    if (!enabled()) return;
+    query = (query_fn)krex_real(KREX_H_cuEventQuery);
+    capturing = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing);
+    capturing_ptsz = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing_ptsz);
+}
+
+/* a region was granted (the region lock held, after krex_hostbound_prepare): counts and tables reset, armed */
 void krex_hostbound_begin(void) {
     if (!enabled()) return;
     pthread_mutex_lock(&lock);
@@ -88,50 +133,69 @@ void krex_hostbound_end(uint32_t *checked_out, uint32_t *late_out) {
 /* after a successful record of e on s (the check armed) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
     if (KREX_UNLIKELY(__atomic_load_n(&krex_captures_active, __ATOMIC_RELAXED))) {
-        capturing_fn f = (capturing_fn)krex_real(per_thread ? KREX_H_cuStreamIsCapturing_ptsz
-                                                            : KREX_H_cuStreamIsCapturing);
+        capturing_fn f = per_thread ? capturing_ptsz : capturing;
         int st = 0;
         if (!f || f(s, &st) != CUDA_SUCCESS || st) return;   /* a graph node, or unknown: not remembered */
     }
     uintptr_t key = stream_key(s, per_thread);
+    int64_t now = krex_now_ns();
     pthread_mutex_lock(&lock);
-    struct entry *slot = NULL, *oldest = &table[0];
+    struct stream_entry *slot = NULL, *oldest = &streams[0];
     for (int i = 0; i < STREAMS && !slot; i++) {
-        if (table[i].stream == key) slot = &table[i];
-        else if (table[i].stamp < oldest->stamp) oldest = &table[i];
+        if (streams[i].stream == key) slot = &streams[i];
+        else if (streams[i].stamp < oldest->stamp) oldest = &streams[i];
     }
     if (!slot) slot = oldest;                  /* an empty entry has stamp 0: it is taken first */
-    *slot = (struct entry){key, e, ++stamp, 1};
+    *slot = (struct stream_entry){key, e, now, ++stamp, 1};
+    struct answer *a = answer_of(e);           /* recorded again: an earlier answer no longer holds */
+    if (a) a->ev = NULL;
     pthread_mutex_unlock(&lock);
 }
 
-/* an event is being destroyed: it is not asked about afterwards */
+/* an event is being destroyed: it is not asked about, nor its answer used, afterwards */
 void krex_hostbound_forget(CUevent e) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < STREAMS; i++)
-        if (table[i].ev == e) table[i].unchecked = 0, table[i].ev = NULL;
+        if (streams[i].ev == e) streams[i].unchecked = 0, streams[i].ev = NULL;
+    struct answer *a = answer_of(e);
+    if (a) a->ev = NULL;
+    pthread_mutex_unlock(&lock);
+}
+
+/* a context is going away inside a region: its events with it */
+void krex_hostbound_forget_all(void) {
+    if (!__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&lock);
+    memset(streams, 0, sizeof streams);
+    memset(answers, 0, sizeof answers);
     pthread_mutex_unlock(&lock);
 }
 
 /* a kernel launch on s is about to be forwarded (the check armed): the first after a record asks its event */
 void krex_hostbound_launch(CUstream s, int per_thread) {
     uintptr_t key = stream_key(s, per_thread);
-    CUevent ev = NULL;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < STREAMS; i++)
-        if (table[i].stream == key && table[i].unchecked) {
-            ev = table[i].ev, table[i].unchecked = 0;
+        if (streams[i].stream == key && streams[i].unchecked) {
+            struct stream_entry *e = &streams[i];
+            e->unchecked = 0;
+            /* asked under the lock: a concurrent cuEventDestroy of this event waits for the answer */
+            CUresult r = query ? query(e->ev) : CUDA_ERROR_NOT_READY;
+            *answer_slot(e->ev) = (struct answer){e->ev, krex_now_ns() - e->recorded_ns, r == CUDA_SUCCESS};
             break;
         }
-    if (!ev) {
-        pthread_mutex_unlock(&lock);
-        return;
+    pthread_mutex_unlock(&lock);
+}
+
+/* the harness read the interval start..end: ms (the check armed) */
+void krex_hostbound_elapsed(CUevent start, float ms) {
+    pthread_mutex_lock(&lock);
+    struct answer *a = answer_of(start);
+    if (a) {
+        checked++;
+        if (a->complete && (double)a->gap_ns >= LATE_SHARE * (double)ms * 1e6) late++;
+        a->ev = NULL;                          /* one interval, one count */
     }
-    /* asked under the lock: a concurrent cuEventDestroy of this event waits for the answer (krex_hostbound_forget) */
-    query_fn query = (query_fn)krex_real(KREX_H_cuEventQuery);
-    CUresult r = query ? query(ev) : CUDA_ERROR_NOT_READY;
-    checked++;
-    if (r == CUDA_SUCCESS) late++;
     pthread_mutex_unlock(&lock);
 }
 

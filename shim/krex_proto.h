@@ -15,7 +15,7 @@
  * taken for the answer to the next one. */
 
 #define KREX_MAGIC 0x5845524b
-#define KREX_PROTO_VERSION 2
+#define KREX_PROTO_VERSION 3
 #define KREX_MAX_GPUS 64
 #define KREX_NAME_MAX 64
 #define KREX_ERROR_TEXT 240
@@ -360,6 +360,6 @@ struct krex_local_region {
     uint16_t sm_clock_min_mhz;     /* the region's SM clock range (0: not attested) */
     uint16_t sm_clock_max_mhz;
     char name[64];
-    uint32_t launches_checked;     /* KREX_HOST_BOUND: kernel launches checked, the first after each event record */
-    uint32_t launches_late;        /* of those, launches whose event had completed: the GPU waited for the host */
+    uint32_t timings_checked;      /* KREX_HOST_BOUND: intervals read (cuEventElapsedTime) whose start was checked */
+    uint32_t timings_late;         /* of those, ones in which the GPU waited for the host >= 1% of the interval */
 };

@@ -148,7 +148,7 @@ static void finish_locked(uint32_t reason) {
         rec->granted_ns = last.granted_ns, rec->controller_pid = last.controller_pid, rec->flags = flags;
         rec->taints = taints, rec->end_reason = reason;
         rec->sm_clock_min_mhz = (uint16_t)R.clock_min, rec->sm_clock_max_mhz = (uint16_t)R.clock_max;
-        rec->launches_checked = last_checked, rec->launches_late = last_late;
+        rec->timings_checked = last_checked, rec->timings_late = last_late;
         memcpy(rec->name, R.name, sizeof rec->name);
         rec->pid = getpid();
         __atomic_store_n(&rec->ended_ns, ended, __ATOMIC_RELEASE);   /* last: the record is complete */
@@ -206,7 +206,10 @@ KREX_EXPORT int krex_region_wait(int timeout_ms) {
     pthread_mutex_unlock(&region_lock);
     if (settle) {
         krex_settle(id, seen);             /* the caller goes on with the SM clock back at its peak */
-        krex_hostbound_begin();            /* its launches from here on are checked (KREX_HOST_BOUND) */
+        krex_hostbound_prepare();          /* the driver functions it asks, resolved outside any lock */
+        lock();                            /* armed only if this region still holds (KREX_HOST_BOUND) */
+        if (R.state == R_HELD && R.region_id == id) krex_hostbound_begin();
+        pthread_mutex_unlock(&region_lock);
     }
     return r;
 }
@@ -342,7 +345,7 @@ KREX_EXPORT int krex_region_last(struct krex_region_info *out) {
 /* the host-bound check's counts of the last finished region (KREX_HOST_BOUND; both 0 with the check off):
  * 0 and filled, -1 when there is none yet. A function of its own, not fields of struct krex_region_info: that
  * struct is compiled into callers of krex.h, and a larger one would be written past their copy. */
-KREX_EXPORT int krex_region_last_launches(uint32_t *checked, uint32_t *late) {
+KREX_EXPORT int krex_region_last_timings(uint32_t *checked, uint32_t *late) {
     lock();
     int r = have_last ? 0 : -1;
     if (checked) *checked = have_last ? last_checked : 0;

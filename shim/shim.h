@@ -148,11 +148,14 @@ void krex_settle_forget(void *ctx);             /* a context is going away (NULL
 void krex_settle_reset_after_fork(void);
 
 /* hostbound.c: the host-bound check (KREX_HOST_BOUND): did the GPU wait for the host inside the region? */
+void krex_hostbound_prepare(void);              /* before begin, outside any lock: the driver functions it asks */
 void krex_hostbound_begin(void);                /* a region was granted: counts and table reset, armed if on */
-void krex_hostbound_end(uint32_t *checked, uint32_t *late);   /* disarmed; its counts (0 when never armed) */
+void krex_hostbound_end(uint32_t *checked, uint32_t *late);   /* disarmed; timings read, late ones (0: never armed) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread);   /* armed: an event was recorded on s */
 void krex_hostbound_forget(CUevent e);          /* armed: e is being destroyed */
 void krex_hostbound_launch(CUstream s, int per_thread);   /* armed: a kernel launch on s is about to go */
+void krex_hostbound_elapsed(CUevent start, float ms);    /* armed: the harness read the interval from start */
+void krex_hostbound_forget_all(void);           /* a context is going away: its events with it */
 void krex_hostbound_reset_after_fork(void);
 int krex_hook_wanted(int id);                   /* 0: resolvers hand out the driver's function (the check off) */
 

@@ -1,6 +1,7 @@
 """The host-bound check (KREX_HOST_BOUND=1, shim/hostbound.c): inside a granted region, the first kernel launch
-after each event record asks whether that event had already completed (the GPU waited for the host). Real
-processes on the fake driver, whose events stay pending until the work queued before them has run."""
+after each event record asks whether that event had already completed, and a timing read in the region
+(cuEventElapsedTime) from such a start event is late when the GPU waited for that launch 1% of the interval or
+more. Real processes on the fake driver, whose events stay pending until the work queued before them has run."""
 
 import re
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, SNIP, report_of
-from krex_ctl.wire.report import host_bound, launch_check
+from krex_ctl.wire.report import host_bound, timing_check
 
 MODES = ["direct", "legacy", "dlsym", "withflags", "procaddr-v1", "procaddr-v2", "procaddr-ptsz"]
 FAKES = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
@@ -22,39 +23,42 @@ def counts(stdout: str) -> tuple:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
-    """Host-bound pattern through each way of reaching cuEventRecord[WithFlags][_ptsz]: every launch after a
-    record is checked and late; a recorded event destroyed before the next launch is not asked about."""
+    """Host-bound pattern through each way of reaching cuEventRecord[WithFlags][_ptsz] and cuEventElapsedTime[_v2]:
+    every timing read is checked and late; a recorded event destroyed before the next launch is not asked about."""
     krex.start_controller()
     rep = tmp_path / "r.json"
     out = krex.run([SNIP / "hostbound", mode, "host"], report=rep, env={"KREX_HOST_BOUND": "1"})
     assert out.returncode == 0, out.stderr
     assert counts(out.stdout) == (0, 10, 10)
     region = report_of(rep)["regions"][0]
-    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 10, True)
+    assert (region["timings_checked"], region["timings_late"], region["host_bound"]) == (10, 10, True)
     assert report_of(rep)["regions_host_bound"] == 1
     if mode == "direct":
         assert "1 exclusive, 1 clean, 1 host-bound" in out.stderr   # krex run's summary line
 
 
-def test_gpu_bound_pattern_is_not_late(krex, tmp_path):
-    """A long kernel queued ahead of each record: the event is pending at the next launch."""
+@pytest.mark.parametrize("pattern", ["gpu", "sync", "idle"])
+def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern):
+    """gpu: a long kernel queued ahead of each start, which is pending at the next launch. sync: a loop that
+    synchronizes each repetition (the launch after each end event finds it complete: an end is never judged).
+    idle: a 50 ms kernel launched at once onto an idle stream (its start had completed, microseconds before)."""
     krex.start_controller()
     rep = tmp_path / "r.json"
-    out = krex.run([SNIP / "hostbound", "direct", "gpu"], report=rep, env={"KREX_HOST_BOUND": "1"})
+    out = krex.run([SNIP / "hostbound", "direct", pattern], report=rep, env={"KREX_HOST_BOUND": "1"})
     assert out.returncode == 0, out.stderr
     assert counts(out.stdout) == (0, 10, 0)
     region = report_of(rep)["regions"][0]
-    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (10, 0, False)
+    assert (region["timings_checked"], region["timings_late"], region["host_bound"]) == (10, 0, False)
     assert "host-bound" not in out.stderr
 
 
 def test_table_of_sixteen_streams(krex, tmp_path):
-    """Records on 17 streams: the least recently recorded gives way; only the first launch after a record counts."""
+    """Starts on 17 streams: the least recently recorded (the first, whose start completes at once and would be
+    late) gives way, the 16 others (pending behind a long kernel) are checked and not late."""
     krex.start_controller()
     out = krex.run([SNIP / "hostbound", "direct", "many"], env={"KREX_HOST_BOUND": "1"})
     assert out.returncode == 0, out.stderr
-    begin, checked, _ = counts(out.stdout)
-    assert (begin, checked) == (0, 16)
+    assert counts(out.stdout) == (0, 16, 0)
 
 
 @pytest.mark.parametrize("value", [None, "0"])
@@ -67,7 +71,7 @@ def test_off_by_default_counts_nothing(krex, tmp_path, value):
     assert out.returncode == 0, out.stderr
     assert counts(out.stdout) == (0, 0, 0)
     region = report_of(rep)["regions"][0]
-    assert (region["launches_checked"], region["launches_late"], region["host_bound"]) == (0, 0, False)
+    assert (region["timings_checked"], region["timings_late"], region["host_bound"]) == (0, 0, False)
 
 
 @pytest.mark.parametrize("value, home", [(None, "libcuda.so.1"), ("1", "libkrex.so")])
@@ -93,11 +97,14 @@ PY_REGION = """
 import ctypes, sys, time
 import krex
 cuda = ctypes.CDLL("libcuda.so.1")
-ctx, mod, fn, s, ev = (ctypes.c_void_p() for _ in range(5))
+ctx, mod, fn, s = (ctypes.c_void_p() for _ in range(4))
 assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
 assert cuda.cuCtxSetCurrent(ctx) == 0 and cuda.cuModuleLoadData(ctypes.byref(mod), b"image") == 0
 assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"timed") == 0
-assert cuda.cuStreamCreate(ctypes.byref(s), 0) == 0 and cuda.cuEventCreate(ctypes.byref(ev), 0) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s), 0) == 0
+starts, ends = [ctypes.c_void_p() for _ in range(10)], [ctypes.c_void_p() for _ in range(10)]
+for ev in starts + ends:
+    assert cuda.cuEventCreate(ctypes.byref(ev), 0) == 0
 cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 
 
@@ -108,22 +115,27 @@ def launch(us):
 for attempt in range(2):            # the second host-bound region of the same name is not said again
     for pattern in sys.argv[1:]:
         with krex.region(pattern) as r:
-            for _ in range(10):
+            for start, end in zip(starts, ends):
                 if pattern == "host":
                     assert cuda.cuStreamSynchronize(s) == 0
-                    assert cuda.cuEventRecord(ev, s) == 0
-                    time.sleep(0.005)
+                    assert cuda.cuEventRecord(start, s) == 0
+                    assert cuda.cuEventSynchronize(start) == 0
+                    time.sleep(0.002)
                 else:
-                    launch(5000)
-                    assert cuda.cuEventRecord(ev, s) == 0
+                    launch(50000)
+                    assert cuda.cuEventRecord(start, s) == 0
                 launch(10)
+                assert cuda.cuEventRecord(end, s) == 0
             assert cuda.cuStreamSynchronize(s) == 0
-        print(pattern, r.granted, r.launches_checked, r.launches_late, r.host_bound, flush=True)
+            ms = ctypes.c_float()
+            for start, end in zip(starts, ends):       # read inside the region, as do_bench does
+                assert cuda.cuEventElapsedTime(ctypes.byref(ms), start, end) == 0
+        print(pattern, r.granted, r.timings_checked, r.timings_late, r.host_bound, flush=True)
 """
 
 
 def test_region_object_and_one_warning_per_name(krex, tmp_path):
-    """krex.region's launches_checked, launches_late and host_bound; a host-bound region is said on stderr
+    """krex.region's timings_checked, timings_late and host_bound; a host-bound region is said on stderr
     once per region name and process, a GPU-bound one never."""
     krex.start_controller()
     script = tmp_path / "bench.py"
@@ -132,8 +144,8 @@ def test_region_object_and_one_warning_per_name(krex, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["gpu True 10 0 False", "host True 10 10 True"] * 2
     warnings = [line for line in out.stderr.splitlines() if "waited for the host" in line]
-    assert warnings == ["krex: region 'host': the GPU waited for the host at 10 of 10 timed launches; its timing "
-                        "includes launch latency (host-bound)"]
+    assert warnings == ["krex: region 'host': in 10 of 10 timings the GPU waited for the host's launch; they include "
+                        "launch latency (host-bound)"]
     assert "(4 exclusive, 4 clean, 2 host-bound)" in out.stderr            # krex run's summary line
 
 
@@ -151,4 +163,4 @@ def test_region_object_with_the_check_off(krex, tmp_path):
                                                   (100, 50, True), (100, 49, False)])
 def test_host_bound_rule(checked, late, bound):
     assert host_bound(checked, late) is bound
-    assert launch_check(checked, late) == {"launches_checked": checked, "launches_late": late, "host_bound": bound}
+    assert timing_check(checked, late) == {"timings_checked": checked, "timings_late": late, "host_bound": bound}

@@ -166,5 +166,5 @@ def read_local_regions(path: Path) -> tuple[list[dict], int]:
                     "controller_pid": int(r.controller_pid), "flags": int(r.flags), "taints": int(r.taints),
                     "end_reason": int(r.end_reason), "sm_clock_mhz": [int(r.sm_clock_min_mhz), int(r.sm_clock_max_mhz)],
                     "name": ffi.string(r.name).decode(errors="replace"),
-                    "launches_checked": int(r.launches_checked), "launches_late": int(r.launches_late)})
+                    "timings_checked": int(r.timings_checked), "timings_late": int(r.timings_late)})
     return out, max(0, int(hdr.next_region) - int(hdr.regions))

@@ -35,20 +35,20 @@ def region_flags(taints: int, attested: bool) -> int:
             | (C.KREX_REGION_ATTESTED if attested else 0))
 
 
-# KREX_HOST_BOUND (shim/hostbound.c): a region is host-bound when at least this many kernel launches were checked
-# (the first after each event record) and at least half of them found their event complete: the GPU had waited
-# for the host, so the intervals those events start include the host's launch latency.
+# KREX_HOST_BOUND (shim/hostbound.c): a region is host-bound when the harness read at least this many timings
+# (cuEventElapsedTime) whose start event the check saw, and in at least half of them the GPU waited for the host's
+# launch for 1% of the interval or more: a median of the repetitions then includes launch latency.
 HOST_BOUND_MIN_CHECKED = 8
 
 
 def host_bound(checked: int, late: int) -> bool:
-    """The rule, once: enough checked launches, and at least half of them late."""
+    """The rule, once: enough checked timings, and at least half of them late."""
     return checked >= HOST_BOUND_MIN_CHECKED and late * 2 >= checked
 
 
-def launch_check(checked: int, late: int) -> dict:
+def timing_check(checked: int, late: int) -> dict:
     """A region's host-bound fields in the report (all 0 / false with KREX_HOST_BOUND off)."""
-    return {"launches_checked": checked, "launches_late": late, "host_bound": host_bound(checked, late)}
+    return {"timings_checked": checked, "timings_late": late, "host_bound": host_bound(checked, late)}
 
 
 def verdict(taints: int) -> dict:
@@ -100,7 +100,7 @@ def local_record(r: dict) -> dict:
         "exclusive": bool(flags & C.KREX_REGION_EXCLUSIVE), "clean": bool(flags & C.KREX_REGION_CLEAN),
         "taints": taint_names(taints), "attested": bool(flags & C.KREX_REGION_ATTESTED),
         "sm_clock_mhz": r["sm_clock_mhz"] if flags & C.KREX_REGION_ATTESTED else None,
-        **launch_check(r.get("launches_checked", 0), r.get("launches_late", 0)),
+        **timing_check(r.get("timings_checked", 0), r.get("timings_late", 0)),
         "recorded_by": "process",
     }
 
@@ -122,10 +122,10 @@ def merge_regions(controller: list[dict], local: list[dict]) -> list[dict]:
         for loc in by_key.get(key, []):
             used.add(id(loc))
             taints |= loc["taints"]
-            checked += loc.get("launches_checked", 0)
-            late += loc.get("launches_late", 0)
+            checked += loc.get("timings_checked", 0)
+            late += loc.get("timings_late", 0)
         seen = verdict(taints)
-        rec.update(launch_check(checked, late))   # only the owner checks; its members' records add 0
+        rec.update(timing_check(checked, late))   # the owner's and any member's that read timings
         rec["taints"] = seen["taints"]
         rec["exclusive"] = rec.get("exclusive", True) and seen["exclusive"]
         rec["clean"] = rec.get("clean", True) and seen["clean"]

@@ -1,17 +1,26 @@
-/* hostbound.c: the host-bound check (KREX_HOST_BOUND) through each way of reaching cuEventRecord.
- * `hostbound MODE PATTERN`: one region "timed" of SNIPPET_N (10) repetitions of PATTERN, then prints
- * "begin=B checked=C late=L" from krex_region_last_launches.
- *   PATTERN gpu:  a long kernel (5 ms) queued, an event recorded, a short kernel launched at once: never late.
- *   PATTERN host: an event recorded on a drained stream, 5 ms of host time, a short kernel: always late.
- *   PATTERN many: events recorded on 17 streams of its own (the check's table holds 16: the first gives way), then
- *                 two launches on each: 16 checked (the first launch after each record only), whatever is late.
+/* hostbound.c: the host-bound check (KREX_HOST_BOUND) through each way of reaching cuEventRecord and
+ * cuEventElapsedTime. `hostbound MODE PATTERN`: one region "timed" of SNIPPET_N (10) repetitions of PATTERN, each
+ * a start event, a kernel, an end event, the intervals read (cuEventElapsedTime) inside the region, then prints
+ * "begin=B checked=C late=L" from krex_region_last_timings.
+ *   PATTERN gpu:  a long kernel (50 ms) queued, the start recorded, a short kernel launched at once: never late.
+ *   PATTERN host: the start recorded on a drained stream and waited for (cuEventSynchronize), 2 ms of host time,
+ *                 a short kernel: always late (the GPU waited ~2 ms of a ~2 ms interval).
+ *   PATTERN sync: a loop that synchronizes each repetition (KernelBench's): a 20 ms "flush" kernel, the start,
+ *                 a 3 ms kernel, the end, a synchronize: never late, though the launch after each end finds it
+ *                 complete (an end event is never judged).
+ *   PATTERN idle: the start recorded on a drained stream and a 50 ms kernel launched at once: the start had
+ *                 completed, but the wait (microseconds) is far under 1% of the interval: never late.
+ *   PATTERN many: starts recorded on 17 streams of its own (the check's table holds 16: the first gives way), the
+ *                 first stream's completing at once and the others' behind a 50 ms kernel, then a short kernel and
+ *                 an end on each, all read: 16 checked, 0 late (the first stream's, which would be late, was
+ *                 rightly given up).
  * After the repetitions, an event recorded and destroyed before the next launch: never asked (not checked).
- *   MODE direct         cuEventRecord / cuLaunchKernel as linked, on a stream of its own
+ *   MODE direct         cuEventRecord / cuEventElapsedTime / cuLaunchKernel as linked, on a stream of its own
  *   MODE legacy         the same on the NULL (legacy default) stream
- *   MODE dlsym          cuEventRecord from dlsym(libcuda)
+ *   MODE dlsym          cuEventRecord and cuEventElapsedTime from dlsym(libcuda)
  *   MODE withflags      cuEventRecordWithFlags from dlsym(libcuda)
- *   MODE procaddr-v1    cuEventRecord from cuGetProcAddress
- *   MODE procaddr-v2    cuEventRecordWithFlags from cuGetProcAddress_v2
+ *   MODE procaddr-v1    cuEventRecord and cuEventElapsedTime from cuGetProcAddress
+ *   MODE procaddr-v2    cuEventRecordWithFlags and cuEventElapsedTime_v2 from cuGetProcAddress_v2
  *   MODE procaddr-ptsz  cuEventRecord and cuLaunchKernel from cuGetProcAddress_v2 with the per-thread default
  *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream
  * `hostbound which`: prints, for cuEventRecord as dlsym and cuGetProcAddress give it, the file it lives in
@@ -26,6 +35,7 @@
 typedef CUresult (*record_t)(CUevent, CUstream);
 typedef CUresult (*record_flags_t)(CUevent, CUstream, unsigned);
 typedef CUresult (*destroy_t)(CUevent);
+typedef CUresult (*elapsed_t)(float *, CUevent, CUevent);
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 typedef CUresult (*gpa1_t)(const char *, void **, int, cuuint64_t);
@@ -34,6 +44,7 @@ typedef CUresult (*gpa2_t)(const char *, void **, int, cuuint64_t, int *);
 static void *lib;
 static record_t record;
 static record_flags_t record_flags;
+static elapsed_t elapsed = cuEventElapsedTime;
 
 static void *sym(const char *n) {
     void *p = dlsym(lib, n);
@@ -76,55 +87,86 @@ int main(int argc, char **argv) {
     launch_t launch = cuLaunchKernel;
     if (strcmp(mode, "legacy") && strcmp(mode, "procaddr-ptsz")) CHECK(cuStreamCreate(&s, 0));
     if (!strcmp(mode, "direct") || !strcmp(mode, "legacy")) record = cuEventRecord;
-    else if (!strcmp(mode, "dlsym")) record = (record_t)sym("cuEventRecord");
-    else if (!strcmp(mode, "withflags")) record_flags = (record_flags_t)sym("cuEventRecordWithFlags");
+    else if (!strcmp(mode, "dlsym")) {
+        record = (record_t)sym("cuEventRecord");
+        elapsed = (elapsed_t)sym("cuEventElapsedTime");
+    } else if (!strcmp(mode, "withflags")) record_flags = (record_flags_t)sym("cuEventRecordWithFlags");
     else if (!strcmp(mode, "procaddr-v1")) {
-        void *p = NULL;
+        void *p = NULL, *q = NULL;
         CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuEventRecord", &p, 11030, 0));
-        record = (record_t)p;
-    } else if (!strcmp(mode, "procaddr-v2")) record_flags = (record_flags_t)proc("cuEventRecordWithFlags", 0);
-    else if (!strcmp(mode, "procaddr-ptsz")) {
+        CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuEventElapsedTime", &q, 11030, 0));
+        record = (record_t)p, elapsed = (elapsed_t)q;
+    } else if (!strcmp(mode, "procaddr-v2")) {
+        record_flags = (record_flags_t)proc("cuEventRecordWithFlags", 0);
+        elapsed = (elapsed_t)proc("cuEventElapsedTime_v2", 0);
+    } else if (!strcmp(mode, "procaddr-ptsz")) {
         record = (record_t)proc("cuEventRecord", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
         launch = (launch_t)proc("cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
     } else {
         fprintf(stderr, "hostbound: unknown mode %s\n", mode);
         return 2;
     }
-    int host = !strcmp(pattern, "host");
-    CUevent ev, gone;
-    CHECK(cuEventCreate(&ev, 0));
+    enum { REPS = 64, MANY = 17 };
+    if (n > REPS) n = REPS;
+    CUevent start[REPS], end[REPS], gone;
+    for (int i = 0; i < REPS; i++) {
+        CHECK(cuEventCreate(&start[i], 0));
+        CHECK(cuEventCreate(&end[i], 0));
+    }
     CHECK(cuEventCreate(&gone, 0));
+    float ms;
     int b = krex_begin("timed");
     if (!strcmp(pattern, "many")) {
-        CUstream many[17];
-        CUevent evs[17];
-        for (int i = 0; i < 17; i++) {
+        CUstream many[MANY];
+        for (int i = 0; i < MANY; i++) {
             CHECK(cuStreamCreate(&many[i], 0));
-            CHECK(cuEventCreate(&evs[i], 0));
-            CHECK(record_event(evs[i], many[i]));
+            if (i) CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, many[i], NULL, NULL));   /* pending starts */
+            CHECK(record_event(start[i], many[i]));
         }
-        for (int i = 0; i < 17; i++)
-            for (int j = 0; j < 2; j++) CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, many[i], NULL, NULL));
+        /* every launch first: an end recorded before the next stream's launch would take that stream's place */
+        for (int i = 0; i < MANY; i++) CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, many[i], NULL, NULL));
+        for (int i = 0; i < MANY; i++) CHECK(record_event(end[i], many[i]));
+        for (int i = 0; i < MANY; i++) CHECK(cuStreamSynchronize(many[i]));
+        for (int i = 0; i < MANY; i++) CHECK(elapsed(&ms, start[i], end[i]));
         n = 0;
     }
     for (int i = 0; i < n; i++) {
-        if (host) {
+        if (!strcmp(pattern, "host")) {
             CHECK(cuStreamSynchronize(s));
-            CHECK(record_event(ev, s));
-            usleep(5000);                    /* the host is slow: the event completes before the launch */
+            CHECK(record_event(start[i], s));
+            CHECK(cuEventSynchronize(start[i]));   /* complete before the launch, whatever the load */
+            usleep(2000);                          /* the host is slow */
+            CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        } else if (!strcmp(pattern, "sync")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
+            CHECK(record_event(start[i], s));
+            CHECK(launch(f, 3000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        } else if (!strcmp(pattern, "idle")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(record_event(start[i], s));
+            CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         } else {
-            CHECK(launch(f, 5000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            CHECK(record_event(ev, s));
+            CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK(record_event(start[i], s));
+            CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         }
-        CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        CHECK(record_event(end[i], s));
+        if (!strcmp(pattern, "sync")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(elapsed(&ms, start[i], end[i]));   /* read each repetition, as KernelBench does */
+        }
     }
+    CHECK(cuStreamSynchronize(s));
+    if (strcmp(pattern, "sync"))
+        for (int i = 0; i < n; i++) CHECK(elapsed(&ms, start[i], end[i]));   /* read at the end, as do_bench */
     CHECK(record_event(gone, s));
     CHECK(((destroy_t)sym("cuEventDestroy_v2"))(gone));
     CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* its event was destroyed: not asked */
     CHECK(cuStreamSynchronize(s));
     krex_end();
     uint32_t checked = 0, late = 0;
-    if (krex_region_last_launches) krex_region_last_launches(&checked, &late);
+    if (krex_region_last_timings) krex_region_last_timings(&checked, &late);
     printf("begin=%d checked=%u late=%u\n", b, checked, late);
     return 0;
 }
