@@ -32,7 +32,8 @@ ap.add_argument("--timer", choices=("events", "graph"), default="events",
                 help="events: triton.testing.do_bench (an L2 flush, then the kernel launched from Python between two "
                      "events, per repetition); graph: do_bench_cudagraph (the repetitions captured in one CUDA graph "
                      "and replayed, no flush): the GPU's time without the host's launches, which a kernel under ~50 us "
-                     "otherwise includes when the host is slow (docs/measurements/freeze-policy.md)")
+                     "otherwise includes when the host is slow (docs/measurements/freeze-policy.md); the same GPU time "
+                     "as events (do_bench_cudagraph's rep is per replay, of 10: it gets a tenth), --warmup-ms unused")
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
@@ -125,8 +126,9 @@ with tempfile.TemporaryDirectory() as td:
         """One do_bench (--timer graph: do_bench_cudagraph, which warms up on its own), in a region of its own
         with --region (else the triton hook makes it one)."""
         def timed():
-            if args.timer == "graph":
-                return do_bench_cudagraph(fn, rep=rep, return_mode="median")
+            if args.timer == "graph":   # rep is per replay there, and it replays 10 times: the same GPU time
+                with torch.cuda.stream(torch.cuda.Stream()):   # older Tritons refuse to capture on the default one
+                    return do_bench_cudagraph(fn, rep=rep / 10, return_mode="median")
             return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         if not args.region:
             return timed()

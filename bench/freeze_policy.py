@@ -62,7 +62,7 @@ def parse_mix(text: str, ap) -> list:
             n, w = int(size), float(weight)
         except ValueError:
             n, w = 0, 0.0
-        if n <= 0 or not w > 0 or any(n == m for m, _ in out):
+        if n <= 0 or not (0 < w < float("inf")) or any(n == m for m, _ in out):
             ap.error(f"--mix: SIZE:WEIGHT,... with distinct sizes > 0 and weights > 0, not {text!r}")
         out.append((n, w))
     return out
@@ -80,8 +80,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
         fid = T.judge(r["rows"], ref, clean)
         fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         fid["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
-        flagged = sum(sum(T.host_bound_flags(row, k)) for row in r["rows"] if clean is None or clean(row)
-                      for k in ("candidate", "reference"))
+        flagged = sum(k["host_bound"] for k in fid["per_kernel"].values())   # of the stable kernels, as judged
         checked = any(f"{k}_host_bound" in row for row in r["rows"] for k in ("candidate", "reference"))
         if checked:   # --host-bound-check: the same judgement without the timings whose region was host-bound
             fid["host_bound_timings"] = flagged
