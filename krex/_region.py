@@ -32,7 +32,8 @@ from krex_ctl.wire.report import host_bound
 WAIT_SLICE_MS = 100
 _lock = threading.Lock()
 _open = {"n": 0, "warned": False}   # region() blocks open in this process (an inner one is part of the outer)
-_host_bound_warned: set = set()     # region names already warned of as host-bound in this process
+_host_bound_warned: set = set()     # (job, region name) already warned of as host-bound in this process: per job,
+                                    # so that a reused warm worker's next command is warned again
 
 
 @dataclass
@@ -179,9 +180,10 @@ def _last_timings(lib) -> tuple:
 
 def _warn_host_bound(name: str, info: RegionInfo) -> None:
     """One stderr line the first time a region of this name ends host-bound in this process."""
-    if not info.host_bound or name in _host_bound_warned:
+    key = (os.environ.get("KREX_JOB"), name)
+    if not info.host_bound or key in _host_bound_warned:
         return
-    _host_bound_warned.add(name)
+    _host_bound_warned.add(key)
     print(f"krex: region {name!r}: in {info.timings_late} of {info.timings_checked} timings the GPU waited for the "
           "host's launch; they include launch latency (host-bound)", file=sys.stderr)
 
