@@ -16,6 +16,19 @@
         }                                                                            \
     } while (0)
 
+/* name from the driver handle lib (dlopen'ed by the caller, so <dlfcn.h> is there), else "PROG: no NAME in the
+ * driver" and exit 11 */
+#ifdef RTLD_NOW
+static inline void *snippet_sym(void *lib, const char *prog, const char *n) {
+    void *p = dlsym(lib, n);
+    if (!p) {
+        fprintf(stderr, "%s: no %s in the driver\n", prog, n);
+        exit(11);
+    }
+    return p;
+}
+#endif
+
 static inline int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;

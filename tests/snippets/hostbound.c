@@ -46,14 +46,7 @@ static record_t record;
 static record_flags_t record_flags;
 static elapsed_t elapsed = cuEventElapsedTime;
 
-static void *sym(const char *n) {
-    void *p = dlsym(lib, n);
-    if (!p) {
-        fprintf(stderr, "hostbound: no %s in the driver\n", n);
-        exit(11);
-    }
-    return p;
-}
+static void *sym(const char *n) { return snippet_sym(lib, "hostbound", n); }
 
 static void *proc(const char *n, cuuint64_t flags) {
     void *p = NULL;

@@ -31,14 +31,7 @@ typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
 
 static void *lib;
-static void *sym(const char *n) {
-    void *p = dlsym(lib, n);
-    if (!p) {
-        fprintf(stderr, "paths: no %s in the driver\n", n);
-        exit(11);
-    }
-    return p;
-}
+static void *sym(const char *n) { return snippet_sym(lib, "paths", n); }
 
 static gpa2_t gpa2;
 static void *proc(const char *n, int ver, cuuint64_t flags) {
