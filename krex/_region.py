@@ -194,7 +194,7 @@ class region(contextlib.ContextDecorator):
     After the block: r.granted, r.exclusive, r.clean, r.taints, r.revoked, r.sm_clock_mhz, and with
     KREX_HOST_BOUND=1 r.timings_checked, r.timings_late, r.host_bound (r.info has them all); None inside the
     block, and for a block nested in another (it is part of the outer one). A region that ends host-bound is
-    said on stderr (once per region name and process)."""
+    said on stderr (once per job and region name)."""
 
     def __init__(self, name: str = "region", gpu=None, gpus=None, timeout: Optional[float] = None,
                  on_timeout: str = "raise"):

@@ -6,50 +6,67 @@
  * has already completed when the kernel is enqueued, and the interval it starts includes the host's launch latency:
  * on the H200 a 29 us Triton matmul timed 35-75 us in up to half the timings under CPU load. krex cannot protect
  * such a timing and must not let it pass in silence. While this process holds a granted region:
- *   - an event record on a stream is remembered (per stream, the last one, with the host time of the record);
+ *   - an event record on a stream is remembered (per stream, the last one);
  *   - the next kernel launch on that stream asks the driver, before the launch is forwarded, whether that event
- *     has completed (cuEventQuery); if it has, the GPU sat idle from the event until this launch, at most the
- *     host time since the record (the gap); the answer is kept for the event;
+ *     has completed (cuEventQuery); if it has, the GPU is idle, and the shim records a private probe event on the
+ *     stream just before the launch: the interval from the event to the probe is how long the GPU waited, measured
+ *     by the GPU itself; the answer is kept for the event;
  *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;
- *     it is late when its start had completed and the gap is at least 1% of the interval read (KREX_LATE_SHARE):
- *     then up to that much of the timing is the host's. An end event's answer is never used, so a loop that
- *     synchronizes between its repetitions (the next launch after an end event finds it complete) is not blamed,
- *     nor a long kernel launched onto an idle stream (a few microseconds of a milliseconds-long interval).
+ *     it is late when its start had completed and the GPU's wait (start to probe) is at least 1% of the interval
+ *     read (LATE_SHARE): that much of the timing is the host's launch. An end event's answer is never used, so a
+ *     loop that synchronizes between its repetitions (the next launch after an end event finds it complete) is
+ *     not blamed, nor a flush queued ahead of the start that ends just before the launch, nor a long kernel
+ *     launched onto an idle stream (microseconds of milliseconds). A start that had completed but could not be
+ *     probed (no probe events: no context when the region began, or the probe's context is not the stream's) is
+ *     not judged.
  * The counts (timings checked, late) go into the region's record; the Python API calls a region host-bound when
  * at least half of 8 or more checked timings were late (krex_ctl/wire/report.py host_bound): a median of the
- * repetitions, as do_bench reports, then includes host time. Timings read after the region ended are not seen.
+ * repetitions, as do_bench reports, then includes host time. Timings read after the region ended are not seen,
+ * nor the GPU's waits between the later launches of one timed call (only the first launch after a record is
+ * asked), nor timings taken without events (a host clock around a synchronize).
  *
  * Streams are keyed by their handle value, the default streams by CU_STREAM_LEGACY (0x1) or CU_STREAM_PER_THREAD
- * (0x2) as the entry point's variant means a NULL stream. Both tables are small and fixed (no allocation on the
- * launch path); the least recently recorded stream gives way, and an answer overwrites the oldest slot when its
- * event's probe is full. They are read and written under one lock taken only while the check is armed (a granted
- * region, the check on): outside that the hooks cost one relaxed load and call nothing more. Records into a
- * capturing stream are not remembered (graph nodes, not events that complete), nor destroyed events, and graph
- * launches are not checked. The driver functions are resolved at arming, outside the lock. */
+ * (0x2) as the entry point's variant means a NULL stream (two threads' per-thread default streams share a key).
+ * Both tables are small and fixed (no allocation on the launch path): the least recently recorded stream gives
+ * way; an event's answer sits in a short probe of slots from its hash, and a full probe overwrites its first
+ * slot. The probe events (one per answer slot) are made once per process, when the first region is armed, in the
+ * context current then. The tables are read and written under one lock taken only while the check is armed (a
+ * granted region, the check on): outside that the hooks cost one relaxed load and call nothing more. Records
+ * into a capturing stream are not remembered (graph nodes, not events that complete), nor destroyed events, and
+ * graph launches are not checked. The driver functions are resolved, and the probe events made, at arming,
+ * outside the lock. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
 #include "shim.h"
 
 #define STREAMS 16
-#define ANSWERS 4096                       /* do_bench keeps ~1000 repetitions' events before it reads them */
-#define LATE_SHARE 0.01                    /* a gap of this share of the interval read makes a timing late */
+#define ANSWERS 8192                       /* do_bench keeps ~1000 repetitions' two events before it reads them */
+#define ANSWER_BITS 13
+#define LATE_SHARE 0.01f                   /* the GPU waiting this share of the interval read makes it late */
 #define CU_STREAM_LEGACY ((uintptr_t)0x1)
 #define CU_STREAM_PER_THREAD ((uintptr_t)0x2)
 #define CUDA_ERROR_NOT_READY 600
 
 typedef CUresult (*query_fn)(CUevent);
+typedef CUresult (*create_fn)(CUevent *, unsigned);
+typedef CUresult (*record_fn)(CUevent, CUstream);
+typedef CUresult (*elapsed_fn)(float *, CUevent, CUevent);
 typedef CUresult (*capturing_fn)(CUstream, int *);
 
 volatile int krex_hostbound_armed;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct stream_entry { uintptr_t stream; CUevent ev; int64_t recorded_ns; uint64_t stamp; int unchecked; }
-    streams[STREAMS];
-static struct answer { CUevent ev; int64_t gap_ns; int complete; } answers[ANSWERS];   /* ev NULL: empty */
+static struct stream_entry { uintptr_t stream; CUevent ev; uint64_t stamp; int unchecked; } streams[STREAMS];
+static struct answer { CUevent ev; int complete, probed; } answers[ANSWERS];   /* ev NULL: empty; probed: the
+                                                                                   slot's probe event recorded */
+static CUevent probes[ANSWERS];            /* the private probe events, one per answer slot */
+static int probes_made;                    /* how many of them exist (made at the first arming with a context) */
 static uint64_t stamp;                     /* records seen: the stream entry with the lowest stamp gives way */
 static uint32_t checked, late;             /* timings read in the region, and of those the late ones */
 static query_fn query;                     /* resolved when arming, outside the lock */
+static record_fn record_real, record_real_ptsz;
+static elapsed_fn elapsed_real;
 static capturing_fn capturing, capturing_ptsz;
 
 /* KREX_HOST_BOUND, read once */
@@ -81,7 +98,9 @@ static uintptr_t stream_key(CUstream s, int per_thread) {
 
 #define PROBE 8                            /* answers an event may sit in: a short probe from its hash */
 
-static size_t answer_hash(CUevent e) { return ((uintptr_t)e >> 4) * 0x9E3779B97F4A7C15ull % ANSWERS; }
+static size_t answer_hash(CUevent e) {       /* the product's high bits: they depend on every bit of e */
+    return (size_t)(((uint64_t)(uintptr_t)e * 0x9E3779B97F4A7C15ull) >> (64 - ANSWER_BITS));
+}
 
 static struct answer *answer_of(CUevent e) {
     size_t h = answer_hash(e);
@@ -111,6 +130,15 @@ void krex_hostbound_prepare(void) {
     query = (query_fn)krex_real(KREX_H_cuEventQuery);
     capturing = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing);
     capturing_ptsz = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing_ptsz);
+    record_real = (record_fn)krex_real(KREX_H_cuEventRecord);
+    record_real_ptsz = (record_fn)krex_real(KREX_H_cuEventRecord_ptsz);
+    elapsed_real = (elapsed_fn)krex_real(KREX_H_cuEventElapsedTime);
+    create_fn create = (create_fn)krex_real(KREX_H_cuEventCreate);
+    /* the probe events, once: in the context current now (none: tried again at the next region) */
+    int made = __atomic_load_n(&probes_made, __ATOMIC_ACQUIRE);
+    if (made || !create) return;
+    while (made < ANSWERS && create(&probes[made], 0) == CUDA_SUCCESS) made++;
+    __atomic_store_n(&probes_made, made, __ATOMIC_RELEASE);
 }
 
 /* a region was granted (the region lock held, after krex_hostbound_prepare): counts and tables reset, armed */
@@ -138,7 +166,6 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
         if (!f || f(s, &st) != CUDA_SUCCESS || st) return;   /* a graph node, or unknown: not remembered */
     }
     uintptr_t key = stream_key(s, per_thread);
-    int64_t now = krex_now_ns();
     pthread_mutex_lock(&lock);
     struct stream_entry *slot = NULL, *oldest = &streams[0];
     for (int i = 0; i < STREAMS && !slot; i++) {
@@ -146,8 +173,10 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
         else if (streams[i].stamp < oldest->stamp) oldest = &streams[i];
     }
     if (!slot) slot = oldest;                  /* an empty entry has stamp 0: it is taken first */
-    *slot = (struct stream_entry){key, e, now, ++stamp, 1};
-    struct answer *a = answer_of(e);           /* recorded again: an earlier answer no longer holds */
+    for (int i = 0; i < STREAMS; i++)          /* recorded again: what another stream held of it no longer holds */
+        if (streams[i].ev == e && &streams[i] != slot) streams[i].ev = NULL, streams[i].unchecked = 0;
+    *slot = (struct stream_entry){key, e, ++stamp, 1};
+    struct answer *a = answer_of(e);
     if (a) a->ev = NULL;
     pthread_mutex_unlock(&lock);
 }
@@ -162,12 +191,13 @@ void krex_hostbound_forget(CUevent e) {
     pthread_mutex_unlock(&lock);
 }
 
-/* a context is going away inside a region: its events with it */
+/* a context is going away: its events with it, the probe events perhaps among them (made again when needed) */
 void krex_hostbound_forget_all(void) {
-    if (!__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)) return;
+    if (!enabled()) return;
     pthread_mutex_lock(&lock);
     memset(streams, 0, sizeof streams);
     memset(answers, 0, sizeof answers);
+    __atomic_store_n(&probes_made, 0, __ATOMIC_RELEASE);   /* not destroyed: they may have gone with it */
     pthread_mutex_unlock(&lock);
 }
 
@@ -181,7 +211,14 @@ void krex_hostbound_launch(CUstream s, int per_thread) {
             e->unchecked = 0;
             /* asked under the lock: a concurrent cuEventDestroy of this event waits for the answer */
             CUresult r = query ? query(e->ev) : CUDA_ERROR_NOT_READY;
-            *answer_slot(e->ev) = (struct answer){e->ev, krex_now_ns() - e->recorded_ns, r == CUDA_SUCCESS};
+            struct answer *a = answer_slot(e->ev);
+            *a = (struct answer){e->ev, r == CUDA_SUCCESS, 0};
+            size_t idx = (size_t)(a - answers);
+            if (a->complete && (int)idx < __atomic_load_n(&probes_made, __ATOMIC_ACQUIRE)) {
+                /* the GPU is idle: a probe just before the launch marks when it got the work */
+                record_fn rec = s || !per_thread ? record_real : record_real_ptsz;
+                a->probed = rec && rec(probes[idx], s) == CUDA_SUCCESS;
+            }
             break;
         }
     pthread_mutex_unlock(&lock);
@@ -191,11 +228,16 @@ void krex_hostbound_launch(CUstream s, int per_thread) {
 void krex_hostbound_elapsed(CUevent start, float ms) {
     pthread_mutex_lock(&lock);
     struct answer *a = answer_of(start);
-    if (a) {
-        checked++;
-        if (a->complete && (double)a->gap_ns >= LATE_SHARE * (double)ms * 1e6) late++;
-        a->ev = NULL;                          /* one interval, one count */
-    }
+    if (a && !a->complete) {
+        checked++;                             /* the GPU had work queued when the timed launch came */
+    } else if (a && a->probed && elapsed_real) {
+        float waited = 0;                      /* from the start to the probe: how long the GPU waited */
+        if (elapsed_real(&waited, start, probes[a - answers]) == CUDA_SUCCESS) {
+            checked++;
+            if (waited >= LATE_SHARE * ms) late++;
+        }
+    }                                          /* complete and not probed: not judged */
+    if (a) a->ev = NULL;                       /* one interval, one count */
     pthread_mutex_unlock(&lock);
 }
 

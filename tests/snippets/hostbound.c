@@ -10,6 +10,9 @@
  *                 complete (an end event is never judged).
  *   PATTERN idle: the start recorded on a drained stream and a 50 ms kernel launched at once: the start had
  *                 completed, but the wait (microseconds) is far under 1% of the interval: never late.
+ *   PATTERN flushdone: a 10 ms "flush", the start, waited for (it completes when the flush does), a 300 ms kernel
+ *                 at once: the host's time from the record to the launch is 10 ms (3%), the GPU's wait is not.
+ * SNIPPET_READS (1): how many times each interval is read (one count however often).
  *   PATTERN many: starts recorded on 17 streams of its own (the check's table holds 16: the first gives way), the
  *                 first stream's completing at once and the others' behind a 50 ms kernel, then a short kernel and
  *                 an end on each, all read: 16 checked, 0 late (the first stream's, which would be late, was
@@ -23,8 +26,9 @@
  *   MODE procaddr-v2    cuEventRecordWithFlags and cuEventElapsedTime_v2 from cuGetProcAddress_v2
  *   MODE procaddr-ptsz  cuEventRecord and cuLaunchKernel from cuGetProcAddress_v2 with the per-thread default
  *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream
- * `hostbound which`: prints, for cuEventRecord as dlsym and cuGetProcAddress give it, the file it lives in
- * ("dlsym=libkrex.so procaddr=libkrex.so": the shim's wrapper; the driver's file: the driver's own function). */
+ * `hostbound which`: prints, for cuEventRecord, cuEventElapsedTime and cuEventDestroy_v2 as dlsym and
+ * cuGetProcAddress give them, the file each lives in ("libkrex.so": the shim's wrapper; the driver's file: the
+ * driver's own function). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
@@ -67,12 +71,15 @@ static CUresult record_event(CUevent e, CUstream s) { return record ? record(e, 
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct", *pattern = argc > 2 ? argv[2] : "gpu";
-    int n = env_int("SNIPPET_N", 10);
+    int n = env_int("SNIPPET_N", 10), reads = env_int("SNIPPET_READS", 1);
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!strcmp(mode, "which")) {
-        void *p = NULL;
-        CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuEventRecord", &p, 11030, 0));
-        printf("dlsym=%s procaddr=%s\n", home(sym("cuEventRecord")), home(p));
+        const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2"};
+        for (int i = 0; i < 3; i++) {
+            void *p = NULL;
+            CHECK(((gpa1_t)sym("cuGetProcAddress"))(names[i], &p, 11030, 0));
+            printf("%s dlsym=%s procaddr=%s\n", names[i], home(sym(names[i])), home(p));
+        }
         return 0;
     }
     CUfunction f = snippet_kernel("timed", NULL);
@@ -135,6 +142,14 @@ int main(int argc, char **argv) {
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
             CHECK(record_event(start[i], s));
             CHECK(launch(f, 3000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        } else if (!strcmp(pattern, "flushdone")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(launch(f, 10000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
+            CHECK(record_event(start[i], s));
+            CHECK(cuEventSynchronize(start[i]));   /* the flush is done: the start completes with it */
+            CHECK(launch(f, 300000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK(record_event(end[i], s));
+            continue;
         } else if (!strcmp(pattern, "idle")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(record_event(start[i], s));
@@ -152,7 +167,8 @@ int main(int argc, char **argv) {
     }
     CHECK(cuStreamSynchronize(s));
     if (strcmp(pattern, "sync"))
-        for (int i = 0; i < n; i++) CHECK(elapsed(&ms, start[i], end[i]));   /* read at the end, as do_bench */
+        for (int r = 0; r < reads; r++)
+            for (int i = 0; i < n; i++) CHECK(elapsed(&ms, start[i], end[i]));   /* read at the end, as do_bench */
     CHECK(record_event(gone, s));
     CHECK(((destroy_t)sym("cuEventDestroy_v2"))(gone));
     CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* its event was destroyed: not asked */
