@@ -58,6 +58,16 @@ def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern, n
     assert "host-bound" not in out.stderr
 
 
+@pytest.mark.parametrize("pattern, late", [("host", 10), ("sync", 0)])
+def test_one_pair_of_events_recorded_again_each_repetition(krex, tmp_path, pattern, late):
+    """KernelBench's loop: one start and one end event, recorded, synchronized and read every repetition; each
+    record drops the last repetition's answer, each read counts once."""
+    krex.start_controller()
+    out = krex.run([SNIP / "hostbound", "direct", pattern], env={"KREX_HOST_BOUND": "1", "SNIPPET_REUSE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert counts(out.stdout) == (0, 10, late)
+
+
 def test_an_interval_read_twice_counts_once(krex, tmp_path):
     krex.start_controller()
     out = krex.run([SNIP / "hostbound", "direct", "host"], env={"KREX_HOST_BOUND": "1", "SNIPPET_READS": "2"})

@@ -12,7 +12,8 @@
  *                 completed, but the wait (microseconds) is far under 1% of the interval: never late.
  *   PATTERN flushdone: a 10 ms "flush", the start, waited for (it completes when the flush does), a 300 ms kernel
  *                 at once: the host's time from the record to the launch is 10 ms (3%), the GPU's wait is not.
- * SNIPPET_READS (1): how many times each interval is read (one count however often).
+ * SNIPPET_READS (1): how many times each interval is read (one count however often). SNIPPET_REUSE=1: one pair of
+ * events recorded again each repetition and read after a synchronize (KernelBench's), in every pattern.
  *   PATTERN many: starts recorded on 17 streams of its own (the check's table holds 16: the first gives way), the
  *                 first stream's completing at once and the others' behind a 50 ms kernel, then a short kernel and
  *                 an end on each, all read: 16 checked, 0 late (the first stream's, which would be late, was
@@ -71,7 +72,7 @@ static CUresult record_event(CUevent e, CUstream s) { return record ? record(e, 
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct", *pattern = argc > 2 ? argv[2] : "gpu";
-    int n = env_int("SNIPPET_N", 10), reads = env_int("SNIPPET_READS", 1);
+    int n = env_int("SNIPPET_N", 10), reads = env_int("SNIPPET_READS", 1), reuse = env_int("SNIPPET_REUSE", 0);
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!strcmp(mode, "which")) {
         const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2"};
@@ -131,42 +132,43 @@ int main(int argc, char **argv) {
         n = 0;
     }
     for (int i = 0; i < n; i++) {
+        int k = reuse ? 0 : i;                     /* the event pair of this repetition */
         if (!strcmp(pattern, "host")) {
             CHECK(cuStreamSynchronize(s));
-            CHECK(record_event(start[i], s));
-            CHECK(cuEventSynchronize(start[i]));   /* complete before the launch, whatever the load */
+            CHECK(record_event(start[k], s));
+            CHECK(cuEventSynchronize(start[k]));   /* complete before the launch, whatever the load */
             usleep(2000);                          /* the host is slow */
             CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         } else if (!strcmp(pattern, "sync")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
-            CHECK(record_event(start[i], s));
+            CHECK(record_event(start[k], s));
             CHECK(launch(f, 3000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         } else if (!strcmp(pattern, "flushdone")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(launch(f, 10000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
-            CHECK(record_event(start[i], s));
-            CHECK(cuEventSynchronize(start[i]));   /* the flush is done: the start completes with it */
+            CHECK(record_event(start[k], s));
+            CHECK(cuEventSynchronize(start[k]));   /* the flush is done: the start completes with it */
             CHECK(launch(f, 300000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            CHECK(record_event(end[i], s));
+            CHECK(record_event(end[k], s));
             continue;
         } else if (!strcmp(pattern, "idle")) {
             CHECK(cuStreamSynchronize(s));
-            CHECK(record_event(start[i], s));
+            CHECK(record_event(start[k], s));
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         } else {
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            CHECK(record_event(start[i], s));
+            CHECK(record_event(start[k], s));
             CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         }
-        CHECK(record_event(end[i], s));
-        if (!strcmp(pattern, "sync")) {
+        CHECK(record_event(end[k], s));
+        if (!strcmp(pattern, "sync") || reuse) {
             CHECK(cuStreamSynchronize(s));
-            CHECK(elapsed(&ms, start[i], end[i]));   /* read each repetition, as KernelBench does */
+            CHECK(elapsed(&ms, start[k], end[k]));   /* read each repetition, as KernelBench does */
         }
     }
     CHECK(cuStreamSynchronize(s));
-    if (strcmp(pattern, "sync"))
+    if (strcmp(pattern, "sync") && !reuse)
         for (int r = 0; r < reads; r++)
             for (int i = 0; i < n; i++) CHECK(elapsed(&ms, start[i], end[i]));   /* read at the end, as do_bench */
     CHECK(record_event(gone, s));
