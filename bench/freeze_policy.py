@@ -122,17 +122,15 @@ def table(result) -> str:
     if result.get("repeat_spread_pct"):
         out.append(f"| one process's repeats ({ref}, max/min - 1) | 1 | - | - | "
                    + " | ".join(fmt(result["repeat_spread_pct"][x]) for x in b) + " | | |")
+    def judged(j: dict) -> str:     # a judgement's cells: p95 per bucket, timings per bucket, the goal
+        return (" | ".join(fmt(j["p95_abs_inflation_pct"][x]) for x in b) + " | "
+                + "/".join(str(j["kernels"][x]) for x in b) + " | "
+                + ("met" if j["fidelity_goal"] and j["enough_kernels"] else "not met") + " |")
     for r in result["rows"]:
-        out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | "
-                   + " | ".join(fmt(r["p95_abs_inflation_pct"][x]) for x in b) + " | "
-                   + "/".join(str(r["kernels"][x]) for x in b) + " | "
-                   + ("met" if r["fidelity_goal"] and r["enough_kernels"] else "not met") + " |")
-        w = r.get("without_host_bound")
-        if w:
+        out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | " + judged(r))
+        if r.get("without_host_bound"):
             out.append(f"| {r['policy']}, less {r['host_bound_timings']} host-bound timings | {r['agents']} | - | - | "
-                       + " | ".join(fmt(w["p95_abs_inflation_pct"][x]) for x in b) + " | "
-                       + "/".join(str(w["kernels"][x]) for x in b) + " | "
-                       + ("met" if w["fidelity_goal"] and w["enough_kernels"] else "not met") + " |")
+                       + judged(r["without_host_bound"]))
     out.append("")
     for r in result["rows"]:
         if r.get("metrics"):

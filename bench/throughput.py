@@ -328,9 +328,9 @@ def host_bound_flags(row: dict, kind: str) -> list:
     return [bool(flags[i]) if i < len(flags) else False for i in range(len(timings(row, kind)))]
 
 
-def stable_timings(rows: list, stable: dict, clean=None, skip_host_bound: bool = False):
-    """(kernel, its reference median, one timing) for every timing of a stable kernel in the rows clean(row)
-    accepts (all rows without clean); skip_host_bound: not the timings whose region was host-bound."""
+def flagged_timings(rows: list, stable: dict, clean=None):
+    """(kernel, its reference median, one timing, whether its region was host-bound) for every timing of a stable
+    kernel in the rows clean(row) accepts (all rows without clean)."""
     for row in rows:
         if clean is not None and not clean(row):
             continue
@@ -339,8 +339,15 @@ def stable_timings(rows: list, stable: dict, clean=None, skip_host_bound: bool =
             ref = stable.get(key)
             if ref:
                 for t, bound in zip(timings(row, kind), host_bound_flags(row, kind)):
-                    if not (skip_host_bound and bound):
-                        yield key, ref, t
+                    yield key, ref, t, bound
+
+
+def stable_timings(rows: list, stable: dict, clean=None, skip_host_bound: bool = False):
+    """flagged_timings' (kernel, reference median, timing); skip_host_bound: not the timings whose region was
+    host-bound."""
+    for key, ref, t, bound in flagged_timings(rows, stable, clean):
+        if not (skip_host_bound and bound):
+            yield key, ref, t
 
 
 def inflation(rows: list, stable: dict, clean=None) -> dict:
@@ -363,14 +370,10 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     far_pct either way. A tail that one kernel makes (a small Triton kernel whose timing includes its
     launch from Python when the host is slow, say) reads differently from one spread over every kernel."""
     per: dict = {}
-    for key, ref, t in stable_timings(rows, stable, clean):
+    bound: dict = {}               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
+    for key, ref, t, flag in flagged_timings(rows, stable, clean):
         per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
-    bound: dict = {}
-    for row in rows:               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
-        if clean is None or clean(row):
-            for kind in ("candidate", "reference"):
-                key = (row.get("size"), row.get("variant"), kind)
-                bound[key] = bound.get(key, 0) + sum(host_bound_flags(row, kind))
+        bound[key] = bound.get(key, 0) + flag
     out = {}
     for key in sorted(per, key=lambda k: per[k][0]):
         ref, xs = per[key]

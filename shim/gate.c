@@ -265,10 +265,13 @@ KREX_EXPORT void _exit(int status) {
     for (;;) syscall(SYS_exit_group, status);
 }
 
+/* hook id is a per-thread default stream variant (_ptsz, _ptds): a NULL stream is the calling thread's */
+static int per_thread_entry(int id) { return strstr(krex_hook_names[id], "_pt") != NULL; }
+
 static int krex_stream_capturing(int vendor, void *stream, int id) {
     int status = 0;
     if (vendor == KREX_VENDOR_CUDA) {
-        int ptsz = strstr(krex_hook_names[id], "_pt") != NULL;
+        int ptsz = per_thread_entry(id);
         CUresult (*f)(CUstream, int *) = krex_real(ptsz ? KREX_H_cuStreamIsCapturing_ptsz : KREX_H_cuStreamIsCapturing);
         if (!f || f((CUstream)stream, &status) != CUDA_SUCCESS) return 0;
     } else {
@@ -304,7 +307,7 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
     if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)) && kind == KREX_KIND_KERNEL &&
         vendor == KREX_VENDOR_CUDA)
-        krex_hostbound_launch((CUstream)stream, strstr(krex_hook_names[id], "_ptsz") != NULL);
+        krex_hostbound_launch((CUstream)stream, per_thread_entry(id));
     return 1;
 }
 

@@ -151,6 +151,8 @@ void krex_hostbound_begin(void) {
 }
 
 void krex_hostbound_end(uint32_t *checked_out, uint32_t *late_out) {
+    *checked_out = 0, *late_out = 0;
+    if (!enabled()) return;                    /* every region ends here: nothing to take or clear when off */
     __atomic_store_n(&krex_hostbound_armed, 0, __ATOMIC_RELEASE);
     pthread_mutex_lock(&lock);
     *checked_out = checked, *late_out = late;
@@ -244,5 +246,5 @@ void krex_hostbound_elapsed(CUevent start, float ms) {
 void krex_hostbound_reset_after_fork(void) {
     pthread_mutex_init(&lock, NULL);
     krex_hostbound_armed = 0;
-    clear_locked();
+    if (enabled()) clear_locked();             /* off, the tables were never written */
 }
