@@ -185,7 +185,7 @@ def _warn_host_bound(name: str, info: RegionInfo) -> None:
         return
     _host_bound_warned.add(key)
     print(f"krex: region {name!r}: in {info.timings_late} of {info.timings_checked} timings the GPU waited for the "
-          "host's launch; they include launch latency (host-bound)", file=sys.stderr)
+          "host (a launch or the end record); they include host time (host-bound)", file=sys.stderr)
 
 
 class region(contextlib.ContextDecorator):

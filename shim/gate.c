@@ -313,4 +313,5 @@ int krex_submit_enter(int vendor, int kind, void *stream, int id) {
 
 void krex_submit_leave(int entered) {
     if (entered) __atomic_fetch_sub(&krex_inflight_count, 1, __ATOMIC_RELEASE);
+    if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED))) krex_hostbound_launched();
 }

@@ -309,6 +309,7 @@
     X(CUDA, cuGraphKernelNodeSetAttribute, CUresult, (CUgraphNode n, int attr, const void *value)) \
     X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
     X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
+    X(CUDA, cuStreamQuery, CUresult, (CUstream s)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \

@@ -123,24 +123,34 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
 
 /* Event records, destroys and elapsed-time reads: forwarded as they are, and seen by the host-bound check while
  * it is armed (hostbound.c). */
-static CUresult event_recorded(CUresult r, CUevent e, CUstream s, int per_thread) {
-    if (r == CUDA_SUCCESS && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
-        krex_hostbound_recorded(e, s, per_thread);
+static int event_recording(CUstream s, int per_thread) {
+    int armed = KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED));
+    if (armed) krex_hostbound_recording(s, per_thread);
+    return armed;
+}
+static CUresult event_recorded(int armed, CUresult r, CUevent e, CUstream s, int per_thread) {
+    if (armed && r == CUDA_SUCCESS) krex_hostbound_recorded(e, s, per_thread);
     return r;
 }
 KREX_EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-    return REAL(cuEventRecord) ? event_recorded(REAL(cuEventRecord)(e, s), e, s, 0) : NO_DRIVER;
+    if (!REAL(cuEventRecord)) return NO_DRIVER;
+    int armed = event_recording(s, 0);
+    return event_recorded(armed, REAL(cuEventRecord)(e, s), e, s, 0);
 }
 KREX_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
-    return REAL(cuEventRecord_ptsz) ? event_recorded(REAL(cuEventRecord_ptsz)(e, s), e, s, 1) : NO_DRIVER;
+    if (!REAL(cuEventRecord_ptsz)) return NO_DRIVER;
+    int armed = event_recording(s, 1);
+    return event_recorded(armed, REAL(cuEventRecord_ptsz)(e, s), e, s, 1);
 }
 KREX_EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned fl) {
     if (!REAL(cuEventRecordWithFlags)) return NO_DRIVER;
-    return event_recorded(REAL(cuEventRecordWithFlags)(e, s, fl), e, s, 0);
+    int armed = event_recording(s, 0);
+    return event_recorded(armed, REAL(cuEventRecordWithFlags)(e, s, fl), e, s, 0);
 }
 KREX_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned fl) {
     if (!REAL(cuEventRecordWithFlags_ptsz)) return NO_DRIVER;
-    return event_recorded(REAL(cuEventRecordWithFlags_ptsz)(e, s, fl), e, s, 1);
+    int armed = event_recording(s, 1);
+    return event_recorded(armed, REAL(cuEventRecordWithFlags_ptsz)(e, s, fl), e, s, 1);
 }
 static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
     if (!real) return NO_DRIVER;
@@ -149,16 +159,16 @@ static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
 }
 KREX_EXPORT CUresult cuEventDestroy(CUevent e) { return event_destroy(REAL(cuEventDestroy), e); }
 KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cuEventDestroy_v2), e); }
-static CUresult elapsed_read(CUresult r, float *ms, CUevent start) {
+static CUresult elapsed_read(CUresult r, float *ms, CUevent start, CUevent end) {
     if (r == CUDA_SUCCESS && ms && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
-        krex_hostbound_elapsed(start, *ms);
+        krex_hostbound_elapsed(start, end, *ms);
     return r;
 }
 KREX_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-    return REAL(cuEventElapsedTime) ? elapsed_read(REAL(cuEventElapsedTime)(ms, a, b), ms, a) : NO_DRIVER;
+    return REAL(cuEventElapsedTime) ? elapsed_read(REAL(cuEventElapsedTime)(ms, a, b), ms, a, b) : NO_DRIVER;
 }
 KREX_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
-    return REAL(cuEventElapsedTime_v2) ? elapsed_read(REAL(cuEventElapsedTime_v2)(ms, a, b), ms, a) : NO_DRIVER;
+    return REAL(cuEventElapsedTime_v2) ? elapsed_read(REAL(cuEventElapsedTime_v2)(ms, a, b), ms, a, b) : NO_DRIVER;
 }
 
 KREX_EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t fl) {

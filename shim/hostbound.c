@@ -11,14 +11,23 @@
  *     has completed (cuEventQuery); if it has, the GPU is idle, and the shim records a private probe event on the
  *     stream just before the launch: the interval from the event to the probe is how long the GPU waited, measured
  *     by the GPU itself; the answer is kept for the event;
+ *   - the return of that launch and of every later one on the stream, until its next record, is noted (a host
+ *     clock read); when that next record comes (the interval's likely end), the shim asks before it goes whether
+ *     the stream has run all its work (cuStreamQuery, a host-side question that puts nothing on the stream); if it
+ *     has, the GPU waits for this record, at most since the last launch returned;
  *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;
- *     it is late when its start had completed and the GPU's wait (start to probe) is at least 1% of the interval
- *     read (LATE_SHARE): that much of the timing is the host's launch. An end event's answer is never used, so a
- *     loop that synchronizes between its repetitions (the next launch after an end event finds it complete) is
- *     not blamed, nor a flush queued ahead of the start that ends just before the launch, nor a long kernel
- *     launched onto an idle stream (microseconds of milliseconds). A start that had completed but could not be
- *     probed (no probe events: no context when the region began, or the probe's context is not the stream's) is
- *     not judged.
+ *     it is late when the GPU's wait at the start (start to probe, measured on the GPU) plus its wait at the end
+ *     (the bound above, when end is the record that followed the start's launches) is at least 1% of the interval
+ *     read (LATE_SHARE): that much of the timing is the host's. An end event's own start-side answer is never
+ *     used, so a loop that synchronizes between its repetitions (the next launch after an end event finds it
+ *     complete) is not blamed, nor a flush queued ahead of the start that ends just before the launch, nor a long
+ *     kernel launched onto an idle stream (microseconds of milliseconds), nor host time before an end record while
+ *     the stream still runs. A start that had completed but could not be probed (no probe events: no context when
+ *     the region began, or the probe's context is not the stream's) is judged only when the end alone is late.
+ *   The end's bound is the host's time, not the GPU's: a kernel that ends just before the end record is taken for
+ *   a wait of up to its own length. Measuring the end on the GPU instead (a private event recorded behind every
+ *   launch) was tried on the H200: it caught the same waits but added ~1.2 us of GPU time to every interval, so
+ *   it would have moved the timings it judges.
  * The counts (timings checked, late) go into the region's record; the Python API calls a region host-bound when
  * at least half of 8 or more checked timings were late (krex_ctl/wire/report.py host_bound): a median of the
  * repetitions, as do_bench reports, then includes host time. Timings read after the region ended are not seen,
@@ -53,21 +62,31 @@ typedef CUresult (*create_fn)(CUevent *, unsigned);
 typedef CUresult (*record_fn)(CUevent, CUstream);
 typedef CUresult (*elapsed_fn)(float *, CUevent, CUevent);
 typedef CUresult (*capturing_fn)(CUstream, int *);
+typedef CUresult (*stream_query_fn)(CUstream);
 
 volatile int krex_hostbound_armed;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static struct stream_entry { uintptr_t stream; CUevent ev; uint64_t stamp; int unchecked; } streams[STREAMS];
-static struct answer { CUevent ev; int complete, probed; } answers[ANSWERS];   /* ev NULL: empty; probed: the
-                                                                                   slot's probe event recorded */
+/* a stream's last record (ev), whether the first launch after it is still to come (unchecked), whether launches
+ * have followed it since that one (open), when the last of them returned (last_launch_ns) and, at the next record,
+ * the most the GPU can have waited for that record (end_wait_ms: < 0 none, the stream had work left; asked before
+ * the record went) */
+static struct stream_entry {
+    uintptr_t stream; CUevent ev; uint64_t stamp; int unchecked, open; int64_t last_launch_ns; float end_wait_ms;
+} streams[STREAMS];
+/* ev NULL: empty; probed: the slot's probe event recorded; end, end_wait_ms: the record that followed ev's launches
+ * (the interval's likely end) and the most the GPU waited for it (< 0: none) */
+static struct answer { CUevent ev, end; int complete, probed; float end_wait_ms; } answers[ANSWERS];
 static CUevent probes[ANSWERS];            /* the private probe events, one per answer slot */
 static int probes_made;                    /* how many of them exist (made at the first arming with a context) */
+static __thread int launched_entry = -1;   /* the stream entry of this thread's launch in flight (the check armed) */
 static uint64_t stamp;                     /* records seen: the stream entry with the lowest stamp gives way */
 static uint32_t checked, late;             /* timings read in the region, and of those the late ones */
 static query_fn query;                     /* resolved when arming, outside the lock */
 static record_fn record_real, record_real_ptsz;
 static elapsed_fn elapsed_real;
 static capturing_fn capturing, capturing_ptsz;
+static stream_query_fn stream_query;
 
 /* KREX_HOST_BOUND, read once */
 static int enabled(void) {
@@ -128,6 +147,7 @@ static void clear_locked(void) {
 void krex_hostbound_prepare(void) {
     if (!enabled()) return;
     query = (query_fn)krex_real(KREX_H_cuEventQuery);
+    stream_query = (stream_query_fn)krex_real(KREX_H_cuStreamQuery);
     capturing = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing);
     capturing_ptsz = (capturing_fn)krex_real(KREX_H_cuStreamIsCapturing_ptsz);
     record_real = (record_fn)krex_real(KREX_H_cuEventRecord);
@@ -160,6 +180,29 @@ void krex_hostbound_end(uint32_t *checked_out, uint32_t *late_out) {
     pthread_mutex_unlock(&lock);
 }
 
+static struct stream_entry *entry_of(uintptr_t key) {
+    for (int i = 0; i < STREAMS; i++)
+        if (streams[i].stream == key) return &streams[i];
+    return NULL;
+}
+
+/* a record on s is about to go (the check armed): if launches followed the stream's last record, has the stream
+ * run all its work (cuStreamQuery, a host-side question that adds nothing to the stream)? Then the GPU is idle and
+ * waits for this record, at most since the last launch returned. Asked before the record goes, so that work
+ * finishing just after it is not taken for a wait. */
+void krex_hostbound_recording(CUstream s, int per_thread) {
+    pthread_mutex_lock(&lock);
+    struct stream_entry *e = entry_of(stream_key(s, per_thread));
+    if (e) {
+        e->end_wait_ms = -1;
+        if (e->open && e->last_launch_ns && stream_query) {
+            CUstream q = s || !per_thread ? s : (CUstream)CU_STREAM_PER_THREAD;
+            if (stream_query(q) == CUDA_SUCCESS) e->end_wait_ms = (float)(krex_now_ns() - e->last_launch_ns) / 1e6f;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 /* after a successful record of e on s (the check armed) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
     if (KREX_UNLIKELY(__atomic_load_n(&krex_captures_active, __ATOMIC_RELAXED))) {
@@ -169,15 +212,18 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
     }
     uintptr_t key = stream_key(s, per_thread);
     pthread_mutex_lock(&lock);
-    struct stream_entry *slot = NULL, *oldest = &streams[0];
-    for (int i = 0; i < STREAMS && !slot; i++) {
-        if (streams[i].stream == key) slot = &streams[i];
-        else if (streams[i].stamp < oldest->stamp) oldest = &streams[i];
+    struct stream_entry *slot = entry_of(key), *oldest = &streams[0];
+    if (slot && slot->ev && slot->open) {
+        /* this record ends the launches that followed the last one: the likely end of an interval from it */
+        struct answer *a = answer_of(slot->ev);
+        if (a) a->end = e, a->end_wait_ms = slot->end_wait_ms;
     }
+    for (int i = 0; !slot && i < STREAMS; i++)
+        if (streams[i].stamp < oldest->stamp) oldest = &streams[i];
     if (!slot) slot = oldest;                  /* an empty entry has stamp 0: it is taken first */
     for (int i = 0; i < STREAMS; i++)          /* recorded again: what another stream held of it no longer holds */
-        if (streams[i].ev == e && &streams[i] != slot) streams[i].ev = NULL, streams[i].unchecked = 0;
-    *slot = (struct stream_entry){key, e, ++stamp, 1};
+        if (streams[i].ev == e && &streams[i] != slot) streams[i].ev = NULL, streams[i].unchecked = 0, streams[i].open = 0;
+    *slot = (struct stream_entry){key, e, ++stamp, 1, 0, 0, -1};
     struct answer *a = answer_of(e);
     if (a) a->ev = NULL;
     pthread_mutex_unlock(&lock);
@@ -187,7 +233,7 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
 void krex_hostbound_forget(CUevent e) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < STREAMS; i++)
-        if (streams[i].ev == e) streams[i].unchecked = 0, streams[i].ev = NULL;
+        if (streams[i].ev == e) streams[i].unchecked = 0, streams[i].open = 0, streams[i].ev = NULL;
     struct answer *a = answer_of(e);
     if (a) a->ev = NULL;
     pthread_mutex_unlock(&lock);
@@ -203,48 +249,68 @@ void krex_hostbound_forget_all(void) {
     pthread_mutex_unlock(&lock);
 }
 
-/* a kernel launch on s is about to be forwarded (the check armed): the first after a record asks its event */
+/* a kernel launch on s is about to be forwarded (the check armed): the first after a record asks its event; the
+ * return of that one and of every later one, until the next record, is noted (krex_hostbound_launched) */
 void krex_hostbound_launch(CUstream s, int per_thread) {
     uintptr_t key = stream_key(s, per_thread);
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < STREAMS; i++)
-        if (streams[i].stream == key && streams[i].unchecked) {
-            struct stream_entry *e = &streams[i];
-            e->unchecked = 0;
-            /* asked under the lock: a concurrent cuEventDestroy of this event waits for the answer */
-            CUresult r = query ? query(e->ev) : CUDA_ERROR_NOT_READY;
-            struct answer *a = answer_slot(e->ev);
-            *a = (struct answer){e->ev, r == CUDA_SUCCESS, 0};
-            size_t idx = (size_t)(a - answers);
-            if (a->complete && (int)idx < __atomic_load_n(&probes_made, __ATOMIC_ACQUIRE)) {
-                /* the GPU is idle: a probe just before the launch marks when it got the work */
-                record_fn rec = s || !per_thread ? record_real : record_real_ptsz;
-                a->probed = rec && rec(probes[idx], s) == CUDA_SUCCESS;
-            }
-            break;
+    struct stream_entry *e = entry_of(key);
+    if (e && e->ev && e->unchecked) {
+        e->unchecked = 0, e->open = 1;
+        /* asked under the lock: a concurrent cuEventDestroy of this event waits for the answer */
+        CUresult r = query ? query(e->ev) : CUDA_ERROR_NOT_READY;
+        struct answer *a = answer_slot(e->ev);
+        *a = (struct answer){e->ev, NULL, r == CUDA_SUCCESS, 0, -1};
+        size_t idx = (size_t)(a - answers);
+        if (a->complete && (int)idx < __atomic_load_n(&probes_made, __ATOMIC_ACQUIRE)) {
+            /* the GPU is idle: a probe just before the launch marks when it got the work */
+            record_fn rec = s || !per_thread ? record_real : record_real_ptsz;
+            a->probed = rec && rec(probes[idx], s) == CUDA_SUCCESS;
         }
+    }
+    launched_entry = e && e->open ? (int)(e - streams) : -1;
     pthread_mutex_unlock(&lock);
 }
 
-/* the harness read the interval start..end: ms (the check armed) */
-void krex_hostbound_elapsed(CUevent start, float ms) {
+/* after a launch (the check armed): when it returned, for the stream krex_hostbound_launch found open */
+void krex_hostbound_launched(void) {
+    int i = launched_entry;
+    if (i < 0) return;
+    launched_entry = -1;
+    int64_t now = krex_now_ns();
+    pthread_mutex_lock(&lock);
+    if (streams[i].open) streams[i].last_launch_ns = now;
+    pthread_mutex_unlock(&lock);
+}
+
+/* the harness read the interval start..end: ms (the check armed). The GPU waited at the start (from the start
+ * event to the probe before the first launch, measured on the GPU) and at the end (at most the host's time from the
+ * last launch's return to the end record, when the stream had run all its work before that record); waits of 1%
+ * of the interval or more make the timing late. */
+void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
     pthread_mutex_lock(&lock);
     struct answer *a = answer_of(start);
-    if (a && !a->complete) {
-        checked++;                             /* the GPU had work queued when the timed launch came */
-    } else if (a && a->probed && elapsed_real) {
-        float waited = 0;                      /* from the start to the probe: how long the GPU waited */
-        if (elapsed_real(&waited, start, probes[a - answers]) == CUDA_SUCCESS) {
+    if (a) {
+        float waited = 0;                      /* at the start */
+        int start_known = !a->complete;        /* the GPU had work queued when the timed launch came: no wait */
+        if (a->complete && a->probed && elapsed_real)
+            start_known = elapsed_real(&waited, start, probes[a - answers]) == CUDA_SUCCESS;
+        if (!start_known) waited = 0;
+        int end_known = a->end && a->end == end;
+        if (end_known && a->end_wait_ms > 0) waited += a->end_wait_ms < ms ? a->end_wait_ms : ms;   /* at the end */
+        int is_late = waited >= LATE_SHARE * ms;
+        if (start_known || is_late) {          /* a start not probed: judged only when the end alone is late */
             checked++;
-            if (waited >= LATE_SHARE * ms) late++;
+            if (is_late) late++;
         }
-    }                                          /* complete and not probed: not judged */
-    if (a) a->ev = NULL;                       /* one interval, one count */
+        a->ev = NULL;                          /* one interval, one count */
+    }
     pthread_mutex_unlock(&lock);
 }
 
 void krex_hostbound_reset_after_fork(void) {
     pthread_mutex_init(&lock, NULL);
     krex_hostbound_armed = 0;
+    launched_entry = -1;
     if (enabled()) clear_locked();             /* off, the tables were never written */
 }

@@ -153,8 +153,10 @@ void krex_hostbound_begin(void);                /* a region was granted: counts 
 void krex_hostbound_end(uint32_t *checked, uint32_t *late);   /* disarmed; timings read, late ones (0: never armed) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread);   /* armed: an event was recorded on s */
 void krex_hostbound_forget(CUevent e);          /* armed: e is being destroyed */
+void krex_hostbound_recording(CUstream s, int per_thread);   /* armed: an event record on s is about to go */
 void krex_hostbound_launch(CUstream s, int per_thread);   /* armed: a kernel launch on s is about to go */
-void krex_hostbound_elapsed(CUevent start, float ms);    /* armed: the harness read the interval from start */
+void krex_hostbound_launched(void);             /* armed: this thread's launch went */
+void krex_hostbound_elapsed(CUevent start, CUevent end, float ms);   /* armed: the harness read start..end */
 void krex_hostbound_forget_all(void);           /* a context is going away: its events with it */
 void krex_hostbound_reset_after_fork(void);
 int krex_hook_wanted(int id);                   /* 0: resolvers hand out the driver's function (the check off) */

@@ -37,13 +37,14 @@ def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
         assert "1 exclusive, 1 clean, 1 host-bound" in out.stderr   # krex run's summary line
 
 
-@pytest.mark.parametrize("pattern, n", [("gpu", 10), ("sync", 10), ("idle", 10), ("flushdone", 6)])
+@pytest.mark.parametrize("pattern, n", [("gpu", 10), ("sync", 10), ("idle", 10), ("flushdone", 6), ("endbusy", 4)])
 def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern, n):
     """gpu: a long kernel queued ahead of each start, which is pending at the next launch. sync: a loop that
     synchronizes each repetition (the launch after each end event finds it complete: an end is never judged).
     idle: a 50 ms kernel launched at once onto an idle stream (its start had completed, microseconds before).
     flushdone: a 10 ms flush ahead of the start, done just before a 300 ms kernel is launched: 10 ms of host time
-    from the record to the launch (3%), but the GPU waited microseconds (measured by the probe event)."""
+    from the record to the launch (3%), but the GPU waited microseconds (measured by the probe event). endbusy:
+    10 ms of host time before each end record, while the stream still runs a 50 ms kernel (no wait for the end)."""
     krex.start_controller()
     rep = tmp_path / "r.json"
     out = krex.run([SNIP / "hostbound", "direct", pattern], report=rep,
@@ -52,7 +53,7 @@ def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern, n
     begin, checked, late = counts(out.stdout)
     # idle, flushdone: a thread descheduled for 0.5 or 3 ms between the start's completion and the launch (a loaded
     # machine) makes that repetition late, rightly; never half of them
-    assert (begin, checked) == (0, n) and late <= (0 if pattern in ("gpu", "sync") else 2), out.stdout
+    assert (begin, checked) == (0, n) and late <= (0 if pattern in ("gpu", "sync", "endbusy") else 2), out.stdout
     region = report_of(rep)["regions"][0]
     assert (region["timings_checked"], region["timings_late"], region["host_bound"]) == (n, late, False)
     assert "host-bound" not in out.stderr
@@ -66,6 +67,22 @@ def test_one_pair_of_events_recorded_again_each_repetition(krex, tmp_path, patte
     out = krex.run([SNIP / "hostbound", "direct", pattern], env={"KREX_HOST_BOUND": "1", "SNIPPET_REUSE": "1"})
     assert out.returncode == 0, out.stderr
     assert counts(out.stdout) == (0, 10, late)
+
+
+@pytest.mark.parametrize("reuse", ["0", "1"])
+def test_a_late_end_record_is_late(krex, tmp_path, reuse):
+    """endlate: the start pending behind a 20 ms flush (no wait there), a 1 ms kernel, then 25 ms of host time
+    before the end is recorded: the GPU waited ~4 ms of a ~5 ms interval for the end record: every timing is
+    late, with the events
+    read at the end (do_bench) or each repetition (KernelBench). The end's wait is bounded by the host's time
+    from the kernel's launch to the end record (25 ms), since the stream had run all its work by then."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = krex.run([SNIP / "hostbound", "direct", "endlate"], report=rep,
+                   env={"KREX_HOST_BOUND": "1", "SNIPPET_REUSE": reuse})
+    assert out.returncode == 0, out.stderr
+    assert counts(out.stdout) == (0, 10, 10)
+    assert report_of(rep)["regions"][0]["host_bound"] is True
 
 
 def test_an_interval_read_twice_counts_once(krex, tmp_path):
@@ -168,8 +185,8 @@ def test_region_object_and_one_warning_per_name(krex, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["gpu True 10 0 False", "host True 10 10 True"] * 2
     warnings = [line for line in out.stderr.splitlines() if "waited for the host" in line]
-    assert warnings == ["krex: region 'host': in 10 of 10 timings the GPU waited for the host's launch; they include "
-                        "launch latency (host-bound)"]
+    assert warnings == ["krex: region 'host': in 10 of 10 timings the GPU waited for the host (a launch or the end "
+                        "record); they include host time (host-bound)"]
     assert "(4 exclusive, 4 clean, 2 host-bound)" in out.stderr            # krex run's summary line
 
 

@@ -10,6 +10,10 @@
  *                 complete (an end event is never judged).
  *   PATTERN idle: the start recorded on a drained stream and a 50 ms kernel launched at once: the start had
  *                 completed, but the wait (microseconds) is far under 1% of the interval: never late.
+ *   PATTERN endlate: a 20 ms "flush", the start, a 1 ms kernel launched at once (the GPU busy: no wait at the
+ *                 start), 25 ms of host time, the end: always late (the GPU waited ~4 ms for the end record).
+ *   PATTERN endbusy: a 50 ms kernel queued, the start, a 50 ms kernel, 10 ms of host time, the end: never late
+ *                 (the stream still had work when the end was recorded).
  *   PATTERN flushdone: a 10 ms "flush", the start, waited for (it completes when the flush does), a 300 ms kernel
  *                 at once: the host's time from the record to the launch is 10 ms (3%), the GPU's wait is not.
  * SNIPPET_READS (1): how many times each interval is read (one count however often). SNIPPET_REUSE=1: one pair of
@@ -152,6 +156,17 @@ int main(int argc, char **argv) {
             CHECK(launch(f, 300000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             CHECK(record_event(end[k], s));
             continue;
+        } else if (!strcmp(pattern, "endlate")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
+            CHECK(record_event(start[k], s));
+            CHECK(launch(f, 1000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            usleep(25000);                         /* the host is slow to record the end */
+        } else if (!strcmp(pattern, "endbusy")) {
+            CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK(record_event(start[k], s));
+            CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            usleep(10000);
         } else if (!strcmp(pattern, "idle")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(record_event(start[k], s));
