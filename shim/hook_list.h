@@ -14,7 +14,7 @@
  *   controls may change how they launch.
  * KREX_SPECIALS(X): X(vendor, name, params) — written by hand in hooks_*.c, memory.c and overlap.c:
  *   context creation, allocations, capture bookkeeping, the resolvers, what the overlap controls need,
- *   the event records the host-bound check watches (hostbound.c).
+ *   the event records and the synchronizes the host-bound check watches (hostbound.c).
  * KREX_HELPERS(X): driver functions the shim calls but does not wrap.
  * vendor names the library a name is resolved in: CUDA (libcuda), HIP (libamdhip64), CUBLASLT. */
 #ifndef KREX_HOOK_LIST_H
@@ -268,6 +268,10 @@
     X(CUDA, cuEventDestroy_v2, CUresult, (CUevent e)) \
     X(CUDA, cuEventElapsedTime, CUresult, (float *ms, CUevent a, CUevent b)) \
     X(CUDA, cuEventElapsedTime_v2, CUresult, (float *ms, CUevent a, CUevent b)) \
+    X(CUDA, cuEventSynchronize, CUresult, (CUevent e)) \
+    X(CUDA, cuStreamSynchronize, CUresult, (CUstream s)) \
+    X(CUDA, cuStreamSynchronize_ptsz, CUresult, (CUstream s)) \
+    X(CUDA, cuCtxSynchronize, CUresult, (void)) \
     X(CUBLASLT, cublasLtMatmulDescCreate, cublasStatus_t, (cublasLtMatmulDesc_t *d, int compute, int scale)) \
     X(HIP, hipInit, hipError_t, (unsigned fl)) \
     X(HIP, hipSetDevice, hipError_t, (int d)) \
@@ -287,7 +291,6 @@
 #define KREX_HELPERS(X) \
     X(CUDA, cuCtxPushCurrent_v2, CUresult, (CUcontext c)) \
     X(CUDA, cuCtxPopCurrent_v2, CUresult, (CUcontext *c)) \
-    X(CUDA, cuCtxSynchronize, CUresult, (void)) \
     X(CUDA, cuCtxGetDevice, CUresult, (CUdevice *d)) \
     X(CUDA, cuCtxGetCurrent, CUresult, (CUcontext *c)) \
     X(CUDA, cuStreamIsCapturing, CUresult, (CUstream s, int *st)) \
@@ -300,7 +303,6 @@
     X(CUDA, cuModuleGetFunction, CUresult, (CUfunction *f, CUmodule m, const char *name)) \
     X(CUDA, cuStreamCreate, CUresult, (CUstream *s, unsigned fl)) \
     X(CUDA, cuStreamDestroy_v2, CUresult, (CUstream s)) \
-    X(CUDA, cuStreamSynchronize, CUresult, (CUstream s)) \
     X(CUDA, cuFuncGetName, CUresult, (const char **name, CUfunction f)) \
     X(CUDA, cuKernelGetName, CUresult, (const char **name, CUkernel k)) \
     X(CUDA, cuFuncGetAttribute, CUresult, (int *v, int attr, CUfunction f)) \

@@ -124,9 +124,12 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
 /* Event records, destroys and elapsed-time reads: forwarded as they are, and seen by the host-bound check while
  * it is armed (hostbound.c). */
 static int event_recording(CUstream s, int per_thread) {
-    int armed = KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED));
-    if (armed) krex_hostbound_recording(s, per_thread);
-    return armed;
+    /* armed, and not a record into a capturing stream (a graph node: nothing to ask, and asking would end the
+     * capture) */
+    int watched = KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)) &&
+                  krex_hostbound_watchable(s, per_thread);
+    if (watched) krex_hostbound_recording(s, per_thread);
+    return watched;
 }
 static CUresult event_recorded(int armed, CUresult r, CUevent e, CUstream s, int per_thread) {
     if (armed && r == CUDA_SUCCESS) krex_hostbound_recorded(e, s, per_thread);
@@ -159,6 +162,24 @@ static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
 }
 KREX_EXPORT CUresult cuEventDestroy(CUevent e) { return event_destroy(REAL(cuEventDestroy), e); }
 KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cuEventDestroy_v2), e); }
+/* Synchronizes: forwarded as they are; while the check is armed, their return marks when the host went on after
+ * the GPU had finished (hostbound.c: the end of a timing is not blamed for the host's wait on the GPU). */
+static CUresult host_resumed(CUresult r) {
+    if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED))) krex_hostbound_host_resumed();
+    return r;
+}
+KREX_EXPORT CUresult cuCtxSynchronize(void) {
+    return REAL(cuCtxSynchronize) ? host_resumed(REAL(cuCtxSynchronize)()) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    return REAL(cuStreamSynchronize) ? host_resumed(REAL(cuStreamSynchronize)(s)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    return REAL(cuStreamSynchronize_ptsz) ? host_resumed(REAL(cuStreamSynchronize_ptsz)(s)) : NO_DRIVER;
+}
+KREX_EXPORT CUresult cuEventSynchronize(CUevent e) {
+    return REAL(cuEventSynchronize) ? host_resumed(REAL(cuEventSynchronize)(e)) : NO_DRIVER;
+}
 static CUresult elapsed_read(CUresult r, float *ms, CUevent start, CUevent end) {
     if (r == CUDA_SUCCESS && ms && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))
         krex_hostbound_elapsed(start, end, *ms);

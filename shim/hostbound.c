@@ -12,9 +12,12 @@
  *     stream just before the launch: the interval from the event to the probe is how long the GPU waited, measured
  *     by the GPU itself; the answer is kept for the event;
  *   - the return of that launch and of every later one on the stream, until its next record, is noted (a host
- *     clock read); when that next record comes (the interval's likely end), the shim asks before it goes whether
- *     the stream has run all its work (cuStreamQuery, a host-side question that puts nothing on the stream); if it
- *     has, the GPU waits for this record, at most since the last launch returned;
+ *     clock read), and so is the return of every other submission and of every synchronize (cuCtxSynchronize,
+ *     cuStreamSynchronize[_ptsz], cuEventSynchronize: hooked, and handed out by the resolvers, only with the
+ *     check on); when the stream's next record comes (the interval's likely end), the shim asks before it goes
+ *     whether the stream has run all its work (cuStreamQuery, a host-side question that puts nothing on the
+ *     stream); if it has, the GPU waits for this record, at most since the host last went on (the later of the
+ *     stream's last launch and any submission's or synchronize's return);
  *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;
  *     it is late when the GPU's wait at the start (start to probe, measured on the GPU) plus its wait at the end
  *     (the bound above, when end is the record that followed the start's launches) is at least 1% of the interval
@@ -24,8 +27,9 @@
  *     kernel launched onto an idle stream (microseconds of milliseconds), nor host time before an end record while
  *     the stream still runs. A start that had completed but could not be probed (no probe events: no context when
  *     the region began, or the probe's context is not the stream's) is judged only when the end alone is late.
- *   The end's bound is the host's time, not the GPU's: a kernel that ends just before the end record is taken for
- *   a wait of up to its own length. Measuring the end on the GPU instead (a private event recorded behind every
+ *   The end's bound is the host's time, not the GPU's: it also holds whatever GPU work was still queued when the
+ *   host last went on, so a kernel that ends just before the end record is taken for a wait of up to its length.
+ *   Records into a capturing stream are neither watched nor asked about (a stream query ends a capture). Measuring the end on the GPU instead (a private event recorded behind every
  *   launch) was tried on the H200: it caught the same waits but added ~1.2 us of GPU time to every interval, so
  *   it would have moved the timings it judges.
  * The counts (timings checked, late) go into the region's record; the Python API calls a region host-bound when
@@ -80,6 +84,8 @@ static struct answer { CUevent ev, end; int complete, probed; float end_wait_ms;
 static CUevent probes[ANSWERS];            /* the private probe events, one per answer slot */
 static int probes_made;                    /* how many of them exist (made at the first arming with a context) */
 static __thread int launched_entry = -1;   /* the stream entry of this thread's launch in flight (the check armed) */
+static int64_t host_resumed_ns;            /* the last return of a submission or a synchronize, any thread: from then
+                                              on the host, not the GPU, was the one working */
 static uint64_t stamp;                     /* records seen: the stream entry with the lowest stamp gives way */
 static uint32_t checked, late;             /* timings read in the region, and of those the late ones */
 static query_fn query;                     /* resolved when arming, outside the lock */
@@ -103,7 +109,8 @@ int krex_hook_wanted(int id) {
     switch (id) {
     case KREX_H_cuEventRecord: case KREX_H_cuEventRecord_ptsz: case KREX_H_cuEventRecordWithFlags:
     case KREX_H_cuEventRecordWithFlags_ptsz: case KREX_H_cuEventDestroy: case KREX_H_cuEventDestroy_v2:
-    case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2:
+    case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2: case KREX_H_cuEventSynchronize:
+    case KREX_H_cuStreamSynchronize: case KREX_H_cuStreamSynchronize_ptsz: case KREX_H_cuCtxSynchronize:
         return enabled();
     default:
         return 1;
@@ -142,6 +149,7 @@ static void clear_locked(void) {
     memset(streams, 0, sizeof streams);
     memset(answers, 0, sizeof answers);
     stamp = 0, checked = 0, late = 0;
+    __atomic_store_n(&host_resumed_ns, 0, __ATOMIC_RELAXED);
 }
 
 void krex_hostbound_prepare(void) {
@@ -186,10 +194,25 @@ static struct stream_entry *entry_of(uintptr_t key) {
     return NULL;
 }
 
+/* a record on s is to be watched (the check armed): not one into a capturing stream, which is a graph node, and
+ * whose stream must not be asked about (cuStreamQuery during a capture ends it) */
+int krex_hostbound_watchable(CUstream s, int per_thread) {
+    if (!KREX_UNLIKELY(__atomic_load_n(&krex_captures_active, __ATOMIC_RELAXED))) return 1;
+    capturing_fn f = per_thread ? capturing_ptsz : capturing;
+    int st = 0;
+    return f && f(s, &st) == CUDA_SUCCESS && !st;   /* capturing, or unknown: not watched */
+}
+
+/* a synchronize returned (the check armed): the GPU had finished what the host waited for */
+void krex_hostbound_host_resumed(void) {
+    __atomic_store_n(&host_resumed_ns, krex_now_ns(), __ATOMIC_RELAXED);
+}
+
 /* a record on s is about to go (the check armed): if launches followed the stream's last record, has the stream
  * run all its work (cuStreamQuery, a host-side question that adds nothing to the stream)? Then the GPU is idle and
- * waits for this record, at most since the last launch returned. Asked before the record goes, so that work
- * finishing just after it is not taken for a wait. */
+ * waits for this record, at most since the host last went on: the return of the stream's last launch, or a later
+ * return of any submission or synchronize (the host waited on the GPU, or worked, until then). Asked before the
+ * record goes, so that work finishing just after it is not taken for a wait. */
 void krex_hostbound_recording(CUstream s, int per_thread) {
     pthread_mutex_lock(&lock);
     struct stream_entry *e = entry_of(stream_key(s, per_thread));
@@ -197,19 +220,18 @@ void krex_hostbound_recording(CUstream s, int per_thread) {
         e->end_wait_ms = -1;
         if (e->open && e->last_launch_ns && stream_query) {
             CUstream q = s || !per_thread ? s : (CUstream)CU_STREAM_PER_THREAD;
-            if (stream_query(q) == CUDA_SUCCESS) e->end_wait_ms = (float)(krex_now_ns() - e->last_launch_ns) / 1e6f;
+            if (stream_query(q) == CUDA_SUCCESS) {
+                int64_t since = e->last_launch_ns, resumed = __atomic_load_n(&host_resumed_ns, __ATOMIC_RELAXED);
+                if (resumed > since) since = resumed;
+                e->end_wait_ms = (float)(krex_now_ns() - since) / 1e6f;
+            }
         }
     }
     pthread_mutex_unlock(&lock);
 }
 
-/* after a successful record of e on s (the check armed) */
+/* after a successful record of e on s (the check armed, the record watchable) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
-    if (KREX_UNLIKELY(__atomic_load_n(&krex_captures_active, __ATOMIC_RELAXED))) {
-        capturing_fn f = per_thread ? capturing_ptsz : capturing;
-        int st = 0;
-        if (!f || f(s, &st) != CUDA_SUCCESS || st) return;   /* a graph node, or unknown: not remembered */
-    }
     uintptr_t key = stream_key(s, per_thread);
     pthread_mutex_lock(&lock);
     struct stream_entry *slot = entry_of(key), *oldest = &streams[0];
@@ -272,12 +294,15 @@ void krex_hostbound_launch(CUstream s, int per_thread) {
     pthread_mutex_unlock(&lock);
 }
 
-/* after a launch (the check armed): when it returned, for the stream krex_hostbound_launch found open */
+/* after a submission of any kind (the check armed): the host goes on from now; a kernel launch's return is also
+ * noted for the stream krex_hostbound_launch found open. A stale or reassigned entry index can only make an end's
+ * bound shorter (a wait missed, never one invented). */
 void krex_hostbound_launched(void) {
+    int64_t now = krex_now_ns();
+    __atomic_store_n(&host_resumed_ns, now, __ATOMIC_RELAXED);
     int i = launched_entry;
     if (i < 0) return;
     launched_entry = -1;
-    int64_t now = krex_now_ns();
     pthread_mutex_lock(&lock);
     if (streams[i].open) streams[i].last_launch_ns = now;
     pthread_mutex_unlock(&lock);

@@ -153,9 +153,11 @@ void krex_hostbound_begin(void);                /* a region was granted: counts 
 void krex_hostbound_end(uint32_t *checked, uint32_t *late);   /* disarmed; timings read, late ones (0: never armed) */
 void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread);   /* armed: an event was recorded on s */
 void krex_hostbound_forget(CUevent e);          /* armed: e is being destroyed */
+int krex_hostbound_watchable(CUstream s, int per_thread);    /* armed: a record on s is watched (not captured) */
 void krex_hostbound_recording(CUstream s, int per_thread);   /* armed: an event record on s is about to go */
+void krex_hostbound_host_resumed(void);         /* armed: a synchronize returned (the GPU had finished) */
 void krex_hostbound_launch(CUstream s, int per_thread);   /* armed: a kernel launch on s is about to go */
-void krex_hostbound_launched(void);             /* armed: this thread's launch went */
+void krex_hostbound_launched(void);             /* armed: this thread's submission went */
 void krex_hostbound_elapsed(CUevent start, CUevent end, float ms);   /* armed: the harness read start..end */
 void krex_hostbound_forget_all(void);           /* a context is going away: its events with it */
 void krex_hostbound_reset_after_fork(void);

@@ -37,14 +37,16 @@ def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
         assert "1 exclusive, 1 clean, 1 host-bound" in out.stderr   # krex run's summary line
 
 
-@pytest.mark.parametrize("pattern, n", [("gpu", 10), ("sync", 10), ("idle", 10), ("flushdone", 6), ("endbusy", 4)])
+@pytest.mark.parametrize("pattern, n", [("gpu", 10), ("sync", 10), ("idle", 10), ("flushdone", 6), ("endbusy", 4),
+                                        ("syncend", 4)])
 def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern, n):
     """gpu: a long kernel queued ahead of each start, which is pending at the next launch. sync: a loop that
     synchronizes each repetition (the launch after each end event finds it complete: an end is never judged).
     idle: a 50 ms kernel launched at once onto an idle stream (its start had completed, microseconds before).
     flushdone: a 10 ms flush ahead of the start, done just before a 300 ms kernel is launched: 10 ms of host time
     from the record to the launch (3%), but the GPU waited microseconds (measured by the probe event). endbusy:
-    10 ms of host time before each end record, while the stream still runs a 50 ms kernel (no wait for the end)."""
+    10 ms of host time before each end record, while the stream still runs a 50 ms kernel (no wait for the end).
+    syncend: a synchronize just before each end record (the host waited on the GPU, not the GPU on the host)."""
     krex.start_controller()
     rep = tmp_path / "r.json"
     out = krex.run([SNIP / "hostbound", "direct", pattern], report=rep,
@@ -53,7 +55,8 @@ def test_timings_the_gpu_did_not_wait_in_are_not_late(krex, tmp_path, pattern, n
     begin, checked, late = counts(out.stdout)
     # idle, flushdone: a thread descheduled for 0.5 or 3 ms between the start's completion and the launch (a loaded
     # machine) makes that repetition late, rightly; never half of them
-    assert (begin, checked) == (0, n) and late <= (0 if pattern in ("gpu", "sync", "endbusy") else 2), out.stdout
+    assert (begin, checked) == (0, n) and late <= (0 if pattern in ("gpu", "sync", "endbusy", "syncend") else 2), \
+        out.stdout
     region = report_of(rep)["regions"][0]
     assert (region["timings_checked"], region["timings_late"], region["host_bound"]) == (n, late, False)
     assert "host-bound" not in out.stderr
@@ -83,6 +86,16 @@ def test_a_late_end_record_is_late(krex, tmp_path, reuse):
     assert out.returncode == 0, out.stderr
     assert counts(out.stdout) == (0, 10, 10)
     assert report_of(rep)["regions"][0]["host_bound"] is True
+
+
+def test_a_capture_is_not_disturbed(krex, tmp_path):
+    """A record into a capturing stream is a graph node: the check neither watches it nor asks about its stream
+    (a cuStreamQuery during a capture ends the capture, in CUDA and in the fake driver), so the capture ends well
+    although the stream had launches since its last record."""
+    krex.start_controller()
+    out = krex.run([SNIP / "hostbound", "direct", "capture"], env={"KREX_HOST_BOUND": "1"})
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert counts(out.stdout) == (0, 0, 0)
 
 
 def test_an_interval_read_twice_counts_once(krex, tmp_path):
@@ -117,12 +130,14 @@ def test_off_by_default_counts_nothing(krex, tmp_path, value):
 @pytest.mark.parametrize("value, home", [(None, "libcuda.so.1"), ("1", "libkrex.so")])
 def test_resolvers_hand_out_the_wrapper_only_with_the_check_on(krex, value, home):
     """Off, dlsym and cuGetProcAddress give every caller the driver's own cuEventRecord, cuEventElapsedTime and
-    cuEventDestroy_v2, as before the check existed; on, the shim's wrappers."""
+    cuEventDestroy_v2 (and cuStreamSynchronize, whose return the check notes), as before the check existed; on,
+    the shim's wrappers."""
     krex.start_controller()
     out = krex.run([SNIP / "hostbound", "which"], env={} if value is None else {"KREX_HOST_BOUND": value})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"{name} dlsym={home} procaddr={home}"
-                                       for name in ("cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2")]
+                                       for name in ("cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2",
+                                                    "cuStreamSynchronize")]
 
 
 def test_not_checked_without_a_grant(krex, tmp_path):

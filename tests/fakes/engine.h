@@ -51,6 +51,7 @@ struct fk_stream {
     uint64_t submitted, completed;
     int id, priority, stop;
     struct fk_graph *capture;           /* non-NULL while capturing */
+    int capture_invalid;                /* an operation not allowed in capture was asked: EndCapture fails */
     struct fk_ctx *ctx;
     struct fk_stream *next_in_ctx;
     pthread_t thread;

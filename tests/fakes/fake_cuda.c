@@ -237,7 +237,15 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); return OK; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-EXPORT CUresult cuStreamQuery(CUstream s) { NEED_CTX(); return fk_stream_idle(stream_of(s)) ? OK : E_NOT_READY; }
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    NEED_CTX();
+    struct fk_stream *st = stream_of(s);
+    if (st->capture) {                  /* not allowed while capturing: refused, and the capture is invalidated */
+        st->capture_invalid = 1;
+        return E_CAPTURE_UNSUPPORTED;
+    }
+    return fk_stream_idle(st) ? OK : E_NOT_READY;
+}
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     NEED_CTX();
@@ -253,6 +261,10 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
     NEED_CTX();
     if (!s || !s->fk->capture) return E_NOT_CAPTURED;
     if (!g) return E_VALUE;
+    if (s->fk->capture_invalid) {
+        s->fk->capture = NULL, s->fk->capture_invalid = 0;
+        return E_CAPTURE_INVALIDATED;
+    }
     *g = calloc(1, sizeof(struct CUgraph_st));
     (*g)->fk = s->fk->capture;
     s->fk->capture = NULL;

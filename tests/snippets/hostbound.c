@@ -14,6 +14,11 @@
  *                 start), 25 ms of host time, the end: always late (the GPU waited ~4 ms for the end record).
  *   PATTERN endbusy: a 50 ms kernel queued, the start, a 50 ms kernel, 10 ms of host time, the end: never late
  *                 (the stream still had work when the end was recorded).
+ *   PATTERN syncend: a 20 ms "flush", the start, a 50 ms kernel, a synchronize, the end: never late (the host
+ *                 waited on the GPU until the end record; it did not keep the GPU waiting).
+ *   PATTERN capture: a record and a launch on the stream, then a capture of it with a record and a launch in it
+ *                 (cuStreamBeginCapture_v2 / cuStreamEndCapture from dlsym): the capture ends well (the record
+ *                 inside it is not watched, nor its stream asked about); nothing checked.
  *   PATTERN flushdone: a 10 ms "flush", the start, waited for (it completes when the flush does), a 300 ms kernel
  *                 at once: the host's time from the record to the launch is 10 ms (3%), the GPU's wait is not.
  * SNIPPET_READS (1): how many times each interval is read (one count however often). SNIPPET_REUSE=1: one pair of
@@ -49,6 +54,8 @@ typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
 typedef CUresult (*gpa1_t)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*gpa2_t)(const char *, void **, int, cuuint64_t, int *);
+typedef CUresult (*capbeg_t)(CUstream, int);
+typedef CUresult (*capend_t)(CUstream, CUgraph *);
 
 static void *lib;
 static record_t record;
@@ -79,8 +86,8 @@ int main(int argc, char **argv) {
     int n = env_int("SNIPPET_N", 10), reads = env_int("SNIPPET_READS", 1), reuse = env_int("SNIPPET_REUSE", 0);
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!strcmp(mode, "which")) {
-        const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2"};
-        for (int i = 0; i < 3; i++) {
+        const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuStreamSynchronize"};
+        for (int i = 0; i < 4; i++) {
             void *p = NULL;
             CHECK(((gpa1_t)sym("cuGetProcAddress"))(names[i], &p, 11030, 0));
             printf("%s dlsym=%s procaddr=%s\n", names[i], home(sym(names[i])), home(p));
@@ -135,6 +142,16 @@ int main(int argc, char **argv) {
         for (int i = 0; i < MANY; i++) CHECK(elapsed(&ms, start[i], end[i]));
         n = 0;
     }
+    if (!strcmp(pattern, "capture")) {
+        CUgraph g;
+        CHECK(record_event(start[0], s));
+        CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* launches since the stream's last record */
+        CHECK(((capbeg_t)sym("cuStreamBeginCapture_v2"))(s, 0));
+        CHECK(record_event(end[0], s));                            /* a graph node */
+        CHECK(launch(f, 10, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        CHECK(((capend_t)sym("cuStreamEndCapture"))(s, &g));
+        n = 0;
+    }
     for (int i = 0; i < n; i++) {
         int k = reuse ? 0 : i;                     /* the event pair of this repetition */
         if (!strcmp(pattern, "host")) {
@@ -162,6 +179,12 @@ int main(int argc, char **argv) {
             CHECK(record_event(start[k], s));
             CHECK(launch(f, 1000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             usleep(25000);                         /* the host is slow to record the end */
+        } else if (!strcmp(pattern, "syncend")) {
+            CHECK(cuStreamSynchronize(s));
+            CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
+            CHECK(record_event(start[k], s));
+            CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK(cuStreamSynchronize(s));         /* the host waits for the GPU, then records the end at once */
         } else if (!strcmp(pattern, "endbusy")) {
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             CHECK(record_event(start[k], s));
