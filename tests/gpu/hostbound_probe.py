@@ -4,6 +4,7 @@ Cases, each in its own region, each timing read inside the region (16 timings un
   gpu      a 8192 bf16 matmul queued ahead of the start event, then a small kernel: the GPU never waits (expect late 0)
   host     synchronize, record start, sleep 1 ms on the host, launch the kernel, record end (expect every one late)
   end      as gpu, then 3 ms of host time before the end is recorded (expect every one late: the GPU waited for it)
+  syncend  an 8192 matmul timed with a synchronize before the end record (expect late 0: the host waited on the GPU)
   sync     KernelBench's loop: record start, kernel, record end, synchronize, read (the kernel on an idle stream)
   bench:K  triton.testing.do_bench of kernel K (small add, mm2048, mm8192): its repetitions' timings
   graph:K  do_bench_cudagraph: no host launch inside a timing (expect checked 0: graph launches are not checked)
@@ -60,6 +61,14 @@ with krex.region("end") as r:
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in ev]
 out("end", r, median_ms=sorted(ms)[len(ms) // 2])
+
+with krex.region("syncend") as r:
+    ev = pairs()
+    for s, e in ev:
+        s.record(); a8 @ a8; torch.cuda.synchronize(); e.record()
+    torch.cuda.synchronize()
+    ms = [s.elapsed_time(e) for s, e in ev]
+out("syncend", r, median_ms=sorted(ms)[len(ms) // 2])
 
 with krex.region("sync") as r:
     ms = []
