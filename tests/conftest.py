@@ -170,7 +170,9 @@ class Krex:
         if not self.trace.exists():
             return []
         out = []
-        for line in self.trace.read_text().splitlines():
+        # a process still running may be writing its line as this reads: what follows the last newline is not
+        # a whole line yet
+        for line in self.trace.read_text().split("\n")[:-1]:
             pid, sid, start, end, rest = line.split(" ", 4)
             name, *fields = rest.split(" ")
             out.append((int(pid), int(sid), int(start), int(end), name, dict(f.split("=", 1) for f in fields)))
