@@ -98,7 +98,9 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             score = min(x["vs_naive"] or 0 for x in mine)
             if best is None or score > best[1]:
                 best = (policy, score)
+    clocks = {f"{r['mode']}:{r['agents']}": c for r in runs if (c := T.region_clocks(r["rows"]))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
+            "region_clock_mhz": clocks,
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
             "repeat_spread_pct": ref["repeat_spread_pct"], "unstable": ref["unstable"],
             "rows": rows, "best_policy": best[0] if best else None,
@@ -136,6 +138,9 @@ def table(result) -> str:
         if r.get("metrics"):
             out.append(f"controller metrics after {r['policy']}:{r['agents']} (cumulative over the plan): "
                        + ", ".join(f"{k.replace('krex_', '')}={v:g}" for k, v in sorted(r["metrics"].items())))
+    if result.get("region_clock_mhz"):
+        out.append("lowest SM clock per region (MHz; median, 10th percentile, regions): " + ", ".join(
+            f"{k} {c['median']}/{c['p10']}/{c['regions']}" for k, c in result["region_clock_mhz"].items()))
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}")

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
@@ -203,6 +204,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 row["drain_s"] = sum(r.get("drain_ns", 0) / 1e9 for r in regs)
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
+                # the lowest SM clock NVML saw in each attested region (None: not attested): a timing's GPU state
+                row["region_clocks_mhz"] = [r["sm_clock_mhz"][0] if r.get("sm_clock_mhz") else None for r in regs]
             with lock:
                 rows.append(row)
 
@@ -319,6 +322,15 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             "floors_medians_pct": {b: (p95(v) if v else None) for b, v in medians.items()},
             "floor_kernels": {b: len(v) for b, v in medians.items()},
             "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spreads.items()}}
+
+
+def region_clocks(rows: list) -> Optional[dict]:
+    """The lowest SM clock of each attested region of these commands (region_clocks_mhz): median, 10th
+    percentile and count; None when no region was attested (an older result, or --no-attest)."""
+    clocks = sorted(c for row in rows for c in row.get("region_clocks_mhz") or [] if c)
+    if not clocks:
+        return None
+    return {"median": clocks[len(clocks) // 2], "p10": clocks[len(clocks) // 10], "regions": len(clocks)}
 
 
 def host_bound_flags(row: dict, kind: str) -> list:

@@ -217,6 +217,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     two isolated passes give the floor, and the table names every policy (the numbers mean nothing here).
     Each controller serves --metrics: its page, scraped after the mode, counts the regions the reports hold."""
     out, md = tmp_path / "fp.json", tmp_path / "fp.md"
+    nvml = tmp_path / "nvml"        # the fake NVML's control file: empty, every GPU at its default 1980 MHz
+    nvml.write_text("")
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
@@ -224,7 +226,9 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
-                       env=dict(bench_env(tmp_path), NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
+                       env=dict(bench_env(tmp_path), NEIGHBOUR_MARK=str(tmp_path / "neighbour"),
+                                KREX_NVML=str(ROOT / "build" / "fakes" / "libnvidia-ml.so.1"),   # regions attested
+                                KREX_FAKE_NVML=str(nvml)),
                        capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -234,6 +238,10 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
+    # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
+    assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
+    assert data["region_clock_mhz"]["krexbusy:2"] == {"median": 1980, "p10": 1980, "regions": 16}
+    assert "lowest SM clock per region (MHz; median, 10th percentile, regions): " in md.read_text()
     assert "| busy | 2 |" in md.read_text()
     assert "per kernel: median signed inflation" in md.read_text()
     # --host-bound-check: every krex command's timings say whether their region was host-bound (the stand-in
@@ -313,6 +321,15 @@ def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
     assert ref["floors_pct"]["1-10ms"] == pytest.approx(worst)
     assert ref["floors_medians_pct"]["1-10ms"] == pytest.approx(1.0)      # the reference kernel's 1.01 / 1.0
     assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
+
+
+def test_region_clocks_summarise_the_attested_regions():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    rows = [{"region_clocks_mhz": [1980, 1440, 1440, None]}, {"region_clocks_mhz": [1530] * 8}, {"regions": 0}]
+    assert T.region_clocks(rows) == {"median": 1530, "p10": 1440, "regions": 11}
+    assert T.region_clocks([{"region_clocks_mhz": [None]}, {}]) is None     # none attested, or an older result
 
 
 def test_per_kernel_names_the_kernel_that_makes_a_tail():
