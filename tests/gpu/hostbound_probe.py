@@ -35,40 +35,22 @@ def pairs(n=16):
     return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
 
 
-with krex.region("gpu") as r:
-    ev = pairs()
-    for s, e in ev:
-        a8 @ a8                       # the GPU is busy when the start is recorded and the small kernel launched
-        s.record(); small(); e.record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in ev]
-out("gpu", r, median_ms=sorted(ms)[len(ms) // 2])
-
-with krex.region("host") as r:
-    ev = pairs()
-    for s, e in ev:
+def timed(case, before=lambda: None, between=lambda: None, fn=small, after_fn=lambda: None):
+    """One region of 16 timings read at its end: before(), start, between(), fn(), after_fn(), end."""
+    with krex.region(case) as r:
+        ev = pairs()
+        for s, e in ev:
+            before()
+            s.record(); between(); fn(); after_fn(); e.record()
         torch.cuda.synchronize()
-        s.record(); time.sleep(0.001); small(); e.record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in ev]
-out("host", r, median_ms=sorted(ms)[len(ms) // 2])
+        ms = sorted(s.elapsed_time(e) for s, e in ev)
+    out(case, r, median_ms=ms[len(ms) // 2])
 
-with krex.region("end") as r:
-    ev = pairs()
-    for s, e in ev:
-        a8 @ a8
-        s.record(); small(); time.sleep(0.003); e.record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in ev]
-out("end", r, median_ms=sorted(ms)[len(ms) // 2])
 
-with krex.region("syncend") as r:
-    ev = pairs()
-    for s, e in ev:
-        s.record(); a8 @ a8; torch.cuda.synchronize(); e.record()
-    torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in ev]
-out("syncend", r, median_ms=sorted(ms)[len(ms) // 2])
+timed("gpu", before=lambda: a8 @ a8)    # the GPU is busy when the start is recorded and the kernel launched
+timed("host", before=torch.cuda.synchronize, between=lambda: time.sleep(0.001))
+timed("end", before=lambda: a8 @ a8, after_fn=lambda: time.sleep(0.003))
+timed("syncend", fn=lambda: a8 @ a8, after_fn=torch.cuda.synchronize)
 
 with krex.region("sync") as r:
     ms = []
