@@ -29,9 +29,10 @@
  *     the region began, or the probe's context is not the stream's) is judged only when the end alone is late.
  *   The end's bound is the host's time, not the GPU's: it also holds whatever GPU work was still queued when the
  *   host last went on, so a kernel that ends just before the end record is taken for a wait of up to its length.
- *   Records into a capturing stream are neither watched nor asked about (a stream query ends a capture). Measuring the end on the GPU instead (a private event recorded behind every
- *   launch) was tried on the H200: it caught the same waits but added ~1.2 us of GPU time to every interval, so
- *   it would have moved the timings it judges.
+ *   Records into a capturing stream are neither watched nor asked about (a stream query ends a capture).
+ *   Measuring the end on the GPU instead (a private event recorded behind every launch) was tried on the H200: it
+ *   caught the same waits but added ~1.2 us of GPU time to every interval, so it would have moved the timings it
+ *   judges.
  * The counts (timings checked, late) go into the region's record; the Python API calls a region host-bound when
  * at least half of 8 or more checked timings were late (krex_ctl/wire/report.py host_bound): a median of the
  * repetitions, as do_bench reports, then includes host time. Timings read after the region ended are not seen,
@@ -244,7 +245,8 @@ void krex_hostbound_recorded(CUevent e, CUstream s, int per_thread) {
         if (streams[i].stamp < oldest->stamp) oldest = &streams[i];
     if (!slot) slot = oldest;                  /* an empty entry has stamp 0: it is taken first */
     for (int i = 0; i < STREAMS; i++)          /* recorded again: what another stream held of it no longer holds */
-        if (streams[i].ev == e && &streams[i] != slot) streams[i].ev = NULL, streams[i].unchecked = 0, streams[i].open = 0;
+        if (streams[i].ev == e && &streams[i] != slot)
+            streams[i].ev = NULL, streams[i].unchecked = 0, streams[i].open = 0;
     *slot = (struct stream_entry){key, e, ++stamp, 1, 0, 0, -1};
     struct answer *a = answer_of(e);
     if (a) a->ev = NULL;
@@ -309,8 +311,8 @@ void krex_hostbound_launched(void) {
 }
 
 /* the harness read the interval start..end: ms (the check armed). The GPU waited at the start (from the start
- * event to the probe before the first launch, measured on the GPU) and at the end (at most the host's time from the
- * last launch's return to the end record, when the stream had run all its work before that record); waits of 1%
+ * event to the probe before the first launch, measured on the GPU) and at the end (at most the host's time from
+ * when it last went on to the end record, when the stream had run all its work before that record); waits of 1%
  * of the interval or more make the timing late. */
 void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
     pthread_mutex_lock(&lock);
