@@ -217,6 +217,7 @@ def analyse(runs: list) -> list:
             s.update(regions=len(regions), regions_exclusive=sum(bool(x.get("exclusive")) for x in regions),
                      regions_clean=sum(bool(x.get("clean")) for x in regions),
                      taints=sorted({t for x in regions for t in x.get("taints", [])}),
+                     region_clock_mhz=T.clock_summary((x.get("sm_clock_mhz") or [None])[0] for x in regions),
                      controller=r["counters"])
         summary.append(s)
     per_gpu = next((s["commands_per_min"] for s in summary if s["mode"] == "pergpu"), None)

@@ -324,13 +324,18 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             "repeat_spread_pct": {b: (p95(v) if v else None) for b, v in spreads.items()}}
 
 
-def region_clocks(rows: list) -> Optional[dict]:
-    """The lowest SM clock of each attested region of these commands (region_clocks_mhz): median, 10th
-    percentile and count; None when no region was attested (an older result, or --no-attest)."""
-    clocks = sorted(c for row in rows for c in row.get("region_clocks_mhz") or [] if c)
+def clock_summary(clocks) -> Optional[dict]:
+    """Regions' lowest SM clocks (MHz; None: a region not attested): median, 10th percentile and count; None when
+    no region was attested (an older result, or --no-attest)."""
+    clocks = sorted(c for c in clocks if c)
     if not clocks:
         return None
     return {"median": clocks[len(clocks) // 2], "p10": clocks[len(clocks) // 10], "regions": len(clocks)}
+
+
+def region_clocks(rows: list) -> Optional[dict]:
+    """clock_summary of every region of these commands (their rows' region_clocks_mhz)."""
+    return clock_summary(c for row in rows for c in row.get("region_clocks_mhz") or [])
 
 
 def host_bound_flags(row: dict, kind: str) -> list:

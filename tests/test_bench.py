@@ -332,6 +332,25 @@ def test_region_clocks_summarise_the_attested_regions():
     assert T.region_clocks([{"region_clocks_mhz": [None]}, {}]) is None     # none attested, or an older result
 
 
+def test_ray_fleet_summary_has_the_regions_clocks():
+    """bench/ray_fleet.py's summary of a krex mode: its regions' lowest SM clocks (from their attestation),
+    as freeze_policy reports them; none for a mode outside krex."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ray_fleet
+
+    row = {"size": 2048, "variant": 0, "candidate_ms": 0.03, "reference_ms": 0.03, "wall_s": 5.0}
+    runs = [{"mode": "pergpu", "agents": 1, "num_gpus": 1, "commands": 1, "failed": 0, "wall_s": 5.0,
+             "commands_per_min": 12.0, "rows": [dict(row)]},
+            {"mode": "krex", "agents": 8, "num_gpus": 0.125, "commands": 2, "failed": 0, "wall_s": 5.0,
+             "commands_per_min": 24.0, "counters": {},
+             "rows": [dict(row, regions=[{"exclusive": True, "clean": True, "sm_clock_mhz": [1440, 1980]},
+                                         {"exclusive": True, "clean": True, "sm_clock_mhz": None}]),
+                      dict(row, regions=[{"exclusive": True, "clean": True, "sm_clock_mhz": [1980, 1980]}])]}]
+    pergpu, krex = ray_fleet.analyse(runs)
+    assert krex["region_clock_mhz"] == {"median": 1980, "p10": 1440, "regions": 2}
+    assert krex["regions"] == 3 and "region_clock_mhz" not in pergpu
+
+
 def test_per_kernel_names_the_kernel_that_makes_a_tail():
     """throughput.per_kernel: per stable kernel of the clean rows, its reference, how many timings, their median,
     lowest and highest inflation, and how many lie more than 5% off; unstable kernels and unclean rows are not
