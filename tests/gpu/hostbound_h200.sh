@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/hostbound_h200.sh: the host-bound check (KREX_HOST_BOUND) on the H200: tests/gpu/hostbound_probe.py
 # under `krex run` with the check on, then off (the reference for the cost case), then on again with the process
-# confined to one CPU while a busy loop shares it (a
-# second controller, without CPU isolation, so the region keeps that CPU) (do_bench's small timings should turn late). About a minute.
+# confined to one CPU that a busy loop shares (a second controller, with --no-cpu-isolation, so that the region
+# keeps that CPU). About 45 s. Results: docs/measurements/host-bound-check.md.
 # Files back: $OUT/hostbound.log (controller and runs), $OUT/hostbound.jsonl (one line per case and run).
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/hostbound_h200.sh
 set -u
@@ -28,7 +28,7 @@ taskset -c $CPU python3 -c 'import time; t=time.time()+120
 while time.time()<t: pass' & HOG=$!
 KREX_HOST_BOUND=1 taskset -c $CPU $K -- python3 tests/gpu/hostbound_probe.py 2>> $OUT/hostbound.log \
   | sed 's/"check": "1"/"check": "1-loaded"/' >> $OUT/hostbound.jsonl
-echo "rc=$?" | tee -a $OUT/hostbound.log
+echo "rc=${PIPESTATUS[0]}" | tee -a $OUT/hostbound.log
 kill $HOG 2>/dev/null
 kill $CTL; wait $CTL
 cat $W/controller.log >> $OUT/hostbound.log
