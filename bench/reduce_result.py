@@ -1,6 +1,7 @@
 """Keep a benchmark result's summary, drop its per-measurement dump, so bench/results stays small.
 
-    python bench/reduce_result.py RESULT.json [MORE.json ...] --commit COMMIT   (rewrites each file in place)
+    python bench/reduce_result.py RESULT.json [MORE.json ...] --commit COMMIT   (rewrites each file in place,
+                                                                               without indentation)
 
 A result of bench/kernelbench_mix.py loses "raw" (every measurement with its trials: what --reanalyse reads);
 one of bench/trial_modes.py loses "rows" (every trial). Everything else stays: the analyses, noise floors,
@@ -36,7 +37,7 @@ def main() -> None:
         data = json.loads(p.read_text())
         if "reduced_from" in data:
             continue
-        p.write_text(json.dumps(reduce(data, f, args.commit), indent=1) + "\n")
+        p.write_text(json.dumps(reduce(data, f, args.commit), separators=(",", ":")) + "\n")
         print(f"{f}: {p.stat().st_size} bytes")
 
 
