@@ -57,8 +57,8 @@ class RegionInfo:
 
     @property
     def host_bound(self) -> bool:
-        """The GPU waited for the host in at least half of 8 or more checked timings: they include launch
-        latency, which no exclusivity can remove (always False with KREX_HOST_BOUND off)."""
+        """The GPU waited for the host in at least half of 8 or more checked timings: they include host time,
+        which no exclusivity can remove (always False with KREX_HOST_BOUND off)."""
         return host_bound(self.timings_checked, self.timings_late)
 
 

@@ -57,7 +57,8 @@ int krex_region_give_up(void) KREX_WEAK;
 /* the last finished region: 0 and *info filled; -1 none yet, or krex absent */
 int krex_region_last(struct krex_region_info *info) KREX_WEAK;
 /* with KREX_HOST_BOUND=1: of the last finished region, the timings read in it (cuEventElapsedTime) whose start
- * event the check saw, and the late ones: the GPU waited for the host's launch for 1% of the interval or more.
+ * event the check saw, and the late ones: the GPU waited for the host (a launch, or the end record) for 1% of the
+ * interval or more.
  * 0 and both filled (0 with the check off); -1 none yet, or krex absent */
 int krex_region_last_timings(uint32_t *checked, uint32_t *late) KREX_WEAK;
 

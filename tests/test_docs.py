@@ -240,11 +240,12 @@ def test_bench_results_hold_summaries_only():
     indented = []
     for f in files:
         if f.suffix == ".json":
+            text = f.read_text()
             try:
-                data = json.loads(f.read_text())
+                data = json.loads(text)
             except ValueError:
                 continue
-            if len(f.read_text().strip()) > len(json.dumps(data, separators=(",", ":"), ensure_ascii=False)):
+            if len(text.strip()) > len(json.dumps(data, separators=(",", ":"), ensure_ascii=False)):
                 indented.append(f.name)
     assert not indented, f"indented JSON in bench/results (rewrite with separators=(',', ':')): {indented}"
 

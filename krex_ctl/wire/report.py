@@ -36,8 +36,8 @@ def region_flags(taints: int, attested: bool) -> int:
 
 
 # KREX_HOST_BOUND (shim/hostbound.c): a region is host-bound when the harness read at least this many timings
-# (cuEventElapsedTime) whose start event the check saw, and in at least half of them the GPU waited for the host's
-# launch for 1% of the interval or more: a median of the repetitions then includes launch latency.
+# (cuEventElapsedTime) whose start event the check saw, and in at least half of them the GPU waited for the host
+# (a launch, or the end record) for 1% of the interval or more: a median of the repetitions then includes host time.
 HOST_BOUND_MIN_CHECKED = 8
 
 
