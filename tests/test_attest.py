@@ -40,6 +40,17 @@ def region_of(krex, tmp_path, hold_us=0, during=None, **env):
     return out.strip(), report_of(rep)["regions"][0]
 
 
+def region_after_busy_drain(krex, tmp_path, tries=5):
+    """One region whose drain found more than busy_before_us (1 ms) of a sibling's GPU work left: the hog's
+    kernels end at random points, so a drain can land in a batch's last millisecond (a clean-clone CI run
+    once found 977 us); such a region does not test what comes after a busy drain, and the next one is taken."""
+    for _ in range(tries):
+        _, r = region_of(krex, tmp_path)
+        if r["others_busy_us"] >= 1000:
+            return r
+    raise AssertionError(f"no drain in {tries} regions found the sibling's work in flight: {r['others_busy_us']} us")
+
+
 def test_a_quiet_region_is_attested_and_clean(krex, tmp_path):
     krex.start_controller()
     line, r = region_of(krex, tmp_path)
@@ -76,8 +87,8 @@ def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_p
     # (with 3 ms ones a clean-clone CI run once found less than that left and no taint)
     hog, _ = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="20000", SNIPPET_STREAMS="2")
     time.sleep(0.3)
-    _, after = region_of(krex, tmp_path)
-    assert after["taints"] == ["power_cap"] and after["others_busy_us"] >= 1000 and after["exclusive"]
+    after = region_after_busy_drain(krex, tmp_path)
+    assert after["taints"] == ["power_cap"] and after["exclusive"]
     krex.nvml.write_text("")
     _, uncapped = region_of(krex, tmp_path)
     assert uncapped["clean"]                        # busy neighbours alone are no taint: they were drained
@@ -93,8 +104,8 @@ def test_a_power_cap_at_the_grant_is_cleared_when_the_clock_settle_reads_the_pea
     krex.nvml.write_text(f"reasons 0 0x4\nclock 0 {clock}\n")
     hog, _ = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="20000", SNIPPET_STREAMS="2")  # work in flight
     time.sleep(0.3)
-    _, r = region_of(krex, tmp_path)
-    assert sorted(r["taints"]) == sorted(taints) and r["others_busy_us"] >= 1000 and r["exclusive"]
+    r = region_after_busy_drain(krex, tmp_path)
+    assert sorted(r["taints"]) == sorted(taints) and r["exclusive"]
     assert r["attestation"]["gpus"]["0"]["power_cap_at_grant"] == ("taint" if taints else "cleared by the clock settle")
     krex.stop_hogs()
     hog.communicate(timeout=30)
