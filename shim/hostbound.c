@@ -323,6 +323,9 @@ void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
         if (a->complete && a->probed && elapsed_real)
             start_known = elapsed_real(&waited, start, probes[a - answers]) == CUDA_SUCCESS;
         if (!start_known) waited = 0;
+        /* a->end may name a destroyed event whose handle a new one reuses (not cleared at its destroy: that is a
+         * scan of the table). Harmless in practice: the new event was recorded later on the same timeline, so the
+         * old end's wait lies inside this longer interval and is weighed against its length. */
         int end_known = a->end && a->end == end;
         if (end_known && a->end_wait_ms > 0) waited += a->end_wait_ms < ms ? a->end_wait_ms : ms;   /* at the end */
         int is_late = waited >= LATE_SHARE * ms;

@@ -28,7 +28,7 @@ def test_a_region_at_peak_clock_goes_on_after_one_canary(krex, tmp_path):
     [r] = rep["regions"]
     [s] = r["clock_settle"]
     assert s["status"] == "at_once" and s["spins"] == 1 and s["first_mhz"] == 1980 and s["target_mhz"] == 1940
-    assert s["waited_ms"] < 100
+    assert s["waited_ms"] < 500                                      # at once: no second canary (room for a loaded machine)
     assert r["clean"] and "clean=1" in line
     canary = spins(krex)
     timed = [t for t in krex.trace_lines() if t[4] == "timed"]
