@@ -15,23 +15,21 @@ from .errors import KrexCommandError
 from .wire.frames import C
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; raises ValueError on anything else."""
+def parse_cpu_list(text: str, what: str = "CPU") -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; ValueError naming the part that is not a `what` (CPU, GPU)
+    index or range."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            lo, hi = int(a), int(b)
-            if lo > hi or lo < 0:
-                raise ValueError(f"bad CPU range {part!r}")
-            out.extend(range(lo, hi + 1))
-        else:
-            if int(part) < 0:
-                raise ValueError(f"bad CPU {part!r}")
-            out.append(int(part))
+        lo, _, hi = part.partition("-")
+        if not lo.strip().isdigit() or (part.count("-") and not hi.strip().isdigit()) or part.count("-") > 1:
+            raise ValueError(f"{part!r} is not a {what} index or range (a list such as 0-3,8)")
+        lo_n, hi_n = int(lo), int(hi) if hi.strip() else int(lo)
+        if lo_n > hi_n:
+            raise ValueError(f"{part!r} is not a {what} range: it runs backwards")
+        out.extend(range(lo_n, hi_n + 1))
     return sorted(set(out))
 
 
@@ -145,8 +143,17 @@ def _reserved_from(value) -> dict[int, list[int]]:
     if isinstance(value, str):
         return {-1: parse_cpu_list(value)}
     if isinstance(value, dict):
-        return {(-1 if k == "*" else int(k)): (parse_cpu_list(v) if isinstance(v, str) else [int(c) for c in v])
-                for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            if k != "*" and not str(k).isdigit():
+                raise ValueError(f"{k!r} is not a GPU index or \"*\"")
+            if isinstance(v, str):
+                out[-1 if k == "*" else int(k)] = parse_cpu_list(v)
+            elif isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in v):
+                out[-1 if k == "*" else int(k)] = v
+            else:
+                raise ValueError(f"GPU {k}: {v!r} is not a CPU list such as '60-63'")
+        return out
     raise ValueError("must be a CPU list such as '60-63' or a {\"gpu\": \"cpus\"} object")
 
 
@@ -196,7 +203,7 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             fail(name, f"must be true or false, not {getattr(cfg, name)!r}")
     try:
         if isinstance(cfg.gpus, str):
-            cfg.gpus = parse_cpu_list(cfg.gpus)
+            cfg.gpus = parse_cpu_list(cfg.gpus, "GPU")
         elif isinstance(cfg.gpus, list) and all(isinstance(g, int) and not isinstance(g, bool) for g in cfg.gpus):
             cfg.gpus = sorted(set(cfg.gpus))
         else:
@@ -247,7 +254,13 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             cfg.idle_exit_s = _number("idle_exit_s", cfg.idle_exit_s, 0, 86400.0, True)
         except ValueError as e:
             fail("idle_exit_s", str(e))
-    for name in ("socket", "state_file", "socket_group"):
+    if cfg.metrics is not None:
+        from .metrics import parse_address
+        try:
+            parse_address(cfg.metrics)
+        except ValueError as e:
+            fail("metrics", str(e))
+    for name in ("socket", "state_file", "socket_group", "trace"):
         value = getattr(cfg, name)
         if value is not None and (not isinstance(value, str) or not value):
             fail(name, f"must be a non-empty string, not {value!r}")

@@ -90,7 +90,7 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
     return env
 
 
-FLAG_VARS = ("KREX_GATE_CONTEXTS", "KREX_GATE_EXIT", "KREX_GATE_MEMORY", "KREX_QUIET", "KREX_STRICT")
+FLAG_VARS = ("KREX_GATE_CONTEXTS", "KREX_GATE_EXIT", "KREX_GATE_MEMORY", "KREX_HOST_BOUND", "KREX_QUIET", "KREX_STRICT")
 FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 LOG_LEVELS = ("error", "warning", "info", "debug")   # the controller's --log-level and the shim's KREX_LOG_LEVEL
 

@@ -228,7 +228,8 @@ def summary(rep: dict) -> str:
     if rep.get("counters_unavailable"):
         parts.append("launches not counted")
     elif rep.get("launches"):
-        parts.append(f"{rep['launches']} launches ({rep.get('launches_outside_regions', 0)} outside regions)")
+        n_l = rep["launches"]
+        parts.append(f"{n_l} launch{'es' if n_l != 1 else ''} ({rep.get('launches_outside_regions', 0)} outside regions)")
     else:
         parts.append("0 launches")
     if rep.get("wall_ns") is not None:

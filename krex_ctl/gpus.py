@@ -28,6 +28,10 @@ class GpuTable:
                     self.uuids[i] = raw
                     gate.set_uuid(i, raw)
             log.info("GPUs by NVML: %s", ", ".join(f"{i} {nvml.uuid_text(u)}" for i, u in sorted(self.uuids.items())))
+            missing = [g for g in cfg.gpus if g not in self.uuids]
+            if self.uuids and missing and len(cfg.gpus) < 64:      # --gpus (or the config's gpus) was given
+                log.warning("--gpus names GPU(s) %s, which this node does not have (NVML lists %s): not served",
+                            ",".join(map(str, missing)), ",".join(map(str, sorted(self.uuids))))
 
     def index(self, uuid: Optional[bytes], device: int) -> Optional[int]:
         """The node-wide index of a GPU a shim reports (its UUID, if it had one, wins over its own guess)."""

@@ -25,16 +25,20 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 30
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60)
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
+def parse_address(text) -> tuple[str, int]:
+    """'HOST:PORT' (HOST may be empty: every address; [::1]:PORT for IPv6); ValueError on anything else."""
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise KrexCommandError(f"--metrics: {text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)", 2)
+        raise ValueError(f"{text!r} is not HOST:PORT with a port in 1-65535 (e.g. 127.0.0.1:9464)")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class Metrics:
     def __init__(self, address: str):
-        host, port = parse_address(address)
+        try:
+            host, port = parse_address(address)
+        except ValueError as e:
+            raise KrexCommandError(f"--metrics: {e}", 2) from None
         try:
             import prometheus_client as p
         except ImportError:

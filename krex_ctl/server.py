@@ -174,7 +174,7 @@ class Controller(RegionEffects):
                      "reconnecting)", RECONNECT_GRACE_S)
             self.unregistered.after_a_dead_controller()
         SPILL_DIR[0] = os.path.dirname(os.path.abspath(socket_path))
-        self.registry = Registry(socket_path, cfg.gpus, node=os.getuid() == 0)   # other controllers here
+        self.registry = Registry(socket_path, self.gpus.node(cfg.gpus), node=os.getuid() == 0)   # others here
         self.registry.announce()
         self.jobs: dict[int, Job] = {}
         self.timers: list[Timer] = []
@@ -881,6 +881,10 @@ class Controller(RegionEffects):
                 "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "uid": r.owner.uid, "gpus": mask_to_list(r.gpu_mask),
                            "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.book.queue if r.gpu_mask & bit],
                 "clients": [c.pid for c in clients],
+                # other jobs' processes with a context here while a region holds it: their GPU work waits at the
+                # gate (the frozen ones are stopped as well)
+                "gated": [] if owner is None else [c.pid for c in clients if c.job is not owner.job
+                                                   and c not in owner.frozen],
             })
         return {
             "controller": {"pid": os.getpid(), "socket": self.socket_path, "protocol": frames.VERSION,

@@ -327,6 +327,23 @@ def test_status_text_names_user_command_and_uuid(krex, tmp_path):
     owner.communicate(timeout=60)
 
 
+def test_status_names_the_processes_a_region_gates(krex, tmp_path):
+    """Under the default policy an idle neighbour is not frozen: `krex status` lists it as gated on the held GPU
+    (its GPU work would wait there), and the frozen busy one as frozen."""
+    krex.start_controller("--freeze-policy", "busy")
+    idle, idle_pid = krex.start_sibling(SNIPPET_STREAMS="0", SNIPPET_MS="60000")
+    owner, pid = holder(krex, tmp_path / "release")
+    out = krex_cli(krex, "status")
+    gpu0 = [line for line in out.stdout.splitlines() if line.startswith("GPU 0")][0]
+    gated = [line for line in out.stdout.splitlines() if line.strip().startswith("gated")]
+    assert "1 gated" in gpu0 and gated == [f"    gated (their GPU work waits for the region): pids {idle_pid}"], out.stdout
+    (tmp_path / "release").touch()
+    owner.communicate(timeout=60)
+    assert "gated" not in krex_cli(krex, "status").stdout
+    krex.stop_hogs()
+    idle.communicate(timeout=30)
+
+
 def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
     krex.start_controller()
     p = subprocess.Popen(KREX + ["status", "--watch", "0.2"], env=krex.env, stdout=subprocess.PIPE,
@@ -491,12 +508,27 @@ def test_controller_trace_and_metrics(krex, tmp_path):
 
 
 def test_controller_trace_never_replaces_a_file_and_metrics_address_is_checked(krex, tmp_path):
+    """A bad --trace or --metrics is refused in one line before the controller binds its socket: no socket
+    files, no registry entry, no trace file made (the next start finds no 'controller died here')."""
     precious = tmp_path / "precious"
     precious.write_text("mine")
-    for args, why in ((["--trace", str(precious)], "exists"), (["--metrics", "nowhere"], "is not HOST:PORT")):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    for args, why in ((["--trace", str(precious)], "exists"), (["--metrics", "nowhere"], "is not HOST:PORT"),
+                      (["--metrics", "127.0.0.1:99999"], "port in 1-65535"),
+                      (["--trace", str(tmp_path / "no" / "t.json")], "No such file"),
+                      (["--metrics", f"127.0.0.1:{port}"], "cannot listen"),
+                      (["--metrics", f"127.0.0.1:{port}", "--trace", str(tmp_path / "t.json")], "cannot listen")):
         out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), *args)
-        assert out.returncode == 2 and why in out.stderr and "Traceback" not in out.stderr, out.stderr
-    assert precious.read_text() == "mine"
+        assert out.returncode == 2 and why in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+        assert not list(tmp_path.glob("c.sock*")) and not list(krex.registry.iterdir()), args
+    taken.close()
+    assert precious.read_text() == "mine" and not (tmp_path / "t.json").exists()
+    krex.start_controller()                      # the socket is served: a second controller's trace file goes again
+    out = krex_cli(krex, "controller", "--socket", str(krex.socket), "--trace", str(tmp_path / "t.json"))
+    assert out.returncode == 4 and not (tmp_path / "t.json").exists(), out.stderr
 
 
 def test_controller_says_ready_to_systemd(krex, tmp_path):

@@ -73,8 +73,10 @@ def test_scheduler_never_lets_a_later_request_overtake_on_a_shared_gpu():
 
 def test_cpu_lists():
     assert parse_cpu_list("0-3,8, 10-11") == [0, 1, 2, 3, 8, 10, 11]
-    for bad in ("3-1", "a", "-1"):
-        with pytest.raises(ValueError):
+    for bad, why in (("3-1", "'3-1' is not a CPU range: it runs backwards"), ("a", "'a' is not a CPU index"),
+                     ("-1", "'-1' is not a CPU index"), ("0-", "'0-' is not a CPU index"),
+                     ("1-2-3", "'1-2-3' is not a CPU index"), ("0x1", "'0x1' is not")):
+        with pytest.raises(ValueError, match=why):
             parse_cpu_list(bad)
     assert default_reserved({0}) == []
     assert default_reserved({0, 1}) == [1]
@@ -98,6 +100,8 @@ def test_config_errors_are_clear(tmp_path):
     ("region_time_limit_s", "1e10", "--region-time-limit: must be a finite number above 0 and at most 86400"),
     ("drain_timeout_s", "nan", "--drain-timeout: must be a finite number"),
     ("gpus", "", "--gpus: no GPU given"),
+    ("gpus", "abc", "--gpus: 'abc' is not a GPU index or range (a list such as 0-3,8)"),
+    ("reserved_cores", "0-", "--reserved-cores: '0-' is not a CPU index or range"),
     ("socket_mode", "0", "--socket-mode: 0o0 must be at most 0777 and let the owner read and write"),
     ("socket_mode", "abc", "--socket-mode: must be an octal mode"),
     ("socket_mode", "0666", "--socket-mode: 0o666 would let every user"),
@@ -150,10 +154,22 @@ def test_environment_is_checked_before_a_run():
                          ({"KREX_GPU": "abc"}, "KREX_GPU: 'abc' is not a GPU index"),
                          ({"KREX_LOG_LEVEL": "loud"}, "KREX_LOG_LEVEL must be one of"),
                          ({"KREX_HOOKS": "triton,nope"}, "KREX_HOOKS: unknown hook nope"),
-                         ({"KREX_WARM_WORKERS": "-3"}, "KREX_WARM_WORKERS must be a whole number")):
+                         ({"KREX_WARM_WORKERS": "-3"}, "KREX_WARM_WORKERS must be a whole number"),
+                         ({"KREX_HOST_BOUND": "maybe"}, "KREX_HOST_BOUND must be 0 or 1")):
         with pytest.raises(KrexCommandError, match=message) as e:
             check_environment(env)
         assert e.value.exit_code == 2
+
+
+def test_every_flag_the_shim_reads_is_checked_before_a_run():
+    """a flag the shim would only warn about (and take its default) is refused by `krex run` first"""
+    import re
+
+    from conftest import ROOT
+    from krex_ctl.environ import FLAG_VARS
+
+    read = {m for f in (ROOT / "shim").glob("*.c") for m in re.findall(r'krex_env_flag\("(KREX_\w+)"', f.read_text())}
+    assert read and read <= set(FLAG_VARS), read - set(FLAG_VARS)
 
 
 def test_which_commands_may_run_warm(tmp_path):

@@ -87,10 +87,18 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         trace=trace_file)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
-    listener, _lock = bind(cfg, path)
     log = logging.getLogger("krex.controller")
-    ctl = Controller(cfg, listener, path)
-    observers = observe(ctl, cfg)
+    m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
+    try:
+        listener, _lock = bind(cfg, path)
+        ctl = Controller(cfg, listener, path)
+    except BaseException:
+        if m is not None:
+            m.close()
+        if sink is not None:
+            sink.abandon()
+        raise
+    observers = attach(ctl, m, sink)
     log.info("serving %s", path)
     systemd.notify_ready()
     try:
@@ -100,20 +108,29 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
             o.close()
 
 
-def observe(ctl, cfg) -> list:
-    """--metrics and --trace: observers of every region's end (krex_ctl/metrics.py, wire/trace.py)."""
+def open_observers(cfg) -> tuple:
+    """--metrics and --trace, opened: (the metrics endpoint or None, the trace sink or None)."""
     from .. import metrics
     from ..errors import KrexCommandError
     from ..wire import trace
 
     m = metrics.Metrics(cfg.metrics) if cfg.metrics else None
-    if m is not None:
-        logging.getLogger("krex.controller").info("metrics at http://%s/metrics", m.address)
     sink = None
     if cfg.trace:
         try:
             sink = trace.Sink(cfg.trace)
         except OSError as e:
+            if m is not None:
+                m.close()
             raise KrexCommandError(f"--trace {cfg.trace}: {e.strerror or e}", 2) from None
+    return m, sink
+
+
+def attach(ctl, m, sink) -> list:
+    """The observers of every region's end (krex_ctl/metrics.py, wire/trace.py), attached to ctl."""
+    from .. import metrics
+
+    if m is not None:
+        logging.getLogger("krex.controller").info("metrics at http://%s/metrics", m.address)
     metrics.observe(ctl, m, sink)
     return ctl.observers

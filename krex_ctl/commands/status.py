@@ -64,9 +64,12 @@ def lines(st: dict) -> list[str]:
             owner = (f"region {o['region']} '{o['name']}' of pid {o['pid']} ({user_name(o.get('uid', job.get('uid')))}: "
                      f"{command_text(o.get('command', job.get('command')))}; {o['state']}, {o['held_s']:.3f} s, "
                      f"{len(o['frozen'])} frozen)")
-        out.append(f"GPU {g['gpu']}{uuid}: {owner}; {len(g['clients'])} client(s); {len(g['queue'])} waiting")
+        out.append(f"GPU {g['gpu']}{uuid}: {owner}; {len(g['clients'])} client(s); {len(g['queue'])} region(s) waiting"
+                   + (f"; {len(g['gated'])} gated" if g.get("gated") else ""))
         if o is not None and o["frozen"]:
             out.append(f"    frozen: pids {', '.join(map(str, o['frozen']))}")
+        if g.get("gated"):
+            out.append(f"    gated (their GPU work waits for the region): pids {', '.join(map(str, g['gated']))}")
         for place, q in enumerate(g["queue"], 1):
             out.append(f"    {place}. waiting: region {q['region']} '{q['name']}' of pid {q['pid']} "
                        f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s")
@@ -96,7 +99,7 @@ def table(st: dict):
     t = Table(title=f"krex controller pid {ctl['pid']} on {ctl['socket']}, up {ctl['uptime_s']:.0f} s, "
                     f"freeze policy {freeze_policy(ctl)}",
               expand=True)
-    for col in ("GPU", "owner", "user", "command", "state", "held s", "frozen", "queue"):
+    for col in ("GPU", "owner", "user", "command", "state", "held s", "frozen", "gated", "queue"):
         t.add_column(col, overflow="fold")
     jobs = jobs_by_id(st)
     for g in st["gpus"]:
@@ -104,12 +107,12 @@ def table(st: dict):
         queue = "\n".join(f"{i}. '{q['name']}' pid {q['pid']} ({user_name(q.get('uid'))}) {q['waiting_s']:.1f} s"
                           for i, q in enumerate(g["queue"], 1)) or "-"
         if o is None:
-            t.add_row(str(g["gpu"]), "free", "", "", "", "", "", queue)
+            t.add_row(str(g["gpu"]), "free", "", "", "", "", "", "", queue)
             continue
         job = jobs.get(o.get("job"), {})
         t.add_row(f"{g['gpu']}", f"'{o['name']}' pid {o['pid']}", user_name(o.get("uid", job.get("uid"))),
                   command_text(o.get("command", job.get("command")), 40), o["state"], f"{o['held_s']:.2f}",
-                  ", ".join(map(str, o["frozen"])) or "-", queue)
+                  ", ".join(map(str, o["frozen"])) or "-", ", ".join(map(str, g.get("gated", []))) or "-", queue)
     placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
                        f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
     return Group(t, Text(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)\n" + placed))

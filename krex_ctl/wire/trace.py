@@ -152,6 +152,7 @@ class Sink:
             raise FileExistsError(f"{path} exists (krex writes a new trace file; remove it or name another)")
         flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if st is None else 0)
         self.f = os.fdopen(os.open(path, flags, 0o644), "w", buffering=1)
+        self.path, self.created = path, st is None
         self.named: set = set()
         self.first = True
         self.f.write("[")
@@ -172,6 +173,17 @@ class Sink:
         try:
             self.f.write("\n]\n")
             self.f.close()
+        except OSError:
+            pass
+
+    def abandon(self) -> None:
+        """The controller did not start: the file goes again if this sink made it (nothing was traced)."""
+        import os
+
+        try:
+            self.f.close()
+            if self.created:
+                os.unlink(self.path)
         except OSError:
             pass
 
