@@ -15,6 +15,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,10 +56,20 @@ def krex_run(env, report, cmd, **kw):
                             + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+def alive(pid: int) -> bool:
+    """pid runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--has-gpu", action="store_true", help="only say (exit status 0) whether a CUDA GPU answers")
     ap.add_argument("--fake", action="store_true", help="use the fake driver even where there is a GPU")
+    ap.add_argument("--keep", action="store_true", help="keep the reports, the trace and the controller's log")
     args = ap.parse_args()
     devices = cuda_devices()
     if args.has_gpu:
@@ -133,7 +144,15 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=env)
     st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True, text=True)
     if st.returncode == 0:
-        os.kill(json.loads(st.stdout)["controller"]["pid"], signal.SIGTERM)
+        pid = json.loads(st.stdout)["controller"]["pid"]
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(pid):
+            time.sleep(0.05)
+    if args.keep or status:
+        print(f"\nreports, trace and the controller's log: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return status
 
 

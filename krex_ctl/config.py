@@ -283,7 +283,10 @@ def load(path: Optional[str], **flags) -> Config:
         known = set(Config.__dataclass_fields__)
         for k, v in data.items():
             if k not in known:
-                raise KrexCommandError(f"config {path}: unknown setting {k!r}", 2)
+                import difflib
+                near = difflib.get_close_matches(str(k), sorted(known), n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
             setattr(cfg, k, v)
             from_file.add(k)
     for k, v in flags.items():

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SI_KERNEL_CODE 0x80
@@ -117,7 +118,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "krex: command not found: %s\n", argv[2]);
             _exit(127);
         }
-        if (e == EACCES || e == EPERM) fprintf(stderr, "krex: permission denied: %s\n", argv[2]);
+        struct stat st;
+        if (e == EACCES && strchr(argv[2], '/') && stat(argv[2], &st) == 0 && S_ISDIR(st.st_mode))
+            fprintf(stderr, "krex: is a directory: %s\n", argv[2]);
+        else if (e == EACCES || e == EPERM) fprintf(stderr, "krex: permission denied: %s\n", argv[2]);
         else fprintf(stderr, "krex: cannot run %s: %s\n", argv[2], strerror(e));
         _exit(126);
     }

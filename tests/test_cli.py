@@ -23,6 +23,8 @@ def test_exit_status_passes_through(krex, tmp_path):
     assert "krex: command killed by SIGTERM" in out.stderr
     out = krex.run(["no-such-command-krex"])
     assert out.returncode == 127 and out.stderr.strip() == "krex: command not found: no-such-command-krex"
+    out = krex.run([tmp_path])
+    assert out.returncode == 126 and out.stderr.strip() == f"krex: is a directory: {tmp_path}"
 
 
 def test_report_contract(krex, tmp_path):
@@ -84,7 +86,7 @@ def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
     out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--config", str(bad))
     assert out.returncode == 2 and "unknown setting 'frobnicate'" in out.stderr
     out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--reserved-cores", "3-1")
-    assert out.returncode == 2 and "bad CPU range" in out.stderr
+    assert out.returncode == 2 and "'3-1' is not a CPU range: it runs backwards" in out.stderr
     out = krex_cli(krex, "status", "--socket", str(tmp_path / "none.sock"))
     assert out.returncode == 3 and out.stderr.startswith("krex: no krex controller answers at")
 
@@ -134,10 +136,16 @@ def test_report_path_is_checked_before_the_command_runs(krex, tmp_path):
     """A report that cannot be written is said before anything runs (it used to run, then fail with rc 0)."""
     krex.start_controller()
     marker = tmp_path / "ran"
-    for bad, why in ((tmp_path / "no" / "such" / "dir" / "r.json", "does not exist"), (tmp_path, "is a directory")):
-        out = krex.run(["sh", "-c", f"touch {marker}; exit 5"], report=bad)
+    (tmp_path / "a-file").write_text("")
+    for bad, why in ((tmp_path / "no" / "such" / "dir" / "r.json", "does not exist"), (tmp_path, "is a directory"),
+                     (tmp_path / "a-file" / "r.json", "a-file is not a directory"),
+                     ("", "the path is empty")):
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--report", str(bad), "--", "sh", "-c",
+                              f"touch {marker}; exit 5"], env=krex.env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and not marker.exists()
         assert out.stderr.strip().splitlines() == [out.stderr.strip()] and why in out.stderr
+    assert krex.run(["true"], report=tmp_path / "ok.json").returncode == 0
+    assert [p.name for p in tmp_path.iterdir() if "krex-check" in p.name] == []   # the trial file went again
 
 
 def test_report_is_not_written_through_a_planted_link(krex, tmp_path):

@@ -86,6 +86,9 @@ def test_cpu_lists():
 def test_config_errors_are_clear(tmp_path):
     with pytest.raises(KrexCommandError, match="cannot read config"):
         load(str(tmp_path / "missing.json"))
+    (tmp_path / "c.json").write_text('{"region_time_limit": 5}')
+    with pytest.raises(KrexCommandError, match="unknown setting 'region_time_limit' .did you mean 'region_time_limit_s'"):
+        load(str(tmp_path / "c.json"))
     cfg = load(None, gpus="0-1", reserved_cores="1", region_time_limit_s=5.0)
     assert cfg.gpus == [0, 1] and cfg.reserved_cores == {-1: [1]} and cfg.region_time_limit_s == 5.0
     with pytest.raises(KrexCommandError, match="GPU indices"):

@@ -13,16 +13,16 @@ from ..server import Controller, bind
 @click.option("--socket", "socket_path", type=click.Path(), default=None,
               help="Socket to serve (default: KREX_SOCKET, else the per-user socket).")
 @click.option("--config", "config_file", type=click.Path(), default=None, help="JSON config file.")
-@click.option("--gpus", default=None, help="GPUs this controller manages, e.g. 0-7 (default: any).")
-@click.option("--reserved-cores", default=None,
+@click.option("--gpus", default=None, metavar="LIST", help="GPUs this controller manages, e.g. 0-7 (default: any).")
+@click.option("--reserved-cores", default=None, metavar="LIST",
               help="CPUs given to a region owner, e.g. 60-63 (default: the last eighth of the CPUs).")
-@click.option("--region-time-limit", default=None, help="Seconds before a region is revoked (60).")
-@click.option("--drain-timeout", default=None, help="Seconds to wait for a sibling's drain (2).")
-@click.option("--socket-mode", default=None, help="Socket permissions in octal (0600; 0660 with --socket-group).")
-@click.option("--socket-group", default=None, help="Group that may use the socket.")
+@click.option("--region-time-limit", default=None, metavar="SECONDS", help="Seconds before a region is revoked (60).")
+@click.option("--drain-timeout", default=None, metavar="SECONDS", help="Seconds to wait for a sibling's drain (2).")
+@click.option("--socket-mode", default=None, metavar="OCTAL", help="Socket permissions in octal (0600; 0660 with --socket-group).")
+@click.option("--socket-group", default=None, metavar="GROUP", help="Group that may use the socket.")
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
 @click.option("--no-cpu-isolation", is_flag=True, help="Do not re-pin threads during regions.")
-@click.option("--owner-cpus", default=None,
+@click.option("--owner-cpus", default=None, metavar="reserved|own-and-reserved",
               help="reserved (default): a region owner's threads run on the reserved cores only; own-and-reserved: "
                    "they keep their own CPUs and gain the reserved ones (nobody else runs there either way).")
 @click.option("--no-freeze", is_flag=True,
@@ -44,24 +44,24 @@ from ..server import Controller, bind
 @click.option("--gate-exit/--no-gate-exit", default=None,
               help="Every client with contexts exits only while no other job's region holds one of its GPUs "
                    "(on by default; KREX_GATE_EXIT decides instead).")
-@click.option("--settle-ms", default=None, help="After another job exits or frees GPU memory, wait this long "
+@click.option("--settle-ms", default=None, metavar="MS", help="After another job exits or frees GPU memory, wait this long "
               "before a region starts (0).")
-@click.option("--settle-ms-per-gib", default=None, help="... plus this much per GiB it freed (0).")
-@click.option("--clock-settle-ms", default=None,
+@click.option("--settle-ms-per-gib", default=None, metavar="MS", help="... plus this much per GiB it freed (0).")
+@click.option("--clock-settle-ms", default=None, metavar="MS",
               help="After a grant, wait up to this long for the GPU's SM clock (read by a canary kernel) to be back "
                    "at its peak; a region that starts below it is tainted clock_low (300; 0: off).")
-@click.option("--clock-settle-pct", default=None, help="The SM clock counts as back at this percentage of its peak (98).")
-@click.option("--warm-workers", default=None,
+@click.option("--clock-settle-pct", default=None, metavar="PERCENT", help="The SM clock counts as back at this percentage of its peak (98).")
+@click.option("--warm-workers", default=None, metavar="N",
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
-@click.option("--worker-preload", default=None, help="Modules a warm worker imports first (torch,triton).")
-@click.option("--worker-reuse", default=None,
+@click.option("--worker-preload", default=None, metavar="MODULES", help="Modules a warm worker imports first (torch,triton).")
+@click.option("--worker-reuse", default=None, metavar="N",
               help="Commands a warm worker runs before it is replaced (default 1: a fresh process per command).")
 @click.option("--metrics", default=None, metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (docs/guide/monitoring.md).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None,
               help="Append every region to this Chrome/Perfetto trace file (a new file; ui.perfetto.dev opens it).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
-@click.option("--log-level", default=None, help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
+@click.option("--log-level", default=None, metavar="LEVEL", help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
                fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,

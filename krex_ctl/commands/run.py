@@ -156,7 +156,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     elif gpu_spec is not None and want_gpus is not None:
         raise KrexCommandError("--gpu and --gpus: give one of them", 2)
     gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any", "own") else None
-    report_file = report.check_path(report_path) if report_path else None
+    report_file = report.check_path(report_path) if report_path is not None else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
     shim = paths.shim_library()
     helper = paths.exec_helper()

@@ -9,6 +9,7 @@ no taint of KREX_TAINTS_NOT_EXCLUSIVE), "clean" (no taint at all), and "taints" 
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +73,8 @@ def check_path(path: str) -> Path:
     standard output."""
     if path == "-":
         return STDOUT
+    if not path:
+        raise KrexCommandError("--report: the path is empty (an unset variable?)", 2)
     p = Path(path)
     if p.is_symlink() or (p.exists() and not p.is_file() and not p.is_dir()):
         if not os.access(p, os.W_OK):
@@ -80,10 +83,18 @@ def check_path(path: str) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise KrexCommandError(f"--report {path}: is a directory", 2)
+    if parent.exists() and not parent.is_dir():
+        raise KrexCommandError(f"--report {path}: {parent} is not a directory", 2)
     if not parent.is_dir():
         raise KrexCommandError(f"--report {path}: the directory {parent} does not exist", 2)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise KrexCommandError(f"--report {path}: cannot create files in {parent}", 2)
+    # the report is written as a fresh file renamed over: one made and removed now proves that works there
+    # (permissions, a read-only mount, /proc)
+    try:
+        fd, trial = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".krex-check", dir=parent)
+        os.close(fd)
+        os.unlink(trial)
+    except OSError as e:
+        raise KrexCommandError(f"--report {path}: cannot create files in {parent} ({e.strerror})", 2) from None
     return p
 
 
