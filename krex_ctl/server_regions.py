@@ -79,6 +79,15 @@ class RegionEffects:
                 self.send_error(e.client, e.code, e.text, seq=e.seq)
         elif isinstance(e, policy.Recheck):      # a request waits for its fair share: schedule again then
             self.after(e.delay, lambda: self.apply(self.book.recheck(time.monotonic())))
+        elif isinstance(e, policy.Thaw):
+            for c in e.clients:
+                if c.pidfd is not None and c.pidfd.alive():
+                    # it goes on unconnected: its shim may launch before it registers again (an exec), so the
+                    # live regions it overlaps are tainted unregistered rather than silently shared
+                    self.unregistered.note(c.pid)
+                    log.warning("pid %d lost its connection while frozen; resumed", c.pid)
+            self.freezer.thaw(e.clients, self.book.freezes.clients())
+            server_feedback.mark_thawed(e.clients)
         elif isinstance(e, policy.Cancelled):
             self.send(e.client, MSG["REGION_ENDED"], encode(
                 "struct krex_region_ended", region_id=0, ended_ns=now_ns(), reason=C.KREX_END_CANCELLED), seq=e.seq)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import SNIP, proc_state, wait_for
+from conftest import SNIP, proc_state, report_of, wait_for
 from krex_ctl.wire import client, frames
 from krex_ctl.wire.frames import C, MSG
 
@@ -99,6 +99,59 @@ def test_stale_socket_file_is_replaced(krex):
     assert not krex.answers()
     krex.start_controller()
     assert krex.answers()
+
+
+def shut_unix_sockets(pid: int) -> int:
+    """Shut down every Unix socket of a live process from outside (pidfd_getfd, then shutdown): its connection
+    to the controller closes as an exec or a dropped connection closes it. How many; None where the kernel
+    does not allow it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    n = 0
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:
+                continue
+            fd = libc.syscall(438, pidfd, int(name), 0)          # pidfd_getfd
+            if fd < 0:
+                return None
+            s = socket.socket(fileno=fd)
+            if s.family == socket.AF_UNIX:
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+            s.close()
+    finally:
+        os.close(pidfd)
+    return n
+
+
+def test_a_process_whose_connection_closes_while_frozen_is_resumed(krex, tmp_path):
+    """Its connection closes while a region has it stopped (an exec, a dropped connection): the region's end
+    would no longer resume it (the controller forgot it with its connection), so it is resumed at once, and the
+    region it may now launch into is tainted unregistered."""
+    krex.start_controller()
+    hog, hog_pid = krex.start_sibling(SNIPPET_MS="6000")
+    rep = tmp_path / "r.json"
+    owner = krex.popen([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "3000000"})
+    wait_for(lambda: proc_state(hog_pid) in ("T", "t"), what="hog frozen")
+    if not shut_unix_sockets(hog_pid):
+        krex.stop_hogs()
+        os.kill(hog_pid, signal.SIGCONT)
+        pytest.skip("this kernel does not let a test take another process's socket (pidfd_getfd)")
+    t0 = time.monotonic()
+    wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=2.0, interval=0.01, what="hog resumed")
+    assert owner.poll() is None and time.monotonic() - t0 < 2.0    # resumed while the region still holds
+    out, err = owner.communicate(timeout=30)
+    assert owner.returncode == 0, err
+    [r] = report_of(rep)["regions"]
+    assert "unregistered" in r["taints"] and not r["exclusive"], r
+    krex.stop_hogs()
+    hog.communicate(timeout=30)
 
 
 def test_controller_killed_mid_region_guardians_resume_the_job(krex, tmp_path):

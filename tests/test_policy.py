@@ -403,6 +403,20 @@ def test_a_process_frozen_by_two_regions_is_resumed_only_when_both_have_ended():
     assert second.thaw == [s] and not w.book.freezes.frozen(s)
 
 
+def test_a_frozen_process_that_leaves_is_thawed_at_once():
+    """Its connection closed while a region had it stopped (an exec, a dropped connection): the region's end
+    could not resume it (it is forgotten), so its going resumes it, and the region's end thaws nobody."""
+    w = World()
+    a, s = w.client(10, Job(1)), w.client(30, Job(3))
+    ra = region_of(w.run_to_grant(w.request(a)))
+    assert w.book.freezes.frozen(s)
+    thaws = [e for e in w.book.gone(s, w.now) if isinstance(e, P.Thaw)]
+    assert [t.clients for t in thaws] == [[s]] and not w.book.freezes.frozen(s)
+    end = next(e for e in w.book.leave(ra, a, 0, 1, w.now) if isinstance(e, P.Finish))
+    assert end.thaw == []
+    assert not [e for e in w.book.gone(a, w.now) if isinstance(e, P.Thaw)]     # one never frozen: nothing
+
+
 def test_a_second_freezer_only_stops_those_not_stopped_already():
     w = World()
     a, b = w.client(10, Job(1), devices=0b01), w.client(20, Job(2), devices=0b10)

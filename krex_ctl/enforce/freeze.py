@@ -67,6 +67,13 @@ class Freezer:
         self.resumer.release(region_id)
         self.record(still_frozen)
 
+    def thaw(self, clients, still_frozen) -> None:
+        """SIGCONT clients that left while stopped (their regions go on); record the rest."""
+        for c in clients:
+            if c.pidfd is not None:
+                c.pidfd.signal(signal.SIGCONT)
+        self.record(still_frozen)
+
     def resume_from_state_file(self) -> None:
         """At start: resume what a previous controller of this socket left stopped, if the file is ours."""
         try:

@@ -195,6 +195,13 @@ class Finish:
 
 
 @dataclass
+class Thaw:
+    """Resume these clients now: their connection closed while a live region had them stopped (an exec, a
+    dropped connection), so no region's end would resume them."""
+    clients: list
+
+
+@dataclass
 class Recheck:
     """Run the scheduler again after delay seconds: a request waits for its fair share (scheduler.FairShare)."""
     delay: float
@@ -562,6 +569,8 @@ class Regions:
         if client.request is not None and client.request in self.queue:
             self.queue.remove(client.request)
             client.request = None
+        if self.freezes.frozen(client):
+            out.append(Thaw([client]))       # alive (an exec, a dropped connection) or not: never left stopped
         self.freezes.forget(client)
         for region in list(self.regions.values()):
             if client in region.members:
