@@ -267,6 +267,41 @@ def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, t
     hog.communicate(timeout=30)
 
 
+NEWCOMERS_SCRIPT = r"""
+import ctypes, json, os, subprocess, sys, threading, time
+import krex
+libc, tids, ev = ctypes.CDLL(None), {}, threading.Event()
+def worker():
+    tids["t"] = libc.syscall(186)                   # gettid (x86_64)
+    ev.wait()
+before = sorted(os.sched_getaffinity(0))
+with krex.region("r") as r:
+    inside = sorted(os.sched_getaffinity(0))
+    t = threading.Thread(target=worker)
+    t.start()
+    child = subprocess.Popen(["sleep", "30"])
+    while "t" not in tids:
+        time.sleep(0.01)
+after = {"main": sorted(os.sched_getaffinity(0)), "thread": sorted(os.sched_getaffinity(tids["t"])),
+         "child": sorted(os.sched_getaffinity(child.pid))}
+ev.set(); t.join(); child.kill(); child.wait()
+print(json.dumps({"granted": r.granted, "before": before, "inside": inside, "after": after}))
+"""
+
+
+def test_threads_and_children_made_inside_a_region_leave_the_reserved_cores(krex, cpus):
+    """They inherit the owner's confinement and were in no saved mask: at the end they get the process's own
+    CPUs back (they stayed on the reserved core for good)."""
+    import json
+
+    krex.start_controller()
+    out = krex.python(NEWCOMERS_SCRIPT)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["granted"] and r["inside"] == [cpus[-1]], r
+    assert r["after"] == {"main": r["before"], "thread": r["before"], "child": r["before"]}, r
+
+
 def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_path, cpus):
     from krex_ctl import procs
 

@@ -51,6 +51,7 @@ class Isolation:
     def leave(self, region, pid: int) -> None:
         """A member left a region that goes on: its CPUs back now."""
         if region.reserved:
+            self.unpin_newcomers(region, [pid])
             for tid in procs.threads(pid):
                 old = region.saved_affinity.pop(tid, None)
                 if old is not None and procs.same_thread(tid, old):
@@ -58,6 +59,8 @@ class Isolation:
 
     def end(self, region, frozen_pids: list[int], others_waiting: bool, held_regions) -> None:
         """At the end: hand the cores over when another request waits on these GPUs, else restore."""
+        if region.reserved:
+            self.unpin_newcomers(region, region.pids)
         if region.reserved and others_waiting:
             saved = region.saved_affinity
             for pid in region.pids:        # the members: from their own masks before the region, less ours
@@ -70,6 +73,27 @@ class Isolation:
             procs.restore_affinity(region.saved_affinity)
         if region.reserved:
             self.publish(held_regions)
+
+    @staticmethod
+    def unpin_newcomers(region, pids) -> None:
+        """Threads and child processes a member made inside the region inherited its confinement and are in no
+        saved mask: each gets its mask less the reserved cores, or, where that leaves none, the mask its process
+        had before the region (its main thread's)."""
+        saved = region.saved_affinity
+        for pid in pids:
+            base = saved.get(pid)
+            for p in [pid] + procs.descendants(pid):
+                for tid in procs.threads(p):
+                    if tid in saved:
+                        continue
+                    try:
+                        cur = os.sched_getaffinity(tid)
+                        if cur & region.reserved:
+                            new = (cur - region.reserved) or (set(base) if base else None)
+                            if new:
+                                os.sched_setaffinity(tid, new)
+                    except OSError:
+                        pass
 
     def release(self, held_regions) -> None:
         """Nobody took the handed-over cores: everyone's masks back."""
