@@ -8,6 +8,7 @@ the record, the replies, the next grant."""
 
 import logging
 import os
+import signal
 import time
 import weakref
 
@@ -79,6 +80,15 @@ class RegionEffects:
                 self.send_error(e.client, e.code, e.text, seq=e.seq)
         elif isinstance(e, policy.Recheck):      # a request waits for its fair share: schedule again then
             self.after(e.delay, lambda: self.apply(self.book.recheck(time.monotonic())))
+        elif isinstance(e, policy.Wake):
+            for c in e.clients:
+                self.isolation.keep_off(c, self.book.regions.values())
+                if c.pidfd is not None:
+                    c.pidfd.signal(signal.SIGCONT)
+        elif isinstance(e, policy.Restop):
+            for c in e.clients:
+                if c.pidfd is not None:
+                    c.pidfd.signal(signal.SIGSTOP)
         elif isinstance(e, policy.Thaw):
             for c in e.clients:
                 if c.pidfd is not None and c.pidfd.alive():

@@ -234,10 +234,11 @@ def test_a_drain_timeout_bounds_the_wait_for_the_read_pass():
     assert w.book.counters["read_pass_timeouts"] == 1 and w.book.counters["drain_timeouts"] == 0   # told apart
 
 
-def test_a_late_context_is_not_drained_twice_nor_taken_from_another_live_region():
+def test_a_late_context_is_not_drained_twice_and_a_member_of_another_region_is_drained():
     """A sibling already sent this drain synchronizes all its contexts on the region's GPUs when it answers, so
-    a second context it announces late is not a second drain; a member of another live region is gated per
-    process and never drained (as at the start of a region)."""
+    a second context it announces late is not a second drain. A member of another live region that made a
+    context here inside its own region may have launched before this region's gate closed: it is drained (never
+    frozen), and its own region holds this GPU from then on."""
     w = World()
     a, b = w.client(10, Job(1), devices=3), w.client(20, Job(2), devices=1)
     r = region_of(w.request(a, mask=3))                         # GPUs 0 and 1; b is a sibling on GPU 0
@@ -250,7 +251,25 @@ def test_a_late_context_is_not_drained_twice_nor_taken_from_another_live_region(
     assert rc.state is State.HELD
     c.devices |= 1                                              # as the server records it before asking
     assert c in w.book.siblings(r) and r.state is State.DRAINING
-    assert w.book.late_context(c, 1, r.gates_closed_ns - 1, w.now) == [] and c not in r.pending_drain
+    assert not rc.req.holds & 1
+    assert kinds(w.book.late_context(c, 1, r.gates_closed_ns - 1, w.now)) == ["SendDrain"] and c in r.pending_drain
+    assert rc.req.holds & 1 and w.book.counters["late_contexts_drained"] == 1
+    effects = w.run_to_grant(w.book.drained(r, b, 0, w.now) + w.book.drained(r, c, 5000, w.now))
+    freeze = next(e for e in effects if isinstance(e, P.Freeze))
+    assert c not in freeze.clients and b in freeze.clients and r.state is State.HELD    # drained, never frozen
+
+
+def test_a_context_made_inside_a_region_holds_that_gpu_for_it():
+    """Its owner made a context on GPU 1 inside its region on GPU 0 and launched there: no other job's region
+    may start on GPU 1 while this one is held (the owner is never drained or frozen for it once granted)."""
+    w = World()
+    a, q = w.client(10, Job(1), devices=1), w.client(20, Job(2), devices=2)
+    ra = region_of(w.run_to_grant(w.request(a, mask=1)))
+    a.devices |= 2
+    w.book.late_context(a, 2, w.tick(), w.now)
+    assert not [e for e in w.request(q, mask=2) if hasattr(e, "region")] and len(w.book.queue) == 1   # waits
+    started = w.book.leave(ra, a, 0, 1, w.now)
+    assert region_of(started) is not None and not w.book.queue
 
 
 def test_a_drain_that_times_out_taints_and_goes_on():
@@ -424,9 +443,18 @@ def test_a_second_freezer_only_stops_those_not_stopped_already():
     ra = region_of(w.run_to_grant(w.request(a, mask=0b01)))
     effects = w.request(b, mask=0b10)
     rb = region_of(effects)
+    assert [e.clients for e in effects if isinstance(e, P.Wake)] == [[s]]     # woken to answer rb's drain
     freeze = next(e for e in w.run_to_grant(effects) if isinstance(e, P.Freeze))
-    assert freeze.clients == [s] and w.book.to_stop(rb, freeze.clients) == []
+    assert freeze.clients == [s] and w.book.to_stop(rb, freeze.clients) == [s]   # and stopped again
     assert ra.frozen == [s] and rb.frozen == [s]       # each holds it: it stays stopped until both end
+    assert not rb.taints & C.KREX_TAINT_DRAIN_TIMEOUT
+    c = w.client(40, Job(4), devices=0b100)
+    sib = w.client(50, Job(5), devices=0b101)          # stopped by ra, then woken by a region that ends at once
+    w.book.freezes.take(ra.id, [sib])
+    rc = region_of(w.request(c, mask=0b100))
+    ends = w.book.gone(c, w.now)
+    assert [e.clients for e in ends if isinstance(e, P.Restop)] == [[sib]] and w.book.freezes.frozen(sib)
+    assert rc.id not in w.book.regions
 
 
 def test_a_request_whose_owner_is_frozen_waits_and_keeps_its_place():

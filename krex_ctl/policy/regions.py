@@ -125,6 +125,8 @@ class Region:
     gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
     read_after_close: bool = False                   # a read pass begun after gates_closed_ns is done (read_pass_done)
     drain_sent: set = field(default_factory=set)     # every client sent this region's DRAIN (late ones included)
+    woken: list = field(default_factory=list)        # siblings another live region had stopped, resumed to answer
+                                                     # this region's drain and stopped again at its freeze
 
     @property
     def id(self) -> int:
@@ -192,6 +194,21 @@ class Finish:
     reason: int
     thaw: list
     leaver: Optional[tuple]          # (client, seq) of the member whose END ended it, answered last
+
+
+@dataclass
+class Wake:
+    """Resume these clients, stopped by other live regions, so that they can answer this region's drain (off
+    every held region's reserved cores first); the region's freeze stops them again."""
+    region: Region
+    clients: list
+
+
+@dataclass
+class Restop:
+    """Stop these clients again: woken for a region's drain, that region ended before its freeze, and other
+    live regions still hold them stopped."""
+    clients: list
 
 
 @dataclass
@@ -365,12 +382,15 @@ class Regions:
         region = Region(req=req, job=owner.job, owner=owner, pids=[owner.pid], started=now, phase_start=now)
         region.members[owner] = Member(owner, req.seq, req.name, req.requested_ns, joined=False)
         self.regions[region.id] = region
-        # never drain or freeze a member of a live region: it is gated per process already, and stopping it
-        # would stall its own region
-        sibs = [c for c in self.siblings(region) if self.region_of(c) is None]
+        # every sibling is drained: a member of another live region too (never frozen: that would stall its own
+        # region; its work here may predate this region's gate, from a context it made inside its own region),
+        # and one another live region stopped, woken to answer (stopped again at this region's freeze)
+        sibs = self.siblings(region)
+        region.woken = [c for c in sibs if self.freezes.frozen(c)]
         region.pending_drain = set(sibs)
         region.drain_sent = set(sibs)
-        out: list = [CloseGates(region)] + ([SendDrain(region, sibs)] if sibs else [])
+        out: list = [CloseGates(region)] + ([Wake(region, region.woken)] if region.woken else []) \
+            + ([SendDrain(region, sibs)] if sibs else [])
         # with no sibling too: the region waits for a read pass begun after the close (read_pass_done), and the
         # drain's time bounds that wait as well
         return out + [Arm(region, E.DRAIN_TIMEOUT, float(self.cfg.drain_timeout_s))]
@@ -410,6 +430,9 @@ class Regions:
         every such announcement. Read after the region left DRAINING (which that rule rules out), its work may
         have run inside: the region is tainted late_context (not exclusive) and named in late_contexts."""
         out: list = []
+        own = self.region_of(client)
+        if own is not None:       # made inside its region: that region holds this GPU too from now on
+            own.req.hold_mask |= bit
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
                     or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns
@@ -417,11 +440,14 @@ class Regions:
                 continue
             if region.state is S.DRAINING:
                 # one already sent this drain synchronizes every context it has on the region's GPUs when it
-                # answers, and a member of another live region is gated per process (as _start leaves it out)
-                if client not in region.drain_sent and self.region_of(client) is None:
+                # answers; one another live region stopped is woken to answer, as _start does
+                if client not in region.drain_sent:
                     region.drain_sent.add(client)
                     region.pending_drain.add(client)
                     self.counters["late_contexts_drained"] += 1
+                    if self.freezes.frozen(client) and client not in region.woken:
+                        region.woken.append(client)
+                        out.append(Wake(region, [client]))
                     out.append(SendDrain(region, [client]))
             else:
                 region.taints |= C.KREX_TAINT_LATE_CONTEXT
@@ -480,6 +506,8 @@ class Regions:
             targets = [c for c in targets if c in region.busy]
             if skipped and not targets:
                 region.freeze_skipped = "freeze policy busy: no sibling had GPU work in flight"
+        # those woken for the drain are stopped again whatever the policy: another live region holds them stopped
+        targets += [c for c in region.woken if c not in targets and self.freezes.frozen(c)]
         if not targets:
             return self._stopped(region, E.STOPPED, now)
         return [Freeze(region, targets)]
@@ -495,8 +523,9 @@ class Regions:
         return [Arm(region, E.STOPPED, 0.0)]
 
     def to_stop(self, region: Region, clients: list) -> list:
-        """Of the clients a Freeze names, those to send SIGSTOP: not stopped by another live region already."""
-        return [c for c in clients if not self.freezes.frozen(c)]
+        """Of the clients a Freeze names, those to send SIGSTOP: not stopped by another live region already, or
+        woken by this region for its drain."""
+        return [c for c in clients if not self.freezes.frozen(c) or c in region.woken]
 
     def stop_poll(self, region: Region, running: list, now: float) -> list:
         """running: the pids the region froze that are not seen stopped yet."""
@@ -548,7 +577,9 @@ class Regions:
         del self.regions[region.id]
         self._charge(region, now)
         thaw = self.freezes.release(region.id)
-        return [Finish(region, reason, thaw, leaver)] + self.schedule(now)
+        # woken for its drain, not stopped again by it (it ended first), still held stopped by another region
+        restop = [c for c in region.woken if c not in region.frozen and self.freezes.frozen(c)]
+        return [Finish(region, reason, thaw, leaver)] + ([Restop(restop)] if restop else []) + self.schedule(now)
 
     def _charge(self, region: Region, now: float) -> None:
         """The fair share's accounting at a region's end: its held time to its user and job; who it held off."""
