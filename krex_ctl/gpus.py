@@ -8,19 +8,77 @@ writes each GPU's UUID into its gate slot; the shim reads the UUID of its device
 shim's own reading of the visible-devices list, by index, is what both sides use."""
 
 import logging
+import os
+import subprocess
+import sys
 from typing import Optional
 
 from . import nvml
 
 log = logging.getLogger("krex.controller")
 
+# Where NVML is absent (AMD, or no nvidia-ml-py): how many GPUs the driver sees, asked in a child process so
+# that the controller never loads a GPU driver itself (cuda-python or hip-python where installed, else ctypes)
+COUNT_SCRIPT = r"""
+import ctypes, sys
+def cuda():
+    try:
+        from cuda.bindings import driver as d
+        if d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS:
+            err, n = d.cuDeviceGetCount()
+            return n if err == d.CUresult.CUDA_SUCCESS else None
+        return None
+    except ImportError:
+        pass
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    n = ctypes.c_int()
+    return n.value if lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else None
+def hip():
+    try:
+        from hip import hip as h
+        err, n = h.hipGetDeviceCount()
+        return n if err == h.hipError_t.hipSuccess else None
+    except ImportError:
+        pass
+    try:
+        lib = ctypes.CDLL("libamdhip64.so")
+    except OSError:
+        return None
+    n = ctypes.c_int()
+    return n.value if lib.hipGetDeviceCount(ctypes.byref(n)) == 0 else None
+n = cuda()
+n = hip() if n is None else n
+print(-1 if n is None else n)
+"""
+
+
+def driver_count() -> Optional[int]:
+    """The GPUs the CUDA (else HIP) driver sees on this node, all of them; None where no driver answers."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "LD_PRELOAD")}
+    try:
+        out = subprocess.run([sys.executable, "-c", COUNT_SCRIPT], env=env, capture_output=True, text=True,
+                             timeout=30)
+        n = int(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return n if 0 <= n <= 64 else None
+
 
 class GpuTable:
     def __init__(self, cfg, gate) -> None:
         self.by_uuid: dict[bytes, int] = {}
         self.uuids: dict[int, bytes] = {}
+        self.count: Optional[int] = None           # GPUs on the node (NVML's, else the driver's); None: unknown
         nv = self.nv = nvml.open_nvml()
+        if nv is None and len(cfg.gpus) == 64:     # nothing says which GPUs there are: ask the driver
+            self.count = driver_count()
+            log.info("GPUs by the driver: %s", "unknown" if self.count is None else self.count)
         if nv is not None:
+            self.count = min(nv.count, 64)
             for i in range(min(nv.count, 64)):
                 raw = nv.uuid(i)
                 if raw:
@@ -49,9 +107,13 @@ class GpuTable:
         return nvml.uuid_text(raw) if raw else None
 
     def node(self, configured) -> list[int]:
-        """The GPUs this node has and the controller manages: the configured ones NVML lists (all configured
-        ones where NVML is absent)."""
-        return [g for g in configured if not self.uuids or g in self.uuids]
+        """The GPUs this node has and the controller manages: the configured ones NVML lists, else the configured
+        ones under the count NVML or the driver gave (all configured ones where nothing answered)."""
+        if self.uuids:
+            return [g for g in configured if g in self.uuids]
+        if self.count is not None:
+            return [g for g in configured if g < self.count]
+        return list(configured)
 
     def free_bytes(self, gpu: int) -> Optional[int]:
         return self.nv.memory_free(gpu) if self.nv is not None and gpu < self.nv.count else None

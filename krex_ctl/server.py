@@ -739,10 +739,12 @@ class Controller(RegionEffects):
             self.send_error(client, C.KREX_ERR_DENIED, f"a {client.role_name} client cannot hold regions", seq=seq)
             return
         mask = int(b.gpu_mask) or job_rules.job_gpus(client, self.command_job) or int(b.fallback_mask)
-        bad = [g for g in mask_to_list(mask) if g not in self.cfg.gpus]
+        node = self.gpus.node(self.cfg.gpus)
+        bad = [g for g in mask_to_list(mask) if g not in node]
         if not mask or bad:
-            self.send_error(client, C.KREX_ERR_GPU, f"region on GPUs {bad or 'none'} that this controller does not "
-                            "manage", seq=seq)
+            have = ",".join(map(str, node)) or "none"
+            self.send_error(client, C.KREX_ERR_GPU, f"region on GPUs {bad or 'none'}: this controller manages no such "
+                            f"GPU on this node (it has {have})", seq=seq)
             return
         self.apply(self.book.request(client, mask, frames.cstr(b.name), int(b.requested_ns), seq, time.monotonic()))
 

@@ -41,6 +41,8 @@ def place_reply(ctl, client, req: dict) -> dict:
         if named:
             gpus = [int(g) for g in named]
             placement.check_named(node, gpus)
+        elif not node:
+            return {"gpus": [], "uuids": []}          # a node without GPUs: nothing to place, the command runs as is
         else:
             gpus = placement.place(loads(ctl), int(req.get("want", 1)))
     except (placement.PlacementError, TypeError, ValueError) as e:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import ROOT, wait_for
 from krex_ctl.policy import placement
 from krex_ctl.policy.placement import GpuLoad, PlacementError
 
@@ -130,3 +130,32 @@ def test_gpu_own_places_nothing(krex):
     both = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--gpus", "2", "--", "true"],
                           env=krex.env, capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and both.stderr.startswith("krex: --gpu and --gpus"), both.stderr
+
+
+def test_without_nvml_the_driver_says_how_many_gpus_there_are(krex):
+    """No NVML (AMD, or no nvidia-ml-py): the controller asks the driver in a child process, so commands are not
+    placed on GPUs the node lacks (they were: 64 of them, and a third command on a 2-GPU node failed with CUDA
+    error 101), and a region on such a GPU is refused."""
+    import subprocess
+    krex.env["KREX_NVML"] = str(krex.dir / "no-such-libnvidia-ml.so.1")
+    krex.env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "fakes")     # the driver the controller's child asks
+    start_node(krex, 2)
+    assert [r["gpu"] for r in krex.status()["placement"]] == [0, 1]
+    show = [sys.executable, "-c", "import os; print(os.environ.get('KREX_GPU'))"]
+    placed = [subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--"] + show, env=krex.env,
+                             capture_output=True, text=True, timeout=60) for _ in range(3)]
+    assert all(p.returncode == 0 for p in placed) and {p.stdout.strip() for p in placed} <= {"0", "1"}, placed
+    out = krex.python("import krex\nwith krex.region('x', gpus=[5]) as r:\n    pass\nprint(r.granted)\n")
+    assert out.stdout.strip() == "False", (out.stdout, out.stderr)       # refused: it ran unprotected, and says so
+    assert "region on GPUs [5]: this controller manages no such GPU on this node (it has 0,1)" in out.stderr
+
+
+def test_a_node_without_gpus_runs_commands_unplaced(krex):
+    import subprocess
+    krex.env["KREX_NVML"] = str(krex.dir / "no-such-libnvidia-ml.so.1")
+    krex.env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "fakes")
+    start_node(krex, 0)
+    assert krex.status()["placement"] == []
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", "sh", "-c", "echo ${CUDA_VISIBLE_DEVICES-unset}"],
+                         env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "unset", (out.stdout, out.stderr)

@@ -271,6 +271,8 @@ def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int]
         raise KrexCommandError(text, 2) from None
     except ControllerError:
         return None
+    if not reply.get("gpus"):             # the node has no GPU: nothing placed
+        return None
     return [int(g) for g in reply["gpus"]], reply.get("uuids")
 
 
