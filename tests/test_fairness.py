@@ -85,16 +85,37 @@ def test_bounded_wait_no_request_waits_past_its_turn():
 
 
 def test_fifo_within_a_job_and_among_equals():
+    """Requests queued behind another job's region start in the order they came: two of one job, and one of
+    another job of the same user (equal usage) after them."""
     w = world()
     j = Job(1)
-    c1, c2 = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 1)
-    first = w.request(c1)
-    w.run_to_grant(first)
-    region = w.book.region_of(c1)
-    assert w.request(c2) == []          # waits behind the held region
-    out = w.book.leave(region, c1, 0, 1, w.now + 0.001)
-    assert any(isinstance(e, P.CloseGates) and e.region.owner is c2 for e in out)
-    del j
+    h = uclient(w, 9, Job(9), 2)
+    w.run_to_grant(w.request(h))
+    c1, c2, e = uclient(w, 1, j, 1), uclient(w, 2, j, 1), uclient(w, 3, Job(2), 1)
+    assert w.request(c1) == [] and w.request(c2) == [] and w.request(e) == []    # all wait behind h
+    assert [q.owner for q in w.book.queue] == [c1, c2, e]
+    out = w.book.leave(w.book.region_of(h), h, 0, 1, w.now + 0.001)
+    assert [x.region.owner for x in out if isinstance(x, P.CloseGates)] == [c1]
+    assert [q.owner for q in w.book.queue] == [c2, e]
+
+
+def test_a_sibling_gone_is_no_contender():
+    """B was held off (frozen) by A's back-to-back regions, then exits: A, alone on the GPU now, is not kept
+    waiting for the share of a process that is gone."""
+    w = world()
+    a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+    for _ in range(2):
+        seen = w.run_to_grant(w.request(a))
+        while not any(isinstance(e, P.Grant) for e in seen):
+            w.now += [e for e in seen if isinstance(e, P.Recheck)][0].delay
+            seen = w.run_to_grant(w.book.recheck(w.now))
+        w.now += 4.0
+        w.book.leave(w.book.region_of(a), a, 0, 1, w.now)
+    assert (2, b.job) in w.book.held_off[0]
+    w.clients.remove(b)
+    w.book.gone(b, w.now)
+    seen = w.run_to_grant(w.request(a))
+    assert any(isinstance(e, P.Grant) for e in seen) and not any(isinstance(e, P.Recheck) for e in seen), kinds(seen)
 
 
 def test_back_to_back_regions_wait_for_the_share_of_a_held_off_sibling():

@@ -603,6 +603,10 @@ class Regions:
         if self.freezes.frozen(client):
             out.append(Thaw([client]))       # alive (an exec, a dropped connection) or not: never left stopped
         self.freezes.forget(client)
+        unit = (getattr(client, "uid", None), self.command_job(client))
+        if not any((getattr(c, "uid", None), self.command_job(c)) == unit for c in self.clients() if c is not client):
+            for off in self.held_off.values():    # gone with its last process: no longer a contender for a share
+                off.discard(unit)
         for region in list(self.regions.values()):
             if client in region.members:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)
