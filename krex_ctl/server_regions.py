@@ -196,7 +196,10 @@ class RegionEffects:
             region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
         att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
         region.phase_ns["attest_end"] = now_ns() - ended
-        waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue)
+        # another request for these GPUs: still queued, or started by this very end (the policy schedules the next
+        # before this Finish is carried out) and not granted yet
+        waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue) or any(
+            r is not region and r.gpu_mask & region.gpu_mask and not r.granted_ns for r in self.book.regions.values())
         self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
         self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
         server_feedback.mark_thawed(e.thaw)

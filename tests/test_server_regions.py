@@ -70,6 +70,7 @@ class FakeIsolation:
 
     def end(self, region, frozen_pids, waiting, held):
         self.log.append(("cpus back", frozen_pids))
+        self.waiting = waiting
 
     def release(self, held):
         pass
@@ -184,6 +185,25 @@ def test_at_the_end_the_counters_are_read_first_then_cpus_resume_gates_record_re
     assert rec["exclusive"] and rec["clean"] and rec["frozen"] == 1 and rec["end"] == "normal"
     ended = decode("struct krex_region_ended", s.sent_to(10, "REGION_ENDED")[0])
     assert ended.flags & C.KREX_REGION_EXCLUSIVE and ended.flags & C.KREX_REGION_GRANTED
+
+
+def test_the_cores_are_handed_over_to_the_request_the_end_starts():
+    """The policy starts the next request before the end is carried out: the isolation is told one waits (it
+    was told only of requests still queued: with one waiter, never)."""
+    s = Server()
+    a, b = s.client(10, 1), s.client(20, 2)
+    s.apply(s.book.request(a, 1, "r", 0, 7, time.monotonic()))
+    ra = next(iter(s.book.regions.values()))
+    s.read_pass()
+    s.apply(s.book.drained(ra, b, 0, time.monotonic()))
+    s.run_timers()
+    s.apply(s.book.request(b, 1, "r", 0, 8, time.monotonic()))
+    assert b.request is not None                                     # b waits for GPU 0
+    s.apply(s.book.leave(ra, a, C.KREX_END_NORMAL, 9, time.monotonic()))
+    assert any(r.owner is b for r in s.book.regions.values()) and s.isolation.waiting is True
+    rb = next(r for r in s.book.regions.values() if r.owner is b)
+    s.apply(s.book.leave(rb, b, C.KREX_END_CANCELLED, 10, time.monotonic()))
+    assert s.isolation.waiting is False                               # nobody after b
 
 
 def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():
