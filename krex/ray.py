@@ -26,8 +26,10 @@ context's GPU when the context is made (by the device's UUID when the controller
 the visible-devices list read at that moment), not when it is loaded, so a task's regions are on the GPU
 Ray gave that task (tests/test_ray.py proves both ways).
 
-What a job is: one krex job per Ray worker process. Ray gives a task with num_gpus > 0 `max_calls=1` unless
-told otherwise, so every GPU task gets a fresh worker: one task, one job, as under `krex run` on one node.
+What a job is: one krex job per Ray worker process. Ray gives a function with num_gpus > 0 in its
+`@ray.remote(...)` `max_calls=1` unless told otherwise, so every GPU task gets a fresh worker: one task, one
+job, as under `krex run` on one node. num_gpus given only in `.options()` leaves max_calls at its default and
+the worker is reused: pass `max_calls=1` there too.
 A worker that serves many tasks (a function with `max_calls` > 1, or an actor) is one job for all of them:
 its tasks run one at a time, so none is frozen by another of its own; they share its CPU-isolation and its
 counters; and its GPU stays the one of its first task that made a context (CUDA reads CUDA_VISIBLE_DEVICES
@@ -71,13 +73,16 @@ def runtime_env(base: Optional[Mapping] = None, *, python: Optional[str] = None,
     The node's controller socket is the node's business (KREX_SOCKET in the environment its raylet was
     started with, or the system socket); set env_vars={"KREX_SOCKET": ...} only where every node has it there."""
     env = dict(base or {})
+    if isinstance(env.get("env_vars"), Mapping) and isinstance(extra.get("env_vars"), Mapping):
+        extra = dict(extra, env_vars={**env["env_vars"], **extra["env_vars"]})   # both: merged, the keywords win
     env.update(extra)
     for key, what in _CONFLICTS.items():
         if env.get(key):
             raise ValueError(f"krex.ray.runtime_env: the runtime_env field {key!r} {what}, and Ray would then drop "
                              f"either it or krex's wrapper; install the packages on the nodes' image and pass "
                              f"python= (or py_executable) instead")
-    inner = python or env.pop("py_executable", None) or shlex.quote(sys.executable)
+    inner = shlex.quote(python) if python else env.pop("py_executable", None) or shlex.quote(sys.executable)
+    env.pop("py_executable", None)
     launcher = krex or f"{shlex.quote(sys.executable)} -m krex_ctl"
     if _wrapped(inner):
         raise ValueError("krex.ray.runtime_env: py_executable already runs under `krex run`")
@@ -88,9 +93,11 @@ def runtime_env(base: Optional[Mapping] = None, *, python: Optional[str] = None,
 
 
 def _wrapped(py_executable: str) -> bool:
-    """Whether a py_executable already starts `krex run` (one that runtime_env made, say)."""
+    """Whether a py_executable already starts `krex run` (one that runtime_env made, say, with any launcher:
+    `PYTHON -m krex_ctl`, `krex`, `/usr/local/bin/krex`)."""
     words = shlex.split(py_executable)
-    return "krex_ctl run" in " ".join(words) or words[:2] == ["krex", "run"]
+    return any(w == "run" and (os.path.basename(prev) == "krex" or prev == "krex_ctl")
+               for prev, w in zip(words, words[1:]))
 
 
 @dataclasses.dataclass
@@ -111,7 +118,10 @@ class CommandResult:
     @property
     def exclusive(self) -> bool:
         """Every region of the command was granted and exclusive: its timing was taken alone on the GPU (true
-        of a command without regions too; see `regions`)."""
+        of a command without regions too; see `regions`). False without a report: `krex run` failed before
+        the command ran, or was killed at the timeout, and nothing says what ran alone."""
+        if self.report is None:
+            return False
         return all(r.get("granted_ns") and r.get("exclusive", True) for r in self.regions)
 
 

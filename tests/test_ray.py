@@ -351,6 +351,13 @@ def test_runtime_env_wraps_the_worker_and_merges():
             kray.runtime_env({field: "x"})
     with pytest.raises(ValueError, match="already runs under"):
         kray.runtime_env(env)
+    with pytest.raises(ValueError, match="already runs under"):        # whatever the launcher
+        kray.runtime_env(kray.runtime_env(krex="/usr/local/bin/krex"))
+    both = kray.runtime_env({"env_vars": {"A": "1", "B": "0"}}, env_vars={"B": "2"})
+    assert both["env_vars"] == {"A": "1", "B": "2"}                     # merged, the keywords win
+    spaced = kray.runtime_env(python="/opt/my env/bin/python", krex="krex")
+    assert spaced["py_executable"] == "krex run --cold --gpu own -- '/opt/my env/bin/python'"
+    assert not kray.CommandResult("true", 2, "", "").exclusive         # no report: nothing says it ran alone
     # Ray runs py_executable through bash -c "exec PY_EXECUTABLE ARGS": ours starts a krex run wrapper
     out = subprocess.run(["bash", "-c", f"exec {exe} -c 'import os; print(os.environ[\"KREX_HOOKS\"])'"],
                          env={**os.environ, "KREX_SOCKET": "/nonexistent/krex.sock", "PYTHONPATH": str(ROOT)},

@@ -141,7 +141,34 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
         out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("x.env", **settings))))
         assert out.returncode == 0, settings      # a task never fails for krex's sake
         assert "LD_PRELOAD" not in out.stdout, settings
-        assert settings.get("KREX_SLURM_MODE") == "off" or "runs without krex" in out.stderr, settings
+        if settings.get("KREX_SLURM_MODE") != "off":     # said in the task's output (print) and on stderr
+            assert "runs without krex" in out.stderr and "print krex-task-prolog: " in out.stdout, settings
+
+
+def test_task_prolog_of_a_user_who_may_not_use_the_socket(tmp_path):
+    """The node's socket is group krex's: a user outside it would preload a shim that cannot connect and run
+    unfenced, unseen; the prolog says so and exports nothing."""
+    import shutil
+    import socket as sk
+    import tempfile
+
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run the prolog as another user")
+    d = Path(tempfile.mkdtemp(prefix="krex-prolog-"))
+    try:
+        d.chmod(0o755)
+        s = sk.socket(sk.AF_UNIX)
+        s.bind(str(d / "k.sock"))
+        (d / "k.sock").chmod(0o660)                       # root's group only
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(PROLOG)],
+                             env={"PATH": os.environ["PATH"], "KREX_SOCKET": str(d / "k.sock"), "KREX_SHIM": str(SHIM),
+                                  "KREX_SLURM_CONF": "/nonexistent", "SLURM_TASK_PID": "1"},
+                             capture_output=True, text=True, timeout=30)
+        s.close()
+        assert out.returncode == 0 and "export" not in out.stdout, out.stdout
+        assert "may not use the krex controller" in out.stdout and "runs without krex" in out.stderr, out
+    finally:
+        shutil.rmtree(d)
 
 
 def test_jobs_sharing_a_gpu_under_the_prolog_are_fenced_by_gpu_uuid(slurm, tmp_path):
@@ -246,3 +273,27 @@ def test_epilog_reads_slurm_cgroups_and_its_settings(tmp_path):
     conf.write_text("# site\nKREX_SOCKET='/run/k/k.sock'\n\nexport KREX_CLI=\"/opt/krex run\"\nbogus line\n")
     assert ep.read_conf(str(conf)) == {"KREX_SOCKET": "/run/k/k.sock", "KREX_CLI": "/opt/krex run"}
     assert ep.read_conf(str(tmp_path / "none")) == {}
+
+
+def test_the_epilog_runs_on_the_python_of_older_nodes():
+    """Slurm runs it with the node's own python3, 3.6 on RHEL 8: nothing newer in its syntax or calls (it used
+    str.removeprefix, 3.9, and died before it resumed anything: every job drained the node). Where a python3.6
+    or python3.8 is installed, it runs there too."""
+    import ast
+    import shutil
+
+    tree = ast.parse(EPILOG.read_text(), feature_version=(3, 6))
+    newer = {"removeprefix", "removesuffix", "capture_output", "text", "pidfd_send_signal", "pidfd_open"}
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    kwargs = {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords}
+    guarded = {"pidfd_send_signal", "pidfd_open"}          # used behind a fallback (AttributeError: by pid)
+    assert not (attrs | kwargs) & (newer - guarded), (attrs | kwargs) & newer
+    for old in ("python3.6", "python3.8"):
+        exe = shutil.which(old)
+        works = exe and subprocess.run([exe, "-c", "pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       timeout=60).returncode == 0        # not a pyenv shim of a version not chosen
+        if works:
+            out = subprocess.run([exe, str(EPILOG)], env=dict(os.environ, SLURM_JOB_ID="424242",
+                                 KREX_SOCKET="/nonexistent"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True, timeout=60)
+            assert out.returncode == 0 and "0 process(es) ended" in out.stderr, (old, out.stderr)
