@@ -186,26 +186,30 @@ class RegionEffects:
     def finish(self, e) -> None:
         region, reason = e.region, e.reason
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
-        unregistered = self.unregistered.during(int(region.started * 1e9), ended, getattr(region, "unconnected", ()))
-        if unregistered:
-            region.taints |= C.KREX_TAINT_UNREGISTERED
-        others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}
-        others |= {(o["pid"], o["uid"], o["socket"])
-                   for o in self.registry.during_region(region.gpu_mask, since_ns=int(region.started * 1e9))}
-        if others:
-            region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
-        att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
-        region.phase_ns["attest_end"] = now_ns() - ended
-        # another request for these GPUs: still queued, or started by this very end (the policy schedules the next
-        # before this Finish is carried out) and not granted yet
-        waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue) or any(
-            r is not region and r.gpu_mask & region.gpu_mask and not r.granted_ns for r in self.book.regions.values())
-        self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
-        self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
-        server_feedback.mark_thawed(e.thaw)
-        for g in report.mask_to_list(region.gpu_mask):
-            if self.gate.owner(g) == region.job.id:
-                self.gate.open_gate(g)
+        try:
+            unregistered = self.unregistered.during(int(region.started * 1e9), ended,
+                                                    getattr(region, "unconnected", ()))
+            if unregistered:
+                region.taints |= C.KREX_TAINT_UNREGISTERED
+            others = {(o["pid"], o["uid"], o["socket"]) for o in getattr(region, "other_controllers", [])}
+            others |= {(o["pid"], o["uid"], o["socket"])
+                       for o in self.registry.during_region(region.gpu_mask, since_ns=int(region.started * 1e9))}
+            if others:
+                region.taints |= C.KREX_TAINT_OTHER_CONTROLLER
+            att = self.attest.finish(region, ended) if region.granted_ns else self.attest.taints_so_far(region)
+            region.phase_ns["attest_end"] = now_ns() - ended
+            # another request for these GPUs: still queued, or started by this very end (the policy schedules the
+            # next before this Finish is carried out) and not granted yet
+            waiting = any(r.gpu_mask & region.gpu_mask for r in self.book.queue) or any(
+                r is not region and r.gpu_mask & region.gpu_mask and not r.granted_ns
+                for r in self.book.regions.values())
+            self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
+        finally:    # whatever failed above: nobody stays stopped, no gate stays closed
+            self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
+            server_feedback.mark_thawed(e.thaw)
+            for g in report.mask_to_list(region.gpu_mask):
+                if self.gate.owner(g) == region.job.id:
+                    self.gate.open_gate(g)
         extra = {"frozen": len(region.frozen), "drain_timeouts": region.drain_timeouts,
                  "queued_ns": int(region.started * 1e9) - region.req.requested_ns,
                  **{f"{k}_ns": v for k, v in region.phase_ns.items()},

@@ -206,6 +206,23 @@ def test_the_cores_are_handed_over_to_the_request_the_end_starts():
     assert s.isolation.waiting is False                               # nobody after b
 
 
+def test_a_failure_at_the_end_still_resumes_and_opens_the_gate():
+    s = Server()
+    owner, sib = s.client(10, 1), s.client(20, 2)
+    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+    region = next(iter(s.book.regions.values()))
+    s.read_pass()
+    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
+    s.run_timers()
+    s.log.clear()
+
+    def broken(region, ended_ns):
+        raise RuntimeError("NVML went away")
+    s.attest.finish = broken
+    s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))     # logged, not raised
+    assert ("resume", [20]) in s.log and ("open", 0) in s.log
+
+
 def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():
     s = Server(taint=C.KREX_TAINT_FOREIGN_PROCESS)
     owner = s.client(10, 1)
