@@ -268,11 +268,11 @@ def test_back_to_back_regions_hand_the_cores_over_and_restore_at_the_end(krex, t
 
 
 NEWCOMERS_SCRIPT = r"""
-import ctypes, json, os, subprocess, sys, threading, time
+import json, os, subprocess, sys, threading, time
 import krex
-libc, tids, ev = ctypes.CDLL(None), {}, threading.Event()
+tids, ev = {}, threading.Event()
 def worker():
-    tids["t"] = libc.syscall(186)                   # gettid (x86_64)
+    tids["t"] = threading.get_native_id()
     ev.wait()
 before = sorted(os.sched_getaffinity(0))
 with krex.region("r") as r:
