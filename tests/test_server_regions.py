@@ -151,6 +151,17 @@ class Server(RegionEffects):
             self.timers.remove(due[0])
             due[0].fn()
 
+    def held_beside_a_sibling(self):
+        """Client 10 (job 1) holds a region on GPU 0, granted after client 20 (job 2) drained (and was frozen,
+        where freezing works): (owner, sibling, region)."""
+        owner, sib = self.client(10, 1), self.client(20, 2)
+        self.apply(self.book.request(owner, 1, "r", 0, 7, time.monotonic()))
+        region = next(iter(self.book.regions.values()))
+        self.read_pass()
+        self.apply(self.book.drained(region, sib, 0, time.monotonic()))
+        self.run_timers()
+        return owner, sib, region
+
     def sent_to(self, pid, name):
         return [p for q, t, p, _ in self.sent if q == pid and t == MSG[name]]
 
@@ -171,12 +182,7 @@ def test_a_grant_closes_the_gate_drains_freezes_isolates_and_replies():
 
 def test_at_the_end_the_counters_are_read_first_then_cpus_resume_gates_record_replies():
     s = Server()
-    owner, sib = s.client(10, 1), s.client(20, 2)
-    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
-    region = next(iter(s.book.regions.values()))
-    s.read_pass()
-    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
-    s.run_timers()
+    owner, sib, region = s.held_beside_a_sibling()
     s.log.clear()
     s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
     assert [e[0] for e in s.log] == ["attest", "cpus back", "resume", "open"]
@@ -191,12 +197,7 @@ def test_the_cores_are_handed_over_to_the_request_the_end_starts():
     """The policy starts the next request before the end is carried out: the isolation is told one waits (it
     was told only of requests still queued: with one waiter, never)."""
     s = Server()
-    a, b = s.client(10, 1), s.client(20, 2)
-    s.apply(s.book.request(a, 1, "r", 0, 7, time.monotonic()))
-    ra = next(iter(s.book.regions.values()))
-    s.read_pass()
-    s.apply(s.book.drained(ra, b, 0, time.monotonic()))
-    s.run_timers()
+    a, b, ra = s.held_beside_a_sibling()
     s.apply(s.book.request(b, 1, "r", 0, 8, time.monotonic()))
     assert b.request is not None                                     # b waits for GPU 0
     s.apply(s.book.leave(ra, a, C.KREX_END_NORMAL, 9, time.monotonic()))
@@ -208,12 +209,7 @@ def test_the_cores_are_handed_over_to_the_request_the_end_starts():
 
 def test_a_failure_at_the_end_still_resumes_and_opens_the_gate():
     s = Server()
-    owner, sib = s.client(10, 1), s.client(20, 2)
-    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
-    region = next(iter(s.book.regions.values()))
-    s.read_pass()
-    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
-    s.run_timers()
+    owner, sib, region = s.held_beside_a_sibling()
     s.log.clear()
 
     def broken(region, ended_ns):
@@ -238,12 +234,7 @@ def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():
 
 def test_a_freeze_that_cannot_be_recorded_stops_nobody_and_the_record_says_why():
     s = Server(freeze_fails=True)
-    owner, sib = s.client(10, 1), s.client(20, 2)
-    s.apply(s.book.request(owner, 1, "r", 0, 7, time.monotonic()))
-    region = next(iter(s.book.regions.values()))
-    s.read_pass()
-    s.apply(s.book.drained(region, sib, 0, time.monotonic()))
-    s.run_timers()
+    owner, sib, region = s.held_beside_a_sibling()
     assert region.state is State.HELD and not any(e[0] == "stop" for e in s.log)
     s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))
     assert owner.job.regions[-1]["freeze_skipped"] == "state file not writable"
