@@ -30,6 +30,8 @@ def cuda():
         return None
     except ImportError:
         pass
+    except Exception:          # cuda-python where no libcuda is (an AMD node): HIP's turn
+        return None
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -43,6 +45,8 @@ def hip():
         return n if err == h.hipError_t.hipSuccess else None
     except ImportError:
         pass
+    except Exception:
+        return None
     try:
         lib = ctypes.CDLL("libamdhip64.so")
     except OSError:

@@ -8,7 +8,6 @@ the record, the replies, the next grant."""
 
 import logging
 import os
-import signal
 import time
 import weakref
 
@@ -81,14 +80,13 @@ class RegionEffects:
         elif isinstance(e, policy.Recheck):      # a request waits for its fair share: schedule again then
             self.after(e.delay, lambda: self.apply(self.book.recheck(time.monotonic())))
         elif isinstance(e, policy.Wake):
+            if not self.book.live(e.region):
+                return            # the region was aborted in this same batch: its Restop came first
             for c in e.clients:
                 self.isolation.keep_off(c, self.book.regions.values())
-                if c.pidfd is not None:
-                    c.pidfd.signal(signal.SIGCONT)
+            self.freezer.wake(e.clients)
         elif isinstance(e, policy.Restop):
-            for c in e.clients:
-                if c.pidfd is not None:
-                    c.pidfd.signal(signal.SIGSTOP)
+            self.freezer.restop(e.clients)
         elif isinstance(e, policy.Thaw):
             for c in e.clients:
                 if c.pidfd is not None and c.pidfd.alive():
@@ -186,6 +184,7 @@ class RegionEffects:
     def finish(self, e) -> None:
         region, reason = e.region, e.reason
         ended = now_ns()   # exclusivity ends here: siblings may run from the SIGCONT below on
+        unregistered, others, att, failed = [], set(), None, ""
         try:
             unregistered = self.unregistered.during(int(region.started * 1e9), ended,
                                                     getattr(region, "unconnected", ()))
@@ -204,12 +203,17 @@ class RegionEffects:
                 r is not region and r.gpu_mask & region.gpu_mask and not r.granted_ns
                 for r in self.book.regions.values())
             self.isolation.end(region, [c.pid for c in region.frozen], waiting, self.book.regions.values())
+        except Exception as x:     # logged and recorded; the record, the replies and the timers still follow
+            log.exception("region %d: a step of its end failed", region.id)
+            failed = f"{type(x).__name__}: {x}"
         finally:    # whatever failed above: nobody stays stopped, no gate stays closed
             self.freezer.resume(region.id, e.thaw, self.book.freezes.clients())
             server_feedback.mark_thawed(e.thaw)
             for g in report.mask_to_list(region.gpu_mask):
                 if self.gate.owner(g) == region.job.id:
                     self.gate.open_gate(g)
+        if att is None:
+            att = self.attest.taints_so_far(region)
         extra = {"frozen": len(region.frozen), "drain_timeouts": region.drain_timeouts,
                  "queued_ns": int(region.started * 1e9) - region.req.requested_ns,
                  **{f"{k}_ns": v for k, v in region.phase_ns.items()},
@@ -228,6 +232,8 @@ class RegionEffects:
             extra["other_controllers"] = [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)]
         if region.clock_settle:
             extra["clock_settle"] = region.clock_settle
+        if failed:
+            extra["end_step_failed"] = failed
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
                                       requested_ns=region.req.requested_ns, granted_ns=region.granted_ns,
                                       ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,

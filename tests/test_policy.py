@@ -251,9 +251,9 @@ def test_a_late_context_is_not_drained_twice_and_a_member_of_another_region_is_d
     assert rc.state is State.HELD
     c.devices |= 1                                              # as the server records it before asking
     assert c in w.book.siblings(r) and r.state is State.DRAINING
-    assert not rc.req.holds & 1
+    assert not rc.grown & 1
     assert kinds(w.book.late_context(c, 1, r.gates_closed_ns - 1, w.now)) == ["SendDrain"] and c in r.pending_drain
-    assert rc.req.holds & 1 and w.book.counters["late_contexts_drained"] == 1
+    assert rc.grown & 1 and w.book.counters["late_contexts_drained"] == 1
     effects = w.run_to_grant(w.book.drained(r, b, 0, w.now) + w.book.drained(r, c, 5000, w.now))
     freeze = next(e for e in effects if isinstance(e, P.Freeze))
     assert c not in freeze.clients and b in freeze.clients and r.state is State.HELD    # drained, never frozen
@@ -485,3 +485,95 @@ def test_freezes_count_per_region():
     assert sorted(f.release(1)) == ["x"]
     assert sorted(f.release(2)) == ["y", "z"]
     assert f.clients() == []
+
+
+# ---- siblings woken for a drain (another live region had stopped them) ------------------------------------
+
+def frozen_by_a_region(w, devices):
+    """Client 30 (job 3, on these GPUs) frozen by a region of client 10 (job 1) held on GPU 0."""
+    a, s = w.client(10, Job(1), devices=0b001), w.client(30, Job(3), devices=devices)
+    r1 = region_of(w.run_to_grant(w.request(a, mask=0b001)))
+    assert r1.state is State.HELD and w.book.freezes.frozen(s)
+    return s, r1
+
+
+def test_a_woken_sibling_that_joins_its_jobs_region_is_not_stopped_again():
+    """Woken for r2's drain, s joins its own job's live region (a member is never stopped): neither r2's
+    freeze nor, had r2 ended first, a Restop stops it."""
+    w = World()
+    s, _ = frozen_by_a_region(w, 0b011)
+    d = w.client(40, s.job, devices=0b100)
+    rj = region_of(w.run_to_grant(w.request(d, mask=0b100)))
+    b = w.client(20, Job(2), devices=0b010)
+    r2 = region_of(w.request(b, mask=0b010))
+    assert s in r2.woken
+    w.book.request(s, 0b100, "x", 0, 5, w.now)
+    assert w.book.region_of(s) is rj                                  # joined while woken
+    effects = w.run_to_grant(w.book.drained(r2, s, 0, w.now))
+    freeze = [e for e in effects if isinstance(e, P.Freeze) and e.region is r2]
+    assert not freeze or s not in w.book.to_stop(r2, freeze[0].clients)
+    assert r2.state is State.HELD
+    w2 = World()
+    s2, _ = frozen_by_a_region(w2, 0b011)
+    d2 = w2.client(40, s2.job, devices=0b100)
+    w2.run_to_grant(w2.request(d2, mask=0b100))
+    b2 = w2.client(20, Job(2), devices=0b010)
+    w2.request(b2, mask=0b010)
+    w2.book.request(s2, 0b100, "x", 0, 5, w2.now)
+    assert not [e for e in w2.book.gone(b2, w2.now) if isinstance(e, P.Restop)]
+
+
+def test_two_regions_waking_one_sibling_do_not_stop_it_under_each_others_drain():
+    """r2 and r3 both woke s: r2's freeze (or its end) leaves s running while r3 still waits for its answer,
+    and r3 stops it once answered; neither drain times out."""
+    w = World()
+    s, r1 = frozen_by_a_region(w, 0b111)
+    b, e = w.client(20, Job(2), devices=0b010), w.client(50, Job(5), devices=0b100)
+    r2 = region_of(w.request(b, mask=0b010))
+    r3 = region_of(w.request(e, mask=0b100))
+    assert s in r2.woken and s in r3.woken
+    w.read_pass()
+    effects = w.run_to_grant(w.book.drained(r2, s, 0, w.now))
+    freeze2 = next(x for x in effects if isinstance(x, P.Freeze) and x.region is r2)
+    assert s not in w.book.to_stop(r2, freeze2.clients) and r2.state is State.HELD   # not kept waiting for it
+    assert r3.state is State.DRAINING and s in r3.pending_drain
+    effects = w.run_to_grant(w.book.drained(r3, s, 0, w.now))
+    freeze3 = next(x for x in effects if isinstance(x, P.Freeze) and x.region is r3)
+    assert s in w.book.to_stop(r3, freeze3.clients) and not r3.taints & C.KREX_TAINT_DRAIN_TIMEOUT
+    w3 = World()
+    s3, _ = frozen_by_a_region(w3, 0b111)
+    b3, e3 = w3.client(20, Job(2), devices=0b010), w3.client(50, Job(5), devices=0b100)
+    w3.request(b3, mask=0b010)
+    r33 = region_of(w3.request(e3, mask=0b100))
+    assert not [x for x in w3.book.gone(b3, w3.now) if isinstance(x, P.Restop)] and s3 in r33.pending_drain
+
+
+def test_a_freeze_under_way_is_not_kept_waiting_by_a_wake():
+    """r1 has sent SIGSTOP and polls; r2 wakes s for its drain: r1 does not wait for s to its freeze timeout
+    (r2 stops s again once it answers)."""
+    w = World()
+    a, s = w.client(10, Job(1), devices=0b01), w.client(30, Job(3), devices=0b11)
+    r1 = region_of(w.request(a, mask=0b01))
+    w.read_pass()
+    freeze = next(e for e in w.book.drained(r1, s, 0, w.now) if isinstance(e, P.Freeze))
+    w.book.frozen(r1, w.book.to_stop(r1, freeze.clients), "", w.now)
+    assert r1.state is State.FREEZING
+    b = w.client(20, Job(2), devices=0b10)
+    assert [e.clients for e in w.request(b, mask=0b10) if isinstance(e, P.Wake)] == [[s]]
+    w.book.stop_poll(r1, [s.pid], w.now + 0.1)
+    assert r1.state is State.HELD and r1.unstopped == []
+
+
+def test_a_gpu_a_region_grew_onto_does_not_hold_back_its_own_job():
+    """Rank a made a context on GPU 1 inside its region on GPU 0: another job's request there waits, its own
+    job's rank p on GPU 1 starts at once (ranks of one job never wait for each other)."""
+    w = World()
+    job = Job(1)
+    a, p = w.client(10, job, devices=0b01), w.client(11, job, devices=0b10)
+    q = w.client(20, Job(2), devices=0b10)
+    region_of(w.run_to_grant(w.request(a, mask=0b01)))
+    a.devices |= 0b10
+    w.book.late_context(a, 0b10, w.tick(), w.now)
+    assert region_of(w.request(p, mask=0b10)).owner is p
+    w.book.leave(w.book.region_of(p), p, 0, 1, w.now)
+    assert not [e for e in w.request(q, mask=0b10) if hasattr(e, "region")] and q.request is not None

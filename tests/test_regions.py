@@ -289,16 +289,19 @@ print(json.dumps({"granted": r.granted, "before": before, "inside": inside, "aft
 """
 
 
-def test_threads_and_children_made_inside_a_region_leave_the_reserved_cores(krex, cpus):
+@pytest.mark.parametrize("owner_cpus", ["reserved", "own-and-reserved"])
+def test_threads_and_children_made_inside_a_region_leave_the_reserved_cores(krex, cpus, owner_cpus):
     """They inherit the owner's confinement and were in no saved mask: at the end they get the process's own
-    CPUs back (they stayed on the reserved core for good)."""
+    CPUs back (they stayed on the reserved core for good). With own-and-reserved the owner keeps its CPUs,
+    which hold the reserved one already: nothing is taken from anyone (the owner's threads, unsaved since
+    unchanged, once lost the reserved core for good)."""
     import json
 
-    krex.start_controller()
+    krex.start_controller("--owner-cpus", owner_cpus)
     out = krex.python(NEWCOMERS_SCRIPT)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["granted"] and r["inside"] == [cpus[-1]], r
+    assert r["granted"] and r["inside"] == ([cpus[-1]] if owner_cpus == "reserved" else r["before"]), r
     assert r["after"] == {"main": r["before"], "thread": r["before"], "child": r["before"]}, r
 
 
@@ -483,3 +486,34 @@ def test_jobs_starting_next_to_back_to_back_regions_never_run_inside_an_exclusiv
     assert overlaps(trace, exclusive) == []
     assert not [r for r in regions if "late_context" in r["taints"]]
     assert "read only after the region's drain" not in krex.ctl_log.read_text()
+
+
+def test_a_sibling_another_region_stopped_answers_this_regions_drain(krex, tmp_path):
+    """A hog with contexts on GPUs 0 and 1, stopped by A's region on GPU 0: B's region on GPU 1 wakes it for
+    its drain and stops it again (it used to wait out the drain timeout, then ran not exclusive); the hog
+    resumes only at A's end."""
+    from test_gang import run_gpu
+
+    def shim_on(before, gpus):
+        return wait_for(lambda: next((c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"
+                                      and c["pid"] not in before and sorted(c["gpus"]) == gpus), None), what="shim")
+
+    krex.start_controller("--drain-timeout", "3")
+    before = {c["pid"] for c in krex.status()["clients"]}
+    hog = run_gpu(krex, "0,1", [SNIP / "hog"], env={"SNIPPET_DEVICE": "0", "SNIPPET_ALSO_DEVICE": "1",
+                                                    "SNIPPET_MS": "20000", "SNIPPET_US": "300"})
+    hog_pid = shim_on(before, [0, 1])
+    a = run_gpu(krex, "0", [SNIP / "region"], report=tmp_path / "a.json",
+                env={"SNIPPET_GPUS": "0", "SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "5000000"})
+    wait_for(lambda: proc_state(hog_pid) in ("T", "t"), what="hog frozen by A")
+    b = run_gpu(krex, "1", [SNIP / "region"], report=tmp_path / "b.json",
+                env={"SNIPPET_GPUS": "1", "SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "100000"})
+    out, err = b.communicate(timeout=60)
+    assert b.returncode == 0, err
+    [rb] = report_of(tmp_path / "b.json")["regions"]
+    assert rb["exclusive"] and rb["drain_timeouts"] == 0 and "drain_timeout" not in rb["taints"], rb
+    assert a.poll() is None and proc_state(hog_pid) in ("T", "t")      # stopped again while A holds
+    a.communicate(timeout=60)
+    wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), what="hog resumed at A's end")
+    krex.stop_hogs()
+    hog.communicate(timeout=30)

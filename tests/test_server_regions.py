@@ -54,6 +54,14 @@ class FakeFreezer:
         self.stopped -= set(clients)
         self.log.append(("resume", sorted(c.pid for c in clients)))
 
+    def wake(self, clients):
+        self.stopped -= set(clients)
+        self.log.append(("wake", sorted(c.pid for c in clients)))
+
+    def restop(self, clients):
+        self.stopped |= set(clients)
+        self.log.append(("restop", sorted(c.pid for c in clients)))
+
 
 class FakeIsolation:
     def __init__(self, log):
@@ -64,6 +72,9 @@ class FakeIsolation:
 
     def join(self, region, pid):
         self.log.append(("join", pid))
+
+    def keep_off(self, client, held):
+        self.log.append(("keep off", client.pid))
 
     def leave(self, region, pid):
         self.log.append(("leave", pid))
@@ -217,6 +228,29 @@ def test_a_failure_at_the_end_still_resumes_and_opens_the_gate():
     s.attest.finish = broken
     s.apply(s.book.leave(region, owner, C.KREX_END_NORMAL, 8, time.monotonic()))     # logged, not raised
     assert ("resume", [20]) in s.log and ("open", 0) in s.log
+    assert owner.job.regions[-1]["end_step_failed"] == "RuntimeError: NVML went away"   # recorded, and answered
+    assert decode("struct krex_region_ended", s.sent_to(10, "REGION_ENDED")[0]).region_id == region.id
+
+
+def test_a_sibling_another_region_stopped_is_woken_for_the_drain_and_stopped_again():
+    """Carried out: moved off the held regions' cores, SIGCONT, the DRAIN, its answer, SIGSTOP again at the
+    freeze; the region is granted without a drain timeout, and the sibling resumes only when both have ended."""
+    s = Server()
+    owner, sib, ra = s.held_beside_a_sibling()
+    sib.devices = 0b11
+    b = s.client(30, 3, devices=0b10)
+    s.log.clear()
+    s.apply(s.book.request(b, 0b10, "r", 0, 9, time.monotonic()))
+    rb = next(r for r in s.book.regions.values() if r.owner is b)
+    assert s.log[:3] == [("close", 1), ("keep off", 20), ("wake", [20])] and len(s.sent_to(20, "DRAIN")) == 2
+    s.read_pass()
+    s.apply(s.book.drained(rb, sib, 0, time.monotonic()))
+    s.run_timers()
+    assert rb.state is State.HELD and ("stop", [20]) in s.log and not rb.taints & C.KREX_TAINT_DRAIN_TIMEOUT
+    s.apply(s.book.leave(ra, owner, C.KREX_END_NORMAL, 10, time.monotonic()))
+    assert ("resume", []) in s.log and 20 in {c.pid for c in s.freezer.stopped}
+    s.apply(s.book.leave(rb, b, C.KREX_END_NORMAL, 11, time.monotonic()))
+    assert ("resume", [20]) in s.log and not s.freezer.stopped
 
 
 def test_a_taint_of_the_attestation_reaches_the_record_and_the_reply():

@@ -67,6 +67,20 @@ class Freezer:
         self.resumer.release(region_id)
         self.record(still_frozen)
 
+    @staticmethod
+    def wake(clients) -> None:
+        """SIGCONT clients that other live regions hold stopped, for a drain (they are stopped again after)."""
+        for c in clients:
+            if c.pidfd is not None:
+                c.pidfd.signal(signal.SIGCONT)
+
+    @staticmethod
+    def restop(clients) -> None:
+        """SIGSTOP clients woken for a drain again (still in the state file and held by the resumer)."""
+        for c in clients:
+            if c.pidfd is not None:
+                c.pidfd.signal(signal.SIGSTOP)
+
     def thaw(self, clients, still_frozen) -> None:
         """SIGCONT clients that left while stopped (their regions go on); record the rest."""
         for c in clients:

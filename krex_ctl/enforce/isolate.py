@@ -33,7 +33,9 @@ class Isolation:
         # ones (a torch process confined to two cores launched its small kernels late: bench/trial_modes)
         owner = (lambda old: reserved) if self.cfg.owner_cpus == "reserved" else (lambda old: old | reserved)
         for pid in member_pids:
-            procs.set_affinity(procs.threads(pid), owner, region.saved_affinity)
+            tids = procs.threads(pid)
+            region.member_tids.update(tids)
+            procs.set_affinity(tids, owner, region.saved_affinity)
         self.publish(held_regions)
         if handed_over:
             # back-to-back regions on the same cores: everyone else is already off them (the last owner and
@@ -46,7 +48,9 @@ class Isolation:
     def join(self, region, pid: int) -> None:
         """A gang member joined a held region: onto its cores."""
         if region.reserved:
-            procs.set_affinity(procs.threads(pid), lambda old: region.reserved, region.saved_affinity)
+            tids = procs.threads(pid)
+            region.member_tids.update(tids)
+            procs.set_affinity(tids, lambda old: region.reserved, region.saved_affinity)
 
     def leave(self, region, pid: int) -> None:
         """A member left a region that goes on: its CPUs back now."""
@@ -60,7 +64,7 @@ class Isolation:
     def end(self, region, frozen_pids: list[int], others_waiting: bool, held_regions) -> None:
         """At the end: hand the cores over when another request waits on these GPUs, else restore."""
         if region.reserved:
-            self.unpin_newcomers(region, region.pids)
+            self.unpin_newcomers(region, region.pids, off=others_waiting)
         if region.reserved and others_waiting:
             saved = region.saved_affinity
             for pid in region.pids:        # the members: from their own masks before the region, less ours
@@ -75,23 +79,34 @@ class Isolation:
             self.publish(held_regions)
 
     @staticmethod
-    def unpin_newcomers(region, pids) -> None:
+    def unpin_newcomers(region, pids, off: bool = False) -> None:
         """Threads and child processes a member made inside the region inherited its confinement and are in no
-        saved mask: each gets its mask less the reserved cores, or, where that leaves none, the mask its process
-        had before the region (its main thread's)."""
+        saved mask: each on the reserved cores gets the mask its process had before the region (its main
+        thread's, saved, or left as it was: --owner-cpus own-and-reserved adds cores only to those lacking
+        them). off (the cores are handed over): that mask less the reserved cores now, the mask itself saved for
+        the hand-over's end."""
         saved = region.saved_affinity
         for pid in pids:
-            base = saved.get(pid)
+            try:
+                base = set(saved[pid]) if pid in saved else os.sched_getaffinity(pid)
+            except OSError:
+                continue
             for p in [pid] + procs.descendants(pid):
                 for tid in procs.threads(p):
-                    if tid in saved:
+                    if tid in saved or tid in region.member_tids:
                         continue
                     try:
                         cur = os.sched_getaffinity(tid)
-                        if cur & region.reserved:
-                            new = (cur - region.reserved) or (set(base) if base else None)
-                            if new:
-                                os.sched_setaffinity(tid, new)
+                        if not cur & region.reserved:
+                            continue
+                        new = base - region.reserved if off else base
+                        if new and new != cur:
+                            start = procs.thread_start(tid)
+                            os.sched_setaffinity(tid, new)
+                            if off:
+                                kept = procs.Mask(base)
+                                kept.start = start
+                                saved[tid] = kept
                     except OSError:
                         pass
 

@@ -119,6 +119,7 @@ class Region:
     clock_settle: list = field(default_factory=list)
     reserved: set = field(default_factory=set)       # cores given to the members while held (set by the server)
     saved_affinity: dict = field(default_factory=dict)
+    member_tids: set = field(default_factory=set)    # the members' threads at the grant or join (set by the server)
     attest_start: Any = None
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
@@ -127,6 +128,8 @@ class Region:
     drain_sent: set = field(default_factory=set)     # every client sent this region's DRAIN (late ones included)
     woken: list = field(default_factory=list)        # siblings another live region had stopped, resumed to answer
                                                      # this region's drain and stopped again at its freeze
+    grown: int = 0                                   # GPUs its members made contexts on inside it: no other job's
+                                                     # region starts there while it is live
 
     @property
     def id(self) -> int:
@@ -365,7 +368,7 @@ class Regions:
         # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
         # may start now); once within its share it keeps its place again
         for req in startable([q for q in order if q.id not in delays], busy,
-                             waiting=lambda q: self.freezes.frozen(q.owner)):
+                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q)):
             self.queue.remove(req)
             req.owner.request = None
             out += self._start(req, now)
@@ -375,6 +378,27 @@ class Regions:
                 self.recheck_at = at
                 out.append(Recheck(at - now))
         return out
+
+    def _grown_over(self, req: Request) -> bool:
+        """A live region of another job grew onto one of req's GPUs (its member made a context there inside it)."""
+        mine = {req.owner.job, self.command_job(req.owner)}
+        return any(r.grown & req.holds and not jobs.own_jobs(r, self.command_job) & mine
+                   for r in self.regions.values())
+
+    def _restop_here(self, region: Region, c) -> bool:
+        """Whether this region stops a process it woke again (at its freeze, or at its end before that): not one
+        that has joined a live region since (a member is never stopped), nor one that another live region
+        woke and still waits on in its drain (that region stops it once answered)."""
+        if not self.freezes.frozen(c) or self.region_of(c) is not None:
+            return False
+        return not any(r is not region and r.state is S.DRAINING and c in r.woken and c in r.pending_drain
+                       for r in self.regions.values())
+
+    def woken_elsewhere(self, region: Region) -> set:
+        """pids that other regions woke for their drains and still wait on: running, and stopped again by those
+        regions once answered (a freeze that polls for them is not kept waiting)."""
+        return {c.pid for r in self.regions.values() if r is not region and r.state is S.DRAINING
+                for c in r.woken if c in r.pending_drain}
 
     # ---- start: gate, drain, settle, freeze, grant ---------------------------------------------------
     def _start(self, req: Request, now: float) -> list:
@@ -431,8 +455,8 @@ class Regions:
         have run inside: the region is tainted late_context (not exclusive) and named in late_contexts."""
         out: list = []
         own = self.region_of(client)
-        if own is not None:       # made inside its region: that region holds this GPU too from now on
-            own.req.hold_mask |= bit
+        if own is not None:       # made inside its region: no other job's region starts on this GPU while it lives
+            own.grown |= bit
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
                     or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns
@@ -507,7 +531,7 @@ class Regions:
             if skipped and not targets:
                 region.freeze_skipped = "freeze policy busy: no sibling had GPU work in flight"
         # those woken for the drain are stopped again whatever the policy: another live region holds them stopped
-        targets += [c for c in region.woken if c not in targets and self.freezes.frozen(c)]
+        targets += [c for c in region.woken if c not in targets and self._restop_here(region, c)]
         if not targets:
             return self._stopped(region, E.STOPPED, now)
         return [Freeze(region, targets)]
@@ -525,12 +549,16 @@ class Regions:
     def to_stop(self, region: Region, clients: list) -> list:
         """Of the clients a Freeze names, those to send SIGSTOP: not stopped by another live region already, or
         woken by this region for its drain."""
-        return [c for c in clients if not self.freezes.frozen(c) or c in region.woken]
+        return [c for c in clients
+                if not self.freezes.frozen(c) or (c in region.woken and self._restop_here(region, c))]
 
     def stop_poll(self, region: Region, running: list, now: float) -> list:
-        """running: the pids the region froze that are not seen stopped yet."""
+        """running: the pids the region froze that are not seen stopped yet (less those another region woke
+        for its drain: that region stops them again once they answer)."""
         if not self.live(region) or region.state is not S.FREEZING:
             return []
+        woken = self.woken_elsewhere(region)
+        running = [p for p in running if p not in woken]
         if running and now < region.deadline:
             return [Arm(region, E.STOPPED, 0.0001)]
         region.unstopped = list(running)
@@ -578,7 +606,7 @@ class Regions:
         self._charge(region, now)
         thaw = self.freezes.release(region.id)
         # woken for its drain, not stopped again by it (it ended first), still held stopped by another region
-        restop = [c for c in region.woken if c not in region.frozen and self.freezes.frozen(c)]
+        restop = [c for c in region.woken if c not in region.frozen and self._restop_here(region, c)]
         return [Finish(region, reason, thaw, leaver)] + ([Restop(restop)] if restop else []) + self.schedule(now)
 
     def _charge(self, region: Region, now: float) -> None:
