@@ -157,6 +157,17 @@ def krex_variables_read() -> set:
     return names
 
 
+def test_every_variable_of_the_slurm_scripts_is_in_the_reference():
+    names = set()
+    for f in (ROOT / "packaging" / "slurm").iterdir():
+        if f.is_file():
+            names |= set(re.findall(r"\b(KREX_[A-Z0-9_]*[A-Z0-9])\b", f.read_text()))
+    assert {"KREX_CLI", "KREX_SLURM_MODE", "KREX_EPILOG_GRACE_S"} <= names, names
+    table = (DOCS / "reference" / "environment.md").read_text()
+    missing = sorted(n for n in names if f"`{n}`" not in table)
+    assert not missing, f"not in docs/reference/environment.md: {', '.join(missing)}"
+
+
 def test_every_krex_variable_the_code_reads_is_in_the_reference():
     names = krex_variables_read()
     assert {"KREX_SOCKET", "KREX_HOOKS", "KREX_GATE_MEMORY", "KREX_FAKE_TRACE"} <= names, names
