@@ -269,7 +269,9 @@ def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int]
         if text.startswith("unknown op"):
             return None
         raise KrexCommandError(text, 2) from None
-    except ControllerError:
+    except ControllerError as e:
+        print(f"krex: the controller did not say where to run this command ({e}); it runs on the GPUs it sees",
+              file=sys.stderr)
         return None
     if not reply.get("gpus"):             # the node has no GPU: nothing placed
         return None
