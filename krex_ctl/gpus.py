@@ -20,39 +20,37 @@ log = logging.getLogger("krex.controller")
 # Where NVML is absent (AMD, or no nvidia-ml-py): how many GPUs the driver sees, asked in a child process so
 # that the controller never loads a GPU driver itself (cuda-python or hip-python where installed, else ctypes)
 COUNT_SCRIPT = r"""
-import ctypes, sys
+import ctypes
+def by_ctypes(lib, init, count):
+    try:
+        so = ctypes.CDLL(lib)
+    except OSError:
+        return None
+    n = ctypes.c_int()
+    ok = (init is None or getattr(so, init)(0) == 0) and getattr(so, count)(ctypes.byref(n)) == 0
+    return n.value if ok else None
 def cuda():
     try:
         from cuda.bindings import driver as d
-        if d.cuInit(0)[0] == d.CUresult.CUDA_SUCCESS:
-            err, n = d.cuDeviceGetCount()
-            return n if err == d.CUresult.CUDA_SUCCESS else None
-        return None
     except ImportError:
-        pass
+        return by_ctypes("libcuda.so.1", "cuInit", "cuDeviceGetCount")
+    try:
+        if d.cuInit(0)[0] != d.CUresult.CUDA_SUCCESS:
+            return None
+        err, n = d.cuDeviceGetCount()
+        return n if err == d.CUresult.CUDA_SUCCESS else None
     except Exception:          # cuda-python where no libcuda is (an AMD node): HIP's turn
         return None
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    n = ctypes.c_int()
-    return n.value if lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else None
 def hip():
     try:
         from hip import hip as h
+    except ImportError:
+        return by_ctypes("libamdhip64.so", None, "hipGetDeviceCount")
+    try:
         err, n = h.hipGetDeviceCount()
         return n if err == h.hipError_t.hipSuccess else None
-    except ImportError:
-        pass
     except Exception:
         return None
-    try:
-        lib = ctypes.CDLL("libamdhip64.so")
-    except OSError:
-        return None
-    n = ctypes.c_int()
-    return n.value if lib.hipGetDeviceCount(ctypes.byref(n)) == 0 else None
 n = cuda()
 n = hip() if n is None else n
 print(-1 if n is None else n)
