@@ -74,6 +74,8 @@ def test_gpu_option_pins_the_command(krex, tmp_path):
 
 
 def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
+    out = krex_cli(krex, "run", "--gpu", "0", "--gpu", "1", "--", "true")
+    assert out.returncode == 2 and out.stderr.strip() == "krex: --gpu given 2 times (0, 1): name the GPUs once, as --gpu 0,1"
     out = krex_cli(krex, "run", "--gpu", "99", "--", "true")
     assert out.returncode == 2 and "--gpu" in out.stderr
     out = krex_cli(krex, "run")

@@ -111,7 +111,7 @@ def counters_dirs() -> list:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--gpu", "gpu_spec", default=None, metavar="N[,M...]|any|own",
+@click.option("--gpu", "gpu_spec", multiple=True, metavar="N[,M...]|any|own",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
                    "one region covers them all; 'any': the one the controller places it on (the default unless "
                    "CUDA_VISIBLE_DEVICES is set already); 'own': the devices the command chooses itself (nothing "
@@ -139,6 +139,10 @@ def counters_dirs() -> list:
 def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, quiet, strict, command) -> None:
     """Run COMMAND with krex's shim and hooks; pass its exit status through."""
     started_ns = time.monotonic_ns()
+    if len(gpu_spec) > 1:                 # click keeps only the last of a repeated option: say so instead
+        raise KrexCommandError(f"--gpu given {len(gpu_spec)} times ({', '.join(gpu_spec)}): name the GPUs once, "
+                               "as --gpu 0,1", 2)
+    gpu_spec = gpu_spec[0] if gpu_spec else None
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
