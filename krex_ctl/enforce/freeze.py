@@ -59,33 +59,30 @@ class Freezer:
         """The pids of these that are not seen stopped yet."""
         return [c.pid for c in clients if procs.state(c.pid) not in ("T", "t", "Z", "X", None)]
 
-    def resume(self, region_id: int, clients, still_frozen) -> None:
-        """SIGCONT clients (no other live region froze them), release the region's pidfds, record the rest."""
+    @staticmethod
+    def signal_all(clients, sig: int) -> None:
+        """sig to each client, through its pidfd (a client without one is skipped)."""
         for c in clients:
             if c.pidfd is not None:
-                c.pidfd.signal(signal.SIGCONT)
+                c.pidfd.signal(sig)
+
+    def resume(self, region_id: int, clients, still_frozen) -> None:
+        """SIGCONT clients (no other live region froze them), release the region's pidfds, record the rest."""
+        self.signal_all(clients, signal.SIGCONT)
         self.resumer.release(region_id)
         self.record(still_frozen)
 
-    @staticmethod
-    def wake(clients) -> None:
+    def wake(self, clients) -> None:
         """SIGCONT clients that other live regions hold stopped, for a drain (they are stopped again after)."""
-        for c in clients:
-            if c.pidfd is not None:
-                c.pidfd.signal(signal.SIGCONT)
+        self.signal_all(clients, signal.SIGCONT)
 
-    @staticmethod
-    def restop(clients) -> None:
+    def restop(self, clients) -> None:
         """SIGSTOP clients woken for a drain again (still in the state file and held by the resumer)."""
-        for c in clients:
-            if c.pidfd is not None:
-                c.pidfd.signal(signal.SIGSTOP)
+        self.signal_all(clients, signal.SIGSTOP)
 
     def thaw(self, clients, still_frozen) -> None:
         """SIGCONT clients that left while stopped (their regions go on); record the rest."""
-        for c in clients:
-            if c.pidfd is not None:
-                c.pidfd.signal(signal.SIGCONT)
+        self.signal_all(clients, signal.SIGCONT)
         self.record(still_frozen)
 
     def resume_from_state_file(self) -> None:
