@@ -391,8 +391,7 @@ class Regions:
         woke and still waits on in its drain (that region stops it once answered)."""
         if not self.freezes.frozen(c) or self.region_of(c) is not None:
             return False
-        return not any(r is not region and r.state is S.DRAINING and c in r.woken and c in r.pending_drain
-                       for r in self.regions.values())
+        return c.pid not in self.woken_elsewhere(region)
 
     def woken_elsewhere(self, region: Region) -> set:
         """pids that other regions woke for their drains and still wait on: running, and stopped again by those
