@@ -10,6 +10,9 @@ triton.testing.do_bench, with the specs and kernel mix of bench/throughput.py. M
           controller (bench/contender.py, frozen in every region): one task per GPU on a GPU that is busy between
           the tasks, as it is under load (krex's timings below 1 ms were faster than pergpu's in H200 run 2); with
           two passes of it, --reference pergpubusy judges against them
+  pergpukrex  the same under krex.ray.runtime_env() without the neighbour: one task per GPU, each region's
+          start clock-settled as krex's are (pergpu times with the GPU coming out of idle: up to 16% slower
+          kernels, H200 run 6), so it isolates what sharing does from what the settle does
   naive   num_gpus=1/AGENTS per task, nothing between the tasks
   krex    the same, the tasks' workers under krex.ray.runtime_env(hooks="triton"): each do_bench a region
   shell   the same through krex.ray.shell(): the candidate as a command under `krex run`, the task a plain one
@@ -38,9 +41,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
 from throughput import BUCKETS, bucket, distinct, make_specs, p95  # noqa: E402
 
-MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy")
-REFERENCE_MODES = ("pergpu", "pergpubusy")   # one task per GPU, each distinct spec once
-KREX_MODES = ("krex", "shell", "pergpubusy")  # under the controller: its counters, each region's flags
+MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex")
+REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, each distinct spec once
+KREX_MODES = ("krex", "shell", "pergpubusy", "pergpukrex")  # under the controller: counters, regions' flags
 
 
 CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps, --timer: passed to bench/candidate.py
@@ -111,7 +114,7 @@ def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidat
             return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce), num_gpus=share,
                                   hooks="triton", timeout=600)
     else:
-        env = krex.ray.runtime_env(hooks="triton") if mode in ("krex", "pergpubusy") else None
+        env = krex.ray.runtime_env(hooks="triton") if mode in ("krex", "pergpubusy", "pergpukrex") else None
         task = ray.remote(num_gpus=share, max_retries=0, runtime_env=env)(evaluate)
 
         def launch(spec, nonce):
@@ -252,8 +255,8 @@ def main() -> None:
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
     ap.add_argument("--reference", choices=REFERENCE_MODES, default="pergpu",
-                    help="the mode whose first and last passes are the ground truth and the floor (the other one, "
-                         "with two passes in the plan, is shown beside it as fidelity_other)")
+                    help="the mode whose first and last passes are the ground truth and the floor (the others, "
+                         "with two passes in the plan, are shown beside it in fidelity_other)")
     ap.add_argument("--neighbour", default=None,
                     help="pergpubusy's neighbour script (args STOP READY; default bench/contender.py)")
     ap.add_argument("--warmup-ms", type=float, default=25.0,
@@ -261,8 +264,17 @@ def main() -> None:
     ap.add_argument("--min-reps", type=int, default=0, help="the evaluations' do_bench repetitions, at least")
     ap.add_argument("--timer", choices=("events", "graph"), default="events",
                     help="the evaluations' timer (bench/candidate.py --timer; graph: do_bench_cudagraph)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the result file (required unless --reanalyse)")
+    ap.add_argument("--reanalyse", metavar="RESULT", default=None,
+                    help="run nothing: recompute a result's summary and fidelity (with --reference) and print them")
     args = ap.parse_args()
+    if args.reanalyse:
+        data = json.loads(Path(args.reanalyse).read_text())
+        fid = fidelity(data["runs"], reference=args.reference)
+        print(json.dumps({"summary": analyse(data["runs"]), "fidelity": fid}, indent=1))
+        return
+    if not args.out:
+        ap.error("--out is required (or --reanalyse RESULT)")
     plan = args.plan.split(",")
     CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat)), "--warmup-ms", str(args.warmup_ms),
                          "--min-reps", str(args.min_reps), "--timer", args.timer]
@@ -303,7 +315,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = analyse(runs)
     fid = fidelity(runs, reference=args.reference)
-    other = fidelity(runs, reference=next(m for m in REFERENCE_MODES if m != args.reference))
+    other = {m: fidelity(runs, reference=m) for m in REFERENCE_MODES if m != args.reference and m in plan}
     Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "summary": summary,
                                           "fidelity": fid, "fidelity_other": other,
                                           "env": {"python": sys.version, "argv": sys.argv,

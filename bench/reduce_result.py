@@ -8,7 +8,12 @@ one of bench/trial_modes.py loses "rows" (every trial). Everything else stays: t
 throughputs, hand-offs, first trials and notes that the measurement pages quote and that
 bench/kernelbench_mix.py's table is made from. The reduced file says what was dropped and where the whole
 one is: "reduced_from" names the commit whose tree holds it (`git show COMMIT:PATH`). A new run writes the
-whole result again (see the study's page in docs/measurements/)."""
+whole result again (see the study's page in docs/measurements/).
+
+A result of bench/ray_fleet.py keeps every row, compacted (no --commit needed): each region keeps what
+ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound and hold_ms (granted to
+ended), and loses its ids, pids and timestamps; floats are rounded to 7 significant digits. `python
+bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file."""
 
 import argparse
 import json
@@ -17,10 +22,45 @@ from pathlib import Path
 DUMPS = ("raw", "rows")   # kernelbench_mix: every measurement; trial_modes: every trial
 
 
+REGION_KEEP = ("exclusive", "clean", "taints", "sm_clock_mhz", "host_bound")
+
+
+def rounded(x):
+    if isinstance(x, float):
+        return float(f"{x:.7g}")
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    return x
+
+
+def compact_fleet(data: dict) -> dict:
+    """bench/ray_fleet.py's result with each region cut to what its analyses read; nothing else dropped."""
+    runs = []
+    for run in data["runs"]:
+        rows = []
+        for row in run["rows"]:
+            row = dict(row)
+            if "regions" in row:
+                row["regions"] = [{**{k: g[k] for k in REGION_KEEP if k in g and g[k] != []},
+                                   "hold_ms": round((g["ended_ns"] - g["granted_ns"]) / 1e6, 2)
+                                   if g.get("ended_ns") and g.get("granted_ns") else None}
+                                  for g in row["regions"]]
+            rows.append(row)
+        runs.append({**run, "rows": rows})
+    return rounded({**data, "runs": runs, "compacted": "each region: " + ", ".join(REGION_KEEP) +
+                    " and hold_ms (granted to ended); floats to 7 significant digits (bench/reduce_result.py)"})
+
+
 def reduce(data: dict, path: str, commit: str) -> dict:
+    if "plan" in data and "runs" in data:      # bench/ray_fleet.py
+        return data if "compacted" in data else compact_fleet(data)
     dropped = [k for k in DUMPS if k in data]
     if not dropped:
         return data
+    if not commit:
+        raise SystemExit(f"{path}: --commit is needed (the commit whose tree holds the whole file)")
     out = {k: v for k, v in data.items() if k not in DUMPS}
     out["reduced_from"] = {"commit": commit, "path": path, "dropped": dropped,
                            "whole": f"git show {commit}:{path}"}
@@ -30,7 +70,8 @@ def reduce(data: dict, path: str, commit: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+")
-    ap.add_argument("--commit", required=True, help="a commit whose tree holds the whole results")
+    ap.add_argument("--commit", default=None, help="a commit whose tree holds the whole results (where a dump "
+                                                   "is dropped)")
     args = ap.parse_args()
     for f in args.results:
         p = Path(f)

@@ -351,6 +351,67 @@ def test_ray_fleet_summary_has_the_regions_clocks():
     assert krex["regions"] == 3 and "region_clock_mhz" not in pergpu
 
 
+def test_a_compacted_ray_fleet_result_gives_the_same_analyses(tmp_path):
+    """bench/reduce_result.py cuts each region of a bench/ray_fleet.py result to what the analyses read (ids, pids
+    and timestamps go, hold_ms stays), and `ray_fleet.py --reanalyse` recomputes summary and fidelity from it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ray_fleet
+
+    def region(clock, clean=True):
+        return {"name": "triton.do_bench", "gpu": [0], "requested_ns": 1, "granted_ns": 2_000_000,
+                "ended_ns": 9_500_000, "pid": 7, "pids": [7], "region_id": 3, "exclusive": True, "clean": clean,
+                "taints": [] if clean else ["lifecycle"], "sm_clock_mhz": [clock, 1980], "host_bound": False}
+
+    def row(ms, regions=None):
+        r = {"size": 8192, "variant": 0, "candidate_ms": ms, "reference_ms": ms / 2, "candidate_all_ms": [ms, ms],
+             "reference_all_ms": [ms / 2, ms / 2], "wall_s": 5.0, "exit": 0}
+        return dict(r, regions=regions) if regions is not None else r
+
+    ref = {"mode": "pergpukrex", "agents": 8, "num_gpus": 1.0, "commands": 1, "failed": 0, "wall_s": 5.0,
+           "commands_per_min": 12.0, "counters": {}}
+    runs = [dict(ref, rows=[row(2.0, [region(1950)])]),
+            {"mode": "krex", "agents": 8, "num_gpus": 0.125, "commands": 2, "failed": 0, "wall_s": 5.0,
+             "commands_per_min": 24.0, "counters": {},
+             "rows": [row(2.0 / 3 * 3.03, [region(1650)]), row(2.2, [region(1500, clean=False)])]},
+            dict(ref, rows=[row(2.001, [region(1965)])])]
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps({"plan": [r["mode"] for r in runs], "specs": [], "runs": runs,
+                                 "summary": ray_fleet.analyse(runs),
+                                 "fidelity": ray_fleet.fidelity(runs, reference="pergpukrex")}, indent=1))
+    small = tmp_path / "small.json"
+    small.write_text(whole.read_text())
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(small)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(small.read_text())
+    assert "compacted" in data and small.stat().st_size < whole.stat().st_size
+    kept = data["runs"][1]["rows"][1]["regions"][0]
+    assert kept == {"exclusive": True, "clean": False, "taints": ["lifecycle"], "sm_clock_mhz": [1500, 1980],
+                    "host_bound": False, "hold_ms": 7.5}
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--reanalyse", str(small),
+                            "--reference", "pergpukrex"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    def flat(x, key=""):          # the compacted file's floats have 7 significant digits
+        if isinstance(x, dict):
+            return {k: v for n, y in x.items() for k, v in flat(y, f"{key}/{n}").items()}
+        if isinstance(x, list):
+            return {k: v for n, y in enumerate(x) for k, v in flat(y, f"{key}/{n}").items()}
+        return {key: x}
+
+    expected = flat(json.loads(whole.read_text())["fidelity"])
+    assert flat(out["fidelity"]) == {k: pytest.approx(v, rel=1e-5) if isinstance(v, float) else v
+                                     for k, v in expected.items()}
+    assert out["fidelity"]["modes"]["krex#1"]["kernels"]["1-10ms"] == 4     # the tainted evaluation left out
+    assert [s["region_clock_mhz"] for s in out["summary"]] == [s["region_clock_mhz"] for s in data["summary"]]
+    # a kernelbench_mix result still needs the commit that holds the whole file
+    kb = tmp_path / "kb.json"
+    kb.write_text(json.dumps({"raw": [1], "analysis": {}}))
+    refused = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(kb)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--commit" in refused.stderr and json.loads(kb.read_text())["raw"] == [1]
+
+
 def test_per_kernel_names_the_kernel_that_makes_a_tail():
     """throughput.per_kernel: per stable kernel of the clean rows, its reference, how many timings, their median,
     lowest and highest inflation, and how many lie more than 5% off; unstable kernels and unclean rows are not

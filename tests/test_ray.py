@@ -423,7 +423,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     try:     # 5 specs for 4 agents: the fifth evaluation goes to the first agent that is done
         run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
                               "--agents", "4", "--specs", "5", "--budget", "60", "--logs", str(tmp_path / "logs"),
-                              "--plan", "pergpu,naive,krex,shell,pergpubusy",
+                              "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
                               "--out", str(out)], env=dict(env, NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
                              capture_output=True, text=True, timeout=840)
@@ -431,13 +431,13 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
         resume_and_kill(leftover_processes(str(tmp_path)))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = {s["mode"]: s for s in json.loads(out.read_text())["summary"]}
-    assert list(summary) == ["pergpu", "naive", "krex", "shell", "pergpubusy"]
+    assert list(summary) == ["pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex"]
     assert all(s["failed"] == 0 and s["commands"] > 0 for s in summary.values())
     assert summary["pergpu"]["num_gpus"] == 1 and summary["naive"]["num_gpus"] == 0.25
-    for mode in ("krex", "shell", "pergpubusy"):
+    for mode in ("krex", "shell", "pergpubusy", "pergpukrex"):
         s = summary[mode]
         assert s["regions"] == s["regions_exclusive"] == 2 * s["commands"] == s["controller"]["regions_granted"]
-    assert summary["pergpubusy"]["num_gpus"] == 1
+    assert summary["pergpubusy"]["num_gpus"] == summary["pergpukrex"]["num_gpus"] == 1
     # its neighbour ran under krex run for that pass and was stopped at its end
     marks = (tmp_path / "neighbour").read_text().split()
     assert marks[::2] == ["start", "stop"] and marks[1] != "-"

@@ -16,7 +16,7 @@
 # power-steady harness of docs/measurements/harness-stability.md).
 # REPEAT (1: timings per kernel per evaluation). Fidelity against the same-run floor needs a second pergpu pass
 # and >= 50 timings per bucket, e.g.  PLAN=pergpu,krex,pergpu SPECS=400 BUDGET=150 REPEAT=2 LIMIT=420
-# REFERENCE (pergpu) or pergpubusy: the passes that judge (pergpubusy: one task per GPU beside a GPU neighbour
+# REFERENCE (pergpu), pergpubusy or pergpukrex: the passes that judge (pergpubusy: one task per GPU beside a GPU neighbour
 # frozen in every region; both with two passes each, e.g. PLAN=pergpu,pergpubusy,krex,pergpubusy,pergpu)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
