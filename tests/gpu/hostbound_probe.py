@@ -4,7 +4,10 @@ Cases, each in its own region, each timing read inside the region (16 timings un
   gpu      a 8192 bf16 matmul queued ahead of the start event, then a small kernel: the GPU never waits (expect late 0)
   host     synchronize, record start, sleep 1 ms on the host, launch the kernel, record end (expect every one late)
   end      as gpu, then 3 ms of host time before the end is recorded (expect every one late: the GPU waited for it)
-  syncend  an 8192 matmul timed with a synchronize before the end record (expect late 0: the host waited on the GPU)
+  syncend  an 8192 matmul timed with a synchronize before the end record: the host's return from it and the record
+           (~20 us in Python) are in the 1.4 ms timing, over the check's 1%: late (H200 run 3: 16 of 16)
+  synclong the same with eight 8192 matmuls (11 ms: 1% is 110 us): late 0 when the synchronize hook moves the end
+           bound's start to the synchronize's return; without it the bound would be the whole 11 ms
   sync     KernelBench's loop: record start, kernel, record end, synchronize, read (the kernel on an idle stream)
   bench:K  triton.testing.do_bench of kernel K (small add, mm2048, mm8192): its repetitions' timings
   graph:K  do_bench_cudagraph: no host launch inside a timing (expect checked 0: graph launches are not checked)
@@ -51,6 +54,7 @@ timed("gpu", before=lambda: a8 @ a8)    # the GPU is busy when the start is reco
 timed("host", before=torch.cuda.synchronize, between=lambda: time.sleep(0.001))
 timed("end", before=lambda: a8 @ a8, after_fn=lambda: time.sleep(0.003))
 timed("syncend", fn=lambda: a8 @ a8, after_fn=torch.cuda.synchronize)
+timed("synclong", fn=lambda: [a8 @ a8 for _ in range(8)], after_fn=torch.cuda.synchronize)
 
 with krex.region("sync") as r:
     ms = []
