@@ -1,0 +1,129 @@
+"""Does a timing depend on what the GPU ran before it, once the clock is back at its peak?
+
+Under krex the regions of many agents follow each other back to back. The clock settle (docs/design/clock-settle.md)
+makes each region start at the peak SM clock, yet in the Ray fleet's H200 run 7 the 0.1-10 ms kernels of a
+shared node had regions whose lowest clock was ~1650 MHz against ~1950 alone. The hypothesis: the power limiter
+averages over a window, so a region that follows a heavy one starts at the peak clock and is clamped sooner.
+
+Per trial, in one process with nothing else on the GPU: a heavy load (bf16 16384 matmuls for --heavy-ms), then
+--gaps ms idle, then the clock brought to --settle-pct of its peak the way krex's settle does it (short kernels
+until NVML reads it), then one timing of the probe (bf16 8192 matmul, CUDA events around --reps launches, the
+median), with NVML's SM clock and power before the timing and the lowest clock sampled during it. A gap of
+--cold-ms with no heavy load first is the reference. Prints one JSON line per trial and a summary per gap.
+    python bench/power_history.py --out power-history.json"""
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import torch
+import pynvml
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--gaps", default="0,50,200,500,1000,2000", help="idle ms after the heavy load, comma-separated")
+ap.add_argument("--heavy-ms", type=float, default=300.0, help="the heavy load's length before each trial")
+ap.add_argument("--cold-ms", type=float, default=3000.0, help="idle before a reference trial (no heavy load)")
+ap.add_argument("--trials", type=int, default=4, help="trials per gap")
+ap.add_argument("--size", type=int, default=8192, help="the probe matmul's size")
+ap.add_argument("--reps", type=int, default=60, help="probe launches per timing")
+ap.add_argument("--settle-pct", type=float, default=98.0)
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+
+pynvml.nvmlInit()
+dev = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+peak = pynvml.nvmlDeviceGetMaxClockInfo(dev, pynvml.NVML_CLOCK_SM)
+
+
+def clock() -> int:
+    return pynvml.nvmlDeviceGetClockInfo(dev, pynvml.NVML_CLOCK_SM)
+
+
+def power_w() -> float:
+    return pynvml.nvmlDeviceGetPowerUsage(dev) / 1000.0
+
+
+H = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+A = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+B = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
+tiny = torch.zeros(1024, device="cuda")
+for _ in range(3):
+    H @ H, A @ B
+torch.cuda.synchronize()
+
+
+def heavy(ms: float) -> None:
+    end = time.monotonic() + ms / 1000.0
+    while time.monotonic() < end:
+        for _ in range(4):
+            H @ H
+        torch.cuda.synchronize()
+
+
+def settle() -> tuple:
+    """Short kernels until NVML reads the clock at settle-pct of the peak (at most 300 ms): (ms waited, clock)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.3:
+        c = clock()
+        if c >= peak * args.settle_pct / 100.0:
+            return (time.monotonic() - t0) * 1000.0, c
+        for _ in range(50):
+            tiny.add_(1)
+        torch.cuda.synchronize()
+    return (time.monotonic() - t0) * 1000.0, clock()
+
+
+def timing() -> dict:
+    lowest, stop = [peak], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            lowest[0] = min(lowest[0], clock())
+            time.sleep(0.002)
+
+    before_mhz, before_w = clock(), power_w()
+    t = threading.Thread(target=sample)
+    t.start()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(args.reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(args.reps)]
+    for s, e in zip(start, end):
+        s.record()
+        A @ B
+        e.record()
+    torch.cuda.synchronize()
+    stop.set()
+    t.join()
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+    return {"ms": ms, "clock_before_mhz": before_mhz, "power_before_w": round(before_w, 1), "lowest_mhz": lowest[0]}
+
+
+rows = []
+gaps = [float(g) for g in args.gaps.split(",")]
+for trial in range(args.trials):
+    for gap in ["cold"] + gaps:
+        if gap == "cold":
+            time.sleep(args.cold_ms / 1000.0)
+        else:
+            heavy(args.heavy_ms)
+            time.sleep(gap / 1000.0)
+        waited, at = settle()
+        row = {"trial": trial, "gap_ms": gap, "settle_ms": round(waited, 1), "settled_mhz": at, **timing()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+cold = statistics.median(r["ms"] for r in rows if r["gap_ms"] == "cold")
+summary = {}
+for gap in ["cold"] + gaps:
+    rs = [r for r in rows if r["gap_ms"] == gap]
+    summary[str(gap)] = {"median_ms": statistics.median(r["ms"] for r in rs),
+                         "vs_cold_pct": round(100 * (statistics.median(r["ms"] for r in rs) / cold - 1), 2),
+                         "worst_vs_cold_pct": round(100 * (max(r["ms"] for r in rs) / cold - 1), 2),
+                         "lowest_mhz": statistics.median(r["lowest_mhz"] for r in rs),
+                         "power_before_w": statistics.median(r["power_before_w"] for r in rs),
+                         "settle_ms": statistics.median(r["settle_ms"] for r in rs)}
+    print(gap, json.dumps(summary[str(gap)]))
+with open(args.out, "w") as f:
+    json.dump({"args": vars(args), "peak_mhz": peak, "gpu": pynvml.nvmlDeviceGetName(dev), "rows": rows,
+               "summary": summary, "torch": torch.__version__}, f, indent=1)
