@@ -11,8 +11,8 @@ one is: "reduced_from" names the commit whose tree holds it (`git show COMMIT:PA
 whole result again (see the study's page in docs/measurements/).
 
 A result of bench/ray_fleet.py keeps every row, compacted (no --commit needed): each region keeps what
-ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound and hold_ms (granted to
-ended), and loses its ids, pids and timestamps; floats are rounded to 7 significant digits. `python
+ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound, granted_ms (since the
+result's first grant) and hold_ms (granted to ended), and loses its ids and pids; floats are rounded to 7 significant digits. `python
 bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file."""
 
 import argparse
@@ -37,6 +37,8 @@ def rounded(x):
 
 def compact_fleet(data: dict) -> dict:
     """bench/ray_fleet.py's result with each region cut to what its analyses read; nothing else dropped."""
+    t0 = min((g["granted_ns"] for run in data["runs"] for row in run["rows"] for g in row.get("regions", [])
+              if g.get("granted_ns")), default=0)
     runs = []
     for run in data["runs"]:
         rows = []
@@ -44,13 +46,15 @@ def compact_fleet(data: dict) -> dict:
             row = dict(row)
             if "regions" in row:
                 row["regions"] = [{**{k: g[k] for k in REGION_KEEP if k in g and g[k] != []},
+                                   "granted_ms": round((g["granted_ns"] - t0) / 1e6, 1) if g.get("granted_ns") else None,
                                    "hold_ms": round((g["ended_ns"] - g["granted_ns"]) / 1e6, 2)
                                    if g.get("ended_ns") and g.get("granted_ns") else None}
                                   for g in row["regions"]]
             rows.append(row)
         runs.append({**run, "rows": rows})
     return rounded({**data, "runs": runs, "compacted": "each region: " + ", ".join(REGION_KEEP) +
-                    " and hold_ms (granted to ended); floats to 7 significant digits (bench/reduce_result.py)"})
+                    ", granted_ms (since the result's first grant) and hold_ms (granted to ended); floats to 7 "
+                    "significant digits (bench/reduce_result.py)"})
 
 
 def reduce(data: dict, path: str, commit: str) -> dict:

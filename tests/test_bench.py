@@ -387,7 +387,7 @@ def test_a_compacted_ray_fleet_result_gives_the_same_analyses(tmp_path):
     assert "compacted" in data and small.stat().st_size < whole.stat().st_size
     kept = data["runs"][1]["rows"][1]["regions"][0]
     assert kept == {"exclusive": True, "clean": False, "taints": ["lifecycle"], "sm_clock_mhz": [1500, 1980],
-                    "host_bound": False, "hold_ms": 7.5}
+                    "host_bound": False, "granted_ms": 0.0, "hold_ms": 7.5}
     again = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--reanalyse", str(small),
                             "--reference", "pergpukrex"], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
