@@ -5,11 +5,13 @@ makes each region start at the peak SM clock, yet in the Ray fleet's H200 run 7 
 shared node had regions whose lowest clock was ~1650 MHz against ~1950 alone. The hypothesis: the power limiter
 averages over a window, so a region that follows a heavy one starts at the peak clock and is clamped sooner.
 
-Per trial, in one process with nothing else on the GPU: a heavy load (bf16 16384 matmuls for --heavy-ms), then
---gaps ms idle, then the clock brought to --settle-pct of its peak the way krex's settle does it (short kernels
-until NVML reads it), then one timing of the probe (bf16 8192 matmul, CUDA events around --reps launches, the
-median), with NVML's SM clock and power before the timing and the lowest clock sampled during it. A gap of
---cold-ms with no heavy load first is the reference. Prints one JSON line per trial and a summary per gap.
+Per trial, in one process with nothing else on the GPU: a heavy load (bf16 16384 matmuls for each of --heavy-ms),
+then each of --gaps ms idle, then the clock brought to --settle-pct of its peak the way krex's settle does it
+(short kernels until NVML reads it), then one timing of the probe (bf16 8192 matmul, CUDA events around --reps
+launches, the median), with NVML's SM clock, power and temperature before the timing, and the lowest clock and
+the clock event reasons sampled during it. A gap of --cold-ms with no heavy load first is the reference. A short
+and a long heavy load tell a fast memory (the power limiter's) from a slow one (the GPU's temperature). Prints
+one JSON line per trial and a summary per heavy load and gap.
     python bench/power_history.py --out power-history.json"""
 
 import argparse
@@ -23,9 +25,9 @@ import pynvml
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--gaps", default="0,50,200,500,1000,2000", help="idle ms after the heavy load, comma-separated")
-ap.add_argument("--heavy-ms", type=float, default=300.0, help="the heavy load's length before each trial")
+ap.add_argument("--heavy-ms", default="300,3000", help="the heavy load's lengths before a trial, comma-separated")
 ap.add_argument("--cold-ms", type=float, default=3000.0, help="idle before a reference trial (no heavy load)")
-ap.add_argument("--trials", type=int, default=4, help="trials per gap")
+ap.add_argument("--trials", type=int, default=3, help="trials per heavy load and gap")
 ap.add_argument("--size", type=int, default=8192, help="the probe matmul's size")
 ap.add_argument("--reps", type=int, default=60, help="probe launches per timing")
 ap.add_argument("--settle-pct", type=float, default=98.0)
@@ -43,6 +45,14 @@ def clock() -> int:
 
 def power_w() -> float:
     return pynvml.nvmlDeviceGetPowerUsage(dev) / 1000.0
+
+
+def reasons() -> int:
+    return pynvml.nvmlDeviceGetCurrentClocksEventReasons(dev)
+
+
+def temperature() -> int:
+    return pynvml.nvmlDeviceGetTemperature(dev, pynvml.NVML_TEMPERATURE_GPU)
 
 
 H = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
@@ -76,14 +86,15 @@ def settle() -> tuple:
 
 
 def timing() -> dict:
-    lowest, stop = [peak], threading.Event()
+    lowest, seen, stop = [peak], [0], threading.Event()
 
     def sample():
         while not stop.is_set():
             lowest[0] = min(lowest[0], clock())
+            seen[0] |= reasons()
             time.sleep(0.002)
 
-    before_mhz, before_w = clock(), power_w()
+    before_mhz, before_w, before_c = clock(), power_w(), temperature()
     t = threading.Thread(target=sample)
     t.start()
     start = [torch.cuda.Event(enable_timing=True) for _ in range(args.reps)]
@@ -96,34 +107,39 @@ def timing() -> dict:
     stop.set()
     t.join()
     ms = statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
-    return {"ms": ms, "clock_before_mhz": before_mhz, "power_before_w": round(before_w, 1), "lowest_mhz": lowest[0]}
+    return {"ms": ms, "clock_before_mhz": before_mhz, "power_before_w": round(before_w, 1), "temperature_before_c":
+            before_c, "lowest_mhz": lowest[0], "reasons_during": hex(seen[0])}
 
 
 rows = []
 gaps = [float(g) for g in args.gaps.split(",")]
+cases = [("cold", 0.0)] + [(float(h), g) for h in args.heavy_ms.split(",") for g in gaps]
 for trial in range(args.trials):
-    for gap in ["cold"] + gaps:
-        if gap == "cold":
+    for heavy_ms, gap in cases:
+        if heavy_ms == "cold":
             time.sleep(args.cold_ms / 1000.0)
         else:
-            heavy(args.heavy_ms)
+            heavy(heavy_ms)
             time.sleep(gap / 1000.0)
         waited, at = settle()
-        row = {"trial": trial, "gap_ms": gap, "settle_ms": round(waited, 1), "settled_mhz": at, **timing()}
+        row = {"trial": trial, "heavy_ms": heavy_ms, "gap_ms": gap, "settle_ms": round(waited, 1), "settled_mhz": at,
+               **timing()}
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-cold = statistics.median(r["ms"] for r in rows if r["gap_ms"] == "cold")
+cold = statistics.median(r["ms"] for r in rows if r["heavy_ms"] == "cold")
 summary = {}
-for gap in ["cold"] + gaps:
-    rs = [r for r in rows if r["gap_ms"] == gap]
-    summary[str(gap)] = {"median_ms": statistics.median(r["ms"] for r in rs),
-                         "vs_cold_pct": round(100 * (statistics.median(r["ms"] for r in rs) / cold - 1), 2),
-                         "worst_vs_cold_pct": round(100 * (max(r["ms"] for r in rs) / cold - 1), 2),
-                         "lowest_mhz": statistics.median(r["lowest_mhz"] for r in rs),
-                         "power_before_w": statistics.median(r["power_before_w"] for r in rs),
-                         "settle_ms": statistics.median(r["settle_ms"] for r in rs)}
-    print(gap, json.dumps(summary[str(gap)]))
+for heavy_ms, gap in cases:
+    rs = [r for r in rows if (r["heavy_ms"], r["gap_ms"]) == (heavy_ms, gap)]
+    key = "cold" if heavy_ms == "cold" else f"heavy {heavy_ms:g} ms, gap {gap:g} ms"
+    summary[key] = {"median_ms": statistics.median(r["ms"] for r in rs),
+                    "vs_cold_pct": round(100 * (statistics.median(r["ms"] for r in rs) / cold - 1), 2),
+                    "worst_vs_cold_pct": round(100 * (max(r["ms"] for r in rs) / cold - 1), 2),
+                    "lowest_mhz": statistics.median(r["lowest_mhz"] for r in rs),
+                    "power_before_w": statistics.median(r["power_before_w"] for r in rs),
+                    "temperature_before_c": statistics.median(r["temperature_before_c"] for r in rs),
+                    "settle_ms": statistics.median(r["settle_ms"] for r in rs)}
+    print(key, json.dumps(summary[key]))
 with open(args.out, "w") as f:
     json.dump({"args": vars(args), "peak_mhz": peak, "gpu": pynvml.nvmlDeviceGetName(dev), "rows": rows,
                "summary": summary, "torch": torch.__version__}, f, indent=1)
