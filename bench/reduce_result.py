@@ -11,7 +11,7 @@ one is: "reduced_from" names the commit whose tree holds it (`git show COMMIT:PA
 whole result again (see the study's page in docs/measurements/).
 
 A result of bench/ray_fleet.py keeps every row, compacted (no --commit needed): each region keeps what
-ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound, granted_ms (since the
+ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound, previous_region, granted_ms (since the
 result's first grant) and hold_ms (granted to ended), and loses its ids and pids; floats are rounded to 7 significant digits. `python
 bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file."""
 
@@ -22,7 +22,7 @@ from pathlib import Path
 DUMPS = ("raw", "rows")   # kernelbench_mix: every measurement; trial_modes: every trial
 
 
-REGION_KEEP = ("exclusive", "clean", "taints", "sm_clock_mhz", "host_bound")
+REGION_KEEP = ("exclusive", "clean", "taints", "sm_clock_mhz", "host_bound", "previous_region")
 
 
 def rounded(x):

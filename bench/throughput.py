@@ -206,6 +206,9 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
                 # the lowest SM clock NVML saw in each attested region (None: not attested): a timing's GPU state
                 row["region_clocks_mhz"] = [r["sm_clock_mhz"][0] if r.get("sm_clock_mhz") else None for r in regs]
+                # what held the GPU just before each region: [gap ms, its held ms, its lowest clock, same job] or None
+                row["region_previous"] = [[p["gap_ms"], p["held_ms"], p["sm_clock_min_mhz"], p["same_job"]]
+                                          if (p := r.get("previous_region")) else None for r in regs]
             with lock:
                 rows.append(row)
 

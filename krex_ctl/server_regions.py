@@ -163,8 +163,23 @@ class RegionEffects:
         region.unconnected = getattr(region, "unconnected", set()) | set(self.unregistered.unconnected())
         region.phase_ns["attest"] = now_ns() - t1
         region.granted_ns = now_ns()
+        region.previous = self.previous_region(region)
         for m in list(region.members.values()):
             self.send_granted(region, m)
+
+    def previous_region(self, region):
+        """What held any of this region's GPUs last, as the record's "previous_region": how long before this
+        grant it ended, how long it held them, its lowest SM clock, and whether it was this region's own job.
+        A region's timings can depend on the GPU's recent load even when it starts at the peak clock (H200: the
+        1-10 ms kernels of regions that followed other agents' heavy ones ran at lower clocks), so the record
+        says what came before."""
+        last = getattr(self, "last_on_gpu", {})
+        prev = max((last[g] for g in report.mask_to_list(region.gpu_mask) if g in last),
+                   key=lambda p: p["ended_ns"], default=None)
+        if prev is None:
+            return None
+        return {"gap_ms": round((region.granted_ns - prev["ended_ns"]) / 1e6, 3), "held_ms": prev["held_ms"],
+                "sm_clock_min_mhz": prev["sm_clock_min_mhz"], "same_job": prev["job"] == region.job.id}
 
     def send_granted(self, region, m) -> None:
         flags = C.KREX_REGION_GRANTED | (C.KREX_REGION_JOINED if m.joined else 0)
@@ -232,6 +247,8 @@ class RegionEffects:
             extra["other_controllers"] = [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)]
         if region.clock_settle:
             extra["clock_settle"] = region.clock_settle
+        if region.previous:
+            extra["previous_region"] = region.previous
         if failed:
             extra["end_step_failed"] = failed
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
@@ -241,6 +258,11 @@ class RegionEffects:
                                       taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
                                       **extra)
         region.job.regions.append(record)
+        if region.granted_ns:
+            last = self.__dict__.setdefault("last_on_gpu", {})     # GPU -> what held it last (previous_region)
+            for g in report.mask_to_list(region.gpu_mask):
+                last[g] = {"ended_ns": ended, "held_ms": round((ended - region.granted_ns) / 1e6, 3),
+                           "sm_clock_min_mhz": att.clock_min or None, "job": region.job.id}
         for observer in getattr(self, "observers", ()):   # --trace, --metrics (commands/controller.py)
             try:
                 observer.region_finished(record, region)

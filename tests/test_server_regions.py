@@ -374,3 +374,29 @@ def test_one_read_takes_every_frame_queued_on_the_socket_however_much():
     r.peer.close()
     r.read(r.client)
     assert r.dropped == ["disconnected"]
+
+
+def test_a_record_says_what_held_its_gpu_before_it():
+    """previous_region: how long before the grant the last region on the GPU ended, how long it held it, its
+    lowest clock, and whether it was the same job; the node's first region has none."""
+    s = Server()
+    a, b, ra = s.held_beside_a_sibling()
+    time.sleep(0.02)
+    s.apply(s.book.leave(ra, a, C.KREX_END_NORMAL, 8, time.monotonic()))
+    assert "previous_region" not in a.job.regions[-1]
+    s.apply(s.book.request(b, 1, "r", 0, 9, time.monotonic()))
+    rb = next(r for r in s.book.regions.values() if r.owner is b)
+    s.read_pass()
+    s.apply(s.book.drained(rb, a, 0, time.monotonic()))
+    s.run_timers()
+    s.apply(s.book.leave(rb, b, C.KREX_END_NORMAL, 10, time.monotonic()))
+    prev = b.job.regions[-1]["previous_region"]
+    assert prev["same_job"] is False and prev["held_ms"] >= 20 and 0 <= prev["gap_ms"] < 5000
+    assert prev["sm_clock_min_mhz"] is None                     # the fake attestation reads no clock
+    s.apply(s.book.request(b, 1, "r", 0, 11, time.monotonic()))
+    rc = next(r for r in s.book.regions.values() if r.owner is b)
+    s.read_pass()
+    s.apply(s.book.drained(rc, a, 0, time.monotonic()))
+    s.run_timers()
+    s.apply(s.book.leave(rc, b, C.KREX_END_NORMAL, 12, time.monotonic()))
+    assert b.job.regions[-1]["previous_region"]["same_job"] is True

@@ -121,6 +121,7 @@ class Region:
     saved_affinity: dict = field(default_factory=dict)
     member_tids: set = field(default_factory=set)    # the members' threads at the grant or join (set by the server)
     attest_start: Any = None
+    previous: Any = None                             # what held its GPUs last before its grant (set by the server)
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
     gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
