@@ -249,6 +249,8 @@ class RegionEffects:
             extra["clock_settle"] = region.clock_settle
         if region.previous:
             extra["previous_region"] = region.previous
+        if region.gap_waited_ms:
+            extra["gap_waited_ms"] = region.gap_waited_ms
         if failed:
             extra["end_step_failed"] = failed
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,

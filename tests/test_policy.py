@@ -577,3 +577,55 @@ def test_a_gpu_a_region_grew_onto_does_not_hold_back_its_own_job():
     assert region_of(w.request(p, mask=0b10)).owner is p
     w.book.leave(w.book.region_of(p), p, 0, 1, w.now)
     assert not [e for e in w.request(q, mask=0b10) if hasattr(e, "region")] and q.request is not None
+
+
+# ---- the gap after another job's region ---------------------------------------------------------------
+def run_in_time(w, effects):
+    """run_to_grant, with time passing by each settle poll's delay: (the effects seen, the seconds that passed)."""
+    seen, todo, t0 = [], list(w.closed(effects)), w.now
+    while todo or (todo := w.read_pass()):
+        e = todo.pop(0)
+        seen.append(e)
+        if isinstance(e, P.SendDrain):
+            for c in e.clients:
+                todo += w.closed(w.book.drained(e.region, c, 0, w.now))
+        elif isinstance(e, P.Freeze):
+            todo += w.book.frozen(e.region, e.clients, "", w.now)
+        elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
+            todo += w.book.stop_poll(e.region, [], w.now)
+        elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
+            w.now += e.delay
+            todo += w.closed(w.book.settle_poll(e.region, w.now))
+        assert len(seen) < 10000
+    return seen, w.now - t0
+
+
+def test_another_jobs_region_starts_region_gap_ms_after_the_last_one_ended():
+    w = World(region_gap_ms=200.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    ra = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
+    w.now += 0.05                                    # b asks 50 ms after a's region ended
+    seen, waited = run_in_time(w, w.request(b, seq=3))
+    rb = region_of(seen)
+    assert rb.state is State.HELD and "Grant" in kinds(seen)
+    assert 0.15 - 1e-9 <= waited <= 0.16             # the rest of the 200 ms, in polls of at most 5 ms
+    assert rb.gap_waited_ms == pytest.approx(waited * 1e3, abs=1e-6) and not rb.taints
+    assert w.book.counters["region_gap_waits"] == 1
+    # its own job's next region does not wait; a job that asks after the gap has passed does not either
+    w.book.leave(rb, b, C.KREX_END_NORMAL, 4, w.now)
+    seen, waited = run_in_time(w, w.request(b, seq=5))
+    assert waited == 0 and region_of(seen).gap_waited_ms == 0
+    w.book.leave(region_of(seen), b, C.KREX_END_NORMAL, 6, w.now)
+    w.now += 0.3
+    seen, waited = run_in_time(w, w.request(a, seq=7))
+    assert waited == 0 and w.book.counters["region_gap_waits"] == 1
+
+
+def test_without_region_gap_ms_regions_follow_at_once():
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    ra = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
+    seen, waited = run_in_time(w, w.request(b, seq=3))
+    assert waited == 0 and region_of(seen).state is State.HELD and w.book.counters["region_gap_waits"] == 0

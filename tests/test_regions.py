@@ -517,3 +517,25 @@ def test_a_sibling_another_region_stopped_answers_this_regions_drain(krex, tmp_p
     wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), what="hog resumed at A's end")
     krex.stop_hogs()
     hog.communicate(timeout=30)
+
+
+def test_region_gap_ms_keeps_another_jobs_region_off_the_gpu_for_that_long(krex, tmp_path):
+    """--region-gap-ms: a region starts at least that long after another job's region ended on its GPU (the GPU
+    idle meanwhile); its record says how long it waited. Two jobs' regions interleave on GPU 0."""
+    krex.start_controller("--region-gap-ms", "300")
+    owners = [krex.popen([SNIP / "region"], report=tmp_path / f"own{i}.json",
+                         env={"SNIPPET_REGIONS": "3", "SNIPPET_N": "5", "SNIPPET_US": "20000"}) for i in range(2)]
+    for p in owners:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    regions = sorted((r for i in range(2) for r in report_of(tmp_path / f"own{i}.json")["regions"]),
+                     key=lambda r: r["granted_ns"])
+    assert len(regions) == 6 and all(r["exclusive"] and r["clean"] for r in regions)
+    handovers = [(a, b) for a, b in zip(regions, regions[1:]) if a["pid"] != b["pid"]]
+    assert handovers
+    for a, b in handovers:
+        assert b["granted_ns"] - a["ended_ns"] >= 300e6, (a, b)
+        assert b["previous_region"]["same_job"] is False and b["previous_region"]["gap_ms"] >= 300
+    asked_while_held = [b for a, b in handovers if b["requested_ns"] < a["ended_ns"]]
+    assert asked_while_held and all(b["gap_waited_ms"] > 0 for b in asked_while_held)
+    assert krex.status()["counters"]["region_gap_waits"] >= 1

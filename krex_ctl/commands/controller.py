@@ -51,6 +51,9 @@ from ..server import Controller, bind
               help="After a grant, wait up to this long for the GPU's SM clock (read by a canary kernel) to be back "
                    "at its peak; a region that starts below it is tainted clock_low (300; 0: off).")
 @click.option("--clock-settle-pct", default=None, metavar="PERCENT", help="The SM clock counts as back at this percentage of its peak (98).")
+@click.option("--region-gap-ms", default=None, metavar="MS",
+              help="Start a region at least this long after another job's region ended on its GPUs, the GPU idle "
+                   "meanwhile, so that it does not inherit that region's load (0: off; not measured on a GPU yet).")
 @click.option("--warm-workers", default=None, metavar="N",
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, metavar="MODULES", help="Modules a warm worker imports first (torch,triton).")
@@ -65,8 +68,8 @@ from ..server import Controller, bind
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
                fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,
-               settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, warm_workers, worker_preload,
-               worker_reuse, metrics, trace_file, embedded, log_level) -> None:
+               settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, warm_workers,
+               worker_preload, worker_reuse, metrics, trace_file, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
@@ -82,7 +85,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         gate_contexts=gate_contexts, gate_exit=gate_exit,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
-        warm_workers=warm_workers, worker_preload=worker_preload,
+        region_gap_ms=region_gap_ms, warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
         trace=trace_file)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),

@@ -122,6 +122,8 @@ class Region:
     member_tids: set = field(default_factory=set)    # the members' threads at the grant or join (set by the server)
     attest_start: Any = None
     previous: Any = None                             # what held its GPUs last before its grant (set by the server)
+    gap_from: float = 0.0                            # monotonic start of its wait for region_gap_ms (0: none)
+    gap_waited_ms: float = 0.0                       # how long that wait took
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
     gates_closed_ns: int = 0                         # CLOCK_MONOTONIC taken just after its gates closed (server)
@@ -260,11 +262,13 @@ class Regions:
         self.ids = itertools.count(1)
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
-                         "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0}
+                         "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
+                         "region_gap_waits": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recheck_at: Optional[float] = None
         self.deferred: set = set()              # ids of the requests waiting for their fair share now
+        self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, job) of the last granted region there
 
     # ---- the table ----------------------------------------------------------------------------------
     def _to(self, region: Region, event: Event, now: float) -> State:
@@ -508,11 +512,28 @@ class Regions:
         region.deadline = now + float(self.cfg.lifecycle_timeout_s)
         return self.settle_poll(region, now)
 
+    def gap_s(self, region: Region, now: float) -> float:
+        """Seconds until region_gap_ms has passed since another job's region last ended on the region's GPUs."""
+        gap = float(getattr(self.cfg, "region_gap_ms", 0.0) or 0.0) / 1e3
+        if gap <= 0:
+            return 0.0
+        ends = [t for t, job in (self.last_end.get(g, (None, None)) for g in mask_to_list(region.gpu_mask))
+                if t is not None and job is not region.job]
+        return max(0.0, max(ends, default=now - gap) + gap - now)
+
     def settle_poll(self, region: Region, now: float) -> list:
-        """The lifecycle barrier, polled: go on when it lets the region go, or when its time is up."""
+        """The lifecycle barrier and the gap after another job's region, polled: go on when both let the region
+        go, or when the barrier's time is up (the gap has no time-out: it is bounded by region_gap_ms)."""
         if not self.live(region) or region.state is not S.SETTLING:
             return []
-        wait = self.lifecycle.wait_s(region, now)
+        wait, gap = self.lifecycle.wait_s(region, now), self.gap_s(region, now)
+        if gap > 0:
+            if not region.gap_from:
+                region.gap_from = now
+                self.counters["region_gap_waits"] += 1
+            return [Arm(region, E.SETTLED, min(max(wait, gap), 0.005))]
+        if region.gap_from and not region.gap_waited_ms:
+            region.gap_waited_ms = round((now - region.gap_from) * 1e3, 3)
         if wait > 0 and now < region.deadline:
             return [Arm(region, E.SETTLED, min(wait, 0.005))]
         if wait > 0:
@@ -603,6 +624,9 @@ class Regions:
             return []
         self._to(region, event, now)
         del self.regions[region.id]
+        if region.held_since:       # granted: the next job's region on these GPUs keeps region_gap_ms from now
+            for g in mask_to_list(region.gpu_mask):
+                self.last_end[g] = (now, region.job)
         self._charge(region, now)
         thaw = self.freezes.release(region.id)
         # woken for its drain, not stopped again by it (it ended first), still held stopped by another region
