@@ -34,6 +34,7 @@ this script."""
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -217,6 +218,8 @@ def main() -> None:
                          + " (+warm: commands in warm workers)")
     ap.add_argument("--skip-naive", action="store_true",
                     help="no naive sharing step (no throughput against naive): for a fidelity-only run")
+    ap.add_argument("--controller-args", default="",
+                    help="more options for every krex controller of the plan, one string (e.g. \"--region-gap-ms 200\")")
     ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="on",
                     help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
                          "controller: a context is created, and a process with contexts exits, only while no other "
@@ -259,8 +262,9 @@ def main() -> None:
         runs = []
         with tempfile.TemporaryDirectory() as td:
             ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port,
-                                 extra=("--gate-contexts", "--gate-exit") if args.gate_lifecycle == "on"
-                                 else ("--no-gate-contexts", "--no-gate-exit"))
+                                 extra=(("--gate-contexts", "--gate-exit") if args.gate_lifecycle == "on"
+                                        else ("--no-gate-contexts", "--no-gate-exit"))
+                                 + tuple(shlex.split(args.controller_args)))
             try:
                 t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):

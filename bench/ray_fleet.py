@@ -28,6 +28,7 @@ import io
 import json
 import os
 import runpy
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -229,9 +230,9 @@ def analyse(runs: list) -> list:
     return summary
 
 
-def start_controller(sock: Path, log: Path) -> subprocess.Popen:
+def start_controller(sock: Path, log: Path, extra: tuple = ()) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock)], env=env,
+    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), *extra], env=env,
                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not sock.exists():
@@ -264,6 +265,8 @@ def main() -> None:
     ap.add_argument("--min-reps", type=int, default=0, help="the evaluations' do_bench repetitions, at least")
     ap.add_argument("--timer", choices=("events", "graph"), default="events",
                     help="the evaluations' timer (bench/candidate.py --timer; graph: do_bench_cudagraph)")
+    ap.add_argument("--controller-args", default="",
+                    help="more options for the krex controller, one string (e.g. \"--region-gap-ms 200\")")
     ap.add_argument("--out", help="the result file (required unless --reanalyse)")
     ap.add_argument("--reanalyse", metavar="RESULT", default=None,
                     help="run nothing: recompute a result's summary and fidelity (with --reference) and print them")
@@ -288,7 +291,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ray-fleet-"))
     sock = tmp / "krex.sock"
-    ctl = start_controller(sock, logs / "controller.log")
+    ctl = start_controller(sock, logs / "controller.log", tuple(shlex.split(args.controller_args)))
     os.environ.update(KREX_SOCKET=str(sock), RAY_USAGE_STATS_ENABLED="0")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     import ray

@@ -222,7 +222,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
-                        "--host-bound-check",
+                        "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
                         "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
@@ -236,6 +236,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(r["failed"] == 0 and r["commands"] == 4 for r in data["rows"])
     assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
+    argvs = [" ".join(run["controller_argv"]) for run in data["runs"] if run["mode"].startswith("krex")]
+    assert argvs and all(" --region-gap-ms 1" in a for a in argvs), argvs   # --controller-args reaches every one
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
