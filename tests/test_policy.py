@@ -73,9 +73,10 @@ class World:
         """One pass of the server's event loop, its select() begun now, every ready client read: the effects."""
         return self.closed(self.book.read_pass_done(self.tick(), self.now))
 
-    def run_to_grant(self, effects):
+    def run_to_grant(self, effects, timed=False):
         """Carry out effects as a server would, everyone draining and stopping at once, a read pass whenever
-        nothing else is to be done; the effects seen."""
+        nothing else is to be done; the effects seen. timed: time passes by each settle poll's delay (else a
+        settle that waits would be polled at the same instant for ever)."""
         seen, todo = [], list(self.closed(effects))
         while todo or (todo := self.read_pass()):
             e = todo.pop(0)
@@ -88,6 +89,7 @@ class World:
             elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
                 todo += self.book.stop_poll(e.region, [], self.now)
             elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
+                self.now += e.delay if timed else 0.0
                 todo += self.closed(self.book.settle_poll(e.region, self.now))
         return seen
 
@@ -581,22 +583,9 @@ def test_a_gpu_a_region_grew_onto_does_not_hold_back_its_own_job():
 
 # ---- the gap after another job's region ---------------------------------------------------------------
 def run_in_time(w, effects):
-    """run_to_grant, with time passing by each settle poll's delay: (the effects seen, the seconds that passed)."""
-    seen, todo, t0 = [], list(w.closed(effects)), w.now
-    while todo or (todo := w.read_pass()):
-        e = todo.pop(0)
-        seen.append(e)
-        if isinstance(e, P.SendDrain):
-            for c in e.clients:
-                todo += w.closed(w.book.drained(e.region, c, 0, w.now))
-        elif isinstance(e, P.Freeze):
-            todo += w.book.frozen(e.region, e.clients, "", w.now)
-        elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
-            todo += w.book.stop_poll(e.region, [], w.now)
-        elif isinstance(e, P.Arm) and e.event is Event.SETTLED:
-            w.now += e.delay
-            todo += w.closed(w.book.settle_poll(e.region, w.now))
-        assert len(seen) < 10000
+    """run_to_grant with time passing: (the effects seen, the seconds that passed)."""
+    t0 = w.now
+    seen = w.run_to_grant(effects, timed=True)
     return seen, w.now - t0
 
 

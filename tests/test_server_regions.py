@@ -384,19 +384,17 @@ def test_a_record_says_what_held_its_gpu_before_it():
     time.sleep(0.02)
     s.apply(s.book.leave(ra, a, C.KREX_END_NORMAL, 8, time.monotonic()))
     assert "previous_region" not in a.job.regions[-1]
-    s.apply(s.book.request(b, 1, "r", 0, 9, time.monotonic()))
-    rb = next(r for r in s.book.regions.values() if r.owner is b)
-    s.read_pass()
-    s.apply(s.book.drained(rb, a, 0, time.monotonic()))
-    s.run_timers()
-    s.apply(s.book.leave(rb, b, C.KREX_END_NORMAL, 10, time.monotonic()))
-    prev = b.job.regions[-1]["previous_region"]
+
+    def b_region(seq):          # b asks, a drains, b holds and leaves: b's record
+        s.apply(s.book.request(b, 1, "r", 0, seq, time.monotonic()))
+        rb = next(r for r in s.book.regions.values() if r.owner is b)
+        s.read_pass()
+        s.apply(s.book.drained(rb, a, 0, time.monotonic()))
+        s.run_timers()
+        s.apply(s.book.leave(rb, b, C.KREX_END_NORMAL, seq + 1, time.monotonic()))
+        return b.job.regions[-1]
+
+    prev = b_region(9)["previous_region"]
     assert prev["same_job"] is False and prev["held_ms"] >= 20 and 0 <= prev["gap_ms"] < 5000
     assert prev["sm_clock_min_mhz"] is None                     # the fake attestation reads no clock
-    s.apply(s.book.request(b, 1, "r", 0, 11, time.monotonic()))
-    rc = next(r for r in s.book.regions.values() if r.owner is b)
-    s.read_pass()
-    s.apply(s.book.drained(rc, a, 0, time.monotonic()))
-    s.run_timers()
-    s.apply(s.book.leave(rc, b, C.KREX_END_NORMAL, 12, time.monotonic()))
-    assert b.job.regions[-1]["previous_region"]["same_job"] is True
+    assert b_region(11)["previous_region"]["same_job"] is True
