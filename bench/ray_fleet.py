@@ -255,7 +255,7 @@ def main() -> None:
     ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
-    ap.add_argument("--reference", choices=REFERENCE_MODES, default="pergpu",
+    ap.add_argument("--reference", choices=REFERENCE_MODES, default=None,
                     help="the mode whose first and last passes are the ground truth and the floor (the others, "
                          "with two passes in the plan, are shown beside it in fidelity_other)")
     ap.add_argument("--neighbour", default=None,
@@ -273,11 +273,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.reanalyse:
         data = json.loads(Path(args.reanalyse).read_text())
-        fid = fidelity(data["runs"], reference=args.reference)
+        fid = fidelity(data["runs"], reference=args.reference or (data.get("fidelity") or {}).get("reference", "pergpu"))
         print(json.dumps({"summary": analyse(data["runs"]), "fidelity": fid}, indent=1))
         return
     if not args.out:
         ap.error("--out is required (or --reanalyse RESULT)")
+    args.reference = args.reference or "pergpu"
     plan = args.plan.split(",")
     CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat)), "--warmup-ms", str(args.warmup_ms),
                          "--min-reps", str(args.min_reps), "--timer", args.timer]

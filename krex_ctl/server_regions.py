@@ -179,7 +179,8 @@ class RegionEffects:
         if prev is None:
             return None
         return {"gap_ms": round((region.granted_ns - prev["ended_ns"]) / 1e6, 3), "held_ms": prev["held_ms"],
-                "sm_clock_min_mhz": prev["sm_clock_min_mhz"], "same_job": prev["job"] == region.job.id}
+                "sm_clock_min_mhz": prev["sm_clock_min_mhz"],
+                "same_job": bool(prev["jobs"] & {j.id for j in region.own | {region.job}})}
 
     def send_granted(self, region, m) -> None:
         flags = C.KREX_REGION_GRANTED | (C.KREX_REGION_JOINED if m.joined else 0)
@@ -264,7 +265,8 @@ class RegionEffects:
             last = self.__dict__.setdefault("last_on_gpu", {})     # GPU -> what held it last (previous_region)
             for g in report.mask_to_list(region.gpu_mask):
                 last[g] = {"ended_ns": ended, "held_ms": round((ended - region.granted_ns) / 1e6, 3),
-                           "sm_clock_min_mhz": att.clock_min or None, "job": region.job.id}
+                           "sm_clock_min_mhz": att.clock_min or None,
+                           "jobs": {j.id for j in region.own | {region.job}}}
         for observer in getattr(self, "observers", ()):   # --trace, --metrics (commands/controller.py)
             try:
                 observer.region_finished(record, region)

@@ -618,3 +618,34 @@ def test_without_region_gap_ms_regions_follow_at_once():
     w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
     seen, waited = run_in_time(w, w.request(b, seq=3))
     assert waited == 0 and region_of(seen).state is State.HELD and w.book.counters["region_gap_waits"] == 0
+
+
+def test_the_gap_does_not_use_up_the_lifecycle_barriers_time():
+    """A gap longer than lifecycle_timeout_s: lifecycle work that settles just after the gap is waited out, not
+    tainted at once (the barrier's time starts when the gap is over)."""
+    w = World(region_gap_ms=3000.0, settle_ms=50.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    ra = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
+    w.life.settle_until[0] = w.now + 3.04            # a sibling's free settles 40 ms after the gap ends
+    seen, waited = run_in_time(w, w.request(b, seq=3))
+    rb = region_of(seen)
+    assert rb.state is State.HELD and not rb.taints and 3.04 <= waited < 3.06
+
+
+def test_a_warm_workers_regions_count_the_command_it_runs_as_their_job():
+    """own_jobs: a region in a warm worker works for the command the worker runs; the gap is kept between
+    two commands' regions in one worker, and not between a command's own processes."""
+    w = World(region_gap_ms=200.0)
+    worker_job, cmd_x, cmd_y = Job(1), Job(2), Job(3)
+    wk = w.client(10, worker_job)
+    child = w.client(20, cmd_x)                       # a cold process of command x
+    w.book.command_job = lambda c: cmd_x if c is wk else c.job
+    r1 = region_of(w.run_to_grant(w.request(wk)))    # the worker runs x
+    w.book.leave(r1, wk, C.KREX_END_NORMAL, 2, w.now)
+    seen, waited = run_in_time(w, w.request(child, seq=3))
+    assert waited == 0                                # x after x
+    w.book.leave(region_of(seen), child, C.KREX_END_NORMAL, 4, w.now)
+    w.book.command_job = lambda c: cmd_y if c is wk else c.job
+    seen, waited = run_in_time(w, w.request(wk, seq=5))
+    assert 0.19 <= waited <= 0.21                     # y after x, in the same worker

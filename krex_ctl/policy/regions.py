@@ -123,6 +123,8 @@ class Region:
     attest_start: Any = None
     previous: Any = None                             # what held its GPUs last before its grant (set by the server)
     gap_from: float = 0.0                            # monotonic start of its wait for region_gap_ms (0: none)
+    own: frozenset = frozenset()                     # the jobs it worked for at its grant (jobs.own_jobs: warm
+                                                     # workers' commands too): "another job" for the gap
     gap_waited_ms: float = 0.0                       # how long that wait took
     busy: list = field(default_factory=list)         # siblings whose GPU work took busy_before_us or more at the drain
     held_since: float = 0.0                          # monotonic seconds of the grant (fair-share charge)
@@ -517,8 +519,9 @@ class Regions:
         gap = float(getattr(self.cfg, "region_gap_ms", 0.0) or 0.0) / 1e3
         if gap <= 0:
             return 0.0
-        ends = [t for t, job in (self.last_end.get(g, (None, None)) for g in mask_to_list(region.gpu_mask))
-                if t is not None and job is not region.job]
+        mine = jobs.own_jobs(region, self.command_job)
+        ends = [t for t, theirs in (self.last_end.get(g, (None, frozenset())) for g in mask_to_list(region.gpu_mask))
+                if t is not None and not theirs & mine]
         return max(0.0, max(ends, default=now - gap) + gap - now)
 
     def settle_poll(self, region: Region, now: float) -> list:
@@ -531,9 +534,11 @@ class Regions:
             if not region.gap_from:
                 region.gap_from = now
                 self.counters["region_gap_waits"] += 1
-            return [Arm(region, E.SETTLED, min(max(wait, gap), 0.005))]
+            return [Arm(region, E.SETTLED, min(gap, 0.005))]
         if region.gap_from and not region.gap_waited_ms:
             region.gap_waited_ms = round((now - region.gap_from) * 1e3, 3)
+            # the lifecycle barrier's time starts when the gap is over: the gap does not use it up
+            region.deadline = now + float(self.cfg.lifecycle_timeout_s)
         if wait > 0 and now < region.deadline:
             return [Arm(region, E.SETTLED, min(wait, 0.005))]
         if wait > 0:
@@ -591,6 +596,7 @@ class Regions:
             region.taints |= C.KREX_TAINT_LIFECYCLE
         self.counters["regions_granted"] += 1
         region.held_since = now
+        region.own = frozenset(jobs.own_jobs(region, self.command_job))
         return [Grant(region), Arm(region, E.TIME_LIMIT, float(self.cfg.region_time_limit_s))]
 
     # ---- end ----------------------------------------------------------------------------------------
@@ -626,7 +632,7 @@ class Regions:
         del self.regions[region.id]
         if region.held_since:       # granted: the next job's region on these GPUs keeps region_gap_ms from now
             for g in mask_to_list(region.gpu_mask):
-                self.last_end[g] = (now, region.job)
+                self.last_end[g] = (now, region.own | {region.job})
         self._charge(region, now)
         thaw = self.freezes.release(region.id)
         # woken for its drain, not stopped again by it (it ended first), still held stopped by another region

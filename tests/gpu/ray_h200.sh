@@ -89,7 +89,7 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
   --format=csv -lms 500 > $L/smi.csv & SMI=$!
 timeout ${LIMIT:-420} python3 bench/ray_fleet.py --agents ${AGENTS:-8} --plan ${PLAN:-pergpu,naive,krex,shell} \
-  --specs ${SPECS:-16} --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --reference ${REFERENCE:-pergpu} --controller-args "${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
+  --specs ${SPECS:-16} --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --reference ${REFERENCE:-pergpu} --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
 echo "ray_fleet rc=$?"
 kill $SMI
 grep -v '^\s' $L/ray-fleet.log | tail -20
