@@ -52,8 +52,9 @@ from ..server import Controller, bind
                    "at its peak; a region that starts below it is tainted clock_low (300; 0: off).")
 @click.option("--clock-settle-pct", default=None, metavar="PERCENT", help="The SM clock counts as back at this percentage of its peak (98).")
 @click.option("--region-gap-ms", default=None, metavar="MS",
-              help="Start a region at least this long after another job's region ended on its GPUs, the GPU idle "
-                   "meanwhile, so that it does not inherit that region's load (0: off; not measured on a GPU yet).")
+              help="Start a region at least this long after another job's region ended on its GPUs, other jobs still "
+                   "drained and gated, so that it does not inherit that region's load (0: off; not measured on a GPU "
+                   "yet).")
 @click.option("--warm-workers", default=None, metavar="N",
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, metavar="MODULES", help="Modules a warm worker imports first (torch,triton).")

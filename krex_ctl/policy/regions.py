@@ -270,7 +270,8 @@ class Regions:
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recheck_at: Optional[float] = None
         self.deferred: set = set()              # ids of the requests waiting for their fair share now
-        self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, job) of the last granted region there
+        self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, the jobs it worked for) of the last granted
+                                                # region there (region_gap_ms)
 
     # ---- the table ----------------------------------------------------------------------------------
     def _to(self, region: Region, event: Event, now: float) -> State:
