@@ -236,24 +236,12 @@ class RegionEffects:
                  "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us}
         rec = att.record()
         extra.update({k: v for k, v in rec.items() if k not in ("exclusive", "clean", "taints")})
-        if region.frozen:
-            extra["frozen_pids"] = [c.pid for c in region.frozen]
-        if region.freeze_skipped:
-            extra["freeze_skipped"] = region.freeze_skipped
-        if region.unstopped:
-            extra["unstopped"] = region.unstopped
-        if unregistered:
-            extra["unregistered_pids"] = unregistered
-        if others:
-            extra["other_controllers"] = [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)]
-        if region.clock_settle:
-            extra["clock_settle"] = region.clock_settle
-        if region.previous:
-            extra["previous_region"] = region.previous
-        if region.gap_waited_ms:
-            extra["gap_waited_ms"] = region.gap_waited_ms
-        if failed:
-            extra["end_step_failed"] = failed
+        optional = {"frozen_pids": [c.pid for c in region.frozen], "freeze_skipped": region.freeze_skipped,
+                    "unstopped": region.unstopped, "unregistered_pids": unregistered,
+                    "other_controllers": [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)],
+                    "clock_settle": region.clock_settle, "previous_region": region.previous,
+                    "gap_waited_ms": region.gap_waited_ms, "end_step_failed": failed}
+        extra.update({k: v for k, v in optional.items() if v})    # each only where there is something to say
         record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
                                       requested_ns=region.req.requested_ns, granted_ns=region.granted_ns,
                                       ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,
