@@ -224,11 +224,11 @@ def _children(pid):
 def test_sigkill_of_the_wrapper_takes_the_command_with_it(krex, tmp_path):
     krex.start_controller()
     p = krex.popen(["sleep", "60"])
-    from conftest import wait_for
+    from conftest import proc_state, wait_for
 
     kids = wait_for(lambda: [c for c in _children(p.pid) if open(f"/proc/{c}/comm").read().strip() == "sleep"],
                     what="command started")
     p.kill()
     p.wait()
-    wait_for(lambda: not os.path.exists(f"/proc/{kids[0]}") or
-             open(f"/proc/{kids[0]}/stat").read().split(") ")[1][0] == "Z", timeout=5, what="command gone")
+    # gone or a zombie (proc_state: None once /proc has no entry; no window between a check and a read)
+    wait_for(lambda: proc_state(kids[0]) in (None, "Z"), timeout=5, what="command gone")
