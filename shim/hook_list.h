@@ -272,6 +272,7 @@
     X(CUDA, cuStreamSynchronize, CUresult, (CUstream s)) \
     X(CUDA, cuStreamSynchronize_ptsz, CUresult, (CUstream s)) \
     X(CUDA, cuCtxSynchronize, CUresult, (void)) \
+    X(CUDA, cuCtxSynchronize_v2, CUresult, (CUcontext c)) \
     X(CUBLASLT, cublasLtMatmulDescCreate, cublasStatus_t, (cublasLtMatmulDesc_t *d, int compute, int scale)) \
     X(HIP, hipInit, hipError_t, (unsigned fl)) \
     X(HIP, hipSetDevice, hipError_t, (int d)) \

@@ -171,6 +171,12 @@ static CUresult host_resumed(CUresult r) {
 KREX_EXPORT CUresult cuCtxSynchronize(void) {
     return REAL(cuCtxSynchronize) ? host_resumed(REAL(cuCtxSynchronize)()) : NO_DRIVER;
 }
+/* CUDA 13: a different function, not an alias (a context argument, NULL for the current one); cudart 13's
+ * cudaDeviceSynchronize reaches it through cuGetProcAddress, so a hook of cuCtxSynchronize alone never sees
+ * torch.cuda.synchronize() (H200, bench/results/hostbound-h200-run4.json: synclong late 16 of 16) */
+KREX_EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) {
+    return REAL(cuCtxSynchronize_v2) ? host_resumed(REAL(cuCtxSynchronize_v2)(c)) : NO_DRIVER;
+}
 KREX_EXPORT CUresult cuStreamSynchronize(CUstream s) {
     return REAL(cuStreamSynchronize) ? host_resumed(REAL(cuStreamSynchronize)(s)) : NO_DRIVER;
 }

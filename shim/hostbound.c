@@ -13,7 +13,7 @@
  *     by the GPU itself; the answer is kept for the event;
  *   - the return of that launch and of every later one on the stream, until its next record, is noted (a host
  *     clock read), and so is the return of every other submission and of every synchronize (cuCtxSynchronize,
- *     cuStreamSynchronize[_ptsz], cuEventSynchronize: hooked, and handed out by the resolvers, only with the
+ *     cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize), cuStreamSynchronize[_ptsz], cuEventSynchronize: hooked, and handed out by the resolvers, only with the
  *     check on); when the stream's next record comes (the interval's likely end), the shim asks before it goes
  *     whether the stream has run all its work (cuStreamQuery, a host-side question that puts nothing on the
  *     stream); if it has, the GPU waits for this record, at most since the host last went on (the later of the
@@ -112,6 +112,7 @@ int krex_hook_wanted(int id) {
     case KREX_H_cuEventRecordWithFlags_ptsz: case KREX_H_cuEventDestroy: case KREX_H_cuEventDestroy_v2:
     case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2: case KREX_H_cuEventSynchronize:
     case KREX_H_cuStreamSynchronize: case KREX_H_cuStreamSynchronize_ptsz: case KREX_H_cuCtxSynchronize:
+    case KREX_H_cuCtxSynchronize_v2:
         return enabled();
     default:
         return 1;

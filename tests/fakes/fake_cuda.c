@@ -209,6 +209,11 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
 }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { NEED_CTX(); if (!d) return E_VALUE; *d = current()->fk->device; return OK; }
 EXPORT CUresult cuCtxSynchronize(void) { NEED_CTX(); return fk_ctx_sync(current()->fk); }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) {      /* CUDA 13: the given context, NULL for the current one */
+    if (!c) return cuCtxSynchronize();
+    NEED_INIT();
+    return c->fk->valid ? fk_ctx_sync(c->fk) : E_CONTEXT;
+}
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned fl) {
     NEED_CTX();
@@ -649,7 +654,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
-    X(cuCtxSynchronize) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \

@@ -16,6 +16,8 @@
  *                 (the stream still had work when the end was recorded).
  *   PATTERN syncend: a 20 ms "flush", the start, a 50 ms kernel, a synchronize, the end: never late (the host
  *                 waited on the GPU until the end record; it did not keep the GPU waiting).
+ *   PATTERN syncv2: syncend with cuCtxSynchronize_v2(NULL) from cuGetProcAddress_v2 (CUDA 13's cudaDeviceSynchronize
+ *                 goes there): never late.
  *   PATTERN capture: a record and a launch on the stream, then a capture of it with a record and a launch in it
  *                 (cuStreamBeginCapture_v2 / cuStreamEndCapture from dlsym): the capture ends well (the record
  *                 inside it is not watched, nor its stream asked about); nothing checked.
@@ -56,6 +58,7 @@ typedef CUresult (*gpa1_t)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*gpa2_t)(const char *, void **, int, cuuint64_t, int *);
 typedef CUresult (*capbeg_t)(CUstream, int);
 typedef CUresult (*capend_t)(CUstream, CUgraph *);
+typedef CUresult (*ctx_sync_v2_t)(CUcontext);
 
 static void *lib;
 static record_t record;
@@ -86,8 +89,9 @@ int main(int argc, char **argv) {
     int n = env_int("SNIPPET_N", 10), reads = env_int("SNIPPET_READS", 1), reuse = env_int("SNIPPET_REUSE", 0);
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!strcmp(mode, "which")) {
-        const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuStreamSynchronize"};
-        for (int i = 0; i < 4; i++) {
+        const char *names[] = {"cuEventRecord", "cuEventElapsedTime", "cuEventDestroy_v2", "cuStreamSynchronize",
+                               "cuCtxSynchronize_v2"};
+        for (int i = 0; i < 5; i++) {
             void *p = NULL;
             CHECK(((gpa1_t)sym("cuGetProcAddress"))(names[i], &p, 11030, 0));
             printf("%s dlsym=%s procaddr=%s\n", names[i], home(sym(names[i])), home(p));
@@ -179,12 +183,13 @@ int main(int argc, char **argv) {
             CHECK(record_event(start[k], s));
             CHECK(launch(f, 1000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             usleep(25000);                         /* the host is slow to record the end */
-        } else if (!strcmp(pattern, "syncend")) {
+        } else if (!strcmp(pattern, "syncend") || !strcmp(pattern, "syncv2")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
             CHECK(record_event(start[k], s));
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            CHECK(cuStreamSynchronize(s));         /* the host waits for the GPU, then records the end at once */
+            if (!strcmp(pattern, "syncv2")) CHECK(((ctx_sync_v2_t)proc("cuCtxSynchronize_v2", 0))(NULL));
+            else CHECK(cuStreamSynchronize(s));    /* the host waits for the GPU, then records the end at once */
         } else if (!strcmp(pattern, "endbusy")) {
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             CHECK(record_event(start[k], s));
