@@ -12,7 +12,12 @@ launches, the median), with NVML's SM clock, power and temperature before the ti
 the clock event reasons sampled during it. A gap of --cold-ms with no heavy load first is the reference. A short
 and a long heavy load tell a fast memory (the power limiter's) from a slow one (the GPU's temperature). Prints
 one JSON line per trial and a summary per heavy load and gap.
-    python bench/power_history.py --out power-history.json"""
+With --krex, run under `krex run --report REPORT`: each timing is a krex region and krex's own settle (the canary
+after the grant, shim/settle.c) replaces the probe's NVML one; `--join REPORT` then adds each region's settle
+outcome (status, waited, first clock) and sm_clock_mhz from the report to the result file.
+    python bench/power_history.py --out power-history.json
+    krex run --report r.json -- python bench/power_history.py --krex --out ph-krex.json
+    python bench/power_history.py --join r.json --out ph-krex.json"""
 
 import argparse
 import json
@@ -31,8 +36,26 @@ ap.add_argument("--trials", type=int, default=3, help="trials per heavy load and
 ap.add_argument("--size", type=int, default=8192, help="the probe matmul's size")
 ap.add_argument("--reps", type=int, default=60, help="probe launches per timing")
 ap.add_argument("--settle-pct", type=float, default=98.0)
+ap.add_argument("--krex", action="store_true", help="time each trial in a krex region, settled by krex")
+ap.add_argument("--join", metavar="REPORT", help="add the regions of this krex run report to --out, then exit")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
+
+if args.join:
+    with open(args.out) as f:
+        res = json.load(f)
+    with open(args.join) as f:
+        regions = {r.get("name"): r for r in json.load(f).get("regions", [])}
+    for row in res["rows"]:
+        r = regions.get(row.get("region"), {})
+        row["krex"] = {"clock_settle": r.get("clock_settle"), "sm_clock_mhz": r.get("sm_clock_mhz"),
+                       "taints": r.get("taints"), "exclusive": r.get("exclusive")}
+    for key, rs in res["summary"].items():
+        settles = [s for row in res["rows"] if row.get("case") == key for s in (row["krex"]["clock_settle"] or [])]
+        rs["krex_settle"] = {k: sum(s.get("status") == k for s in settles) for k in sorted({s.get("status") for s in settles})}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    raise SystemExit(0)
 
 pynvml.nvmlInit()
 dev = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
@@ -85,7 +108,16 @@ def settle() -> tuple:
     return (time.monotonic() - t0) * 1000.0, clock()
 
 
-def timing() -> dict:
+def timing(name: str) -> dict:
+    if not args.krex:
+        return timed()
+    import krex
+    with krex.region(name) as r:
+        row = timed()
+    return {**row, "region": name, "granted": r.granted, "region_sm_clock_mhz": r.sm_clock_mhz}
+
+
+def timed() -> dict:
     lowest, seen, stop = [peak], [0], threading.Event()
 
     def sample():
@@ -121,9 +153,10 @@ for trial in range(args.trials):
         else:
             heavy(heavy_ms)
             time.sleep(gap / 1000.0)
-        waited, at = settle()
-        row = {"trial": trial, "heavy_ms": heavy_ms, "gap_ms": gap, "settle_ms": round(waited, 1), "settled_mhz": at,
-               **timing()}
+        waited, at = settle() if not args.krex else (0.0, clock())
+        key = "cold" if heavy_ms == "cold" else f"heavy {heavy_ms:g} ms, gap {gap:g} ms"
+        row = {"trial": trial, "heavy_ms": heavy_ms, "gap_ms": gap, "case": key, "settle_ms": round(waited, 1),
+               "settled_mhz": at, **timing(f"t{trial} {key}")}
         rows.append(row)
         print(json.dumps(row), flush=True)
 
