@@ -13,11 +13,12 @@
  *     by the GPU itself; the answer is kept for the event;
  *   - the return of that launch and of every later one on the stream, until its next record, is noted (a host
  *     clock read), and so is the return of every other submission and of every synchronize (cuCtxSynchronize,
- *     cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize), cuStreamSynchronize[_ptsz], cuEventSynchronize: hooked, and handed out by the resolvers, only with the
- *     check on); when the stream's next record comes (the interval's likely end), the shim asks before it goes
- *     whether the stream has run all its work (cuStreamQuery, a host-side question that puts nothing on the
- *     stream); if it has, the GPU waits for this record, at most since the host last went on (the later of the
- *     stream's last launch and any submission's or synchronize's return);
+ *     cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize), cuStreamSynchronize[_ptsz], cuEventSynchronize:
+ *     hooked, and handed out by the resolvers, only with the check on); when the stream's next record comes (the
+ *     interval's likely end), the shim asks before it goes whether the stream has run all its work
+ *     (cuStreamQuery, a host-side question that puts nothing on the stream); if it has, the GPU waits for this
+ *     record, at most since the host last went on (the later of the stream's last launch and any submission's or
+ *     synchronize's return);
  *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;
  *     it is late when the GPU's wait at the start (start to probe, measured on the GPU) plus its wait at the end
  *     (the bound above, when end is the record that followed the start's launches) is at least 1% of the interval
@@ -328,12 +329,17 @@ void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
          * scan of the table). Harmless in practice: the new event was recorded later on the same timeline, so the
          * old end's wait lies inside this longer interval and is weighed against its length. */
         int end_known = a->end && a->end == end;
-        if (end_known && a->end_wait_ms > 0) waited += a->end_wait_ms < ms ? a->end_wait_ms : ms;   /* at the end */
+        float at_start = waited, at_end = 0;
+        if (end_known && a->end_wait_ms > 0) at_end = a->end_wait_ms < ms ? a->end_wait_ms : ms;   /* at the end */
+        waited += at_end;
         int is_late = waited >= LATE_SHARE * ms;
         if (start_known || is_late) {          /* a start not probed: judged only when the end alone is late */
             checked++;
             if (is_late) late++;
         }
+        if (is_late)                           /* KREX_LOG_LEVEL=debug: where each late timing's wait was */
+            krex_log(KREX_LOG_DEBUG, "host-bound check: a %.3f ms timing is late: the GPU waited %.3f ms at the start"
+                     "%s, at most %.3f ms at the end", ms, at_start, start_known ? "" : " (not probed)", at_end);
         a->ev = NULL;                          /* one interval, one count */
     }
     pthread_mutex_unlock(&lock);
