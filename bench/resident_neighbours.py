@@ -1,0 +1,122 @@
+"""Why does one Triton kernel time 1-2% slower with other agents on the node than alone, under every policy?
+
+The 16384/0 Triton candidate (bench/candidate.py) has timed +1.2% to +2.3% (median) against its reference in
+every freeze-policy run at 8 agents (docs/measurements/freeze-policy.md), while cuBLAS's 16384 matmuls stayed
+within about 0.5%. Each agent's command is a process that holds a GPU context and memory, and compiles on the CPU
+between its regions. This probe times that candidate under krex (`krex run -- candidate.py --region`) alone and
+beside neighbours that do one of those things and no GPU work:
+  alone     nothing else
+  resident  N processes under `krex run`, each holding a CUDA context and --hold-gib of GPU memory, idle
+  cpu       N processes spinning on the CPU (not under krex)
+The conditions alternate round by round (a drift in the GPU's state falls on all of them). Each command times
+candidate and reference --repeat times (do_bench, the power-steady harness); the candidate's ratio to the
+reference of the same command is the figure that a clock difference between commands does not move.
+Prints one JSON line per command and a summary per condition; needs a krex controller (KREX_SOCKET).
+    python bench/resident_neighbours.py --out resident.json"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLDER = """
+import sys, time, torch
+x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda")
+x.fill_(1); torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--size", type=int, default=16384)
+ap.add_argument("--variant", type=int, default=0)
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--neighbours", type=int, default=7)
+ap.add_argument("--hold-gib", type=float, default=8.0, help="GPU memory each resident neighbour holds")
+ap.add_argument("--conditions", default="alone,resident,cpu")
+ap.add_argument("--repeat", type=int, default=3)
+ap.add_argument("--warmup-ms", type=float, default=500.0)
+ap.add_argument("--min-reps", type=int, default=100)
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+if not os.environ.get("KREX_SOCKET"):
+    sys.exit("resident_neighbours: KREX_SOCKET is not set (start a krex controller first)")
+KREX = [sys.executable, "-m", "krex_ctl", "run", "--quiet", "--"]
+
+
+def start(cond: str) -> list:
+    procs = []
+    for _ in range(args.neighbours if cond != "alone" else 0):
+        if cond == "resident":
+            procs.append(subprocess.Popen(KREX + [sys.executable, "-c", HOLDER, str(args.hold_gib)],
+                                          stdout=subprocess.PIPE, text=True))
+        elif cond == "cpu":
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        else:
+            sys.exit(f"resident_neighbours: unknown condition {cond}")
+    for p in procs:
+        if p.stdout is not None and p.stdout.readline().strip() != "ready":
+            sys.exit("resident_neighbours: a resident neighbour did not start")
+    return procs
+
+
+def stop(procs: list) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+rows = []
+conds = args.conditions.split(",")
+for rnd in range(args.rounds):
+    for cond in conds:
+        procs = start(cond)
+        try:
+            t0 = time.monotonic()
+            out = subprocess.run(KREX + [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size",
+                                         str(args.size), "--variant", str(args.variant), "--nonce", str(1000 + rnd),
+                                         "--region", "--repeat", str(args.repeat), "--warmup-ms",
+                                         str(args.warmup_ms), "--min-reps", str(args.min_reps), "--probe"],
+                                 capture_output=True, text=True, timeout=300)
+        finally:
+            stop(procs)
+        line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
+        if out.returncode != 0 or line is None:
+            print(out.stderr[-2000:], file=sys.stderr)
+            sys.exit(f"resident_neighbours: the candidate failed ({out.returncode}) in round {rnd}, {cond}")
+        res = json.loads(line)
+        cand, ref = res.get("candidate_all_ms") or [res["candidate_ms"]], res.get("reference_all_ms") or [res["reference_ms"]]
+        row = {"round": rnd, "condition": cond, "wall_s": round(time.monotonic() - t0, 2), "candidate_ms": cand,
+               "reference_ms": ref, "ratio": [c / r for c, r in zip(cand, ref)],
+               **{k: res.get(k) for k in ("kernel_hash", "cudagraph_ms", "back_to_back_ms", "launch_us", "cpus")}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+summary = {}
+for cond in conds:
+    rs = [r for r in rows if r["condition"] == cond]
+    cand = [c for r in rs for c in r["candidate_ms"]]
+    ref = [c for r in rs for c in r["reference_ms"]]
+    ratio = [c for r in rs for c in r["ratio"]]
+    summary[cond] = {"candidate_ms_median": statistics.median(cand), "reference_ms_median": statistics.median(ref),
+                     "ratio_median": statistics.median(ratio), "ratio_range": [min(ratio), max(ratio)],
+                     "timings": len(cand), "kernel_hashes": sorted({str(r["kernel_hash"]) for r in rs})}
+base = summary.get("alone")
+for cond, s in summary.items():
+    if base:
+        s["candidate_vs_alone_pct"] = round(100 * (s["candidate_ms_median"] / base["candidate_ms_median"] - 1), 3)
+        s["reference_vs_alone_pct"] = round(100 * (s["reference_ms_median"] / base["reference_ms_median"] - 1), 3)
+        s["ratio_vs_alone_pct"] = round(100 * (s["ratio_median"] / base["ratio_median"] - 1), 3)
+    print(cond, json.dumps(s), flush=True)
+with open(args.out, "w") as f:
+    json.dump({"args": vars(args), "rows": rows, "summary": summary}, f, separators=(",", ":"))
