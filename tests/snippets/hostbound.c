@@ -11,7 +11,7 @@
  *   PATTERN idle: the start recorded on a drained stream and a 50 ms kernel launched at once: the start had
  *                 completed, but the wait (microseconds) is far under 1% of the interval: never late.
  *   PATTERN endlate: a 20 ms "flush", the start, a 1 ms kernel launched at once (the GPU busy: no wait at the
- *                 start), 25 ms of host time, the end: always late (the GPU waited ~4 ms for the end record).
+ *                 start), 40 ms of host time, the end: always late (the GPU waited ~19 ms for the end record).
  *   PATTERN endbusy: a 50 ms kernel queued, the start, a 50 ms kernel, 10 ms of host time, the end: never late
  *                 (the stream still had work when the end was recorded).
  *   PATTERN syncend: a 20 ms "flush", the start, a 50 ms kernel, a synchronize, the end: never late (the host
@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
             CHECK(record_event(start[k], s));
             CHECK(launch(f, 1000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            usleep(25000);                         /* the host is slow to record the end */
+            usleep(40000);                         /* the host is slow to record the end */
         } else if (!strcmp(pattern, "syncend") || !strcmp(pattern, "syncv2")) {
             CHECK(cuStreamSynchronize(s));
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
