@@ -192,6 +192,10 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=400, help="candidate commands available per mode")
     ap.add_argument("--variants", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
+    ap.add_argument("--reference-repeat", type=int, default=0,
+                    help="timings per kernel per command in the reference passes (0: --repeat): more gives the "
+                         "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
+                         "largest of a few")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
                     help="SIZE:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: the four "
                          "buckets alike); more weight on 2048 gives the < 0.1 ms bucket more timings, where half its "
@@ -249,6 +253,9 @@ def main() -> None:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
                               "--min-reps", str(args.min_reps), "--timer", args.timer]
+        if args.reference_repeat < 0:
+            ap.error("--reference-repeat: 0 (as --repeat) or more")
+        T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
         T.MIX[:] = parse_mix(args.mix, ap)
         T.HOST_BOUND[0] = args.host_bound_check
         scales = [int(x) for x in args.scales.split(",")]

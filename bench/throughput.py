@@ -50,6 +50,7 @@ FREEZE_ARGS = {"krexnofreeze": ["--no-freeze"], "krexbusy": ["--freeze-policy", 
 REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")
 NEIGHBOUR = [str(ROOT / "bench" / "contender.py")]   # krexsolobusy's neighbour: args STOP READY [SIZE]
 CANDIDATE_ARGS: list = []           # more arguments for every candidate command (bench/freeze_policy.py)
+REFERENCE_ARGS: list = []           # and for the reference passes' commands after them (the last --repeat wins)
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
 
@@ -177,7 +178,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 idx, spec = todo.pop(0)
             nonce = nonce_base + idx
             cmd = [sys.executable, CANDIDATE, "--size", str(spec["size"]),
-                   "--variant", str(spec["variant"]), "--nonce", str(nonce)] + CANDIDATE_ARGS
+                   "--variant", str(spec["variant"]), "--nonce", str(nonce)] + CANDIDATE_ARGS + \
+                  (REFERENCE_ARGS if mode in REFERENCE_MODES else [])
             env = dict(os.environ)
             report = tmp / f"{mode}-{agents}-{idx}.json"
             if mode == "cmdlock":

@@ -221,7 +221,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     nvml.write_text("")
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "4", "--repeat", "2", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
+                        "--specs", "4", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
@@ -239,6 +239,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     argvs = [" ".join(run["controller_argv"]) for run in data["runs"] if run["mode"].startswith("krex")]
     assert argvs and all(" --region-gap-ms 1" in a for a in argvs), argvs   # --controller-args reaches every one
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
+    refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
+    assert refs and all(len(r["candidate_all_ms"]) == 3 for r in refs), refs   # --reference-repeat
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
     assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
