@@ -8,6 +8,9 @@ beside neighbours that do one of those things and no GPU work:
   alone     nothing else
   resident  N processes under `krex run`, each holding a CUDA context and --hold-gib of GPU memory, idle
   cpu       N processes spinning on the CPU (not under krex)
+  churn     N processes under `krex run` allocating and freeing GPU memory (0.25-2 GiB buffers, up to --hold-gib
+            each, torch's cache emptied after every free), no kernels: the GPU's memory is laid out differently
+            when the candidate allocates, as on a node where agents' commands start and exit all the time
 The conditions alternate round by round (a drift in the GPU's state falls on all of them). Each command times
 candidate and reference --repeat times (do_bench, the power-steady harness); the candidate's ratio to the
 reference of the same command is the figure that a clock difference between commands does not move.
@@ -32,12 +35,27 @@ print("ready", flush=True)
 time.sleep(3600)
 """
 
+CHURN = """
+import random, sys, time, torch
+limit, held = float(sys.argv[1]) * 2**30, []
+def size(): return random.randint(1, 8) * 2**28
+held.append(torch.empty(size(), dtype=torch.uint8, device="cuda")); torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    if held and (sum(x.numel() for x in held) > limit or random.random() < 0.5):
+        held.pop(random.randrange(len(held))); torch.cuda.empty_cache()
+    else:
+        held.append(torch.empty(size(), dtype=torch.uint8, device="cuda"))
+    time.sleep(0.02)
+"""
+
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--size", type=int, default=16384)
 ap.add_argument("--variant", type=int, default=0)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--neighbours", type=int, default=7)
-ap.add_argument("--hold-gib", type=float, default=8.0, help="GPU memory each resident neighbour holds")
+ap.add_argument("--hold-gib", type=float, default=8.0,
+                help="GPU memory each resident neighbour holds (a churning one: at most)")
 ap.add_argument("--conditions", default="alone,resident,cpu")
 ap.add_argument("--repeat", type=int, default=3)
 ap.add_argument("--warmup-ms", type=float, default=500.0)
@@ -52,9 +70,9 @@ KREX = [sys.executable, "-m", "krex_ctl", "run", "--quiet", "--"]
 def start(cond: str) -> list:
     procs = []
     for _ in range(args.neighbours if cond != "alone" else 0):
-        if cond == "resident":
-            procs.append(subprocess.Popen(KREX + [sys.executable, "-c", HOLDER, str(args.hold_gib)],
-                                          stdout=subprocess.PIPE, text=True))
+        if cond in ("resident", "churn"):
+            procs.append(subprocess.Popen(KREX + [sys.executable, "-c", HOLDER if cond == "resident" else CHURN,
+                                                  str(args.hold_gib)], stdout=subprocess.PIPE, text=True))
         elif cond == "cpu":
             procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         else:
