@@ -1,8 +1,8 @@
 """Why does one Triton kernel time 1-2% slower with other agents on the node than alone, under every policy?
 
 The 16384/0 Triton candidate (bench/candidate.py) has timed +1.2% to +2.3% (median) against its reference in
-every freeze-policy run at 8 agents (docs/measurements/freeze-policy.md), while cuBLAS's 16384 matmuls stayed
-within about 0.5%. Each agent's command is a process that holds a GPU context and memory, and compiles on the CPU
+most freeze-policy runs (docs/measurements/freeze-policy.md: runs 6, 7, 10-13), while cuBLAS's 16384 matmuls
+stayed within about 0.5%. Each agent's command is a process that holds a GPU context and memory, and compiles on the CPU
 between its regions. This probe times that candidate under krex (`krex run -- candidate.py --region`) alone and
 beside neighbours that do one of those things and no GPU work:
   alone     nothing else
