@@ -46,12 +46,18 @@ if args.join:
         res = json.load(f)
     with open(args.join) as f:
         regions = {r.get("name"): r for r in json.load(f).get("regions", [])}
+    if not any("region" in row for row in res["rows"]):
+        raise SystemExit(f"power_history: {args.out} was not made with --krex: no regions to join")
     for row in res["rows"]:
-        r = regions.get(row.get("region"), {})
+        if "region" not in row:
+            continue
+        r = regions.get(row["region"], {})
         row["krex"] = {"clock_settle": r.get("clock_settle"), "sm_clock_mhz": r.get("sm_clock_mhz"),
-                       "taints": r.get("taints"), "exclusive": r.get("exclusive")}
+                       "taints": r.get("taints"), "exclusive": r.get("exclusive"),
+                       "granted": bool(r.get("granted_ns"))}
     for key, rs in res["summary"].items():
-        settles = [s for row in res["rows"] if row.get("case") == key for s in (row["krex"]["clock_settle"] or [])]
+        settles = [s for row in res["rows"] if row.get("case") == key and row.get("krex", {}).get("granted")
+                   for s in (row["krex"]["clock_settle"] or [])]
         rs["krex_settle"] = {k: sum(s.get("status") == k for s in settles) for k in sorted({s.get("status") for s in settles})}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -20,6 +20,8 @@ Prints one JSON line per command and a summary per condition; needs a krex contr
 import argparse
 import json
 import os
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -65,10 +67,12 @@ args = ap.parse_args()
 if not os.environ.get("KREX_SOCKET"):
     sys.exit("resident_neighbours: KREX_SOCKET is not set (start a krex controller first)")
 KREX = [sys.executable, "-m", "krex_ctl", "run", "--quiet", "--"]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit("resident_neighbours: terminated"))   # the finally stops them
 
 
-def start(cond: str) -> list:
-    procs = []
+def start(cond: str, procs: list) -> None:
+    """Start cond's neighbours into procs (the caller stops them, also when this fails) and wait until every
+    process holding memory says it is ready (60 s each at most)."""
     for _ in range(args.neighbours if cond != "alone" else 0):
         if cond in ("resident", "churn"):
             procs.append(subprocess.Popen(KREX + [sys.executable, "-c", HOLDER if cond == "resident" else CHURN,
@@ -78,9 +82,11 @@ def start(cond: str) -> list:
         else:
             sys.exit(f"resident_neighbours: unknown condition {cond}")
     for p in procs:
-        if p.stdout is not None and p.stdout.readline().strip() != "ready":
-            sys.exit("resident_neighbours: a resident neighbour did not start")
-    return procs
+        if p.stdout is None:
+            continue
+        ready, _, _ = select.select([p.stdout], [], [], 60.0)
+        if not ready or p.stdout.readline().strip() != "ready":
+            sys.exit(f"resident_neighbours: a {cond} neighbour did not start (exit {p.poll()})")
 
 
 def stop(procs: list) -> None:
@@ -98,8 +104,9 @@ rows = []
 conds = args.conditions.split(",")
 for rnd in range(args.rounds):
     for cond in conds:
-        procs = start(cond)
+        procs: list = []
         try:
+            start(cond, procs)
             t0 = time.monotonic()
             out = subprocess.run(KREX + [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size",
                                          str(args.size), "--variant", str(args.variant), "--nonce", str(1000 + rnd),
@@ -113,7 +120,10 @@ for rnd in range(args.rounds):
             print(out.stderr[-2000:], file=sys.stderr)
             sys.exit(f"resident_neighbours: the candidate failed ({out.returncode}) in round {rnd}, {cond}")
         res = json.loads(line)
-        cand, ref = res.get("candidate_all_ms") or [res["candidate_ms"]], res.get("reference_all_ms") or [res["reference_ms"]]
+        cand = res.get("candidate_all_ms") or [res["candidate_ms"]]
+        ref = res.get("reference_all_ms") or [res["reference_ms"]]
+        if len(cand) != len(ref):
+            sys.exit(f"resident_neighbours: {len(cand)} candidate timings against {len(ref)} reference ones")
         row = {"round": rnd, "condition": cond, "wall_s": round(time.monotonic() - t0, 2), "candidate_ms": cand,
                "reference_ms": ref, "ratio": [c / r for c, r in zip(cand, ref)],
                **{k: res.get(k) for k in ("kernel_hash", "cudagraph_ms", "back_to_back_ms", "launch_us", "cpus")}}
@@ -123,6 +133,8 @@ for rnd in range(args.rounds):
 summary = {}
 for cond in conds:
     rs = [r for r in rows if r["condition"] == cond]
+    if not rs:
+        continue
     cand = [c for r in rs for c in r["candidate_ms"]]
     ref = [c for r in rs for c in r["reference_ms"]]
     ratio = [c for r in rs for c in r["ratio"]]

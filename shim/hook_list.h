@@ -61,6 +61,8 @@
       (l, n, fl), (l && n ? l[0].hStream : NULL)) \
     KREX_PTSZ(X, CUDA, GRAPH, cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s), s) \
     KREX_PTSZ(X, CUDA, OTHER, cuLaunchHostFunc, (CUstream s, CUhostFn fn, void *u), (s, fn, u), s) \
+    /* CUDA 13.2: a function of its own (a sync mode), not an alias: asked for by its full name */ \
+    KREX_PTSZ(X, CUDA, OTHER, cuLaunchHostFunc_v2, (CUstream s, CUhostFn fn, void *u, unsigned m), (s, fn, u, m), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyHtoDAsync_v2, (CUdeviceptr d, const void *sr, size_t n, CUstream s), \
               (d, sr, n, s), s) \

@@ -317,6 +317,8 @@ void krex_hostbound_launched(void) {
  * when it last went on to the end record, when the stream had run all its work before that record); waits of 1%
  * of the interval or more make the timing late. */
 void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
+    int log_late = 0, log_probed = 0;
+    float log_start = 0, log_end = 0;
     pthread_mutex_lock(&lock);
     struct answer *a = answer_of(start);
     if (a) {
@@ -337,12 +339,13 @@ void krex_hostbound_elapsed(CUevent start, CUevent end, float ms) {
             checked++;
             if (is_late) late++;
         }
-        if (is_late)                           /* KREX_LOG_LEVEL=debug: where each late timing's wait was */
-            krex_log(KREX_LOG_DEBUG, "host-bound check: a %.3f ms timing is late: the GPU waited %.3f ms at the start"
-                     "%s, at most %.3f ms at the end", ms, at_start, start_known ? "" : " (not probed)", at_end);
+        if (is_late) log_late = 1, log_start = at_start, log_end = at_end, log_probed = start_known;
         a->ev = NULL;                          /* one interval, one count */
     }
     pthread_mutex_unlock(&lock);
+    if (log_late)                              /* KREX_LOG_LEVEL=debug: where each late timing's wait was (unlocked) */
+        krex_log(KREX_LOG_DEBUG, "host-bound check: a %.3f ms timing is late: the GPU waited %.3f ms at the start%s, "
+                 "at most %.3f ms at the end", ms, log_start, log_probed ? "" : " (not probed)", log_end);
 }
 
 void krex_hostbound_reset_after_fork(void) {

@@ -465,6 +465,10 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *u) {
     return OK;
 }
 EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *u) { return cuLaunchHostFunc(s, fn, u); }
+/* CUDA 13.2: a sync mode (0: the default, 1: the execution thread spins); the fake runs both alike */
+EXPORT CUresult cuLaunchHostFunc_v2(CUstream s, CUhostFn fn, void *u, unsigned mode) {
+    return mode > 1 ? E_VALUE : cuLaunchHostFunc(s, fn, u);
+}
 
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned fl) {
     if (!g) return E_VALUE;
@@ -663,7 +667,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuGraphKernelNodeSetAttribute) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice) \
-    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \
+    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuLaunchHostFunc_v2) \
+    X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \
     X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \
     X(cuEventRecordWithFlags) X(cuEventRecordWithFlags_ptsz) X(cuEventSynchronize) X(cuEventQuery) X(cuEventElapsedTime) X(cuEventElapsedTime_v2) \
@@ -694,12 +699,19 @@ static CUresult resolve(const char *sym, void **pfn, int ver, cuuint64_t fl, int
     if (!strcmp(sym, "cuGetProcAddress")) {
         *pfn = ver >= 12000 ? (void *)&cuGetProcAddress_v2 : (void *)&cuGetProcAddress;
     } else {
-        /* the newest versioned name wins; per-thread-stream callers get the _ptsz/_ptds twin */
+        /* the newest versioned name wins; per-thread-stream callers get the _ptsz/_ptds twin. Not where the
+         * versioned name is a function of its own (another signature), which a caller asks for by its full
+         * name, as the real driver does: cuCtxSynchronize_v2(ctx), cuLaunchHostFunc_v2(.., mode) */
         static const char *const vers[] = {"_v4", "_v3", "_v2", ""};
+        static const char *const own[] = {"cuCtxSynchronize_v2", "cuLaunchHostFunc_v2"};
         static const char *const pts[] = {"_ptsz", "_ptds", ""};
         int per_thread = (fl & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
         for (int p = per_thread ? 0 : 2; p < 3 && !*pfn; p++)
             for (int v = 0; v < 4 && !*pfn; v++) {
+                snprintf(buf, sizeof buf, "%s%s", sym, vers[v]);
+                int other = 0;
+                for (size_t o = 0; *vers[v] && o < sizeof own / sizeof own[0]; o++) other |= !strcmp(buf, own[o]);
+                if (other) continue;
                 snprintf(buf, sizeof buf, "%s%s%s", sym, vers[v], pts[p]);
                 *pfn = find(buf);
             }

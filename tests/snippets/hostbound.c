@@ -38,9 +38,10 @@
  *   MODE procaddr-v2    cuEventRecordWithFlags and cuEventElapsedTime_v2 from cuGetProcAddress_v2
  *   MODE procaddr-ptsz  cuEventRecord and cuLaunchKernel from cuGetProcAddress_v2 with the per-thread default
  *                       stream flag (their _ptsz twins), on the NULL (per-thread default) stream
- * `hostbound which`: prints, for cuEventRecord, cuEventElapsedTime and cuEventDestroy_v2 as dlsym and
- * cuGetProcAddress give them, the file each lives in ("libkrex.so": the shim's wrapper; the driver's file: the
- * driver's own function). */
+ * `hostbound which`: prints, for cuEventRecord, cuEventElapsedTime, cuEventDestroy_v2, cuStreamSynchronize and
+ * cuCtxSynchronize_v2 as dlsym and cuGetProcAddress give them, the file each lives in ("libkrex.so": the shim's
+ * wrapper; the driver's file: the driver's own function), then the file and name of what cuGetProcAddress gives
+ * for cuCtxSynchronize at 13000. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
@@ -75,6 +76,14 @@ static void *proc(const char *n, cuuint64_t flags) {
     return p;
 }
 
+static void *proc13(const char *n) {      /* a CUDA 13 function: asked for at 13000 */
+    void *p = NULL;
+    int st = -1;
+    CHECK(((gpa2_t)sym("cuGetProcAddress_v2"))(n, &p, 13000, 0, &st));
+    if (!p || st != 0) exit(12);
+    return p;
+}
+
 static const char *home(void *p) {
     Dl_info info;
     if (!dladdr(p, &info) || !info.dli_fname) return "?";
@@ -93,9 +102,15 @@ int main(int argc, char **argv) {
                                "cuCtxSynchronize_v2"};
         for (int i = 0; i < 5; i++) {
             void *p = NULL;
-            CHECK(((gpa1_t)sym("cuGetProcAddress"))(names[i], &p, 11030, 0));
+            CHECK(((gpa1_t)sym("cuGetProcAddress"))(names[i], &p, i == 4 ? 13000 : 11030, 0));
             printf("%s dlsym=%s procaddr=%s\n", names[i], home(sym(names[i])), home(p));
         }
+        /* CUDA 13's cuCtxSynchronize_v2 is a function of its own: the base name at 13000 is still the (void) one */
+        void *p = NULL;
+        Dl_info info;
+        CHECK(((gpa1_t)sym("cuGetProcAddress"))("cuCtxSynchronize", &p, 13000, 0));
+        printf("cuCtxSynchronize@13000 procaddr=%s:%s\n", home(p),
+               dladdr(p, &info) && info.dli_sname ? info.dli_sname : "?");
         return 0;
     }
     CUfunction f = snippet_kernel("timed", NULL);
@@ -188,7 +203,7 @@ int main(int argc, char **argv) {
             CHECK(launch(f, 20000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));   /* the "flush" */
             CHECK(record_event(start[k], s));
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
-            if (!strcmp(pattern, "syncv2")) CHECK(((ctx_sync_v2_t)proc("cuCtxSynchronize_v2", 0))(NULL));
+            if (!strcmp(pattern, "syncv2")) CHECK(((ctx_sync_v2_t)proc13("cuCtxSynchronize_v2"))(NULL));
             else CHECK(cuStreamSynchronize(s));    /* the host waits for the GPU, then records the end at once */
         } else if (!strcmp(pattern, "endbusy")) {
             CHECK(launch(f, 50000, 1, 1, 1, 1, 1, 0, s, NULL, NULL));

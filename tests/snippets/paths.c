@@ -28,6 +28,7 @@ typedef CUresult (*glaunch_t)(CUgraphExec, CUstream);
 typedef CUresult (*ssync_t)(CUstream);
 typedef CUresult (*memset_t)(CUdeviceptr, unsigned char, size_t, CUstream);
 typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
+typedef CUresult (*hostfn2_t)(CUstream, CUhostFn, void *, unsigned);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
 
 static void *lib;
@@ -117,8 +118,9 @@ int main(int argc, char **argv) {
         CHECK(((memset_t)sym("cuMemsetD8Async"))(d, 1, 64, NULL));
         CHECK(((dtoh_t)sym("cuMemcpyDtoH_v2"))(host, d, 64));
         CHECK(((hostfn_t)proc("cuLaunchHostFunc", 12000, 0))(NULL, host_fn, NULL));
+        CHECK(((hostfn2_t)proc("cuLaunchHostFunc_v2", 13020, 0))(NULL, host_fn, NULL, 0));   /* CUDA 13.2 */
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 4, other = 1;
+        copies = 4, other = 2;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
