@@ -11,6 +11,9 @@ beside neighbours that do one of those things and no GPU work:
   churn     N processes under `krex run` allocating and freeing GPU memory (0.25-2 GiB buffers, up to --hold-gib
             each, torch's cache emptied after every free), no kernels: the GPU's memory is laid out differently
             when the candidate allocates, as on a node where agents' commands start and exit all the time
+  gpu       N processes under `krex run` running bf16 16384 matmuls back to back (gated and drained in the
+            candidate's regions, stopped under the default freeze policy): the GPU's recent load, as the agents'
+            work between regions gives it; the cuBLAS reference shows what that load does to any kernel
 The conditions alternate round by round (a drift in the GPU's state falls on all of them). Each command times
 candidate and reference --repeat times (do_bench, the power-steady harness); the candidate's ratio to the
 reference of the same command is the figure that a clock difference between commands does not move.
@@ -51,6 +54,16 @@ while True:
     time.sleep(0.02)
 """
 
+BUSY = """
+import torch
+a = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+a @ a; torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    a @ a
+    torch.cuda.synchronize()
+"""
+
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--size", type=int, default=16384)
 ap.add_argument("--variant", type=int, default=0)
@@ -74,9 +87,10 @@ def start(cond: str, procs: list) -> None:
     """Start cond's neighbours into procs (the caller stops them, also when this fails) and wait until every
     process holding memory says it is ready (60 s each at most)."""
     for _ in range(args.neighbours if cond != "alone" else 0):
-        if cond in ("resident", "churn"):
-            procs.append(subprocess.Popen(KREX + [sys.executable, "-c", HOLDER if cond == "resident" else CHURN,
-                                                  str(args.hold_gib)], stdout=subprocess.PIPE, text=True))
+        if cond in ("resident", "churn", "gpu"):
+            script = {"resident": HOLDER, "churn": CHURN, "gpu": BUSY}[cond]
+            procs.append(subprocess.Popen(KREX + [sys.executable, "-c", script, str(args.hold_gib)],
+                                          stdout=subprocess.PIPE, text=True))
         elif cond == "cpu":
             procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         else:
