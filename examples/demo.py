@@ -119,9 +119,9 @@ def main() -> int:
             regions.append(r)
             verdict = "exclusive and clean" if r.get("exclusive") and r.get("clean") else \
                 f"{'exclusive' if r.get('exclusive') else 'NOT exclusive'}, taints {', '.join(r.get('taints', []))}"
+            frozen = f"{r['frozen']} other GPU process{'' if r['frozen'] == 1 else 'es'} frozen"
             print(f"    region '{r['name']}': waited {(r['granted_ns'] - r['requested_ns']) / 1e6:.2f} ms for the GPU "
-                  f"({r['frozen']} other GPU processes frozen), held it {(r['ended_ns'] - r['granted_ns']) / 1e6:.2f} ms, "
-                  f"{verdict}")
+                  f"({frozen}), held it {(r['ended_ns'] - r['granted_ns']) / 1e6:.2f} ms, {verdict}")
     for i in range(2):
         rep = json.loads((tmp / f"hog{i}.json").read_text())
         print(f"neighbour {i}: {rep['launches']} launches, held at the gate for {rep['gate_waited_ns'] / 1e6:.1f} ms")

@@ -95,8 +95,9 @@ int main(int argc, char **argv) {
         int en = krex_end();
         float ms = 0;
         CHECK(cuEventElapsedTime(&ms, e0, e1));
-        printf("{\"region\": %d, \"begin\": %d, \"end\": %d, \"kernels\": %d, \"ms_per_kernel\": %.4f}\n", r, st, en, n,
-               ms / n);
+        /* krex_begin: 0 granted, -1 no krex; krex_end: 0, or 1 when the region was revoked */
+        printf("{\"region\": %d, \"krex_begin\": %d, \"krex_end\": %d, \"kernels\": %d, "
+               "\"ms_per_kernel\": %.4f}\n", r, st, en, n, ms / n);
         fflush(stdout);
     }
     return 0;
