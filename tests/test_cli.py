@@ -98,6 +98,7 @@ def test_status_and_version(krex):
     out = krex_cli(krex, "status")
     assert out.returncode == 0 and out.stdout.startswith("controller pid")
     assert ", freeze policy all" in out.stdout.splitlines()[0]        # the fixture's (the default is busy)
+    assert "0 client(s), 0 job(s)" in out.stdout                    # its own connection is not a client
     st = json.loads(krex_cli(krex, "status", "--json").stdout)
     assert set(st) == {"controller", "gpus", "clients", "jobs", "counters", "workers", "zygotes", "placement"}
     out = krex_cli(krex, "--version")

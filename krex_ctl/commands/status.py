@@ -18,6 +18,13 @@ from ..wire import ops
 from ..wire.client import Connection, ControllerError
 
 
+def clients_line(st: dict) -> str:
+    """The clients that run or wrap commands, not the connections of krex's own commands (this one among them)."""
+    cli = sum(1 for c in st["clients"] if c.get("role") == "cli")
+    others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
+    return f"{len(st['clients']) - cli} client(s){others}"
+
+
 def user_name(uid) -> str:
     if uid is None:
         return "?"
@@ -73,7 +80,7 @@ def lines(st: dict) -> list[str]:
         for place, q in enumerate(g["queue"], 1):
             out.append(f"    {place}. waiting: region {q['region']} '{q['name']}' of pid {q['pid']} "
                        f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s")
-    out.append(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)")
+    out.append(f"{clients_line(st)}, {len(st['jobs'])} job(s)")
     for j in st["jobs"]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
         out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
@@ -115,7 +122,7 @@ def table(st: dict):
                   ", ".join(map(str, o["frozen"])) or "-", ", ".join(map(str, g.get("gated", []))) or "-", queue)
     placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
                        f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
-    return Group(t, Text(f"{len(st['clients'])} client(s), {len(st['jobs'])} job(s)\n" + placed))
+    return Group(t, Text(f"{clients_line(st)}, {len(st['jobs'])} job(s)\n" + placed))
 
 
 def fetch(socket_path) -> dict:
