@@ -2,9 +2,9 @@
 
 The 16384/0 Triton candidate (bench/candidate.py) has timed +1.2% to +2.3% (median) against its reference in
 most freeze-policy runs (docs/measurements/freeze-policy.md: runs 6, 7, 10-13), while cuBLAS's 16384 matmuls
-stayed within about 0.5%. Each agent's command is a process that holds a GPU context and memory, and compiles on the CPU
-between its regions. This probe times that candidate under krex (`krex run -- candidate.py --region`) alone and
-beside neighbours that do one of those things and no GPU work:
+stayed within about 0.5%. Each agent's command is a process that holds a GPU context and memory, compiles on the
+CPU, and runs GPU work between the others' regions. This probe times that candidate under krex (`krex run --
+candidate.py --region`) alone and beside neighbours that do one of those things at a time:
   alone     nothing else
   resident  N processes under `krex run`, each holding a CUDA context and --hold-gib of GPU memory, idle
   cpu       N processes spinning on the CPU (not under krex)
