@@ -58,7 +58,8 @@ if args.join:
     for key, rs in res["summary"].items():
         settles = [s for row in res["rows"] if row.get("case") == key and row.get("krex", {}).get("granted")
                    for s in (row["krex"]["clock_settle"] or [])]
-        rs["krex_settle"] = {k: sum(s.get("status") == k for s in settles) for k in sorted({s.get("status") for s in settles})}
+        statuses = sorted({s.get("status") for s in settles})
+        rs["krex_settle"] = {k: sum(s.get("status") == k for s in settles) for k in statuses}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     raise SystemExit(0)
