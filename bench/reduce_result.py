@@ -13,7 +13,13 @@ whole result again (see the study's page in docs/measurements/).
 A result of bench/ray_fleet.py keeps every row, compacted (no --commit needed): each region keeps what
 ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_bound, previous_region, granted_ms (since the
 result's first grant) and hold_ms (granted to ended), and loses its ids and pids; floats are rounded to 7 significant digits. `python
-bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file."""
+bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file.
+
+    python bench/reduce_result.py --round RESULT.json [MORE.json ...]   (floats only, nothing dropped)
+
+A reduced result's floats are rounded to 7 significant digits, and `--round` does only that to any result (a
+timing of 15.51977 ms keeps 10 ns; no result in bench/results holds a float of 1e6 or more, such as a wall-clock
+time, that this would cut)."""
 
 import argparse
 import json
@@ -62,13 +68,13 @@ def reduce(data: dict, path: str, commit: str) -> dict:
         return data if "compacted" in data else compact_fleet(data)
     dropped = [k for k in DUMPS if k in data]
     if not dropped:
-        return data
+        return rounded(data)
     if not commit:
         raise SystemExit(f"{path}: --commit is needed (the commit whose tree holds the whole file)")
     out = {k: v for k, v in data.items() if k not in DUMPS}
     out["reduced_from"] = {"commit": commit, "path": path, "dropped": dropped,
                            "whole": f"git show {commit}:{path}"}
-    return out
+    return rounded(out)
 
 
 def main() -> None:
@@ -76,13 +82,13 @@ def main() -> None:
     ap.add_argument("results", nargs="+")
     ap.add_argument("--commit", default=None, help="a commit whose tree holds the whole results (where a dump "
                                                    "is dropped)")
+    ap.add_argument("--round", action="store_true", help="only round the floats to 7 significant digits")
     args = ap.parse_args()
     for f in args.results:
         p = Path(f)
         data = json.loads(p.read_text())
-        if "reduced_from" in data:
-            continue
-        p.write_text(json.dumps(reduce(data, f, args.commit), separators=(",", ":")) + "\n")
+        out = rounded(data) if args.round or "reduced_from" in data else reduce(data, f, args.commit)
+        p.write_text(json.dumps(out, separators=(",", ":")) + "\n")
         print(f"{f}: {p.stat().st_size} bytes")
 
 

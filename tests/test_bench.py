@@ -417,6 +417,13 @@ def test_a_compacted_ray_fleet_result_gives_the_same_analyses(tmp_path):
     refused = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(kb)],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "--commit" in refused.stderr and json.loads(kb.read_text())["raw"] == [1]
+    # --round: any result's floats rounded to 7 significant digits, nothing dropped (not even "rows")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": [], "p95": [1.0000000123, 15.519776344299316], "n": 3}, indent=1))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), "--round", str(other)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(other.read_text()) == {"rows": [], "p95": [1.0, 15.51978], "n": 3}
 
 
 def test_per_kernel_names_the_kernel_that_makes_a_tail():
