@@ -168,6 +168,7 @@ class Controller(RegionEffects):
         self.gpu_clients = 0                      # registered shim and region clients (note_activity)
         self.pending: dict[int, deque] = {}       # uid -> connections waiting for their HELLO, oldest first
         self.unregistered = Unregistered()        # processes refused or unconnected: their regions are not exclusive
+        self.last_on_gpu: dict = {}               # GPU -> what held it last (server_regions: previous_region)
         self.unregistered.readers = self.gate.readers
         if STALE.get(socket_path) or self.gate.replaced_stale_file:
             log.info("a controller died here: regions in the next %.0f s are not exclusive (its processes may be "

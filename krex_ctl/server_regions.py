@@ -24,9 +24,15 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
+def job_ids(region) -> set:
+    """The ids of the jobs a region worked for: its own, and its warm workers' commands' (Region.own)."""
+    return {j.id for j in region.own | {region.job}}
+
+
 class RegionEffects:
     """Mixed into the server (server.py): it owns self.book (policy.regions.Regions), self.gate,
-    self.freezer, self.isolation, self.attest, self.jobs, self.clients, self.pool."""
+    self.freezer, self.isolation, self.attest, self.jobs, self.clients, self.pool, and self.last_on_gpu (GPU ->
+    what held it last, for each record's previous_region)."""
 
     def apply(self, effects: list) -> None:
         for e in effects:
@@ -173,14 +179,14 @@ class RegionEffects:
         A region's timings can depend on the GPU's recent load even when it starts at the peak clock (H200: the
         1-10 ms kernels of regions that followed other agents' heavy ones ran at lower clocks), so the record
         says what came before."""
-        last = getattr(self, "last_on_gpu", {})
+        last = self.last_on_gpu
         prev = max((last[g] for g in report.mask_to_list(region.gpu_mask) if g in last),
                    key=lambda p: p["ended_ns"], default=None)
         if prev is None:
             return None
         return {"gap_ms": round((region.granted_ns - prev["ended_ns"]) / 1e6, 3), "held_ms": prev["held_ms"],
                 "sm_clock_min_mhz": prev["sm_clock_min_mhz"],
-                "same_job": bool(prev["jobs"] & {j.id for j in region.own | {region.job}})}
+                "same_job": bool(prev["jobs"] & job_ids(region))}
 
     def send_granted(self, region, m) -> None:
         flags = C.KREX_REGION_GRANTED | (C.KREX_REGION_JOINED if m.joined else 0)
@@ -250,11 +256,9 @@ class RegionEffects:
                                       **extra)
         region.job.regions.append(record)
         if region.granted_ns:
-            last = self.__dict__.setdefault("last_on_gpu", {})     # GPU -> what held it last (previous_region)
             for g in report.mask_to_list(region.gpu_mask):
-                last[g] = {"ended_ns": ended, "held_ms": round((ended - region.granted_ns) / 1e6, 3),
-                           "sm_clock_min_mhz": att.clock_min or None,
-                           "jobs": {j.id for j in region.own | {region.job}}}
+                self.last_on_gpu[g] = {"ended_ns": ended, "held_ms": round((ended - region.granted_ns) / 1e6, 3),
+                                       "sm_clock_min_mhz": att.clock_min or None, "jobs": job_ids(region)}
         for observer in getattr(self, "observers", ()):   # --trace, --metrics (commands/controller.py)
             try:
                 observer.region_finished(record, region)

@@ -118,7 +118,7 @@ class Server(RegionEffects):
         self.cfg = SimpleNamespace(drain_timeout_s=2.0, lifecycle_timeout_s=1.0, freeze_timeout_s=0.5,
                                    region_time_limit_s=60.0, freeze=True, freeze_policy="all", lifecycle_barrier=True,
                                    settle_ms=0.0, settle_ms_per_gib=0.0)
-        self.clients, self.jobs = {}, {}
+        self.clients, self.jobs, self.last_on_gpu = {}, {}, {}
         self.gate, self.freezer = FakeGate(self.log), FakeFreezer(self.log, fail=kw.get("freeze_fails", False))
         self.isolation, self.attest = FakeIsolation(self.log), FakeAttest(self.log, kw.get("taint", 0))
         self.pool = SimpleNamespace(by_pid=lambda pid: None)
