@@ -53,8 +53,8 @@ from ..server import Controller, bind
 @click.option("--clock-settle-pct", default=None, metavar="PERCENT", help="The SM clock counts as back at this percentage of its peak (98).")
 @click.option("--region-gap-ms", default=None, metavar="MS",
               help="Start a region at least this long after another job's region ended on its GPUs, other jobs still "
-                   "drained and gated, so that it does not inherit that region's load (0: off; not measured on a GPU "
-                   "yet).")
+                   "drained and gated, so that it does not inherit that region's load (0: off; not recommended: "
+                   "docs/measurements/power-history.md).")
 @click.option("--warm-workers", default=None, metavar="N",
               help="Warm Python workers per GPU and environment, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, metavar="MODULES", help="Modules a warm worker imports first (torch,triton).")
