@@ -14,10 +14,17 @@ def exports(path: str) -> set:
 
 
 drv, ours = exports(libcuda), {n for n in exports(libkrex) if n.startswith("cu")}
-submit = re.compile(r"^cu(Launch|Graph(Exec)?Launch|Memcpy|Memset|StreamBatchMemOp|StreamWaitValue|StreamWriteValue)")
+# work a stream runs on the GPU (prefetch and discard of managed memory included: CUDA 13 adds batch forms),
+# and the start of a capture (launches while capturing are not submissions)
+submit = re.compile(r"^cu(Launch|Graph(Exec)?Launch|Memcpy|Memset|StreamBatchMemOp|StreamWaitValue|StreamWriteValue"
+                    r"|MemPrefetch|MemDiscard|StreamBeginCapture)")
+# the waits the host-bound check (KREX_HOST_BOUND) must see return
+waits = re.compile(r"^cu(Ctx|Stream|Event)Synchronize")
 missing = sorted(n for n in drv if submit.match(n) and n not in ours)
 print(f"libcuda exports {len(drv)} symbols; shim wraps {len(ours)} cu* names")
 print(f"submission-like driver names NOT wrapped ({len(missing)}):")
 for n in missing:
     print("  ", n)
+unseen = sorted(n for n in drv if waits.match(n) and n not in ours)
+print(f"synchronize names NOT wrapped ({len(unseen)}):", unseen)
 print("shim names the driver does not export:", sorted(n for n in ours if n not in drv))

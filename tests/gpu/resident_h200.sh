@@ -16,5 +16,5 @@ timeout ${LIMIT:-420} python3 bench/resident_neighbours.py --rounds ${ROUNDS:-3}
   --conditions ${CONDITIONS:-alone,resident,cpu} \
   --hold-gib ${HOLD_GIB:-8} --out $OUT/resident.json > $OUT/resident.log 2>&1
 echo "resident rc=$?"
-grep -E "^(alone|resident|cpu|churn) " $OUT/resident.log
+grep -E "^(alone|resident|cpu|churn|gpu) " $OUT/resident.log
 kill $CTL; wait $CTL
