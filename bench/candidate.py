@@ -37,6 +37,14 @@ ap.add_argument("--timer", choices=("events", "graph"), default="events",
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
+ap.add_argument("--pads", default="",
+                help="a layout probe after the timings: MiB,MiB,... per step, allocate that much GPU memory, then "
+                     "copies of the inputs (same data, new places in memory), and time candidate and reference "
+                     "again; --repeat rounds, steps shuffled (seeded by --nonce) per round; the JSON line gets "
+                     "'layouts' (does where the operands land move the kernel's time?)")
+ap.add_argument("--seeds", default="",
+                help="with the layout probe: also steps with new inputs drawn with these seeds (N,N,...), no pad "
+                     "(does the data move the kernel's time? a matmul near the power limit draws more on some data)")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -158,7 +166,31 @@ with tempfile.TemporaryDirectory() as td:
             if last_region is not None:
                 info = last_region()
                 bound[name].append(None if info is None else bool(info.host_bound))
-    probe = {}
+    layouts = []
+    steps = [("pad", int(x)) for x in args.pads.split(",") if x] + [("seed", int(x)) for x in args.seeds.split(",") if x]
+    if steps:
+        import random
+
+        for rnd in range(max(1, args.repeat)):
+            order = steps[:]
+            random.Random(args.nonce * 1000 + rnd).shuffle(order)
+            for kind, value in order:
+                pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
+                if kind == "seed":
+                    torch.manual_seed(value)
+                    a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                    b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                else:
+                    a2, b2 = a.clone(), b.clone()
+                torch.cuda.synchronize()
+                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr()}
+                for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
+                    step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
+                layouts.append(step)
+                del pad, a2, b2
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+    probe = {"layouts": layouts} if layouts else {}
     if args.probe:
         import gc
 

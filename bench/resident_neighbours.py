@@ -17,8 +17,11 @@ candidate.py --region`) alone and beside neighbours that do one of those things 
 The conditions alternate round by round (a drift in the GPU's state falls on all of them). Each command times
 candidate and reference --repeat times (do_bench, the power-steady harness); the candidate's ratio to the
 reference of the same command is the figure that a clock difference between commands does not move.
-Prints one JSON line per command and a summary per condition; needs a krex controller (KREX_SOCKET).
-    python bench/resident_neighbours.py --out resident.json"""
+Prints one JSON line per command and a summary per condition, and rewrites --out after every command (a run cut
+short keeps what finished); needs a krex controller (KREX_SOCKET).
+    python bench/resident_neighbours.py --out resident.json
+    python bench/resident_neighbours.py --from-log resident.log --out resident.json   (the summary of the JSON
+                                                                                       lines a run printed)"""
 
 import argparse
 import json
@@ -76,7 +79,50 @@ ap.add_argument("--repeat", type=int, default=3)
 ap.add_argument("--warmup-ms", type=float, default=500.0)
 ap.add_argument("--min-reps", type=int, default=100)
 ap.add_argument("--out", required=True)
+ap.add_argument("--from-log", metavar="LOG",
+                help="run nothing: summarise the command lines LOG holds (this script's output) into --out")
 args = ap.parse_args()
+
+
+def summarise(rows: list) -> dict:
+    """Per condition: the candidate's and reference's medians, the ratio's median and range, and each against alone."""
+    summary = {}
+    for cond in dict.fromkeys(r["condition"] for r in rows):
+        rs = [r for r in rows if r["condition"] == cond]
+        cand = [c for r in rs for c in r["candidate_ms"]]
+        ref = [c for r in rs for c in r["reference_ms"]]
+        ratio = [c for r in rs for c in r["ratio"]]
+        summary[cond] = {"candidate_ms_median": statistics.median(cand), "reference_ms_median": statistics.median(ref),
+                         "ratio_median": statistics.median(ratio), "ratio_range": [min(ratio), max(ratio)],
+                         "timings": len(cand), "commands": len(rs),
+                         "kernel_hashes": sorted({str(r["kernel_hash"]) for r in rs})}
+    base = summary.get("alone")
+    for s in summary.values():
+        if base:
+            s["candidate_vs_alone_pct"] = round(100 * (s["candidate_ms_median"] / base["candidate_ms_median"] - 1), 3)
+            s["reference_vs_alone_pct"] = round(100 * (s["reference_ms_median"] / base["reference_ms_median"] - 1), 3)
+            s["ratio_vs_alone_pct"] = round(100 * (s["ratio_median"] / base["ratio_median"] - 1), 3)
+    return summary
+
+
+def save(rows: list, **extra) -> dict:
+    summary = summarise(rows)
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "rows": rows, "summary": summary, **extra}, f, separators=(",", ":"))
+    return summary
+
+
+if args.from_log:
+    try:
+        text = Path(args.from_log).read_text()
+    except OSError as e:
+        sys.exit(f"resident_neighbours: cannot read {args.from_log}: {e.strerror}")
+    rows = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"round"')]
+    if not rows:
+        sys.exit(f"resident_neighbours: {args.from_log} holds no command lines")
+    for cond, s in save(rows, from_log=args.from_log).items():
+        print(cond, json.dumps(s))
+    sys.exit(0)
 if not os.environ.get("KREX_SOCKET"):
     sys.exit("resident_neighbours: KREX_SOCKET is not set (start a krex controller first)")
 KREX = [sys.executable, "-m", "krex_ctl", "run", "--quiet", "--"]
@@ -143,24 +189,7 @@ for rnd in range(args.rounds):
                **{k: res.get(k) for k in ("kernel_hash", "cudagraph_ms", "back_to_back_ms", "launch_us", "cpus")}}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        save(rows)
 
-summary = {}
-for cond in conds:
-    rs = [r for r in rows if r["condition"] == cond]
-    if not rs:
-        continue
-    cand = [c for r in rs for c in r["candidate_ms"]]
-    ref = [c for r in rs for c in r["reference_ms"]]
-    ratio = [c for r in rs for c in r["ratio"]]
-    summary[cond] = {"candidate_ms_median": statistics.median(cand), "reference_ms_median": statistics.median(ref),
-                     "ratio_median": statistics.median(ratio), "ratio_range": [min(ratio), max(ratio)],
-                     "timings": len(cand), "kernel_hashes": sorted({str(r["kernel_hash"]) for r in rs})}
-base = summary.get("alone")
-for cond, s in summary.items():
-    if base:
-        s["candidate_vs_alone_pct"] = round(100 * (s["candidate_ms_median"] / base["candidate_ms_median"] - 1), 3)
-        s["reference_vs_alone_pct"] = round(100 * (s["reference_ms_median"] / base["reference_ms_median"] - 1), 3)
-        s["ratio_vs_alone_pct"] = round(100 * (s["ratio_median"] / base["ratio_median"] - 1), 3)
+for cond, s in save(rows).items():
     print(cond, json.dumps(s), flush=True)
-with open(args.out, "w") as f:
-    json.dump({"args": vars(args), "rows": rows, "summary": summary}, f, separators=(",", ":"))
