@@ -45,6 +45,10 @@ ap.add_argument("--pads", default="",
 ap.add_argument("--seeds", default="",
                 help="with the layout probe: also steps with new inputs drawn with these seeds (N,N,...), no pad "
                      "(does the data move the kernel's time? a matmul near the power limit draws more on some data)")
+ap.add_argument("--history", default="",
+                help="with the layout probe: also steps that run something for MS before each timing, "
+                     "idle:MS (sleep) or heavy:MS (bf16 16384 matmuls back to back), no pad: does the GPU's load in "
+                     "the seconds before a timing move it, after do_bench's warm-up?")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -168,6 +172,23 @@ with tempfile.TemporaryDirectory() as td:
                 bound[name].append(None if info is None else bool(info.host_bound))
     layouts = []
     steps = [("pad", int(x)) for x in args.pads.split(",") if x] + [("seed", int(x)) for x in args.seeds.split(",") if x]
+    for item in filter(None, args.history.split(",")):
+        kind, _, ms = item.partition(":")
+        if kind not in ("idle", "heavy") or not ms.isdigit():
+            ap.error(f"--history: {item!r} is not idle:MS or heavy:MS")
+        steps.append((kind, int(ms)))
+    heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in steps) else None
+
+    def before(kind: str, ms: int) -> None:
+        """What the GPU does in the MS before a timing of a history step."""
+        end = time.monotonic() + ms / 1000
+        if kind == "idle":
+            torch.cuda.synchronize()
+            time.sleep(ms / 1000)
+        elif kind == "heavy":
+            while time.monotonic() < end:
+                torch.mm(heavy, heavy)
+                torch.cuda.synchronize()
     if steps:
         import random
 
@@ -176,15 +197,19 @@ with tempfile.TemporaryDirectory() as td:
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
             for kind, value in order:
                 pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
+                # a history step's inputs stay where they are: only what ran before the timing changes
                 if kind == "seed":
                     torch.manual_seed(value)
                     a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
                     b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
-                else:
+                elif kind == "pad":
                     a2, b2 = a.clone(), b.clone()
+                else:
+                    a2, b2 = a, b
                 torch.cuda.synchronize()
                 step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr()}
                 for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
+                    before(kind, value)
                     step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
                 layouts.append(step)
                 del pad, a2, b2

@@ -2,8 +2,9 @@
 # tests/gpu/layout_h200.sh: does where a kernel's operands land in GPU memory, or which data they hold, move its
 # time? bench/candidate.py's layout probe (--pads, --seeds) for the 16384/0 Triton candidate (+1.2% to +2.3% under
 # load in most freeze-policy runs) and, for contrast, 16384/1 (steady); one process per kernel, nothing else on
-# the GPU, not under krex. About 4 minutes. Results: docs/measurements/freeze-policy.md.
-# KERNELS (16384:0:3,16384:1:2: SIZE:VARIANT:ROUNDS), PADS (0,2,64,1024,4096,16384 MiB), SEEDS (1,2,3)
+# the GPU, not under krex. About 4 minutes (HISTORY adds 2 x its ms per step and round). Results: docs/measurements/freeze-policy.md.
+# KERNELS (16384:0:3,16384:1:2: SIZE:VARIANT:ROUNDS), PADS (0,2,64,1024,4096,16384 MiB), SEEDS (1,2,3), HISTORY (none;
+# e.g. idle:2000,heavy:2000: what runs before each timing); PADS= or SEEDS= (set, empty): none of them
 # Files back: $OUT/layout.jsonl (one candidate.py JSON line per kernel), $OUT/layout.log, $OUT/layout-smi.csv
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/layout_h200.sh
 set -u
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_eve
 for k in $(echo ${KERNELS:-16384:0:3,16384:1:2} | tr , ' '); do
   IFS=: read size variant rounds <<< "$k"
   timeout 300 python3 bench/candidate.py --size $size --variant $variant --nonce 1001 --repeat $rounds \
-    --warmup-ms 500 --min-reps 100 --pads ${PADS:-0,2,64,1024,4096,16384} --seeds ${SEEDS:-1,2,3} --probe \
+    --warmup-ms 500 --min-reps 100 --pads "${PADS-0,2,64,1024,4096,16384}" --seeds "${SEEDS-1,2,3}" --history "${HISTORY:-}" --probe \
     > $OUT/layout-$size-$variant.out 2>> $OUT/layout.log
   echo "$size/$variant rc=$?" | tee -a $OUT/layout.log
   grep '^{' $OUT/layout-$size-$variant.out >> $OUT/layout.jsonl
@@ -27,7 +28,8 @@ for line in open(sys.argv[1]):
     print(f"{r['size']}/{r['variant']}: plain candidate {r.get('candidate_all_ms')} reference {r.get('reference_all_ms')}")
     steps = {}
     for s in r.get("layouts", []):
-        key = f"pad {s['pad']} MiB" if "pad" in s else f"seed {s['seed']}"
+        kind = next(k for k in ("pad", "seed", "idle", "heavy") if k in s)
+        key = f"{kind} {s[kind]}" + (" MiB" if kind == "pad" else " ms" if kind in ("idle", "heavy") else "")
         steps.setdefault(key, []).append(s)
     for key, ss in steps.items():
         c = statistics.median(s["candidate_ms"] for s in ss)
