@@ -19,6 +19,8 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef void (*CUhostFn)(void *userData);
 typedef struct CUuuid_st { unsigned char bytes[16]; } CUuuid;
+/* where managed memory goes (cuMemPrefetchAsync_v2 and the batch prefetches): a CUmemLocationType and an id */
+typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -42,6 +42,10 @@
 #define KREX_P_BATCH13 (CUdeviceptr *d, CUdeviceptr *sr, size_t *sz, size_t n, void *at, size_t *ai, \
                         size_t na, CUstream s)
 #define KREX_A_BATCH13 (d, sr, sz, n, at, ai, na, s)
+/* CUDA 13.0: managed-memory prefetches (and discards) in batches, stream-ordered work of the copy engines */
+#define KREX_P_PREFETCHB (CUdeviceptr *d, size_t *sz, size_t n, CUmemLocation *loc, size_t *li, size_t nl, \
+                          unsigned long long fl, CUstream s)
+#define KREX_A_PREFETCHB (d, sz, n, loc, li, nl, fl, s)
 #define KREX_P_WAITV32 (CUstream s, CUdeviceptr a, uint32_t v, unsigned fl)
 #define KREX_P_WAITV64 (CUstream s, CUdeviceptr a, uint64_t v, unsigned fl)
 #define KREX_A_WAITV (s, a, v, fl)
@@ -76,6 +80,15 @@
     KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DPeerAsync, (const void *p, CUstream s), (p, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyBatchAsync, KREX_P_BATCH12, KREX_A_BATCH12, s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyBatchAsync_v2, KREX_P_BATCH13, KREX_A_BATCH13, s) \
+    /* managed memory moved to a device (or the host) in stream order; CUDA 13's cuMemPrefetchAsync is _v2's */ \
+    KREX_PTSZ(X, CUDA, COPY, cuMemPrefetchAsync, (CUdeviceptr d, size_t n, CUdevice dev, CUstream s), \
+              (d, n, dev, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemPrefetchAsync_v2, (CUdeviceptr d, size_t n, CUmemLocation loc, unsigned fl, \
+              CUstream s), (d, n, loc, fl, s), s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemPrefetchBatchAsync, KREX_P_PREFETCHB, KREX_A_PREFETCHB, s) \
+    KREX_PTSZ(X, CUDA, COPY, cuMemDiscardAndPrefetchBatchAsync, KREX_P_PREFETCHB, KREX_A_PREFETCHB, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, \
+              CUstream s), (d, sz, n, fl, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream s), \
               (d, v, n, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemsetD16Async, (CUdeviceptr d, unsigned short v, size_t n, CUstream s), \

@@ -601,6 +601,32 @@ ASYNC2(cuMemcpyAsync, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
 ASYNC2(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, PTR(d), s)
 ASYNC2(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, d, PTR(s))
 ASYNC2(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, PTR(d), PTR(s))
+/* managed-memory prefetches and discards: stream-ordered, moving nothing the fake can see (no managed memory) */
+static CUresult migrate_async(CUdeviceptr d, CUstream st) {
+    NEED_CTX();
+    if (!d) return E_VALUE;
+    fk_copy(stream_of(st), PTR(d), PTR(d), 0);
+    return OK;
+}
+static CUresult migrate_batch(CUdeviceptr *d, size_t *sz, size_t n, CUstream st) {
+    NEED_CTX();
+    if (!d || !sz || !n) return E_VALUE;
+    fk_copy(stream_of(st), PTR(d[0]), PTR(d[0]), 0);
+    return OK;
+}
+#define MIGRATE(name, P, ...) EXPORT CUresult name P __VA_ARGS__ EXPORT CUresult name##_ptsz P __VA_ARGS__
+MIGRATE(cuMemPrefetchAsync, (CUdeviceptr d, size_t n, CUdevice dev, CUstream s),
+        { (void)n, (void)dev; return migrate_async(d, s); })
+MIGRATE(cuMemPrefetchAsync_v2, (CUdeviceptr d, size_t n, CUmemLocation loc, unsigned fl, CUstream s),
+        { (void)n, (void)loc, (void)fl; return migrate_async(d, s); })
+MIGRATE(cuMemPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, CUmemLocation *loc, size_t *li, size_t nl,
+                                  unsigned long long fl, CUstream s),
+        { (void)loc, (void)li, (void)nl, (void)fl; return migrate_batch(d, sz, n, s); })
+MIGRATE(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, CUmemLocation *loc, size_t *li,
+                                            size_t nl, unsigned long long fl, CUstream s),
+        { (void)loc, (void)li, (void)nl, (void)fl; return migrate_batch(d, sz, n, s); })
+MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, CUstream s),
+        { (void)fl; return migrate_batch(d, sz, n, s); })
 #define SYNC2(name, DT, ST, dexpr, sexpr)                                                     \
     EXPORT CUresult name(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }         \
     EXPORT CUresult name##_ptds(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }
@@ -679,6 +705,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) X(cuMemsetD8_v2) \
     X(cuMemsetD8_v2_ptds) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds) \
     X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz) X(cuMemsetD32_v2) X(cuMemsetD32_v2_ptds) \
+    X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz) \
+    X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) X(cuMemDiscardBatchAsync) \
+    X(cuMemDiscardBatchAsync_ptsz) X(cuMemDiscardAndPrefetchBatchAsync) X(cuMemDiscardAndPrefetchBatchAsync_ptsz) \
     X(cuGetErrorString) X(cuGetErrorName) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 static const struct { const char *name; void *fn; } table[] = {

@@ -30,6 +30,10 @@ typedef CUresult (*memset_t)(CUdeviceptr, unsigned char, size_t, CUstream);
 typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
 typedef CUresult (*hostfn2_t)(CUstream, CUhostFn, void *, unsigned);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
+typedef CUresult (*prefetch_t)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
+typedef CUresult (*prefetchb_t)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,
+                                unsigned long long, CUstream);
+typedef CUresult (*discardb_t)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
 
 static void *lib;
 static void *sym(const char *n) { return snippet_sym(lib, "paths", n); }
@@ -119,8 +123,14 @@ int main(int argc, char **argv) {
         CHECK(((dtoh_t)sym("cuMemcpyDtoH_v2"))(host, d, 64));
         CHECK(((hostfn_t)proc("cuLaunchHostFunc", 12000, 0))(NULL, host_fn, NULL));
         CHECK(((hostfn2_t)proc("cuLaunchHostFunc_v2", 13020, 0))(NULL, host_fn, NULL, 0));   /* CUDA 13.2 */
+        /* CUDA 13.0: the base name resolves to _v2's signature; the batch forms are new */
+        CUmemLocation loc = {1, 0};   /* CU_MEM_LOCATION_TYPE_DEVICE, device 0 */
+        size_t size = 64, idx = 0;
+        CHECK(((prefetch_t)proc("cuMemPrefetchAsync", 13000, 0))(d, 64, loc, 0, NULL));
+        CHECK(((prefetchb_t)proc("cuMemPrefetchBatchAsync", 13000, 0))(&d, &size, 1, &loc, &idx, 1, 0, NULL));
+        CHECK(((discardb_t)proc("cuMemDiscardBatchAsync", 13000, 0))(&d, &size, 1, 0, NULL));
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 4, other = 2;
+        copies = 6, other = 3;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
