@@ -452,3 +452,28 @@ def test_per_kernel_names_the_kernel_that_makes_a_tail():
             if key == (2048, 1, "candidate")]
     assert sorted(kept) == [0.0297, 0.030, 0.0303]
     assert len([1 for key, _, _ in T.stable_timings(rows, stable, lambda r: r["ok"]) if key[2] == "candidate"]) == 4
+
+
+def test_resident_neighbours_summarises_a_run_cut_short_from_its_log(tmp_path):
+    """A device call's time limit can stop bench/resident_neighbours.py before it writes its summary; the command
+    lines it printed are enough: --from-log makes the summary (per condition, against alone) from them."""
+    def row(rnd, cond, cand, ref):
+        return json.dumps({"round": rnd, "condition": cond, "wall_s": 1.0, "candidate_ms": cand, "reference_ms": ref,
+                           "ratio": [c / r for c, r in zip(cand, ref)], "kernel_hash": "h"})
+    log = tmp_path / "resident.log"
+    log.write_text("\n".join([row(0, "alone", [10.0, 10.2], [8.0, 8.0]), "krex: command killed by SIGTERM",
+                              row(0, "gpu", [9.8, 9.8], [8.0, 8.0]), row(1, "alone", [10.1], [8.0])]) + "\n")
+    out = tmp_path / "r.json"
+    script = str(ROOT / "bench" / "resident_neighbours.py")
+    p = subprocess.run([sys.executable, script, "--from-log", str(log), "--out", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert s["alone"]["timings"] == 3 and s["alone"]["commands"] == 2 and s["alone"]["candidate_ms_median"] == 10.1
+    assert s["gpu"]["candidate_vs_alone_pct"] == round(100 * (9.8 / 10.1 - 1), 3)
+    assert s["gpu"]["ratio_vs_alone_pct"] == round(100 * ((9.8 / 8.0) / (10.1 / 8.0) - 1), 3)
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    p = subprocess.run([sys.executable, script, "--from-log", str(empty), "--out", str(tmp_path / "x.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "holds no command lines" in p.stderr and not (tmp_path / "x.json").exists()
