@@ -187,7 +187,8 @@ def fidelity(runs: list, stable_pct: float = 2.0, reference: str = "pergpu") -> 
         modes[f"{r['mode']}#{i}"] = T.judge(r["rows"], ref, clean)
         modes[f"{r['mode']}#{i}"]["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         modes[f"{r['mode']}#{i}"]["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
-    return {"reference": reference, **{k: v for k, v in ref.items() if k not in ("stable", "pass_medians")},
+    return {"reference": reference,
+            **{k: v for k, v in ref.items() if k not in ("stable", "pass_medians") + T.FLOOR_PRIVATE},
             "modes": modes}
 
 

@@ -321,6 +321,7 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
         for j in (0, 1):
             floor[b] += [abs(t / per[k][1 - j] - 1) * 100 for t in all_t[k][j]]
     return {"stable": stable, "pass_medians": {k: per[k][:2] for k in stable},
+            "floor_values": floor,     # for judge's interval; not written to results (see FLOOR_PRIVATE)
             "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
             "floors_pct": {b: (p95(v) if v else None) for b, v in floor.items()},
             "floor_timings": {b: len(v) for b, v in floor.items()},
@@ -406,22 +407,54 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     return out
 
 
+FLOOR_PRIVATE = ("floor_values",)   # reference_passes' keys that stay out of results
+
+
+def excess_interval(groups: list, floor: list, points: float = 0.25, n: int = 2000, seed: int = 7) -> list:
+    """A 90% bootstrap interval of p95(judged) - (p95(floor) + points), in points: how far past the goal a
+    bucket is, with the sampling noise of both p95s. groups: per judged timing its values (one per pass
+    median); floor: one value per floor timing. Both are resampled by timing, independently. Timings of one
+    kernel move together (a kernel shifted by 1% shifts all of them), which this treats as independent: the
+    interval is narrower than the truth, so read a bucket as past the goal beyond noise only when even its
+    lower end is above 0."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    fl = np.asarray(floor, dtype=float)
+    lens = np.array([len(g) for g in groups])
+    flat = np.concatenate([np.asarray(g, dtype=float) for g in groups])
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    out = np.empty(n)
+    for i in range(n):
+        pick = rng.integers(0, len(groups), len(groups))
+        vals = np.concatenate([flat[starts[j]:starts[j] + lens[j]] for j in pick])
+        out[i] = p95(vals.tolist()) - p95(fl[rng.integers(0, len(fl), len(fl))].tolist()) - points
+    lo, hi = np.quantile(out, [0.05, 0.95])
+    return [round(float(lo), 2), round(float(hi), 2)]
+
+
 def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 50,
           skip_host_bound: bool = False) -> dict:
     """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
     clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own
-    statistic; the p95 of those against the floor + points, with at least need timings in every bucket."""
+    statistic; the p95 of those against the floor + points, with at least need timings in every bucket.
+    excess_ci_points: per bucket, excess_interval's 90% interval of how far the p95 is past the floor + points."""
     vals: dict = {b: [] for b, _, _ in BUCKETS}
+    groups: dict = {b: [] for b, _, _ in BUCKETS}
     counts: dict = {b: 0 for b, _, _ in BUCKETS}
     for key, median, t in stable_timings(rows, ref["stable"], clean, skip_host_bound):
         b = bucket(median)
         counts[b] += 1
-        vals[b] += [abs(t / m - 1) * 100 for m in ref["pass_medians"][key]]
+        groups[b].append([abs(t / m - 1) * 100 for m in ref["pass_medians"][key]])
+        vals[b] += groups[b][-1]
     p = {b: (p95(v) if v else None) for b, v in vals.items()}
     floors = ref["floors_pct"]
     met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
+    floor_values = ref.get("floor_values") or {}
+    ci = {b: (excess_interval(groups[b], floor_values[b], points) if groups[b] and floor_values.get(b) else None)
+          for b in groups}
     return {"p95_abs_inflation_pct": p, "kernels": counts, "enough_kernels": all(n >= need for n in counts.values()),
-            "fidelity_goal": met}
+            "fidelity_goal": met, "excess_ci_points": ci}
 
 
 def analyse(runs: list) -> dict:

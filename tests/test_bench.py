@@ -330,6 +330,36 @@ def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
     assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
 
 
+def test_the_goal_interval_tells_a_miss_beyond_noise_from_one_within_it():
+    """excess_interval: a 90% bootstrap interval of how far a bucket's p95 is past the floor + 0.25. Judged
+    timings drawn like the floor's straddle the goal; ones shifted by 2% lie past it at both ends; a handful
+    of timings gives a wide interval; the same input gives the same interval; judge() reports it per bucket."""
+    import random
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    rng = random.Random(3)
+    floor = [abs(rng.gauss(0, 1)) for _ in range(200)]
+    alike = [[abs(rng.gauss(0, 1)), abs(rng.gauss(0, 1))] for _ in range(200)]
+    shifted = [[abs(rng.gauss(2, 1)), abs(rng.gauss(2, 1))] for _ in range(200)]
+    lo, hi = T.excess_interval(alike, floor)
+    assert lo < 0 and hi < 1.0                                 # not past the goal beyond noise
+    lo2, hi2 = T.excess_interval(shifted, floor)
+    assert lo2 > 0.5
+    few = T.excess_interval(alike[:8], floor[:8])
+    assert few[1] - few[0] > hi - lo
+    assert T.excess_interval(alike, floor) == [lo, hi]
+
+    p1 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.0, 2.02], "reference_all_ms": [1.0, 1.0]}]
+    p2 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.01, 2.0], "reference_all_ms": [1.0, 1.01]}]
+    ref = T.reference_passes([p1, p2], stable_pct=2.0)
+    rows = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.2] * 6, "reference_all_ms": [1.0] * 6}]
+    j = T.judge(rows, ref)
+    assert j["excess_ci_points"]["1-10ms"][0] > 5           # 10% slow against a floor under 1%
+    assert j["excess_ci_points"]["<0.1ms"] is None           # nothing judged there
+
+
 def test_region_clocks_summarise_the_attested_regions():
     sys.path.insert(0, str(ROOT / "bench"))
     import throughput as T
