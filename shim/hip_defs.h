@@ -17,6 +17,8 @@ typedef void (*hipHostFn_t)(void *userData);
 typedef struct { uint32_t x, y, z; } dim3;
 typedef int hipDriverProcAddressQueryResult;
 typedef struct hipUUID_t { char bytes[16]; } hipUUID;
+/* where managed memory goes (hipMemPrefetchAsync_v2): a hipMemLocationType and an id */
+typedef struct hipMemLocation { int type; int id; } hipMemLocation;
 
 #define hipSuccess 0
 #define hipStreamCaptureStatusNone 0

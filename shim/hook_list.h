@@ -229,6 +229,10 @@
     X(HIP, COPY, hipMemsetD8Async, (void *d, unsigned char v, size_t n, hipStream_t s), (d, v, n, s), s) \
     X(HIP, COPY, hipMemsetD16Async, (void *d, unsigned short v, size_t n, hipStream_t s), (d, v, n, s), s) \
     X(HIP, COPY, hipMemsetD32Async, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    /* managed memory moved to a device (or the host) in stream order */ \
+    X(HIP, COPY, hipMemPrefetchAsync, (const void *d, size_t n, int dev, hipStream_t s), (d, n, dev, s), s) \
+    X(HIP, COPY, hipMemPrefetchAsync_v2, (const void *d, size_t n, hipMemLocation loc, unsigned fl, hipStream_t s), \
+      (d, n, loc, fl, s), s) \
     KREX_SPT(X, HIP, COPY, hipMemcpy, (void *d, const void *sr, size_t n, int k), (d, sr, n, k), NULL) \
     X(HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL) \
     KREX_HIP_MEMORY(X)

@@ -217,6 +217,17 @@ EXPORT hipError_t hipMemcpy(void *d, const void *s, size_t n, int k) {
     return r;
 }
 EXPORT hipError_t hipMemcpy_spt(void *d, const void *s, size_t n, int k) { return hipMemcpy(d, s, n, k); }
+/* managed-memory prefetches: stream-ordered, moving nothing the fake can see */
+EXPORT hipError_t hipMemPrefetchAsync(const void *d, size_t n, int dev, hipStream_t s) {
+    (void)n, (void)dev;
+    if (!d) return E_VALUE;
+    fk_copy(stream_of(s), (void *)d, d, 0);
+    return OK;
+}
+EXPORT hipError_t hipMemPrefetchAsync_v2(const void *d, size_t n, hipMemLocation loc, unsigned fl, hipStream_t s) {
+    (void)loc;
+    return fl ? E_VALUE : hipMemPrefetchAsync(d, n, 0, s);
+}
 static hipError_t set_async(void *d, int v, size_t elem, size_t n, hipStream_t s) {
     if (!d && n) return E_VALUE;
     fk_set(stream_of(s), d, v, elem, n);
@@ -259,6 +270,7 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipGraphDestroy) X(hipEventCreate) X(hipEventRecord) X(hipEventSynchronize) X(hipEventElapsedTime) \
     X(hipEventDestroy) X(hipMalloc) X(hipFree) X(hipMemcpyAsync) X(hipMemcpyAsync_spt) X(hipMemcpyHtoDAsync) \
     X(hipMemcpyDtoHAsync) X(hipMemcpyDtoDAsync) X(hipMemcpy) X(hipMemcpy_spt) X(hipMemsetAsync) X(hipMemsetAsync_spt) \
+    X(hipMemPrefetchAsync) X(hipMemPrefetchAsync_v2) \
     X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
     X(hipGetErrorName) X(hipGetProcAddress)
 static const struct { const char *name; void *fn; } table[] = {

@@ -55,7 +55,14 @@ int main(int argc, char **argv) {
         char h[16] = {0};
         CHECK(hipMalloc(&d, 16));
         CHECK(copy(d, h, 16, 1, NULL));
-        kernels = n, copies = 1;
+        CHECK(hipGetProcAddress("hipMemPrefetchAsync", &p, 60200000, 0, &st));
+        hipError_t (*prefetch)(const void *, size_t, int, hipStream_t) = p;
+        CHECK(prefetch(d, 16, 0, NULL));
+        CHECK(hipGetProcAddress("hipMemPrefetchAsync_v2", &p, 70000000, 0, &st));
+        hipMemLocation loc = {1, 0};   /* hipMemLocationTypeDevice, device 0 */
+        hipError_t (*prefetch2)(const void *, size_t, hipMemLocation, unsigned, hipStream_t) = p;
+        CHECK(prefetch2(d, 16, loc, 0, NULL));
+        kernels = n, copies = 3;
     } else {
         return 2;
     }
