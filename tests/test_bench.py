@@ -245,6 +245,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
     assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
     assert data["region_clock_mhz"]["krexbusy:2"] == {"median": 1980, "p10": 1980, "regions": 16}
+    # a reference's two passes: one summary of both (not the second alone)
+    assert data["region_clock_mhz"]["krexsolo:1"]["regions"] == sum(len(r["region_clocks_mhz"]) for r in refs)
     # each region's previous_region, from the controller's record: two agents' regions follow each other on GPU 0
     prev = [p for r in rows for p in r["region_previous"] if p is not None]
     assert prev and all(len(p) == 4 and p[0] >= 0 and p[1] > 0 and p[2] == 1980 for p in prev), rows
