@@ -54,6 +54,25 @@ ap.add_argument("--probe", action="store_true",
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
 
+
+def mib_list(text: str, what: str) -> list:
+    try:
+        xs = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        ap.error(f"{what}: {text!r} is not a list of whole numbers")
+    if any(x < 0 for x in xs):
+        ap.error(f"{what}: {text!r} has a negative number")
+    return xs
+
+
+# the layout probe's steps, checked before anything runs (a bad one must not cost the timings)
+STEPS = [("pad", x) for x in mib_list(args.pads, "--pads")] + [("seed", x) for x in mib_list(args.seeds, "--seeds")]
+for item in filter(None, args.history.split(",")):
+    kind, _, ms = item.partition(":")
+    if kind not in ("idle", "heavy") or not ms.isdigit():
+        ap.error(f"--history: {item!r} is not idle:MS or heavy:MS")
+    STEPS.append((kind, int(ms)))
+
 import torch  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
@@ -171,12 +190,7 @@ with tempfile.TemporaryDirectory() as td:
                 info = last_region()
                 bound[name].append(None if info is None else bool(info.host_bound))
     layouts = []
-    steps = [("pad", int(x)) for x in args.pads.split(",") if x] + [("seed", int(x)) for x in args.seeds.split(",") if x]
-    for item in filter(None, args.history.split(",")):
-        kind, _, ms = item.partition(":")
-        if kind not in ("idle", "heavy") or not ms.isdigit():
-            ap.error(f"--history: {item!r} is not idle:MS or heavy:MS")
-        steps.append((kind, int(ms)))
+    steps = STEPS
     heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in steps) else None
 
     def before(kind: str, ms: int) -> None:
@@ -215,6 +229,8 @@ with tempfile.TemporaryDirectory() as td:
                 del pad, a2, b2
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+        del heavy
+        torch.cuda.empty_cache()
     probe = {"layouts": layouts} if layouts else {}
     if args.probe:
         import gc
@@ -248,11 +264,11 @@ with tempfile.TemporaryDirectory() as td:
                 except OSError:
                     pass
             return out
-        before = cpu_ticks()
+        ticks0 = cpu_ticks()
         time.sleep(0.5)
         after = cpu_ticks()
         probe["threads"] = len(after)
-        probe["threads_busy_while_idle"] = sum(1 for t, v in after.items() if v > before.get(t, v))
+        probe["threads_busy_while_idle"] = sum(1 for t, v in after.items() if v > ticks0.get(t, v))
         probe["cpus"] = len(os.sched_getaffinity(0))
         import triton
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)

@@ -106,9 +106,13 @@ def summarise(rows: list) -> dict:
 
 
 def save(rows: list, **extra) -> dict:
+    """Write --out whole or not at all (a SIGTERM can come in the middle of a write): a temporary file, renamed."""
     summary = summarise(rows)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "summary": summary, **extra}, f, separators=(",", ":"))
+    tmp = f"{args.out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"args": None if args.from_log else vars(args), "rows": rows, "summary": summary, **extra}, f,
+                  separators=(",", ":"))
+    os.replace(tmp, args.out)
     return summary
 
 
@@ -117,10 +121,19 @@ if args.from_log:
         text = Path(args.from_log).read_text()
     except OSError as e:
         sys.exit(f"resident_neighbours: cannot read {args.from_log}: {e.strerror}")
-    rows = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"round"')]
+    rows, broken = [], 0
+    for ln in text.splitlines():
+        if ln.startswith('{"round"'):
+            try:
+                rows.append(json.loads(ln))
+            except json.JSONDecodeError:     # the line being written when the run was stopped
+                broken += 1
     if not rows:
         sys.exit(f"resident_neighbours: {args.from_log} holds no command lines")
-    for cond, s in save(rows, from_log=args.from_log).items():
+    if broken:
+        print(f"resident_neighbours: {broken} command line(s) cut short, left out", file=sys.stderr)
+    # the run's own options are not in the log ("args": null); its rows say their conditions and rounds
+    for cond, s in save(rows, from_log=args.from_log, lines_left_out=broken).items():
         print(cond, json.dumps(s))
     sys.exit(0)
 if not os.environ.get("KREX_SOCKET"):

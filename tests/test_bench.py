@@ -494,13 +494,16 @@ def test_resident_neighbours_summarises_a_run_cut_short_from_its_log(tmp_path):
                            "ratio": [c / r for c, r in zip(cand, ref)], "kernel_hash": "h"})
     log = tmp_path / "resident.log"
     log.write_text("\n".join([row(0, "alone", [10.0, 10.2], [8.0, 8.0]), "krex: command killed by SIGTERM",
-                              row(0, "gpu", [9.8, 9.8], [8.0, 8.0]), row(1, "alone", [10.1], [8.0])]) + "\n")
+                              row(0, "gpu", [9.8, 9.8], [8.0, 8.0]), row(1, "alone", [10.1], [8.0]),
+                              row(1, "gpu", [9.0], [8.0])[:30]]) + "\n")    # the last line cut short
     out = tmp_path / "r.json"
     script = str(ROOT / "bench" / "resident_neighbours.py")
     p = subprocess.run([sys.executable, script, "--from-log", str(log), "--out", str(out)],
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    s = json.loads(out.read_text())["summary"]
+    assert p.returncode == 0 and "1 command line(s) cut short" in p.stderr, p.stderr
+    data = json.loads(out.read_text())
+    assert data["args"] is None and data["lines_left_out"] == 1 and not (tmp_path / "r.json.tmp").exists()
+    s = data["summary"]
     assert s["alone"]["timings"] == 3 and s["alone"]["commands"] == 2 and s["alone"]["candidate_ms_median"] == 10.1
     assert s["gpu"]["candidate_vs_alone_pct"] == round(100 * (9.8 / 10.1 - 1), 3)
     assert s["gpu"]["ratio_vs_alone_pct"] == round(100 * ((9.8 / 8.0) / (10.1 / 8.0) - 1), 3)

@@ -733,6 +733,9 @@ static CUresult resolve(const char *sym, void **pfn, int ver, cuuint64_t fl, int
          * name, as the real driver does: cuCtxSynchronize_v2(ctx), cuLaunchHostFunc_v2(.., mode) */
         static const char *const vers[] = {"_v4", "_v3", "_v2", ""};
         static const char *const own[] = {"cuCtxSynchronize_v2", "cuLaunchHostFunc_v2"};
+        /* a versioned name answers the base name only from the version that brought it, as in the real driver:
+         * cuMemPrefetchAsync at 12000 is the four-argument function, at 12020 and later _v2's */
+        static const struct { const char *name; int since; } since[] = {{"cuMemPrefetchAsync_v2", 12020}};
         static const char *const pts[] = {"_ptsz", "_ptds", ""};
         int per_thread = (fl & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
         for (int p = per_thread ? 0 : 2; p < 3 && !*pfn; p++)
@@ -740,6 +743,8 @@ static CUresult resolve(const char *sym, void **pfn, int ver, cuuint64_t fl, int
                 snprintf(buf, sizeof buf, "%s%s", sym, vers[v]);
                 int other = 0;
                 for (size_t o = 0; *vers[v] && o < sizeof own / sizeof own[0]; o++) other |= !strcmp(buf, own[o]);
+                for (size_t o = 0; *vers[v] && o < sizeof since / sizeof since[0]; o++)
+                    other |= !strcmp(buf, since[o].name) && ver < since[o].since;
                 if (other) continue;
                 snprintf(buf, sizeof buf, "%s%s%s", sym, vers[v], pts[p]);
                 *pfn = find(buf);

@@ -13,6 +13,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_eve
   > $OUT/layout-smi.csv & SMI=$!
 for k in $(echo ${KERNELS:-16384:0:3,16384:1:2} | tr , ' '); do
   IFS=: read size variant rounds <<< "$k"
+  rounds=${rounds:-3}
   timeout 300 python3 bench/candidate.py --size $size --variant $variant --nonce 1001 --repeat $rounds \
     --warmup-ms 500 --min-reps 100 --pads "${PADS-0,2,64,1024,4096,16384}" --seeds "${SEEDS-1,2,3}" --history "${HISTORY:-}" --probe \
     > $OUT/layout-$size-$variant.out 2>> $OUT/layout.log
@@ -20,7 +21,8 @@ for k in $(echo ${KERNELS:-16384:0:3,16384:1:2} | tr , ' '); do
   grep '^{' $OUT/layout-$size-$variant.out >> $OUT/layout.jsonl
   rm -f $OUT/layout-$size-$variant.out
 done
-kill $SMI
+kill $SMI; wait $SMI 2>/dev/null
+[ -s $OUT/layout.jsonl ] || { echo "layout: no kernel finished (see $OUT/layout.log)"; exit 1; }
 python3 - $OUT/layout.jsonl <<'P' | tee -a $OUT/layout.log
 import json, statistics, sys
 for line in open(sys.argv[1]):

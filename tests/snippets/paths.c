@@ -31,6 +31,7 @@ typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
 typedef CUresult (*hostfn2_t)(CUstream, CUhostFn, void *, unsigned);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
 typedef CUresult (*prefetch_t)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
+typedef CUresult (*prefetch1_t)(CUdeviceptr, size_t, CUdevice, CUstream);
 typedef CUresult (*prefetchb_t)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,
                                 unsigned long long, CUstream);
 typedef CUresult (*discardb_t)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
@@ -127,10 +128,15 @@ int main(int argc, char **argv) {
         CUmemLocation loc = {1, 0};   /* CU_MEM_LOCATION_TYPE_DEVICE, device 0 */
         size_t size = 64, idx = 0;
         CHECK(((prefetch_t)proc("cuMemPrefetchAsync", 13000, 0))(d, 64, loc, 0, NULL));
+        CHECK(((prefetch_t)proc("cuMemPrefetchAsync", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
+            d, 64, loc, 0, NULL));
+        CHECK(((prefetch1_t)proc("cuMemPrefetchAsync", 12000, 0))(d, 64, 0, NULL));   /* before 12.2: 4 arguments */
         CHECK(((prefetchb_t)proc("cuMemPrefetchBatchAsync", 13000, 0))(&d, &size, 1, &loc, &idx, 1, 0, NULL));
+        CHECK(((prefetchb_t)proc("cuMemDiscardAndPrefetchBatchAsync", 13000, 0))(&d, &size, 1, &loc, &idx, 1, 0,
+                                                                                 NULL));
         CHECK(((discardb_t)proc("cuMemDiscardBatchAsync", 13000, 0))(&d, &size, 1, 0, NULL));
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 6, other = 3;
+        copies = 9, other = 3;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
