@@ -137,13 +137,20 @@
     X(CUDA, MEMORY, cuMemFreeHost, (void *p), (p), NULL) \
     X(CUDA, MEMORY, cuMemMap, (CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long fl), \
       (p, n, off, h, fl), NULL) \
-    X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL)
+    X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL) \
+    /* the stream-ordered allocator (cudaMallocAsync, PyTorch's backend:cudaMallocAsync) */ \
+    KREX_PTSZ(X, CUDA, MEMORY, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
+    KREX_PTSZ(X, CUDA, MEMORY, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
+              (p, n, pool, s), s) \
+    KREX_PTSZ(X, CUDA, MEMORY, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
 #define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
 #define KREX_A_A2A (d, doff, sr, soff, n)
 #define KREX_P_3DBATCH12 (size_t n, void *ops, size_t *fail, unsigned long long fl, CUstream s)
 #define KREX_P_3DBATCH13 (size_t n, void *ops, unsigned long long fl, CUstream s)
+#define KREX_P_EXTSEM (const void *sems, const void *params, unsigned n, CUstream s)
+#define KREX_A_EXTSEM (sems, params, n, s)
 #define KREX_CUDA_SUBMISSIONS_MORE(X) \
     KREX_PTDS(X, CUDA, COPY, cuMemcpyAtoA_v2, KREX_P_A2A, KREX_A_A2A, NULL) \
     KREX_PTDS(X, CUDA, COPY, cuMemcpyAtoD_v2, (CUdeviceptr d, void *sr, size_t off, size_t n), (d, sr, off, n), NULL) \
@@ -162,7 +169,11 @@
               (d, p, v, w, h), NULL) \
     KREX_PTDS(X, CUDA, COPY, cuMemcpy3DPeer, (const void *p), (p), NULL) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DBatchAsync, KREX_P_3DBATCH12, (n, ops, fail, fl, s), s) \
-    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DBatchAsync_v2, KREX_P_3DBATCH13, (n, ops, fl, s), s)
+    KREX_PTSZ(X, CUDA, COPY, cuMemcpy3DBatchAsync_v2, KREX_P_3DBATCH13, (n, ops, fl, s), s) \
+    /* a graph's upload to the device ahead of its launch, and external (Vulkan, D3D, NvSci) semaphores */ \
+    KREX_PTSZ(X, CUDA, OTHER, cuGraphUpload, (CUgraphExec g, CUstream s), (g, s), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuSignalExternalSemaphoresAsync, KREX_P_EXTSEM, KREX_A_EXTSEM, s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuWaitExternalSemaphoresAsync, KREX_P_EXTSEM, KREX_A_EXTSEM, s)
 
 /* Pre-CUDA-3.2 names, still exported: their narrower integer arguments travel in the same registers,
  * so passing them through unchanged is exact. */

@@ -345,6 +345,8 @@ if mode == "ctx":
     context()
 elif mode == "alloc":
     assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20) == 0
+elif mode == "alloc_async":      # the stream-ordered allocator
+    assert cuda.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(1 << 20), None) == 0
 print("done", t0, time.monotonic_ns(), flush=True)
 if mode == "os_exit":
     os._exit(0)
@@ -366,7 +368,8 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         krex.start_controller("--no-freeze", "--gate-contexts", "--gate-exit")
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
-    procs = {m: krex.popen([sys.executable, script, m, go], env=env) for m in ("alloc", "os_exit", "exit")}
+    procs = {m: krex.popen([sys.executable, script, m, go], env=env)
+             for m in ("alloc", "alloc_async", "os_exit", "exit")}
     for p in procs.values():
         assert p.stdout.readline().strip() == "ready"
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
@@ -390,7 +393,7 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         assert p.returncode == 0, (m, err)
         assert exited[m] >= region["ended_ns"], m     # none of them went on before the region ended
         t0, t1 = map(int, out.split("done")[1].split())
-        if m in ("ctx", "alloc"):
+        if m in ("ctx", "alloc", "alloc_async"):
             assert t1 >= region["ended_ns"], m
         else:
             assert t1 < region["ended_ns"], m          # exit itself waited, not the work before it
@@ -429,7 +432,7 @@ def test_outside_regions_context_allocation_and_exit_do_not_wait(krex, tmp_path)
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
     go.write_text("")
-    for m in ("ctx", "alloc", "os_exit"):
+    for m in ("ctx", "alloc", "alloc_async", "os_exit"):
         out = krex.run([sys.executable, script, m, go], report=tmp_path / f"{m}.json", env=env)
         assert out.returncode == 0 and "done" in out.stdout, out.stderr
         rep = report_of(tmp_path / f"{m}.json")

@@ -519,6 +519,14 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     return OK;
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
+/* an upload puts the graph on the device ahead of its launch: stream-ordered, nothing the fake can see */
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
+    NEED_CTX();
+    if (!e) return E_HANDLE;
+    fk_copy(stream_of(s), e, e, 0);
+    return OK;
+}
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return cuGraphUpload(e, s); }
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { if (!e) return E_HANDLE; free(e->fk->nodes); free(e->fk); free(e); return OK; }
 EXPORT CUresult cuGraphDestroy(CUgraph g) { if (!g) return E_HANDLE; free(g->fk->nodes); free(g->fk); free(g); return OK; }
 
@@ -627,6 +635,29 @@ MIGRATE(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n
         { (void)loc, (void)li, (void)nl, (void)fl; return migrate_batch(d, sz, n, s); })
 MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, CUstream s),
         { (void)fl; return migrate_batch(d, sz, n, s); })
+/* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside */
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return cuMemAlloc_v2(p, n); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
+    return pool ? cuMemAllocAsync(p, n, s) : E_VALUE;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
+    return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); return cuMemFree_v2(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+/* external semaphores: a signal or a wait in stream order (the fake has none to signal: an empty operation) */
+static CUresult extsem(const void *sems, const void *params, unsigned n, CUstream s) {
+    NEED_CTX();
+    if (n && (!sems || !params)) return E_VALUE;
+    fk_copy(stream_of(s), (void *)params, params, 0);
+    return OK;
+}
+#define EXTSEM(name) \
+    EXPORT CUresult name(const void *a, const void *p, unsigned n, CUstream s) { return extsem(a, p, n, s); } \
+    EXPORT CUresult name##_ptsz(const void *a, const void *p, unsigned n, CUstream s) { return extsem(a, p, n, s); }
+EXTSEM(cuSignalExternalSemaphoresAsync)
+EXTSEM(cuWaitExternalSemaphoresAsync)
 #define SYNC2(name, DT, ST, dexpr, sexpr)                                                     \
     EXPORT CUresult name(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }         \
     EXPORT CUresult name##_ptds(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }
@@ -708,6 +739,10 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz) \
     X(cuMemPrefetchBatchAsync) X(cuMemPrefetchBatchAsync_ptsz) X(cuMemDiscardBatchAsync) \
     X(cuMemDiscardBatchAsync_ptsz) X(cuMemDiscardAndPrefetchBatchAsync) X(cuMemDiscardAndPrefetchBatchAsync_ptsz) \
+    X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
+    X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuGraphUpload) X(cuGraphUpload_ptsz) \
+    X(cuSignalExternalSemaphoresAsync) X(cuSignalExternalSemaphoresAsync_ptsz) X(cuWaitExternalSemaphoresAsync) \
+    X(cuWaitExternalSemaphoresAsync_ptsz) \
     X(cuGetErrorString) X(cuGetErrorName) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 static const struct { const char *name; void *fn; } table[] = {

@@ -17,7 +17,8 @@ drv, ours = exports(libcuda), {n for n in exports(libkrex) if n.startswith("cu")
 # work a stream runs on the GPU (prefetch and discard of managed memory included: CUDA 13 adds batch forms),
 # and the start of a capture (launches while capturing are not submissions)
 submit = re.compile(r"^cu(Launch|Graph(Exec)?Launch|Memcpy|Memset|StreamBatchMemOp|StreamWaitValue|StreamWriteValue"
-                    r"|MemPrefetch|MemDiscard|StreamBeginCapture)")
+                    r"|MemPrefetch|MemDiscard|StreamBeginCapture|GraphUpload|SignalExternalSemaphores"
+                    r"|WaitExternalSemaphores|MemAllocAsync|MemAllocFromPoolAsync|MemFreeAsync)")
 # the waits the host-bound check (KREX_HOST_BOUND) must see return
 waits = re.compile(r"^cu(Ctx|Stream|Event)Synchronize")
 missing = sorted(n for n in drv if submit.match(n) and n not in ours)

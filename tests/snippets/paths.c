@@ -32,6 +32,9 @@ typedef CUresult (*hostfn2_t)(CUstream, CUhostFn, void *, unsigned);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
 typedef CUresult (*prefetch_t)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
 typedef CUresult (*prefetch1_t)(CUdeviceptr, size_t, CUdevice, CUstream);
+typedef CUresult (*allocasync_t)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*freeasync_t)(CUdeviceptr, CUstream);
+typedef CUresult (*extsem_t)(const void *, const void *, unsigned, CUstream);
 typedef CUresult (*prefetchb_t)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,
                                 unsigned long long, CUstream);
 typedef CUresult (*discardb_t)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
@@ -109,10 +112,11 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) CHECK(launch(f, 5, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         CHECK(((capend_t)proc("cuStreamEndCapture", 12000, 0))(s, &g));
         CHECK(((inst_t)proc("cuGraphInstantiateWithFlags", 12000, 0))(&e, g, 0));
+        CHECK(((glaunch_t)proc("cuGraphUpload", 12000, 0))(e, s));   /* ahead of the launches: other */
         glaunch_t gl = (glaunch_t)proc("cuGraphLaunch", 12000, 0);
         for (int i = 0; i < 3; i++) CHECK(gl(e, s));
         CHECK(((ssync_t)proc("cuStreamSynchronize", 12000, 0))(s));
-        captured = n, graphs = 3;
+        captured = n, graphs = 3, other = 1;
         launch = NULL;
     } else if (!strcmp(mode, "all-kinds")) {
         CUdeviceptr d;
@@ -135,8 +139,14 @@ int main(int argc, char **argv) {
         CHECK(((prefetchb_t)proc("cuMemDiscardAndPrefetchBatchAsync", 13000, 0))(&d, &size, 1, &loc, &idx, 1, 0,
                                                                                  NULL));
         CHECK(((discardb_t)proc("cuMemDiscardBatchAsync", 13000, 0))(&d, &size, 1, 0, NULL));
+        /* the stream-ordered allocator: gated, not counted; external semaphores: other */
+        CUdeviceptr ad;
+        CHECK(((allocasync_t)proc("cuMemAllocAsync", 12000, 0))(&ad, 64, NULL));
+        CHECK(((freeasync_t)proc("cuMemFreeAsync", 12000, 0))(ad, NULL));
+        CHECK(((extsem_t)proc("cuSignalExternalSemaphoresAsync", 12000, 0))(NULL, NULL, 0, NULL));
+        CHECK(((extsem_t)proc("cuWaitExternalSemaphoresAsync", 12000, 0))(NULL, NULL, 0, NULL));
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 9, other = 3;
+        copies = 9, other = 5;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
