@@ -240,6 +240,12 @@
     X(HIP, COPY, hipMemsetD8Async, (void *d, unsigned char v, size_t n, hipStream_t s), (d, v, n, s), s) \
     X(HIP, COPY, hipMemsetD16Async, (void *d, unsigned short v, size_t n, hipStream_t s), (d, v, n, s), s) \
     X(HIP, COPY, hipMemsetD32Async, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
+    /* a graph's upload ahead of its launch, and external semaphores */ \
+    X(HIP, OTHER, hipGraphUpload, (hipGraphExec_t g, hipStream_t s), (g, s), s) \
+    X(HIP, OTHER, hipSignalExternalSemaphoresAsync, (const void *sems, const void *params, unsigned n, \
+      hipStream_t s), (sems, params, n, s), s) \
+    X(HIP, OTHER, hipWaitExternalSemaphoresAsync, (const void *sems, const void *params, unsigned n, \
+      hipStream_t s), (sems, params, n, s), s) \
     /* managed memory moved to a device (or the host) in stream order */ \
     X(HIP, COPY, hipMemPrefetchAsync, (const void *d, size_t n, int dev, hipStream_t s), (d, n, dev, s), s) \
     X(HIP, COPY, hipMemPrefetchAsync_v2, (const void *d, size_t n, hipMemLocation loc, unsigned fl, hipStream_t s), \
@@ -250,7 +256,11 @@
 
 #define KREX_HIP_MEMORY(X) \
     X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
-    X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL)
+    X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL) \
+    /* the stream-ordered allocator */ \
+    X(HIP, MEMORY, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
+    X(HIP, MEMORY, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
+    X(HIP, MEMORY, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
 
 /* written by hand: X(vendor, name, ret, params) */
 #define KREX_SPECIALS(X) \

@@ -185,6 +185,22 @@ EXPORT hipError_t hipGraphInstantiate(hipGraphExec_t *e, hipGraph_t g, void *err
 }
 EXPORT hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t s) { if (!e) return E_HANDLE; fk_graph_launch(stream_of(s), e->fk); return OK; }
 EXPORT hipError_t hipGraphLaunch_spt(hipGraphExec_t e, hipStream_t s) { return hipGraphLaunch(e, s); }
+EXPORT hipError_t hipGraphUpload(hipGraphExec_t e, hipStream_t s) {
+    if (!e) return E_HANDLE;
+    fk_copy(stream_of(s), e, e, 0);
+    return OK;
+}
+static hipError_t extsem(const void *sems, const void *params, unsigned n, hipStream_t s) {
+    if (n && (!sems || !params)) return E_VALUE;
+    fk_copy(stream_of(s), (void *)params, params, 0);
+    return OK;
+}
+EXPORT hipError_t hipSignalExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
+    return extsem(a, p, n, s);
+}
+EXPORT hipError_t hipWaitExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
+    return extsem(a, p, n, s);
+}
 EXPORT hipError_t hipGraphExecDestroy(hipGraphExec_t e) { if (!e) return E_HANDLE; free(e); return OK; }
 EXPORT hipError_t hipGraphDestroy(hipGraph_t g) { if (!g) return E_HANDLE; free(g); return OK; }
 
@@ -202,6 +218,11 @@ EXPORT hipError_t hipEventDestroy(hipEvent_t e) { if (!e) return E_HANDLE; free(
 
 EXPORT hipError_t hipMalloc(void **p, size_t n) { if (!p) return E_VALUE; *p = calloc(1, n ? n : 1); return *p ? OK : E_MEMORY; }
 EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
+EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) { (void)s; return hipMalloc(p, n); }
+EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
+    return pool ? hipMallocAsync(p, n, s) : E_VALUE;
+}
+EXPORT hipError_t hipFreeAsync(void *p, hipStream_t s) { fk_stream_sync(stream_of(s)); return hipFree(p); }
 EXPORT hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, int k, hipStream_t st) {
     if ((!d || !s) && n) return E_VALUE;
     fk_copy(stream_of(st), d, s, n);
@@ -270,7 +291,8 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipGraphDestroy) X(hipEventCreate) X(hipEventRecord) X(hipEventSynchronize) X(hipEventElapsedTime) \
     X(hipEventDestroy) X(hipMalloc) X(hipFree) X(hipMemcpyAsync) X(hipMemcpyAsync_spt) X(hipMemcpyHtoDAsync) \
     X(hipMemcpyDtoHAsync) X(hipMemcpyDtoDAsync) X(hipMemcpy) X(hipMemcpy_spt) X(hipMemsetAsync) X(hipMemsetAsync_spt) \
-    X(hipMemPrefetchAsync) X(hipMemPrefetchAsync_v2) \
+    X(hipMemPrefetchAsync) X(hipMemPrefetchAsync_v2) X(hipGraphUpload) X(hipSignalExternalSemaphoresAsync) \
+    X(hipWaitExternalSemaphoresAsync) X(hipMallocAsync) X(hipMallocFromPoolAsync) X(hipFreeAsync) \
     X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
     X(hipGetErrorName) X(hipGetProcAddress)
 static const struct { const char *name; void *fn; } table[] = {

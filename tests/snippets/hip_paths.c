@@ -23,7 +23,7 @@ void hip_stub_kernel(void) {}
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct";
-    int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0;
+    int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0, other = 0;
     hipModule_t m;
     hipFunction_t f;
     CHECK(hipSetDevice(0));
@@ -62,11 +62,19 @@ int main(int argc, char **argv) {
         hipMemLocation loc = {1, 0};   /* hipMemLocationTypeDevice, device 0 */
         hipError_t (*prefetch2)(const void *, size_t, hipMemLocation, unsigned, hipStream_t) = p;
         CHECK(prefetch2(d, 16, loc, 0, NULL));
-        kernels = n, copies = 3;
+        /* the stream-ordered allocator (gated, not counted) and external semaphores (other) */
+        CHECK(hipGetProcAddress("hipMallocAsync", &p, 60200000, 0, &st));
+        void *ad = NULL;
+        CHECK(((hipError_t(*)(void **, size_t, hipStream_t))p)(&ad, 16, NULL));
+        CHECK(hipGetProcAddress("hipFreeAsync", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(void *, hipStream_t))p)(ad, NULL));
+        CHECK(hipGetProcAddress("hipSignalExternalSemaphoresAsync", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(const void *, const void *, unsigned, hipStream_t))p)(NULL, NULL, 0, NULL));
+        kernels = n, copies = 3, other = 1;
     } else {
         return 2;
     }
     CHECK(hipDeviceSynchronize());
-    printf("expect kernels=%d graphs=0 copies=%d other=0 captured=0\n", kernels, copies);
+    printf("expect kernels=%d graphs=0 copies=%d other=%d captured=0\n", kernels, copies, other);
     return 0;
 }
