@@ -204,6 +204,9 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 row["region_held_s"] = sum((r["ended_ns"] - r["granted_ns"]) / 1e9 for r in regs)
                 row["region_wait_s"] = sum((r["granted_ns"] - r["requested_ns"]) / 1e9 for r in regs)
                 row["drain_s"] = sum(r.get("drain_ns", 0) / 1e9 for r in regs)
+                # where each wait for a grant went (the report's hand-off phases), summed over the regions
+                row["region_phases_s"] = {k: round(sum(r.get(f"{k}_ns", 0) for r in regs) / 1e9, 4)
+                                          for k in ("queued", "drain", "settle", "freeze", "isolate", "attest")}
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
                 # the lowest SM clock NVML saw in each attested region (None: not attested): a timing's GPU state

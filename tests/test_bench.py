@@ -244,6 +244,9 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
     assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
+    # where the waits for a grant went, per hand-off phase (the report's *_ns), summed over each command's regions
+    assert all(set(r["region_phases_s"]) == {"queued", "drain", "settle", "freeze", "isolate", "attest"}
+               and min(r["region_phases_s"].values()) >= 0 for r in rows), rows
     assert data["region_clock_mhz"]["krexbusy:2"] == {"median": 1980, "p10": 1980, "regions": 16}
     # a reference's two passes: one summary of both (not the second alone)
     assert data["region_clock_mhz"]["krexsolo:1"]["regions"] == sum(len(r["region_clocks_mhz"]) for r in refs)
