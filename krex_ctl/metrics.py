@@ -12,10 +12,13 @@
   krex_region_held{gpu}                      1 while a region holds this GPU
   krex_clients{role}                         connected clients by role
   krex_jobs                                  jobs known
+  krex_controller_events_total{event}        the controller's event counters, as `krex status` lists them
+                                             (fair_share_waits, clock_settle_waited, drain_timeouts, frozen_total,
+                                             late_contexts_drained, owner_deaths, bad_frames, ...)
 
 The counters move when a region ends (the controller's loop calls region_finished); the gauges are sampled by
 the loop every second (sample), never read from the HTTP thread, so scraping never touches the controller's
-state. prometheus-client's own metrics are thread-safe."""
+state: the event counters are a copy the loop makes each second. prometheus-client's own metrics are thread-safe."""
 
 from typing import Optional
 
@@ -31,6 +34,23 @@ def parse_address(text) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT with a port in 1-65535 (e.g. 127.0.0.1:9464)")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class EventCounters:
+    """A collector of the controller's event counters: the loop replaces snapshot (one assignment), the HTTP
+    thread reads whichever dict is there."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict = {}
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        fam = CounterMetricFamily("krex_controller_events", "The controller's event counters (krex status)",
+                                  labels=["event"])
+        for name, value in sorted(self.snapshot.items()):
+            fam.add_metric([name], value)
+        yield fam
 
 
 class Metrics:
@@ -59,6 +79,8 @@ class Metrics:
         self.held = p.Gauge("krex_region_held", "1 while a region holds this GPU", ["gpu"], registry=r)
         self.clients = p.Gauge("krex_clients", "Connected clients by role", ["role"], registry=r)
         self.jobs = p.Gauge("krex_jobs", "Jobs known to the controller", registry=r)
+        self.events = EventCounters()
+        r.register(self.events)
         try:
             self.server, self.thread = p.start_http_server(port, addr=host, registry=r)
         except OSError as e:
@@ -104,6 +126,7 @@ class Metrics:
         for role, n in roles.items():
             self.clients.labels(role).set(n)
         self.jobs.set(len(ctl.jobs))
+        self.events.snapshot = {**ctl.counters, **ctl.book.counters}
 
     def close(self) -> None:
         try:

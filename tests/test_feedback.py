@@ -502,6 +502,11 @@ def test_controller_trace_and_metrics(krex, tmp_path):
     assert 'krex_regions_granted_total{gpu="0"} 3.0' in text
     assert 'krex_region_wait_seconds_count{gpu="0"} 3.0' in text and "krex_region_hold_seconds_bucket" in text
     assert 'krex_queue_length{gpu="0"}' in text and 'krex_frozen_processes{gpu="0"}' in text
+    # the event counters krex status lists, e.g. a region waiting for its fair share (none here)
+    text = wait_for(lambda: (lambda t: t if 'krex_controller_events_total{event="regions_granted"} 3.0' in t
+                             else None)(scrape()), timeout=30, interval=0.2, what="event counters sampled")
+    assert 'krex_controller_events_total{event="fair_share_waits"} 0.0' in text
+    assert 'krex_controller_events_total{event="clients_total"}' in text
     krex.stop()
     data = json.loads(ctl_trace.read_text())     # closed at the end: a complete JSON array
     assert isinstance(data, list)
