@@ -43,11 +43,19 @@ class EventCounters:
     def __init__(self) -> None:
         self.snapshot: dict = {}
 
-    def collect(self):
+    @staticmethod
+    def family():
         from prometheus_client.core import CounterMetricFamily
 
-        fam = CounterMetricFamily("krex_controller_events", "The controller's event counters (krex status)",
-                                  labels=["event"])
+        return CounterMetricFamily("krex_controller_events", "The controller's event counters (krex status)",
+                                   labels=["event"])
+
+    def describe(self):
+        """The name, so that a registry knows it (a duplicate is refused; ?name[]= filters find it)."""
+        yield self.family()
+
+    def collect(self):
+        fam = self.family()
         for name, value in sorted(self.snapshot.items()):
             fam.add_metric([name], value)
         yield fam

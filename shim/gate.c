@@ -290,16 +290,18 @@ static int krex_gate_memory(void) {
 
 int krex_submit_enter(int vendor, int kind, void *stream, int id) {
     struct krex_counter_slot *s = krex_counters();
-    if (kind == KREX_KIND_MEMORY && !krex_gate_memory()) return 0;
+    int memory = kind == KREX_KIND_MEMORY || kind == KREX_KIND_MEMORY_ASYNC;
+    if (memory && !krex_gate_memory()) return 0;
     if (KREX_UNLIKELY(krex_captures_active) && kind != KREX_KIND_MEMORY && krex_stream_capturing(vendor, stream, id)) {
-        /* recorded into a graph, not run: gate and count the graph launch instead */
-        __atomic_fetch_add(&s->captured, 1, __ATOMIC_RELAXED);
+        /* recorded into a graph, not run: gate and count the graph launch instead (a stream-ordered
+         * allocation there is a node of the graph: neither gated nor counted) */
+        if (!memory) __atomic_fetch_add(&s->captured, 1, __ATOMIC_RELAXED);
         return 0;
     }
     if (KREX_UNLIKELY(!krex_device_known)) krex_register_current_device(vendor);
     __atomic_fetch_add(&krex_inflight_count, 1, __ATOMIC_SEQ_CST);
     if (KREX_UNLIKELY(krex_closed_gate() != NULL)) krex_gate_wait(s, krex_dev_mask, 1);
-    if (kind == KREX_KIND_MEMORY) return 1;   /* gated, not counted */
+    if (memory) return 1;   /* gated, not counted */
     uint64_t *counter = kind == KREX_KIND_KERNEL ? &s->kernels
                         : kind == KREX_KIND_GRAPH ? &s->graphs
                         : kind == KREX_KIND_COPY  ? &s->copies

@@ -8,6 +8,7 @@
  *   kind is KERNEL, GRAPH, COPY or OTHER (the counter it lands in), or MEMORY: allocations and frees,
  *   gated but not counted, unless KREX_GATE_MEMORY=0 (another process's allocation loop moved a 13 ms
  *   kernel by +1.4% on the H200, by nothing under krex regions: bench/results/perturb*-h200.json);
+ *   MEMORY_ASYNC: stream-ordered ones, the same but not gated while their stream captures;
  *   stream is an expression over the parameters naming the stream the work goes to (for the
  *   stream-capture check).
  *   KREX_CUDA_LAUNCHES are submissions too, with wrappers written by hand (overlap.c): the overlap
@@ -139,10 +140,10 @@
       (p, n, off, h, fl), NULL) \
     X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL) \
     /* the stream-ordered allocator (cudaMallocAsync, PyTorch's backend:cudaMallocAsync) */ \
-    KREX_PTSZ(X, CUDA, MEMORY, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
-    KREX_PTSZ(X, CUDA, MEMORY, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
+    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
+    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
               (p, n, pool, s), s) \
-    KREX_PTSZ(X, CUDA, MEMORY, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
+    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
 #define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
@@ -258,9 +259,9 @@
     X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
     X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL) \
     /* the stream-ordered allocator */ \
-    X(HIP, MEMORY, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
-    X(HIP, MEMORY, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
-    X(HIP, MEMORY, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
+    X(HIP, MEMORY_ASYNC, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
+    X(HIP, MEMORY_ASYNC, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
+    X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
 
 /* written by hand: X(vendor, name, ret, params) */
 #define KREX_SPECIALS(X) \

@@ -9,7 +9,11 @@
 #define KREX_EXPORT __attribute__((visibility("default")))
 #define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-enum krex_kind { KREX_KIND_KERNEL, KREX_KIND_GRAPH, KREX_KIND_COPY, KREX_KIND_OTHER, KREX_KIND_MEMORY };
+/* MEMORY_ASYNC: a stream-ordered allocation or free, gated like MEMORY but not while its stream captures (then it
+ * only adds a node to the graph being made) */
+enum krex_kind {
+    KREX_KIND_KERNEL, KREX_KIND_GRAPH, KREX_KIND_COPY, KREX_KIND_OTHER, KREX_KIND_MEMORY, KREX_KIND_MEMORY_ASYNC
+};
 
 /* one index per intercepted or helper name, in list order */
 enum krex_hook_id {

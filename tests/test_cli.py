@@ -40,6 +40,10 @@ def test_report_contract(krex, tmp_path):
     for reg in r["regions"]:
         assert reg["name"] == "timed" and reg["gpu"] == [0]
         assert 0 < reg["requested_ns"] <= reg["granted_ns"] <= reg["ended_ns"]
+        # where the wait for the grant went (docs/reference/report.md; bench/throughput.py's region_phases_s)
+        phases = [reg[f"{k}_ns"] for k in ("queued", "drain", "settle", "freeze", "isolate", "attest")]
+        assert all(isinstance(x, int) and x >= 0 for x in phases), reg
+        assert sum(phases) <= reg["granted_ns"] - reg["requested_ns"] + 5_000_000, reg
 
 
 def test_launches_are_summed_over_every_process_of_the_command(krex, tmp_path):

@@ -507,6 +507,10 @@ def test_controller_trace_and_metrics(krex, tmp_path):
                              else None)(scrape()), timeout=30, interval=0.2, what="event counters sampled")
     assert 'krex_controller_events_total{event="fair_share_waits"} 0.0' in text
     assert 'krex_controller_events_total{event="clients_total"}' in text
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?name[]=krex_controller_events_total",
+                                timeout=10) as r:            # a scrape of this metric alone finds it
+        only = r.read().decode()
+    assert 'krex_controller_events_total{event="regions_granted"} 3.0' in only and "krex_queue_length" not in only
     krex.stop()
     data = json.loads(ctl_trace.read_text())     # closed at the end: a complete JSON array
     assert isinstance(data, list)

@@ -18,6 +18,8 @@ hipError_t hipGetProcAddress(const char *, void **, int, uint64_t, int *);
 hipError_t hipDeviceSynchronize(void);
 hipError_t hipMemcpyAsync(void *, const void *, size_t, int, hipStream_t);
 hipError_t hipMalloc(void **, size_t);
+hipError_t hipGraphCreate(hipGraph_t *, unsigned);
+hipError_t hipGraphInstantiate(hipGraphExec_t *, hipGraph_t, void *, char *, size_t);
 
 void hip_stub_kernel(void) {}
 
@@ -70,7 +72,16 @@ int main(int argc, char **argv) {
         CHECK(((hipError_t(*)(void *, hipStream_t))p)(ad, NULL));
         CHECK(hipGetProcAddress("hipSignalExternalSemaphoresAsync", &p, 60200000, 0, &st));
         CHECK(((hipError_t(*)(const void *, const void *, unsigned, hipStream_t))p)(NULL, NULL, 0, NULL));
-        kernels = n, copies = 3, other = 1;
+        CHECK(hipGetProcAddress("hipWaitExternalSemaphoresAsync", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(const void *, const void *, unsigned, hipStream_t))p)(NULL, NULL, 0, NULL));
+        /* a graph's upload ahead of its launch: other (the empty graph is not launched) */
+        hipGraph_t graph;
+        hipGraphExec_t e;
+        CHECK(hipGraphCreate(&graph, 0));
+        CHECK(hipGraphInstantiate(&e, graph, NULL, NULL, 0));
+        CHECK(hipGetProcAddress("hipGraphUpload", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(hipGraphExec_t, hipStream_t))p)(e, NULL));
+        kernels = n, copies = 3, other = 3;
     } else {
         return 2;
     }
