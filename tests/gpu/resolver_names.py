@@ -9,6 +9,8 @@ real driver. Prints one line per query and writes --out (JSON).
 import argparse
 import ctypes
 import json
+import os
+import subprocess
 import sys
 
 QUERIES = [("cuMemPrefetchAsync", v) for v in (8000, 12000, 12020, 13000)] + [
@@ -29,15 +31,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--lib", default="libcuda.so.1")
+    ap.add_argument("--shim", default="build/libkrex.so",
+                    help="the shim whose exported names the answers are checked against (nm -D)")
     args = ap.parse_args()
+    if "libkrex" in os.environ.get("LD_PRELOAD", ""):
+        sys.exit("resolver_names: run it without krex (LD_PRELOAD has libkrex): the answers would be krex's wrappers")
     try:
         cuda = ctypes.CDLL(args.lib)
     except OSError as e:
         sys.exit(f"resolver_names: cannot load {args.lib}: {e}")
+    nm = subprocess.run(["nm", "-D", "--defined-only", args.shim], capture_output=True, text=True)
+    hooked = {ln.split()[-1] for ln in nm.stdout.splitlines() if ln.strip()} if nm.returncode == 0 else None
+    if hooked is None:
+        print(f"resolver_names: cannot read {args.shim}'s names; the answers are not checked against them")
     libc = ctypes.CDLL(None)
     libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
     if cuda.cuInit(0) != 0:
         sys.exit("resolver_names: cuInit failed")
+    if not hasattr(cuda, "cuGetProcAddress_v2"):
+        sys.exit("resolver_names: this driver has no cuGetProcAddress_v2 (older than CUDA 12.0)")
     gpa = cuda.cuGetProcAddress_v2
     gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
                     ctypes.POINTER(ctypes.c_int)]
@@ -51,14 +63,24 @@ def main() -> None:
                 info = DlInfo()
                 ok = libc.dladdr(p, ctypes.byref(info))
                 exact = bool(ok and info.dli_saddr == p.value)
-                row.update(named=(info.dli_sname or b"").decode() if ok else None, exact=exact)
+                row.update(named=(info.dli_sname or b"").decode() if ok else None, exact=exact,
+                           library=(info.dli_fname or b"").decode() if ok else None)
+                if "libkrex" in (row["library"] or ""):
+                    sys.exit("resolver_names: an answer is krex's own wrapper: run it without krex")
+                # the shim routes by this name: one it does not wrap goes to the caller unwrapped, or, where the
+                # name is not exact, the requested name's wrapper is handed out
+                row["shim_wraps"] = None if hooked is None or not row["named"] else row["named"] in hooked
             rows.append(row)
             print(f"{name:36s} {ver:6d} {'ptsz' if flags else '    '} rc={rc} -> {row.get('named')} "
-                  f"{'exact' if row.get('exact') else 'NOT EXACT' if 'exact' in row else ''}", flush=True)
+                  f"{'exact' if row.get('exact') else 'NOT EXACT' if 'exact' in row else ''}"
+                  f"{'' if row.get('shim_wraps') in (True, None) else ' NOT WRAPPED'}", flush=True)
     fallbacks = [r for r in rows if r.get("rc") == 0 and not r.get("exact")]
+    unwrapped = [r for r in rows if r.get("shim_wraps") is False]
     with open(args.out, "w") as f:
-        json.dump({"lib": args.lib, "rows": rows, "not_named_exactly": len(fallbacks)}, f, indent=1)
-    print(f"answers not named exactly (the shim's fallback): {len(fallbacks)} of {sum(r['rc'] == 0 for r in rows)}")
+        json.dump({"lib": args.lib, "rows": rows, "not_named_exactly": len(fallbacks),
+                   "not_wrapped": len(unwrapped)}, f, indent=1)
+    print(f"answers not named exactly (the shim's fallback): {len(fallbacks)} of {sum(r['rc'] == 0 for r in rows)}; "
+          f"named but not wrapped by the shim: {len(unwrapped)}")
 
 
 if __name__ == "__main__":
