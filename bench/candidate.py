@@ -190,24 +190,23 @@ with tempfile.TemporaryDirectory() as td:
                 info = last_region()
                 bound[name].append(None if info is None else bool(info.host_bound))
     layouts = []
-    steps = STEPS
-    heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in steps) else None
+    heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in STEPS) else None
 
     def before(kind: str, ms: int) -> None:
         """What the GPU does in the MS before a timing of a history step."""
-        end = time.monotonic() + ms / 1000
         if kind == "idle":
             torch.cuda.synchronize()
             time.sleep(ms / 1000)
         elif kind == "heavy":
+            end = time.monotonic() + ms / 1000
             while time.monotonic() < end:
                 torch.mm(heavy, heavy)
                 torch.cuda.synchronize()
-    if steps:
+    if STEPS:
         import random
 
         for rnd in range(max(1, args.repeat)):
-            order = steps[:]
+            order = STEPS[:]
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
             for kind, value in order:
                 pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None

@@ -292,6 +292,11 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
     enqueue(s, op);
 }
 
+void fk_empty_op(struct fk_stream *s) {
+    static char none;
+    fk_copy(s, &none, &none, 0);
+}
+
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count) {
     struct fk_op *op = calloc(1, sizeof *op);
     op->kind = FK_SET, op->dst = dst, op->value = value, op->elem = elem, op->n = count;

@@ -84,6 +84,9 @@ int fk_stream_idle(struct fk_stream *s);
 int fk_kernel(struct fk_stream *s, unsigned us, const char *name);
 int fk_kernel_ex(struct fk_stream *s, unsigned us, const char *name, const struct fk_kinfo *info);
 void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
+/* an operation in stream order that moves nothing the fake can see (a graph upload, a managed-memory prefetch or
+ * discard, an external semaphore): ordered after the work before it, like any other */
+void fk_empty_op(struct fk_stream *s);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);

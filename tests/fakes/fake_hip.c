@@ -187,12 +187,12 @@ EXPORT hipError_t hipGraphLaunch(hipGraphExec_t e, hipStream_t s) { if (!e) retu
 EXPORT hipError_t hipGraphLaunch_spt(hipGraphExec_t e, hipStream_t s) { return hipGraphLaunch(e, s); }
 EXPORT hipError_t hipGraphUpload(hipGraphExec_t e, hipStream_t s) {
     if (!e) return E_HANDLE;
-    fk_copy(stream_of(s), e, e, 0);
+    fk_empty_op(stream_of(s));
     return OK;
 }
 static hipError_t extsem(const void *sems, const void *params, unsigned n, hipStream_t s) {
     if (n && (!sems || !params)) return E_VALUE;
-    fk_copy(stream_of(s), (void *)params, params, 0);
+    fk_empty_op(stream_of(s));
     return OK;
 }
 EXPORT hipError_t hipSignalExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
@@ -242,7 +242,7 @@ EXPORT hipError_t hipMemcpy_spt(void *d, const void *s, size_t n, int k) { retur
 EXPORT hipError_t hipMemPrefetchAsync(const void *d, size_t n, int dev, hipStream_t s) {
     (void)n, (void)dev;
     if (!d) return E_VALUE;
-    fk_copy(stream_of(s), (void *)d, d, 0);
+    fk_empty_op(stream_of(s));
     return OK;
 }
 EXPORT hipError_t hipMemPrefetchAsync_v2(const void *d, size_t n, hipMemLocation loc, unsigned fl, hipStream_t s) {
