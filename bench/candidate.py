@@ -220,7 +220,7 @@ with tempfile.TemporaryDirectory() as td:
                 else:
                     a2, b2 = a, b
                 torch.cuda.synchronize()
-                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr()}
+                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr(), "t": round(time.time(), 3)}
                 for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
                     before(kind, value)
                     step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])

@@ -71,16 +71,22 @@ def main() -> None:
                 # name is not exact, the requested name's wrapper is handed out
                 row["shim_wraps"] = None if hooked is None or not row["named"] else row["named"] in hooked
             rows.append(row)
-            print(f"{name:36s} {ver:6d} {'ptsz' if flags else '    '} rc={rc} -> {row.get('named')} "
+            if rc == 0 and not p.value:    # no function at that version (status 2: VERSION_NOT_SUFFICIENT)
+                row["no_answer"] = True
+            print(f"{name:36s} {ver:6d} {'ptsz' if flags else '    '} rc={rc} status={st.value} -> "
+                  f"{'(no function)' if row.get('no_answer') else row.get('named')} "
                   f"{'exact' if row.get('exact') else 'NOT EXACT' if 'exact' in row else ''}"
                   f"{'' if row.get('shim_wraps') in (True, None) else ' NOT WRAPPED'}", flush=True)
-    fallbacks = [r for r in rows if r.get("rc") == 0 and not r.get("exact")]
+    # a function handed out that dladdr cannot name exactly: the shim's fallback (a NULL answer is not one: the
+    # shim hands NULL back as the driver did)
+    answers = [r for r in rows if r.get("rc") == 0 and not r.get("no_answer")]
+    fallbacks = [r for r in answers if not r.get("exact")]
     unwrapped = [r for r in rows if r.get("shim_wraps") is False]
     with open(args.out, "w") as f:
-        json.dump({"lib": args.lib, "rows": rows, "not_named_exactly": len(fallbacks),
-                   "not_wrapped": len(unwrapped)}, f, indent=1)
-    print(f"answers not named exactly (the shim's fallback): {len(fallbacks)} of {sum(r['rc'] == 0 for r in rows)}; "
-          f"named but not wrapped by the shim: {len(unwrapped)}")
+        json.dump({"lib": args.lib, "rows": rows, "answers": len(answers), "no_function": len(rows) - len(answers),
+                   "not_named_exactly": len(fallbacks), "not_wrapped": len(unwrapped)}, f, indent=1)
+    print(f"{len(answers)} functions handed out, {len(rows) - len(answers)} queries answered with none; "
+          f"not named exactly (the shim's fallback): {len(fallbacks)}; named but not wrapped by the shim: {len(unwrapped)}")
 
 
 if __name__ == "__main__":
