@@ -15,6 +15,10 @@ ray_fleet.py's analyses read (exclusive, clean, taints, sm_clock_mhz) with host_
 result's first grant) and hold_ms (granted to ended), and loses its ids and pids; floats are rounded to 7 significant digits. `python
 bench/ray_fleet.py --reanalyse FILE` recomputes its summary and fidelity from the compacted file.
 
+A result of bench/freeze_policy.py keeps every row, with what a row repeats dropped (no --commit needed): its
+candidate_ms and reference_ms (the first of *_all_ms), regions, timer and nonce where the run says them; `python
+bench/freeze_policy.py --reanalyse FILE` reproduces its table.
+
     python bench/reduce_result.py --round RESULT.json [MORE.json ...]   (floats only, nothing dropped)
 
 A reduced result's floats are rounded to 7 significant digits, and `--round` does only that to any result (a
@@ -63,9 +67,40 @@ def compact_fleet(data: dict) -> dict:
                     "significant digits (bench/reduce_result.py)"})
 
 
+def compact_freeze_policy(data: dict) -> dict:
+    """bench/freeze_policy.py's result with what each command row repeats dropped, losslessly: candidate_ms and
+    reference_ms where each is the first of its *_all_ms, regions where it is len(regions_clean), timer where it
+    is the run's --timer, and nonce where every row's is the run's nonce_base + idx (nonce_base then kept)."""
+    argv = data.get("argv") or []
+    timer = argv[argv.index("--timer") + 1] if "--timer" in argv[:-1] else "events"
+    runs = []
+    for run in data["runs"]:
+        rows = [dict(r) for r in run["rows"]]
+        bases = {r["nonce"] - r["idx"] for r in rows if "nonce" in r and "idx" in r}
+        base = bases.pop() if len(bases) == 1 and all("nonce" in r and "idx" in r for r in rows) else None
+        for r in rows:
+            for kind in ("candidate", "reference"):
+                every = r.get(f"{kind}_all_ms")
+                if every and f"{kind}_ms" in r and r[f"{kind}_ms"] == every[0]:
+                    del r[f"{kind}_ms"]
+            if "regions_clean" in r and r.get("regions") == len(r["regions_clean"]):
+                del r["regions"]
+            if r.get("timer") == timer:
+                del r["timer"]
+            if base is not None:
+                del r["nonce"]
+        runs.append({**run, "rows": rows, **({"nonce_base": base} if base is not None else {})})
+    return rounded({**data, "runs": runs, "compacted": (
+        "per command row, dropped where it repeats: candidate_ms and reference_ms (the first of *_all_ms), regions "
+        "(len(regions_clean)), timer (argv's --timer), nonce (the run's nonce_base + idx); floats to 7 significant "
+        "digits (bench/reduce_result.py). --reanalyse reproduces the .md table")})
+
+
 def reduce(data: dict, path: str, commit: str) -> dict:
     if "plan" in data and "runs" in data:      # bench/ray_fleet.py
         return data if "compacted" in data else compact_fleet(data)
+    if "floors_pct" in data and "runs" in data:  # bench/freeze_policy.py
+        return data if "compacted" in data else compact_freeze_policy(data)
     dropped = [k for k in DUMPS if k in data]
     if not dropped:
         return rounded(data)

@@ -515,3 +515,44 @@ def test_resident_neighbours_summarises_a_run_cut_short_from_its_log(tmp_path):
     p = subprocess.run([sys.executable, script, "--from-log", str(empty), "--out", str(tmp_path / "x.json")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "holds no command lines" in p.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_a_compacted_freeze_policy_result_gives_the_same_table(tmp_path):
+    """bench/reduce_result.py drops what a freeze_policy.py row repeats (its first timing, region count, timer and
+    nonce) only where the row or run says it again, and `freeze_policy.py --reanalyse` gives the same analysis and
+    table from the compacted file as from the whole one (run 15, a committed result)."""
+    src = ROOT / "bench" / "results" / "freeze-policy-h200-run15.json"
+    whole, small = tmp_path / "whole.json", tmp_path / "small.json"
+    data = json.loads(src.read_text())
+    if "compacted" in data:       # the committed file is compacted: rebuild what the compaction dropped
+        for run in data["runs"]:
+            for i, r in enumerate(run["rows"]):
+                r.setdefault("candidate_ms", r["candidate_all_ms"][0])
+                r.setdefault("reference_ms", r["reference_all_ms"][0])
+                r.setdefault("regions", len(r["regions_clean"]))
+                r.setdefault("timer", "events")
+                r.setdefault("nonce", run["nonce_base"] + r["idx"])
+            run.pop("nonce_base")
+        del data["compacted"]
+    data["runs"][1]["rows"][0]["nonce"] += 1          # one row off the run's pattern: every nonce of that run stays
+    whole.write_text(json.dumps(data))
+    small.write_text(whole.read_text())
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(small)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    c = json.loads(small.read_text())
+    assert "compacted" in c and small.stat().st_size < 0.95 * whole.stat().st_size
+    row = c["runs"][0]["rows"][0]
+    assert not {"candidate_ms", "reference_ms", "regions", "timer", "nonce"} & set(row)
+    assert c["runs"][0]["nonce_base"] == 1000 and "nonce_base" not in c["runs"][1]
+    assert all("nonce" in r for r in c["runs"][1]["rows"])
+    out = {}
+    for name, f in (("whole", whole), ("small", small)):
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", str(f),
+                               "--reference", "solo-busy", "--out", str(tmp_path / f"{name}.out.json")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        res = json.loads((tmp_path / f"{name}.out.json").read_text())
+        out[name] = ({k: v for k, v in res.items() if k not in ("runs", "argv")}, done.stdout)
+    assert out["whole"] == out["small"]
+    assert "| busy | 8 | 66 |" in out["small"][1]
