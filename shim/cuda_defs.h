@@ -21,6 +21,15 @@ typedef void (*CUhostFn)(void *userData);
 typedef struct CUuuid_st { unsigned char bytes[16]; } CUuuid;
 /* where managed memory goes (cuMemPrefetchAsync_v2 and the batch prefetches): a CUmemLocationType and an id */
 typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
+/* cuGraphInstantiateWithParams's parameters (CUDA 12.0); with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the graph is
+ * also uploaded on hUploadStream, as cuGraphUpload would */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;                          /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -19,6 +19,15 @@ typedef int hipDriverProcAddressQueryResult;
 typedef struct hipUUID_t { char bytes[16]; } hipUUID;
 /* where managed memory goes (hipMemPrefetchAsync_v2): a hipMemLocationType and an id */
 typedef struct hipMemLocation { int type; int id; } hipMemLocation;
+/* hipGraphInstantiateWithParams's parameters (not CUDA's order); hipGraphInstantiateFlagUpload uploads the graph
+ * on uploadStream */
+typedef struct hipGraphInstantiateParams {
+    void *errNode_out;                       /* hipGraphNode_t */
+    unsigned long long flags;
+    int result_out;                          /* hipGraphInstantiateResult */
+    hipStream_t uploadStream;
+} hipGraphInstantiateParams;
+#define hipGraphInstantiateFlagUpload 2
 
 #define hipSuccess 0
 #define hipStreamCaptureStatusNone 0

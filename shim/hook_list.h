@@ -143,7 +143,10 @@
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
               (p, n, pool, s), s) \
-    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
+    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s) \
+    /* what a pool or the graphs' allocations hold goes back to the driver: frees */ \
+    X(CUDA, MEMORY, cuMemPoolTrimTo, (void *pool, size_t keep), (pool, keep), NULL) \
+    X(CUDA, MEMORY, cuDeviceGraphMemTrim, (CUdevice d), (d), NULL)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
 #define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
@@ -174,7 +177,9 @@
     /* a graph's upload to the device ahead of its launch, and external (Vulkan, D3D, NvSci) semaphores */ \
     KREX_PTSZ(X, CUDA, OTHER, cuGraphUpload, (CUgraphExec g, CUstream s), (g, s), s) \
     KREX_PTSZ(X, CUDA, OTHER, cuSignalExternalSemaphoresAsync, KREX_P_EXTSEM, KREX_A_EXTSEM, s) \
-    KREX_PTSZ(X, CUDA, OTHER, cuWaitExternalSemaphoresAsync, KREX_P_EXTSEM, KREX_A_EXTSEM, s)
+    KREX_PTSZ(X, CUDA, OTHER, cuWaitExternalSemaphoresAsync, KREX_P_EXTSEM, KREX_A_EXTSEM, s) \
+    /* sparse and mipmapped arrays: page mappings in stream order */ \
+    KREX_PTSZ(X, CUDA, OTHER, cuMemMapArrayAsync, (void *info, unsigned n, CUstream s), (info, n, s), s)
 
 /* Pre-CUDA-3.2 names, still exported: their narrower integer arguments travel in the same registers,
  * so passing them through unchanged is exact. */
@@ -243,6 +248,7 @@
     X(HIP, COPY, hipMemsetD32Async, (void *d, int v, size_t n, hipStream_t s), (d, v, n, s), s) \
     /* a graph's upload ahead of its launch, and external semaphores */ \
     X(HIP, OTHER, hipGraphUpload, (hipGraphExec_t g, hipStream_t s), (g, s), s) \
+    X(HIP, OTHER, hipMemMapArrayAsync, (void *info, unsigned n, hipStream_t s), (info, n, s), s) \
     X(HIP, OTHER, hipSignalExternalSemaphoresAsync, (const void *sems, const void *params, unsigned n, \
       hipStream_t s), (sems, params, n, s), s) \
     X(HIP, OTHER, hipWaitExternalSemaphoresAsync, (const void *sems, const void *params, unsigned n, \
@@ -261,7 +267,9 @@
     /* the stream-ordered allocator */ \
     X(HIP, MEMORY_ASYNC, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
     X(HIP, MEMORY_ASYNC, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
-    X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
+    X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s) \
+    X(HIP, MEMORY, hipMemPoolTrimTo, (void *pool, size_t keep), (pool, keep), NULL) \
+    X(HIP, MEMORY, hipDeviceGraphMemTrim, (int d), (d), NULL)
 
 /* written by hand: X(vendor, name, ret, params) */
 #define KREX_SPECIALS(X) \
@@ -289,6 +297,9 @@
     X(CUDA, cuStreamBeginCaptureToGraph_ptsz, CUresult, (CUstream s, CUgraph g, const CUgraphNode *d, \
       const void *e, size_t n, int mode)) \
     X(CUDA, cuStreamEndCapture, CUresult, (CUstream s, CUgraph *g)) \
+    X(CUDA, cuGraphInstantiateWithParams, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)) \
+    X(CUDA, cuGraphInstantiateWithParams_ptsz, CUresult, (CUgraphExec *e, CUgraph g, \
+      CUDA_GRAPH_INSTANTIATE_PARAMS *p)) \
     X(CUDA, cuStreamEndCapture_ptsz, CUresult, (CUstream s, CUgraph *g)) \
     X(CUDA, cuGetProcAddress, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl)) \
     X(CUDA, cuGetProcAddress_v2, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl, \
@@ -326,6 +337,8 @@
     X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
     X(HIP, hipStreamEndCapture_spt, hipError_t, (hipStream_t s, hipGraph_t *g)) \
+    X(HIP, hipGraphInstantiateWithParams, hipError_t, (hipGraphExec_t *e, hipGraph_t g, \
+      hipGraphInstantiateParams *p)) \
     X(HIP, hipGetProcAddress, hipError_t, (const char *sym, void **pfn, int ver, uint64_t fl, \
       hipDriverProcAddressQueryResult *st))
 

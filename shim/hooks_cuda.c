@@ -121,6 +121,25 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     return REAL(cuStreamEndCapture_ptsz) ? capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g)) : NO_DRIVER;
 }
 
+/* An instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph on its upload stream, the work
+ * of cuGraphUpload: gated and counted as other. Without the flag nothing goes to the GPU: passed through. */
+typedef CUresult (*instantiate_fn)(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p);
+static CUresult instantiate(instantiate_fn real, int id, CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    if (!real) return NO_DRIVER;
+    if (!p || !(p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) return real(e, g, p);
+    int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_OTHER, p->hUploadStream, id);
+    krex_count_outside(entered);
+    CUresult r = real(e, g, p);
+    krex_submit_leave(entered);
+    return r;
+}
+KREX_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    return instantiate(REAL(cuGraphInstantiateWithParams), KREX_H_cuGraphInstantiateWithParams, e, g, p);
+}
+KREX_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    return instantiate(REAL(cuGraphInstantiateWithParams_ptsz), KREX_H_cuGraphInstantiateWithParams_ptsz, e, g, p);
+}
+
 /* Event records, destroys and elapsed-time reads: forwarded as they are, and seen by the host-bound check while
  * it is armed (hostbound.c). */
 static int event_recording(CUstream s, int per_thread) {

@@ -67,6 +67,19 @@ KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
     return REAL(hipStreamEndCapture_spt) ? capture_ended(REAL(hipStreamEndCapture_spt)(s, g)) : NO_DRIVER;
 }
 
+/* hipGraphInstantiateFlagUpload: the instantiation uploads the graph on its upload stream (as hipGraphUpload):
+ * gated and counted as other; without it, passed through */
+KREX_EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph_t g, hipGraphInstantiateParams *p) {
+    if (!REAL(hipGraphInstantiateWithParams)) return NO_DRIVER;
+    if (!p || !(p->flags & hipGraphInstantiateFlagUpload)) return REAL(hipGraphInstantiateWithParams)(e, g, p);
+    int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_OTHER, p->uploadStream,
+                                    KREX_H_hipGraphInstantiateWithParams);
+    krex_count_outside(entered);
+    hipError_t r = REAL(hipGraphInstantiateWithParams)(e, g, p);
+    krex_submit_leave(entered);
+    return r;
+}
+
 KREX_EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl,
                                          hipDriverProcAddressQueryResult *st) {
     if (!REAL(hipGetProcAddress)) return NO_DRIVER;

@@ -348,6 +348,13 @@ if mode == "free_async":          # allocated now, freed once the other job hold
     assert cuda.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(1 << 20), None) == 0
 if mode == "hip_free_async":
     assert hip.hipMallocAsync(ctypes.byref(hptr), ctypes.c_size_t(1 << 20), None) == 0
+if mode.startswith("instantiate"):   # CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result
+    class Params(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("stream", ctypes.c_void_p), ("node", ctypes.c_void_p),
+                    ("result", ctypes.c_int)]
+    graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuGraphCreate(ctypes.byref(graph), 0) == 0
+    params = Params(2 if mode == "instantiate_upload" else 0, None, None, 0)
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
@@ -370,14 +377,26 @@ elif mode == "hip_pool_async":
     assert hip.hipMallocFromPoolAsync(ctypes.byref(hptr), ctypes.c_size_t(1 << 20), ctypes.c_void_p(1), None) == 0
 elif mode == "hip_free_async":
     assert hip.hipFreeAsync(hptr, None) == 0
+elif mode == "pool_trim":          # a pool's unused memory back to the driver
+    assert cuda.cuMemPoolTrimTo(ctypes.c_void_p(1), ctypes.c_size_t(0)) == 0
+elif mode == "graph_mem_trim":
+    assert cuda.cuDeviceGraphMemTrim(0) == 0
+elif mode == "hip_pool_trim":
+    assert hip.hipMemPoolTrimTo(ctypes.c_void_p(1), ctypes.c_size_t(0)) == 0
+elif mode == "hip_graph_mem_trim":
+    assert hip.hipDeviceGraphMemTrim(0) == 0
+elif mode.startswith("instantiate"):   # with the upload flag: the upload waits; without it: nothing to wait for
+    assert cuda.cuGraphInstantiateWithParams(ctypes.byref(exe), graph, ctypes.byref(params)) == 0
 print("done", t0, time.monotonic_ns(), flush=True)
 if mode == "os_exit":
     os._exit(0)
 """
 
 
-# the stream-ordered allocators, CUDA's and HIP's (gated as allocations, not counted: only a wait shows the hook)
-ASYNC_ALLOCS = ("alloc_async", "pool_async_ptsz", "free_async", "hip_alloc_async", "hip_pool_async", "hip_free_async")
+# the stream-ordered allocators and the trims, CUDA's and HIP's (gated as allocations, not counted: only a wait
+# shows the hook)
+ASYNC_ALLOCS = ("alloc_async", "pool_async_ptsz", "free_async", "hip_alloc_async", "hip_pool_async", "hip_free_async",
+                "pool_trim", "graph_mem_trim", "hip_pool_trim", "hip_graph_mem_trim")
 
 
 @pytest.mark.parametrize("asked_by", ["environment", "controller"])
@@ -396,7 +415,8 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
     procs = {m: krex.popen([sys.executable, script, m, go], env=env)
-             for m in ("alloc", *ASYNC_ALLOCS, "capture_alloc_async", "os_exit", "exit")}
+             for m in ("alloc", *ASYNC_ALLOCS, "capture_alloc_async", "instantiate_upload", "instantiate", "os_exit",
+                       "exit")}
     for p in procs.values():
         assert p.stdout.readline().strip() == "ready"
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
@@ -420,9 +440,10 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         assert p.returncode == 0, (m, err)
         assert exited[m] >= region["ended_ns"], m     # none of them went on before the region ended
         t0, t1 = map(int, out.split("done")[1].split())
-        if m in ("ctx", "alloc", *ASYNC_ALLOCS):
+        if m in ("ctx", "alloc", *ASYNC_ALLOCS, "instantiate_upload"):
             assert t1 >= region["ended_ns"], m
-        else:   # exit itself waited, not the work before it; a captured allocation did not wait at all
+        else:   # exit itself waited, not the work before it; a captured allocation and an instantiation without
+            # an upload did not wait at all
             assert t1 < region["ended_ns"], m
 
 

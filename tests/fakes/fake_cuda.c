@@ -527,6 +527,19 @@ EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
     return OK;
 }
 EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return cuGraphUpload(e, s); }
+/* CUDA_GRAPH_INSTANTIATE_PARAMS; with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD (2) instantiated and uploaded at once */
+struct fk_instantiate_params { unsigned long long flags; CUstream upload; void *err_node; int result; };
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, struct fk_instantiate_params *p) {
+    if (!p) return E_VALUE;
+    if (p->flags & 2) NEED_CTX();
+    CUresult r = cuGraphInstantiateWithFlags(e, g, 0);
+    p->err_node = NULL, p->result = r == OK ? 0 : 1;
+    if (r == OK && p->flags & 2) fk_empty_op(stream_of(p->upload));
+    return r;
+}
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, struct fk_instantiate_params *p) {
+    return cuGraphInstantiateWithParams(e, g, p);
+}
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { if (!e) return E_HANDLE; free(e->fk->nodes); free(e->fk); free(e); return OK; }
 EXPORT CUresult cuGraphDestroy(CUgraph g) { if (!g) return E_HANDLE; free(g->fk->nodes); free(g->fk); free(g); return OK; }
 
@@ -658,6 +671,17 @@ static CUresult extsem(const void *sems, const void *params, unsigned n, CUstrea
     EXPORT CUresult name##_ptsz(const void *a, const void *p, unsigned n, CUstream s) { return extsem(a, p, n, s); }
 EXTSEM(cuSignalExternalSemaphoresAsync)
 EXTSEM(cuWaitExternalSemaphoresAsync)
+/* sparse-array page mappings in stream order (the fake has no arrays: an empty operation) */
+EXPORT CUresult cuMemMapArrayAsync(void *info, unsigned n, CUstream s) {
+    NEED_CTX();
+    if (n && !info) return E_VALUE;
+    fk_empty_op(stream_of(s));
+    return OK;
+}
+EXPORT CUresult cuMemMapArrayAsync_ptsz(void *info, unsigned n, CUstream s) { return cuMemMapArrayAsync(info, n, s); }
+/* a pool's or the graphs' unused memory back to the driver (the fake keeps none) */
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) { NEED_INIT(); (void)keep; return pool ? OK : E_VALUE; }
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) { NEED_INIT(); return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
 #define SYNC2(name, DT, ST, dexpr, sexpr)                                                     \
     EXPORT CUresult name(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }         \
     EXPORT CUresult name##_ptds(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }
@@ -742,7 +766,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
     X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuGraphUpload) X(cuGraphUpload_ptsz) \
     X(cuSignalExternalSemaphoresAsync) X(cuSignalExternalSemaphoresAsync_ptsz) X(cuWaitExternalSemaphoresAsync) \
-    X(cuWaitExternalSemaphoresAsync_ptsz) \
+    X(cuWaitExternalSemaphoresAsync_ptsz) X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) \
+    X(cuMemMapArrayAsync) X(cuMemMapArrayAsync_ptsz) X(cuMemPoolTrimTo) X(cuDeviceGraphMemTrim) \
     X(cuGetErrorString) X(cuGetErrorName) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 static const struct { const char *name; void *fn; } table[] = {

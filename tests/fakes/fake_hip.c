@@ -201,6 +201,22 @@ EXPORT hipError_t hipSignalExternalSemaphoresAsync(const void *a, const void *p,
 EXPORT hipError_t hipWaitExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
     return extsem(a, p, n, s);
 }
+/* hipGraphInstantiateParams (HIP's order); hipGraphInstantiateFlagUpload (2): instantiated and uploaded at once */
+struct fk_instantiate_params { void *err_node; unsigned long long flags; int result; hipStream_t upload; };
+EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph_t g, struct fk_instantiate_params *p) {
+    if (!p) return E_VALUE;
+    hipError_t r = hipGraphInstantiate(e, g, NULL, NULL, 0);
+    p->err_node = NULL, p->result = r == OK ? 0 : 1;
+    if (r == OK && p->flags & 2) fk_empty_op(stream_of(p->upload));
+    return r;
+}
+EXPORT hipError_t hipMemMapArrayAsync(void *info, unsigned n, hipStream_t s) {
+    if (n && !info) return E_VALUE;
+    fk_empty_op(stream_of(s));
+    return OK;
+}
+EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) { (void)keep; return pool ? OK : E_VALUE; }
+EXPORT hipError_t hipDeviceGraphMemTrim(int d) { return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
 EXPORT hipError_t hipGraphExecDestroy(hipGraphExec_t e) { if (!e) return E_HANDLE; free(e); return OK; }
 EXPORT hipError_t hipGraphDestroy(hipGraph_t g) { if (!g) return E_HANDLE; free(g); return OK; }
 
@@ -292,6 +308,7 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipEventDestroy) X(hipMalloc) X(hipFree) X(hipMemcpyAsync) X(hipMemcpyAsync_spt) X(hipMemcpyHtoDAsync) \
     X(hipMemcpyDtoHAsync) X(hipMemcpyDtoDAsync) X(hipMemcpy) X(hipMemcpy_spt) X(hipMemsetAsync) X(hipMemsetAsync_spt) \
     X(hipMemPrefetchAsync) X(hipMemPrefetchAsync_v2) X(hipGraphUpload) X(hipSignalExternalSemaphoresAsync) \
+    X(hipGraphInstantiateWithParams) X(hipMemMapArrayAsync) X(hipMemPoolTrimTo) X(hipDeviceGraphMemTrim) \
     X(hipWaitExternalSemaphoresAsync) X(hipMallocAsync) X(hipMallocFromPoolAsync) X(hipFreeAsync) \
     X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
     X(hipGetErrorName) X(hipGetProcAddress)

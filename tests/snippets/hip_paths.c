@@ -81,7 +81,22 @@ int main(int argc, char **argv) {
         CHECK(hipGraphInstantiate(&e, graph, NULL, NULL, 0));
         CHECK(hipGetProcAddress("hipGraphUpload", &p, 60200000, 0, &st));
         CHECK(((hipError_t(*)(hipGraphExec_t, hipStream_t))p)(e, NULL));
-        kernels = n, copies = 3, other = 3;
+        /* instantiated with the upload flag (other), and without it (nothing); sparse-array mappings (other);
+         * trims (gated, not counted) */
+        hipGraphExec_t up, plain;
+        hipGraphInstantiateParams ip = {NULL, hipGraphInstantiateFlagUpload, 0, NULL};
+        CHECK(hipGetProcAddress("hipGraphInstantiateWithParams", &p, 60200000, 0, &st));
+        hipError_t (*inst)(hipGraphExec_t *, hipGraph_t, hipGraphInstantiateParams *) = p;
+        CHECK(inst(&up, graph, &ip));
+        ip.flags = 0;
+        CHECK(inst(&plain, graph, &ip));
+        CHECK(hipGetProcAddress("hipMemMapArrayAsync", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(void *, unsigned, hipStream_t))p)(NULL, 0, NULL));
+        CHECK(hipGetProcAddress("hipMemPoolTrimTo", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(void *, size_t))p)((void *)1, 0));
+        CHECK(hipGetProcAddress("hipDeviceGraphMemTrim", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(int))p)(0));
+        kernels = n, copies = 3, other = 5;
     } else {
         return 2;
     }

@@ -38,6 +38,10 @@ typedef CUresult (*extsem_t)(const void *, const void *, unsigned, CUstream);
 typedef CUresult (*prefetchb_t)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,
                                 unsigned long long, CUstream);
 typedef CUresult (*discardb_t)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
+typedef CUresult (*instp_t)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+typedef CUresult (*maparray_t)(void *, unsigned, CUstream);
+typedef CUresult (*pooltrim_t)(void *, size_t);
+typedef CUresult (*graphtrim_t)(CUdevice);
 
 static void *lib;
 static void *sym(const char *n) { return snippet_sym(lib, "paths", n); }
@@ -113,10 +117,17 @@ int main(int argc, char **argv) {
         CHECK(((capend_t)proc("cuStreamEndCapture", 12000, 0))(s, &g));
         CHECK(((inst_t)proc("cuGraphInstantiateWithFlags", 12000, 0))(&e, g, 0));
         CHECK(((glaunch_t)proc("cuGraphUpload", 12000, 0))(e, s));   /* ahead of the launches: other */
+        /* instantiated with the upload flag: uploaded on s (other); without it nothing goes to the GPU */
+        CUgraphExec up, plain;
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip = {CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, s, NULL, 0};
+        CHECK(((instp_t)proc("cuGraphInstantiateWithParams", 12000, 0))(&up, g, &ip));
+        ip.flags = 0;
+        CHECK(((instp_t)proc("cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
+            &plain, g, &ip));
         glaunch_t gl = (glaunch_t)proc("cuGraphLaunch", 12000, 0);
         for (int i = 0; i < 3; i++) CHECK(gl(e, s));
         CHECK(((ssync_t)proc("cuStreamSynchronize", 12000, 0))(s));
-        captured = n, graphs = 3, other = 1;
+        captured = n, graphs = 3, other = 2;
         launch = NULL;
     } else if (!strcmp(mode, "all-kinds")) {
         CUdeviceptr d;
@@ -145,8 +156,13 @@ int main(int argc, char **argv) {
         CHECK(((freeasync_t)proc("cuMemFreeAsync", 12000, 0))(ad, NULL));
         CHECK(((extsem_t)proc("cuSignalExternalSemaphoresAsync", 12000, 0))(NULL, NULL, 0, NULL));
         CHECK(((extsem_t)proc("cuWaitExternalSemaphoresAsync", 12000, 0))(NULL, NULL, 0, NULL));
+        /* sparse-array mappings in stream order: other; trims give memory back: gated, not counted */
+        CHECK(((maparray_t)proc("cuMemMapArrayAsync", 11010, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
+            NULL, 0, NULL));
+        CHECK(((pooltrim_t)proc("cuMemPoolTrimTo", 11020, 0))((void *)1, 0));
+        CHECK(((graphtrim_t)proc("cuDeviceGraphMemTrim", 11040, 0))(0));
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 9, other = 5;
+        copies = 9, other = 6;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
