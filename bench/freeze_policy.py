@@ -163,7 +163,9 @@ def table(result) -> str:
         # timings, and how many lie more than 5% off
         names = sorted({k for r in kernel_rows for k in r["per_kernel"]},
                        key=lambda k: (int(k.split("/")[0]), k))
-        out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%", "",
+        out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%; with several "
+                "commands timing it more than once, the largest spread within one command / the spread of the "
+                "commands' medians (points)", "",
                 "| kernel | " + " | ".join(f"{r['policy']}:{r['agents']}" for r in kernel_rows) + " |",
                 "|---" * (1 + len(kernel_rows)) + "|"]
         for k in names:
@@ -172,7 +174,8 @@ def table(result) -> str:
                 x = r["per_kernel"].get(k)
                 cells.append("-" if x is None else
                              f"{x['median_pct']:+.2f} ({x['min_pct']:+.1f} .. {x['max_pct']:+.1f}) n={x['n']} far={x['far']}"
-                             + (f" host-bound={x['host_bound']}" if x.get("host_bound") else ""))
+                             + (f" host-bound={x['host_bound']}" if x.get("host_bound") else "")
+                             + (f" in/across {x['within_pct']:.1f}/{x['between_pct']:.1f}" if "within_pct" in x else ""))
             out.append(f"| {k} | " + " | ".join(cells) + " |")
     for ref, other in (result.get("also") or {}).items():   # the same runs against another reference
         out += ["", f"against the {ref} reference:", ""] + table({**other, "also": None}).splitlines()

@@ -394,19 +394,36 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     """Per stable kernel ("size/variant/kind"), what makes a bucket's tail: its reference median (ms), how many
     timings, and their median, lowest and highest inflation against it (percent), and how many lie further than
     far_pct either way. A tail that one kernel makes (a small Triton kernel whose timing includes its
-    launch from Python when the host is slow, say) reads differently from one spread over every kernel."""
+    launch from Python when the host is slow, say) reads differently from one spread over every kernel.
+    With several commands, each timing a kernel more than once: within_pct, the largest spread of one command's
+    timings, and between_pct, the spread of the commands' medians (points). A kernel whose commands each sit at
+    a level of their own (between far above within) is moved by something set per process, or lasting, not by
+    what happens during one timing."""
     per: dict = {}
     bound: dict = {}               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
     for key, ref, t, flag in flagged_timings(rows, stable, clean):
         per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
         bound[key] = bound.get(key, 0) + flag
+    by_command: dict = {}          # per kernel, each command's timings (inflation, %)
+    for row in rows:
+        if clean is not None and not clean(row):
+            continue
+        for kind in ("candidate", "reference"):
+            key = (row.get("size"), row.get("variant"), kind)
+            if stable.get(key) and timings(row, kind):
+                by_command.setdefault(key, []).append([(t / stable[key] - 1) * 100 for t in timings(row, kind)])
     out = {}
     for key in sorted(per, key=lambda k: per[k][0]):
         ref, xs = per[key]
-        out[f"{key[0]}/{key[1]}/{key[2]}"] = {
+        out[f"{key[0]}/{key[1]}/{key[2]}"] = k = {
             "ref_ms": round(ref, 5), "n": len(xs), "median_pct": round(statistics.median(xs), 2),
             "min_pct": round(min(xs), 2), "max_pct": round(max(xs), 2),
             "far": sum(abs(x) > far_pct for x in xs), "host_bound": bound.get(key, 0)}
+        cmds = by_command.get(key, [])
+        if len(cmds) >= 2 and any(len(c) >= 2 for c in cmds):
+            medians = [statistics.median(c) for c in cmds]
+            k.update(commands=len(cmds), within_pct=round(max(max(c) - min(c) for c in cmds if len(c) >= 2), 2),
+                     between_pct=round(max(medians) - min(medians), 2))
     return out
 
 

@@ -482,6 +482,12 @@ def test_per_kernel_names_the_kernel_that_makes_a_tail():
     assert c["min_pct"] == pytest.approx(-1.0) and c["median_pct"] == pytest.approx(0.5)
     assert got["2048/1/reference"]["far"] == 0 and got["2048/1/reference"]["n"] == 4
     assert c["host_bound"] == 1 and got["2048/1/reference"]["host_bound"] == 0
+    # two commands: the spread within one (0.030 and 0.075: 150 points) and of their medians (75 and 0)
+    assert c["commands"] == 2 and c["within_pct"] == pytest.approx(150.0) and c["between_pct"] == pytest.approx(75.0)
+    r = got["2048/1/reference"]   # medians +0.18 and -0.18 (0.028, 0.0281 / 0.0279, 0.028): within 0.36, across 0.36
+    assert r["within_pct"] == pytest.approx(0.357, abs=0.01) and r["between_pct"] == pytest.approx(0.357, abs=0.01)
+    one = T.per_kernel(rows[:1], stable)                                     # one command: no spreads
+    assert "within_pct" not in one["2048/1/candidate"]
     # the timing whose region was host-bound (KREX_HOST_BOUND) left out on request, and only then
     kept = [t for key, _, t in T.stable_timings(rows, stable, lambda r: r["ok"], skip_host_bound=True)
             if key == (2048, 1, "candidate")]
