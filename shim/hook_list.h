@@ -143,10 +143,7 @@
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
               (p, n, pool, s), s) \
-    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s) \
-    /* what a pool or the graphs' allocations hold goes back to the driver: frees */ \
-    X(CUDA, MEMORY, cuMemPoolTrimTo, (void *pool, size_t keep), (pool, keep), NULL) \
-    X(CUDA, MEMORY, cuDeviceGraphMemTrim, (CUdevice d), (d), NULL)
+    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
 #define KREX_P_A2A (void *d, size_t doff, void *sr, size_t soff, size_t n)
@@ -267,9 +264,7 @@
     /* the stream-ordered allocator */ \
     X(HIP, MEMORY_ASYNC, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
     X(HIP, MEMORY_ASYNC, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
-    X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s) \
-    X(HIP, MEMORY, hipMemPoolTrimTo, (void *pool, size_t keep), (pool, keep), NULL) \
-    X(HIP, MEMORY, hipDeviceGraphMemTrim, (int d), (d), NULL)
+    X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
 
 /* written by hand: X(vendor, name, ret, params) */
 #define KREX_SPECIALS(X) \
@@ -287,6 +282,8 @@
     X(CUDA, cuMemAllocManaged, CUresult, (CUdeviceptr *p, size_t n, unsigned fl)) \
     X(CUDA, cuMemAllocPitch_v2, CUresult, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz)) \
     X(CUDA, cuMemCreate, CUresult, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl)) \
+    X(CUDA, cuMemPoolTrimTo, CUresult, (void *pool, size_t keep)) \
+    X(CUDA, cuDeviceGraphMemTrim, CUresult, (CUdevice d)) \
     X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
     X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
@@ -333,6 +330,8 @@
     X(HIP, hipMalloc, hipError_t, (void **p, size_t n)) \
     X(HIP, hipFree, hipError_t, (void *p)) \
     X(HIP, hipMallocManaged, hipError_t, (void **p, size_t n, unsigned fl)) \
+    X(HIP, hipMemPoolTrimTo, hipError_t, (void *pool, size_t keep)) \
+    X(HIP, hipDeviceGraphMemTrim, hipError_t, (int d)) \
     X(HIP, hipStreamBeginCapture, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
@@ -367,11 +366,15 @@
     X(CUDA, cuEventCreate, CUresult, (CUevent *e, unsigned fl)) \
     X(CUDA, cuEventQuery, CUresult, (CUevent e)) \
     X(CUDA, cuStreamQuery, CUresult, (CUstream s)) \
+    X(CUDA, cuMemPoolGetAttribute, CUresult, (void *pool, int attr, void *value)) \
+    X(CUDA, cuDeviceGetGraphMemAttribute, CUresult, (CUdevice d, int attr, void *value)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
     X(HIP, hipGetDevice, hipError_t, (int *d)) \
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
-    X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st))
+    X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st)) \
+    X(HIP, hipMemPoolGetAttribute, hipError_t, (void *pool, int attr, void *value)) \
+    X(HIP, hipDeviceGetGraphMemAttribute, hipError_t, (int d, int attr, void *value))
 
 #endif

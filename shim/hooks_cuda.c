@@ -121,23 +121,37 @@ KREX_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     return REAL(cuStreamEndCapture_ptsz) ? capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g)) : NO_DRIVER;
 }
 
-/* An instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph on its upload stream, the work
- * of cuGraphUpload: gated and counted as other. Without the flag nothing goes to the GPU: passed through. */
+/* An instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD also uploads the graph on its upload stream, "after
+ * instantiation" (cuda.h). The shim does the two apart: the instantiation, CPU work that can take milliseconds,
+ * ungated (gated, it would count as in flight all along and hold another job's drain), then the upload as
+ * cuGraphUpload on that stream: gated and counted as other. Without the flag: passed through. */
 typedef CUresult (*instantiate_fn)(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p);
-static CUresult instantiate(instantiate_fn real, int id, CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+typedef CUresult (*upload_fn)(CUgraphExec e, CUstream s);
+static CUresult instantiate(instantiate_fn real, int upload_id, CUgraphExec *e, CUgraph g,
+                            CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
     if (!real) return NO_DRIVER;
     if (!p || !(p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) return real(e, g, p);
-    int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_OTHER, p->hUploadStream, id);
+    upload_fn upload = (upload_fn)krex_real(upload_id);
+    CUDA_GRAPH_INSTANTIATE_PARAMS q = *p;
+    if (upload) q.flags &= ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    CUresult r = CUDA_SUCCESS;
+    if (upload) {
+        r = real(e, g, &q);
+        p->hErrNode_out = q.hErrNode_out, p->result_out = q.result_out;
+        if (r != CUDA_SUCCESS || !e) return r;
+    }
+    /* the upload (or, without cuGraphUpload in this driver, the whole call) at the gate */
+    int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_OTHER, p->hUploadStream, upload_id);
     krex_count_outside(entered);
-    CUresult r = real(e, g, p);
+    r = upload ? upload(*e, p->hUploadStream) : real(e, g, p);
     krex_submit_leave(entered);
     return r;
 }
 KREX_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    return instantiate(REAL(cuGraphInstantiateWithParams), KREX_H_cuGraphInstantiateWithParams, e, g, p);
+    return instantiate(REAL(cuGraphInstantiateWithParams), KREX_H_cuGraphUpload, e, g, p);
 }
 KREX_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    return instantiate(REAL(cuGraphInstantiateWithParams_ptsz), KREX_H_cuGraphInstantiateWithParams_ptsz, e, g, p);
+    return instantiate(REAL(cuGraphInstantiateWithParams_ptsz), KREX_H_cuGraphUpload_ptsz, e, g, p);
 }
 
 /* Event records, destroys and elapsed-time reads: forwarded as they are, and seen by the host-bound check while

@@ -67,15 +67,24 @@ KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
     return REAL(hipStreamEndCapture_spt) ? capture_ended(REAL(hipStreamEndCapture_spt)(s, g)) : NO_DRIVER;
 }
 
-/* hipGraphInstantiateFlagUpload: the instantiation uploads the graph on its upload stream (as hipGraphUpload):
- * gated and counted as other; without it, passed through */
+/* hipGraphInstantiateFlagUpload, alone (HIP refuses it with other flags): the instantiation uploads the graph on
+ * its upload stream. As for CUDA: the instantiation ungated, then the upload as hipGraphUpload, gated and counted
+ * as other; any other flags: passed through. */
 KREX_EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph_t g, hipGraphInstantiateParams *p) {
     if (!REAL(hipGraphInstantiateWithParams)) return NO_DRIVER;
-    if (!p || !(p->flags & hipGraphInstantiateFlagUpload)) return REAL(hipGraphInstantiateWithParams)(e, g, p);
-    int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_OTHER, p->uploadStream,
-                                    KREX_H_hipGraphInstantiateWithParams);
+    if (!p || p->flags != hipGraphInstantiateFlagUpload) return REAL(hipGraphInstantiateWithParams)(e, g, p);
+    hipError_t (*upload)(hipGraphExec_t, hipStream_t) = krex_real(KREX_H_hipGraphUpload);
+    hipGraphInstantiateParams q = *p;
+    hipError_t r = hipSuccess;
+    if (upload) {
+        q.flags = 0;
+        r = REAL(hipGraphInstantiateWithParams)(e, g, &q);
+        p->errNode_out = q.errNode_out, p->result_out = q.result_out;
+        if (r != hipSuccess || !e) return r;
+    }
+    int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_OTHER, p->uploadStream, KREX_H_hipGraphUpload);
     krex_count_outside(entered);
-    hipError_t r = REAL(hipGraphInstantiateWithParams)(e, g, p);
+    r = upload ? upload(*e, p->uploadStream) : REAL(hipGraphInstantiateWithParams)(e, g, p);
     krex_submit_leave(entered);
     return r;
 }

@@ -167,3 +167,49 @@ KREX_EXPORT hipError_t hipFree(void *p) {
     if (r == hipSuccess) freed(&by_ptr, (uint64_t)(uintptr_t)p);
     return r;
 }
+
+/* A trim gives what a pool (or the graphs' allocator) holds unused back to the driver, which scrubs it, as after
+ * a free: the bytes the reservation shrank by, read before and after (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+ * CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT and HIP's, same values); where it cannot be read, a free of unknown size
+ * (1 byte: the settle's base time). Stream-ordered frees (cuMemFreeAsync) give nothing back before a trim. */
+#define KREX_POOL_RESERVED 5
+#define KREX_GRAPH_RESERVED 2
+typedef int (*attr_of_pool)(void *pool, int attr, void *value);
+typedef int (*attr_of_device)(int d, int attr, void *value);
+static void trimmed(int known, uint64_t before, uint64_t after) {
+    uint64_t n = !known ? 1 : before > after ? before - after : 0;
+    if (!n) return;
+    pthread_mutex_lock(&sizes_lock);
+    freed_bytes += n;
+    last_free_ns = krex_now_ns();
+    pthread_mutex_unlock(&sizes_lock);
+}
+/* the reservation before and after CALL, read by GET(ON, ATTR, &bytes), which returns 0 on success (CUDA_SUCCESS,
+ * hipSuccess) */
+#define TRIM(V, get, on, attr, call)                                                        \
+    uint64_t before = 0, after = 0;                                                          \
+    int known = get && get(on, attr, &before) == 0;                                          \
+    GATED(V, call);                                                                          \
+    known = known && get(on, attr, &after) == 0;                                             \
+    if (r == 0) trimmed(known, before, after);                                               \
+    return r
+KREX_EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
+    if (!REAL(cuMemPoolTrimTo)) return CUDA_ERROR_NOT_INITIALIZED;
+    attr_of_pool get = (attr_of_pool)krex_real(KREX_H_cuMemPoolGetAttribute);
+    TRIM(CUDA, get, pool, KREX_POOL_RESERVED, REAL(cuMemPoolTrimTo)(pool, keep));
+}
+KREX_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    if (!REAL(cuDeviceGraphMemTrim)) return CUDA_ERROR_NOT_INITIALIZED;
+    attr_of_device get = (attr_of_device)krex_real(KREX_H_cuDeviceGetGraphMemAttribute);
+    TRIM(CUDA, get, d, KREX_GRAPH_RESERVED, REAL(cuDeviceGraphMemTrim)(d));
+}
+KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
+    if (!REAL(hipMemPoolTrimTo)) return 3;
+    attr_of_pool get = (attr_of_pool)krex_real(KREX_H_hipMemPoolGetAttribute);
+    TRIM(HIP, get, pool, KREX_POOL_RESERVED, REAL(hipMemPoolTrimTo)(pool, keep));
+}
+KREX_EXPORT hipError_t hipDeviceGraphMemTrim(int d) {
+    if (!REAL(hipDeviceGraphMemTrim)) return 3;
+    attr_of_device get = (attr_of_device)krex_real(KREX_H_hipDeviceGetGraphMemAttribute);
+    TRIM(HIP, get, d, KREX_GRAPH_RESERVED, REAL(hipDeviceGraphMemTrim)(d));
+}

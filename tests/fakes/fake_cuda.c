@@ -648,8 +648,16 @@ MIGRATE(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n
         { (void)loc, (void)li, (void)nl, (void)fl; return migrate_batch(d, sz, n, s); })
 MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, CUstream s),
         { (void)fl; return migrate_batch(d, sz, n, s); })
-/* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside */
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return cuMemAlloc_v2(p, n); }
+/* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside. Its pools' one
+ * reservation: what they took, until a trim gives back all above what it keeps (in use or not: the fake does not
+ * tell) */
+static uint64_t pool_reserved;
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+    (void)s;
+    CUresult r = cuMemAlloc_v2(p, n);
+    if (r == OK) __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED);
+    return r;
+}
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
     return pool ? cuMemAllocAsync(p, n, s) : E_VALUE;
@@ -680,8 +688,29 @@ EXPORT CUresult cuMemMapArrayAsync(void *info, unsigned n, CUstream s) {
 }
 EXPORT CUresult cuMemMapArrayAsync_ptsz(void *info, unsigned n, CUstream s) { return cuMemMapArrayAsync(info, n, s); }
 /* a pool's or the graphs' unused memory back to the driver (the fake keeps none) */
-EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) { NEED_INIT(); (void)keep; return pool ? OK : E_VALUE; }
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
+    NEED_INIT();
+    if (!pool) return E_VALUE;
+    if (pool_reserved > keep) pool_reserved = keep;
+    return OK;
+}
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) { NEED_INIT(); return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
+/* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (5); the graphs' allocator reserves nothing in the fake
+ * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, 2: 0) */
+EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
+    NEED_INIT();
+    if (!pool || !value || attr < 1 || attr > 8) return E_VALUE;
+    uint64_t v = attr == 5 || attr == 6 ? pool_reserved : 0;
+    memcpy(value, &v, sizeof v);
+    return OK;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
+    NEED_INIT();
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (!value || attr < 0 || attr > 3) return E_VALUE;
+    memset(value, 0, sizeof(uint64_t));
+    return OK;
+}
 #define SYNC2(name, DT, ST, dexpr, sexpr)                                                     \
     EXPORT CUresult name(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }         \
     EXPORT CUresult name##_ptds(DT d, ST s, size_t n) { return copy_sync(dexpr, sexpr, n); }
@@ -768,6 +797,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuSignalExternalSemaphoresAsync) X(cuSignalExternalSemaphoresAsync_ptsz) X(cuWaitExternalSemaphoresAsync) \
     X(cuWaitExternalSemaphoresAsync_ptsz) X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) \
     X(cuMemMapArrayAsync) X(cuMemMapArrayAsync_ptsz) X(cuMemPoolTrimTo) X(cuDeviceGraphMemTrim) \
+    X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute) \
     X(cuGetErrorString) X(cuGetErrorName) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 static const struct { const char *name; void *fn; } table[] = {

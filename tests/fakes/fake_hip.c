@@ -201,13 +201,15 @@ EXPORT hipError_t hipSignalExternalSemaphoresAsync(const void *a, const void *p,
 EXPORT hipError_t hipWaitExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
     return extsem(a, p, n, s);
 }
+/* as the fake CUDA driver's: the pools' one reservation, until a trim */
+static uint64_t pool_reserved;
 /* hipGraphInstantiateParams (HIP's order); hipGraphInstantiateFlagUpload (2): instantiated and uploaded at once */
 struct fk_instantiate_params { void *err_node; unsigned long long flags; int result; hipStream_t upload; };
 EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph_t g, struct fk_instantiate_params *p) {
     if (!p) return E_VALUE;
     hipError_t r = hipGraphInstantiate(e, g, NULL, NULL, 0);
     p->err_node = NULL, p->result = r == OK ? 0 : 1;
-    if (r == OK && p->flags & 2) fk_empty_op(stream_of(p->upload));
+    if (r == OK && p->flags == 2) fk_empty_op(stream_of(p->upload));   /* only alone, as in HIP */
     return r;
 }
 EXPORT hipError_t hipMemMapArrayAsync(void *info, unsigned n, hipStream_t s) {
@@ -215,7 +217,23 @@ EXPORT hipError_t hipMemMapArrayAsync(void *info, unsigned n, hipStream_t s) {
     fk_empty_op(stream_of(s));
     return OK;
 }
-EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) { (void)keep; return pool ? OK : E_VALUE; }
+EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
+    if (!pool) return E_VALUE;
+    if (pool_reserved > keep) pool_reserved = keep;
+    return OK;
+}
+EXPORT hipError_t hipMemPoolGetAttribute(void *pool, int attr, void *value) {
+    if (!pool || !value || attr < 1 || attr > 8) return E_VALUE;
+    uint64_t v = attr == 5 || attr == 6 ? pool_reserved : 0;
+    memcpy(value, &v, sizeof v);
+    return OK;
+}
+EXPORT hipError_t hipDeviceGetGraphMemAttribute(int d, int attr, void *value) {
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (!value || attr < 0 || attr > 3) return E_VALUE;
+    memset(value, 0, sizeof(uint64_t));
+    return OK;
+}
 EXPORT hipError_t hipDeviceGraphMemTrim(int d) { return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
 EXPORT hipError_t hipGraphExecDestroy(hipGraphExec_t e) { if (!e) return E_HANDLE; free(e); return OK; }
 EXPORT hipError_t hipGraphDestroy(hipGraph_t g) { if (!g) return E_HANDLE; free(g); return OK; }
@@ -234,7 +252,12 @@ EXPORT hipError_t hipEventDestroy(hipEvent_t e) { if (!e) return E_HANDLE; free(
 
 EXPORT hipError_t hipMalloc(void **p, size_t n) { if (!p) return E_VALUE; *p = calloc(1, n ? n : 1); return *p ? OK : E_MEMORY; }
 EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
-EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) { (void)s; return hipMalloc(p, n); }
+EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
+    (void)s;
+    hipError_t r = hipMalloc(p, n);
+    if (r == OK) __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED);
+    return r;
+}
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
     return pool ? hipMallocAsync(p, n, s) : E_VALUE;
 }
@@ -309,6 +332,7 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipMemcpyDtoHAsync) X(hipMemcpyDtoDAsync) X(hipMemcpy) X(hipMemcpy_spt) X(hipMemsetAsync) X(hipMemsetAsync_spt) \
     X(hipMemPrefetchAsync) X(hipMemPrefetchAsync_v2) X(hipGraphUpload) X(hipSignalExternalSemaphoresAsync) \
     X(hipGraphInstantiateWithParams) X(hipMemMapArrayAsync) X(hipMemPoolTrimTo) X(hipDeviceGraphMemTrim) \
+    X(hipMemPoolGetAttribute) X(hipDeviceGetGraphMemAttribute) \
     X(hipWaitExternalSemaphoresAsync) X(hipMallocAsync) X(hipMallocFromPoolAsync) X(hipFreeAsync) \
     X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
     X(hipGetErrorName) X(hipGetProcAddress)

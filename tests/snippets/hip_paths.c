@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
         CHECK(inst(&up, graph, &ip));
         ip.flags = 0;
         CHECK(inst(&plain, graph, &ip));
+        CHECK(inst(&plain, graph, &ip));   /* two without, one with: an inverted test of the flag would count 2 */
         CHECK(hipGetProcAddress("hipMemMapArrayAsync", &p, 60200000, 0, &st));
         CHECK(((hipError_t(*)(void *, unsigned, hipStream_t))p)(NULL, 0, NULL));
         CHECK(hipGetProcAddress("hipMemPoolTrimTo", &p, 60200000, 0, &st));

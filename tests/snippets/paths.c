@@ -121,13 +121,15 @@ int main(int argc, char **argv) {
         CUgraphExec up, plain;
         CUDA_GRAPH_INSTANTIATE_PARAMS ip = {CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, s, NULL, 0};
         CHECK(((instp_t)proc("cuGraphInstantiateWithParams", 12000, 0))(&up, g, &ip));
+        instp_t inst_ptsz = (instp_t)proc("cuGraphInstantiateWithParams", 12000,
+                                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+        CHECK(inst_ptsz(&up, g, &ip));   /* the per-thread form uploads too */
         ip.flags = 0;
-        CHECK(((instp_t)proc("cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
-            &plain, g, &ip));
+        CHECK(inst_ptsz(&plain, g, &ip));
         glaunch_t gl = (glaunch_t)proc("cuGraphLaunch", 12000, 0);
         for (int i = 0; i < 3; i++) CHECK(gl(e, s));
         CHECK(((ssync_t)proc("cuStreamSynchronize", 12000, 0))(s));
-        captured = n, graphs = 3, other = 2;
+        captured = n, graphs = 3, other = 3;
         launch = NULL;
     } else if (!strcmp(mode, "all-kinds")) {
         CUdeviceptr d;
