@@ -225,6 +225,7 @@ with tempfile.TemporaryDirectory() as td:
                     before(kind, value)
                     step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
                 layouts.append(step)
+                print("step " + json.dumps(step), flush=True)   # kept if the process is cut short
                 del pad, a2, b2
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
