@@ -282,6 +282,7 @@
     X(CUDA, cuMemAllocManaged, CUresult, (CUdeviceptr *p, size_t n, unsigned fl)) \
     X(CUDA, cuMemAllocPitch_v2, CUresult, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz)) \
     X(CUDA, cuMemCreate, CUresult, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl)) \
+    /* a pool's or the graphs' memory back to the driver: a free of what the reservation shrank by (memory.c) */ \
     X(CUDA, cuMemPoolTrimTo, CUresult, (void *pool, size_t keep)) \
     X(CUDA, cuDeviceGraphMemTrim, CUresult, (CUdevice d)) \
     X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
@@ -294,10 +295,11 @@
     X(CUDA, cuStreamBeginCaptureToGraph_ptsz, CUresult, (CUstream s, CUgraph g, const CUgraphNode *d, \
       const void *e, size_t n, int mode)) \
     X(CUDA, cuStreamEndCapture, CUresult, (CUstream s, CUgraph *g)) \
+    X(CUDA, cuStreamEndCapture_ptsz, CUresult, (CUstream s, CUgraph *g)) \
+    /* with the upload flag, an upload after the instantiation (hooks_cuda.c) */ \
     X(CUDA, cuGraphInstantiateWithParams, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)) \
     X(CUDA, cuGraphInstantiateWithParams_ptsz, CUresult, (CUgraphExec *e, CUgraph g, \
       CUDA_GRAPH_INSTANTIATE_PARAMS *p)) \
-    X(CUDA, cuStreamEndCapture_ptsz, CUresult, (CUstream s, CUgraph *g)) \
     X(CUDA, cuGetProcAddress, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl)) \
     X(CUDA, cuGetProcAddress_v2, CUresult, (const char *sym, void **pfn, int ver, cuuint64_t fl, \
       CUdriverProcAddressQueryResult *st)) \
