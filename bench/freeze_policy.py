@@ -165,7 +165,7 @@ def table(result) -> str:
                        key=lambda k: (int(k.split("/")[0]), k))
         out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%; with several "
                 "commands timing it more than once, the largest spread within one command / the spread of the "
-                "commands' medians (points)", "",
+                "commands' medians (points; host-bound timings included)", "",
                 "| kernel | " + " | ".join(f"{r['policy']}:{r['agents']}" for r in kernel_rows) + " |",
                 "|---" * (1 + len(kernel_rows)) + "|"]
         for k in names:

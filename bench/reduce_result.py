@@ -68,13 +68,14 @@ def compact_fleet(data: dict) -> dict:
 
 
 def compact_freeze_policy(data: dict) -> dict:
-    """bench/freeze_policy.py's result with what each command row repeats dropped, losslessly: candidate_ms and
-    reference_ms where each is the first of its *_all_ms, regions where it is len(regions_clean), timer where it
-    is the run's --timer, and nonce where every row's is the run's nonce_base + idx (nonce_base then kept)."""
+    """bench/freeze_policy.py's result with what each command row repeats dropped (the rows lossless, the floats
+    rounded): candidate_ms and reference_ms where each is the first of its *_all_ms, regions where it is
+    len(regions_clean), timer where it is the run's (kept in the run: a --reanalyse rewrites argv), and nonce
+    where every row's is the run's nonce_base + idx (nonce_base then kept)."""
     argv = data.get("argv") or []
-    timer = argv[argv.index("--timer") + 1] if "--timer" in argv[:-1] else "events"
     runs = []
     for run in data["runs"]:
+        timer = run.get("timer") or (argv[argv.index("--timer") + 1] if "--timer" in argv[:-1] else "events")
         rows = [dict(r) for r in run["rows"]]
         bases = {r["nonce"] - r["idx"] for r in rows if "nonce" in r and "idx" in r}
         base = bases.pop() if len(bases) == 1 and all("nonce" in r and "idx" in r for r in rows) else None
@@ -89,11 +90,12 @@ def compact_freeze_policy(data: dict) -> dict:
                 del r["timer"]
             if base is not None:
                 del r["nonce"]
-        runs.append({**run, "rows": rows, **({"nonce_base": base} if base is not None else {})})
+        runs.append({**run, "rows": rows, "timer": run.get("timer", timer),
+                     **({"nonce_base": base} if base is not None else {})})
     return rounded({**data, "runs": runs, "compacted": (
         "per command row, dropped where it repeats: candidate_ms and reference_ms (the first of *_all_ms), regions "
-        "(len(regions_clean)), timer (argv's --timer), nonce (the run's nonce_base + idx); floats to 7 significant "
-        "digits (bench/reduce_result.py). --reanalyse reproduces the .md table")})
+        "(len(regions_clean)), timer (the run's timer), nonce (the run's nonce_base + idx); floats to 7 significant "
+        "digits (bench/reduce_result.py). --reanalyse gives the same analysis")})
 
 
 def reduce(data: dict, path: str, commit: str) -> dict:

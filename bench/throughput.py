@@ -395,8 +395,9 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     timings, and their median, lowest and highest inflation against it (percent), and how many lie further than
     far_pct either way. A tail that one kernel makes (a small Triton kernel whose timing includes its
     launch from Python when the host is slow, say) reads differently from one spread over every kernel.
-    With several commands, each timing a kernel more than once: within_pct, the largest spread of one command's
-    timings, and between_pct, the spread of the commands' medians (points). A kernel whose commands each sit at
+    Over the commands that timed a kernel more than once (two at least): within_pct, the largest spread of one
+    command's timings, and between_pct, the spread of the commands' medians (points; both extremes, host-bound
+    timings included). A kernel whose commands each sit at
     a level of their own (between far above within) is moved by something set per process, or lasting, not by
     what happens during one timing."""
     per: dict = {}
@@ -419,10 +420,10 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
             "ref_ms": round(ref, 5), "n": len(xs), "median_pct": round(statistics.median(xs), 2),
             "min_pct": round(min(xs), 2), "max_pct": round(max(xs), 2),
             "far": sum(abs(x) > far_pct for x in xs), "host_bound": bound.get(key, 0)}
-        cmds = by_command.get(key, [])
-        if len(cmds) >= 2 and any(len(c) >= 2 for c in cmds):
+        cmds = [c for c in by_command.get(key, []) if len(c) >= 2]   # commands that timed it more than once
+        if len(cmds) >= 2:
             medians = [statistics.median(c) for c in cmds]
-            k.update(commands=len(cmds), within_pct=round(max(max(c) - min(c) for c in cmds if len(c) >= 2), 2),
+            k.update(commands=len(cmds), within_pct=round(max(max(c) - min(c) for c in cmds), 2),
                      between_pct=round(max(medians) - min(medians), 2))
     return out
 

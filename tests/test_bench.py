@@ -524,34 +524,48 @@ def test_resident_neighbours_summarises_a_run_cut_short_from_its_log(tmp_path):
 
 
 def test_a_compacted_freeze_policy_result_gives_the_same_table(tmp_path):
-    """bench/reduce_result.py drops what a freeze_policy.py row repeats (its first timing, region count, timer and
-    nonce) only where the row or run says it again, and `freeze_policy.py --reanalyse` gives the same analysis and
-    table from the compacted file as from the whole one (run 15, a committed result)."""
+    """bench/reduce_result.py drops what a freeze_policy.py row repeats (its first timings, region count, timer and
+    nonce) only where the row or run says it again: filling them back gives every row as it was, a row that says
+    something else keeps it, and `freeze_policy.py --reanalyse` gives the same analysis and table from the
+    compacted file as from the whole one (run 15, a committed result)."""
     src = ROOT / "bench" / "results" / "freeze-policy-h200-run15.json"
     whole, small = tmp_path / "whole.json", tmp_path / "small.json"
     data = json.loads(src.read_text())
     if "compacted" in data:       # the committed file is compacted: rebuild what the compaction dropped
         for run in data["runs"]:
-            for i, r in enumerate(run["rows"]):
+            for r in run["rows"]:
                 r.setdefault("candidate_ms", r["candidate_all_ms"][0])
                 r.setdefault("reference_ms", r["reference_all_ms"][0])
                 r.setdefault("regions", len(r["regions_clean"]))
-                r.setdefault("timer", "events")
+                r.setdefault("timer", run.get("timer", "events"))
                 r.setdefault("nonce", run["nonce_base"] + r["idx"])
             run.pop("nonce_base")
+            run.pop("timer", None)
         del data["compacted"]
-    data["runs"][1]["rows"][0]["nonce"] += 1          # one row off the run's pattern: every nonce of that run stays
-    whole.write_text(json.dumps(data))
+    odd = data["runs"][1]["rows"]
+    odd[0]["nonce"] += 1                    # off the run's pattern: every nonce of that run stays
+    odd[1]["candidate_ms"] += 0.5           # not the first of its timings: kept
+    odd[2]["regions"] += 1                  # not the count of its region records: kept
+    odd[3]["timer"] = "graph"               # not the run's timer: kept
+    whole.write_text(json.dumps(data, separators=(",", ":")))
     small.write_text(whole.read_text())
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(small)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     c = json.loads(small.read_text())
     assert "compacted" in c and small.stat().st_size < 0.95 * whole.stat().st_size
-    row = c["runs"][0]["rows"][0]
-    assert not {"candidate_ms", "reference_ms", "regions", "timer", "nonce"} & set(row)
+    assert not {"candidate_ms", "reference_ms", "regions", "timer", "nonce"} & set(c["runs"][0]["rows"][0])
     assert c["runs"][0]["nonce_base"] == 1000 and "nonce_base" not in c["runs"][1]
-    assert all("nonce" in r for r in c["runs"][1]["rows"])
+    assert all(r["timer"] == "events" for r in c["runs"])             # kept in the run: argv may be rewritten
+    kept = c["runs"][1]["rows"]
+    assert all("nonce" in r for r in kept) and "candidate_ms" in kept[1] and "regions" in kept[2]
+    assert kept[3]["timer"] == "graph" and "timer" not in kept[4]
+    for run, orig in zip(c["runs"], data["runs"]):                     # filled back: every row as it was
+        for r, o in zip(run["rows"], orig["rows"]):
+            full = {"candidate_ms": r["candidate_all_ms"][0], "reference_ms": r["reference_all_ms"][0],
+                    "regions": len(r["regions_clean"]), "timer": run["timer"],
+                    **({"nonce": run["nonce_base"] + r["idx"]} if "nonce_base" in run else {}), **r}
+            assert full == o
     out = {}
     for name, f in (("whole", whole), ("small", small)):
         done = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", str(f),

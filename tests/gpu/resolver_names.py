@@ -83,9 +83,12 @@ def main() -> None:
     fallbacks = [r for r in answers if not r.get("exact")]
     unwrapped = [r for r in rows if r.get("shim_wraps") is False]
     with open(args.out, "w") as f:
-        json.dump({"lib": args.lib, "rows": rows, "answers": len(answers), "no_function": len(rows) - len(answers),
+        json.dump({"lib": args.lib, "rows": rows, "answers": len(answers),
+                   "no_function": sum(1 for r in rows if r.get("no_answer")),
+                   "errors": sum(1 for r in rows if r["rc"] != 0),
                    "not_named_exactly": len(fallbacks), "not_wrapped": len(unwrapped)}, f, indent=1)
-    print(f"{len(answers)} functions handed out, {len(rows) - len(answers)} queries answered with none; "
+    print(f"{len(answers)} functions handed out, {sum(1 for r in rows if r.get('no_answer'))} queries answered with "
+          f"none, {sum(1 for r in rows if r['rc'] != 0)} refused; "
           f"not named exactly (the shim's fallback): {len(fallbacks)}; named but not wrapped by the shim: {len(unwrapped)}")
 
 
