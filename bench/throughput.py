@@ -402,17 +402,17 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     what happens during one timing."""
     per: dict = {}
     bound: dict = {}               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
-    for key, ref, t, flag in flagged_timings(rows, stable, clean):
-        per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
-        bound[key] = bound.get(key, 0) + flag
     by_command: dict = {}          # per kernel, each command's timings (inflation, %)
     for row in rows:
         if clean is not None and not clean(row):
             continue
-        for kind in ("candidate", "reference"):
-            key = (row.get("size"), row.get("variant"), kind)
-            if stable.get(key) and timings(row, kind):
-                by_command.setdefault(key, []).append([(t / stable[key] - 1) * 100 for t in timings(row, kind)])
+        mine: dict = {}
+        for key, ref, t, flag in flagged_timings([row], stable):
+            per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
+            bound[key] = bound.get(key, 0) + flag
+            mine.setdefault(key, []).append(per[key][1][-1])
+        for key, xs in mine.items():
+            by_command.setdefault(key, []).append(xs)
     out = {}
     for key in sorted(per, key=lambda k: per[k][0]):
         ref, xs = per[key]
