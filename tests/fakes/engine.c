@@ -292,6 +292,19 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
     enqueue(s, op);
 }
 
+static uint64_t pool_reserved;
+void fk_pool_took(size_t n) { __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED); }
+void fk_pool_trim(size_t keep) {
+    uint64_t now = __atomic_load_n(&pool_reserved, __ATOMIC_RELAXED);
+    while (now > keep && !__atomic_compare_exchange_n(&pool_reserved, &now, keep, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+int fk_pool_attr(int attr, void *value) {
+    if (attr < 1 || attr > 8) return -1;
+    uint64_t v = attr == 5 || attr == 6 ? __atomic_load_n(&pool_reserved, __ATOMIC_RELAXED) : 0;
+    memcpy(value, &v, sizeof v);
+    return 0;
+}
+
 void fk_empty_op(struct fk_stream *s) {
     static char none;
     fk_copy(s, &none, &none, 0);

@@ -87,6 +87,13 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
 /* an operation in stream order that moves nothing the fake can see (a graph upload, a managed-memory prefetch or
  * discard, an external semaphore): ordered after the work before it, like any other */
 void fk_empty_op(struct fk_stream *s);
+/* the stream-ordered allocators' pools, CUDA's and HIP's: one reservation, what the async allocations took, until
+ * a trim gives back all above what it keeps (in use or not: the fakes do not tell) */
+void fk_pool_took(size_t n);
+void fk_pool_trim(size_t keep);
+/* a pool attribute (CU_MEMPOOL_ATTR_*, hipMemPoolAttr*: the same values, 1-8) into *value (8 bytes): the
+ * reservation for RESERVED_MEM_CURRENT and _HIGH (5, 6), else 0; -1 for another attribute */
+int fk_pool_attr(int attr, void *value);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);

@@ -648,14 +648,12 @@ MIGRATE(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n
         { (void)loc, (void)li, (void)nl, (void)fl; return migrate_batch(d, sz, n, s); })
 MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, CUstream s),
         { (void)fl; return migrate_batch(d, sz, n, s); })
-/* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside. Its pools' one
- * reservation: what they took, until a trim gives back all above what it keeps (in use or not: the fake does not
- * tell) */
-static uint64_t pool_reserved;
+/* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside; what it takes is
+ * the pools' reservation (fk_pool_took) */
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
     CUresult r = cuMemAlloc_v2(p, n);
-    if (r == OK) __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED);
+    if (r == OK) fk_pool_took(n);
     return r;
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
@@ -691,7 +689,7 @@ EXPORT CUresult cuMemMapArrayAsync_ptsz(void *info, unsigned n, CUstream s) { re
 EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
     NEED_INIT();
     if (!pool) return E_VALUE;
-    if (pool_reserved > keep) pool_reserved = keep;
+    fk_pool_trim(keep);
     return OK;
 }
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) { NEED_INIT(); return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
@@ -699,10 +697,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) { NEED_INIT(); return d >= 0 &&
  * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, 2: 0) */
 EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
     NEED_INIT();
-    if (!pool || !value || attr < 1 || attr > 8) return E_VALUE;
-    uint64_t v = attr == 5 || attr == 6 ? pool_reserved : 0;
-    memcpy(value, &v, sizeof v);
-    return OK;
+    return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
     NEED_INIT();

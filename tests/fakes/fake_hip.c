@@ -201,8 +201,6 @@ EXPORT hipError_t hipSignalExternalSemaphoresAsync(const void *a, const void *p,
 EXPORT hipError_t hipWaitExternalSemaphoresAsync(const void *a, const void *p, unsigned n, hipStream_t s) {
     return extsem(a, p, n, s);
 }
-/* as the fake CUDA driver's: the pools' one reservation, until a trim */
-static uint64_t pool_reserved;
 /* hipGraphInstantiateParams (HIP's order); hipGraphInstantiateFlagUpload (2): instantiated and uploaded at once */
 struct fk_instantiate_params { void *err_node; unsigned long long flags; int result; hipStream_t upload; };
 EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph_t g, struct fk_instantiate_params *p) {
@@ -219,14 +217,11 @@ EXPORT hipError_t hipMemMapArrayAsync(void *info, unsigned n, hipStream_t s) {
 }
 EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     if (!pool) return E_VALUE;
-    if (pool_reserved > keep) pool_reserved = keep;
+    fk_pool_trim(keep);
     return OK;
 }
 EXPORT hipError_t hipMemPoolGetAttribute(void *pool, int attr, void *value) {
-    if (!pool || !value || attr < 1 || attr > 8) return E_VALUE;
-    uint64_t v = attr == 5 || attr == 6 ? pool_reserved : 0;
-    memcpy(value, &v, sizeof v);
-    return OK;
+    return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT hipError_t hipDeviceGetGraphMemAttribute(int d, int attr, void *value) {
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
@@ -255,7 +250,7 @@ EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
 EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
     (void)s;
     hipError_t r = hipMalloc(p, n);
-    if (r == OK) __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED);
+    if (r == OK) fk_pool_took(n);
     return r;
 }
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
