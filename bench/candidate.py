@@ -48,7 +48,9 @@ ap.add_argument("--seeds", default="",
 ap.add_argument("--history", default="",
                 help="with the layout probe: also steps that run something for MS before each timing, "
                      "idle:MS (sleep) or heavy:MS (bf16 16384 matmuls back to back), no pad: does the GPU's load in "
-                     "the seconds before a timing move it, after do_bench's warm-up?")
+                     "the seconds before a timing move it, after do_bench's warm-up? fresh:MS sleeps as idle does, "
+                     "with copies of the inputs allocated for the step (does memory allocated now, rather than at "
+                     "the process's start, time otherwise?)")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -69,8 +71,8 @@ def mib_list(text: str, what: str) -> list:
 STEPS = [("pad", x) for x in mib_list(args.pads, "--pads")] + [("seed", x) for x in mib_list(args.seeds, "--seeds")]
 for item in filter(None, args.history.split(",")):
     kind, _, ms = item.partition(":")
-    if kind not in ("idle", "heavy") or not ms.isdigit():
-        ap.error(f"--history: {item!r} is not idle:MS or heavy:MS")
+    if kind not in ("idle", "heavy", "fresh") or not ms.isdigit():
+        ap.error(f"--history: {item!r} is not idle:MS, heavy:MS or fresh:MS")
     STEPS.append((kind, int(ms)))
 
 import torch  # noqa: E402
@@ -194,7 +196,7 @@ with tempfile.TemporaryDirectory() as td:
 
     def before(kind: str, ms: int) -> None:
         """What the GPU does in the MS before a timing of a history step."""
-        if kind == "idle":
+        if kind in ("idle", "fresh"):
             torch.cuda.synchronize()
             time.sleep(ms / 1000)
         elif kind == "heavy":
@@ -210,12 +212,12 @@ with tempfile.TemporaryDirectory() as td:
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
             for kind, value in order:
                 pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
-                # a history step's inputs stay where they are: only what ran before the timing changes
+                # an idle or heavy step's inputs stay where they are: only what ran before the timing changes
                 if kind == "seed":
                     torch.manual_seed(value)
                     a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
                     b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
-                elif kind == "pad":
+                elif kind in ("pad", "fresh"):       # the same data in memory allocated now
                     a2, b2 = a.clone(), b.clone()
                 else:
                     a2, b2 = a, b

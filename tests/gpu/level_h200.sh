@@ -7,7 +7,9 @@
 # ended, a fresh process Q times the same kernels beside P (4 steps). P and Q stop at LIMIT_S after the start,
 # keeping the steps they printed. nvidia-smi with the memory temperature every 0.5 s. The summary groups P's steps
 # by what ran beside them (load, taper, withQ, alone) with medians. About LIMIT_S + 40 s.
-# PROBE_STEPS (18), LOAD_S (110), LIMIT_S (300), MIX (2048:0,2048:1,4096:0,6144:0,6144:1,8192:0,8192:1,16384:0,16384:1)
+# PROBE_STEPS (18), LOAD_S (110), LIMIT_S (300), MIX (2048:0,2048:1,4096:0,6144:0,6144:1,8192:0,8192:1,16384:0,16384:1),
+# P_HISTORY (PROBE_STEPS x idle:3000; candidate.py --history steps for P, shuffled: e.g. idle:3000 and fresh:3000 to
+# tell memory allocated at the start from memory allocated at the step)
 # Files back: $OUT/level-P.out, $OUT/level-Q.out (a "step" JSON line per step), $OUT/level-load.jsonl,
 #   $OUT/level-smi.csv, $OUT/level.log, $OUT/level-controller.log
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/level_h200.sh
@@ -23,7 +25,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 python3 -m krex_ctl controller --socket $KREX_SOCKET --state-file $W/state > $OUT/level-controller.log 2>&1 & CTL=$!
 for i in $(seq 150); do [ -S $KREX_SOCKET ] && break; sleep 0.1; done
 [ -S $KREX_SOCKET ] || { echo "level: no controller" | tee -a $OUT/level.log; kill $SMI $CTL; exit 1; }
-STEPS_ARG=$(python3 -c "print(','.join(['idle:3000'] * ${PROBE_STEPS:-18}))")
+STEPS_ARG=${P_HISTORY:-$(python3 -c "print(','.join(['idle:3000'] * ${PROBE_STEPS:-18}))")}
 probe() {  # probe NAME NONCE STEPS: one process, a timing of candidate and reference per step, each after 3 s idle
   local left=$(( DEADLINE - $(date +%s) ))
   [ $left -ge 1 ] || left=1      # (timeout 0 would mean none)
@@ -83,11 +85,12 @@ for name in ("P", "Q"):
           if final else f"{name}: cut short (no final line), {len(steps)} steps")
     for s in sorted(steps, key=lambda s: s["t"]):
         when = phase(s["t"]) if name == "P" else "withP"
+        kind = next(k for k in ("idle", "fresh", "heavy", "pad", "seed") if k in s)
         r = s["candidate_ms"] / s["reference_ms"]
-        groups.setdefault(f"{name} {when}", []).append((s["candidate_ms"], r))
-        print(f"  t={s['t'] - t0:6.1f} s {when:5s} candidate {s['candidate_ms']:.3f} reference {s['reference_ms']:.3f} ratio {r:.4f}")
-for key, v in groups.items():
-    print(f"{key:9s} n={len(v):2d} median candidate {statistics.median(c for c, _ in v):.3f} ms, ratio {statistics.median(r for _, r in v):.4f}")
+        groups.setdefault(f"{name} {when} {kind}", []).append((s["candidate_ms"], r))
+        print(f"  t={s['t'] - t0:6.1f} s {when:5s} {kind:5s} candidate {s['candidate_ms']:.3f} reference {s['reference_ms']:.3f} ratio {r:.4f}")
+for key, v in sorted(groups.items()):
+    print(f"{key:15s} n={len(v):2d} median candidate {statistics.median(c for c, _ in v):.3f} ms, ratio {statistics.median(r for _, r in v):.4f}")
 n = sum(1 for _ in open(f"{out}/level-load.jsonl")) if os.path.exists(f"{out}/level-load.jsonl") else 0
 print(f"load: {n} commands finished; LOAD_S ended at {end - t0:.0f} s, the last at {done - t0:.0f} s, Q at {q_end - t0:.0f} s")
 PY
