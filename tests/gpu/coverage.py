@@ -32,7 +32,7 @@ def main() -> None:
     work = HERE / "workloads"
     jobs = [[sys.executable, str(work / f)] for f in
             ("torch_eager.py", "triton_kernel.py", "graph_replay.py", "cupy_kernel.py", "nccl_one.py",
-             "managed_prefetch.py")]
+             "managed_prefetch.py", "graph_upload.py")]
     jobs += [[str(build / "rt_launch"), "1000"], [str(build / "spin_bench"), "-r", "5", "-n", "20", "-u", "50"]]
     matrix, logs = [], []
     for cmd in jobs:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
 # Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
-#   (resolver: the driver resolver's answers named by dladdr, as the shim routes them; not a default step)
+#   (resolver: the driver resolver's answers named by dladdr, as the shim routes them; trimsettle: whether memory
+#   a stream-ordered pool gives back is waited for as a free is; neither a default step)
 #   explicit-region fidelity, hooks. Others (see docs/measurements/): throughput (8 agents, ~6 min), scales (other
 #   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
 #   perturbgates (GPU work that is not a submission, bare and under krex regions).
@@ -44,6 +45,9 @@ for step in $STEPS; do
   resolver)
     # does dladdr name every answer of the driver's resolver (the shim's routing), or is the fallback taken?
     python3 tests/gpu/resolver_names.py --out $OUT/resolver-names.json ;;
+  trimsettle)
+    # memory a stream-ordered pool gives back (a trim, or the synchronize at the default threshold): waited for?
+    python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json ;;
   coverage)
     python3 tests/gpu/coverage.py --build $B --out $OUT/interception.json --log $OUT/coverage.log ;;
   overhead)

@@ -1,0 +1,50 @@
+"""Holds a CUDA context after giving memory back through the stream-ordered allocator (driver API, cuda-python),
+for tests/gpu/trim_settle.py. MODE keep: the default pool's release threshold at its maximum (as PyTorch's
+cudaMallocAsync backend sets it), 2 GiB allocated, freed and synchronized: the pool keeps them. trim: the same,
+then cuMemPoolTrimTo(pool, 0), which gives them to the driver. sync: the driver's default threshold (0): the
+synchronize after the free gives them back, with no trim. Prints one JSON line (the pool's reservation after the
+synchronize and at the end), then "ready", and sleeps until killed."""
+import json
+import sys
+import time
+
+from cuda.bindings import driver as d
+
+MODE = sys.argv[1]
+if MODE not in ("keep", "trim", "sync"):
+    raise SystemExit(f"pool_trim: mode {MODE!r} is not keep, trim or sync")
+
+
+def ok(r, what):
+    err = r[0] if isinstance(r, tuple) else r
+    if int(err) != 0:
+        raise SystemExit(f"pool_trim: {what}: {err}")
+    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
+
+
+ok(d.cuInit(0), "cuInit")
+dev = ok(d.cuDeviceGet(0), "cuDeviceGet")
+ctx = ok(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+ok(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+pool = ok(d.cuDeviceGetDefaultMemPool(dev), "cuDeviceGetDefaultMemPool")
+A = d.CUmemPool_attribute
+
+
+def reserved() -> int:
+    return int(ok(d.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), "cuMemPoolGetAttribute"))
+
+
+if MODE != "sync":
+    ok(d.cuMemPoolSetAttribute(pool, A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, d.cuuint64_t(2**64 - 1)),
+       "cuMemPoolSetAttribute")
+stream = ok(d.cuStreamCreate(0), "cuStreamCreate")
+ptr = ok(d.cuMemAllocAsync(2 << 30, stream), "cuMemAllocAsync")
+ok(d.cuMemsetD8Async(ptr, 1, 2 << 30, stream), "cuMemsetD8Async")       # touch it: the pages are really mapped
+ok(d.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+ok(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+after_sync = reserved()
+if MODE == "trim":
+    ok(d.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo")
+print(json.dumps({"mode": MODE, "reserved_after_sync": after_sync, "reserved_at_end": reserved()}), flush=True)
+print("ready", flush=True)
+time.sleep(120)
