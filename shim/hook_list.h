@@ -139,10 +139,8 @@
     X(CUDA, MEMORY, cuMemMap, (CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long fl), \
       (p, n, off, h, fl), NULL) \
     X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL) \
-    /* the stream-ordered allocator (cudaMallocAsync, PyTorch's backend:cudaMallocAsync) */ \
-    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s) \
-    KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), \
-              (p, n, pool, s), s) \
+    /* the stream-ordered allocator (cudaMallocAsync, PyTorch's backend:cudaMallocAsync); its allocations are \
+     * written by hand (memory.c: the pool's reservation is read after each) */ \
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
@@ -261,9 +259,7 @@
 #define KREX_HIP_MEMORY(X) \
     X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \
     X(HIP, MEMORY, hipHostFree, (void *p), (p), NULL) \
-    /* the stream-ordered allocator */ \
-    X(HIP, MEMORY_ASYNC, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s) \
-    X(HIP, MEMORY_ASYNC, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s) \
+    /* the stream-ordered allocator (allocations: memory.c) */ \
     X(HIP, MEMORY_ASYNC, hipFreeAsync, (void *p, hipStream_t s), (p, s), s)
 
 /* written by hand: X(vendor, name, ret, params) */
@@ -285,6 +281,11 @@
     /* a pool's or the graphs' memory back to the driver: a free of what the reservation shrank by (memory.c) */ \
     X(CUDA, cuMemPoolTrimTo, CUresult, (void *pool, size_t keep)) \
     X(CUDA, cuDeviceGraphMemTrim, CUresult, (CUdevice d)) \
+    /* stream-ordered allocations (MEMORY_ASYNC), then the pool's reservation read (memory.c) */ \
+    X(CUDA, cuMemAllocAsync, CUresult, (CUdeviceptr *p, size_t n, CUstream s)) \
+    X(CUDA, cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, CUstream s)) \
+    X(CUDA, cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
+    X(CUDA, cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
     X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
     X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
@@ -334,6 +335,8 @@
     X(HIP, hipMallocManaged, hipError_t, (void **p, size_t n, unsigned fl)) \
     X(HIP, hipMemPoolTrimTo, hipError_t, (void *pool, size_t keep)) \
     X(HIP, hipDeviceGraphMemTrim, hipError_t, (int d)) \
+    X(HIP, hipMallocAsync, hipError_t, (void **p, size_t n, hipStream_t s)) \
+    X(HIP, hipMallocFromPoolAsync, hipError_t, (void **p, size_t n, void *pool, hipStream_t s)) \
     X(HIP, hipStreamBeginCapture, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
@@ -370,6 +373,7 @@
     X(CUDA, cuStreamQuery, CUresult, (CUstream s)) \
     X(CUDA, cuMemPoolGetAttribute, CUresult, (void *pool, int attr, void *value)) \
     X(CUDA, cuDeviceGetGraphMemAttribute, CUresult, (CUdevice d, int attr, void *value)) \
+    X(CUDA, cuDeviceGetMemPool, CUresult, (void **pool, CUdevice d)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
@@ -377,6 +381,7 @@
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
     X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st)) \
     X(HIP, hipMemPoolGetAttribute, hipError_t, (void *pool, int attr, void *value)) \
+    X(HIP, hipDeviceGetMemPool, hipError_t, (void **pool, int d)) \
     X(HIP, hipDeviceGetGraphMemAttribute, hipError_t, (int d, int attr, void *value))
 
 #endif

@@ -85,16 +85,20 @@ static void freed(struct krex_sizes *t, uint64_t k) {
     pthread_mutex_unlock(&sizes_lock);
 }
 
+static void pools_shrunk(void);
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns) {
+    pools_shrunk();                     /* after the drain's synchronize, which may itself have released some */
     pthread_mutex_lock(&sizes_lock);
     *bytes = freed_bytes, *last_ns = last_free_ns;
     freed_bytes = 0;
     pthread_mutex_unlock(&sizes_lock);
 }
 
+static uint64_t pools_held(void);
 uint64_t krex_memory_live(void) {
+    uint64_t pooled = pools_held();
     pthread_mutex_lock(&sizes_lock);
-    uint64_t n = live_bytes;
+    uint64_t n = live_bytes + pooled;
     pthread_mutex_unlock(&sizes_lock);
     return n;
 }
@@ -176,6 +180,7 @@ KREX_EXPORT hipError_t hipFree(void *p) {
 #define KREX_GRAPH_RESERVED 2
 typedef int (*attr_of_pool)(void *pool, int attr, void *value);
 typedef int (*attr_of_device)(int d, int attr, void *value);
+static uint64_t pool_trimmed(void *pool, int known, uint64_t before, uint64_t after);
 static void trimmed(int known, uint64_t before, uint64_t after) {
     uint64_t n = !known ? 1 : before > after ? before - after : 0;
     if (!n) return;
@@ -186,30 +191,141 @@ static void trimmed(int known, uint64_t before, uint64_t after) {
 }
 /* the reservation before and after CALL, read by GET(ON, ATTR, &bytes), which returns 0 on success (CUDA_SUCCESS,
  * hipSuccess) */
-#define TRIM(V, get, on, attr, call)                                                        \
+#define TRIM(V, get, on, attr, pool, call)                                                  \
     uint64_t before = 0, after = 0;                                                          \
     int known = get && get(on, attr, &before) == 0;                                          \
     GATED(V, call);                                                                          \
     known = known && get(on, attr, &after) == 0;                                             \
-    if (r == 0) trimmed(known, before, after);                                               \
+    if (r == 0) trimmed(known, pool_trimmed(pool, known, before, after), after);             \
     return r
 KREX_EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
     if (!REAL(cuMemPoolTrimTo)) return CUDA_ERROR_NOT_INITIALIZED;
     attr_of_pool get = (attr_of_pool)krex_real(KREX_H_cuMemPoolGetAttribute);
-    TRIM(CUDA, get, pool, KREX_POOL_RESERVED, REAL(cuMemPoolTrimTo)(pool, keep));
+    TRIM(CUDA, get, pool, KREX_POOL_RESERVED, pool, REAL(cuMemPoolTrimTo)(pool, keep));
 }
 KREX_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
     if (!REAL(cuDeviceGraphMemTrim)) return CUDA_ERROR_NOT_INITIALIZED;
     attr_of_device get = (attr_of_device)krex_real(KREX_H_cuDeviceGetGraphMemAttribute);
-    TRIM(CUDA, get, d, KREX_GRAPH_RESERVED, REAL(cuDeviceGraphMemTrim)(d));
+    TRIM(CUDA, get, d, KREX_GRAPH_RESERVED, NULL, REAL(cuDeviceGraphMemTrim)(d));
 }
 KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     if (!REAL(hipMemPoolTrimTo)) return 3;
     attr_of_pool get = (attr_of_pool)krex_real(KREX_H_hipMemPoolGetAttribute);
-    TRIM(HIP, get, pool, KREX_POOL_RESERVED, REAL(hipMemPoolTrimTo)(pool, keep));
+    TRIM(HIP, get, pool, KREX_POOL_RESERVED, pool, REAL(hipMemPoolTrimTo)(pool, keep));
 }
 KREX_EXPORT hipError_t hipDeviceGraphMemTrim(int d) {
     if (!REAL(hipDeviceGraphMemTrim)) return 3;
     attr_of_device get = (attr_of_device)krex_real(KREX_H_hipDeviceGetGraphMemAttribute);
-    TRIM(HIP, get, d, KREX_GRAPH_RESERVED, REAL(hipDeviceGraphMemTrim)(d));
+    TRIM(HIP, get, d, KREX_GRAPH_RESERVED, NULL, REAL(hipDeviceGraphMemTrim)(d));
 }
+
+/* The stream-ordered allocator's pools. A free returns memory to its pool; the pool gives it to the driver, which
+ * scrubs it, on a trim (above) and also, above the pool's release threshold, at the next synchronize of a stream,
+ * an event or the context: the threshold is 0 unless the program sets it (PyTorch's cudaMallocAsync backend sets
+ * it to the maximum; a program using cudaMallocAsync as it comes gives its memory back at every synchronize, as
+ * on the H200: bench/results/trim-settle-h200.json). So the shim reads a pool's reservation after each allocation
+ * from it (the most it held) and again at each drain, after the drain's synchronize: what it shrank by counts as
+ * freed, at the drain's time (for a release at an earlier synchronize of the program's own, a later time than
+ * the true one: the longer settle). At exit the pools' last reservations count as memory still held. */
+#define KREX_POOLS 32
+static struct krex_pool { void *pool; int vendor; uint64_t seen; } pools[KREX_POOLS];
+static int npools;
+
+static int pool_reserved(int vendor, void *pool, uint64_t *v) {
+    attr_of_pool get = (attr_of_pool)krex_real(vendor == KREX_VENDOR_HIP ? KREX_H_hipMemPoolGetAttribute
+                                                                       : KREX_H_cuMemPoolGetAttribute);
+    return pool && get && get(pool, KREX_POOL_RESERVED, v) == 0 ? 0 : -1;
+}
+
+static struct krex_pool *pool_entry(void *pool) {      /* under sizes_lock */
+    for (int i = 0; i < npools; i++)
+        if (pools[i].pool == pool) return &pools[i];
+    return NULL;
+}
+
+/* after an allocation from POOL (NULL: the current device's pool) */
+static void pool_allocated(int vendor, void *pool) {
+    if (krex_captures_active) return;   /* an allocation into a graph under capture: the pool does not grow */
+    if (!pool) {
+        if (vendor == KREX_VENDOR_HIP) {
+            hipError_t (*dev)(int *) = krex_real(KREX_H_hipGetDevice);
+            hipError_t (*get)(void **, int) = krex_real(KREX_H_hipDeviceGetMemPool);
+            int d;
+            if (!dev || !get || dev(&d) != hipSuccess || get(&pool, d) != hipSuccess) return;
+        } else {
+            CUresult (*dev)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
+            CUresult (*get)(void **, CUdevice) = krex_real(KREX_H_cuDeviceGetMemPool);
+            CUdevice d;
+            if (!dev || !get || dev(&d) != CUDA_SUCCESS || get(&pool, d) != CUDA_SUCCESS) return;
+        }
+    }
+    uint64_t v;
+    if (pool_reserved(vendor, pool, &v)) return;
+    pthread_mutex_lock(&sizes_lock);
+    struct krex_pool *e = pool_entry(pool);
+    if (!e && npools < KREX_POOLS) e = &pools[npools++], e->pool = pool, e->vendor = vendor, e->seen = 0;
+    if (e && v > e->seen) e->seen = v;  /* (a 33rd pool is not followed: its shrinks are not waited for) */
+    pthread_mutex_unlock(&sizes_lock);
+}
+
+/* a trim of POOL (NULL: the graphs' allocator, not followed here) found the reservation at BEFORE: the bytes it
+ * held before the trim are what the shim saw at most, if more (a synchronize gave some back unseen); AFTER is
+ * what the pool holds now */
+static uint64_t pool_trimmed(void *pool, int known, uint64_t before, uint64_t after) {
+    if (!pool || !known) return before;
+    pthread_mutex_lock(&sizes_lock);
+    struct krex_pool *e = pool_entry(pool);
+    if (e) {
+        if (e->seen > before) before = e->seen;
+        e->seen = after;
+    }
+    pthread_mutex_unlock(&sizes_lock);
+    return before;
+}
+
+static void pools_shrunk(void) {
+    pthread_mutex_lock(&sizes_lock);
+    int n = npools;
+    struct krex_pool snap[KREX_POOLS];
+    memcpy(snap, pools, sizeof(struct krex_pool) * (size_t)n);
+    pthread_mutex_unlock(&sizes_lock);
+    for (int i = 0; i < n; i++) {
+        uint64_t v;
+        if (pool_reserved(snap[i].vendor, snap[i].pool, &v)) continue;
+        pthread_mutex_lock(&sizes_lock);
+        /* unless an allocation or a trim moved what was seen meanwhile (then the next drain looks again) */
+        if (pools[i].seen == snap[i].seen && v < snap[i].seen) {
+            freed_bytes += snap[i].seen - v;
+            last_free_ns = krex_now_ns();
+            pools[i].seen = v;
+        }
+        pthread_mutex_unlock(&sizes_lock);
+    }
+}
+
+static uint64_t pools_held(void) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&sizes_lock);
+    for (int i = 0; i < npools; i++) n += pools[i].seen;
+    pthread_mutex_unlock(&sizes_lock);
+    return n;
+}
+
+#define ASYNC_ALLOC(V, name, P, A, S, POOL)                                                   \
+    KREX_EXPORT int name P {                                                                   \
+        typedef int(*krex_fn_t) P;                                                             \
+        krex_fn_t real = (krex_fn_t)krex_real(KREX_H_##name);                                  \
+        if (KREX_UNLIKELY(!real)) return 1; /* CUDA_ERROR_INVALID_VALUE / hipErrorInvalidValue */ \
+        int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_MEMORY_ASYNC, (void *)(S), KREX_H_##name); \
+        int r = real A;                                                                        \
+        krex_submit_leave(entered);                                                            \
+        if (r == 0) pool_allocated(KREX_VENDOR_##V, POOL);                                     \
+        return r;                                                                              \
+    }
+ASYNC_ALLOC(CUDA, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s, NULL)
+ASYNC_ALLOC(CUDA, cuMemAllocAsync_ptsz, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s, NULL)
+ASYNC_ALLOC(CUDA, cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, void *pool, CUstream s), (p, n, pool, s), s, pool)
+ASYNC_ALLOC(CUDA, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *p, size_t n, void *pool, CUstream s), (p, n, pool, s), s,
+            pool)
+ASYNC_ALLOC(HIP, hipMallocAsync, (void **p, size_t n, hipStream_t s), (p, n, s), s, NULL)
+ASYNC_ALLOC(HIP, hipMallocFromPoolAsync, (void **p, size_t n, void *pool, hipStream_t s), (p, n, pool, s), s, pool)

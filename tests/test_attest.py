@@ -276,22 +276,30 @@ def test_memory_another_job_freed_is_given_time_to_settle(krex, tmp_path):
 
 TRIM_SCRIPT = """
 import ctypes, sys, time
-api = sys.argv[1]
+api, mode = sys.argv[1], sys.argv[2]
 if api == "cuda":
     lib = ctypes.CDLL("libcuda.so.1")
     ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
     assert lib.cuInit(0) == 0 and lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
     assert lib.cuCtxSetCurrent(ctx) == 0
     alloc, free, trim = lib.cuMemAllocAsync, lib.cuMemFreeAsync, lib.cuMemPoolTrimTo
+    pool_of, set_attr, sync = lib.cuDeviceGetDefaultMemPool, lib.cuMemPoolSetAttribute, lib.cuStreamSynchronize
 else:
     lib = ctypes.CDLL("libamdhip64.so")
     ptr = ctypes.c_void_p()
     assert lib.hipSetDevice(0) == 0
     alloc, free, trim = lib.hipMallocAsync, lib.hipFreeAsync, lib.hipMemPoolTrimTo
+    pool_of, set_attr, sync = lib.hipDeviceGetDefaultMemPool, lib.hipMemPoolSetAttribute, lib.hipStreamSynchronize
+pool = ctypes.c_void_p()
+assert pool_of(ctypes.byref(pool), 0) == 0
+if mode in ("keep", "trim"):                    # the release threshold at its maximum, as PyTorch sets it
+    assert set_attr(pool, 4, ctypes.byref(ctypes.c_uint64(2**64 - 1))) == 0
 assert alloc(ctypes.byref(ptr), ctypes.c_size_t(2 << 30), None) == 0
-assert free(ptr, None) == 0                     # back to the pool, not to the driver: nothing to settle yet
-if len(sys.argv) > 2:
-    assert trim(ctypes.c_void_p(1), ctypes.c_size_t(0)) == 0   # the pool's 2 GiB back to the driver
+assert free(ptr, None) == 0                     # back to the pool, not to the driver
+if mode == "trim":
+    assert trim(pool, ctypes.c_size_t(0)) == 0  # the pool's 2 GiB back to the driver
+if mode == "sync":
+    assert sync(None) == 0                      # threshold 0: the synchronize gives the 2 GiB back
 print("ready", flush=True)
 time.sleep(60)
 """
@@ -299,10 +307,12 @@ time.sleep(60)
 
 @pytest.mark.parametrize("api", ["cuda", "hip"])
 def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
-    """A stream-ordered free returns memory to its pool; a trim (cuMemPoolTrimTo, hipMemPoolTrimTo: what PyTorch's
-    cudaMallocAsync backend does in empty_cache) gives it to the driver, which scrubs it: the shim reports the
-    bytes the pool's reservation shrank by as freed, and the next region waits for them as after a free. Without
-    the trim nothing is waited for."""
+    """A stream-ordered free returns memory to its pool. The pool gives it to the driver, which scrubs it, on a
+    trim (cuMemPoolTrimTo, hipMemPoolTrimTo: what PyTorch's cudaMallocAsync backend does in empty_cache), or,
+    above its release threshold (0 unless set), at the next synchronize: the program's own (sync), or the one
+    of the drain before another job's region (drain). The shim reports the bytes the pool's reservation shrank
+    by as freed, and the region waits for them as after a free. With the threshold at its maximum (PyTorch's)
+    and no trim, the pool keeps the memory and nothing is waited for (keep)."""
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"settle_ms_per_gib": 2000, "lifecycle_timeout_s": 10}))
     krex.start_controller("--config", str(cfg))
@@ -310,18 +320,19 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     script.write_text(TRIM_SCRIPT)
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
-    for trimmed in (False, True):
-        p = krex.popen([sys.executable, script, api] + (["trim"] if trimmed else []), env=env)
+    for mode in ("keep", "trim", "sync", "drain"):
+        p = krex.popen([sys.executable, script, api, mode], env=env)
         assert p.stdout.readline().strip() == "ready"
         wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="registered")
         _, r = region_of(krex, tmp_path)
-        settles[trimmed] = r["settle_ns"]
+        settles[mode] = r["settle_ns"]
         assert r["clean"], r
         p.kill()
         p.communicate()
         wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
         time.sleep(0.2)
-    assert settles[True] > 0.5e9 and settles[False] < 0.3e9, settles
+    assert settles["keep"] < 0.3e9, settles
+    assert min(settles["trim"], settles["sync"], settles["drain"]) > 0.5e9, settles
 
 
 def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):

@@ -292,16 +292,60 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
     enqueue(s, op);
 }
 
-static uint64_t pool_reserved;
-void fk_pool_took(size_t n) { __atomic_fetch_add(&pool_reserved, n, __ATOMIC_RELAXED); }
+/* one pool: what it reserves, what of that is allocated, the release threshold, and its allocations (a short
+ * list: the fakes' programs hold a few) */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t pool_reserved, pool_in_use, pool_threshold;
+static struct { const void *p; size_t n; } pool_allocs[256];
+void fk_pool_took(const void *p, size_t n) {
+    pthread_mutex_lock(&pool_lock);
+    pool_reserved += n, pool_in_use += n;
+    for (size_t i = 0; i < sizeof pool_allocs / sizeof *pool_allocs; i++)
+        if (!pool_allocs[i].p) {
+            pool_allocs[i].p = p, pool_allocs[i].n = n;
+            break;
+        }
+    pthread_mutex_unlock(&pool_lock);
+}
+void fk_pool_gave(const void *p) {
+    pthread_mutex_lock(&pool_lock);
+    for (size_t i = 0; p && i < sizeof pool_allocs / sizeof *pool_allocs; i++)
+        if (pool_allocs[i].p == p) {
+            pool_in_use -= pool_allocs[i].n < pool_in_use ? pool_allocs[i].n : pool_in_use;
+            pool_allocs[i].p = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&pool_lock);
+}
+static void give_back_above(uint64_t keep) {
+    if (keep < pool_in_use) keep = pool_in_use;
+    if (pool_reserved > keep) pool_reserved = keep;
+}
 void fk_pool_trim(size_t keep) {
-    uint64_t now = __atomic_load_n(&pool_reserved, __ATOMIC_RELAXED);
-    while (now > keep && !__atomic_compare_exchange_n(&pool_reserved, &now, keep, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    pthread_mutex_lock(&pool_lock);
+    give_back_above(keep);
+    pthread_mutex_unlock(&pool_lock);
+}
+void fk_pool_sync(void) {
+    pthread_mutex_lock(&pool_lock);
+    if (pool_reserved > pool_threshold) give_back_above(pool_threshold);
+    pthread_mutex_unlock(&pool_lock);
 }
 int fk_pool_attr(int attr, void *value) {
     if (attr < 1 || attr > 8) return -1;
-    uint64_t v = attr == 5 || attr == 6 ? __atomic_load_n(&pool_reserved, __ATOMIC_RELAXED) : 0;
+    pthread_mutex_lock(&pool_lock);
+    uint64_t v = attr == 4 ? pool_threshold : attr == 5 || attr == 6 ? pool_reserved : attr == 7 || attr == 8 ? pool_in_use : 0;
+    pthread_mutex_unlock(&pool_lock);
     memcpy(value, &v, sizeof v);
+    return 0;
+}
+int fk_pool_set(int attr, const void *value) {
+    if (attr < 1 || attr > 8) return -1;
+    if (attr == 4) {
+        pthread_mutex_lock(&pool_lock);
+        memcpy(&pool_threshold, value, sizeof pool_threshold);
+        pthread_mutex_unlock(&pool_lock);
+    }
     return 0;
 }
 

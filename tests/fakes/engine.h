@@ -87,13 +87,18 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
 /* an operation in stream order that moves nothing the fake can see (a graph upload, a managed-memory prefetch or
  * discard, an external semaphore): ordered after the work before it, like any other */
 void fk_empty_op(struct fk_stream *s);
-/* the stream-ordered allocators' pools, CUDA's and HIP's: one reservation, what the async allocations took, until
- * a trim gives back all above what it keeps (in use or not: the fakes do not tell) */
-void fk_pool_took(size_t n);
+/* the stream-ordered allocators' pools, CUDA's and HIP's: one pool. An allocation takes new reservation (the
+ * fakes reuse none); a free gives its bytes back to the pool, not to the driver; a trim gives the driver all the
+ * pool holds unused above what it keeps, and a synchronize (stream, event, context/device) all above the release
+ * threshold (attribute 4, 0 unless set), as the real drivers do */
+void fk_pool_took(const void *p, size_t n);
+void fk_pool_gave(const void *p);
 void fk_pool_trim(size_t keep);
+void fk_pool_sync(void);
 /* a pool attribute (CU_MEMPOOL_ATTR_*, hipMemPoolAttr*: the same values, 1-8) into *value (8 bytes): the
- * reservation for RESERVED_MEM_CURRENT and _HIGH (5, 6), else 0; -1 for another attribute */
+ * release threshold (4), the reservation (5, 6), what is in use (7, 8), else 0; -1 for another attribute */
 int fk_pool_attr(int attr, void *value);
+int fk_pool_set(int attr, const void *value);       /* only the release threshold (4) is kept */
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);

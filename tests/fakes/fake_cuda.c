@@ -208,11 +208,14 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
     return OK;
 }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) { NEED_CTX(); if (!d) return E_VALUE; *d = current()->fk->device; return OK; }
-EXPORT CUresult cuCtxSynchronize(void) { NEED_CTX(); return fk_ctx_sync(current()->fk); }
+/* a synchronize also gives the driver what the pool holds above its release threshold (fk_pool_sync) */
+EXPORT CUresult cuCtxSynchronize(void) { NEED_CTX(); fk_pool_sync(); return fk_ctx_sync(current()->fk); }
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) {      /* CUDA 13: the given context, NULL for the current one */
     if (!c) return cuCtxSynchronize();
     NEED_INIT();
-    return c->fk->valid ? fk_ctx_sync(c->fk) : E_CONTEXT;
+    if (!c->fk->valid) return E_CONTEXT;
+    fk_pool_sync();
+    return fk_ctx_sync(c->fk);
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned fl) {
@@ -240,7 +243,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     free(s);
     return OK;
 }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); return OK; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); fk_pool_sync(); return OK; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 EXPORT CUresult cuStreamQuery(CUstream s) {
     NEED_CTX();
@@ -561,7 +564,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { NEED_CTX(); if (!e) retur
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
 EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned fl) { return cuEventRecord(e, s); }
 EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned fl) { return cuEventRecord(e, s); }
-EXPORT CUresult cuEventSynchronize(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; fk_event_sync(e->fk); return OK; }
+EXPORT CUresult cuEventSynchronize(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; fk_event_sync(e->fk); fk_pool_sync(); return OK; }
 EXPORT CUresult cuEventQuery(CUevent e) { NEED_INIT(); if (!e) return E_HANDLE; return e->fk->pending ? E_NOT_READY : OK; }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     NEED_INIT();
@@ -653,7 +656,7 @@ MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
     CUresult r = cuMemAlloc_v2(p, n);
-    if (r == OK) fk_pool_took(n);
+    if (r == OK) fk_pool_took(PTR(*p), n);
     return r;
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
@@ -663,7 +666,12 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CU
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { NEED_CTX(); fk_stream_sync(stream_of(s)); return cuMemFree_v2(p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    NEED_CTX();
+    fk_stream_sync(stream_of(s));
+    fk_pool_gave(PTR(p));
+    return cuMemFree_v2(p);
+}
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 /* external semaphores: a signal or a wait in stream order (the fake has none to signal: an empty operation) */
 static CUresult extsem(const void *sems, const void *params, unsigned n, CUstream s) {
@@ -699,6 +707,19 @@ EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
     NEED_INIT();
     return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
 }
+EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
+    NEED_INIT();
+    return pool && value && fk_pool_set(attr, value) == 0 ? OK : E_VALUE;
+}
+/* a device's pool, default or current: the fake's one pool, whose handle is its device's number plus one */
+EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) {
+    NEED_INIT();
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (!pool) return E_VALUE;
+    *pool = (void *)(uintptr_t)(d + 1);
+    return OK;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) { return cuDeviceGetMemPool(pool, d); }
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
     NEED_INIT();
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
@@ -763,7 +784,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
-    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \

@@ -46,7 +46,7 @@ EXPORT hipError_t hipRuntimeGetVersion(int *v) { if (!v) return E_VALUE; *v = 60
 EXPORT hipError_t hipGetDeviceCount(int *n) { if (!n) return E_VALUE; *n = fk_hip_device_count(); return OK; }
 EXPORT hipError_t hipSetDevice(int d) { if (!DEV_OK(d)) return E_DEVICE; cur_dev = d; return OK; }
 EXPORT hipError_t hipGetDevice(int *d) { if (!d) return E_VALUE; *d = cur_dev; return OK; }
-EXPORT hipError_t hipDeviceSynchronize(void) { return fk_ctx_sync(dev_ctx(cur_dev)->fk); }
+EXPORT hipError_t hipDeviceSynchronize(void) { fk_pool_sync(); return fk_ctx_sync(dev_ctx(cur_dev)->fk); }
 EXPORT hipError_t hipDeviceGetUuid(hipUUID *u, hipDevice_t d) {
     if (!u) return E_VALUE;
     if (!DEV_OK(d)) return E_DEVICE;
@@ -76,7 +76,7 @@ EXPORT hipError_t hipStreamCreateWithPriority(hipStream_t *s, unsigned fl, int p
     return r;
 }
 EXPORT hipError_t hipStreamDestroy(hipStream_t s) { if (!s) return E_HANDLE; fk_stream_free(s->fk); free(s); return OK; }
-EXPORT hipError_t hipStreamSynchronize(hipStream_t s) { fk_stream_sync(stream_of(s)); return OK; }
+EXPORT hipError_t hipStreamSynchronize(hipStream_t s) { fk_stream_sync(stream_of(s)); fk_pool_sync(); return OK; }
 EXPORT hipError_t hipStreamQuery(hipStream_t s) { return fk_stream_idle(stream_of(s)) ? OK : E_NOT_READY; }
 EXPORT hipError_t hipStreamIsCapturing(hipStream_t s, int *st) { if (!st) return E_VALUE; *st = s && s->fk->capture; return OK; }
 EXPORT hipError_t hipStreamBeginCapture(hipStream_t s, int mode) {
@@ -223,6 +223,16 @@ EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
 EXPORT hipError_t hipMemPoolGetAttribute(void *pool, int attr, void *value) {
     return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
 }
+EXPORT hipError_t hipMemPoolSetAttribute(void *pool, int attr, void *value) {
+    return pool && value && fk_pool_set(attr, value) == 0 ? OK : E_VALUE;
+}
+EXPORT hipError_t hipDeviceGetMemPool(void **pool, int d) {      /* the fake's one pool, as in fake_cuda.c */
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (!pool) return E_VALUE;
+    *pool = (void *)(uintptr_t)(d + 1);
+    return OK;
+}
+EXPORT hipError_t hipDeviceGetDefaultMemPool(void **pool, int d) { return hipDeviceGetMemPool(pool, d); }
 EXPORT hipError_t hipDeviceGetGraphMemAttribute(int d, int attr, void *value) {
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
     if (!value || attr < 0 || attr > 3) return E_VALUE;
@@ -235,7 +245,7 @@ EXPORT hipError_t hipGraphDestroy(hipGraph_t g) { if (!g) return E_HANDLE; free(
 
 EXPORT hipError_t hipEventCreate(hipEvent_t *e) { if (!e) return E_VALUE; *e = calloc(1, sizeof(struct ihipEvent_t)); (*e)->fk = fk_event_new(); return OK; }
 EXPORT hipError_t hipEventRecord(hipEvent_t e, hipStream_t s) { if (!e) return E_HANDLE; fk_event_record(stream_of(s), e->fk); return OK; }
-EXPORT hipError_t hipEventSynchronize(hipEvent_t e) { if (!e) return E_HANDLE; fk_event_sync(e->fk); return OK; }
+EXPORT hipError_t hipEventSynchronize(hipEvent_t e) { if (!e) return E_HANDLE; fk_event_sync(e->fk); fk_pool_sync(); return OK; }
 EXPORT hipError_t hipEventElapsedTime(float *ms, hipEvent_t a, hipEvent_t b) {
     if (!ms) return E_VALUE;
     if (!a || !b) return E_HANDLE;
@@ -250,13 +260,13 @@ EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
 EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
     (void)s;
     hipError_t r = hipMalloc(p, n);
-    if (r == OK) fk_pool_took(n);
+    if (r == OK) fk_pool_took(*p, n);
     return r;
 }
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
     return pool ? hipMallocAsync(p, n, s) : E_VALUE;
 }
-EXPORT hipError_t hipFreeAsync(void *p, hipStream_t s) { fk_stream_sync(stream_of(s)); return hipFree(p); }
+EXPORT hipError_t hipFreeAsync(void *p, hipStream_t s) { fk_stream_sync(stream_of(s)); fk_pool_gave(p); return hipFree(p); }
 EXPORT hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, int k, hipStream_t st) {
     if ((!d || !s) && n) return E_VALUE;
     fk_copy(stream_of(st), d, s, n);
@@ -314,7 +324,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess"
 
 EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
 #define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
-    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
     X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
     X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \

@@ -2,7 +2,9 @@
 (workloads/pool_trim.py) under krex run allocates 2 GiB from the default pool, frees and synchronizes it and
 stays; then another job's region starts and the report says how long it waited to settle. Modes: keep (the pool
 keeps the memory: nothing to wait for), trim (cuMemPoolTrimTo: the shim reports the bytes the reservation shrank
-by), sync (the default release threshold: the synchronize gives the memory back, without a trim). Its own
+by), sync (the default release threshold: the synchronize gives the memory back, without a trim), drain (the
+default threshold, no synchronize: the drain's gives it back), and PyTorch's cudaMallocAsync backend without and
+with torch.cuda.empty_cache() (torch-keep, torch-trim). Its own
 controller with settle_ms_per_gib 1000 (2 GiB: about 2 s) and lifecycle_timeout_s 10.
     . tests/gpu/env.sh; python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json"""
 
@@ -44,10 +46,11 @@ def main() -> None:
             if (work / "krex.sock").exists():
                 break
             time.sleep(0.1)
-        for mode in ("keep", "trim", "sync"):
+        for mode in ("keep", "trim", "sync", "drain", "torch-keep", "torch-trim"):
             holder = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable,
                                        str(HERE / "workloads" / "pool_trim.py"), mode],
-                                      env=env, stdout=subprocess.PIPE, text=True)
+                                      env={**env, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                                      stdout=subprocess.PIPE, text=True)
             info = {}
             for line in holder.stdout:
                 if line.startswith("{"):
