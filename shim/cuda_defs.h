@@ -18,6 +18,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef void (*CUhostFn)(void *userData);
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef struct CUuuid_st { unsigned char bytes[16]; } CUuuid;
 /* where managed memory goes (cuMemPrefetchAsync_v2 and the batch prefetches): a CUmemLocationType and an id */
 typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;

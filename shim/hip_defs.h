@@ -14,6 +14,7 @@ typedef struct ihipEvent_t *hipEvent_t;
 typedef struct ihipGraph *hipGraph_t;
 typedef struct hipGraphExec *hipGraphExec_t;
 typedef void (*hipHostFn_t)(void *userData);
+typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
 typedef struct { uint32_t x, y, z; } dim3;
 typedef int hipDriverProcAddressQueryResult;
 typedef struct hipUUID_t { char bytes[16]; } hipUUID;

@@ -68,6 +68,11 @@
     KREX_PTSZ(X, CUDA, OTHER, cuLaunchHostFunc, (CUstream s, CUhostFn fn, void *u), (s, fn, u), s) \
     /* CUDA 13.2: a function of its own (a sync mode), not an alias: asked for by its full name */ \
     KREX_PTSZ(X, CUDA, OTHER, cuLaunchHostFunc_v2, (CUstream s, CUhostFn fn, void *u, unsigned m), (s, fn, u, m), s) \
+    /* the older host callback, in stream order as cuLaunchHostFunc; the decompression engine's batches (CUDA 12.8) */ \
+    KREX_PTSZ(X, CUDA, OTHER, cuStreamAddCallback, (CUstream s, CUstreamCallback fn, void *u, unsigned fl), \
+              (s, fn, u, fl), s) \
+    KREX_PTSZ(X, CUDA, OTHER, cuMemBatchDecompressAsync, (void *p, size_t n, unsigned fl, size_t *err, CUstream s), \
+              (p, n, fl, err, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyAsync, (CUdeviceptr d, CUdeviceptr sr, size_t n, CUstream s), (d, sr, n, s), s) \
     KREX_PTSZ(X, CUDA, COPY, cuMemcpyHtoDAsync_v2, (CUdeviceptr d, const void *sr, size_t n, CUstream s), \
               (d, sr, n, s), s) \
@@ -232,6 +237,8 @@
       (c, f, kp, ex), (c ? c->hStream : NULL)) \
     KREX_SPT(X, HIP, GRAPH, hipGraphLaunch, (hipGraphExec_t g, hipStream_t s), (g, s), s) \
     KREX_SPT(X, HIP, OTHER, hipLaunchHostFunc, (hipStream_t s, hipHostFn_t fn, void *u), (s, fn, u), s) \
+    KREX_SPT(X, HIP, OTHER, hipStreamAddCallback, (hipStream_t s, hipStreamCallback_t fn, void *u, unsigned fl), \
+             (s, fn, u, fl), s) \
     KREX_SPT(X, HIP, COPY, hipMemcpyAsync, (void *d, const void *sr, size_t n, int k, hipStream_t s), \
              (d, sr, n, k, s), s) \
     X(HIP, COPY, hipMemcpyHtoDAsync, (void *d, void *sr, size_t n, hipStream_t s), (d, sr, n, s), s) \

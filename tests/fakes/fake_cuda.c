@@ -468,6 +468,36 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *u) {
     return OK;
 }
 EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *u) { return cuLaunchHostFunc(s, fn, u); }
+/* the older host callback: called with its stream and a status (always success in the fake) */
+struct stream_callback { void (*fn)(CUstream, CUresult, void *); CUstream s; void *u; };
+static void call_stream_callback(void *arg) {
+    struct stream_callback *c = arg;
+    c->fn(c->s, OK, c->u);
+    free(c);
+}
+EXPORT CUresult cuStreamAddCallback(CUstream s, void (*fn)(CUstream, CUresult, void *), void *u, unsigned fl) {
+    NEED_CTX();
+    if (!fn || fl) return E_VALUE;
+    struct stream_callback *c = malloc(sizeof *c);
+    if (!c) return E_MEMORY;
+    c->fn = fn, c->s = s, c->u = u;
+    fk_hostfn(stream_of(s), call_stream_callback, c);
+    return OK;
+}
+EXPORT CUresult cuStreamAddCallback_ptsz(CUstream s, void (*fn)(CUstream, CUresult, void *), void *u, unsigned fl) {
+    return cuStreamAddCallback(s, fn, u, fl);
+}
+/* the decompression engine (CUDA 12.8): the fake has none to run; an empty operation in stream order */
+EXPORT CUresult cuMemBatchDecompressAsync(void *p, size_t n, unsigned fl, size_t *err, CUstream s) {
+    NEED_CTX();
+    if ((n && !p) || fl) return E_VALUE;
+    if (err) *err = (size_t)-1;
+    fk_empty_op(stream_of(s));
+    return OK;
+}
+EXPORT CUresult cuMemBatchDecompressAsync_ptsz(void *p, size_t n, unsigned fl, size_t *err, CUstream s) {
+    return cuMemBatchDecompressAsync(p, n, fl, err, s);
+}
 /* CUDA 13.2: a sync mode (0: the default, 1: the execution thread spins); the fake runs both alike */
 EXPORT CUresult cuLaunchHostFunc_v2(CUstream s, CUhostFn fn, void *u, unsigned mode) {
     return mode > 1 ? E_VALUE : cuLaunchHostFunc(s, fn, u);
@@ -793,7 +823,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuGraphKernelNodeSetAttribute) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice) \
-    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuLaunchHostFunc_v2) \
+    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuLaunchHostFunc_v2) X(cuStreamAddCallback) \
+    X(cuStreamAddCallback_ptsz) X(cuMemBatchDecompressAsync) X(cuMemBatchDecompressAsync_ptsz) \
     X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddKernelNode_v2) \
     X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \

@@ -162,6 +162,24 @@ EXPORT hipError_t hipDrvLaunchKernelEx(const HIP_LAUNCH_CONFIG *c, hipFunction_t
 }
 EXPORT hipError_t hipLaunchHostFunc(hipStream_t s, hipHostFn_t fn, void *u) { if (!fn) return E_VALUE; fk_hostfn(stream_of(s), fn, u); return OK; }
 EXPORT hipError_t hipLaunchHostFunc_spt(hipStream_t s, hipHostFn_t fn, void *u) { return hipLaunchHostFunc(s, fn, u); }
+struct stream_callback { void (*fn)(hipStream_t, hipError_t, void *); hipStream_t s; void *u; };
+static void call_stream_callback(void *arg) {
+    struct stream_callback *c = arg;
+    c->fn(c->s, OK, c->u);
+    free(c);
+}
+EXPORT hipError_t hipStreamAddCallback(hipStream_t s, void (*fn)(hipStream_t, hipError_t, void *), void *u, unsigned fl) {
+    if (!fn || fl) return E_VALUE;
+    struct stream_callback *c = malloc(sizeof *c);
+    if (!c) return E_MEMORY;
+    c->fn = fn, c->s = s, c->u = u;
+    fk_hostfn(stream_of(s), call_stream_callback, c);
+    return OK;
+}
+EXPORT hipError_t hipStreamAddCallback_spt(hipStream_t s, void (*fn)(hipStream_t, hipError_t, void *), void *u,
+                                           unsigned fl) {
+    return hipStreamAddCallback(s, fn, u, fl);
+}
 
 EXPORT hipError_t hipGraphCreate(hipGraph_t *g, unsigned fl) {
     if (!g) return E_VALUE;
@@ -330,7 +348,7 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \
     X(hipModuleLaunchCooperativeKernel) X(hipExtModuleLaunchKernel) X(hipHccModuleLaunchKernel) X(hipLaunchKernel) \
     X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipLaunchCooperativeKernel_spt) X(hipExtLaunchKernel) \
-    X(hipLaunchKernelExC) X(hipDrvLaunchKernelEx) X(hipLaunchHostFunc) X(hipLaunchHostFunc_spt) X(hipGraphCreate) \
+    X(hipLaunchKernelExC) X(hipDrvLaunchKernelEx) X(hipLaunchHostFunc) X(hipLaunchHostFunc_spt) X(hipStreamAddCallback) X(hipStreamAddCallback_spt) X(hipGraphCreate) \
     X(hipGraphAddKernelNode) X(hipGraphInstantiate) X(hipGraphLaunch) X(hipGraphLaunch_spt) X(hipGraphExecDestroy) \
     X(hipGraphDestroy) X(hipEventCreate) X(hipEventRecord) X(hipEventSynchronize) X(hipEventElapsedTime) \
     X(hipEventDestroy) X(hipMalloc) X(hipFree) X(hipMemcpyAsync) X(hipMemcpyAsync_spt) X(hipMemcpyHtoDAsync) \

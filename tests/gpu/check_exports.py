@@ -19,7 +19,8 @@ drv, ours = exports(libcuda), {n for n in exports(libkrex) if n.startswith("cu")
 submit = re.compile(r"^cu(Launch|Graph(Exec)?Launch|Memcpy|Memset|StreamBatchMemOp|StreamWaitValue|StreamWriteValue"
                     r"|MemPrefetch|MemDiscard|StreamBeginCapture|GraphUpload|SignalExternalSemaphores"
                     r"|WaitExternalSemaphores|MemAllocAsync|MemAllocFromPoolAsync|MemFreeAsync|MemMapArrayAsync"
-                    r"|GraphInstantiateWithParams|MemPoolTrimTo|DeviceGraphMemTrim)")
+                    r"|GraphInstantiateWithParams|MemPoolTrimTo|DeviceGraphMemTrim|StreamAddCallback"
+                    r"|MemBatchDecompressAsync)")
 # the waits the host-bound check (KREX_HOST_BOUND) must see return
 waits = re.compile(r"^cu(Ctx|Stream|Event)Synchronize")
 missing = sorted(n for n in drv if submit.match(n) and n not in ours)

@@ -23,6 +23,8 @@ hipError_t hipGraphInstantiate(hipGraphExec_t *, hipGraph_t, void *, char *, siz
 
 void hip_stub_kernel(void) {}
 
+static void stream_cb(hipStream_t s, hipError_t r, void *arg) { (void)s, (void)r, (void)arg; }
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct";
     int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0, other = 0;
@@ -97,7 +99,14 @@ int main(int argc, char **argv) {
         CHECK(((hipError_t(*)(void *, size_t))p)((void *)1, 0));
         CHECK(hipGetProcAddress("hipDeviceGraphMemTrim", &p, 60200000, 0, &st));
         CHECK(((hipError_t(*)(int))p)(0));
-        kernels = n, copies = 3, other = 5;
+        /* the older host callback, plain and per-thread: other */
+        CHECK(hipGetProcAddress("hipStreamAddCallback", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(hipStream_t, void (*)(hipStream_t, hipError_t, void *), void *, unsigned))p)(
+            NULL, stream_cb, NULL, 0));
+        CHECK(hipGetProcAddress("hipStreamAddCallback_spt", &p, 60200000, 0, &st));
+        CHECK(((hipError_t(*)(hipStream_t, void (*)(hipStream_t, hipError_t, void *), void *, unsigned))p)(
+            NULL, stream_cb, NULL, 0));
+        kernels = n, copies = 3, other = 7;
     } else {
         return 2;
     }

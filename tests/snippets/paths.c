@@ -28,6 +28,8 @@ typedef CUresult (*glaunch_t)(CUgraphExec, CUstream);
 typedef CUresult (*ssync_t)(CUstream);
 typedef CUresult (*memset_t)(CUdeviceptr, unsigned char, size_t, CUstream);
 typedef CUresult (*hostfn_t)(CUstream, CUhostFn, void *);
+typedef CUresult (*streamcb_t)(CUstream, void (*)(CUstream, CUresult, void *), void *, unsigned);
+typedef CUresult (*decompress_t)(void *, size_t, unsigned, size_t *, CUstream);
 typedef CUresult (*hostfn2_t)(CUstream, CUhostFn, void *, unsigned);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
 typedef CUresult (*prefetch_t)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
@@ -68,6 +70,7 @@ static CUfunction setup(void) {
 }
 
 static void host_fn(void *arg) { (void)arg; }
+static void stream_cb(CUstream s, CUresult r, void *arg) { (void)s, (void)r, (void)arg; }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "dlsym";
@@ -163,8 +166,14 @@ int main(int argc, char **argv) {
             NULL, 0, NULL));
         CHECK(((pooltrim_t)proc("cuMemPoolTrimTo", 11020, 0))((void *)1, 0));
         CHECK(((graphtrim_t)proc("cuDeviceGraphMemTrim", 11040, 0))(0));
+        /* the older host callback and a decompression batch (CUDA 12.8): other */
+        CHECK(((streamcb_t)proc("cuStreamAddCallback", 12000, 0))(NULL, stream_cb, NULL, 0));
+        CHECK(((streamcb_t)proc("cuStreamAddCallback", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))(
+            NULL, stream_cb, NULL, 0));
+        size_t bad = 0;
+        CHECK(((decompress_t)proc("cuMemBatchDecompressAsync", 12080, 0))(NULL, 0, 0, &bad, NULL));
         launch = (launch_t)proc("cuLaunchKernel", 12000, 0);
-        copies = 9, other = 6;
+        copies = 9, other = 9;
     } else if (strcmp(mode, "direct")) {
         fprintf(stderr, "paths: unknown mode %s\n", mode);
         return 2;
