@@ -34,6 +34,7 @@ this script."""
 
 import argparse
 import json
+import re
 import shlex
 import sys
 import tempfile
@@ -69,8 +70,8 @@ def parse_mix(text: str, ap) -> list:
     return out
 
 
-def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
-    ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == reference], stable_pct)
+def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) -> dict:
+    ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == reference], stable_pct, leave_out)
     floors = ref["floors_pct"]
     naive = {r["agents"]: r["commands_per_min"] for r in runs if r["mode"] == "naive"}
     rows = []
@@ -108,6 +109,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated") -> dict:
             "region_clock_mhz": clocks,
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
             "repeat_spread_pct": ref["repeat_spread_pct"], "unstable": ref["unstable"],
+            **({"left_out": ref["left_out"]} if leave_out else {}),
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
@@ -156,7 +158,9 @@ def table(result) -> str:
             f"{k} {c['median']}/{c['p10']}/{c['regions']}" for k, c in result["region_clock_mhz"].items()))
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
-               f"{', '.join(result['unstable']) or 'none'}")
+               f"{', '.join(result['unstable']) or 'none'}"
+               + (f"; left out by --leave-out (not judged, not in the floor): {', '.join(result['left_out'])}"
+                  if result.get("left_out") is not None else ""))
     kernel_rows = [r for r in result["rows"] if r.get("per_kernel")]
     if kernel_rows:
         # which kernels make each tail: per stable kernel and mode, median signed inflation (lowest .. highest),
@@ -254,7 +258,15 @@ def main() -> None:
                     help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
                          "pass (as long as the first one took) still runs within it")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
+    ap.add_argument("--leave-out", default="",
+                    help="SIZE/VARIANT/KIND,... (KIND candidate or reference): kernels to leave out of the judgement "
+                         "and the floor alike, named in the table (a reading without them, for a diagnosis; the "
+                         "result of record is the one without this option)")
     args = ap.parse_args()
+    leave_out = tuple(x for x in args.leave_out.split(",") if x)
+    bad = [x for x in leave_out if not re.fullmatch(r"\d+/\d+/(candidate|reference)", x)]
+    if bad:
+        ap.error(f"--leave-out: {', '.join(bad)} is not SIZE/VARIANT/candidate or SIZE/VARIANT/reference")
     bad = [x for x in args.reference.split(",") if x not in REFERENCES]
     if bad or len(set(args.reference.split(","))) != len(args.reference.split(",")):
         ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, "
@@ -311,10 +323,10 @@ def main() -> None:
     ref_mode = refs[0]
     if args.reanalyse and not any(r["mode"] == ref_mode for r in runs):
         ref_mode = next((m for m in T.REFERENCE_MODES if any(r["mode"] == m for r in runs)), ref_mode)
-    result = analyse(runs, args.stable_pct, ref_mode)
+    result = analyse(runs, args.stable_pct, ref_mode, leave_out)
     also = [m for m in refs[1:] if any(r["mode"] == m for r in runs)]
     if also:
-        result["also"] = {m: analyse(runs, args.stable_pct, m) for m in also}
+        result["also"] = {m: analyse(runs, args.stable_pct, m, leave_out) for m in also}
     Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": sys.argv}, indent=1))
     md = table(result)
     if args.md:

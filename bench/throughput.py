@@ -280,7 +280,7 @@ def timings(row: dict, kind: str) -> list:
     return row.get(f"{kind}_all_ms") or ([row[f"{kind}_ms"]] if f"{kind}_ms" in row else [])
 
 
-def reference_passes(passes: list, stable_pct: float) -> dict:
+def reference_passes(passes: list, stable_pct: float, leave_out=()) -> dict:
     """The ground truth from isolated passes (each a list of command rows; two at least for a floor): per kernel
     (size, variant, candidate or reference) the median of each pass. A kernel is stable when its first two
     passes agree within stable_pct (the same kernel in two processes alone on the GPU: bimodal ones are left
@@ -311,7 +311,10 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
         for k, ts in seen.items():
             per.setdefault(k, []).append(st.median(ts))
             all_t.setdefault(k, []).append(ts)
-    stable = {k: st.median(v) for k, v in per.items() if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct}
+    name = lambda k: f"{k[0]}/{k[1]}/{k[2]}"   # noqa: E731
+    # leave_out: kernels (SIZE/VARIANT/KIND) the reader chose to leave out of the judgement and the floor alike
+    stable = {k: st.median(v) for k, v in per.items()
+              if len(v) >= 2 and abs(v[1] / v[0] - 1) * 100 <= stable_pct and name(k) not in leave_out}
     medians: dict = {b: [] for b, _, _ in BUCKETS}
     floor: dict = {b: [] for b, _, _ in BUCKETS}
     spreads: dict = {b: [] for b, _, _ in BUCKETS}
@@ -325,7 +328,8 @@ def reference_passes(passes: list, stable_pct: float) -> dict:
             floor[b] += [abs(t / per[k][1 - j] - 1) * 100 for t in all_t[k][j]]
     return {"stable": stable, "pass_medians": {k: per[k][:2] for k in stable},
             "floor_values": floor,     # for judge's interval; not written to results (see FLOOR_PRIVATE)
-            "unstable": sorted(f"{k[0]}/{k[1]}/{k[2]}" for k in per if k not in stable),
+            "unstable": sorted(name(k) for k in per if k not in stable and name(k) not in leave_out),
+            "left_out": sorted(name(k) for k in per if name(k) in leave_out),
             "floors_pct": {b: (p95(v) if v else None) for b, v in floor.items()},
             "floor_timings": {b: len(v) for b, v in floor.items()},
             "floors_medians_pct": {b: (p95(v) if v else None) for b, v in medians.items()},

@@ -335,6 +335,27 @@ def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
     assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
 
 
+def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_named(tmp_path):
+    """--leave-out SIZE/VARIANT/KIND (a diagnosis: the reading without one kernel): the kernel leaves the floor
+    and the judged timings alike, is listed apart from the unstable ones, and the table names it; a malformed
+    name is refused with exit status 2 before anything is read."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    p1 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.0, 2.2], "reference_all_ms": [1.0, 1.0]}]
+    p2 = [{"size": 8192, "variant": 0, "candidate_all_ms": [2.1, 2.1], "reference_all_ms": [1.0, 1.0]}]
+    ref = T.reference_passes([p1, p2], stable_pct=2.0, leave_out=("8192/0/candidate",))
+    assert set(ref["stable"]) == {(8192, 0, "reference")}
+    assert ref["left_out"] == ["8192/0/candidate"] and ref["unstable"] == []
+    assert ref["floor_timings"]["1-10ms"] == 4 and ref["floors_pct"]["1-10ms"] == pytest.approx(0.0)
+    rows = [{"size": 8192, "variant": 0, "candidate_all_ms": [3.0] * 2, "reference_all_ms": [1.0] * 2}]
+    assert T.judge(rows, ref)["kernels"]["1-10ms"] == 2           # the reference's two timings, not the 3.0 ms
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", "x.json",
+                          "--leave-out", "16384/0", "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--leave-out: 16384/0 is not SIZE/VARIANT" in bad.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_the_goal_interval_tells_a_miss_beyond_noise_from_one_within_it():
     """excess_interval: a 90% bootstrap interval of how far a bucket's p95 is past the floor + 0.25. Judged
     timings drawn like the floor's straddle the goal; ones shifted by 2% lie past it at both ends; a handful
