@@ -223,7 +223,7 @@ KREX_EXPORT hipError_t hipDeviceGraphMemTrim(int d) {
  * scrubs it, on a trim (above) and also, above the pool's release threshold, at the next synchronize of a stream,
  * an event or the context: the threshold is 0 unless the program sets it (PyTorch's cudaMallocAsync backend sets
  * it to the maximum; a program using cudaMallocAsync as it comes gives its memory back at every synchronize, as
- * on the H200: bench/results/trim-settle-h200.json). So the shim reads a pool's reservation after each allocation
+ * on the H200: bench/results/trim-settle-h200-run1.json). So the shim reads a pool's reservation after each allocation
  * from it (the most it held) and again at each drain, after the drain's synchronize: what it shrank by counts as
  * freed, at the drain's time (for a release at an earlier synchronize of the program's own, a later time than
  * the true one: the longer settle). At exit the pools' last reservations count as memory still held. */
