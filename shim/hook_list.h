@@ -293,6 +293,7 @@
     X(CUDA, cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, CUstream s)) \
     X(CUDA, cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
     X(CUDA, cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
+    X(CUDA, cuMemPoolDestroy, CUresult, (void *pool)) \
     X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
     X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
@@ -344,6 +345,12 @@
     X(HIP, hipDeviceGraphMemTrim, hipError_t, (int d)) \
     X(HIP, hipMallocAsync, hipError_t, (void **p, size_t n, hipStream_t s)) \
     X(HIP, hipMallocFromPoolAsync, hipError_t, (void **p, size_t n, void *pool, hipStream_t s)) \
+    X(HIP, hipMemPoolDestroy, hipError_t, (void *pool)) \
+    /* synchronizes: a pool may give memory back there (memory.c) */ \
+    X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
+    X(HIP, hipStreamSynchronize, hipError_t, (hipStream_t s)) \
+    X(HIP, hipStreamSynchronize_spt, hipError_t, (hipStream_t s)) \
+    X(HIP, hipEventSynchronize, hipError_t, (hipEvent_t e)) \
     X(HIP, hipStreamBeginCapture, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamBeginCapture_spt, hipError_t, (hipStream_t s, int mode)) \
     X(HIP, hipStreamEndCapture, hipError_t, (hipStream_t s, hipGraph_t *g)) \
@@ -381,14 +388,17 @@
     X(CUDA, cuMemPoolGetAttribute, CUresult, (void *pool, int attr, void *value)) \
     X(CUDA, cuDeviceGetGraphMemAttribute, CUresult, (CUdevice d, int attr, void *value)) \
     X(CUDA, cuDeviceGetMemPool, CUresult, (void **pool, CUdevice d)) \
+    X(CUDA, cuStreamGetDevice, CUresult, (CUstream s, CUdevice *d)) \
+    X(CUDA, cuThreadExchangeStreamCaptureMode, CUresult, (int *mode)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
     X(HIP, hipDeviceGetUuid, hipError_t, (hipUUID *u, hipDevice_t d)) \
     X(HIP, hipGetDevice, hipError_t, (int *d)) \
-    X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
     X(HIP, hipStreamIsCapturing, hipError_t, (hipStream_t s, int *st)) \
     X(HIP, hipMemPoolGetAttribute, hipError_t, (void *pool, int attr, void *value)) \
     X(HIP, hipDeviceGetMemPool, hipError_t, (void **pool, int d)) \
+    X(HIP, hipStreamGetDevice, hipError_t, (hipStream_t s, int *d)) \
+    X(HIP, hipThreadExchangeStreamCaptureMode, hipError_t, (int *mode)) \
     X(HIP, hipDeviceGetGraphMemAttribute, hipError_t, (int d, int attr, void *value))
 
 #endif

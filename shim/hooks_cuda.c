@@ -196,28 +196,32 @@ static CUresult event_destroy(CUresult (*real)(CUevent), CUevent e) {
 KREX_EXPORT CUresult cuEventDestroy(CUevent e) { return event_destroy(REAL(cuEventDestroy), e); }
 KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cuEventDestroy_v2), e); }
 /* Synchronizes: forwarded as they are; while the check is armed, their return marks when the host went on after
- * the GPU had finished (hostbound.c: the end of a timing is not blamed for the host's wait on the GPU). */
+ * the GPU had finished (hostbound.c: the end of a timing is not blamed for the host's wait on the GPU); the
+ * stream-ordered pools are read before and after each (memory.c). */
 static CUresult host_resumed(CUresult r) {
     if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED))) krex_hostbound_host_resumed();
+    krex_pools_observe();               /* a pool may have given memory back (memory.c) */
     return r;
 }
+/* each synchronize: the followed pools read before it too, so that what they grew by since is not missed */
+#define SYNCED(call) (krex_pools_observe(), host_resumed(call))
 KREX_EXPORT CUresult cuCtxSynchronize(void) {
-    return REAL(cuCtxSynchronize) ? host_resumed(REAL(cuCtxSynchronize)()) : NO_DRIVER;
+    return REAL(cuCtxSynchronize) ? SYNCED(REAL(cuCtxSynchronize)()) : NO_DRIVER;
 }
 /* CUDA 13: a different function, not an alias (a context argument, NULL for the current one); cudart 13's
  * cudaDeviceSynchronize reaches it through cuGetProcAddress, so a hook of cuCtxSynchronize alone never sees
  * torch.cuda.synchronize() (H200, bench/results/hostbound-h200-run4.json: synclong late 16 of 16) */
 KREX_EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) {
-    return REAL(cuCtxSynchronize_v2) ? host_resumed(REAL(cuCtxSynchronize_v2)(c)) : NO_DRIVER;
+    return REAL(cuCtxSynchronize_v2) ? SYNCED(REAL(cuCtxSynchronize_v2)(c)) : NO_DRIVER;
 }
 KREX_EXPORT CUresult cuStreamSynchronize(CUstream s) {
-    return REAL(cuStreamSynchronize) ? host_resumed(REAL(cuStreamSynchronize)(s)) : NO_DRIVER;
+    return REAL(cuStreamSynchronize) ? SYNCED(REAL(cuStreamSynchronize)(s)) : NO_DRIVER;
 }
 KREX_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
-    return REAL(cuStreamSynchronize_ptsz) ? host_resumed(REAL(cuStreamSynchronize_ptsz)(s)) : NO_DRIVER;
+    return REAL(cuStreamSynchronize_ptsz) ? SYNCED(REAL(cuStreamSynchronize_ptsz)(s)) : NO_DRIVER;
 }
 KREX_EXPORT CUresult cuEventSynchronize(CUevent e) {
-    return REAL(cuEventSynchronize) ? host_resumed(REAL(cuEventSynchronize)(e)) : NO_DRIVER;
+    return REAL(cuEventSynchronize) ? SYNCED(REAL(cuEventSynchronize)(e)) : NO_DRIVER;
 }
 static CUresult elapsed_read(CUresult r, float *ms, CUevent start, CUevent end) {
     if (r == CUDA_SUCCESS && ms && KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED)))

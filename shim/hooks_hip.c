@@ -67,6 +67,30 @@ KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
     return REAL(hipStreamEndCapture_spt) ? capture_ended(REAL(hipStreamEndCapture_spt)(s, g)) : NO_DRIVER;
 }
 
+/* Synchronizes: forwarded, the stream-ordered pools read before and after each (memory.c: a pool may give its
+ * memory back there) */
+#define SYNCED(call)                                                                             \
+    krex_pools_observe();                                                                        \
+    hipError_t r = call;                                                                         \
+    krex_pools_observe();                                                                        \
+    return r
+KREX_EXPORT hipError_t hipDeviceSynchronize(void) {
+    if (!REAL(hipDeviceSynchronize)) return NO_DRIVER;
+    SYNCED(REAL(hipDeviceSynchronize)());
+}
+KREX_EXPORT hipError_t hipStreamSynchronize(hipStream_t s) {
+    if (!REAL(hipStreamSynchronize)) return NO_DRIVER;
+    SYNCED(REAL(hipStreamSynchronize)(s));
+}
+KREX_EXPORT hipError_t hipStreamSynchronize_spt(hipStream_t s) {
+    if (!REAL(hipStreamSynchronize_spt)) return NO_DRIVER;
+    SYNCED(REAL(hipStreamSynchronize_spt)(s));
+}
+KREX_EXPORT hipError_t hipEventSynchronize(hipEvent_t e) {
+    if (!REAL(hipEventSynchronize)) return NO_DRIVER;
+    SYNCED(REAL(hipEventSynchronize)(e));
+}
+
 /* hipGraphInstantiateFlagUpload, alone (HIP refuses it with other flags): the instantiation uploads the graph on
  * its upload stream. As for CUDA: the instantiation ungated, then the upload as hipGraphUpload, gated and counted
  * as other; any other flags: passed through. */

@@ -106,14 +106,13 @@ static int enabled(void) {
 
 /* Whether a resolver (dlsym, cuGetProcAddress) hands out the shim's wrapper for hook id: the event records,
  * destroys and elapsed-time reads only with the check on, so that with it off every caller gets the driver's own
- * functions, as before the check existed (the exported symbols still forward). */
+ * functions, as before the check existed (the exported symbols still forward). The synchronizes always: the
+ * stream-ordered pools are read around them (memory.c). */
 int krex_hook_wanted(int id) {
     switch (id) {
     case KREX_H_cuEventRecord: case KREX_H_cuEventRecord_ptsz: case KREX_H_cuEventRecordWithFlags:
     case KREX_H_cuEventRecordWithFlags_ptsz: case KREX_H_cuEventDestroy: case KREX_H_cuEventDestroy_v2:
-    case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2: case KREX_H_cuEventSynchronize:
-    case KREX_H_cuStreamSynchronize: case KREX_H_cuStreamSynchronize_ptsz: case KREX_H_cuCtxSynchronize:
-    case KREX_H_cuCtxSynchronize_v2:
+    case KREX_H_cuEventElapsedTime: case KREX_H_cuEventElapsedTime_v2:
         return enabled();
     default:
         return 1;

@@ -85,9 +85,8 @@ static void freed(struct krex_sizes *t, uint64_t k) {
     pthread_mutex_unlock(&sizes_lock);
 }
 
-static void pools_shrunk(void);
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns) {
-    pools_shrunk();                     /* after the drain's synchronize, which may itself have released some */
+    krex_pools_observe();               /* after the drain's synchronize, which may itself give memory back */
     pthread_mutex_lock(&sizes_lock);
     *bytes = freed_bytes, *last_ns = last_free_ns;
     freed_bytes = 0;
@@ -103,8 +102,10 @@ uint64_t krex_memory_live(void) {
     return n;
 }
 
+static void pools_reset_after_fork(void);
 void krex_memory_reset_after_fork(void) {
     pthread_mutex_init(&sizes_lock, NULL);
+    pools_reset_after_fork();
     /* the child has no device memory of its own: a fork does not copy contexts */
     free(by_ptr.keys), free(by_ptr.vals), free(by_handle.keys), free(by_handle.vals);
     memset(&by_ptr, 0, sizeof by_ptr);
@@ -172,143 +173,194 @@ KREX_EXPORT hipError_t hipFree(void *p) {
     return r;
 }
 
-/* A trim gives what a pool (or the graphs' allocator) holds unused back to the driver, which scrubs it, as after
- * a free: the bytes the reservation shrank by, read before and after (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
- * CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT and HIP's, same values); where it cannot be read, a free of unknown size
- * (1 byte: the settle's base time). Stream-ordered frees (cuMemFreeAsync) give nothing back before a trim. */
+/* Memory given back to the driver (which scrubs it, as after a free) by the stream-ordered allocator's pools and
+ * by the graphs' allocator. CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT and
+ * HIP's (the same values) say what a pool holds; where they cannot be read, a free of unknown size counts as
+ * 1 byte (the settle's base time). */
 #define KREX_POOL_RESERVED 5
 #define KREX_GRAPH_RESERVED 2
+#define KREX_CAPTURE_RELAXED 2          /* CU_STREAM_CAPTURE_MODE_RELAXED, hipStreamCaptureModeRelaxed */
 typedef int (*attr_of_pool)(void *pool, int attr, void *value);
 typedef int (*attr_of_device)(int d, int attr, void *value);
-static uint64_t pool_trimmed(void *pool, int known, uint64_t before, uint64_t after);
-static void trimmed(int known, uint64_t before, uint64_t after) {
-    uint64_t n = !known ? 1 : before > after ? before - after : 0;
+typedef int (*capture_mode_fn)(int *mode);
+
+static void count_freed(uint64_t n) {
     if (!n) return;
     pthread_mutex_lock(&sizes_lock);
     freed_bytes += n;
     last_free_ns = krex_now_ns();
     pthread_mutex_unlock(&sizes_lock);
 }
-/* the reservation before and after CALL, read by GET(ON, ATTR, &bytes), which returns 0 on success (CUDA_SUCCESS,
- * hipSuccess) */
-#define TRIM(V, get, on, attr, pool, call)                                                  \
+
+/* The graphs' allocator: what its reservation shrank by across the trim, read before and after it. */
+#define GRAPH_TRIM(V, get, d, call)                                                         \
     uint64_t before = 0, after = 0;                                                          \
-    int known = get && get(on, attr, &before) == 0;                                          \
+    int known = get && get(d, KREX_GRAPH_RESERVED, &before) == 0;                            \
     GATED(V, call);                                                                          \
-    known = known && get(on, attr, &after) == 0;                                             \
-    if (r == 0) trimmed(known, pool_trimmed(pool, known, before, after), after);             \
+    known = known && get(d, KREX_GRAPH_RESERVED, &after) == 0;                               \
+    if (r == 0) count_freed(!known ? 1 : before > after ? before - after : 0);              \
     return r
-KREX_EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
-    if (!REAL(cuMemPoolTrimTo)) return CUDA_ERROR_NOT_INITIALIZED;
-    attr_of_pool get = (attr_of_pool)krex_real(KREX_H_cuMemPoolGetAttribute);
-    TRIM(CUDA, get, pool, KREX_POOL_RESERVED, pool, REAL(cuMemPoolTrimTo)(pool, keep));
-}
 KREX_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
     if (!REAL(cuDeviceGraphMemTrim)) return CUDA_ERROR_NOT_INITIALIZED;
     attr_of_device get = (attr_of_device)krex_real(KREX_H_cuDeviceGetGraphMemAttribute);
-    TRIM(CUDA, get, d, KREX_GRAPH_RESERVED, NULL, REAL(cuDeviceGraphMemTrim)(d));
-}
-KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
-    if (!REAL(hipMemPoolTrimTo)) return 3;
-    attr_of_pool get = (attr_of_pool)krex_real(KREX_H_hipMemPoolGetAttribute);
-    TRIM(HIP, get, pool, KREX_POOL_RESERVED, pool, REAL(hipMemPoolTrimTo)(pool, keep));
+    GRAPH_TRIM(CUDA, get, d, REAL(cuDeviceGraphMemTrim)(d));
 }
 KREX_EXPORT hipError_t hipDeviceGraphMemTrim(int d) {
     if (!REAL(hipDeviceGraphMemTrim)) return 3;
     attr_of_device get = (attr_of_device)krex_real(KREX_H_hipDeviceGetGraphMemAttribute);
-    TRIM(HIP, get, d, KREX_GRAPH_RESERVED, NULL, REAL(hipDeviceGraphMemTrim)(d));
+    GRAPH_TRIM(HIP, get, d, REAL(hipDeviceGraphMemTrim)(d));
 }
 
-/* The stream-ordered allocator's pools. A free returns memory to its pool; the pool gives it to the driver, which
- * scrubs it, on a trim (above) and also, above the pool's release threshold, at the next synchronize of a stream,
- * an event or the context: the threshold is 0 unless the program sets it (PyTorch's cudaMallocAsync backend sets
- * it to the maximum; a program using cudaMallocAsync as it comes gives its memory back at every synchronize, as
- * on the H200: bench/results/trim-settle-h200-run1.json). So the shim reads a pool's reservation after each allocation
- * from it (the most it held) and again at each drain, after the drain's synchronize: what it shrank by counts as
- * freed, at the drain's time (for a release at an earlier synchronize of the program's own, a later time than
- * the true one: the longer settle). At exit the pools' last reservations count as memory still held. */
+/* The stream-ordered allocator's pools. A free returns memory to its pool; the pool gives it to the driver on a
+ * trim, when it is destroyed, and, above its release threshold, at the next synchronize of a stream, an event or
+ * the context. The threshold is 0 unless the program sets it (PyTorch's cudaMallocAsync backend sets it to the
+ * maximum): a program using cudaMallocAsync as it comes gives its memory back at every synchronize (on the H200:
+ * bench/results/trim-settle-h200-run1.json). So the shim follows every pool it sees an allocation from (the first
+ * KREX_POOLS) and reads its reservation before and after each synchronize of the program, around each drain's
+ * synchronize, and around each trim: a reading below the one before counts the difference as freed, now. Between
+ * two readings a pool only grows (it gives back only at those calls), so nothing given back is missed and nothing
+ * is counted twice. A destroyed pool counts its last reservation as freed and is no longer read. At exit the
+ * pools' last readings count as memory still held. The readings run with this thread's capture mode relaxed: in
+ * another thread's global stream capture a pool query would otherwise invalidate that capture. */
 #define KREX_POOLS 32
-static struct krex_pool { void *pool; int vendor; uint64_t seen; } pools[KREX_POOLS];
-static int npools;
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct krex_pool { void *pool; int vendor; uint64_t last; } pools[KREX_POOLS];
+static int npools;                      /* written under pools_lock; read without it only as a hint */
 
-static int pool_reserved(int vendor, void *pool, uint64_t *v) {
-    attr_of_pool get = (attr_of_pool)krex_real(vendor == KREX_VENDOR_HIP ? KREX_H_hipMemPoolGetAttribute
-                                                                       : KREX_H_cuMemPoolGetAttribute);
-    return pool && get && get(pool, KREX_POOL_RESERVED, v) == 0 ? 0 : -1;
+static int pool_read(int vendor, void *pool, uint64_t *v) {
+    int hip = vendor == KREX_VENDOR_HIP;
+    attr_of_pool get = (attr_of_pool)krex_real(hip ? KREX_H_hipMemPoolGetAttribute : KREX_H_cuMemPoolGetAttribute);
+    capture_mode_fn mode_of = (capture_mode_fn)krex_real(hip ? KREX_H_hipThreadExchangeStreamCaptureMode
+                                                             : KREX_H_cuThreadExchangeStreamCaptureMode);
+    if (!pool || !get) return -1;
+    int mode = KREX_CAPTURE_RELAXED, swapped = mode_of && mode_of(&mode) == 0;
+    int r = get(pool, KREX_POOL_RESERVED, v);
+    if (swapped) mode_of(&mode);        /* back to what the thread had */
+    return r == 0 ? 0 : -1;
 }
 
-static struct krex_pool *pool_entry(void *pool) {      /* under sizes_lock */
+static struct krex_pool *pool_entry(void *pool) {      /* under pools_lock */
     for (int i = 0; i < npools; i++)
         if (pools[i].pool == pool) return &pools[i];
     return NULL;
 }
 
-/* after an allocation from POOL (NULL: the current device's pool) */
-static void pool_allocated(int vendor, void *pool) {
-    if (krex_captures_active) return;   /* an allocation into a graph under capture: the pool does not grow */
-    if (!pool) {
-        if (vendor == KREX_VENDOR_HIP) {
-            hipError_t (*dev)(int *) = krex_real(KREX_H_hipGetDevice);
-            hipError_t (*get)(void **, int) = krex_real(KREX_H_hipDeviceGetMemPool);
-            int d;
-            if (!dev || !get || dev(&d) != hipSuccess || get(&pool, d) != hipSuccess) return;
-        } else {
-            CUresult (*dev)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
-            CUresult (*get)(void **, CUdevice) = krex_real(KREX_H_cuDeviceGetMemPool);
-            CUdevice d;
-            if (!dev || !get || dev(&d) != CUDA_SUCCESS || get(&pool, d) != CUDA_SUCCESS) return;
-        }
-    }
+static void observe_locked(struct krex_pool *e) {
     uint64_t v;
-    if (pool_reserved(vendor, pool, &v)) return;
-    pthread_mutex_lock(&sizes_lock);
-    struct krex_pool *e = pool_entry(pool);
-    if (!e && npools < KREX_POOLS) e = &pools[npools++], e->pool = pool, e->vendor = vendor, e->seen = 0;
-    if (e && v > e->seen) e->seen = v;  /* (a 33rd pool is not followed: its shrinks are not waited for) */
-    pthread_mutex_unlock(&sizes_lock);
+    if (pool_read(e->vendor, e->pool, &v)) return;
+    if (v < e->last) count_freed(e->last - v);
+    e->last = v;
 }
 
-/* a trim of POOL (NULL: the graphs' allocator, not followed here) found the reservation at BEFORE: the bytes it
- * held before the trim are what the shim saw at most, if more (a synchronize gave some back unseen); AFTER is
- * what the pool holds now */
-static uint64_t pool_trimmed(void *pool, int known, uint64_t before, uint64_t after) {
-    if (!pool || !known) return before;
-    pthread_mutex_lock(&sizes_lock);
-    struct krex_pool *e = pool_entry(pool);
-    if (e) {
-        if (e->seen > before) before = e->seen;
-        e->seen = after;
-    }
-    pthread_mutex_unlock(&sizes_lock);
-    return before;
+void krex_pools_observe(void) {
+    if (!__atomic_load_n(&npools, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&pools_lock);
+    for (int i = 0; i < npools; i++) observe_locked(&pools[i]);
+    pthread_mutex_unlock(&pools_lock);
 }
 
-static void pools_shrunk(void) {
-    pthread_mutex_lock(&sizes_lock);
-    int n = npools;
-    struct krex_pool snap[KREX_POOLS];
-    memcpy(snap, pools, sizeof(struct krex_pool) * (size_t)n);
-    pthread_mutex_unlock(&sizes_lock);
-    for (int i = 0; i < n; i++) {
+/* POOL from now on (its reservation read now, if it is new); 1 if it is followed */
+static int pool_follow(int vendor, void *pool) {
+    if (!pool) return 0;
+    pthread_mutex_lock(&pools_lock);
+    struct krex_pool *e = pool_entry(pool);
+    if (!e && npools < KREX_POOLS) {
         uint64_t v;
-        if (pool_reserved(snap[i].vendor, snap[i].pool, &v)) continue;
-        pthread_mutex_lock(&sizes_lock);
-        /* unless an allocation or a trim moved what was seen meanwhile (then the next drain looks again) */
-        if (pools[i].seen == snap[i].seen && v < snap[i].seen) {
-            freed_bytes += snap[i].seen - v;
-            last_free_ns = krex_now_ns();
-            pools[i].seen = v;
+        if (pool_read(vendor, pool, &v) == 0) {
+            e = &pools[npools];
+            e->pool = pool, e->vendor = vendor, e->last = v;
+            __atomic_store_n(&npools, npools + 1, __ATOMIC_RELAXED);
         }
-        pthread_mutex_unlock(&sizes_lock);
     }
+    pthread_mutex_unlock(&pools_lock);
+    return e != NULL;
+}
+
+/* the pool an allocation on stream S came from: the current pool of the stream's device */
+static void *current_pool(int vendor, void *s) {
+    void *pool = NULL;
+    int d;
+    if (vendor == KREX_VENDOR_HIP) {
+        hipError_t (*dev_of)(void *, int *) = krex_real(KREX_H_hipStreamGetDevice);
+        hipError_t (*dev)(int *) = krex_real(KREX_H_hipGetDevice);
+        hipError_t (*get)(void **, int) = krex_real(KREX_H_hipDeviceGetMemPool);
+        if (!get || !((dev_of && dev_of(s, &d) == hipSuccess) || (dev && dev(&d) == hipSuccess))) return NULL;
+        return get(&pool, d) == hipSuccess ? pool : NULL;
+    }
+    CUresult (*dev_of)(void *, CUdevice *) = krex_real(KREX_H_cuStreamGetDevice);
+    CUresult (*dev)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
+    CUresult (*get)(void **, CUdevice) = krex_real(KREX_H_cuDeviceGetMemPool);
+    if (!get || !((dev_of && dev_of(s, &d) == CUDA_SUCCESS) || (dev && dev(&d) == CUDA_SUCCESS))) return NULL;
+    return get(&pool, d) == CUDA_SUCCESS ? pool : NULL;
+}
+
+/* after an allocation from POOL (NULL: the current pool of stream S's device) */
+static void pool_allocated(int vendor, void *pool, void *s) {
+    if (krex_captures_active) return;   /* an allocation into a graph under capture: the pool does not grow */
+    if (!pool) pool = current_pool(vendor, s);
+    if (!pool) return;
+    pthread_mutex_lock(&pools_lock);
+    int known = pool_entry(pool) != NULL;
+    pthread_mutex_unlock(&pools_lock);
+    if (!known) pool_follow(vendor, pool);
+}
+
+/* A trim: the pool followed from now on if it was not, read before and after the call. */
+#define POOL_TRIM(V, pool, call)                                                            \
+    int followed = pool_follow(KREX_VENDOR_##V, pool);                                       \
+    krex_pools_observe();                                                                    \
+    GATED(V, call);                                                                          \
+    if (r == 0 && followed) krex_pools_observe();                                            \
+    else if (r == 0) count_freed(1);    /* unread: a free of unknown size */                 \
+    return r
+KREX_EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
+    if (!REAL(cuMemPoolTrimTo)) return CUDA_ERROR_NOT_INITIALIZED;
+    POOL_TRIM(CUDA, pool, REAL(cuMemPoolTrimTo)(pool, keep));
+}
+KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
+    if (!REAL(hipMemPoolTrimTo)) return 3;
+    POOL_TRIM(HIP, pool, REAL(hipMemPoolTrimTo)(pool, keep));
+}
+
+/* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
+ * then its reservation counts as freed; if the destroy fails, it is followed again. */
+#define POOL_DESTROY(V, pool, call)                                                         \
+    uint64_t held = 0;                                                                       \
+    int known = 0;                                                                           \
+    pthread_mutex_lock(&pools_lock);                                                         \
+    struct krex_pool *e = pool_entry(pool);                                                  \
+    if (e) {                                                                                 \
+        observe_locked(e);                                                                   \
+        held = e->last, known = 1;                                                           \
+        *e = pools[npools - 1];                                                              \
+        __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);                             \
+    }                                                                                        \
+    pthread_mutex_unlock(&pools_lock);                                                       \
+    if (!known) known = pool_read(KREX_VENDOR_##V, pool, &held) == 0;                        \
+    GATED(V, call);                                                                          \
+    if (r == 0) count_freed(known ? held : 1);                                               \
+    else pool_follow(KREX_VENDOR_##V, pool);                                                 \
+    return r
+KREX_EXPORT CUresult cuMemPoolDestroy(void *pool) {
+    if (!REAL(cuMemPoolDestroy)) return CUDA_ERROR_NOT_INITIALIZED;
+    POOL_DESTROY(CUDA, pool, REAL(cuMemPoolDestroy)(pool));
+}
+KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
+    if (!REAL(hipMemPoolDestroy)) return 3;
+    POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
 static uint64_t pools_held(void) {
     uint64_t n = 0;
-    pthread_mutex_lock(&sizes_lock);
-    for (int i = 0; i < npools; i++) n += pools[i].seen;
-    pthread_mutex_unlock(&sizes_lock);
+    pthread_mutex_lock(&pools_lock);
+    for (int i = 0; i < npools; i++) n += pools[i].last;
+    pthread_mutex_unlock(&pools_lock);
     return n;
+}
+
+static void pools_reset_after_fork(void) {      /* the child has no contexts, so no pools */
+    pthread_mutex_init(&pools_lock, NULL);
+    npools = 0;
 }
 
 #define ASYNC_ALLOC(V, name, P, A, S, POOL)                                                   \
@@ -319,7 +371,7 @@ static uint64_t pools_held(void) {
         int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_MEMORY_ASYNC, (void *)(S), KREX_H_##name); \
         int r = real A;                                                                        \
         krex_submit_leave(entered);                                                            \
-        if (r == 0) pool_allocated(KREX_VENDOR_##V, POOL);                                     \
+        if (r == 0) pool_allocated(KREX_VENDOR_##V, POOL, (void *)(S));                        \
         return r;                                                                              \
     }
 ASYNC_ALLOC(CUDA, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s, NULL)

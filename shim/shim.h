@@ -170,5 +170,8 @@ int krex_hook_wanted(int id);                   /* 0: resolvers hand out the dri
 /* memory.c: sizes of device allocations */
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */
 uint64_t krex_memory_live(void);
+/* read the followed stream-ordered pools (before and after every synchronize and drain): what one gave back since
+ * its last reading counts as freed (memory.c) */
+void krex_pools_observe(void);
 void krex_memory_reset_after_fork(void);
 #endif

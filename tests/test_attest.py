@@ -283,36 +283,56 @@ if api == "cuda":
     assert lib.cuInit(0) == 0 and lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
     assert lib.cuCtxSetCurrent(ctx) == 0
     alloc, free, trim = lib.cuMemAllocAsync, lib.cuMemFreeAsync, lib.cuMemPoolTrimTo
+    from_pool, create, destroy = lib.cuMemAllocFromPoolAsync, lib.cuMemPoolCreate, lib.cuMemPoolDestroy
     pool_of, set_attr, sync = lib.cuDeviceGetDefaultMemPool, lib.cuMemPoolSetAttribute, lib.cuStreamSynchronize
 else:
     lib = ctypes.CDLL("libamdhip64.so")
     ptr = ctypes.c_void_p()
     assert lib.hipSetDevice(0) == 0
     alloc, free, trim = lib.hipMallocAsync, lib.hipFreeAsync, lib.hipMemPoolTrimTo
+    from_pool, create, destroy = lib.hipMallocFromPoolAsync, lib.hipMemPoolCreate, lib.hipMemPoolDestroy
     pool_of, set_attr, sync = lib.hipDeviceGetDefaultMemPool, lib.hipMemPoolSetAttribute, lib.hipStreamSynchronize
+GIB2 = ctypes.c_size_t(2 << 30)
 pool = ctypes.c_void_p()
-assert pool_of(ctypes.byref(pool), 0) == 0
-if mode in ("keep", "trim"):                    # the release threshold at its maximum, as PyTorch sets it
+if mode == "destroy":                           # a pool of its own, its memory back when it is destroyed
+    assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0
+else:
+    assert pool_of(ctypes.byref(pool), 0) == 0
+if mode in ("keep", "trim", "destroy", "exit"):  # the release threshold at its maximum, as PyTorch's backend sets it
     assert set_attr(pool, 4, ctypes.byref(ctypes.c_uint64(2**64 - 1))) == 0
-assert alloc(ctypes.byref(ptr), ctypes.c_size_t(2 << 30), None) == 0
+if mode == "destroy":
+    assert from_pool(ctypes.byref(ptr), GIB2, pool, None) == 0
+else:
+    assert alloc(ctypes.byref(ptr), GIB2, None) == 0
 assert free(ptr, None) == 0                     # back to the pool, not to the driver
 if mode == "trim":
     assert trim(pool, ctypes.c_size_t(0)) == 0  # the pool's 2 GiB back to the driver
-if mode == "sync":
+if mode in ("sync", "regrow"):
     assert sync(None) == 0                      # threshold 0: the synchronize gives the 2 GiB back
+if mode == "regrow":                            # ... the pool takes 1 GiB, gives it back, and takes it again, all
+    GIB1 = ctypes.c_size_t(1 << 30)             # before any drain: 3 GiB given back in all
+    assert alloc(ctypes.byref(ptr), GIB1, None) == 0
+    assert free(ptr, None) == 0 and sync(None) == 0
+    assert alloc(ctypes.byref(ptr), GIB1, None) == 0
+if mode == "destroy":
+    assert destroy(pool) == 0
 print("ready", flush=True)
-time.sleep(60)
+if mode != "exit":                              # exit: leaves at once, its pool holding 2 GiB
+    time.sleep(60)
 """
 
 
 @pytest.mark.parametrize("api", ["cuda", "hip"])
 def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     """A stream-ordered free returns memory to its pool. The pool gives it to the driver, which scrubs it, on a
-    trim (cuMemPoolTrimTo, hipMemPoolTrimTo: what PyTorch's cudaMallocAsync backend does in empty_cache), or,
-    above its release threshold (0 unless set), at the next synchronize: the program's own (sync), or the one
-    of the drain before another job's region (drain). The shim reports the bytes the pool's reservation shrank
-    by as freed, and the region waits for them as after a free. With the threshold at its maximum (PyTorch's)
-    and no trim, the pool keeps the memory and nothing is waited for (keep)."""
+    trim (cuMemPoolTrimTo, hipMemPoolTrimTo: what PyTorch's cudaMallocAsync backend does in empty_cache), when it
+    is destroyed, or, above its release threshold (0 unless set), at the next synchronize: the program's own
+    (sync; regrow, where the pool grows back before any drain), or the one of the drain before another job's
+    region (drain); a process that exits gives back what its pools hold (exit). The shim counts what a pool
+    gave back, once (a settle of at most the 2 GiB's 4 s; regrow's 3 GiB, 6 s, at least 4.5 s unless the second
+    release went unseen), and the region waits for it as after a free. With
+    the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
+    (keep). The fake driver aborts a process that reads a destroyed pool: the holder must live on."""
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"settle_ms_per_gib": 2000, "lifecycle_timeout_s": 10}))
     krex.start_controller("--config", str(cfg))
@@ -320,19 +340,26 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     script.write_text(TRIM_SCRIPT)
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
-    for mode in ("keep", "trim", "sync", "drain"):
+    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit"):
         p = krex.popen([sys.executable, script, api, mode], env=env)
         assert p.stdout.readline().strip() == "ready"
-        wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="registered")
+        if mode == "exit":
+            p.communicate(timeout=30)
+        else:
+            wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), what="registered")
         _, r = region_of(krex, tmp_path)
         settles[mode] = r["settle_ns"]
         assert r["clean"], r
-        p.kill()
-        p.communicate()
+        if mode != "exit":
+            assert p.poll() is None, (mode, p.communicate())   # alive: no destroyed pool was read
+            p.kill()
+            p.communicate()
         wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
         time.sleep(0.2)
     assert settles["keep"] < 0.3e9, settles
-    assert min(settles["trim"], settles["sync"], settles["drain"]) > 0.5e9, settles
+    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit")]
+    assert min(given) > 0.5e9 and max(given) < 4.5e9, settles
+    assert 4.5e9 < settles["regrow"] < 6.5e9, settles
 
 
 def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):

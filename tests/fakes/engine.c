@@ -292,61 +292,106 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
     enqueue(s, op);
 }
 
-/* one pool: what it reserves, what of that is allocated, the release threshold, and its allocations (a short
- * list: the fakes' programs hold a few) */
+/* the pools: per handle what it reserves, what of that is allocated, its release threshold; the allocations
+ * (a short list: the fakes' programs hold a few) */
+#define FK_POOLS 16
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t pool_reserved, pool_in_use, pool_threshold;
-static struct { const void *p; size_t n; } pool_allocs[256];
-void fk_pool_took(const void *p, size_t n) {
+static struct fk_pool { uintptr_t h; uint64_t reserved, in_use, threshold; int destroyed; } pools[FK_POOLS];
+static struct { const void *p; size_t n; struct fk_pool *pool; } pool_allocs[256];
+static uintptr_t pools_created;
+
+static struct fk_pool *pool_of(uintptr_t h, int make) {        /* under pool_lock */
+    for (size_t i = 0; i < FK_POOLS; i++)
+        if (pools[i].h == h) return &pools[i];
+    if (!make) return NULL;
+    for (size_t i = 0; i < FK_POOLS; i++)
+        if (!pools[i].h) {
+            pools[i].h = h;
+            return &pools[i];
+        }
+    return NULL;
+}
+static struct fk_pool *live_pool(uintptr_t h, int make) {      /* under pool_lock; a destroyed one read: abort */
+    struct fk_pool *q = pool_of(h, make);
+    if (q && q->destroyed) {
+        fprintf(stderr, "fake driver: pool %#lx used after it was destroyed\n", (unsigned long)h);
+        abort();
+    }
+    return q;
+}
+int fk_pool_took(uintptr_t h, const void *p, size_t n) {
+    int r = -1;
     pthread_mutex_lock(&pool_lock);
-    pool_reserved += n, pool_in_use += n;
-    for (size_t i = 0; i < sizeof pool_allocs / sizeof *pool_allocs; i++)
+    struct fk_pool *q = live_pool(h, 1);
+    for (size_t i = 0; q && i < sizeof pool_allocs / sizeof *pool_allocs; i++)
         if (!pool_allocs[i].p) {
-            pool_allocs[i].p = p, pool_allocs[i].n = n;
+            pool_allocs[i].p = p, pool_allocs[i].n = n, pool_allocs[i].pool = q;
+            q->reserved += n, q->in_use += n, r = 0;
             break;
         }
     pthread_mutex_unlock(&pool_lock);
+    return r;
 }
 void fk_pool_gave(const void *p) {
     pthread_mutex_lock(&pool_lock);
     for (size_t i = 0; p && i < sizeof pool_allocs / sizeof *pool_allocs; i++)
         if (pool_allocs[i].p == p) {
-            pool_in_use -= pool_allocs[i].n < pool_in_use ? pool_allocs[i].n : pool_in_use;
+            struct fk_pool *q = pool_allocs[i].pool;
+            q->in_use -= pool_allocs[i].n < q->in_use ? pool_allocs[i].n : q->in_use;
             pool_allocs[i].p = NULL;
             break;
         }
     pthread_mutex_unlock(&pool_lock);
 }
-static void give_back_above(uint64_t keep) {
-    if (keep < pool_in_use) keep = pool_in_use;
-    if (pool_reserved > keep) pool_reserved = keep;
+static void give_back_above(struct fk_pool *q, uint64_t keep) {
+    if (keep < q->in_use) keep = q->in_use;
+    if (q->reserved > keep) q->reserved = keep;
 }
-void fk_pool_trim(size_t keep) {
+int fk_pool_trim(uintptr_t h, size_t keep) {
     pthread_mutex_lock(&pool_lock);
-    give_back_above(keep);
+    struct fk_pool *q = live_pool(h, 1);
+    if (q) give_back_above(q, keep);
     pthread_mutex_unlock(&pool_lock);
+    return q ? 0 : -1;
 }
 void fk_pool_sync(void) {
     pthread_mutex_lock(&pool_lock);
-    if (pool_reserved > pool_threshold) give_back_above(pool_threshold);
+    for (size_t i = 0; i < FK_POOLS; i++)
+        if (pools[i].h && !pools[i].destroyed && pools[i].reserved > pools[i].threshold)
+            give_back_above(&pools[i], pools[i].threshold);
     pthread_mutex_unlock(&pool_lock);
 }
-int fk_pool_attr(int attr, void *value) {
+int fk_pool_attr(uintptr_t h, int attr, void *value) {
     if (attr < 1 || attr > 8) return -1;
     pthread_mutex_lock(&pool_lock);
-    uint64_t v = attr == 4 ? pool_threshold : attr == 5 || attr == 6 ? pool_reserved : attr == 7 || attr == 8 ? pool_in_use : 0;
+    struct fk_pool *q = live_pool(h, 1);
+    uint64_t v = !q ? 0 : attr == 4 ? q->threshold : attr == 5 || attr == 6 ? q->reserved
+                 : attr == 7 || attr == 8 ? q->in_use : 0;
     pthread_mutex_unlock(&pool_lock);
     memcpy(value, &v, sizeof v);
-    return 0;
+    return q ? 0 : -1;
 }
-int fk_pool_set(int attr, const void *value) {
+int fk_pool_set(uintptr_t h, int attr, const void *value) {
     if (attr < 1 || attr > 8) return -1;
-    if (attr == 4) {
-        pthread_mutex_lock(&pool_lock);
-        memcpy(&pool_threshold, value, sizeof pool_threshold);
-        pthread_mutex_unlock(&pool_lock);
-    }
-    return 0;
+    pthread_mutex_lock(&pool_lock);
+    struct fk_pool *q = live_pool(h, 1);
+    if (q && attr == 4) memcpy(&q->threshold, value, sizeof q->threshold);
+    pthread_mutex_unlock(&pool_lock);
+    return q ? 0 : -1;
+}
+uintptr_t fk_pool_create(void) {
+    pthread_mutex_lock(&pool_lock);
+    uintptr_t h = 0x1000 + ++pools_created;
+    struct fk_pool *q = pool_of(h, 1);
+    pthread_mutex_unlock(&pool_lock);
+    return q ? h : 0;
+}
+int fk_pool_destroy(uintptr_t h) {
+    pthread_mutex_lock(&pool_lock);
+    struct fk_pool *q = live_pool(h, 0);
+    if (q) q->destroyed = 1, q->reserved = 0;      /* its memory back to the driver */
+    pthread_mutex_unlock(&pool_lock);
+    return q ? 0 : -1;
 }
 
 void fk_empty_op(struct fk_stream *s) {

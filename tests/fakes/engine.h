@@ -87,18 +87,22 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n);
 /* an operation in stream order that moves nothing the fake can see (a graph upload, a managed-memory prefetch or
  * discard, an external semaphore): ordered after the work before it, like any other */
 void fk_empty_op(struct fk_stream *s);
-/* the stream-ordered allocators' pools, CUDA's and HIP's: one pool. An allocation takes new reservation (the
- * fakes reuse none); a free gives its bytes back to the pool, not to the driver; a trim gives the driver all the
- * pool holds unused above what it keeps, and a synchronize (stream, event, context/device) all above the release
- * threshold (attribute 4, 0 unless set), as the real drivers do */
-void fk_pool_took(const void *p, size_t n);
+/* the stream-ordered allocators' pools, CUDA's and HIP's, by handle: a device's default pool is its number plus
+ * one (1: device 0), created ones from 0x1001. An allocation takes new reservation (the fakes reuse none; -1 when
+ * the fake's list of allocations is full); a free gives its bytes back to its pool, not to the driver; a trim gives
+ * the driver all a pool holds unused above what it keeps, a synchronize (stream, event, context/device) all above
+ * each pool's release threshold (attribute 4, 0 unless set), a destroy all, as the real drivers do. Any use of a
+ * destroyed pool aborts the process (the real driver's handle would be gone). */
+int fk_pool_took(uintptr_t pool, const void *p, size_t n);
 void fk_pool_gave(const void *p);
-void fk_pool_trim(size_t keep);
+int fk_pool_trim(uintptr_t pool, size_t keep);
 void fk_pool_sync(void);
 /* a pool attribute (CU_MEMPOOL_ATTR_*, hipMemPoolAttr*: the same values, 1-8) into *value (8 bytes): the
  * release threshold (4), the reservation (5, 6), what is in use (7, 8), else 0; -1 for another attribute */
-int fk_pool_attr(int attr, void *value);
-int fk_pool_set(int attr, const void *value);       /* only the release threshold (4) is kept */
+int fk_pool_attr(uintptr_t pool, int attr, void *value);
+int fk_pool_set(uintptr_t pool, int attr, const void *value);       /* only the release threshold (4) is kept */
+uintptr_t fk_pool_create(void);
+int fk_pool_destroy(uintptr_t pool);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);

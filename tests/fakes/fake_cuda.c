@@ -682,16 +682,25 @@ MIGRATE(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n
 MIGRATE(cuMemDiscardBatchAsync, (CUdeviceptr *d, size_t *sz, size_t n, unsigned long long fl, CUstream s),
         { (void)fl; return migrate_batch(d, sz, n, s); })
 /* the stream-ordered allocator: the fake allocates and frees at once, the stream's order aside; what it takes is
- * the pools' reservation (fk_pool_took) */
+ * its pool's reservation (fk_pool_took): the current device's default pool, or the one named */
+static CUresult alloc_from(CUdeviceptr *p, size_t n, uintptr_t pool) {
+    CUresult r = cuMemAlloc_v2(p, n);
+    if (r == OK && fk_pool_took(pool, PTR(*p), n)) {
+        cuMemFree_v2(*p);
+        return E_MEMORY;
+    }
+    return r;
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
-    CUresult r = cuMemAlloc_v2(p, n);
-    if (r == OK) fk_pool_took(PTR(*p), n);
-    return r;
+    NEED_CTX();
+    return alloc_from(p, n, (uintptr_t)current()->fk->device + 1);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
-    return pool ? cuMemAllocAsync(p, n, s) : E_VALUE;
+    (void)s;
+    NEED_CTX();
+    return pool ? alloc_from(p, n, (uintptr_t)pool) : E_VALUE;
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
@@ -723,25 +732,34 @@ EXPORT CUresult cuMemMapArrayAsync(void *info, unsigned n, CUstream s) {
     return OK;
 }
 EXPORT CUresult cuMemMapArrayAsync_ptsz(void *info, unsigned n, CUstream s) { return cuMemMapArrayAsync(info, n, s); }
-/* a pool's or the graphs' unused memory back to the driver (the fake keeps none) */
+/* a pool's or the graphs' unused memory back to the driver (the graphs' allocator keeps none in the fake) */
 EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
     NEED_INIT();
-    if (!pool) return E_VALUE;
-    fk_pool_trim(keep);
-    return OK;
+    return pool && fk_pool_trim((uintptr_t)pool, keep) == 0 ? OK : E_VALUE;
+}
+EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) {
+    NEED_INIT();
+    if (!pool || !props) return E_VALUE;
+    *pool = (void *)fk_pool_create();
+    return *pool ? OK : E_MEMORY;
+}
+EXPORT CUresult cuMemPoolDestroy(void *pool) {
+    NEED_INIT();
+    return pool && fk_pool_destroy((uintptr_t)pool) == 0 ? OK : E_VALUE;
 }
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) { NEED_INIT(); return d >= 0 && d < fk_device_count() ? OK : E_DEVICE; }
 /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (5); the graphs' allocator reserves nothing in the fake
  * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, 2: 0) */
 EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
     NEED_INIT();
-    return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
+    return pool && value && fk_pool_attr((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
     NEED_INIT();
-    return pool && value && fk_pool_set(attr, value) == 0 ? OK : E_VALUE;
+    return pool && value && fk_pool_set((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
-/* a device's pool, default or current: the fake's one pool, whose handle is its device's number plus one */
+/* a device's pool, default or current: the default one (the fake has no cuDeviceSetMemPool), its device's
+ * number plus one */
 EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) {
     NEED_INIT();
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
@@ -814,7 +832,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
-    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \

@@ -234,15 +234,19 @@ EXPORT hipError_t hipMemMapArrayAsync(void *info, unsigned n, hipStream_t s) {
     return OK;
 }
 EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
-    if (!pool) return E_VALUE;
-    fk_pool_trim(keep);
-    return OK;
+    return pool && fk_pool_trim((uintptr_t)pool, keep) == 0 ? OK : E_VALUE;
 }
+EXPORT hipError_t hipMemPoolCreate(void **pool, const void *props) {
+    if (!pool || !props) return E_VALUE;
+    *pool = (void *)fk_pool_create();
+    return *pool ? OK : E_MEMORY;
+}
+EXPORT hipError_t hipMemPoolDestroy(void *pool) { return pool && fk_pool_destroy((uintptr_t)pool) == 0 ? OK : E_VALUE; }
 EXPORT hipError_t hipMemPoolGetAttribute(void *pool, int attr, void *value) {
-    return pool && value && fk_pool_attr(attr, value) == 0 ? OK : E_VALUE;
+    return pool && value && fk_pool_attr((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT hipError_t hipMemPoolSetAttribute(void *pool, int attr, void *value) {
-    return pool && value && fk_pool_set(attr, value) == 0 ? OK : E_VALUE;
+    return pool && value && fk_pool_set((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT hipError_t hipDeviceGetMemPool(void **pool, int d) {      /* the fake's one pool, as in fake_cuda.c */
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
@@ -275,14 +279,21 @@ EXPORT hipError_t hipEventDestroy(hipEvent_t e) { if (!e) return E_HANDLE; free(
 
 EXPORT hipError_t hipMalloc(void **p, size_t n) { if (!p) return E_VALUE; *p = calloc(1, n ? n : 1); return *p ? OK : E_MEMORY; }
 EXPORT hipError_t hipFree(void *p) { free(p); return OK; }
-EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
-    (void)s;
+static hipError_t malloc_from(void **p, size_t n, uintptr_t pool) {     /* as in fake_cuda.c */
     hipError_t r = hipMalloc(p, n);
-    if (r == OK) fk_pool_took(*p, n);
+    if (r == OK && fk_pool_took(pool, *p, n)) {
+        hipFree(*p);
+        return E_MEMORY;
+    }
     return r;
 }
+EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
+    (void)s;
+    return malloc_from(p, n, (uintptr_t)cur_dev + 1);
+}
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
-    return pool ? hipMallocAsync(p, n, s) : E_VALUE;
+    (void)s;
+    return pool ? malloc_from(p, n, (uintptr_t)pool) : E_VALUE;
 }
 EXPORT hipError_t hipFreeAsync(void *p, hipStream_t s) { fk_stream_sync(stream_of(s)); fk_pool_gave(p); return hipFree(p); }
 EXPORT hipError_t hipMemcpyAsync(void *d, const void *s, size_t n, int k, hipStream_t st) {
@@ -342,7 +353,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess"
 
 EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
 #define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
-    X(hipGetDevice) X(hipDeviceSynchronize) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
     X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
     X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \
