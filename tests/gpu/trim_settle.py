@@ -3,7 +3,8 @@
 stays; then another job's region starts and the report says how long it waited to settle. Modes: keep (the pool
 keeps the memory: nothing to wait for), trim (cuMemPoolTrimTo: the shim reports the bytes the reservation shrank
 by), sync (the default release threshold: the synchronize gives the memory back, without a trim), drain (the
-default threshold, no synchronize: the drain's gives it back), and PyTorch's cudaMallocAsync backend without and
+default threshold, no synchronize: the drain's gives it back), regrow (given back and taken again before the
+region, 3 GiB in all), and PyTorch's cudaMallocAsync backend without and
 with torch.cuda.empty_cache() (torch-keep, torch-trim). Its own
 controller with settle_ms_per_gib 1000 (2 GiB: about 2 s) and lifecycle_timeout_s 10.
     . tests/gpu/env.sh; python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json"""
@@ -46,7 +47,7 @@ def main() -> None:
             if (work / "krex.sock").exists():
                 break
             time.sleep(0.1)
-        for mode in ("keep", "trim", "sync", "drain", "torch-keep", "torch-trim"):
+        for mode in ("keep", "trim", "sync", "drain", "regrow", "torch-keep", "torch-trim"):
             holder = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable,
                                        str(HERE / "workloads" / "pool_trim.py"), mode],
                                       env={**env, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},

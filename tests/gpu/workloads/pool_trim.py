@@ -3,7 +3,8 @@ for tests/gpu/trim_settle.py. MODE keep: the default pool's release threshold at
 cudaMallocAsync backend sets it), 2 GiB allocated, freed and synchronized: the pool keeps them. trim: the same,
 then cuMemPoolTrimTo(pool, 0), which gives them to the driver. sync: the driver's default threshold (0): the
 synchronize after the free gives them back, with no trim. drain: the default threshold and no synchronize: the
-drain's synchronize before another job's region gives them back. torch-keep, torch-trim: PyTorch with
+drain's synchronize before another job's region gives them back. regrow: as sync, then 1 GiB taken, given back at
+a synchronize and taken again, before any drain (3 GiB given back in all). torch-keep, torch-trim: PyTorch with
 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (set by the caller), a 2 GiB tensor deleted, then for
 torch-trim torch.cuda.empty_cache() (the backend's trim). Prints one JSON line (the pool's reservation after the
 synchronize and at the end), then "ready", and sleeps until killed."""
@@ -14,8 +15,8 @@ import time
 from cuda.bindings import driver as d
 
 MODE = sys.argv[1]
-if MODE not in ("keep", "trim", "sync", "drain", "torch-keep", "torch-trim"):
-    raise SystemExit(f"pool_trim: mode {MODE!r} is not keep, trim, sync, drain, torch-keep or torch-trim")
+if MODE not in ("keep", "trim", "sync", "drain", "regrow", "torch-keep", "torch-trim"):
+    raise SystemExit(f"pool_trim: mode {MODE!r} is not keep, trim, sync, drain, regrow, torch-keep or torch-trim")
 if MODE.startswith("torch"):
     import torch
 
@@ -61,6 +62,12 @@ ok(d.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
 if MODE != "drain":
     ok(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
 after_sync = reserved()
+if MODE == "regrow":
+    for _ in range(2):
+        ptr = ok(d.cuMemAllocAsync(1 << 30, stream), "cuMemAllocAsync")
+        if _ == 0:
+            ok(d.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+            ok(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
 if MODE == "trim":
     ok(d.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo")
 print(json.dumps({"mode": MODE, "reserved_after_sync": after_sync, "reserved_at_end": reserved()}), flush=True)
