@@ -48,19 +48,26 @@ def main() -> None:
                 break
             time.sleep(0.1)
         for mode in ("keep", "trim", "sync", "drain", "regrow", "torch-keep", "torch-trim"):
-            holder = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable,
+            # both on GPU 0 (krex run would place them apart on a node of several GPUs)
+            holder = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--gpu", "0", "--", sys.executable,
                                        str(HERE / "workloads" / "pool_trim.py"), mode],
                                       env={**env, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
                                       stdout=subprocess.PIPE, text=True)
-            info = {}
+            info, ready = {}, False
             for line in holder.stdout:
                 if line.startswith("{"):
                     info = json.loads(line)
                 if line.strip() == "ready":
+                    ready = True
                     break
+            if not ready:                          # it ended first (its error is on stderr): no region to judge
+                holder.wait()
+                rows.append({"mode": mode, "error": f"the holder ended before it was ready (exit {holder.returncode})"})
+                print(json.dumps(rows[-1]), flush=True)
+                continue
             time.sleep(1.0)                        # the free is at least 1 s old: a settle left is the trim's
             rep = work / f"{mode}.json"
-            r = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--report", str(rep), "--",
+            r = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "0", "--report", str(rep), "--",
                                 sys.executable, "-c", REGION], env=env, capture_output=True, text=True, timeout=120)
             region = json.loads(rep.read_text())["regions"][0] if rep.exists() else {}
             row = {**info, "mode": mode, "rc": r.returncode, "settle_ms": round(region.get("settle_ns", 0) / 1e6, 1),

@@ -26,5 +26,13 @@ def profiler_kernels(prof) -> int:
     return n
 
 
+def ok(r, what):
+    """A cuda-python driver call's result: its value (None without one); any error ends the workload, named."""
+    err = r[0] if isinstance(r, tuple) else r
+    if int(err) != 0:
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: {what}: {err}")
+    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
+
+
 def emit(**row) -> None:
     print("KREX_ROW " + json.dumps(row), flush=True)

@@ -4,16 +4,10 @@ ungated and submits the upload itself (cuGraphUpload, counted as other): N + 1 o
 without the flag none; the launch is one graph."""
 from cuda.bindings import driver as d
 
-from _count import delta, emit, shim_counts
+from _count import delta, emit, ok, shim_counts
 
 N = 20
 
-
-def ok(r, what):
-    err = r[0] if isinstance(r, tuple) else r
-    if int(err) != 0:
-        raise SystemExit(f"graph_upload: {what}: {err}")
-    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
 
 
 ok(d.cuInit(0), "cuInit")

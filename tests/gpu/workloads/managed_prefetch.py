@@ -4,16 +4,10 @@ the driver and cuda-python have them. Copy-engine work in stream order: the shim
 discards as other."""
 from cuda.bindings import driver as d
 
-from _count import delta, emit, shim_counts
+from _count import delta, emit, ok, shim_counts
 
 N = 50
 
-
-def ok(r, what):
-    err = r[0] if isinstance(r, tuple) else r
-    if int(err) != 0:
-        raise SystemExit(f"managed_prefetch: {what}: {err}")
-    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
 
 
 def location(kind: str):

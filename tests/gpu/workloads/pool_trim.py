@@ -14,6 +14,8 @@ import time
 
 from cuda.bindings import driver as d
 
+from _count import ok
+
 MODE = sys.argv[1]
 if MODE not in ("keep", "trim", "sync", "drain", "regrow", "torch-keep", "torch-trim"):
     raise SystemExit(f"pool_trim: mode {MODE!r} is not keep, trim, sync, drain, regrow, torch-keep or torch-trim")
@@ -32,12 +34,6 @@ if MODE.startswith("torch"):
     time.sleep(120)
     raise SystemExit(0)
 
-
-def ok(r, what):
-    err = r[0] if isinstance(r, tuple) else r
-    if int(err) != 0:
-        raise SystemExit(f"pool_trim: {what}: {err}")
-    return r[1] if isinstance(r, tuple) and len(r) > 1 else None
 
 
 ok(d.cuInit(0), "cuInit")
