@@ -405,6 +405,20 @@ void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count
     enqueue(s, op);
 }
 
+struct fk_callback_call { void (*fn)(void *, int, void *); void *handle, *arg; };
+static void call_back(void *p) {
+    struct fk_callback_call *c = p;
+    c->fn(c->handle, 0, c->arg);
+    free(c);
+}
+int fk_callback(struct fk_stream *s, void (*fn)(void *, int, void *), void *handle, void *arg) {
+    struct fk_callback_call *c = malloc(sizeof *c);
+    if (!c) return -1;
+    c->fn = fn, c->handle = handle, c->arg = arg;
+    fk_hostfn(s, call_back, c);
+    return 0;
+}
+
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg) {
     struct fk_op *op = calloc(1, sizeof *op);
     op->kind = FK_HOSTFN, op->fn = fn, op->arg = arg;

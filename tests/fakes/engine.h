@@ -105,6 +105,9 @@ uintptr_t fk_pool_create(void);
 int fk_pool_destroy(uintptr_t pool);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
+/* a stream callback (cuStreamAddCallback, hipStreamAddCallback): fn(handle, 0, arg) in stream order, handle the
+ * caller's stream handle and 0 its success status; -1 when out of memory */
+int fk_callback(struct fk_stream *s, void (*fn)(void *, int, void *), void *handle, void *arg);
 void fk_event_record(struct fk_stream *s, struct fk_event *e);
 struct fk_event *fk_event_new(void);
 void fk_event_sync(struct fk_event *e);

@@ -469,20 +469,10 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *u) {
 }
 EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *u) { return cuLaunchHostFunc(s, fn, u); }
 /* the older host callback: called with its stream and a status (always success in the fake) */
-struct stream_callback { void (*fn)(CUstream, CUresult, void *); CUstream s; void *u; };
-static void call_stream_callback(void *arg) {
-    struct stream_callback *c = arg;
-    c->fn(c->s, OK, c->u);
-    free(c);
-}
 EXPORT CUresult cuStreamAddCallback(CUstream s, void (*fn)(CUstream, CUresult, void *), void *u, unsigned fl) {
     NEED_CTX();
     if (!fn || fl) return E_VALUE;
-    struct stream_callback *c = malloc(sizeof *c);
-    if (!c) return E_MEMORY;
-    c->fn = fn, c->s = s, c->u = u;
-    fk_hostfn(stream_of(s), call_stream_callback, c);
-    return OK;
+    return fk_callback(stream_of(s), (void (*)(void *, int, void *))fn, s, u) ? E_MEMORY : OK;
 }
 EXPORT CUresult cuStreamAddCallback_ptsz(CUstream s, void (*fn)(CUstream, CUresult, void *), void *u, unsigned fl) {
     return cuStreamAddCallback(s, fn, u, fl);

@@ -162,19 +162,9 @@ EXPORT hipError_t hipDrvLaunchKernelEx(const HIP_LAUNCH_CONFIG *c, hipFunction_t
 }
 EXPORT hipError_t hipLaunchHostFunc(hipStream_t s, hipHostFn_t fn, void *u) { if (!fn) return E_VALUE; fk_hostfn(stream_of(s), fn, u); return OK; }
 EXPORT hipError_t hipLaunchHostFunc_spt(hipStream_t s, hipHostFn_t fn, void *u) { return hipLaunchHostFunc(s, fn, u); }
-struct stream_callback { void (*fn)(hipStream_t, hipError_t, void *); hipStream_t s; void *u; };
-static void call_stream_callback(void *arg) {
-    struct stream_callback *c = arg;
-    c->fn(c->s, OK, c->u);
-    free(c);
-}
 EXPORT hipError_t hipStreamAddCallback(hipStream_t s, void (*fn)(hipStream_t, hipError_t, void *), void *u, unsigned fl) {
     if (!fn || fl) return E_VALUE;
-    struct stream_callback *c = malloc(sizeof *c);
-    if (!c) return E_MEMORY;
-    c->fn = fn, c->s = s, c->u = u;
-    fk_hostfn(stream_of(s), call_stream_callback, c);
-    return OK;
+    return fk_callback(stream_of(s), (void (*)(void *, int, void *))fn, s, u) ? E_MEMORY : OK;
 }
 EXPORT hipError_t hipStreamAddCallback_spt(hipStream_t s, void (*fn)(hipStream_t, hipError_t, void *), void *u,
                                            unsigned fl) {
