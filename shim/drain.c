@@ -13,7 +13,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
         nanosleep(&ts, NULL);
     }
     *waited_us = (uint32_t)((krex_now_ns() - t0) / 1000);
-    krex_pools_observe();   /* before the synchronize: it may give a pool's memory back (read again after it) */
+    krex_pools_sync_begin();   /* the drain's synchronize may give a pool's memory back: read around it */
     int64_t t1 = krex_now_ns();
     struct krex_ctx_ref snap[KREX_MAX_CONTEXTS];
     int n = krex_contexts_on(mask, snap, KREX_MAX_CONTEXTS);
@@ -43,6 +43,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
         if (r && r != 4 && !status) status = r;
     }
     *sync_us = (uint32_t)((krex_now_ns() - t1) / 1000);
+    krex_pools_sync_end(0);
     return status;
 }
 

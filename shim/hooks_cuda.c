@@ -200,11 +200,10 @@ KREX_EXPORT CUresult cuEventDestroy_v2(CUevent e) { return event_destroy(REAL(cu
  * stream-ordered pools are read before and after each (memory.c). */
 static CUresult host_resumed(CUresult r) {
     if (KREX_UNLIKELY(__atomic_load_n(&krex_hostbound_armed, __ATOMIC_RELAXED))) krex_hostbound_host_resumed();
-    krex_pools_observe();               /* a pool may have given memory back (memory.c) */
     return r;
 }
 /* each synchronize: the followed pools read before it too, so that what they grew by since is not missed */
-#define SYNCED(call) (krex_pools_observe(), host_resumed(call))
+#define SYNCED(call) (krex_pools_sync_begin(), host_resumed(krex_pools_sync_end(call)))
 KREX_EXPORT CUresult cuCtxSynchronize(void) {
     return REAL(cuCtxSynchronize) ? SYNCED(REAL(cuCtxSynchronize)()) : NO_DRIVER;
 }

@@ -70,10 +70,8 @@ KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
 /* Synchronizes: forwarded, the stream-ordered pools read before and after each (memory.c: a pool may give its
  * memory back there) */
 #define SYNCED(call)                                                                             \
-    krex_pools_observe();                                                                        \
-    hipError_t r = call;                                                                         \
-    krex_pools_observe();                                                                        \
-    return r
+    krex_pools_sync_begin();                                                                     \
+    return krex_pools_sync_end(call)
 KREX_EXPORT hipError_t hipDeviceSynchronize(void) {
     if (!REAL(hipDeviceSynchronize)) return NO_DRIVER;
     SYNCED(REAL(hipDeviceSynchronize)());

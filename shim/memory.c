@@ -216,26 +216,55 @@ KREX_EXPORT hipError_t hipDeviceGraphMemTrim(int d) {
  * the context. The threshold is 0 unless the program sets it (PyTorch's cudaMallocAsync backend sets it to the
  * maximum): a program using cudaMallocAsync as it comes gives its memory back at every synchronize (on the H200:
  * bench/results/trim-settle-h200-run1.json). So the shim follows every pool it sees an allocation from (the first
- * KREX_POOLS) and reads its reservation before and after each synchronize of the program, around each drain's
- * synchronize, and around each trim: a reading below the one before counts the difference as freed, now. Between
- * two readings a pool only grows (it gives back only at those calls), so nothing given back is missed and nothing
- * is counted twice. A destroyed pool counts its last reservation as freed and is no longer read. At exit the
- * pools' last readings count as memory still held. The readings run with this thread's capture mode relaxed: in
- * another thread's global stream capture a pool query would otherwise invalidate that capture. */
+ * KREX_POOLS) and reads its reservation before and after each synchronize of the program, of each drain and of
+ * the clock canary (settle.c), and around each trim: a reading below the one before counts the difference as
+ * freed, now. Readings are made and compared under pools_lock, so nothing is counted twice. In one thread a pool
+ * only grows between two readings (it gives back only at those calls); while a synchronize is under way, another
+ * thread's allocation from a followed pool is read at once too, so that its growth is not taken for what the
+ * synchronize gave back. What stays unseen: a release during a synchronize followed, before the allocation's own
+ * reading, by another thread's allocation (the drop net of the growth is counted). A destroyed pool counts its
+ * last reading as freed and is no longer read. At exit the pools are read a last time and count as memory still
+ * held. The readings run with this thread's capture mode relaxed: in another thread's global stream capture a
+ * pool query would otherwise invalidate that capture. */
 #define KREX_POOLS 32
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct krex_pool { void *pool; int vendor; uint64_t last; } pools[KREX_POOLS];
 static int npools;                      /* written under pools_lock; read without it only as a hint */
+static int syncs_under_way;             /* synchronizes between krex_pools_sync_begin and _end */
+
+/* the driver functions the readings use, looked up once per vendor (an absent one would otherwise be looked up
+ * again at every call, under the loader's lock); the pools are read only after the driver is loaded */
+enum { H_ATTR, H_MODE, H_STREAM_DEV, H_CTX_DEV, H_DEV_POOL, H_COUNT };
+static void *helper(int vendor, int which) {
+    static void *fns[2][H_COUNT];
+    static int looked[2];
+    int hip = vendor == KREX_VENDOR_HIP;
+    if (!__atomic_load_n(&looked[hip], __ATOMIC_ACQUIRE)) {
+        static const int ids[2][H_COUNT] = {
+            {KREX_H_cuMemPoolGetAttribute, KREX_H_cuThreadExchangeStreamCaptureMode, KREX_H_cuStreamGetDevice,
+             KREX_H_cuCtxGetDevice, KREX_H_cuDeviceGetMemPool},
+            {KREX_H_hipMemPoolGetAttribute, KREX_H_hipThreadExchangeStreamCaptureMode, KREX_H_hipStreamGetDevice,
+             KREX_H_hipGetDevice, KREX_H_hipDeviceGetMemPool}};
+        for (int i = 0; i < H_COUNT; i++) __atomic_store_n(&fns[hip][i], krex_real(ids[hip][i]), __ATOMIC_RELAXED);
+        __atomic_store_n(&looked[hip], 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fns[hip][which], __ATOMIC_RELAXED);
+}
+
+/* STMT with this thread's stream capture mode relaxed, then restored */
+#define RELAXED(vendor, stmt)                                                                 \
+    do {                                                                                       \
+        capture_mode_fn mode_of = (capture_mode_fn)helper(vendor, H_MODE);                    \
+        int mode = KREX_CAPTURE_RELAXED, swapped = mode_of && mode_of(&mode) == 0;             \
+        stmt;                                                                                  \
+        if (swapped) mode_of(&mode);    /* back to what the thread had */                     \
+    } while (0)
 
 static int pool_read(int vendor, void *pool, uint64_t *v) {
-    int hip = vendor == KREX_VENDOR_HIP;
-    attr_of_pool get = (attr_of_pool)krex_real(hip ? KREX_H_hipMemPoolGetAttribute : KREX_H_cuMemPoolGetAttribute);
-    capture_mode_fn mode_of = (capture_mode_fn)krex_real(hip ? KREX_H_hipThreadExchangeStreamCaptureMode
-                                                             : KREX_H_cuThreadExchangeStreamCaptureMode);
+    attr_of_pool get = (attr_of_pool)helper(vendor, H_ATTR);
     if (!pool || !get) return -1;
-    int mode = KREX_CAPTURE_RELAXED, swapped = mode_of && mode_of(&mode) == 0;
-    int r = get(pool, KREX_POOL_RESERVED, v);
-    if (swapped) mode_of(&mode);        /* back to what the thread had */
+    int r;
+    RELAXED(vendor, r = get(pool, KREX_POOL_RESERVED, v));
     return r == 0 ? 0 : -1;
 }
 
@@ -259,6 +288,17 @@ void krex_pools_observe(void) {
     pthread_mutex_unlock(&pools_lock);
 }
 
+void krex_pools_sync_begin(void) {
+    __atomic_add_fetch(&syncs_under_way, 1, __ATOMIC_SEQ_CST);     /* before the reading: see pool_allocated */
+    krex_pools_observe();
+}
+
+int krex_pools_sync_end(int r) {
+    krex_pools_observe();
+    __atomic_sub_fetch(&syncs_under_way, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+
 /* POOL from now on (its reservation read now, if it is new); 1 if it is followed */
 static int pool_follow(int vendor, void *pool) {
     if (!pool) return 0;
@@ -276,22 +316,17 @@ static int pool_follow(int vendor, void *pool) {
     return e != NULL;
 }
 
-/* the pool an allocation on stream S came from: the current pool of the stream's device */
+/* the pool an allocation on stream S came from: the current pool of the stream's device (CUDA_SUCCESS and
+ * hipSuccess are both 0) */
 static void *current_pool(int vendor, void *s) {
+    int (*dev_of)(void *, int *) = helper(vendor, H_STREAM_DEV);
+    int (*dev)(int *) = helper(vendor, H_CTX_DEV);
+    int (*get)(void **, int) = helper(vendor, H_DEV_POOL);
     void *pool = NULL;
-    int d;
-    if (vendor == KREX_VENDOR_HIP) {
-        hipError_t (*dev_of)(void *, int *) = krex_real(KREX_H_hipStreamGetDevice);
-        hipError_t (*dev)(int *) = krex_real(KREX_H_hipGetDevice);
-        hipError_t (*get)(void **, int) = krex_real(KREX_H_hipDeviceGetMemPool);
-        if (!get || !((dev_of && dev_of(s, &d) == hipSuccess) || (dev && dev(&d) == hipSuccess))) return NULL;
-        return get(&pool, d) == hipSuccess ? pool : NULL;
-    }
-    CUresult (*dev_of)(void *, CUdevice *) = krex_real(KREX_H_cuStreamGetDevice);
-    CUresult (*dev)(CUdevice *) = krex_real(KREX_H_cuCtxGetDevice);
-    CUresult (*get)(void **, CUdevice) = krex_real(KREX_H_cuDeviceGetMemPool);
-    if (!get || !((dev_of && dev_of(s, &d) == CUDA_SUCCESS) || (dev && dev(&d) == CUDA_SUCCESS))) return NULL;
-    return get(&pool, d) == CUDA_SUCCESS ? pool : NULL;
+    int d, found = 0;
+    if (!get) return NULL;
+    RELAXED(vendor, found = ((dev_of && dev_of(s, &d) == 0) || (dev && dev(&d) == 0)) && get(&pool, d) == 0);
+    return found ? pool : NULL;
 }
 
 /* after an allocation from POOL (NULL: the current pool of stream S's device) */
@@ -300,9 +335,11 @@ static void pool_allocated(int vendor, void *pool, void *s) {
     if (!pool) pool = current_pool(vendor, s);
     if (!pool) return;
     pthread_mutex_lock(&pools_lock);
-    int known = pool_entry(pool) != NULL;
+    struct krex_pool *e = pool_entry(pool);
+    /* while a synchronize is under way it may give memory back: this growth is read now, not taken for less */
+    if (e && __atomic_load_n(&syncs_under_way, __ATOMIC_SEQ_CST)) observe_locked(e);
     pthread_mutex_unlock(&pools_lock);
-    if (!known) pool_follow(vendor, pool);
+    if (!e) pool_follow(vendor, pool);
 }
 
 /* A trim: the pool followed from now on if it was not, read before and after the call. */
@@ -323,23 +360,30 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
 }
 
 /* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
- * then its reservation counts as freed; if the destroy fails, it is followed again. */
+ * then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read, it may be gone
+ * already); if the destroy fails, it is followed again from that reading. The driver may give the memory back
+ * only once allocations still out are freed: counted at the destroy, the settle may then be early. */
 #define POOL_DESTROY(V, pool, call)                                                         \
-    uint64_t held = 0;                                                                       \
-    int known = 0;                                                                           \
+    struct krex_pool gone = {NULL, KREX_VENDOR_##V, 0};                                      \
     pthread_mutex_lock(&pools_lock);                                                         \
     struct krex_pool *e = pool_entry(pool);                                                  \
     if (e) {                                                                                 \
         observe_locked(e);                                                                   \
-        held = e->last, known = 1;                                                           \
+        gone = *e;                                                                           \
         *e = pools[npools - 1];                                                              \
         __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);                             \
     }                                                                                        \
     pthread_mutex_unlock(&pools_lock);                                                       \
-    if (!known) known = pool_read(KREX_VENDOR_##V, pool, &held) == 0;                        \
     GATED(V, call);                                                                          \
-    if (r == 0) count_freed(known ? held : 1);                                               \
-    else pool_follow(KREX_VENDOR_##V, pool);                                                 \
+    if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
+    else if (gone.pool) {                                                                    \
+        pthread_mutex_lock(&pools_lock);                                                     \
+        if (npools < KREX_POOLS && !pool_entry(pool)) {                                      \
+            pools[npools] = gone;                                                            \
+            __atomic_store_n(&npools, npools + 1, __ATOMIC_RELAXED);                         \
+        }                                                                                    \
+        pthread_mutex_unlock(&pools_lock);                                                   \
+    }                                                                                        \
     return r
 KREX_EXPORT CUresult cuMemPoolDestroy(void *pool) {
     if (!REAL(cuMemPoolDestroy)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -350,10 +394,10 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
     POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
-static uint64_t pools_held(void) {
+static uint64_t pools_held(void) {        /* read a last time (a failed reading keeps the one before) */
     uint64_t n = 0;
     pthread_mutex_lock(&pools_lock);
-    for (int i = 0; i < npools; i++) n += pools[i].last;
+    for (int i = 0; i < npools; i++) observe_locked(&pools[i]), n += pools[i].last;
     pthread_mutex_unlock(&pools_lock);
     return n;
 }

@@ -173,5 +173,9 @@ uint64_t krex_memory_live(void);
 /* read the followed stream-ordered pools (before and after every synchronize and drain): what one gave back since
  * its last reading counts as freed (memory.c) */
 void krex_pools_observe(void);
+/* around a synchronize: the pools read before it (and, while one is under way, after every allocation from a
+ * followed pool) and after it; end returns r */
+void krex_pools_sync_begin(void);
+int krex_pools_sync_end(int r);
 void krex_memory_reset_after_fork(void);
 #endif

@@ -298,14 +298,17 @@ if mode == "destroy":                           # a pool of its own, its memory 
     assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0
 else:
     assert pool_of(ctypes.byref(pool), 0) == 0
-if mode in ("keep", "trim", "destroy", "exit"):  # the release threshold at its maximum, as PyTorch's backend sets it
+if mode in ("keep", "trim", "trimgrown", "destroy", "exit"):  # the release threshold at its maximum (PyTorch's)
     assert set_attr(pool, 4, ctypes.byref(ctypes.c_uint64(2**64 - 1))) == 0
+if mode in ("draingrown", "trimgrown"):         # the pool followed from 1 MiB, then grown by 2 GiB unread
+    small = type(ptr)()
+    assert alloc(ctypes.byref(small), ctypes.c_size_t(1 << 20), None) == 0
 if mode == "destroy":
     assert from_pool(ctypes.byref(ptr), GIB2, pool, None) == 0
 else:
     assert alloc(ctypes.byref(ptr), GIB2, None) == 0
 assert free(ptr, None) == 0                     # back to the pool, not to the driver
-if mode == "trim":
+if mode in ("trim", "trimgrown"):
     assert trim(pool, ctypes.c_size_t(0)) == 0  # the pool's 2 GiB back to the driver
 if mode in ("sync", "regrow"):
     assert sync(None) == 0                      # threshold 0: the synchronize gives the 2 GiB back
@@ -328,7 +331,8 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     trim (cuMemPoolTrimTo, hipMemPoolTrimTo: what PyTorch's cudaMallocAsync backend does in empty_cache), when it
     is destroyed, or, above its release threshold (0 unless set), at the next synchronize: the program's own
     (sync; regrow, where the pool grows back before any drain), or the one of the drain before another job's
-    region (drain); a process that exits gives back what its pools hold (exit). The shim counts what a pool
+    region (drain); a process that exits gives back what its pools hold (exit). draingrown and trimgrown: the
+    pool grew since its last reading (a drain or a trim must read it before it gives back). The shim counts what a pool
     gave back, once (a settle of at most the 2 GiB's 4 s; regrow's 3 GiB, 6 s, at least 4.5 s unless the second
     release went unseen), and the region waits for it as after a free. With
     the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
@@ -340,7 +344,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     script.write_text(TRIM_SCRIPT)
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
-    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit"):
+    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown"):
         p = krex.popen([sys.executable, script, api, mode], env=env)
         assert p.stdout.readline().strip() == "ready"
         if mode == "exit":
@@ -357,7 +361,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
         wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
         time.sleep(0.2)
     assert settles["keep"] < 0.3e9, settles
-    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit")]
+    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown")]
     assert min(given) > 0.5e9 and max(given) < 4.5e9, settles
     assert 4.5e9 < settles["regrow"] < 6.5e9, settles
 
