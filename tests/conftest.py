@@ -172,9 +172,12 @@ class Krex:
         out = []
         # a process still running may be writing its line as this reads: what follows the last newline is not
         # a whole line yet
-        for line in self.trace.read_text().split("\n")[:-1]:
+        text = self.trace.read_text()
+        for line in text.split("\n")[:-1]:
             pid, sid, start, end, rest = line.split(" ", 4)
             name, *fields = rest.split(" ")
+            # a field without "=" was seen once in a clean-clone run under load (not reproduced): say which line
+            assert all("=" in f for f in fields), f"a trace line that does not parse: {line!r} in {text[-2000:]!r}"
             out.append((int(pid), int(sid), int(start), int(end), name, dict(f.split("=", 1) for f in fields)))
         return out
 
