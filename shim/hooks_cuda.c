@@ -203,7 +203,7 @@ static CUresult host_resumed(CUresult r) {
     return r;
 }
 /* each synchronize: the followed pools read before it too, so that what they grew by since is not missed */
-#define SYNCED(call) (krex_pools_sync_begin(), host_resumed(krex_pools_sync_end(call)))
+#define SYNCED(call) (krex_pools_sync_begin(), krex_pools_sync_end(host_resumed(call)))   /* the check's time first */
 KREX_EXPORT CUresult cuCtxSynchronize(void) {
     return REAL(cuCtxSynchronize) ? SYNCED(REAL(cuCtxSynchronize)()) : NO_DRIVER;
 }
