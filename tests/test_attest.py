@@ -319,6 +319,11 @@ if mode == "regrow":                            # ... the pool takes 1 GiB, give
     assert alloc(ctypes.byref(ptr), GIB1, None) == 0
 if mode == "destroy":
     assert destroy(pool) == 0
+if mode == "canary":                            # threshold 0, nothing synchronized: the clock canary's synchronize at
+    import krex                                 # this region's grant gives the 2 GiB back; inside, 2 GiB again
+
+    with krex.region("hold"):
+        assert alloc(ctypes.byref(ptr), GIB2, None) == 0 and sync(None) == 0
 print("ready", flush=True)
 if mode != "exit":                              # exit: leaves at once, its pool holding 2 GiB
     time.sleep(60)
@@ -332,7 +337,8 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     is destroyed, or, above its release threshold (0 unless set), at the next synchronize: the program's own
     (sync; regrow, where the pool grows back before any drain), or the one of the drain before another job's
     region (drain); a process that exits gives back what its pools hold (exit). draingrown and trimgrown: the
-    pool grew since its last reading (a drain or a trim must read it before it gives back). The shim counts what a pool
+    pool grew since its last reading (a drain or a trim must read it before it gives back). canary: the clock
+    canary's synchronize at the holder's own region gives the pool's memory back. The shim counts what a pool
     gave back, once (a settle of at most the 2 GiB's 4 s; regrow's 3 GiB, 6 s, at least 4.5 s unless the second
     release went unseen), and the region waits for it as after a free. With
     the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
@@ -344,7 +350,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     script.write_text(TRIM_SCRIPT)
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
-    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown"):
+    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary"):
         p = krex.popen([sys.executable, script, api, mode], env=env)
         assert p.stdout.readline().strip() == "ready"
         if mode == "exit":
@@ -361,7 +367,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
         wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
         time.sleep(0.2)
     assert settles["keep"] < 0.3e9, settles
-    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown")]
+    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary")]
     assert min(given) > 0.5e9 and max(given) < 4.5e9, settles
     assert 4.5e9 < settles["regrow"] < 6.5e9, settles
 
