@@ -145,7 +145,7 @@
       (p, n, off, h, fl), NULL) \
     X(CUDA, MEMORY, cuMemUnmap, (CUdeviceptr p, size_t n), (p, n), NULL) \
     /* the stream-ordered allocator (cudaMallocAsync, PyTorch's backend:cudaMallocAsync); its allocations are \
-     * written by hand (memory.c: the pool's reservation is read after each) */ \
+     * written by hand (memory.c: the pools they come from are followed) */ \
     KREX_PTSZ(X, CUDA, MEMORY_ASYNC, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s), s)
 
 /* arrays, 2D memsets, 3D peer and batched 3D copies (CUDA 12.8+) */
@@ -285,10 +285,10 @@
     X(CUDA, cuMemAllocManaged, CUresult, (CUdeviceptr *p, size_t n, unsigned fl)) \
     X(CUDA, cuMemAllocPitch_v2, CUresult, (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned esz)) \
     X(CUDA, cuMemCreate, CUresult, (unsigned long long *h, size_t n, const void *prop, unsigned long long fl)) \
-    /* a pool's or the graphs' memory back to the driver: a free of what the reservation shrank by (memory.c) */ \
+    /* a pool's or the graphs' memory back to the driver: counted as a free (memory.c) */ \
     X(CUDA, cuMemPoolTrimTo, CUresult, (void *pool, size_t keep)) \
     X(CUDA, cuDeviceGraphMemTrim, CUresult, (CUdevice d)) \
-    /* stream-ordered allocations (MEMORY_ASYNC), then the pool's reservation read (memory.c) */ \
+    /* stream-ordered allocations (MEMORY_ASYNC), their pools followed; a pool's destroy (memory.c) */ \
     X(CUDA, cuMemAllocAsync, CUresult, (CUdeviceptr *p, size_t n, CUstream s)) \
     X(CUDA, cuMemAllocAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, CUstream s)) \
     X(CUDA, cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \

@@ -14,9 +14,9 @@
  *   - the return of that launch and of every later one on the stream, until its next record, is noted (a host
  *     clock read), and so is the return of every other submission and of every synchronize (cuCtxSynchronize,
  *     cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize), cuStreamSynchronize[_ptsz], cuEventSynchronize:
- *     hooked, and always handed out by the resolvers, for the pools' readings of memory.c); when the stream's next record comes (the
- *     interval's likely end), the shim asks before it goes whether the stream has run all its work
- *     (cuStreamQuery, a host-side question that puts nothing on the stream); if it has, the GPU waits for this
+ *     hooked, and always handed out by the resolvers, for memory.c's pool readings); when the stream's next
+ *     record comes (the interval's likely end), the shim asks before it goes whether the stream has run all its
+ *     work (cuStreamQuery, a host-side question that puts nothing on the stream); if it has, the GPU waits for this
  *     record, at most since the host last went on (the later of the stream's last launch and any submission's or
  *     synchronize's return);
  *   - a timing the harness reads (cuEventElapsedTime(start, end)) whose start event was asked about is checked;

@@ -86,8 +86,7 @@ static void freed(struct krex_sizes *t, uint64_t k) {
 }
 
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns) {
-    krex_pools_observe();               /* after the drain's synchronize, which may itself give memory back */
-    pthread_mutex_lock(&sizes_lock);
+    pthread_mutex_lock(&sizes_lock);    /* (the pools were read after the drain's synchronize: drain.c) */
     *bytes = freed_bytes, *last_ns = last_free_ns;
     freed_bytes = 0;
     pthread_mutex_unlock(&sizes_lock);
@@ -281,7 +280,7 @@ static void observe_locked(struct krex_pool *e) {
     e->last = v;
 }
 
-void krex_pools_observe(void) {
+static void krex_pools_observe(void) {
     if (!__atomic_load_n(&npools, __ATOMIC_RELAXED)) return;
     pthread_mutex_lock(&pools_lock);
     for (int i = 0; i < npools; i++) observe_locked(&pools[i]);

@@ -158,7 +158,7 @@ void krex_settle(uint64_t region_id, int64_t granted_at_ns) {
     struct krex_region_settled m = {region_id, KREX_SETTLE_UNMEASURED, 0, 0, 0, 0, 0};
     CUcontext ctx = canary_context();
     if (ctx) {
-        krex_pools_observe();           /* the canary's synchronizes may give a pool's memory back (memory.c) */
+        krex_pools_sync_begin();        /* the canary's synchronizes may give a pool's memory back (memory.c) */
         pthread_mutex_lock(&settle_lock);
         struct canary *c = canary_of(ctx);
         if (c) {
@@ -177,7 +177,7 @@ void krex_settle(uint64_t region_id, int64_t granted_at_ns) {
             if (!mhz) drop(c);      /* a driver error: build it again next time (the context may have been reset) */
         }
         pthread_mutex_unlock(&settle_lock);
-        krex_pools_observe();
+        krex_pools_sync_end(0);
     }
     int64_t waited = krex_now_ns() - granted_at_ns;
     m.waited_us = waited > 0 ? (uint32_t)(waited / 1000) : 0;

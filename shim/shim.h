@@ -170,11 +170,9 @@ int krex_hook_wanted(int id);                   /* 0: resolvers hand out the dri
 /* memory.c: sizes of device allocations */
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns);   /* freed since the last call */
 uint64_t krex_memory_live(void);
-/* read the followed stream-ordered pools (before and after every synchronize and drain): what one gave back since
- * its last reading counts as freed (memory.c) */
-void krex_pools_observe(void);
-/* around a synchronize: the pools read before it (and, while one is under way, after every allocation from a
- * followed pool) and after it; end returns r */
+/* around a synchronize (the program's, a drain's, the clock canary's): the followed stream-ordered pools read
+ * before it (and, while one is under way, after every allocation from a followed pool) and after it; what one
+ * gave back since its last reading counts as freed (memory.c); end returns r */
 void krex_pools_sync_begin(void);
 int krex_pools_sync_end(int r);
 void krex_memory_reset_after_fork(void);
