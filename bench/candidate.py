@@ -50,7 +50,10 @@ ap.add_argument("--history", default="",
                      "idle:MS (sleep) or heavy:MS (bf16 16384 matmuls back to back), no pad: does the GPU's load in "
                      "the seconds before a timing move it, after do_bench's warm-up? fresh:MS sleeps as idle does, "
                      "with copies of the inputs allocated for the step (does memory allocated now, rather than at "
-                     "the process's start, time otherwise?)")
+                     "the process's start, time otherwise?); frag:MS does as fresh does after filling the GPU's free "
+                     "memory with 2 MiB driver allocations and freeing every other one, so the copies are likely "
+                     "to be put together from scattered 2 MiB pieces (does a fragmented placement, as on a node "
+                     "where many processes allocated and freed, time otherwise?)")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -71,8 +74,8 @@ def mib_list(text: str, what: str) -> list:
 STEPS = [("pad", x) for x in mib_list(args.pads, "--pads")] + [("seed", x) for x in mib_list(args.seeds, "--seeds")]
 for item in filter(None, args.history.split(",")):
     kind, _, ms = item.partition(":")
-    if kind not in ("idle", "heavy", "fresh") or not ms.isdigit():
-        ap.error(f"--history: {item!r} is not idle:MS, heavy:MS or fresh:MS")
+    if kind not in ("idle", "heavy", "fresh", "frag") or not ms.isdigit():
+        ap.error(f"--history: {item!r} is not idle:MS, heavy:MS, fresh:MS or frag:MS")
     STEPS.append((kind, int(ms)))
 
 import torch  # noqa: E402
@@ -194,9 +197,39 @@ with tempfile.TemporaryDirectory() as td:
     layouts = []
     heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in STEPS) else None
 
+    def fragment(leave_mib: int = 256) -> tuple:
+        """Fill the free GPU memory with 2 MiB driver allocations down to LEAVE_MIB, free every other one: memory
+        allocated next is likely put together from the holes. Returns (the pieces still held, the MiB in holes)."""
+        try:
+            from cuda.bindings import driver as cu
+        except ImportError:                      # cuda-python before 12.8
+            from cuda import cuda as cu
+        ok = cu.CUresult.CUDA_SUCCESS
+        err, free, _ = cu.cuMemGetInfo()
+        if err != ok:
+            raise SystemExit(f"candidate: cuMemGetInfo failed ({err}) for the frag step")
+        pieces = []
+        for _ in range(max(0, (free >> 20) - leave_mib) // 2):
+            err, ptr = cu.cuMemAlloc(2 << 20)
+            if err != ok:
+                break
+            pieces.append(ptr)
+        kept, holes = pieces[1::2], pieces[0::2]
+        for ptr in holes:
+            cu.cuMemFree(ptr)
+        return kept, 2 * len(holes)
+
+    def unfragment(kept: list) -> None:
+        try:
+            from cuda.bindings import driver as cu
+        except ImportError:
+            from cuda import cuda as cu
+        for ptr in kept:
+            cu.cuMemFree(ptr)
+
     def before(kind: str, ms: int) -> None:
         """What the GPU does in the MS before a timing of a history step."""
-        if kind in ("idle", "fresh"):
+        if kind in ("idle", "fresh", "frag"):
             torch.cuda.synchronize()
             time.sleep(ms / 1000)
         elif kind == "heavy":
@@ -212,17 +245,21 @@ with tempfile.TemporaryDirectory() as td:
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
             for kind, value in order:
                 pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
+                t_frag = time.monotonic()
+                kept, holes_mib = fragment() if kind == "frag" else ([], 0)
+                t_frag = time.monotonic() - t_frag
                 # an idle or heavy step's inputs stay where they are: only what ran before the timing changes
                 if kind == "seed":
                     torch.manual_seed(value)
                     a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
                     b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
-                elif kind in ("pad", "fresh"):       # the same data in memory allocated now
+                elif kind in ("pad", "fresh", "frag"):       # the same data in memory allocated now
                     a2, b2 = a.clone(), b.clone()
                 else:
                     a2, b2 = a, b
                 torch.cuda.synchronize()
-                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr(), "t": round(time.time(), 3)}
+                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr(), "t": round(time.time(), 3),
+                        **({"holes_mib": holes_mib, "pieces_held": len(kept), "frag_s": round(t_frag, 2)} if kind == "frag" else {})}
                 for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
                     before(kind, value)
                     step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
@@ -231,6 +268,7 @@ with tempfile.TemporaryDirectory() as td:
                 del pad, a2, b2
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+                unfragment(kept)
         del heavy
         torch.cuda.empty_cache()
     probe = {"layouts": layouts} if layouts else {}
