@@ -56,17 +56,23 @@ BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
 
 def parse_mix(text: str, ap) -> list:
-    """--mix "2048:0.4,4096:0.2,...": (size, weight) pairs, sizes distinct positive integers, weights > 0."""
+    """--mix "2048:0.4,4096:0.2,16384/1:0.2,...": (size, weight) pairs, or ((size, variant), weight) for a size
+    whose commands all time one variant (a kernel left out of the mix: docs/measurements/freeze-policy.md);
+    entries distinct, sizes positive integers, variants 0-3, weights > 0."""
     out = []
     for item in text.split(","):
         size, _, weight = item.partition(":")
+        size, slash, variant = size.partition("/")
         try:
             n, w = int(size), float(weight)
+            v = int(variant) if slash else None
         except ValueError:
-            n, w = 0, 0.0
-        if n <= 0 or not (0 < w < float("inf")) or any(n == m for m, _ in out):
-            ap.error(f"--mix: SIZE:WEIGHT,... with distinct sizes > 0 and weights > 0, not {text!r}")
-        out.append((n, w))
+            n, w, v = 0, 0.0, None
+        key = n if v is None else (n, v)
+        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or any(key == k for k, _ in out):
+            ap.error(f"--mix: SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, variants 0-3 and weights > 0, "
+                     f"not {text!r}")
+        out.append((key, w))
     return out
 
 
@@ -216,8 +222,10 @@ def main() -> None:
                          "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
                          "largest of a few")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
-                    help="SIZE:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: the four "
-                         "buckets alike); more weight on 2048 gives the < 0.1 ms bucket more timings, where half its "
+                    help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: the four "
+                         "buckets alike); SIZE/VARIANT: every command of that size times that variant (16384/1: the "
+                         "16384/0 Triton candidate's time moves with where its operands land, a kernel no "
+                         "two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more timings, where half its "
                          "kernels (the Triton candidates, launched from Python) can be host-bound")
     ap.add_argument("--stable-pct", type=float, default=2.0)
     ap.add_argument("--warmup-ms", type=float, default=25.0,

@@ -56,13 +56,15 @@ BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms",
 
 
 def make_specs(n: int, seed: int, variants: int) -> list[dict]:
-    """Every size once (so every bucket has data), then draws from the mix; shuffled, seeded."""
+    """Every size once (so every bucket has data), then draws from the mix; shuffled, seeded. A mix entry is a
+    size (its commands take turns over the variants) or (size, variant) (every command times that variant)."""
     rng = random.Random(seed)
     sizes = [s for s, _ in MIX]
     weights = [w for _, w in MIX]
     drawn = sizes[:n] + rng.choices(sizes, weights, k=max(0, n - len(sizes)))
     rng.shuffle(drawn)
-    return [{"size": s, "variant": i % variants} for i, s in enumerate(drawn)]
+    return [{"size": s[0], "variant": s[1]} if isinstance(s, tuple) else {"size": s, "variant": i % variants}
+            for i, s in enumerate(drawn)]
 
 
 def distinct(specs: list) -> list[dict]:

@@ -356,6 +356,35 @@ def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_nam
     assert not (tmp_path / "o.json").exists()
 
 
+def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
+    """--mix SIZE/VARIANT:WEIGHT: every command of that size times that variant (a kernel whose time moves with
+    where its operands land is left out of the mix); plain sizes still take turns over the variants; a bad or
+    repeated entry is refused with exit status 2 before anything runs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import argparse
+
+    import freeze_policy as F
+    import throughput as T
+
+    ap = argparse.ArgumentParser()
+    mix = F.parse_mix("2048:0.5,16384/1:0.5", ap)
+    assert mix == [(2048, 0.5), ((16384, 1), 0.5)]
+    saved = T.MIX[:]
+    try:
+        T.MIX[:] = mix
+        specs = T.make_specs(40, 11, 2)
+    finally:
+        T.MIX[:] = saved
+    assert {(s["size"], s["variant"]) for s in specs if s["size"] == 16384} == {(16384, 1)}
+    assert {s["variant"] for s in specs if s["size"] == 2048} == {0, 1}
+    assert {(s["size"], s["variant"]) for s in T.distinct(specs)} == {(2048, 0), (2048, 1), (16384, 1)}
+    for bad in ("16384/4:0.2", "16384/1:0.2,16384/1:0.1", "16384/x:0.2"):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--mix", bad,
+                            "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+        assert p.returncode == 2 and "--mix: SIZE[/VARIANT]:WEIGHT" in p.stderr, (bad, p.stderr)
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_the_goal_interval_tells_a_miss_beyond_noise_from_one_within_it():
     """excess_interval: a 90% bootstrap interval of how far a bucket's p95 is past the floor + 0.25. Judged
     timings drawn like the floor's straddle the goal; ones shifted by 2% lie past it at both ends; a handful
