@@ -54,6 +54,11 @@ ap.add_argument("--history", default="",
                      "memory with 2 MiB driver allocations and freeing every other one, so the copies are likely "
                      "to be put together from scattered 2 MiB pieces (does a fragmented placement, as on a node "
                      "where many processes allocated and freed, time otherwise?)")
+ap.add_argument("--fixed-out", action="store_true",
+                help="the candidate writes every call into one output allocated at the start (otherwise each call "
+                     "allocates its output, as torch.mm does, from torch's caching allocator: where it lands can "
+                     "change between two do_bench calls); the JSON line gets the output's address per timing, "
+                     "candidate_out_ptrs, either way")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -120,12 +125,13 @@ def kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
     cn = pn * BN + tl.arange(0, BN)
     tl.store(c + cm[:, None] * scm + cn[None, :] * scn, acc.to(tl.float16), mask=(cm[:, None] < M) & (cn[None, :] < N))
 
-def matmul(a, b):
+def matmul(a, b, out=None):
     M, K = a.shape
     K, N = b.shape
-    c = torch.empty((M, N), device=a.device, dtype=torch.float16)
+    c = torch.empty((M, N), device=a.device, dtype=torch.float16) if out is None else out
     grid = (triton.cdiv(M, {BM}) * triton.cdiv(N, {BN}),)
-    global LAST
+    global LAST, LAST_OUT
+    LAST_OUT = c.data_ptr()
     LAST = kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
                  BM={BM}, BN={BN}, BK={BK}, GM={GM}, num_warps={W}, num_stages={S})
     return c
@@ -156,7 +162,9 @@ with tempfile.TemporaryDirectory() as td:
     compile_s = time.monotonic() - t1
     ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
     timings, every = {}, {"candidate": [], "reference": []}
-    kernels = (("candidate", lambda: mod.matmul(a, b)), ("reference", lambda: torch.mm(a, b)))
+    c_fixed = torch.empty((n, n), device="cuda", dtype=torch.float16) if args.fixed_out else None
+    kernels = (("candidate", lambda: mod.matmul(a, b, c_fixed)), ("reference", lambda: torch.mm(a, b)))
+    out_ptrs = []
 
     def bench(name, fn, warmup, rep):
         """One do_bench (--timer graph: do_bench_cudagraph, which warms up on its own), in a region of its own
@@ -191,6 +199,8 @@ with tempfile.TemporaryDirectory() as td:
             t = bench(name, fn, warmup=args.warmup_ms, rep=rep[name])
             timings.setdefault(name, t)
             every[name].append(t)
+            if name == "candidate":
+                out_ptrs.append(mod.LAST_OUT)
             if last_region is not None:
                 info = last_region()
                 bound[name].append(None if info is None else bool(info.host_bound))
@@ -314,8 +324,8 @@ with tempfile.TemporaryDirectory() as td:
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
-                  **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
-                     if args.repeat > 1 else {}),
+                  **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"],
+                      "candidate_out_ptrs": out_ptrs} if args.repeat > 1 else {}),
                   **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
                      if last_region is not None else {}),
                   "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
