@@ -55,25 +55,6 @@ TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it 
 BALANCED = [(2048, 0.25), (4096, 0.25), (8192, 0.25), (16384, 0.25)]
 
 
-def parse_mix(text: str, ap) -> list:
-    """--mix "2048:0.4,4096:0.2,16384/1:0.2,...": (size, weight) pairs, or ((size, variant), weight) for a size
-    whose commands all time one variant (a kernel left out of the mix: docs/measurements/freeze-policy.md);
-    entries distinct, sizes positive integers, variants 0-3, weights > 0."""
-    out = []
-    for item in text.split(","):
-        size, _, weight = item.partition(":")
-        size, slash, variant = size.partition("/")
-        try:
-            n, w = int(size), float(weight)
-            v = int(variant) if slash else None
-        except ValueError:
-            n, w, v = 0, 0.0, None
-        key = n if v is None else (n, v)
-        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or any(key == k for k, _ in out):
-            ap.error(f"--mix: SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, variants 0-3 and weights > 0, "
-                     f"not {text!r}")
-        out.append((key, w))
-    return out
 
 
 def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) -> dict:
@@ -291,7 +272,7 @@ def main() -> None:
         if args.reference_repeat < 0:
             ap.error("--reference-repeat: 0 (as --repeat) or more")
         T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
-        T.MIX[:] = parse_mix(args.mix, ap)
+        T.MIX[:] = T.parse_mix(args.mix, ap)
         T.HOST_BOUND[0] = args.host_bound_check
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")

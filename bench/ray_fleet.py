@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
-from throughput import BUCKETS, bucket, distinct, make_specs, p95  # noqa: E402
+from throughput import BUCKETS, MIX, bucket, distinct, make_specs, p95, parse_mix  # noqa: E402
 
 MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex")
 REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, each distinct spec once
@@ -250,6 +250,11 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=16, help="candidate evaluations per mode (pergpu: one per kind)")
     ap.add_argument("--variants", type=int, default=2, help="kernel variants per size (1-4)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--mix", default=None,
+                    help="SIZE[/VARIANT]:WEIGHT,... the evaluations' matmul sizes and how often each is drawn "
+                         "(default: bench/throughput.py's mix, 1024 to 16384); SIZE/VARIANT: every evaluation of that "
+                         "size times that variant (e.g. 8192/1 and 16384/1: the variant-0 candidates' times move "
+                         "with where their operands land, docs/measurements/freeze-policy.md)")
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
     ap.add_argument("--repeat", type=int, default=1, help="timings per kernel per evaluation (candidate --repeat)")
@@ -287,6 +292,8 @@ def main() -> None:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
+    if args.mix:
+        MIX[:] = parse_mix(args.mix, ap)
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
     candidate = os.path.abspath(args.candidate)
     logs = Path(args.logs or tempfile.mkdtemp(prefix="ray-fleet-logs-"))

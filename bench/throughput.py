@@ -67,6 +67,28 @@ def make_specs(n: int, seed: int, variants: int) -> list[dict]:
             for i, s in enumerate(drawn)]
 
 
+def parse_mix(text: str, ap) -> list:
+    """A --mix option's text, "2048:0.4,4096:0.2,16384/1:0.2,...", as MIX takes it: (size, weight) pairs, or
+    ((size, variant), weight) for a size whose commands all time one variant (a kernel left out of the mix:
+    docs/measurements/freeze-policy.md); entries distinct, sizes positive integers, variants 0-3, weights > 0.
+    A bad one is AP's error (exit status 2)."""
+    out = []
+    for item in text.split(","):
+        size, _, weight = item.partition(":")
+        size, slash, variant = size.partition("/")
+        try:
+            n, w = int(size), float(weight)
+            v = int(variant) if slash else None
+        except ValueError:
+            n, w, v = 0, 0.0, None
+        key = n if v is None else (n, v)
+        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or any(key == k for k, _ in out):
+            ap.error(f"--mix: SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, variants 0-3 and weights > 0, "
+                     f"not {text!r}")
+        out.append((key, w))
+    return out
+
+
 def distinct(specs: list) -> list[dict]:
     """One spec per (size, variant): what the isolated ground-truth passes time, all of it, with no budget."""
     seen = {(s["size"], s["variant"]): s for s in specs}

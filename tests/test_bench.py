@@ -363,11 +363,10 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     import argparse
 
-    import freeze_policy as F
     import throughput as T
 
     ap = argparse.ArgumentParser()
-    mix = F.parse_mix("2048:0.5,16384/1:0.5", ap)
+    mix = T.parse_mix("2048:0.5,16384/1:0.5", ap)
     assert mix == [(2048, 0.5), ((16384, 1), 0.5)]
     saved = T.MIX[:]
     try:
@@ -378,10 +377,11 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     assert {(s["size"], s["variant"]) for s in specs if s["size"] == 16384} == {(16384, 1)}
     assert {s["variant"] for s in specs if s["size"] == 2048} == {0, 1}
     assert {(s["size"], s["variant"]) for s in T.distinct(specs)} == {(2048, 0), (2048, 1), (16384, 1)}
-    for bad in ("16384/4:0.2", "16384/1:0.2,16384/1:0.1", "16384/x:0.2"):
-        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--mix", bad,
+    for script, bad in (("freeze_policy.py", "16384/4:0.2"), ("freeze_policy.py", "16384/1:0.2,16384/1:0.1"),
+                        ("freeze_policy.py", "16384/x:0.2"), ("ray_fleet.py", "8192/1:0")):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--mix", bad,
                             "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
-        assert p.returncode == 2 and "--mix: SIZE[/VARIANT]:WEIGHT" in p.stderr, (bad, p.stderr)
+        assert p.returncode == 2 and "--mix: SIZE[/VARIANT]:WEIGHT" in p.stderr, (script, bad, p.stderr)
     assert not (tmp_path / "o.json").exists()
 
 
