@@ -53,12 +53,16 @@ ap.add_argument("--history", default="",
                      "the process's start, time otherwise?); frag:MS does as fresh does after filling the GPU's free "
                      "memory with 2 MiB driver allocations and freeing every other one, so the copies are likely "
                      "to be put together from scattered 2 MiB pieces (does a fragmented placement, as on a node "
-                     "where many processes allocated and freed, time otherwise?)")
+                     "where many processes allocated and freed, time otherwise?); fragctl:MS is its control: the "
+                     "same fill, held pieces and idle time, with the copies made before the fill (in memory in one "
+                     "piece). frag and fragctl take all but 256 MiB of the GPU's memory for 5-8 s a step: for a GPU "
+                     "alone (refused under krex run), with cuda-python")
 ap.add_argument("--fixed-out", action="store_true",
-                help="the candidate writes every call into one output allocated at the start (otherwise each call "
-                     "allocates its output, as torch.mm does, from torch's caching allocator: where it lands can "
-                     "change between two do_bench calls); the JSON line gets the output's address per timing, "
-                     "candidate_out_ptrs, either way")
+                help="in the timings (the estimates and --repeat's, not the layout probe's), the candidate writes "
+                     "into one output allocated at the start, checked against the first result afterwards "
+                     "(otherwise each call allocates its output, as torch.mm does, from torch's caching allocator: "
+                     "where it lands can change between two do_bench calls); the JSON line gets the output's address "
+                     "per timing, candidate_out_ptrs, either way")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -79,9 +83,21 @@ def mib_list(text: str, what: str) -> list:
 STEPS = [("pad", x) for x in mib_list(args.pads, "--pads")] + [("seed", x) for x in mib_list(args.seeds, "--seeds")]
 for item in filter(None, args.history.split(",")):
     kind, _, ms = item.partition(":")
-    if kind not in ("idle", "heavy", "fresh", "frag") or not ms.isdigit():
-        ap.error(f"--history: {item!r} is not idle:MS, heavy:MS, fresh:MS or frag:MS")
+    if kind not in ("idle", "heavy", "fresh", "frag", "fragctl") or not ms.isdigit():
+        ap.error(f"--history: {item!r} is not idle:MS, heavy:MS, fresh:MS, frag:MS or fragctl:MS")
     STEPS.append((kind, int(ms)))
+FRAG = any(k in ("frag", "fragctl") for k, _ in STEPS)
+if FRAG and os.environ.get("KREX_JOB"):
+    ap.error("--history frag/fragctl takes all but 256 MiB of the GPU's memory: run it on a GPU alone, not under "
+             "krex run")
+if FRAG:
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:                      # cuda-python before 12.8, or none
+        try:
+            from cuda import cuda as cu
+        except ImportError:
+            ap.error("--history frag/fragctl needs cuda-python (pip install 'krex[cuda]')")
 
 import torch  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
@@ -204,16 +220,14 @@ with tempfile.TemporaryDirectory() as td:
             if last_region is not None:
                 info = last_region()
                 bound[name].append(None if info is None else bool(info.host_bound))
+    if args.fixed_out:             # the output written by the timings' calls is the first call's result
+        ok = ok and bool(torch.equal(c_fixed, c))
     layouts = []
     heavy = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16) if any(k == "heavy" for k, _ in STEPS) else None
 
     def fragment(leave_mib: int = 256) -> tuple:
         """Fill the free GPU memory with 2 MiB driver allocations down to LEAVE_MIB, free every other one: memory
         allocated next is likely put together from the holes. Returns (the pieces still held, the MiB in holes)."""
-        try:
-            from cuda.bindings import driver as cu
-        except ImportError:                      # cuda-python before 12.8
-            from cuda import cuda as cu
         ok = cu.CUresult.CUDA_SUCCESS
         err, free, _ = cu.cuMemGetInfo()
         if err != ok:
@@ -230,16 +244,12 @@ with tempfile.TemporaryDirectory() as td:
         return kept, 2 * len(holes)
 
     def unfragment(kept: list) -> None:
-        try:
-            from cuda.bindings import driver as cu
-        except ImportError:
-            from cuda import cuda as cu
         for ptr in kept:
             cu.cuMemFree(ptr)
 
     def before(kind: str, ms: int) -> None:
         """What the GPU does in the MS before a timing of a history step."""
-        if kind in ("idle", "fresh", "frag"):
+        if kind in ("idle", "fresh", "frag", "fragctl"):
             torch.cuda.synchronize()
             time.sleep(ms / 1000)
         elif kind == "heavy":
@@ -254,31 +264,46 @@ with tempfile.TemporaryDirectory() as td:
             order = STEPS[:]
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
             for kind, value in order:
-                pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
-                t_frag = time.monotonic()
-                kept, holes_mib = fragment() if kind == "frag" else ([], 0)
-                t_frag = time.monotonic() - t_frag
-                # an idle or heavy step's inputs stay where they are: only what ran before the timing changes
-                if kind == "seed":
-                    torch.manual_seed(value)
-                    a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
-                    b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
-                elif kind in ("pad", "fresh", "frag"):       # the same data in memory allocated now
-                    a2, b2 = a.clone(), b.clone()
-                else:
-                    a2, b2 = a, b
-                torch.cuda.synchronize()
-                step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr(), "t": round(time.time(), 3),
-                        **({"holes_mib": holes_mib, "pieces_held": len(kept), "frag_s": round(t_frag, 2)} if kind == "frag" else {})}
-                for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
-                    before(kind, value)
-                    step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
-                layouts.append(step)
-                print("step " + json.dumps(step), flush=True)   # kept if the process is cut short
-                del pad, a2, b2
+                # torch's cache gives back what the timings before left in it (free to the driver, not to torch,
+                # so that a step's copies are new memory and the frag step's fill sees all of it)
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-                unfragment(kept)
+                pad = torch.empty(value << 20, dtype=torch.uint8, device="cuda") if kind == "pad" and value else None
+                kept, holes_mib, t_frag = [], 0, time.monotonic()
+                try:
+                    if kind == "frag":
+                        kept, holes_mib = fragment()
+                    t_frag = time.monotonic() - t_frag
+                    # an idle or heavy step's inputs stay where they are: only what ran before the timing changes
+                    if kind == "seed":
+                        torch.manual_seed(value)
+                        a2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                        b2 = torch.randn(n, n, device="cuda", dtype=torch.float16)
+                    elif kind in ("pad", "fresh", "frag", "fragctl"):       # the same data in memory allocated now
+                        a2, b2 = a.clone(), b.clone()
+                    else:
+                        a2, b2 = a, b
+                    if kind == "fragctl":      # the fill after the copies: the same hold and wait, not their place
+                        t_frag = time.monotonic()
+                        torch.cuda.synchronize()
+                        kept, holes_mib = fragment()
+                        t_frag = time.monotonic() - t_frag
+                    torch.cuda.synchronize()
+                    step = {"round": rnd, kind: value, "a_ptr": a2.data_ptr(), "b_ptr": b2.data_ptr(),
+                            "t": round(time.time(), 3),
+                            **({"holes_mib": holes_mib, "pieces_held": len(kept), "frag_s": round(t_frag, 2)}
+                               if kind in ("frag", "fragctl") else {})}
+                    for name, fn in (("candidate", lambda: mod.matmul(a2, b2)), ("reference", lambda: torch.mm(a2, b2))):
+                        before(kind, value)
+                        step[f"{name}_ms"] = bench(f"layout.{name}", fn, warmup=args.warmup_ms, rep=rep[name])
+                    layouts.append(step)
+                    print("step " + json.dumps(step), flush=True)   # kept if the process is cut short
+                    del a2, b2
+                finally:
+                    del pad
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                    unfragment(kept)          # ~35,000 pieces held by a frag step: never left behind
         del heavy
         torch.cuda.empty_cache()
     probe = {"layouts": layouts} if layouts else {}
@@ -324,8 +349,9 @@ with tempfile.TemporaryDirectory() as td:
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
-                  **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"],
-                      "candidate_out_ptrs": out_ptrs} if args.repeat > 1 else {}),
+                  **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
+                     if args.repeat > 1 else {}),
+                  "candidate_out_ptrs": out_ptrs, **({"fixed_out": True} if args.fixed_out else {}),
                   **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
                      if last_region is not None else {}),
                   "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)

@@ -70,7 +70,8 @@ def make_specs(n: int, seed: int, variants: int) -> list[dict]:
 def parse_mix(text: str, ap) -> list:
     """A --mix option's text, "2048:0.4,4096:0.2,16384/1:0.2,...", as MIX takes it: (size, weight) pairs, or
     ((size, variant), weight) for a size whose commands all time one variant (a kernel left out of the mix:
-    docs/measurements/freeze-policy.md); entries distinct, sizes positive integers, variants 0-3, weights > 0.
+    docs/measurements/freeze-policy.md); entries distinct, a size either plain or pinned (to one variant or
+    several: 8192/0 and 8192/1 together), sizes positive integers, variants 0-3, weights > 0.
     A bad one is AP's error (exit status 2)."""
     out = []
     for item in text.split(","):
@@ -82,7 +83,10 @@ def parse_mix(text: str, ap) -> list:
         except ValueError:
             n, w, v = 0, 0.0, None
         key = n if v is None else (n, v)
-        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or any(key == k for k, _ in out):
+        size_of = lambda k: k if isinstance(k, int) else k[0]   # noqa: E731
+        # a size plain and pinned at once would draw the pinned-out variants too; one pin per variant is fine
+        clash = any(key == k or (size_of(k) == n and (v is None or isinstance(k, int))) for k, _ in out)
+        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or clash:
             ap.error(f"--mix: SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, variants 0-3 and weights > 0, "
                      f"not {text!r}")
         out.append((key, w))

@@ -368,6 +368,7 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     ap = argparse.ArgumentParser()
     mix = T.parse_mix("2048:0.5,16384/1:0.5", ap)
     assert mix == [(2048, 0.5), ((16384, 1), 0.5)]
+    assert T.parse_mix("8192/0:0.1,8192/1:0.3", ap) == [((8192, 0), 0.1), ((8192, 1), 0.3)]
     saved = T.MIX[:]
     try:
         T.MIX[:] = mix
@@ -378,7 +379,8 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     assert {s["variant"] for s in specs if s["size"] == 2048} == {0, 1}
     assert {(s["size"], s["variant"]) for s in T.distinct(specs)} == {(2048, 0), (2048, 1), (16384, 1)}
     for script, bad in (("freeze_policy.py", "16384/4:0.2"), ("freeze_policy.py", "16384/1:0.2,16384/1:0.1"),
-                        ("freeze_policy.py", "16384/x:0.2"), ("ray_fleet.py", "8192/1:0")):
+                        ("freeze_policy.py", "16384/x:0.2"), ("freeze_policy.py", "16384:0.2,16384/1:0.2"),
+                        ("freeze_policy.py", "16384/1:0.2,16384:0.2"), ("ray_fleet.py", "8192/1:0")):
         p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--mix", bad,
                             "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
         assert p.returncode == 2 and "--mix: SIZE[/VARIANT]:WEIGHT" in p.stderr, (script, bad, p.stderr)

@@ -5,7 +5,8 @@
 # the GPU, not under krex. About 4 minutes (HISTORY adds 2 x its ms per step and round). Results: docs/measurements/freeze-policy.md.
 # KERNELS (16384:0:3,16384:1:2: SIZE:VARIANT:ROUNDS), PADS (0,2,64,1024,4096,16384 MiB), SEEDS (1,2,3), HISTORY (none;
 # e.g. idle:2000,heavy:2000: what runs before each timing; fresh:MS and frag:MS: copies in memory allocated for the
-# step, frag after fragmenting the GPU's free memory, see bench/candidate.py --history); PADS= or SEEDS= (set, empty): none of them
+# step, frag after fragmenting the GPU's free memory (5-8 s more a step), fragctl:MS its control (the same fill after
+# the copies), see bench/candidate.py --history); PADS= or SEEDS= (set, empty): none of them
 # Files back: $OUT/layout.jsonl (one candidate.py JSON line per kernel), $OUT/layout.log, $OUT/layout-smi.csv
 #   device: nvidia-h200, carry [".whl"], command: bash tests/gpu/layout_h200.sh
 set -u
@@ -31,7 +32,7 @@ for line in open(sys.argv[1]):
     print(f"{r['size']}/{r['variant']}: plain candidate {r.get('candidate_all_ms')} reference {r.get('reference_all_ms')}")
     steps = {}
     for s in r.get("layouts", []):
-        kind = next(k for k in ("pad", "seed", "idle", "heavy", "fresh", "frag") if k in s)
+        kind = next(k for k in ("pad", "seed", "idle", "heavy", "fresh", "fragctl", "frag") if k in s)
         key = f"{kind} {s[kind]}" + (" MiB" if kind == "pad" else " ms" if kind != "seed" else "")
         steps.setdefault(key, []).append(s)
     for key, ss in steps.items():
