@@ -203,11 +203,12 @@ def main() -> None:
                          "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
                          "largest of a few")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
-                    help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: the four "
-                         "buckets alike); SIZE/VARIANT: every command of that size times that variant (16384/1: the "
-                         "16384/0 Triton candidate's time moves with where its operands land, a kernel no "
-                         "two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more timings, where half its "
-                         "kernels (the Triton candidates, launched from Python) can be host-bound")
+                    help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: "
+                         "the four buckets alike); SIZE/VARIANT: every command of that size times that variant "
+                         "(16384/1: the 16384/0 Triton candidate's time moves with where its operands land, a "
+                         "kernel no two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more "
+                         "timings, where half its kernels (the Triton candidates, launched from Python) can be "
+                         "host-bound")
     ap.add_argument("--stable-pct", type=float, default=2.0)
     ap.add_argument("--warmup-ms", type=float, default=25.0,
                     help="the candidates' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
