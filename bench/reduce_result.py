@@ -4,7 +4,9 @@
                                                                                without indentation)
 
 A result of bench/kernelbench_mix.py loses "raw" (every measurement with its trials: what --reanalyse reads);
-one of bench/trial_modes.py loses "rows" (every trial). Everything else stays: the analyses, noise floors,
+one of bench/trial_modes.py loses "rows" (every trial); one of bench/overlap_proxy.py loses "variants" (each
+variant's process with every case's timings: what its "cases" summary is made from). Everything else stays: the
+analyses, noise floors,
 throughputs, hand-offs, first trials and notes that the measurement pages quote and that
 bench/kernelbench_mix.py's table is made from. The reduced file says what was dropped and where the whole
 one is: "reduced_from" names the commit whose tree holds it (`git show COMMIT:PATH`). A new run writes the
@@ -30,6 +32,12 @@ import json
 from pathlib import Path
 
 DUMPS = ("raw", "rows")   # kernelbench_mix: every measurement; trial_modes: every trial
+
+
+def dumps_of(data: dict) -> list:
+    """The per-measurement dumps a result holds: DUMPS, and an overlap_proxy.py result's "variants" (told by its
+    "cases_spec": the word alone names summaries elsewhere)."""
+    return [k for k in DUMPS if k in data] + (["variants"] if "cases_spec" in data and "variants" in data else [])
 
 
 REGION_KEEP = ("exclusive", "clean", "taints", "sm_clock_mhz", "host_bound", "previous_region")
@@ -103,12 +111,12 @@ def reduce(data: dict, path: str, commit: str) -> dict:
         return data if "compacted" in data else compact_fleet(data)
     if "floors_pct" in data and "runs" in data:  # bench/freeze_policy.py
         return data if "compacted" in data else compact_freeze_policy(data)
-    dropped = [k for k in DUMPS if k in data]
+    dropped = dumps_of(data)
     if not dropped:
         return rounded(data)
     if not commit:
         raise SystemExit(f"{path}: --commit is needed (the commit whose tree holds the whole file)")
-    out = {k: v for k, v in data.items() if k not in DUMPS}
+    out = {k: v for k, v in data.items() if k not in dropped}
     out["reduced_from"] = {"commit": commit, "path": path, "dropped": dropped,
                            "whole": f"git show {commit}:{path}"}
     return rounded(out)

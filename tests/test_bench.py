@@ -504,6 +504,20 @@ def test_a_compacted_ray_fleet_result_gives_the_same_analyses(tmp_path):
     refused = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(kb)],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "--commit" in refused.stderr and json.loads(kb.read_text())["raw"] == [1]
+    # an overlap_proxy result loses its per-variant dump, told by its cases_spec (a "variants" key alone stays)
+    ov = tmp_path / "ov.json"
+    ov.write_text(json.dumps({"cases": {"4096": {"rows": []}}, "cases_spec": {}, "variants": [{"label": "off"}]}))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), "--commit", "abc", str(ov)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    reduced = json.loads(ov.read_text())
+    assert "variants" not in reduced and reduced["cases"] == {"4096": {"rows": []}}
+    assert reduced["reduced_from"]["dropped"] == ["variants"]
+    keep = tmp_path / "keep.json"
+    keep.write_text(json.dumps({"variants": {"serial": 1.0}}))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(keep)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(keep.read_text()) == {"variants": {"serial": 1.0}}, done.stderr
     # --round: any result's floats rounded to 7 significant digits, nothing dropped (not even "rows")
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"rows": [], "p95": [1.0000000123, 15.519776344299316], "n": 3}, indent=1))
