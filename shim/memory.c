@@ -273,6 +273,15 @@ static struct krex_pool *pool_entry(void *pool) {      /* under pools_lock */
     return NULL;
 }
 
+/* E followed from now on, if there is room and it is not already (under pools_lock); its entry or NULL */
+static struct krex_pool *pool_add_locked(struct krex_pool e) {
+    struct krex_pool *have = pool_entry(e.pool);
+    if (have || npools == KREX_POOLS) return have;
+    pools[npools] = e;
+    __atomic_store_n(&npools, npools + 1, __ATOMIC_RELAXED);
+    return &pools[npools - 1];
+}
+
 static void observe_locked(struct krex_pool *e) {
     uint64_t v;
     if (pool_read(e->vendor, e->pool, &v)) return;
@@ -303,14 +312,9 @@ static int pool_follow(int vendor, void *pool) {
     if (!pool) return 0;
     pthread_mutex_lock(&pools_lock);
     struct krex_pool *e = pool_entry(pool);
-    if (!e && npools < KREX_POOLS) {
-        uint64_t v;
-        if (pool_read(vendor, pool, &v) == 0) {
-            e = &pools[npools];
-            e->pool = pool, e->vendor = vendor, e->last = v;
-            __atomic_store_n(&npools, npools + 1, __ATOMIC_RELAXED);
-        }
-    }
+    uint64_t v;
+    if (!e && npools < KREX_POOLS && pool_read(vendor, pool, &v) == 0)
+        e = pool_add_locked((struct krex_pool){pool, vendor, v});
     pthread_mutex_unlock(&pools_lock);
     return e != NULL;
 }
@@ -377,10 +381,7 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
     else if (gone.pool) {                                                                    \
         pthread_mutex_lock(&pools_lock);                                                     \
-        if (npools < KREX_POOLS && !pool_entry(pool)) {                                      \
-            pools[npools] = gone;                                                            \
-            __atomic_store_n(&npools, npools + 1, __ATOMIC_RELAXED);                         \
-        }                                                                                    \
+        pool_add_locked(gone);                                                               \
         pthread_mutex_unlock(&pools_lock);                                                   \
     }                                                                                        \
     return r
