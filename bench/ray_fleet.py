@@ -50,18 +50,26 @@ KREX_MODES = ("krex", "shell", "pergpubusy", "pergpukrex")  # under the controll
 CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps, --timer: passed to bench/candidate.py
 
 
-def candidate_argv(candidate: str, spec: dict, nonce: int) -> list:
+def candidate_argv(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> list:
     return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce),
-            *CANDIDATE_ARGS]
+            *(CANDIDATE_ARGS if cargs is None else cargs)]
 
 
-def evaluate(candidate: str, spec: dict, nonce: int) -> dict:
+def mode_args(mode: str, reference: str, reference_repeat: int) -> list:
+    """bench/candidate.py's options for one mode: the judging reference's --repeat is --reference-repeat."""
+    cargs = list(CANDIDATE_ARGS)
+    if reference_repeat and mode == reference:
+        cargs[cargs.index("--repeat") + 1] = str(reference_repeat)
+    return cargs
+
+
+def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> dict:
     """One evaluation in this task's worker process; its row (the candidate's JSON line, and the regions this
     process's krex job recorded, when it runs under krex)."""
     t0 = time.monotonic()
     out, err, code = io.StringIO(), "", 0
     saved = sys.argv
-    sys.argv = candidate_argv(candidate, spec, nonce)
+    sys.argv = candidate_argv(candidate, spec, nonce, cargs)
     try:
         with contextlib.redirect_stdout(out):
             runpy.run_path(candidate, run_name="__main__")
@@ -104,22 +112,24 @@ def krex_counters(sock: str) -> dict:
 
 
 def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidate: str, nonce_base: int,
-             sock: str) -> dict:
+             sock: str, cargs: list | None = None) -> dict:
     import krex.ray
+
+    cargs = list(CANDIDATE_ARGS) if cargs is None else cargs
 
     share = 1.0 if mode in REFERENCE_MODES else 1.0 / agents
     if mode in REFERENCE_MODES:
         specs, budget_s = distinct(specs), float("inf")
     if mode == "shell":
         def launch(spec, nonce):
-            return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce), num_gpus=share,
+            return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce, cargs), num_gpus=share,
                                   hooks="triton", timeout=600)
     else:
         env = krex.ray.runtime_env(hooks="triton") if mode in ("krex", "pergpubusy", "pergpukrex") else None
         task = ray.remote(num_gpus=share, max_retries=0, runtime_env=env)(evaluate)
 
         def launch(spec, nonce):
-            return task.remote(candidate, spec, nonce)
+            return task.remote(candidate, spec, nonce, cargs)
 
     before = krex_counters(sock) if mode in KREX_MODES else {}
     neighbour = T.start_neighbour(dict(os.environ), Path(sock).parent, mode) if mode == "pergpubusy" else None
@@ -131,7 +141,8 @@ def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidat
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
     after = krex_counters(sock) if mode in KREX_MODES else {}
-    return {"mode": mode, "agents": agents, "num_gpus": share, "wall_s": wall, "commands": len(ok),
+    return {"mode": mode, "agents": agents, "num_gpus": share, "candidate_args": cargs, "wall_s": wall,
+            "commands": len(ok),
             "failed": len(rows) - len(ok), "commands_per_min": 60 * len(ok) / wall if wall else 0.0,
             "counters": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "rows": rows}
 
@@ -258,6 +269,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
     ap.add_argument("--repeat", type=int, default=1, help="timings per kernel per evaluation (candidate --repeat)")
+    ap.add_argument("--reference-repeat", type=int, default=0,
+                    help="timings per kernel per evaluation in the --reference mode's passes (0: as --repeat); "
+                         "a bigger floor sample, since one task per GPU runs each distinct kernel once a pass")
     ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
@@ -292,6 +306,11 @@ def main() -> None:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
+    if args.reference_repeat < 0:
+        ap.error("--reference-repeat: 0 (as --repeat) or more")
+    if args.reference_repeat and args.reference == "pergpu" and "pergpu" in plan:
+        ap.error("--reference-repeat with --reference pergpu: pergpu is also the throughput baseline, "
+                 "so its work must match krex's; judge by pergpukrex or pergpubusy")
     if args.mix:
         MIX[:] = parse_mix(args.mix, ap)
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
@@ -310,7 +329,8 @@ def main() -> None:
         ray.init(num_cpus=os.cpu_count(), num_gpus=args.gpus, include_dashboard=False, log_to_driver=False,
                  _temp_dir=str(tmp / "ray"))
         for i, mode in enumerate(plan):
-            r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock))
+            r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock),
+                         mode_args(mode, args.reference, args.reference_repeat))
             runs.append(r)
             Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,
                                                   "summary": analyse(runs),

@@ -397,7 +397,7 @@ for k in ("candidate", "reference"):     # a region per timing where krex's hook
             ms[k] = bench()
     else:
         ms[k] = bench()
-print(json.dumps({"size": args.size, "variant": args.variant, "correct": True, "candidate_ms": ms["candidate"],
+print(json.dumps({"size": args.size, "variant": args.variant, "repeat": args.repeat, "correct": True, "candidate_ms": ms["candidate"],
                   "reference_ms": ms["reference"], "import_s": 0.0, "total_s": time.monotonic() - T0}))
 """
 
@@ -424,6 +424,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
         run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
                               "--agents", "4", "--specs", "5", "--budget", "60", "--logs", str(tmp_path / "logs"),
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
+                              "--reference", "pergpukrex", "--reference-repeat", "3",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
                               "--out", str(out)], env=dict(env, NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
                              capture_output=True, text=True, timeout=840)
@@ -438,7 +439,19 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
         s = summary[mode]
         assert s["regions"] == s["regions_exclusive"] == 2 * s["commands"] == s["controller"]["regions_granted"]
     assert summary["pergpubusy"]["num_gpus"] == summary["pergpukrex"]["num_gpus"] == 1
+    # --reference-repeat: more timings per kernel in the judging reference's evaluations only
+    repeats = {r["mode"]: {row["repeat"] for row in r["rows"]} for r in json.loads(out.read_text())["runs"]}
+    assert repeats == {"pergpu": {1}, "naive": {1}, "krex": {1}, "shell": {1}, "pergpubusy": {1}, "pergpukrex": {3}}
     # its neighbour ran under krex run for that pass and was stopped at its end
     marks = (tmp_path / "neighbour").read_text().split()
     assert marks[::2] == ["start", "stop"] and marks[1] != "-"
     assert "regions" not in summary["naive"]
+
+
+def test_the_ray_fleet_bench_refuses_more_repeats_for_the_throughput_baseline():
+    """--reference-repeat changes the judging passes' work, so it cannot be pergpu's, which krex's throughput is
+    held against: one line and exit 2, before Ray or a controller starts."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--plan", "pergpu,krex,pergpu",
+                          "--reference-repeat", "5", "--out", "/nonexistent/never.json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "pergpu is also the throughput baseline" in run.stderr.strip().splitlines()[-1]
