@@ -20,4 +20,6 @@ CUresult cuEventRecord(CUevent ev, CUstream stream);
 CUresult cuEventSynchronize(CUevent ev);
 CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 CUresult cuGetErrorString(CUresult err, const char **text);
+CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t bytes, CUstream stream);
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream);
 #endif

@@ -233,7 +233,7 @@ static int syncs_under_way;             /* synchronizes between krex_pools_sync_
 
 /* the driver functions the readings use, looked up once per vendor (an absent one would otherwise be looked up
  * again at every call, under the loader's lock); the pools are read only after the driver is loaded */
-enum { H_ATTR, H_MODE, H_STREAM_DEV, H_CTX_DEV, H_DEV_POOL, H_COUNT };
+enum { H_ATTR, H_MODE, H_STREAM_DEV, H_CTX_DEV, H_DEV_POOL, H_NDEV, H_COUNT };
 static void *helper(int vendor, int which) {
     static void *fns[2][H_COUNT];
     static int looked[2];
@@ -241,9 +241,9 @@ static void *helper(int vendor, int which) {
     if (!__atomic_load_n(&looked[hip], __ATOMIC_ACQUIRE)) {
         static const int ids[2][H_COUNT] = {
             {KREX_H_cuMemPoolGetAttribute, KREX_H_cuThreadExchangeStreamCaptureMode, KREX_H_cuStreamGetDevice,
-             KREX_H_cuCtxGetDevice, KREX_H_cuDeviceGetMemPool},
+             KREX_H_cuCtxGetDevice, KREX_H_cuDeviceGetMemPool, KREX_H_cuDeviceGetCount},
             {KREX_H_hipMemPoolGetAttribute, KREX_H_hipThreadExchangeStreamCaptureMode, KREX_H_hipStreamGetDevice,
-             KREX_H_hipGetDevice, KREX_H_hipDeviceGetMemPool}};
+             KREX_H_hipGetDevice, KREX_H_hipDeviceGetMemPool, KREX_H_hipGetDeviceCount}};
         for (int i = 0; i < H_COUNT; i++) __atomic_store_n(&fns[hip][i], krex_real(ids[hip][i]), __ATOMIC_RELAXED);
         __atomic_store_n(&looked[hip], 1, __ATOMIC_RELEASE);
     }
@@ -319,17 +319,76 @@ static int pool_follow(int vendor, void *pool) {
     return e != NULL;
 }
 
+/* Each device's current pool, as last looked up or made current (cuDeviceSetMemPool, hipDeviceSetMemPool), so that a
+ * plain stream-ordered allocation (cuMemAllocAsync, hipMallocAsync: PyTorch's cudaMallocAsync backend allocates
+ * every tensor so) does not ask the driver for it each time. With one device visible (a command krex placed on one
+ * GPU) the device is known as well, and such an allocation makes no driver call for its pool; with more, one call
+ * names the stream's device. A lookup stores what it found only if no pool was made current or destroyed while it
+ * asked (current_gen), so a pool made current in another thread is never overwritten by an older answer. Forgotten
+ * when a pool is destroyed (a device whose current pool it was has its default one again), when a context is
+ * destroyed or reset, and in a forked child. */
+#define KREX_POOL_DEVS 64
+static pthread_mutex_t current_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *current_pools[2][KREX_POOL_DEVS];
+static unsigned current_gen;            /* bumped under current_lock at every change the driver made */
+static int visible_devices[2];          /* read once: 0 not yet, -1 unknown */
+
+static int devices_visible(int vendor) {
+    int hip = vendor == KREX_VENDOR_HIP, n = __atomic_load_n(&visible_devices[hip], __ATOMIC_RELAXED);
+    if (n) return n;
+    int (*count)(int *) = helper(vendor, H_NDEV);
+    int got = 0, r = -1;
+    if (count) RELAXED(vendor, r = count(&got));
+    n = r == 0 && got > 0 ? got : -1;
+    __atomic_store_n(&visible_devices[hip], n, __ATOMIC_RELAXED);
+    return n;
+}
+
+static void current_set(int vendor, int d, void *pool) {   /* the driver made POOL device D's current one */
+    pthread_mutex_lock(&current_lock);
+    if (d >= 0 && d < KREX_POOL_DEVS)
+        __atomic_store_n(&current_pools[vendor == KREX_VENDOR_HIP][d], pool, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&current_gen, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&current_lock);
+}
+
+static void current_forget(void *pool) {    /* NULL: every device's */
+    pthread_mutex_lock(&current_lock);
+    for (int v = 0; v < 2; v++)
+        for (int d = 0; d < KREX_POOL_DEVS; d++)
+            if (!pool || __atomic_load_n(&current_pools[v][d], __ATOMIC_RELAXED) == pool)
+                __atomic_store_n(&current_pools[v][d], NULL, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&current_gen, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&current_lock);
+}
+
+void krex_pools_forget_current(void) { current_forget(NULL); }
+
 /* the pool an allocation on stream S came from: the current pool of the stream's device (CUDA_SUCCESS and
  * hipSuccess are both 0) */
 static void *current_pool(int vendor, void *s) {
+    int hip = vendor == KREX_VENDOR_HIP, d = devices_visible(vendor) == 1 ? 0 : -1;
+    void *pool = d == 0 ? __atomic_load_n(&current_pools[hip][0], __ATOMIC_RELAXED) : NULL;
+    if (pool) return pool;
     int (*dev_of)(void *, int *) = helper(vendor, H_STREAM_DEV);
     int (*dev)(int *) = helper(vendor, H_CTX_DEV);
     int (*get)(void **, int) = helper(vendor, H_DEV_POOL);
-    void *pool = NULL;
-    int d, found = 0;
     if (!get) return NULL;
-    RELAXED(vendor, found = ((dev_of && dev_of(s, &d) == 0) || (dev && dev(&d) == 0)) && get(&pool, d) == 0);
-    return found ? pool : NULL;
+    unsigned gen = __atomic_load_n(&current_gen, __ATOMIC_SEQ_CST);
+    int known = d == 0, found = 0;
+    RELAXED(vendor, {
+        known = known || (dev_of && dev_of(s, &d) == 0) || (dev && dev(&d) == 0);
+        pool = known && d >= 0 && d < KREX_POOL_DEVS ? __atomic_load_n(&current_pools[hip][d], __ATOMIC_RELAXED) : NULL;
+        found = pool || (known && get(&pool, d) == 0);
+    });
+    if (!found) return NULL;
+    if (d >= 0 && d < KREX_POOL_DEVS) {
+        pthread_mutex_lock(&current_lock);
+        if (__atomic_load_n(&current_gen, __ATOMIC_SEQ_CST) == gen)
+            __atomic_store_n(&current_pools[hip][d], pool, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&current_lock);
+    }
+    return pool;
 }
 
 /* after an allocation from POOL (NULL: the current pool of stream S's device) */
@@ -378,6 +437,7 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     }                                                                                        \
     pthread_mutex_unlock(&pools_lock);                                                       \
     GATED(V, call);                                                                          \
+    if (r == 0) current_forget(pool);   /* its device's current pool: the default one again */ \
     if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
     else if (gone.pool) {                                                                    \
         pthread_mutex_lock(&pools_lock);                                                     \
@@ -394,6 +454,20 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
     POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
+/* A pool made a device's current one: kept for that device's plain allocations (followed from the first). */
+KREX_EXPORT CUresult cuDeviceSetMemPool(CUdevice d, void *pool) {
+    if (!REAL(cuDeviceSetMemPool)) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = REAL(cuDeviceSetMemPool)(d, pool);
+    if (r == 0) current_set(KREX_VENDOR_CUDA, d, pool);
+    return r;
+}
+KREX_EXPORT hipError_t hipDeviceSetMemPool(int d, void *pool) {
+    if (!REAL(hipDeviceSetMemPool)) return 3;
+    hipError_t r = REAL(hipDeviceSetMemPool)(d, pool);
+    if (r == 0) current_set(KREX_VENDOR_HIP, d, pool);
+    return r;
+}
+
 static uint64_t pools_held(void) {        /* read a last time (a failed reading keeps the one before) */
     uint64_t n = 0;
     pthread_mutex_lock(&pools_lock);
@@ -405,6 +479,9 @@ static uint64_t pools_held(void) {        /* read a last time (a failed reading 
 static void pools_reset_after_fork(void) {      /* the child has no contexts, so no pools */
     pthread_mutex_init(&pools_lock, NULL);
     npools = 0;
+    pthread_mutex_init(&current_lock, NULL);
+    memset(current_pools, 0, sizeof current_pools);
+    memset(visible_devices, 0, sizeof visible_devices);
 }
 
 #define ASYNC_ALLOC(V, name, P, A, S, POOL)                                                   \

@@ -285,6 +285,7 @@ if api == "cuda":
     alloc, free, trim = lib.cuMemAllocAsync, lib.cuMemFreeAsync, lib.cuMemPoolTrimTo
     from_pool, create, destroy = lib.cuMemAllocFromPoolAsync, lib.cuMemPoolCreate, lib.cuMemPoolDestroy
     pool_of, set_attr, sync = lib.cuDeviceGetDefaultMemPool, lib.cuMemPoolSetAttribute, lib.cuStreamSynchronize
+    set_current = lib.cuDeviceSetMemPool
 else:
     lib = ctypes.CDLL("libamdhip64.so")
     ptr = ctypes.c_void_p()
@@ -292,10 +293,19 @@ else:
     alloc, free, trim = lib.hipMallocAsync, lib.hipFreeAsync, lib.hipMemPoolTrimTo
     from_pool, create, destroy = lib.hipMallocFromPoolAsync, lib.hipMemPoolCreate, lib.hipMemPoolDestroy
     pool_of, set_attr, sync = lib.hipDeviceGetDefaultMemPool, lib.hipMemPoolSetAttribute, lib.hipStreamSynchronize
+    set_current = lib.hipDeviceSetMemPool
 GIB2 = ctypes.c_size_t(2 << 30)
 pool = ctypes.c_void_p()
 if mode == "destroy":                           # a pool of its own, its memory back when it is destroyed
     assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0
+elif mode in ("current", "revert"):             # a pool of its own made device 0's current one (threshold 0)
+    small = type(ptr)()
+    if mode == "current":                       # after a plain allocation from the default pool, so the shim
+        assert alloc(ctypes.byref(small), ctypes.c_size_t(1 << 20), None) == 0    # knew that one as current
+    assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0 and set_current(0, pool) == 0
+    if mode == "revert":                        # used, then destroyed: the device's default pool is current again
+        assert alloc(ctypes.byref(small), ctypes.c_size_t(1 << 20), None) == 0 and free(small, None) == 0
+        assert destroy(pool) == 0
 else:
     assert pool_of(ctypes.byref(pool), 0) == 0
 if mode in ("keep", "trim", "trimgrown", "destroy", "exit"):  # the release threshold at its maximum (PyTorch's)
@@ -310,7 +320,7 @@ else:
 assert free(ptr, None) == 0                     # back to the pool, not to the driver
 if mode in ("trim", "trimgrown"):
     assert trim(pool, ctypes.c_size_t(0)) == 0  # the pool's 2 GiB back to the driver
-if mode in ("sync", "regrow"):
+if mode in ("sync", "regrow", "current", "revert"):
     assert sync(None) == 0                      # threshold 0: the synchronize gives the 2 GiB back
 if mode == "regrow":                            # ... the pool takes 1 GiB, gives it back, and takes it again, all
     GIB1 = ctypes.c_size_t(1 << 30)             # before any drain: 3 GiB given back in all
@@ -338,7 +348,11 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     (sync; regrow, where the pool grows back before any drain), or the one of the drain before another job's
     region (drain); a process that exits gives back what its pools hold (exit). draingrown and trimgrown: the
     pool grew since its last reading (a drain or a trim must read it before it gives back). canary: the clock
-    canary's synchronize at the holder's own region gives the pool's memory back. The shim counts what a pool
+    canary's synchronize at the holder's own region gives the pool's memory back. current and revert: the
+    plain allocations come from a pool the program made the device's current one (cuDeviceSetMemPool,
+    hipDeviceSetMemPool), and, in revert, from the default one again once that pool is destroyed; the shim keeps
+    each device's current pool, and must not take the 2 GiB for the pool it knew before (current: one device
+    visible, revert: two). The shim counts what a pool
     gave back, once (a settle of at most the 2 GiB's 4 s; regrow's 3 GiB, 6 s, at least 4.5 s unless the second
     release went unseen), and the region waits for it as after a free. With
     the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
@@ -350,8 +364,11 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     script.write_text(TRIM_SCRIPT)
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
-    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary"):
-        p = krex.popen([sys.executable, script, api, mode], env=env)
+    for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary",
+                 "current", "revert"):
+        visible = "0,1" if mode == "revert" else "0"    # the shim knows the device without asking only with one
+        p = krex.popen([sys.executable, script, api, mode],
+                       env=dict(env, CUDA_VISIBLE_DEVICES=visible, HIP_VISIBLE_DEVICES=visible))
         assert p.stdout.readline().strip() == "ready"
         if mode == "exit":
             p.communicate(timeout=30)
@@ -367,7 +384,8 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
         wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
         time.sleep(0.2)
     assert settles["keep"] < 0.3e9, settles
-    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary")]
+    given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary",
+                                  "current", "revert")]
     assert min(given) > 0.5e9 and max(given) < 4.5e9, settles
     assert 4.5e9 < settles["regrow"] < 6.5e9, settles
 

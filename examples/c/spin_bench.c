@@ -4,7 +4,9 @@
  * `us` microseconds of %globaltimer have passed; launched with gridDimX = us blocks, it takes the
  * same time on a real GPU as on krex's fake driver, where a kernel lasts gridDimX microseconds.
  *
- *   spin_bench [-r regions] [-n kernels] [-u us] [-e]      (-e: empty kernels, launch-rate mode)
+ *   spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a]
+ *   (-e: empty kernels, launch-rate mode; -a: n stream-ordered allocations of 256 bytes, each freed at once, from
+ *   the device's current pool: the allocation path's rate, host time only)
  * Prints one JSON line per region: the event-timed milliseconds of its n kernels. Without krex the
  * region calls are no-ops (krex.h is weak-linked) and the program runs unchanged. */
 #include <stdio.h>
@@ -42,14 +44,15 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
-    int regions = 3, n = 10, us = 1000, empty = 0, opt;
-    while ((opt = getopt(argc, argv, "r:n:u:e")) != -1) {
+    int regions = 3, n = 10, us = 1000, empty = 0, allocs = 0, opt;
+    while ((opt = getopt(argc, argv, "r:n:u:ea")) != -1) {
         if (opt == 'r') regions = atoi(optarg);
         else if (opt == 'n') n = atoi(optarg);
         else if (opt == 'u') us = atoi(optarg);
         else if (opt == 'e') empty = 1;
+        else if (opt == 'a') allocs = 1;
         else {
-            fprintf(stderr, "usage: spin_bench [-r regions] [-n kernels] [-u us] [-e]\n");
+            fprintf(stderr, "usage: spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a]\n");
             return 2;
         }
     }
@@ -82,6 +85,24 @@ int main(int argc, char **argv) {
         CHECK(cuStreamSynchronize(s));
         printf("{\"launches\": %d, \"seconds\": %.6f, \"launches_per_s\": %.0f, \"ns_per_launch\": %.1f}\n", n,
                t1 - t0, n / (t1 - t0), (t1 - t0) * 1e9 / n);
+        return 0;
+    }
+    if (allocs) {  /* allocation rate: n stream-ordered allocations, each freed at once, host time only */
+        CUdeviceptr p;
+        for (int i = 0; i < 1000; i++) {
+            CHECK(cuMemAllocAsync(&p, 256, s));
+            CHECK(cuMemFreeAsync(p, s));
+        }
+        CHECK(cuStreamSynchronize(s));
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) {
+            CHECK(cuMemAllocAsync(&p, 256, s));
+            CHECK(cuMemFreeAsync(p, s));
+        }
+        double t1 = now_s();
+        CHECK(cuStreamSynchronize(s));
+        printf("{\"allocations\": %d, \"seconds\": %.6f, \"ns_per_allocation\": %.1f}\n", n, t1 - t0,
+               (t1 - t0) * 1e9 / n);
         return 0;
     }
     unsigned long long ns = (unsigned long long)us * 1000ull;

@@ -299,6 +299,8 @@ static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fk_pool { uintptr_t h; uint64_t reserved, in_use, threshold; int destroyed; } pools[FK_POOLS];
 static struct { const void *p; size_t n; struct fk_pool *pool; } pool_allocs[256];
 static uintptr_t pools_created;
+#define FK_POOL_DEVS 64
+static uintptr_t current_pools[FK_POOL_DEVS];    /* per device: its current pool if one was set, else 0 (default) */
 
 static struct fk_pool *pool_of(uintptr_t h, int make) {        /* under pool_lock */
     for (size_t i = 0; i < FK_POOLS; i++)
@@ -390,6 +392,21 @@ int fk_pool_destroy(uintptr_t h) {
     pthread_mutex_lock(&pool_lock);
     struct fk_pool *q = live_pool(h, 0);
     if (q) q->destroyed = 1, q->reserved = 0;      /* its memory back to the driver */
+    for (int d = 0; q && d < FK_POOL_DEVS; d++)     /* a device whose current pool it was: its default again */
+        if (current_pools[d] == h) current_pools[d] = 0;
+    pthread_mutex_unlock(&pool_lock);
+    return q ? 0 : -1;
+}
+uintptr_t fk_pool_current(int d) {
+    pthread_mutex_lock(&pool_lock);
+    uintptr_t h = d >= 0 && d < FK_POOL_DEVS && current_pools[d] ? current_pools[d] : (uintptr_t)d + 1;
+    pthread_mutex_unlock(&pool_lock);
+    return h;
+}
+int fk_pool_make_current(int d, uintptr_t h) {
+    pthread_mutex_lock(&pool_lock);
+    struct fk_pool *q = d >= 0 && d < FK_POOL_DEVS ? live_pool(h, h == (uintptr_t)d + 1) : NULL;
+    if (q) current_pools[d] = h == (uintptr_t)d + 1 ? 0 : h;
     pthread_mutex_unlock(&pool_lock);
     return q ? 0 : -1;
 }

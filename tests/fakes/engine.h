@@ -102,7 +102,11 @@ void fk_pool_sync(void);
 int fk_pool_attr(uintptr_t pool, int attr, void *value);
 int fk_pool_set(uintptr_t pool, int attr, const void *value);       /* only the release threshold (4) is kept */
 uintptr_t fk_pool_create(void);
-int fk_pool_destroy(uintptr_t pool);
+int fk_pool_destroy(uintptr_t pool);      /* a device whose current pool it was has its default one again */
+/* a device's current pool (the one its plain stream-ordered allocations come from): its default one unless another
+ * was made current (cuDeviceSetMemPool, hipDeviceSetMemPool); making current a pool that is not live: -1 */
+uintptr_t fk_pool_current(int device);
+int fk_pool_make_current(int device, uintptr_t pool);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);
 /* a stream callback (cuStreamAddCallback, hipStreamAddCallback): fn(handle, 0, arg) in stream order, handle the

@@ -684,7 +684,7 @@ static CUresult alloc_from(CUdeviceptr *p, size_t n, uintptr_t pool) {
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
     NEED_CTX();
-    return alloc_from(p, n, (uintptr_t)current()->fk->device + 1);
+    return alloc_from(p, n, fk_pool_current(current()->fk->device));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
@@ -748,16 +748,27 @@ EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
     NEED_INIT();
     return pool && value && fk_pool_set((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
-/* a device's pool, default or current: the default one (the fake has no cuDeviceSetMemPool), its device's
- * number plus one */
+/* a device's current pool (its default one, the device's number plus one, unless another was made current) and
+ * its default one */
 EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) {
+    NEED_INIT();
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (!pool) return E_VALUE;
+    *pool = (void *)fk_pool_current(d);
+    return OK;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) {
     NEED_INIT();
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
     if (!pool) return E_VALUE;
     *pool = (void *)(uintptr_t)(d + 1);
     return OK;
 }
-EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) { return cuDeviceGetMemPool(pool, d); }
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, void *pool) {
+    NEED_INIT();
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    return pool && fk_pool_make_current(d, (uintptr_t)pool) == 0 ? OK : E_VALUE;
+}
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
     NEED_INIT();
     if (d < 0 || d >= fk_device_count()) return E_DEVICE;
@@ -822,7 +833,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
-    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuDeviceSetMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \

@@ -2,7 +2,8 @@
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
 # Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
 #   (resolver: the driver resolver's answers named by dladdr, as the shim routes them; trimsettle: whether memory
-#   a stream-ordered pool gives back is waited for as a free is; neither a default step)
+#   a stream-ordered pool gives back is waited for as a free is; allocoverhead: a stream-ordered allocation's cost,
+#   with OLD_SHIM=PATH an earlier libkrex.so beside it; none a default step)
 #   explicit-region fidelity, hooks. Others (see docs/measurements/): throughput (8 agents, ~6 min), scales (other
 #   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
 #   perturbgates (GPU work that is not a submission, bare and under krex regions).
@@ -52,6 +53,11 @@ for step in $STEPS; do
     python3 tests/gpu/coverage.py --build $B --out $OUT/interception.json --log $OUT/coverage.log ;;
   overhead)
     python3 bench/launch_overhead.py --bin $B/spin_bench --out $OUT/overhead.json ;;
+  allocoverhead)
+    # a stream-ordered allocation's cost (it reads the device's current pool, shim/memory.c); OLD_SHIM: an earlier
+    # build of libkrex.so measured beside it
+    python3 bench/launch_overhead.py --bin $B/spin_bench --mode alloc --launches 100000 \
+      ${OLD_SHIM:+--compare-shim $OLD_SHIM} --out $OUT/alloc-overhead.json ;;
   fidelity)
     python3 bench/fidelity_explicit.py --rounds ${ROUNDS:-3} --out $OUT/fidelity-explicit.json 2>&1 | tail -40 ;;
   fidelity_hook)

@@ -4,7 +4,9 @@ stays; then another job's region starts and the report says how long it waited t
 keeps the memory: nothing to wait for), trim (cuMemPoolTrimTo: the shim reports the bytes the reservation shrank
 by), sync (the default release threshold: the synchronize gives the memory back, without a trim), drain (the
 default threshold, no synchronize: the drain's gives it back), regrow (given back and taken again before the
-region, 3 GiB in all), and PyTorch's cudaMallocAsync backend without and
+region, 3 GiB in all), current and revert (the plain allocations from a pool the program made the device's
+current one with cuDeviceSetMemPool, and from the default one again after that pool's destroy: the shim keeps each
+device's current pool and must follow both changes), and PyTorch's cudaMallocAsync backend without and
 with torch.cuda.empty_cache() (torch-keep, torch-trim). Its own
 controller with settle_ms_per_gib 1000 (2 GiB: about 2 s) and lifecycle_timeout_s 10.
     . tests/gpu/env.sh; python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json"""
@@ -47,7 +49,7 @@ def main() -> None:
             if (work / "krex.sock").exists():
                 break
             time.sleep(0.1)
-        for mode in ("keep", "trim", "sync", "drain", "regrow", "torch-keep", "torch-trim"):
+        for mode in ("keep", "trim", "sync", "drain", "regrow", "current", "revert", "torch-keep", "torch-trim"):
             # both on GPU 0 (krex run would place them apart on a node of several GPUs)
             holder = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--gpu", "0", "--", sys.executable,
                                        str(HERE / "workloads" / "pool_trim.py"), mode],
