@@ -202,6 +202,9 @@ def main() -> None:
                     help="timings per kernel per command in the reference passes (0: --repeat): more gives the "
                          "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
                          "largest of a few")
+    ap.add_argument("--reference-processes", type=int, default=1,
+                    help="commands (processes) per distinct kernel in each reference pass: more samples the level "
+                         "a kernel takes per process, as the shared modes' many commands do")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
                     help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: "
                          "the four buckets alike); SIZE/VARIANT: every command of that size times that variant "
@@ -273,6 +276,9 @@ def main() -> None:
         if args.reference_repeat < 0:
             ap.error("--reference-repeat: 0 (as --repeat) or more")
         T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
+        if args.reference_processes < 1:
+            ap.error("--reference-processes: 1 or more")
+        T.REFERENCE_PROCESSES[0] = args.reference_processes
         T.MIX[:] = T.parse_mix(args.mix, ap)
         T.HOST_BOUND[0] = args.host_bound_check
         scales = [int(x) for x in args.scales.split(",")]

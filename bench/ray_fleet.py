@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
-from throughput import BUCKETS, MIX, bucket, distinct, make_specs, p95, parse_mix  # noqa: E402
+from throughput import BUCKETS, MIX, bucket, make_specs, p95, parse_mix, reference_specs  # noqa: E402
 
 MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex")
 REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, each distinct spec once
@@ -112,14 +112,14 @@ def krex_counters(sock: str) -> dict:
 
 
 def run_mode(ray, mode: str, agents: int, specs: list, budget_s: float, candidate: str, nonce_base: int,
-             sock: str, cargs: list | None = None) -> dict:
+             sock: str, cargs: list | None = None, processes: int = 1) -> dict:
     import krex.ray
 
     cargs = list(CANDIDATE_ARGS) if cargs is None else cargs
 
     share = 1.0 if mode in REFERENCE_MODES else 1.0 / agents
     if mode in REFERENCE_MODES:
-        specs, budget_s = distinct(specs), float("inf")
+        specs, budget_s = reference_specs(specs, processes), float("inf")
     if mode == "shell":
         def launch(spec, nonce):
             return krex.ray.shell([sys.executable] + candidate_argv(candidate, spec, nonce, cargs), num_gpus=share,
@@ -269,6 +269,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
     ap.add_argument("--repeat", type=int, default=1, help="timings per kernel per evaluation (candidate --repeat)")
+    ap.add_argument("--reference-processes", type=int, default=1,
+                    help="evaluations (tasks, each its own worker process: Ray's max_calls=1 for GPU tasks) per "
+                         "distinct kernel in each pass of the --reference mode: more samples the level a kernel "
+                         "takes per process")
     ap.add_argument("--reference-repeat", type=int, default=0,
                     help="timings per kernel per evaluation in the --reference mode's passes (0: as --repeat); "
                          "a bigger floor sample, since one task per GPU runs each distinct kernel once a pass")
@@ -308,9 +312,11 @@ def main() -> None:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
     if args.reference_repeat < 0:
         ap.error("--reference-repeat: 0 (as --repeat) or more")
-    if args.reference_repeat and args.reference == "pergpu" and "pergpu" in plan:
-        ap.error("--reference-repeat with --reference pergpu: pergpu is also the throughput baseline, "
-                 "so its work must match krex's; judge by pergpukrex or pergpubusy")
+    if args.reference_processes < 1:
+        ap.error("--reference-processes: 1 or more")
+    if (args.reference_repeat or args.reference_processes > 1) and args.reference == "pergpu" and "pergpu" in plan:
+        ap.error("--reference-repeat or --reference-processes with --reference pergpu: pergpu is also the "
+                 "throughput baseline, so its work must match krex's; judge by pergpukrex or pergpubusy")
     if args.mix:
         MIX[:] = parse_mix(args.mix, ap)
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
@@ -330,7 +336,8 @@ def main() -> None:
                  _temp_dir=str(tmp / "ray"))
         for i, mode in enumerate(plan):
             r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock),
-                         mode_args(mode, args.reference, args.reference_repeat))
+                         mode_args(mode, args.reference, args.reference_repeat),
+                         args.reference_processes if mode == args.reference else 1)
             runs.append(r)
             Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,
                                                   "summary": analyse(runs),

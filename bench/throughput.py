@@ -99,6 +99,17 @@ def distinct(specs: list) -> list[dict]:
     return [seen[k] for k in sorted(seen)]
 
 
+REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (bench/freeze_policy.py --reference-processes)
+
+
+def reference_specs(specs: list, processes: int = 0) -> list[dict]:
+    """What a reference pass runs: every distinct spec in PROCESSES commands (0: REFERENCE_PROCESSES), all of one
+    round before the next. One command per spec samples one process per kernel a pass, so a level a kernel takes
+    per process (docs/measurements/freeze-policy.md: cuBLAS 1.3% apart in two processes) shows in the floor only
+    when the two passes' processes differ; several sample it as the shared modes' many commands do."""
+    return distinct(specs) * max(1, processes or REFERENCE_PROCESSES[0])
+
+
 HOST_BOUND = [False]   # KREX_HOST_BOUND=1 in the krex commands (freeze_policy --host-bound-check): each timing's
                       # region says whether the GPU waited for the host (candidate.py's *_host_bound lists)
 
@@ -190,7 +201,7 @@ class Controllers:
 def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, nonce_base: int,
              ctls: Controllers) -> dict:
     if mode in REFERENCE_MODES:   # krexsolo: the same alone, under a controller of its own (its clock settle)
-        specs, budget_s = distinct(specs), float("inf")
+        specs, budget_s = reference_specs(specs), float("inf")
     todo = list(enumerate(specs))
     rows, lock = [], threading.Lock()
     kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)

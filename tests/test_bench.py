@@ -335,6 +335,29 @@ def test_the_floor_is_the_judged_statistic_taken_in_the_reference_passes():
     assert ref["repeat_spread_pct"]["1-10ms"] == pytest.approx(10.0)       # 2.2 / 2.0 in one process
 
 
+def test_reference_processes_put_a_per_process_level_into_the_floor():
+    """--reference-processes K: each distinct spec runs in K commands a reference pass, one round after another.
+    A kernel that takes a level per process (cuBLAS at 16384 sat 1.27% apart in run 17's two reference processes)
+    shows in the floor only as far as the passes' processes differ: with one process a pass at the same level the
+    floor is 0; with two a pass, at two levels, the floor holds the level's difference, as the shared modes'
+    many processes do; a bad K is refused with exit 2."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import throughput as T
+
+    specs = [{"size": 2048, "variant": v} for v in (1, 0, 1)]
+    assert T.reference_specs(specs, 2) == [{"size": 2048, "variant": 0}, {"size": 2048, "variant": 1}] * 2
+    assert T.reference_specs(specs) == T.distinct(specs)            # REFERENCE_PROCESSES: 1 unless set
+    row = lambda ms: {"size": 16384, "variant": 1, "reference_all_ms": [ms] * 3}   # noqa: E731
+    one = T.reference_passes([[row(13.22)], [row(13.22)]], stable_pct=2.0)
+    two = T.reference_passes([[row(13.22), row(13.39)], [row(13.22), row(13.39)]], stable_pct=2.0)
+    assert one["floors_pct"][">10ms"] == pytest.approx(0.0) and one["floor_timings"][">10ms"] == 6
+    assert two["floor_timings"][">10ms"] == 12 and two["floors_pct"][">10ms"] > 0.5   # about half the 1.3% gap
+    for bench in ("freeze_policy.py", "ray_fleet.py"):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--reference-processes", "0",
+                            "--out", "/nonexistent/never.json"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "--reference-processes: 1 or more" in p.stderr.strip().splitlines()[-1], p.stderr
+
+
 def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_named(tmp_path):
     """--leave-out SIZE/VARIANT/KIND (a diagnosis: the reading without one kernel): the kernel leaves the floor
     and the judged timings alike, is listed apart from the unstable ones, and the table names it; a malformed

@@ -424,7 +424,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
         run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
                               "--agents", "4", "--specs", "5", "--budget", "60", "--logs", str(tmp_path / "logs"),
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
-                              "--reference", "pergpukrex", "--reference-repeat", "3",
+                              "--reference", "pergpukrex", "--reference-repeat", "3", "--reference-processes", "2",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
                               "--out", str(out)], env=dict(env, NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
                              capture_output=True, text=True, timeout=840)
@@ -442,6 +442,10 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     # --reference-repeat: more timings per kernel in the judging reference's evaluations only
     repeats = {r["mode"]: {row["repeat"] for row in r["rows"]} for r in json.loads(out.read_text())["runs"]}
     assert repeats == {"pergpu": {1}, "naive": {1}, "krex": {1}, "shell": {1}, "pergpubusy": {1}, "pergpukrex": {3}}
+    # --reference-processes: every distinct spec twice, in the judging reference's pass only, each its own worker
+    runs = {r["mode"]: r for r in json.loads(out.read_text())["runs"]}
+    assert len(runs["pergpukrex"]["rows"]) == 2 * len(runs["pergpu"]["rows"]) == 2 * len(runs["pergpubusy"]["rows"])
+    assert len({row["pid"] for row in runs["pergpukrex"]["rows"]}) == len(runs["pergpukrex"]["rows"])
     # its neighbour ran under krex run for that pass and was stopped at its end
     marks = (tmp_path / "neighbour").read_text().split()
     assert marks[::2] == ["start", "stop"] and marks[1] != "-"

@@ -16,7 +16,8 @@
 # WARMUP_MS (25) and MIN_REPS (0): the candidates' do_bench warm-up and least repetitions (500 and 100: the
 # power-steady harness of docs/measurements/harness-stability.md).
 # REPEAT (1: timings per kernel per evaluation); REF_REPEAT (0: as REPEAT) the same in the REFERENCE mode's passes
-# only (not pergpu's when pergpu is the throughput baseline: refused), for a floor of >= 50 timings per bucket. Fidelity against the same-run floor needs a second pergpu pass
+# only (not pergpu's when pergpu is the throughput baseline: refused), for a floor of >= 50 timings per bucket.
+# REF_PROCS (1): evaluations per distinct kernel in each pass of the REFERENCE mode (each its own worker process). Fidelity against the same-run floor needs a second pergpu pass
 # and >= 50 timings per bucket, e.g.  PLAN=pergpu,krex,pergpu SPECS=400 BUDGET=150 REPEAT=2 LIMIT=420
 # CTL_ARGS: more options for the krex controller, e.g. CTL_ARGS="--region-gap-ms 200".
 # REFERENCE (pergpu), pergpubusy or pergpukrex: the passes that judge (pergpubusy: one task per GPU beside a GPU neighbour
@@ -91,7 +92,7 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
   --format=csv -lms 500 > $L/smi.csv & SMI=$!
 timeout ${LIMIT:-420} python3 bench/ray_fleet.py --agents ${AGENTS:-8} --plan ${PLAN:-pergpu,naive,krex,shell} \
-  --specs ${SPECS:-16} $([ -n "${MIX:-}" ] && echo --mix $MIX) --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --reference-repeat ${REF_REPEAT:-0} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --reference ${REFERENCE:-pergpu} --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
+  --specs ${SPECS:-16} $([ -n "${MIX:-}" ] && echo --mix $MIX) --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --reference ${REFERENCE:-pergpu} --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
 echo "ray_fleet rc=$?"
 kill $SMI
 grep -v '^\s' $L/ray-fleet.log | tail -20
