@@ -99,7 +99,7 @@ def distinct(specs: list) -> list[dict]:
     return [seen[k] for k in sorted(seen)]
 
 
-REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (bench/freeze_policy.py --reference-processes)
+REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (freeze_policy.py --reference-processes)
 
 
 def reference_specs(specs: list, processes: int = 0) -> list[dict]:
