@@ -294,8 +294,6 @@
     X(CUDA, cuMemAllocFromPoolAsync, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
     X(CUDA, cuMemAllocFromPoolAsync_ptsz, CUresult, (CUdeviceptr *p, size_t n, void *pool, CUstream s)) \
     X(CUDA, cuMemPoolDestroy, CUresult, (void *pool)) \
-    /* a device's current pool, kept by the shim for its plain stream-ordered allocations (memory.c) */ \
-    X(CUDA, cuDeviceSetMemPool, CUresult, (CUdevice d, void *pool)) \
     X(CUDA, cuMemRelease, CUresult, (unsigned long long h)) \
     X(CUDA, cuStreamBeginCapture, CUresult, (CUstream s)) \
     X(CUDA, cuStreamBeginCapture_ptsz, CUresult, (CUstream s)) \
@@ -348,7 +346,8 @@
     X(HIP, hipMallocAsync, hipError_t, (void **p, size_t n, hipStream_t s)) \
     X(HIP, hipMallocFromPoolAsync, hipError_t, (void **p, size_t n, void *pool, hipStream_t s)) \
     X(HIP, hipMemPoolDestroy, hipError_t, (void *pool)) \
-    X(HIP, hipDeviceSetMemPool, hipError_t, (int d, void *pool)) \
+    /* a device reset deletes the device's pools, its default ones too (memory.c) */ \
+    X(HIP, hipDeviceReset, hipError_t, (void)) \
     /* synchronizes: a pool may give memory back there (memory.c) */ \
     X(HIP, hipDeviceSynchronize, hipError_t, (void)) \
     X(HIP, hipStreamSynchronize, hipError_t, (hipStream_t s)) \
@@ -392,7 +391,6 @@
     X(CUDA, cuDeviceGetGraphMemAttribute, CUresult, (CUdevice d, int attr, void *value)) \
     X(CUDA, cuDeviceGetMemPool, CUresult, (void **pool, CUdevice d)) \
     X(CUDA, cuStreamGetDevice, CUresult, (CUstream s, CUdevice *d)) \
-    X(CUDA, cuDeviceGetCount, CUresult, (int *n)) \
     X(CUDA, cuThreadExchangeStreamCaptureMode, CUresult, (int *mode)) \
     X(CUBLASLT, cublasLtMatmulDescSetAttribute, cublasStatus_t, (cublasLtMatmulDesc_t d, int attr, const void *buf, \
       size_t n)) \
@@ -402,7 +400,6 @@
     X(HIP, hipMemPoolGetAttribute, hipError_t, (void *pool, int attr, void *value)) \
     X(HIP, hipDeviceGetMemPool, hipError_t, (void **pool, int d)) \
     X(HIP, hipStreamGetDevice, hipError_t, (hipStream_t s, int *d)) \
-    X(HIP, hipGetDeviceCount, hipError_t, (int *n)) \
     X(HIP, hipThreadExchangeStreamCaptureMode, hipError_t, (int *mode)) \
     X(HIP, hipDeviceGetGraphMemAttribute, hipError_t, (int d, int attr, void *value))
 

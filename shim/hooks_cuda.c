@@ -58,7 +58,6 @@ KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     krex_hostbound_forget_all();          /* its events go with it */
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
     CUresult r = REAL(cuCtxDestroy_v2)(c);
-    krex_pools_forget_current();
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }
@@ -72,7 +71,6 @@ static CUresult primary_teardown(CUresult (*real)(CUdevice), CUdevice d, uint64_
     int dev = krex_physical_device(KREX_VENDOR_CUDA, d);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, bytes);
     CUresult r = real(d);
-    krex_pools_forget_current();
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }

@@ -230,10 +230,17 @@ static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct krex_pool { void *pool; int vendor; uint64_t last; } pools[KREX_POOLS];
 static int npools;                      /* written under pools_lock; read without it only as a hint */
 static int syncs_under_way;             /* synchronizes between krex_pools_sync_begin and _end */
+/* Destroys: a pool is never read once its destroy may have begun. A destroy takes the pool out of the table, then
+ * calls the driver (after the gate, which may wait); an allocation racing it may have got the pool before (its
+ * device's current one, or named) and would follow it again. So following waits for no destroy to be under way
+ * (destroys_open) and for none to have ended since the allocation began (destroy_seq, read before the driver
+ * call): else the pool is left for a later allocation to follow, if it is still alive. */
+static int destroys_open;               /* under pools_lock */
+static unsigned destroy_seq;            /* bumped under pools_lock as each destroy ends; read without it */
 
 /* the driver functions the readings use, looked up once per vendor (an absent one would otherwise be looked up
  * again at every call, under the loader's lock); the pools are read only after the driver is loaded */
-enum { H_ATTR, H_MODE, H_STREAM_DEV, H_CTX_DEV, H_DEV_POOL, H_NDEV, H_COUNT };
+enum { H_ATTR, H_MODE, H_STREAM_DEV, H_CTX_DEV, H_DEV_POOL, H_COUNT };
 static void *helper(int vendor, int which) {
     static void *fns[2][H_COUNT];
     static int looked[2];
@@ -241,9 +248,9 @@ static void *helper(int vendor, int which) {
     if (!__atomic_load_n(&looked[hip], __ATOMIC_ACQUIRE)) {
         static const int ids[2][H_COUNT] = {
             {KREX_H_cuMemPoolGetAttribute, KREX_H_cuThreadExchangeStreamCaptureMode, KREX_H_cuStreamGetDevice,
-             KREX_H_cuCtxGetDevice, KREX_H_cuDeviceGetMemPool, KREX_H_cuDeviceGetCount},
+             KREX_H_cuCtxGetDevice, KREX_H_cuDeviceGetMemPool},
             {KREX_H_hipMemPoolGetAttribute, KREX_H_hipThreadExchangeStreamCaptureMode, KREX_H_hipStreamGetDevice,
-             KREX_H_hipGetDevice, KREX_H_hipDeviceGetMemPool, KREX_H_hipGetDeviceCount}};
+             KREX_H_hipGetDevice, KREX_H_hipDeviceGetMemPool}};
         for (int i = 0; i < H_COUNT; i++) __atomic_store_n(&fns[hip][i], krex_real(ids[hip][i]), __ATOMIC_RELAXED);
         __atomic_store_n(&looked[hip], 1, __ATOMIC_RELEASE);
     }
@@ -307,92 +314,37 @@ int krex_pools_sync_end(int r) {
     return r;
 }
 
-/* POOL from now on (its reservation read now, if it is new); 1 if it is followed */
-static int pool_follow(int vendor, void *pool) {
+static unsigned destroys_seen(void) { return __atomic_load_n(&destroy_seq, __ATOMIC_SEQ_CST); }
+
+/* POOL from now on (its reservation read now, if it is new and no destroy began since SEQ, destroys_seen() read
+ * before the call that used the pool); 1 if it is followed */
+static int pool_follow(int vendor, void *pool, unsigned seq) {
     if (!pool) return 0;
     pthread_mutex_lock(&pools_lock);
     struct krex_pool *e = pool_entry(pool);
     uint64_t v;
-    if (!e && npools < KREX_POOLS && pool_read(vendor, pool, &v) == 0)
+    int safe = !destroys_open && __atomic_load_n(&destroy_seq, __ATOMIC_SEQ_CST) == seq;
+    if (!e && safe && npools < KREX_POOLS && pool_read(vendor, pool, &v) == 0)
         e = pool_add_locked((struct krex_pool){pool, vendor, v});
     pthread_mutex_unlock(&pools_lock);
     return e != NULL;
 }
 
-/* Each device's current pool, as last looked up or made current (cuDeviceSetMemPool, hipDeviceSetMemPool), so that a
- * plain stream-ordered allocation (cuMemAllocAsync, hipMallocAsync: PyTorch's cudaMallocAsync backend allocates
- * every tensor so) does not ask the driver for it each time. With one device visible (a command krex placed on one
- * GPU) the device is known as well, and such an allocation makes no driver call for its pool; with more, one call
- * names the stream's device. A lookup stores what it found only if no pool was made current or destroyed while it
- * asked (current_gen), so a pool made current in another thread is never overwritten by an older answer. Forgotten
- * when a pool is destroyed (a device whose current pool it was has its default one again), when a context is
- * destroyed or reset, and in a forked child. */
-#define KREX_POOL_DEVS 64
-static pthread_mutex_t current_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *current_pools[2][KREX_POOL_DEVS];
-static unsigned current_gen;            /* bumped under current_lock at every change the driver made */
-static int visible_devices[2];          /* read once: 0 not yet, -1 unknown */
-
-static int devices_visible(int vendor) {
-    int hip = vendor == KREX_VENDOR_HIP, n = __atomic_load_n(&visible_devices[hip], __ATOMIC_RELAXED);
-    if (n) return n;
-    int (*count)(int *) = helper(vendor, H_NDEV);
-    int got = 0, r = -1;
-    if (count) RELAXED(vendor, r = count(&got));
-    n = r == 0 && got > 0 ? got : -1;
-    __atomic_store_n(&visible_devices[hip], n, __ATOMIC_RELAXED);
-    return n;
-}
-
-static void current_set(int vendor, int d, void *pool) {   /* the driver made POOL device D's current one */
-    pthread_mutex_lock(&current_lock);
-    if (d >= 0 && d < KREX_POOL_DEVS)
-        __atomic_store_n(&current_pools[vendor == KREX_VENDOR_HIP][d], pool, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&current_gen, 1, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&current_lock);
-}
-
-static void current_forget(void *pool) {    /* NULL: every device's */
-    pthread_mutex_lock(&current_lock);
-    for (int v = 0; v < 2; v++)
-        for (int d = 0; d < KREX_POOL_DEVS; d++)
-            if (!pool || __atomic_load_n(&current_pools[v][d], __ATOMIC_RELAXED) == pool)
-                __atomic_store_n(&current_pools[v][d], NULL, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&current_gen, 1, __ATOMIC_SEQ_CST);
-    pthread_mutex_unlock(&current_lock);
-}
-
-void krex_pools_forget_current(void) { current_forget(NULL); }
-
 /* the pool an allocation on stream S came from: the current pool of the stream's device (CUDA_SUCCESS and
  * hipSuccess are both 0) */
 static void *current_pool(int vendor, void *s) {
-    int hip = vendor == KREX_VENDOR_HIP, d = devices_visible(vendor) == 1 ? 0 : -1;
-    void *pool = d == 0 ? __atomic_load_n(&current_pools[hip][0], __ATOMIC_RELAXED) : NULL;
-    if (pool) return pool;
     int (*dev_of)(void *, int *) = helper(vendor, H_STREAM_DEV);
     int (*dev)(int *) = helper(vendor, H_CTX_DEV);
     int (*get)(void **, int) = helper(vendor, H_DEV_POOL);
+    void *pool = NULL;
+    int d, found = 0;
     if (!get) return NULL;
-    unsigned gen = __atomic_load_n(&current_gen, __ATOMIC_SEQ_CST);
-    int known = d == 0, found = 0;
-    RELAXED(vendor, {
-        known = known || (dev_of && dev_of(s, &d) == 0) || (dev && dev(&d) == 0);
-        pool = known && d >= 0 && d < KREX_POOL_DEVS ? __atomic_load_n(&current_pools[hip][d], __ATOMIC_RELAXED) : NULL;
-        found = pool || (known && get(&pool, d) == 0);
-    });
-    if (!found) return NULL;
-    if (d >= 0 && d < KREX_POOL_DEVS) {
-        pthread_mutex_lock(&current_lock);
-        if (__atomic_load_n(&current_gen, __ATOMIC_SEQ_CST) == gen)
-            __atomic_store_n(&current_pools[hip][d], pool, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&current_lock);
-    }
-    return pool;
+    RELAXED(vendor, found = ((dev_of && dev_of(s, &d) == 0) || (dev && dev(&d) == 0)) && get(&pool, d) == 0);
+    return found ? pool : NULL;
 }
 
 /* after an allocation from POOL (NULL: the current pool of stream S's device) */
-static void pool_allocated(int vendor, void *pool, void *s) {
+static void pool_allocated(int vendor, void *pool, void *s, unsigned seq) {
     if (krex_captures_active) return;   /* an allocation into a graph under capture: the pool does not grow */
     if (!pool) pool = current_pool(vendor, s);
     if (!pool) return;
@@ -401,12 +353,12 @@ static void pool_allocated(int vendor, void *pool, void *s) {
     /* while a synchronize is under way it may give memory back: this growth is read now, not taken for less */
     if (e && __atomic_load_n(&syncs_under_way, __ATOMIC_SEQ_CST)) observe_locked(e);
     pthread_mutex_unlock(&pools_lock);
-    if (!e) pool_follow(vendor, pool);
+    if (!e) pool_follow(vendor, pool, seq);
 }
 
 /* A trim: the pool followed from now on if it was not, read before and after the call. */
 #define POOL_TRIM(V, pool, call)                                                            \
-    int followed = pool_follow(KREX_VENDOR_##V, pool);                                       \
+    int followed = pool_follow(KREX_VENDOR_##V, pool, destroys_seen());                     \
     krex_pools_observe();                                                                    \
     GATED(V, call);                                                                          \
     if (r == 0 && followed) krex_pools_observe();                                            \
@@ -423,12 +375,14 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
 
 /* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
  * then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read, it may be gone
- * already); if the destroy fails, it is followed again from that reading. The driver may give the memory back
+ * already); if the destroy fails, it is followed again from that reading. While it is under way and after it no
+ * allocation that began before its end follows any pool (destroys_open, destroy_seq). The driver may give the memory back
  * only once allocations still out are freed: counted at the destroy, the settle may then be early. */
 #define POOL_DESTROY(V, pool, call)                                                         \
     struct krex_pool gone = {NULL, KREX_VENDOR_##V, 0};                                      \
     pthread_mutex_lock(&pools_lock);                                                         \
     struct krex_pool *e = pool_entry(pool);                                                  \
+    destroys_open++;                                                                         \
     if (e) {                                                                                 \
         observe_locked(e);                                                                   \
         gone = *e;                                                                           \
@@ -437,13 +391,12 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     }                                                                                        \
     pthread_mutex_unlock(&pools_lock);                                                       \
     GATED(V, call);                                                                          \
-    if (r == 0) current_forget(pool);   /* its device's current pool: the default one again */ \
+    pthread_mutex_lock(&pools_lock);                                                         \
+    if (r != 0 && gone.pool) pool_add_locked(gone);                                          \
+    destroys_open--;                                                                         \
+    __atomic_add_fetch(&destroy_seq, 1, __ATOMIC_SEQ_CST);                                   \
+    pthread_mutex_unlock(&pools_lock);                                                       \
     if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
-    else if (gone.pool) {                                                                    \
-        pthread_mutex_lock(&pools_lock);                                                     \
-        pool_add_locked(gone);                                                               \
-        pthread_mutex_unlock(&pools_lock);                                                   \
-    }                                                                                        \
     return r
 KREX_EXPORT CUresult cuMemPoolDestroy(void *pool) {
     if (!REAL(cuMemPoolDestroy)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -454,17 +407,32 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
     POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
-/* A pool made a device's current one: kept for that device's plain allocations (followed from the first). */
-KREX_EXPORT CUresult cuDeviceSetMemPool(CUdevice d, void *pool) {
-    if (!REAL(cuDeviceSetMemPool)) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult r = REAL(cuDeviceSetMemPool)(d, pool);
-    if (r == 0) current_set(KREX_VENDOR_CUDA, d, pool);
-    return r;
-}
-KREX_EXPORT hipError_t hipDeviceSetMemPool(int d, void *pool) {
-    if (!REAL(hipDeviceSetMemPool)) return 3;
-    hipError_t r = REAL(hipDeviceSetMemPool)(d, pool);
-    if (r == 0) current_set(KREX_VENDOR_HIP, d, pool);
+/* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones): every
+ * followed HIP pool is read a last time and no longer followed, and, once the reset is done, what they held counts
+ * as freed; no allocation begun before the reset's end follows a pool (as around a destroy). Which device a pool
+ * belongs to is not kept, so another device's pools are dropped too (and counted: a settle too long, never too
+ * short); they are followed again from their next allocation. */
+KREX_EXPORT hipError_t hipDeviceReset(void) {
+    if (!REAL(hipDeviceReset)) return 3;
+    uint64_t held = 0;
+    pthread_mutex_lock(&pools_lock);
+    destroys_open++;
+    for (int i = 0; i < npools;)
+        if (pools[i].vendor == KREX_VENDOR_HIP) {
+            observe_locked(&pools[i]);
+            held += pools[i].last;
+            pools[i] = pools[npools - 1];
+            __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);
+        } else {
+            i++;
+        }
+    pthread_mutex_unlock(&pools_lock);
+    GATED(HIP, REAL(hipDeviceReset)());
+    pthread_mutex_lock(&pools_lock);
+    destroys_open--;
+    __atomic_add_fetch(&destroy_seq, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&pools_lock);
+    if (r == 0) count_freed(held);
     return r;
 }
 
@@ -478,10 +446,7 @@ static uint64_t pools_held(void) {        /* read a last time (a failed reading 
 
 static void pools_reset_after_fork(void) {      /* the child has no contexts, so no pools */
     pthread_mutex_init(&pools_lock, NULL);
-    npools = 0;
-    pthread_mutex_init(&current_lock, NULL);
-    memset(current_pools, 0, sizeof current_pools);
-    memset(visible_devices, 0, sizeof visible_devices);
+    npools = 0, destroys_open = 0;
 }
 
 #define ASYNC_ALLOC(V, name, P, A, S, POOL)                                                   \
@@ -490,9 +455,10 @@ static void pools_reset_after_fork(void) {      /* the child has no contexts, so
         krex_fn_t real = (krex_fn_t)krex_real(KREX_H_##name);                                  \
         if (KREX_UNLIKELY(!real)) return 1; /* CUDA_ERROR_INVALID_VALUE / hipErrorInvalidValue */ \
         int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_MEMORY_ASYNC, (void *)(S), KREX_H_##name); \
+        unsigned seq = destroys_seen();                                                        \
         int r = real A;                                                                        \
         krex_submit_leave(entered);                                                            \
-        if (r == 0) pool_allocated(KREX_VENDOR_##V, POOL, (void *)(S));                        \
+        if (r == 0) pool_allocated(KREX_VENDOR_##V, POOL, (void *)(S), seq);                   \
         return r;                                                                              \
     }
 ASYNC_ALLOC(CUDA, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s), s, NULL)

@@ -175,6 +175,5 @@ uint64_t krex_memory_live(void);
  * gave back since its last reading counts as freed (memory.c); end returns r */
 void krex_pools_sync_begin(void);
 int krex_pools_sync_end(int r);
-void krex_pools_forget_current(void);           /* a context destroyed or reset: each device's current pool unknown */
 void krex_memory_reset_after_fork(void);
 #endif

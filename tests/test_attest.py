@@ -296,8 +296,8 @@ else:
     set_current = lib.hipDeviceSetMemPool
 GIB2 = ctypes.c_size_t(2 << 30)
 pool = ctypes.c_void_p()
-if mode == "destroy":                           # a pool of its own, its memory back when it is destroyed
-    assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0
+if mode in ("destroy", "reset"):                # a pool of its own, its memory back when it is destroyed (or the
+    assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0    # device reset, HIP)
 elif mode in ("current", "revert"):             # a pool of its own made device 0's current one (threshold 0)
     small = type(ptr)()
     if mode == "current":                       # after a plain allocation from the default pool, so the shim
@@ -308,12 +308,12 @@ elif mode in ("current", "revert"):             # a pool of its own made device 
         assert destroy(pool) == 0
 else:
     assert pool_of(ctypes.byref(pool), 0) == 0
-if mode in ("keep", "trim", "trimgrown", "destroy", "exit"):  # the release threshold at its maximum (PyTorch's)
+if mode in ("keep", "trim", "trimgrown", "destroy", "exit", "reset"):  # the release threshold at its maximum
     assert set_attr(pool, 4, ctypes.byref(ctypes.c_uint64(2**64 - 1))) == 0
 if mode in ("draingrown", "trimgrown"):         # the pool followed from 1 MiB, then grown by 2 GiB unread
     small = type(ptr)()
     assert alloc(ctypes.byref(small), ctypes.c_size_t(1 << 20), None) == 0
-if mode == "destroy":
+if mode in ("destroy", "reset"):
     assert from_pool(ctypes.byref(ptr), GIB2, pool, None) == 0
 else:
     assert alloc(ctypes.byref(ptr), GIB2, None) == 0
@@ -329,6 +329,8 @@ if mode == "regrow":                            # ... the pool takes 1 GiB, give
     assert alloc(ctypes.byref(ptr), GIB1, None) == 0
 if mode == "destroy":
     assert destroy(pool) == 0
+if mode == "reset":                             # every pool of the device deleted, with the 2 GiB it kept
+    assert lib.hipDeviceReset() == 0
 if mode == "canary":                            # threshold 0, nothing synchronized: the clock canary's synchronize at
     import krex                                 # this region's grant gives the 2 GiB back; inside, 2 GiB again
 
@@ -350,9 +352,10 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     pool grew since its last reading (a drain or a trim must read it before it gives back). canary: the clock
     canary's synchronize at the holder's own region gives the pool's memory back. current and revert: the
     plain allocations come from a pool the program made the device's current one (cuDeviceSetMemPool,
-    hipDeviceSetMemPool), and, in revert, from the default one again once that pool is destroyed; the shim keeps
-    each device's current pool, and must not take the 2 GiB for the pool it knew before (current: one device
-    visible, revert: two). The shim counts what a pool
+    hipDeviceSetMemPool), and, in revert, from the default one again once that pool is destroyed; the shim looks
+    the current pool up at each plain allocation and must take the 2 GiB for the right pool (current: one device
+    visible, revert: two). reset (HIP): hipDeviceReset deletes the device's pools, one holding 2 GiB: counted as
+    freed, and never read again. The shim counts what a pool
     gave back, once (a settle of at most the 2 GiB's 4 s; regrow's 3 GiB, 6 s, at least 4.5 s unless the second
     release went unseen), and the region waits for it as after a free. With
     the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
@@ -365,7 +368,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     env = {"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")}
     settles = {}
     for mode in ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary",
-                 "current", "revert"):
+                 "current", "revert") + (("reset",) if api == "hip" else ()):
         visible = "0,1" if mode == "revert" else "0"    # the shim knows the device without asking only with one
         p = krex.popen([sys.executable, script, api, mode],
                        env=dict(env, CUDA_VISIBLE_DEVICES=visible, HIP_VISIBLE_DEVICES=visible))
@@ -385,9 +388,22 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
         time.sleep(0.2)
     assert settles["keep"] < 0.3e9, settles
     given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary",
-                                  "current", "revert")]
+                                  "current", "revert", "reset") if m in settles]
     assert min(given) > 0.5e9 and max(given) < 4.5e9, settles
     assert 4.5e9 < settles["regrow"] < 6.5e9, settles
+
+
+def test_no_pool_is_read_once_its_destroy_has_begun(krex, tmp_path):
+    """A thread makes pools the device's current one and destroys them while another allocates plainly (from the
+    current pool) and synchronizes. An allocation that got a pool just before its destroy followed it again, and
+    the next synchronize read the destroyed pool (the fake driver aborts on that): 4 runs in 20 before the shim
+    refused to follow a pool while a destroy is under way or after one ended since the allocation began. Three
+    runs of 60 pools each."""
+    krex.start_controller()
+    for _ in range(3):
+        out = krex.run([SNIP / "pool_race"], env={"SNIPPET_ROUNDS": "60"}, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])["allocations"] > 0, out.stdout
 
 
 def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):

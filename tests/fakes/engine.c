@@ -294,12 +294,11 @@ void fk_copy(struct fk_stream *s, void *dst, const void *src, size_t n) {
 
 /* the pools: per handle what it reserves, what of that is allocated, its release threshold; the allocations
  * (a short list: the fakes' programs hold a few) */
-#define FK_POOLS 16
+#define FK_POOLS 128
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fk_pool { uintptr_t h; uint64_t reserved, in_use, threshold; int destroyed; } pools[FK_POOLS];
 static struct { const void *p; size_t n; struct fk_pool *pool; } pool_allocs[256];
 static uintptr_t pools_created;
-#define FK_POOL_DEVS 64
 static uintptr_t current_pools[FK_POOL_DEVS];    /* per device: its current pool if one was set, else 0 (default) */
 
 static struct fk_pool *pool_of(uintptr_t h, int make) {        /* under pool_lock */
@@ -324,6 +323,10 @@ static struct fk_pool *live_pool(uintptr_t h, int make) {      /* under pool_loc
 int fk_pool_took(uintptr_t h, const void *p, size_t n) {
     int r = -1;
     pthread_mutex_lock(&pool_lock);
+    if (h > FK_CURRENT_OF(FK_POOL_DEVS)) {  /* a device's current pool, looked up under the lock of the taking */
+        uintptr_t d = UINTPTR_MAX - h;
+        h = current_pools[d] ? current_pools[d] : d + 1;
+    }
     struct fk_pool *q = live_pool(h, 1);
     for (size_t i = 0; q && i < sizeof pool_allocs / sizeof *pool_allocs; i++)
         if (!pool_allocs[i].p) {
@@ -396,6 +399,17 @@ int fk_pool_destroy(uintptr_t h) {
         if (current_pools[d] == h) current_pools[d] = 0;
     pthread_mutex_unlock(&pool_lock);
     return q ? 0 : -1;
+}
+void fk_pool_reset_all(void) {
+    pthread_mutex_lock(&pool_lock);
+    for (size_t i = 0; i < FK_POOLS; i++)
+        if (pools[i].h > FK_POOL_DEVS)             /* a created one: destroyed */
+            pools[i].destroyed = 1, pools[i].reserved = pools[i].in_use = 0;
+        else if (pools[i].h)                      /* a default one: empty, at the default threshold */
+            pools[i].reserved = pools[i].in_use = pools[i].threshold = 0;
+    memset(current_pools, 0, sizeof current_pools);
+    for (size_t i = 0; i < sizeof pool_allocs / sizeof *pool_allocs; i++) pool_allocs[i].p = NULL;
+    pthread_mutex_unlock(&pool_lock);
 }
 uintptr_t fk_pool_current(int d) {
     pthread_mutex_lock(&pool_lock);

@@ -93,7 +93,7 @@ void fk_empty_op(struct fk_stream *s);
  * the driver all a pool holds unused above what it keeps, a synchronize (stream, event, context/device) all above
  * each pool's release threshold (attribute 4, 0 unless set), a destroy all, as the real drivers do. Any use of a
  * destroyed pool aborts the process (the real driver's handle would be gone). */
-int fk_pool_took(uintptr_t pool, const void *p, size_t n);
+int fk_pool_took(uintptr_t pool, const void *p, size_t n);   /* pool: a handle, or FK_CURRENT_OF(device) */
 void fk_pool_gave(const void *p);
 int fk_pool_trim(uintptr_t pool, size_t keep);
 void fk_pool_sync(void);
@@ -103,9 +103,16 @@ int fk_pool_attr(uintptr_t pool, int attr, void *value);
 int fk_pool_set(uintptr_t pool, int attr, const void *value);       /* only the release threshold (4) is kept */
 uintptr_t fk_pool_create(void);
 int fk_pool_destroy(uintptr_t pool);      /* a device whose current pool it was has its default one again */
+/* a device reset (hipDeviceReset): every created pool destroyed, the default ones emptied and current again (HIP
+ * deletes its default pools too and makes new ones; the fake keeps their handles) */
+void fk_pool_reset_all(void);
 /* a device's current pool (the one its plain stream-ordered allocations come from): its default one unless another
  * was made current (cuDeviceSetMemPool, hipDeviceSetMemPool); making current a pool that is not live: -1 */
 uintptr_t fk_pool_current(int device);
+/* fk_pool_took's POOL for a plain allocation: device D's current pool, read under the pools' lock with the taking
+ * (a destroy in another thread cannot come between) */
+#define FK_POOL_DEVS 64
+#define FK_CURRENT_OF(d) (UINTPTR_MAX - (uintptr_t)(d))    /* not a pool handle: the fakes' are small numbers */
 int fk_pool_make_current(int device, uintptr_t pool);
 void fk_set(struct fk_stream *s, void *dst, int value, size_t elem, size_t count);
 void fk_hostfn(struct fk_stream *s, void (*fn)(void *), void *arg);

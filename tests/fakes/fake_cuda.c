@@ -684,7 +684,7 @@ static CUresult alloc_from(CUdeviceptr *p, size_t n, uintptr_t pool) {
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
     NEED_CTX();
-    return alloc_from(p, n, fk_pool_current(current()->fk->device));
+    return alloc_from(p, n, FK_CURRENT_OF(current()->fk->device));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {

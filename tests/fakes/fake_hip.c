@@ -47,6 +47,8 @@ EXPORT hipError_t hipGetDeviceCount(int *n) { if (!n) return E_VALUE; *n = fk_hi
 EXPORT hipError_t hipSetDevice(int d) { if (!DEV_OK(d)) return E_DEVICE; cur_dev = d; return OK; }
 EXPORT hipError_t hipGetDevice(int *d) { if (!d) return E_VALUE; *d = cur_dev; return OK; }
 EXPORT hipError_t hipDeviceSynchronize(void) { fk_pool_sync(); return fk_ctx_sync(dev_ctx(cur_dev)->fk); }
+/* the device's work finished and its pools gone (fk_pool_reset_all); the fake keeps its context */
+EXPORT hipError_t hipDeviceReset(void) { fk_ctx_sync(dev_ctx(cur_dev)->fk); fk_pool_reset_all(); return OK; }
 EXPORT hipError_t hipDeviceGetUuid(hipUUID *u, hipDevice_t d) {
     if (!u) return E_VALUE;
     if (!DEV_OK(d)) return E_DEVICE;
@@ -239,19 +241,19 @@ EXPORT hipError_t hipMemPoolSetAttribute(void *pool, int attr, void *value) {
     return pool && value && fk_pool_set((uintptr_t)pool, attr, value) == 0 ? OK : E_VALUE;
 }
 EXPORT hipError_t hipDeviceGetMemPool(void **pool, int d) {      /* current and default, as in fake_cuda.c */
-    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (d < 0 || d >= fk_hip_device_count()) return E_DEVICE;
     if (!pool) return E_VALUE;
     *pool = (void *)fk_pool_current(d);
     return OK;
 }
 EXPORT hipError_t hipDeviceGetDefaultMemPool(void **pool, int d) {
-    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (d < 0 || d >= fk_hip_device_count()) return E_DEVICE;
     if (!pool) return E_VALUE;
     *pool = (void *)(uintptr_t)(d + 1);
     return OK;
 }
 EXPORT hipError_t hipDeviceSetMemPool(int d, void *pool) {
-    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    if (d < 0 || d >= fk_hip_device_count()) return E_DEVICE;
     return pool && fk_pool_make_current(d, (uintptr_t)pool) == 0 ? OK : E_VALUE;
 }
 EXPORT hipError_t hipDeviceGetGraphMemAttribute(int d, int attr, void *value) {
@@ -288,7 +290,7 @@ static hipError_t malloc_from(void **p, size_t n, uintptr_t pool) {     /* as in
 }
 EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
     (void)s;
-    return malloc_from(p, n, fk_pool_current(cur_dev));
+    return malloc_from(p, n, FK_CURRENT_OF(cur_dev));
 }
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
     (void)s;
@@ -352,7 +354,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess"
 
 EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
 #define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
-    X(hipGetDevice) X(hipDeviceSynchronize) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDeviceReset) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
     X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
     X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \
