@@ -33,15 +33,18 @@ def main() -> None:
                     help="a second shim to measure the same way (KREX_SHIM), e.g. an earlier commit's build")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.launches < 1 or args.repeats < 1:
+        ap.error("--launches and --repeats: 1 or more")
     if args.compare_shim and not Path(args.compare_shim).is_file():
         ap.error(f"--compare-shim: no file {args.compare_shim}")
     key = KEY[args.mode]
     base = [args.bin, "-e" if args.mode == "launch" else "-a", "-n", str(args.launches)]
     wrapped = [sys.executable, "-m", "krex_ctl", "run", "--"] + base
+    own = {k: v for k, v in os.environ.items() if k != "KREX_SHIM"}    # the shim krex run finds: this tree's
     runs = {"plain": [], "shim": [], "compare": []}
     for _ in range(args.repeats):
         runs["plain"].append(rate(base))
-        runs["shim"].append(rate(wrapped))
+        runs["shim"].append(rate(wrapped, own))
         if args.compare_shim:
             runs["compare"].append(rate(wrapped, dict(os.environ, KREX_SHIM=os.path.abspath(args.compare_shim))))
     med = {k: statistics.median(r[key] for r in v) for k, v in runs.items() if v}

@@ -314,6 +314,9 @@ def main() -> None:
         ap.error("--reference-repeat: 0 (as --repeat) or more")
     if args.reference_processes < 1:
         ap.error("--reference-processes: 1 or more")
+    if (args.reference_repeat or args.reference_processes > 1) and args.reference not in plan:
+        ap.error(f"--reference-repeat and --reference-processes act on the --reference mode's passes, and "
+                 f"{args.reference} is not in --plan")
     if (args.reference_repeat or args.reference_processes > 1) and args.reference == "pergpu" and "pergpu" in plan:
         ap.error("--reference-repeat or --reference-processes with --reference pergpu: pergpu is also the "
                  "throughput baseline, so its work must match krex's; judge by pergpukrex or pergpubusy")

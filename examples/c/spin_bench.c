@@ -56,6 +56,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (empty && allocs) {
+        fprintf(stderr, "spin_bench: -e and -a are two modes: one at a time\n");
+        return 2;
+    }
     if (regions < 0 || n <= 0 || us <= 0) {
         fprintf(stderr, "spin_bench: -r must be >= 0, -n and -u > 0\n");
         return 2;

@@ -5,8 +5,8 @@ keeps the memory: nothing to wait for), trim (cuMemPoolTrimTo: the shim reports 
 by), sync (the default release threshold: the synchronize gives the memory back, without a trim), drain (the
 default threshold, no synchronize: the drain's gives it back), regrow (given back and taken again before the
 region, 3 GiB in all), current and revert (the plain allocations from a pool the program made the device's
-current one with cuDeviceSetMemPool, and from the default one again after that pool's destroy: the shim keeps each
-device's current pool and must follow both changes), and PyTorch's cudaMallocAsync backend without and
+current one with cuDeviceSetMemPool, and from the default one again after that pool's destroy: the shim must
+follow both changes), and PyTorch's cudaMallocAsync backend without and
 with torch.cuda.empty_cache() (torch-keep, torch-trim). Its own
 controller with settle_ms_per_gib 1000 (2 GiB: about 2 s) and lifecycle_timeout_s 10.
     . tests/gpu/env.sh; python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json"""

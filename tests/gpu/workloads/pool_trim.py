@@ -8,7 +8,7 @@ a synchronize and taken again, before any drain (3 GiB given back in all). torch
 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (set by the caller), a 2 GiB tensor deleted, then for
 torch-trim torch.cuda.empty_cache() (the backend's trim). current: a pool of the program's own (threshold 0) made the
 device's current one with cuDeviceSetMemPool after a plain allocation from the default pool, then as sync, the plain
-allocations now from the new pool (the shim keeps each device's current pool: it must follow the change). revert:
+allocations now from the new pool (the shim must take them for the new pool, not the one it saw first). revert:
 such a pool made current, used and destroyed, so the default pool is current again (checked: current_is_default),
 then as sync. Prints one JSON line (the pool's reservation after the
 synchronize and at the end), then "ready", and sleeps until killed."""
