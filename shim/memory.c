@@ -376,8 +376,8 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
 /* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
  * then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read, it may be gone
  * already); if the destroy fails, it is followed again from that reading. While it is under way and after it no
- * allocation that began before its end follows any pool (destroys_open, destroy_seq). The driver may give the memory back
- * only once allocations still out are freed: counted at the destroy, the settle may then be early. */
+ * allocation that began before its end follows any pool (destroys_open, destroy_seq). The driver may give the
+ * memory back only once allocations still out are freed: counted at the destroy, the settle may then be early. */
 #define POOL_DESTROY(V, pool, call)                                                         \
     struct krex_pool gone = {NULL, KREX_VENDOR_##V, 0};                                      \
     pthread_mutex_lock(&pools_lock);                                                         \
