@@ -198,13 +198,7 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=400, help="candidate commands available per mode")
     ap.add_argument("--variants", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
-    ap.add_argument("--reference-repeat", type=int, default=0,
-                    help="timings per kernel per command in the reference passes (0: --repeat): more gives the "
-                         "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
-                         "largest of a few")
-    ap.add_argument("--reference-processes", type=int, default=1,
-                    help="commands (processes) per distinct kernel in each reference pass: more samples the level "
-                         "a kernel takes per process, as the shared modes' many commands do")
+    T.add_reference_options(ap, "command")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
                     help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: "
                          "the four buckets alike); SIZE/VARIANT: every command of that size times that variant "
@@ -273,11 +267,8 @@ def main() -> None:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
                               "--min-reps", str(args.min_reps), "--timer", args.timer]
-        if args.reference_repeat < 0:
-            ap.error("--reference-repeat: 0 (as --repeat) or more")
+        T.check_reference_options(ap, args)
         T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
-        if args.reference_processes < 1:
-            ap.error("--reference-processes: 1 or more")
         T.REFERENCE_PROCESSES[0] = args.reference_processes
         T.MIX[:] = T.parse_mix(args.mix, ap)
         T.HOST_BOUND[0] = args.host_bound_check

@@ -269,13 +269,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")
     ap.add_argument("--gpus", type=float, default=1, help="the GPUs Ray is told the node has")
     ap.add_argument("--repeat", type=int, default=1, help="timings per kernel per evaluation (candidate --repeat)")
-    ap.add_argument("--reference-processes", type=int, default=1,
-                    help="evaluations (tasks, each its own worker process: Ray's max_calls=1 for GPU tasks) per "
-                         "distinct kernel in each pass of the --reference mode: more samples the level a kernel "
-                         "takes per process")
-    ap.add_argument("--reference-repeat", type=int, default=0,
-                    help="timings per kernel per evaluation in the --reference mode's passes (0: as --repeat); "
-                         "a bigger floor sample, since one task per GPU runs each distinct kernel once a pass")
+    T.add_reference_options(ap, "evaluation")    # in the --reference mode's passes only
     ap.add_argument("--candidate", default=str(ROOT / "bench" / "candidate.py"),
                     help="the candidate script (a stand-in for dry runs)")
     ap.add_argument("--logs", default=None, help="directory for the controller's and Ray's logs")
@@ -310,10 +304,7 @@ def main() -> None:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
-    if args.reference_repeat < 0:
-        ap.error("--reference-repeat: 0 (as --repeat) or more")
-    if args.reference_processes < 1:
-        ap.error("--reference-processes: 1 or more")
+    T.check_reference_options(ap, args)
     if (args.reference_repeat or args.reference_processes > 1) and args.reference not in plan:
         ap.error(f"--reference-repeat and --reference-processes act on the --reference mode's passes, and "
                  f"{args.reference} is not in --plan")

@@ -102,6 +102,26 @@ def distinct(specs: list) -> list[dict]:
 REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (freeze_policy.py --reference-processes)
 
 
+def add_reference_options(ap, unit: str) -> None:
+    """--reference-repeat and --reference-processes, as bench/freeze_policy.py (UNIT command) and
+    bench/ray_fleet.py (UNIT evaluation: a Ray task, each its own worker, max_calls=1 for GPU tasks) take them."""
+    ap.add_argument("--reference-repeat", type=int, default=0,
+                    help=f"timings per kernel per {unit} in the reference passes (0: as --repeat): more gives the "
+                         "floor as many timings per bucket as the shared modes have, so that its p95 is not the "
+                         "largest of a few")
+    ap.add_argument("--reference-processes", type=int, default=1,
+                    help=f"{unit}s per distinct kernel in each reference pass, each its own process: more samples "
+                         "the level a kernel takes per process, as the shared modes' many processes do")
+
+
+def check_reference_options(ap, args) -> None:
+    """One line and exit 2 for a --reference-repeat below 0 or a --reference-processes below 1."""
+    if args.reference_repeat < 0:
+        ap.error("--reference-repeat: 0 (as --repeat) or more")
+    if args.reference_processes < 1:
+        ap.error("--reference-processes: 1 or more")
+
+
 def reference_specs(specs: list, processes: int = 0) -> list[dict]:
     """What a reference pass runs: every distinct spec in PROCESSES commands (0: REFERENCE_PROCESSES), all of one
     round before the next. One command per spec samples one process per kernel a pass, so a level a kernel takes
