@@ -232,11 +232,35 @@ static int npools;                      /* written under pools_lock; read withou
 static int syncs_under_way;             /* synchronizes between krex_pools_sync_begin and _end */
 /* Destroys: a pool is never read once its destroy may have begun. A destroy takes the pool out of the table, then
  * calls the driver (after the gate, which may wait); an allocation racing it may have got the pool before (its
- * device's current one, or named) and would follow it again. So following waits for no destroy to be under way
- * (destroys_open) and for none to have ended since the allocation began (destroy_seq, read before the driver
- * call): else the pool is left for a later allocation to follow, if it is still alive. */
-static int destroys_open;               /* under pools_lock */
+ * device's current one, or named) and would follow it again. So a pool is not followed while a destroy of it (or
+ * a reset of its vendor's device, every pool) is under way (gone_open), nor when one ended since the allocation
+ * began (gone_ended, indexed by destroy_seq, read before the driver call; more than KREX_GONE since: refused):
+ * it is left for a later allocation to follow, if it is still alive. Other pools are followed as usual. */
 static unsigned destroy_seq;            /* bumped under pools_lock as each destroy ends; read without it */
+struct krex_gone { void *pool; int vendor, all; };   /* all: every pool of the vendor (a device reset) */
+#define KREX_GONE 64
+static struct krex_gone gone_open[KREX_GONE], gone_ended[KREX_GONE];   /* under pools_lock */
+static int ngone_open, gone_overflow;   /* gone_ended[s % KREX_GONE]: the one that ended as destroy_seq left s */
+static int gone_touches(const struct krex_gone *g, int vendor, void *pool) {
+    return g->vendor == vendor && (g->all || g->pool == pool);
+}
+static int may_be_gone_locked(int vendor, void *pool, unsigned seq) {
+    unsigned now = __atomic_load_n(&destroy_seq, __ATOMIC_SEQ_CST);
+    if (gone_overflow || now - seq >= KREX_GONE) return 1;
+    for (int i = 0; i < ngone_open; i++) if (gone_touches(&gone_open[i], vendor, pool)) return 1;
+    for (unsigned x = seq; x != now; x++) if (gone_touches(&gone_ended[x % KREX_GONE], vendor, pool)) return 1;
+    return 0;
+}
+static void gone_begin_locked(struct krex_gone g) {
+    if (ngone_open < KREX_GONE) gone_open[ngone_open++] = g; else gone_overflow++;
+}
+static void gone_end_locked(struct krex_gone g) {
+    int i = 0;
+    while (i < ngone_open && memcmp(&gone_open[i], &g, sizeof g)) i++;
+    if (i < ngone_open) gone_open[i] = gone_open[--ngone_open]; else if (gone_overflow) gone_overflow--;
+    gone_ended[destroy_seq % KREX_GONE] = g;
+    __atomic_add_fetch(&destroy_seq, 1, __ATOMIC_SEQ_CST);
+}
 
 /* the driver functions the readings use, looked up once per vendor (an absent one would otherwise be looked up
  * again at every call, under the loader's lock); the pools are read only after the driver is loaded */
@@ -323,7 +347,7 @@ static int pool_follow(int vendor, void *pool, unsigned seq) {
     pthread_mutex_lock(&pools_lock);
     struct krex_pool *e = pool_entry(pool);
     uint64_t v;
-    int safe = !destroys_open && __atomic_load_n(&destroy_seq, __ATOMIC_SEQ_CST) == seq;
+    int safe = !may_be_gone_locked(vendor, pool, seq);
     if (!e && safe && npools < KREX_POOLS && pool_read(vendor, pool, &v) == 0)
         e = pool_add_locked((struct krex_pool){pool, vendor, v});
     pthread_mutex_unlock(&pools_lock);
@@ -376,13 +400,13 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
 /* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
  * then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read, it may be gone
  * already); if the destroy fails, it is followed again from that reading. While it is under way and after it no
- * allocation that began before its end follows any pool (destroys_open, destroy_seq). The driver may give the
+ * allocation that began before its end follows this pool (gone_open, gone_ended). The driver may give the
  * memory back only once allocations still out are freed: counted at the destroy, the settle may then be early. */
 #define POOL_DESTROY(V, pool, call)                                                         \
     struct krex_pool gone = {NULL, KREX_VENDOR_##V, 0};                                      \
     pthread_mutex_lock(&pools_lock);                                                         \
     struct krex_pool *e = pool_entry(pool);                                                  \
-    destroys_open++;                                                                         \
+    gone_begin_locked((struct krex_gone){pool, KREX_VENDOR_##V, 0});                         \
     if (e) {                                                                                 \
         observe_locked(e);                                                                   \
         gone = *e;                                                                           \
@@ -393,8 +417,7 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     GATED(V, call);                                                                          \
     pthread_mutex_lock(&pools_lock);                                                         \
     if (r != 0 && gone.pool) pool_add_locked(gone);                                          \
-    destroys_open--;                                                                         \
-    __atomic_add_fetch(&destroy_seq, 1, __ATOMIC_SEQ_CST);                                   \
+    gone_end_locked((struct krex_gone){pool, KREX_VENDOR_##V, 0});                           \
     pthread_mutex_unlock(&pools_lock);                                                       \
     if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
     return r
@@ -409,14 +432,17 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
 
 /* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones): every
  * followed HIP pool is read a last time and no longer followed, and, once the reset is done, what they held counts
- * as freed; no allocation begun before the reset's end follows a pool (as around a destroy). Which device a pool
- * belongs to is not kept, so another device's pools are dropped too (and counted: a settle too long, never too
- * short); they are followed again from their next allocation. */
+ * as freed; no allocation begun before the reset's end follows a HIP pool (as around a destroy). Which device a
+ * pool belongs to is not kept, so another device's HIP pools are dropped too: what they held counts as freed at
+ * the reset, early, and what they give back before an allocation follows them again is not counted. */
 KREX_EXPORT hipError_t hipDeviceReset(void) {
     if (!REAL(hipDeviceReset)) return 3;
+    /* nothing registered yet: no pool followed, no allocation seen; not gated, so that the device stays unknown
+     * and the first hipSetDevice still announces its context (hooks_hip.c) */
+    if (!__atomic_load_n(&krex_device_known, __ATOMIC_RELAXED)) return REAL(hipDeviceReset)();
     uint64_t held = 0;
     pthread_mutex_lock(&pools_lock);
-    destroys_open++;
+    gone_begin_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     for (int i = 0; i < npools;)
         if (pools[i].vendor == KREX_VENDOR_HIP) {
             observe_locked(&pools[i]);
@@ -429,8 +455,7 @@ KREX_EXPORT hipError_t hipDeviceReset(void) {
     pthread_mutex_unlock(&pools_lock);
     GATED(HIP, REAL(hipDeviceReset)());
     pthread_mutex_lock(&pools_lock);
-    destroys_open--;
-    __atomic_add_fetch(&destroy_seq, 1, __ATOMIC_SEQ_CST);
+    gone_end_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     pthread_mutex_unlock(&pools_lock);
     if (r == 0) count_freed(held);
     return r;
@@ -446,7 +471,7 @@ static uint64_t pools_held(void) {        /* read a last time (a failed reading 
 
 static void pools_reset_after_fork(void) {      /* the child has no contexts, so no pools */
     pthread_mutex_init(&pools_lock, NULL);
-    npools = 0, destroys_open = 0;
+    npools = 0, ngone_open = gone_overflow = 0;
 }
 
 #define ASYNC_ALLOC(V, name, P, A, S, POOL)                                                   \
