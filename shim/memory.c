@@ -313,6 +313,12 @@ static struct krex_pool *pool_add_locked(struct krex_pool e) {
     return &pools[npools - 1];
 }
 
+/* E no longer followed (under pools_lock): the last entry takes its place */
+static void pool_remove_locked(struct krex_pool *e) {
+    *e = pools[npools - 1];
+    __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);
+}
+
 static void observe_locked(struct krex_pool *e) {
     uint64_t v;
     if (pool_read(e->vendor, e->pool, &v)) return;
@@ -410,8 +416,7 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     if (e) {                                                                                 \
         observe_locked(e);                                                                   \
         gone = *e;                                                                           \
-        *e = pools[npools - 1];                                                              \
-        __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);                             \
+        pool_remove_locked(e);                                                               \
     }                                                                                        \
     pthread_mutex_unlock(&pools_lock);                                                       \
     GATED(V, call);                                                                          \
@@ -447,8 +452,7 @@ KREX_EXPORT hipError_t hipDeviceReset(void) {
         if (pools[i].vendor == KREX_VENDOR_HIP) {
             observe_locked(&pools[i]);
             held += pools[i].last;
-            pools[i] = pools[npools - 1];
-            __atomic_store_n(&npools, npools - 1, __ATOMIC_RELAXED);
+            pool_remove_locked(&pools[i]);
         } else {
             i++;
         }

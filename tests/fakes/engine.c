@@ -300,6 +300,9 @@ static struct fk_pool { uintptr_t h; uint64_t reserved, in_use, threshold; int d
 static struct { const void *p; size_t n; struct fk_pool *pool; } pool_allocs[256];
 static uintptr_t pools_created;
 static uintptr_t current_pools[FK_POOL_DEVS];    /* per device: its current pool if one was set, else 0 (default) */
+static uintptr_t current_locked(uintptr_t d) {   /* under pool_lock: device d's current pool's handle */
+    return current_pools[d] ? current_pools[d] : d + 1;
+}
 
 static struct fk_pool *pool_of(uintptr_t h, int make) {        /* under pool_lock */
     for (size_t i = 0; i < FK_POOLS; i++)
@@ -325,7 +328,7 @@ int fk_pool_took(uintptr_t h, const void *p, size_t n) {
     pthread_mutex_lock(&pool_lock);
     if (h > FK_CURRENT_OF(FK_POOL_DEVS)) {  /* a device's current pool, looked up under the lock of the taking */
         uintptr_t d = UINTPTR_MAX - h;
-        h = current_pools[d] ? current_pools[d] : d + 1;
+        h = current_locked(d);
     }
     struct fk_pool *q = live_pool(h, 1);
     for (size_t i = 0; q && i < sizeof pool_allocs / sizeof *pool_allocs; i++)
@@ -413,7 +416,7 @@ void fk_pool_reset_all(void) {
 }
 uintptr_t fk_pool_current(int d) {
     pthread_mutex_lock(&pool_lock);
-    uintptr_t h = d >= 0 && d < FK_POOL_DEVS && current_pools[d] ? current_pools[d] : (uintptr_t)d + 1;
+    uintptr_t h = d >= 0 && d < FK_POOL_DEVS ? current_locked((uintptr_t)d) : (uintptr_t)d + 1;
     pthread_mutex_unlock(&pool_lock);
     return h;
 }
