@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SNIP = BUILD / "snippets"
 sys.path.insert(0, str(ROOT))
+from krex_ctl.commands.status import fetch as fetch_status  # noqa: E402
 from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import it from here)
 
@@ -155,9 +156,9 @@ class Krex:
         self.hog_stop.touch()
 
     def status(self) -> dict:
-        out = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=self.env,
-                             capture_output=True, text=True, timeout=20, check=True)
-        return json.loads(out.stdout)
+        """What `krex status --json` prints, asked from this process: the tests poll it in loops, and a Python
+        started per question cost the suite minutes (test_cli runs the command itself)."""
+        return json.loads(json.dumps(fetch_status(self.env["KREX_SOCKET"])))
 
     def trace_lines(self) -> list[tuple]:
         if not self.trace.exists():

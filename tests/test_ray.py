@@ -420,9 +420,9 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT),
                KREX_TEST_FLEET=str(tmp_path))
     out = tmp_path / "fleet.json"
-    try:     # 5 specs for 4 agents: the fifth evaluation goes to the first agent that is done
+    try:     # 3 specs for 2 agents: the third evaluation goes to the first agent that is done
         run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
-                              "--agents", "4", "--specs", "5", "--budget", "60", "--logs", str(tmp_path / "logs"),
+                              "--agents", "2", "--specs", "3", "--budget", "60", "--logs", str(tmp_path / "logs"),
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
                               "--reference", "pergpukrex", "--reference-repeat", "3", "--reference-processes", "2",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
@@ -434,7 +434,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     summary = {s["mode"]: s for s in json.loads(out.read_text())["summary"]}
     assert list(summary) == ["pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex"]
     assert all(s["failed"] == 0 and s["commands"] > 0 for s in summary.values())
-    assert summary["pergpu"]["num_gpus"] == 1 and summary["naive"]["num_gpus"] == 0.25
+    assert summary["pergpu"]["num_gpus"] == 1 and summary["naive"]["num_gpus"] == 0.5
     for mode in ("krex", "shell", "pergpubusy", "pergpukrex"):
         s = summary[mode]
         assert s["regions"] == s["regions_exclusive"] == 2 * s["commands"] == s["controller"]["regions_granted"]

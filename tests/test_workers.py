@@ -246,7 +246,9 @@ def test_the_pool_never_grows_past_its_size_while_workers_are_busy(warm, tmp_pat
 def test_by_default_each_command_gets_a_worker_forked_for_it(krex, tmp_path):
     krex.start_controller("--warm-workers", "2", "--worker-preload", "json")
     assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
-    zygote = wait_for(lambda: next(iter(krex.status()["zygotes"]), None), timeout=60, what="a zygote")
+    # forks is None while the zygote starts, then whether it forks
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["forks"] is not None), None), timeout=60,
+                      what="a zygote started")
     assert zygote["forks"] is True
     pids = []
     for i in range(3):
