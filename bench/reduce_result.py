@@ -21,6 +21,12 @@ A result of bench/freeze_policy.py keeps every row, with what a row repeats drop
 candidate_ms and reference_ms (the first of *_all_ms), regions, timer and nonce where the run says them; `python
 bench/freeze_policy.py --reanalyse FILE` reproduces its table.
 
+    python bench/reduce_result.py --drop-rows --commit COMMIT RESULT.json [MORE.json ...]
+
+With --drop-rows, a bench/ray_fleet.py or bench/freeze_policy.py result loses every run's rows (each command's
+timings and regions) and keeps its summary, floors and fidelity: for an old run whose tables the measurement page
+quotes, when bench/results must make room; --reanalyse needs the whole file (`git show COMMIT:PATH`).
+
     python bench/reduce_result.py --round RESULT.json [MORE.json ...]   (floats only, nothing dropped)
 
 A reduced result's floats are rounded to 7 significant digits, and `--round` does only that to any result (a
@@ -106,6 +112,19 @@ def compact_freeze_policy(data: dict) -> dict:
         "digits (bench/reduce_result.py). --reanalyse gives the same analysis")})
 
 
+def drop_rows(data: dict, path: str, commit: str) -> dict:
+    """A ray_fleet.py or freeze_policy.py result without its runs' rows (each run's totals stay)."""
+    if not (("plan" in data or "floors_pct" in data) and "runs" in data):
+        raise SystemExit(f"{path}: --drop-rows is for bench/ray_fleet.py and bench/freeze_policy.py results")
+    if not commit:
+        raise SystemExit(f"{path}: --commit is needed (the commit whose tree holds the whole file)")
+    out = {**data, "runs": [{k: v for k, v in run.items() if k != "rows"} for run in data["runs"]]}
+    out.pop("compacted", None)
+    out["reduced_from"] = {"commit": commit, "path": path, "dropped": ["runs[].rows"],
+                           "whole": f"git show {commit}:{path}"}
+    return rounded(out)
+
+
 def reduce(data: dict, path: str, commit: str) -> dict:
     if "plan" in data and "runs" in data:      # bench/ray_fleet.py
         return data if "compacted" in data else compact_fleet(data)
@@ -128,11 +147,18 @@ def main() -> None:
     ap.add_argument("--commit", default=None, help="a commit whose tree holds the whole results (where a dump "
                                                    "is dropped)")
     ap.add_argument("--round", action="store_true", help="only round the floats to 7 significant digits")
+    ap.add_argument("--drop-rows", action="store_true", help="a ray_fleet.py or freeze_policy.py result loses its "
+                                                             "runs' rows (needs --commit)")
     args = ap.parse_args()
+    if args.round and args.drop_rows:
+        ap.error("--round rounds only; --drop-rows drops the rows: one of them")
     for f in args.results:
         p = Path(f)
         data = json.loads(p.read_text())
-        out = rounded(data) if args.round or "reduced_from" in data else reduce(data, f, args.commit)
+        if args.drop_rows:
+            out = data if "reduced_from" in data else drop_rows(data, f, args.commit)
+        else:
+            out = rounded(data) if args.round or "reduced_from" in data else reduce(data, f, args.commit)
         p.write_text(json.dumps(out, separators=(",", ":")) + "\n")
         print(f"{f}: {p.stat().st_size} bytes")
 

@@ -521,6 +521,20 @@ def test_a_compacted_ray_fleet_result_gives_the_same_analyses(tmp_path):
                                      for k, v in expected.items()}
     assert out["fidelity"]["modes"]["krex#1"]["kernels"]["1-10ms"] == 4     # the tainted evaluation left out
     assert [s["region_clock_mhz"] for s in out["summary"]] == [s["region_clock_mhz"] for s in data["summary"]]
+    # --drop-rows: the rows go, each run's totals, the summary and the fidelity stay; only with the commit
+    rowless = tmp_path / "rowless.json"
+    rowless.write_text(whole.read_text())
+    refused = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), "--drop-rows", str(rowless)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--commit" in refused.stderr and rowless.read_text() == whole.read_text()
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), "--drop-rows", "--commit",
+                           "abc", str(rowless)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(rowless.read_text())
+    assert [sorted(r) for r in data["runs"]] == [sorted(k for k in r if k != "rows") for r in runs]
+    assert data["summary"] == json.loads(whole.read_text())["summary"]
+    assert data["reduced_from"] == {"commit": "abc", "path": str(rowless), "dropped": ["runs[].rows"],
+                                    "whole": f"git show abc:{rowless}"}
     # a kernelbench_mix result still needs the commit that holds the whole file
     kb = tmp_path / "kb.json"
     kb.write_text(json.dumps({"raw": [1], "analysis": {}}))
