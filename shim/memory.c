@@ -403,12 +403,17 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
     POOL_TRIM(HIP, pool, REAL(hipMemPoolTrimTo)(pool, keep));
 }
 
-/* A destroy: the pool read a last time and no longer followed (the drain must not read a destroyed handle),
- * then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read, it may be gone
- * already); if the destroy fails, it is followed again from that reading. While it is under way and after it no
- * allocation that began before its end follows this pool (gone_open, gone_ended). The driver may give the
- * memory back only once allocations still out are freed: counted at the destroy, the settle may then be early. */
+/* A destroy: once past the gate, the pool read a last time and no longer followed (the drain must not read a
+ * destroyed handle), then its reservation counts as freed (a pool never followed: 1 byte; its handle is not read,
+ * it may be gone already); if the destroy fails, it is followed again from that reading. All of it happens inside
+ * the gate (in flight, so a drain waits for its count): taken out before the wait, the pool went unread while the
+ * destroy waited, and what it gave back then (at a synchronize, below its threshold) was counted only when the
+ * destroy ended: late, and after the next region's drain if the gate stayed closed until then. While it
+ * is under way and after it no allocation that began before its end follows this pool (gone_open, gone_ended).
+ * The driver may give the memory back only once allocations still out are freed: counted at the destroy, the
+ * settle may then be early. */
 #define POOL_DESTROY(V, pool, call)                                                         \
+    int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_MEMORY, NULL, -1);            \
     struct krex_pool gone = {NULL, KREX_VENDOR_##V, 0};                                      \
     pthread_mutex_lock(&pools_lock);                                                         \
     struct krex_pool *e = pool_entry(pool);                                                  \
@@ -419,12 +424,13 @@ KREX_EXPORT hipError_t hipMemPoolTrimTo(void *pool, size_t keep) {
         pool_remove_locked(e);                                                               \
     }                                                                                        \
     pthread_mutex_unlock(&pools_lock);                                                       \
-    GATED(V, call);                                                                          \
+    int r = call;                                                                            \
     pthread_mutex_lock(&pools_lock);                                                         \
     if (r != 0 && gone.pool) pool_add_locked(gone);                                          \
     gone_end_locked((struct krex_gone){pool, KREX_VENDOR_##V, 0});                           \
     pthread_mutex_unlock(&pools_lock);                                                       \
     if (r == 0) count_freed(gone.pool ? gone.last : 1);                                      \
+    krex_submit_leave(entered);                                                              \
     return r
 KREX_EXPORT CUresult cuMemPoolDestroy(void *pool) {
     if (!REAL(cuMemPoolDestroy)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -435,16 +441,18 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
     POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
-/* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones): every
- * followed HIP pool is read a last time and no longer followed, and, once the reset is done, what they held counts
- * as freed; no allocation begun before the reset's end follows a HIP pool (as around a destroy). Which device a
- * pool belongs to is not kept, so another device's HIP pools are dropped too: what they held counts as freed at
- * the reset, early, and what they give back before an allocation follows them again is not counted. */
+/* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones): once past
+ * the gate (as a destroy), every followed HIP pool is read a last time and no longer followed, and, once the reset
+ * is done, what they held counts as freed; no allocation begun before the reset's end follows a HIP pool (as
+ * around a destroy). Which device a pool belongs to is not kept, so another device's HIP pools are dropped too:
+ * what they held counts as freed at the reset, early, and what they give back before an allocation follows them
+ * again is not counted. */
 KREX_EXPORT hipError_t hipDeviceReset(void) {
     if (!REAL(hipDeviceReset)) return 3;
     /* nothing registered yet: no pool followed, no allocation seen; not gated, so that the device stays unknown
      * and the first hipSetDevice still announces its context (hooks_hip.c) */
     if (!__atomic_load_n(&krex_device_known, __ATOMIC_RELAXED)) return REAL(hipDeviceReset)();
+    int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_MEMORY, NULL, -1);
     uint64_t held = 0;
     pthread_mutex_lock(&pools_lock);
     gone_begin_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
@@ -457,11 +465,12 @@ KREX_EXPORT hipError_t hipDeviceReset(void) {
             i++;
         }
     pthread_mutex_unlock(&pools_lock);
-    GATED(HIP, REAL(hipDeviceReset)());
+    int r = REAL(hipDeviceReset)();
     pthread_mutex_lock(&pools_lock);
     gone_end_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     pthread_mutex_unlock(&pools_lock);
     if (r == 0) count_freed(held);
+    krex_submit_leave(entered);
     return r;
 }
 

@@ -438,6 +438,76 @@ def test_no_pool_is_read_once_its_destroy_has_begun(krex, tmp_path):
         assert json.loads(out.stdout.strip().splitlines()[-1])["allocations"] > 0, out.stdout
 
 
+DESTROY_WAIT_SCRIPT = """
+import ctypes, sys, threading, time
+lib = ctypes.CDLL("libcuda.so.1")
+ctx, ptr, pool = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_void_p()
+assert lib.cuInit(0) == 0 and lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert lib.cuCtxSetCurrent(ctx) == 0
+assert lib.cuMemPoolCreate(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0
+threshold = lambda v: lib.cuMemPoolSetAttribute(pool, 4, ctypes.byref(ctypes.c_uint64(v)))
+assert threshold(2**64 - 1) == 0                # the pool keeps what is freed into it, even at a synchronize
+assert lib.cuMemAllocFromPoolAsync(ctypes.byref(ptr), ctypes.c_size_t(2 << 30), pool, None) == 0
+assert lib.cuMemFreeAsync(ptr, None) == 0 and lib.cuStreamSynchronize(None) == 0
+print("ready", flush=True)
+sys.stdin.readline()                            # another job's region holds the GPU now: its gate is closed
+destroy = threading.Thread(target=lambda: print("destroyed", lib.cuMemPoolDestroy(pool), flush=True))
+destroy.start()                                 # waits at the gate
+time.sleep(0.3)
+assert destroy.is_alive()
+assert threshold(0) == 0 and lib.cuStreamSynchronize(None) == 0    # the 2 GiB back to the driver, now
+print("released", flush=True)
+destroy.join()
+time.sleep(60)
+"""
+
+
+def test_a_pool_a_destroy_waits_to_destroy_is_still_read(krex, tmp_path):
+    """A destroy waits at the closed gate like an allocation. While it waits, the pool is still the program's: a
+    synchronize there gives its 2 GiB back (at 1500 ms per GiB, a 3 s settle), counted then, so the next region
+    waits for what is left of the settle from that moment. The destroy used to take the pool out of those the
+    drains read before its wait: the release was counted only when the destroy ended, in this test just before
+    the next region's drain (the gate opens between the two regions), so that region waited the whole 3 s; with
+    the gate closed from one region to the next, it would have waited for nothing. Without freezing, so that the
+    holder's threads run during another job's region."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"settle_ms_per_gib": 1500, "lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg), "--no-freeze")
+    script = tmp_path / "destroy.py"
+    script.write_text(DESTROY_WAIT_SCRIPT)
+    holder = krex.popen([sys.executable, script], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")},
+                        stdin=subprocess.PIPE)
+    hold = tmp_path / "hold"
+    first = second = None
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        first = krex.popen([SNIP / "region"], report=tmp_path / "r1.json",
+                           env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(hold)})
+        wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
+                 what="the first region held")
+        second = krex.popen([SNIP / "region"], report=tmp_path / "r2.json", env={"SNIPPET_REGIONS": "1"})
+        wait_for(lambda: any(g["queue"] for g in krex.status()["gpus"]), what="the second region queued")
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        time.sleep(1.2)                         # the settle runs from the release: 1.8 s of it are left
+        hold.touch()
+        for p in (first, second):
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+        r = report_of(tmp_path / "r2.json")["regions"][0]
+        # counted at the release: about 1.8 s left (counted when the destroy ended: the whole 3 s, or nothing)
+        assert 0.8e9 < r["settle_ns"] < 2.5e9 and r["clean"], r
+        assert holder.stdout.readline().split() == ["destroyed", "0"]
+        assert holder.poll() is None            # alive: the destroyed pool was not read
+    finally:
+        for p in (holder, first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.communicate()
+
+
 def test_a_sibling_that_exits_holding_memory_is_waited_for(krex, tmp_path):
     krex.start_controller("--settle-ms-per-gib", "500")
     churn = krex.popen([SNIP / "churn"], env={"SNIPPET_MB": "2048", "SNIPPET_KEEP": "1", "SNIPPET_MS": "0"})

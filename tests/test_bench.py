@@ -26,7 +26,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
-                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "4",
+                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "2",
                         "--budget", "60",
                         "--logs", str(tmp_path), "--out", str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -34,9 +34,9 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     data = json.loads(out.read_text())
     summary = {(s["mode"], s["agents"]): s for s in data["summary"]}
     assert [r["failed"] for r in data["runs"]] == [0] * 7
-    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 4
+    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 2
     for mode in ("krexwarm", "krexwarmbusy"):
-        assert summary[(mode, 2)]["warm_commands"] == 4             # the pool served every command
+        assert summary[(mode, 2)]["warm_commands"] == 2             # the pool served every command
     argv = {r["mode"]: r.get("controller_argv", []) for r in data["runs"]}
     assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
     assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
@@ -48,7 +48,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     assert summary[("cmdlock", 2)]["vs_cmdlock"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "report_table.py"), str(out)], capture_output=True,
                            text=True, check=True).stdout
-    assert "| krexwarm | 2 | 4 |" in table
+    assert "| krexwarm | 2 | 2 |" in table
 
 
 def test_warm_probe_alternates_cold_warm_and_churned_runs(tmp_path):
@@ -108,7 +108,7 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     out = tmp_path / "mix.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",
-                        "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "2", "--items", "2",
+                        "3_a:fp32,5_b:fp32,30_c:fp32,150_d:fp32", "--agents", "2", "--commands", "1", "--items", "2",
                         "--trials", "3", "--modes", "isolated,solo,naive,krex,krexnf,krexdist,isolated2,solo2,solok,solok2,solokown",
                         "--disturbers",
                         "ctx,alloc", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
@@ -117,25 +117,25 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     assert data["notes"]["buckets"] == {"0.1-1ms": ["3_a:fp32", "5_b:fp32"], "1-10ms": ["30_c:fp32"],
                                         ">10ms": ["150_d:fp32"]}
     for mode in ("naive", "krex", "krexnf", "krexdist"):
-        assert data["analysis"][mode]["n"] == 8, mode
+        assert data["analysis"][mode]["n"] == 4, mode
     assert all("region" in r and r["region"]["granted"] for r in data["raw"]["krex"])
     assert not any("region" in r for r in data["raw"]["naive"])
     assert set(data["noise_floor_p95"]) == {"0.1-1ms", "1-10ms", ">10ms"}
     assert data["commands_per_min"]["krex"] > 0 and data["krex_vs_naive_throughput"] > 0
     assert set(data["notes"]["krexdist_disturber_events"]) == {"ctx", "alloc"}
     # every shared measurement has its solo twins (same agent, command, position), two passes of them
-    assert len(data["raw"]["solo"]) == len(data["raw"]["solo2"]) == 8
-    assert all(data["analysis_vs_solo"][m]["n"] == 8 for m in ("naive", "krex", "krexnf", "krexdist"))
+    assert len(data["raw"]["solo"]) == len(data["raw"]["solo2"]) == 4
+    assert all(data["analysis_vs_solo"][m]["n"] == 4 for m in ("naive", "krex", "krexnf", "krexdist"))
     assert set(data["noise_floor_solo_p95"]) <= {"0.1-1ms", "1-10ms", ">10ms"}
     # solok: the same twins alone under krex (their own controller): each timing a granted region; a
     # reference family of its own, with the leave-one-out floor (a pass against the other pass)
-    assert len(data["raw"]["solok"]) == len(data["raw"]["solok2"]) == 8
+    assert len(data["raw"]["solok"]) == len(data["raw"]["solok2"]) == 4
     assert all(r["region"]["granted"] and r["region"]["exclusive"] for r in data["raw"]["solok"])
     assert not any("region" in r for r in data["raw"]["solo"])
-    assert "solok" not in data["analysis"] and data["analysis_vs_solok"]["krex"]["n"] == 8
-    assert data["hand_offs"]["solok"]["regions"] == 8
+    assert "solok" not in data["analysis"] and data["analysis_vs_solok"]["krex"]["n"] == 4
+    assert data["hand_offs"]["solok"]["regions"] == 4
     # solokown: solok with krexown's controller options, a family of its own (one pass: no floor)
-    assert data["analysis_vs_solokown"]["krex"]["n"] == 8 and "noise_floor_solokown_loo_p95" not in data
+    assert data["analysis_vs_solokown"]["krex"]["n"] == 4 and "noise_floor_solokown_loo_p95" not in data
     assert data["krexnf_vs_naive_throughput"] > 0 and "krexdist_vs_naive_throughput" not in data
     for fam in ("solo", "solok"):
         loo, plain = data[f"noise_floor_{fam}_loo_p95"], data[f"noise_floor_{fam}_p95"]
@@ -153,7 +153,7 @@ def test_kernelbench_mix_harness_end_to_end(tmp_path):
     md = again.with_suffix(".md").read_text()
     assert md == out.with_suffix(".md").read_text() and md in p.stdout
     row = next(line for line in md.splitlines() if line.startswith("| krex | solok |"))
-    assert row.count("%") >= 6 and f"{data['analysis_vs_solok']['krex']['flagged']} of 8" in row
+    assert row.count("%") >= 6 and f"{data['analysis_vs_solok']['krex']['flagged']} of 4" in row
 
 
 def test_kernelbench_mix_floors_compare_a_pass_with_the_other_passes():
@@ -221,7 +221,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     nvml.write_text("")
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
-                        "--specs", "4", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
+                        "--specs", "2", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
@@ -233,7 +233,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert [(r["policy"], r["agents"]) for r in data["rows"]] == [("naive", 2), ("all", 2), ("none", 2), ("busy", 2)]
-    assert all(r["failed"] == 0 and r["commands"] == 4 for r in data["rows"])
+    assert all(r["failed"] == 0 and r["commands"] == 2 for r in data["rows"])
     assert set(data["floors_pct"]) == {"<0.1ms", "0.1-1ms", "1-10ms", ">10ms"}
     rows = next(r for r in data["runs"] if r["mode"] == "krexbusy")["rows"]
     argvs = [" ".join(run["controller_argv"]) for run in data["runs"] if run["mode"].startswith("krex")]
@@ -247,7 +247,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     # where the waits for a grant went, per hand-off phase (the report's *_ns), summed over each command's regions
     assert all(set(r["region_phases_s"]) == {"queued", "drain", "settle", "freeze", "isolate", "attest"}
                and min(r["region_phases_s"].values()) >= 0 for r in rows), rows
-    assert data["region_clock_mhz"]["krexbusy:2"] == {"median": 1980, "p10": 1980, "regions": 16}
+    assert data["region_clock_mhz"]["krexbusy:2"] == {"median": 1980, "p10": 1980, "regions": 8}
     # a reference's two passes: one summary of both (not the second alone)
     assert data["region_clock_mhz"]["krexsolo:1"]["regions"] == sum(len(r["region_clocks_mhz"]) for r in refs)
     # each region's previous_region, from the controller's record: two agents' regions follow each other on GPU 0
