@@ -11,9 +11,9 @@
 
 #define REAL(n) ((__typeof__(&n))krex_real(KREX_H_##n))
 
-/* open addressing, keys never 0: pointer or handle -> bytes */
+/* open addressing, keys never 0: pointer or handle -> bytes; HIP's pointers apart (a device reset frees them) */
 struct krex_sizes { uint64_t *keys, *vals; size_t cap, used; };
-static struct krex_sizes by_ptr, by_handle;
+static struct krex_sizes by_ptr, by_handle, by_hip_ptr;
 static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t live_bytes, freed_bytes;
 static int64_t last_free_ns;
@@ -85,6 +85,20 @@ static void freed(struct krex_sizes *t, uint64_t k) {
     pthread_mutex_unlock(&sizes_lock);
 }
 
+/* every entry of T freed at once (a device reset): their bytes, counted as freed */
+static uint64_t freed_all(struct krex_sizes *t) {
+    pthread_mutex_lock(&sizes_lock);
+    uint64_t n = 0;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->keys[i]) n += t->vals[i], t->keys[i] = 0;
+    t->used = 0;
+    live_bytes -= n < live_bytes ? n : live_bytes;
+    freed_bytes += n;
+    if (n) last_free_ns = krex_now_ns();
+    pthread_mutex_unlock(&sizes_lock);
+    return n;
+}
+
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns) {
     pthread_mutex_lock(&sizes_lock);    /* (the pools were read after the drain's synchronize: drain.c) */
     *bytes = freed_bytes, *last_ns = last_free_ns;
@@ -107,8 +121,10 @@ void krex_memory_reset_after_fork(void) {
     pools_reset_after_fork();
     /* the child has no device memory of its own: a fork does not copy contexts */
     free(by_ptr.keys), free(by_ptr.vals), free(by_handle.keys), free(by_handle.vals);
+    free(by_hip_ptr.keys), free(by_hip_ptr.vals);
     memset(&by_ptr, 0, sizeof by_ptr);
     memset(&by_handle, 0, sizeof by_handle);
+    memset(&by_hip_ptr, 0, sizeof by_hip_ptr);
     live_bytes = freed_bytes = 0, last_free_ns = 0;
 }
 
@@ -156,19 +172,19 @@ KREX_EXPORT CUresult cuMemRelease(unsigned long long h) {
 KREX_EXPORT hipError_t hipMalloc(void **p, size_t n) {
     if (!REAL(hipMalloc)) return 3;
     GATED(HIP, REAL(hipMalloc)(p, n));
-    if (r == hipSuccess && p) allocated(&by_ptr, (uint64_t)(uintptr_t)*p, n);
+    if (r == hipSuccess && p) allocated(&by_hip_ptr, (uint64_t)(uintptr_t)*p, n);
     return r;
 }
 KREX_EXPORT hipError_t hipMallocManaged(void **p, size_t n, unsigned fl) {
     if (!REAL(hipMallocManaged)) return 3;
     GATED(HIP, REAL(hipMallocManaged)(p, n, fl));
-    if (r == hipSuccess && p) allocated(&by_ptr, (uint64_t)(uintptr_t)*p, n);
+    if (r == hipSuccess && p) allocated(&by_hip_ptr, (uint64_t)(uintptr_t)*p, n);
     return r;
 }
 KREX_EXPORT hipError_t hipFree(void *p) {
     if (!REAL(hipFree)) return 3;
     GATED(HIP, REAL(hipFree)(p));
-    if (r == hipSuccess) freed(&by_ptr, (uint64_t)(uintptr_t)p);
+    if (r == hipSuccess) freed(&by_hip_ptr, (uint64_t)(uintptr_t)p);
     return r;
 }
 
@@ -441,12 +457,13 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
     POOL_DESTROY(HIP, pool, REAL(hipMemPoolDestroy)(pool));
 }
 
-/* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones): once past
- * the gate (as a destroy), every followed HIP pool is read a last time and no longer followed, and, once the reset
- * is done, what they held counts as freed; no allocation begun before the reset's end follows a HIP pool (as
- * around a destroy). Which device a pool belongs to is not kept, so another device's HIP pools are dropped too:
- * what they held counts as freed at the reset, early, and what they give back before an allocation follows them
- * again is not counted. */
+/* A device reset (hipDeviceReset) deletes the device's pools, its default ones too (HIP makes new ones), and frees
+ * its hipMalloc and hipMallocManaged memory: once past the gate (as a destroy), every followed HIP pool is read a
+ * last time and no longer followed, and, once the reset is done, what they held and every HIP allocation still
+ * out count as freed; no allocation begun before the reset's end follows a HIP pool (as around a destroy). Which
+ * device a pool or an allocation belongs to is not kept, so another device's are dropped too: counted as freed at
+ * the reset, early; what those pools give back before an allocation follows them again is not counted, and those
+ * allocations' frees count nothing. */
 KREX_EXPORT hipError_t hipDeviceReset(void) {
     if (!REAL(hipDeviceReset)) return 3;
     /* nothing registered yet: no pool followed, no allocation seen; not gated, so that the device stays unknown
@@ -469,7 +486,10 @@ KREX_EXPORT hipError_t hipDeviceReset(void) {
     pthread_mutex_lock(&pools_lock);
     gone_end_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     pthread_mutex_unlock(&pools_lock);
-    if (r == 0) count_freed(held);
+    if (r == 0) {
+        count_freed(held);
+        freed_all(&by_hip_ptr);
+    }
     krex_submit_leave(entered);
     return r;
 }

@@ -295,6 +295,11 @@ else:
     pool_of, set_attr, sync = lib.hipDeviceGetDefaultMemPool, lib.hipMemPoolSetAttribute, lib.hipStreamSynchronize
     set_current = lib.hipDeviceSetMemPool
 GIB2 = ctypes.c_size_t(2 << 30)
+if mode == "resetmalloc":                       # hipMalloc's 2 GiB, freed by the device reset
+    assert lib.hipMalloc(ctypes.byref(ptr), GIB2) == 0 and lib.hipDeviceReset() == 0
+    print("ready", flush=True)
+    time.sleep(60)
+    sys.exit()
 pool = ctypes.c_void_p()
 if mode in ("destroy", "reset"):                # a pool of its own, its memory back when it is destroyed (or the
     assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0    # device reset, HIP)
@@ -355,7 +360,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     hipDeviceSetMemPool), and, in revert, from the default one again once that pool is destroyed; the shim looks
     the current pool up at each plain allocation and must take the 2 GiB for the right pool (current: one device
     visible, revert: two). reset (HIP): hipDeviceReset deletes the device's pools, one holding 2 GiB: counted as
-    freed, and never read again. The shim counts what a pool
+    freed, and never read again; resetmalloc (HIP): it frees hipMalloc's 2 GiB too. The shim counts what a pool
     gave back, once (a settle of the 2 GiB's 3 s, more than 1 GiB's 1.5 s; regrow's 3 GiB, 4.5 s, at least 3.5 s
     unless the second release went unseen), and the region waits for it as after a free. With
     the threshold at its maximum (PyTorch's) and no trim, the pool keeps the memory and nothing is waited for
@@ -364,7 +369,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     holder and the process of its region, which asks for it once the holder gave back (a region process started
     then, 13 at once on two cores, came up to 2.6 s late and found the settle nearly over)."""
     modes = ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary",
-             "current", "revert") + (("reset",) if api == "hip" else ())
+             "current", "revert") + (("reset", "resetmalloc") if api == "hip" else ())
     krex.env["KREX_FAKE_GPUS"] = str(len(modes) + 1)
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"settle_ms_per_gib": 1500, "lifecycle_timeout_s": 10}))
@@ -419,7 +424,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     assert not errors, errors
     assert settles["keep"] < 0.3e9, settles
     given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary",
-                                  "current", "revert", "reset") if m in settles]
+                                  "current", "revert", "reset", "resetmalloc") if m in settles]
     assert min(given) > 1.8e9 and max(given) < 3.5e9, settles    # 2 GiB, not 1 (1.5 s) nor 3
     assert 3.5e9 < settles["regrow"] < 5.0e9, settles
     wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
