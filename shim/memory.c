@@ -246,8 +246,8 @@ static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct krex_pool { void *pool; int vendor; uint64_t last; } pools[KREX_POOLS];
 static int npools;                      /* written under pools_lock; read without it only as a hint */
 static int syncs_under_way;             /* synchronizes between krex_pools_sync_begin and _end */
-/* Destroys: a pool is never read once its destroy may have begun. A destroy takes the pool out of the table, then
- * calls the driver (after the gate, which may wait); an allocation racing it may have got the pool before (its
+/* Destroys: a pool is never read once its destroy may have begun. A destroy, once past the gate (which may wait),
+ * takes the pool out of the table, then calls the driver; an allocation racing it may have got the pool before (its
  * device's current one, or named) and would follow it again. So a pool is not followed while a destroy of it (or
  * a reset of its vendor's device, every pool) is under way (gone_open), nor when one ended since the allocation
  * began (gone_ended, indexed by destroy_seq, read before the driver call; more than KREX_GONE since: refused):
@@ -466,17 +466,25 @@ KREX_EXPORT hipError_t hipMemPoolDestroy(void *pool) {
  * allocations' frees count nothing. */
 KREX_EXPORT hipError_t hipDeviceReset(void) {
     if (!REAL(hipDeviceReset)) return 3;
-    /* nothing registered yet: no pool followed, no allocation seen; not gated, so that the device stays unknown
-     * and the first hipSetDevice still announces its context (hooks_hip.c) */
-    if (!__atomic_load_n(&krex_device_known, __ATOMIC_RELAXED)) return REAL(hipDeviceReset)();
+    /* nothing registered yet: no pool followed (allocations may have been seen, ungated with KREX_GATE_MEMORY=0);
+     * not gated, so that the device stays unknown and the first hipSetDevice still announces its context
+     * (hooks_hip.c) */
+    if (!__atomic_load_n(&krex_device_known, __ATOMIC_RELAXED)) {
+        hipError_t r = REAL(hipDeviceReset)();
+        if (r == 0) freed_all(&by_hip_ptr);
+        return r;
+    }
     int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_MEMORY, NULL, -1);
     uint64_t held = 0;
+    struct krex_pool gone[KREX_POOLS];
+    int ngone = 0;
     pthread_mutex_lock(&pools_lock);
     gone_begin_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     for (int i = 0; i < npools;)
         if (pools[i].vendor == KREX_VENDOR_HIP) {
             observe_locked(&pools[i]);
             held += pools[i].last;
+            gone[ngone++] = pools[i];
             pool_remove_locked(&pools[i]);
         } else {
             i++;
@@ -484,8 +492,11 @@ KREX_EXPORT hipError_t hipDeviceReset(void) {
     pthread_mutex_unlock(&pools_lock);
     int r = REAL(hipDeviceReset)();
     pthread_mutex_lock(&pools_lock);
+    for (int i = 0; r != 0 && i < ngone; i++) pool_add_locked(gone[i]);    /* failed: followed again */
     gone_end_locked((struct krex_gone){NULL, KREX_VENDOR_HIP, 1});
     pthread_mutex_unlock(&pools_lock);
+    /* a hipMalloc in another thread that returns just after the reset may be counted here as freed too (and its
+     * hipFree then counts nothing): the reset and an allocation at the same moment are the program's race */
     if (r == 0) {
         count_freed(held);
         freed_all(&by_hip_ptr);

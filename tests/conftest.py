@@ -31,7 +31,7 @@ def native_build():
     subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
-def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
+def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()

@@ -26,7 +26,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
-                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "2",
+                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "3",
                         "--budget", "60",
                         "--logs", str(tmp_path), "--out", str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -34,9 +34,9 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     data = json.loads(out.read_text())
     summary = {(s["mode"], s["agents"]): s for s in data["summary"]}
     assert [r["failed"] for r in data["runs"]] == [0] * 7
-    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 2
+    assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 3
     for mode in ("krexwarm", "krexwarmbusy"):
-        assert summary[(mode, 2)]["warm_commands"] == 2             # the pool served every command
+        assert summary[(mode, 2)]["warm_commands"] == 3             # the pool served every command, the third on a refill
     argv = {r["mode"]: r.get("controller_argv", []) for r in data["runs"]}
     assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
     assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
@@ -48,7 +48,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     assert summary[("cmdlock", 2)]["vs_cmdlock"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "report_table.py"), str(out)], capture_output=True,
                            text=True, check=True).stdout
-    assert "| krexwarm | 2 | 2 |" in table
+    assert "| krexwarm | 2 | 3 |" in table
 
 
 def test_warm_probe_alternates_cold_warm_and_churned_runs(tmp_path):
