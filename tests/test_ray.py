@@ -435,6 +435,11 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     assert list(summary) == ["pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex"]
     assert all(s["failed"] == 0 and s["commands"] > 0 for s in summary.values())
     assert summary["pergpu"]["num_gpus"] == 1 and summary["naive"]["num_gpus"] == 0.5
+    # two agents at once; the third evaluation starts once one of the first two is done
+    rows = sorted(next(r for r in json.loads(out.read_text())["runs"] if r["mode"] == "krex")["rows"],
+                  key=lambda r: r["start_s"])
+    assert len(rows) == 3 and rows[1]["start_s"] < rows[0]["start_s"] + rows[0]["wall_s"]
+    assert rows[2]["start_s"] >= min(r["start_s"] + r["wall_s"] for r in rows[:2]) - 1e-3
     for mode in ("krex", "shell", "pergpubusy", "pergpukrex"):
         s = summary[mode]
         assert s["regions"] == s["regions_exclusive"] == 2 * s["commands"] == s["controller"]["regions_granted"]
