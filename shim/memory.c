@@ -76,27 +76,27 @@ static void allocated(struct krex_sizes *t, uint64_t k, uint64_t n) {
     pthread_mutex_unlock(&sizes_lock);
 }
 
-static void freed(struct krex_sizes *t, uint64_t k) {
-    pthread_mutex_lock(&sizes_lock);
-    uint64_t n = take(t, k);
+static void release_locked(uint64_t n) {   /* N tracked bytes freed now (under sizes_lock) */
     live_bytes -= n < live_bytes ? n : live_bytes;
     freed_bytes += n;
     if (n) last_free_ns = krex_now_ns();
+}
+
+static void freed(struct krex_sizes *t, uint64_t k) {
+    pthread_mutex_lock(&sizes_lock);
+    release_locked(take(t, k));
     pthread_mutex_unlock(&sizes_lock);
 }
 
-/* every entry of T freed at once (a device reset): their bytes, counted as freed */
-static uint64_t freed_all(struct krex_sizes *t) {
+/* every entry of T freed at once (a device reset) */
+static void freed_all(struct krex_sizes *t) {
     pthread_mutex_lock(&sizes_lock);
     uint64_t n = 0;
     for (size_t i = 0; i < t->cap; i++)
         if (t->keys[i]) n += t->vals[i], t->keys[i] = 0;
     t->used = 0;
-    live_bytes -= n < live_bytes ? n : live_bytes;
-    freed_bytes += n;
-    if (n) last_free_ns = krex_now_ns();
+    release_locked(n);
     pthread_mutex_unlock(&sizes_lock);
-    return n;
 }
 
 void krex_memory_freed_take(uint64_t *bytes, int64_t *last_ns) {
