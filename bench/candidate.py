@@ -2,6 +2,8 @@
 Triton matmul kernel variant (real JIT compilation on the CPU), checks it against torch.mm on the GPU,
 then times candidate and reference with triton.testing.do_bench. Prints one JSON line.
     python bench/candidate.py --size 8192 --variant 2 --nonce 17 [--region]
+--op sum instead generates a memory-bound kernel (row sums of an fp16 matrix, read from HBM; --size is the MiB read
+per call) checked against and timed beside torch.sum.
 --region marks each do_bench with krex.region explicitly (otherwise KREX_HOOKS=triton does it)."""
 
 import argparse
@@ -18,6 +20,12 @@ ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
 ap.add_argument("--region", action="store_true")
+ap.add_argument("--op", choices=("matmul", "sum"), default="matmul",
+                help="matmul: a SIZE x SIZE fp16 matmul, against torch.mm (compute-bound: on the H200 it runs at "
+                     "the power cap, where its time moves with the clock); sum: row sums (fp32) of an fp16 matrix "
+                     "of 4096 columns, against torch.sum: memory-bound, SIZE MiB read per call from an input of "
+                     "min(SIZE, 2048) MiB (above 2048, SIZE a multiple of 2048: the input read SIZE / 2048 times "
+                     "over, by one persistent kernel; the reference makes as many torch.sum calls)")
 ap.add_argument("--repeat", type=int, default=1,
                 help="time candidate and reference this many times each (one do_bench, one region, each); the "
                      "JSON line gets every timing in candidate_all_ms / reference_all_ms")
@@ -67,6 +75,11 @@ ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
+if args.op == "sum":
+    if args.size <= 0 or (args.size > 2048 and args.size % 2048):
+        ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
+    if args.pads or args.seeds or args.history or args.fixed_out or args.probe:
+        ap.error("--op sum: --pads, --seeds, --history, --fixed-out and --probe are for --op matmul")
 
 
 def mib_list(text: str, what: str) -> list:
@@ -153,6 +166,47 @@ def matmul(a, b, out=None):
     return c
 '''
 
+# --op sum: BLOCK_R rows by BLOCK_C columns a step, num_warps, programs per SM (a persistent grid)
+SUM_VARIANTS = [(16, 512, 4, 4), (8, 1024, 8, 2), (32, 256, 4, 8), (4, 2048, 8, 4)]
+SUM_COLS = 4096
+if args.op == "sum":
+    BR, BC, W, PPS = SUM_VARIANTS[args.variant % len(SUM_VARIANTS)]
+    SUM_PASSES = max(1, args.size // 2048)
+    SOURCE = f'''
+import torch, triton, triton.language as tl
+
+NONCE = {args.nonce}  # a new candidate: a new source, a new compilation
+
+@triton.jit
+def kernel(x, out, R, C: tl.constexpr, PASSES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    # a persistent grid: each program owns the row blocks pid, pid + programs, ...; each pass reads the whole
+    # input once (the programs advance together, so a block read again was read a whole input ago: not in L2)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblk = tl.cdiv(R, BR)
+    for p in range(PASSES):
+        for blk in range(pid, nblk, nprog):
+            rows = blk * BR + tl.arange(0, BR)
+            acc = tl.zeros((BR,), dtype=tl.float32)
+            for c0 in range(0, C, BC):
+                cols = c0 + tl.arange(0, BC)
+                v = tl.load(x + rows[:, None] * C + cols[None, :], mask=rows[:, None] < R, other=0.0)
+                acc += tl.sum(v.to(tl.float32), axis=1)
+            prev = tl.load(out + rows, mask=rows < R, other=0.0)
+            tl.store(out + rows, tl.where(p > 0, prev, 0.0) + acc, mask=rows < R)
+
+PROGRAMS = {PPS} * torch.cuda.get_device_properties(0).multi_processor_count
+
+def rowsum(x):
+    R, C = x.shape
+    out = torch.empty((R,), device=x.device, dtype=torch.float32)
+    global LAST, LAST_OUT
+    LAST_OUT = out.data_ptr()
+    LAST = kernel[(min(PROGRAMS, triton.cdiv(R, {BR})),)](x, out, R, C, PASSES={SUM_PASSES}, BR={BR}, BC={BC},
+                                                          num_warps={W})
+    return out
+'''
+
 with tempfile.TemporaryDirectory() as td:
     os.environ["TRITON_CACHE_DIR"] = os.path.join(td, "cache")
     path = os.path.join(td, f"cand_{args.nonce}.py")
@@ -170,16 +224,37 @@ with tempfile.TemporaryDirectory() as td:
         torch.cuda.empty_cache()
     torch.manual_seed(args.nonce)
     n = args.size
-    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    t1 = time.monotonic()
-    c = mod.matmul(a, b)                       # compiles
-    torch.cuda.synchronize()
-    compile_s = time.monotonic() - t1
-    ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
+    c_fixed = None
+    if args.op == "sum":
+        x = torch.randn((min(n, 2048) << 20) // (2 * SUM_COLS), SUM_COLS, device="cuda", dtype=torch.float16)
+        r_out = torch.empty(x.shape[0], device="cuda", dtype=torch.float32)
+        r_tmp = torch.empty_like(r_out)
+
+        def torch_sum():
+            """The reference: SUM_PASSES torch.sum calls over the input, added up."""
+            torch.sum(x, 1, dtype=torch.float32, out=r_out)
+            for _ in range(SUM_PASSES - 1):
+                torch.sum(x, 1, dtype=torch.float32, out=r_tmp)
+                r_out.add_(r_tmp)
+            return r_out
+        t1 = time.monotonic()
+        c = mod.rowsum(x)                      # compiles
+        torch.cuda.synchronize()
+        compile_s = time.monotonic() - t1
+        ok = bool(torch.allclose(c, torch_sum(), atol=0.05 * SUM_PASSES, rtol=1e-3))
+        kernels = (("candidate", lambda: mod.rowsum(x)), ("reference", torch_sum))
+    else:
+        a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        t1 = time.monotonic()
+        c = mod.matmul(a, b)                   # compiles
+        torch.cuda.synchronize()
+        compile_s = time.monotonic() - t1
+        ok = bool(torch.allclose(c.float(), (a @ b).float(), atol=1.0, rtol=1e-2))
+        if args.fixed_out:
+            c_fixed = torch.empty((n, n), device="cuda", dtype=torch.float16)
+        kernels = (("candidate", lambda: mod.matmul(a, b, c_fixed)), ("reference", lambda: torch.mm(a, b)))
     timings, every = {}, {"candidate": [], "reference": []}
-    c_fixed = torch.empty((n, n), device="cuda", dtype=torch.float16) if args.fixed_out else None
-    kernels = (("candidate", lambda: mod.matmul(a, b, c_fixed)), ("reference", lambda: torch.mm(a, b)))
     out_ptrs = []
 
     def bench(name, fn, warmup, rep):
@@ -347,7 +422,8 @@ with tempfile.TemporaryDirectory() as td:
         probe["cpus"] = len(os.sched_getaffinity(0))
         import triton
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
-print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": ok, **probe,
+print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
+                  "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),

@@ -153,7 +153,7 @@ def table(result) -> str:
         # which kernels make each tail: per stable kernel and mode, median signed inflation (lowest .. highest),
         # timings, and how many lie more than 5% off
         names = sorted({k for r in kernel_rows for k in r["per_kernel"]},
-                       key=lambda k: (int(k.split("/")[0]), k))
+                       key=lambda k: (T.kernel_order((k.split("/")[0] if "@" in k else int(k.split("/")[0]),)), k))
         out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%; with several "
                 "commands timing it more than once, the largest spread within one command / the spread of the "
                 "commands' medians (points; host-bound timings included)", "",
@@ -200,8 +200,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
     T.add_reference_options(ap, "command")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
-                    help="SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn (default: "
-                         "the four buckets alike); SIZE/VARIANT: every command of that size times that variant "
+                    help="[OP@]SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn "
+                         "(default: the four buckets alike); sum@N: bench/candidate.py --op sum, memory-bound row "
+                         "sums reading N MiB per call (sum@128, sum@1024, sum@8192, sum@49152: about 0.03, 0.25, 2 "
+                         "and 12 ms on the H200); SIZE/VARIANT: every command of that size times that variant "
                          "(16384/1: the 16384/0 Triton candidate's time moves with where its operands land, a "
                          "kernel no two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more "
                          "timings, where half its kernels (the Triton candidates, launched from Python) can be "

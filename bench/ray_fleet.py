@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
-from throughput import BUCKETS, MIX, bucket, make_specs, p95, parse_mix, reference_specs  # noqa: E402
+from throughput import BUCKETS, MIX, bucket, kernel_of, make_specs, p95, parse_mix, reference_specs  # noqa: E402
 
 MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex")
 REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, each distinct spec once
@@ -52,7 +52,7 @@ CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps, 
 
 def candidate_argv(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> list:
     return [candidate, "--size", str(spec["size"]), "--variant", str(spec["variant"]), "--nonce", str(nonce),
-            *(CANDIDATE_ARGS if cargs is None else cargs)]
+            *(["--op", spec["op"]] if spec.get("op") else []), *(CANDIDATE_ARGS if cargs is None else cargs)]
 
 
 def mode_args(mode: str, reference: str, reference_repeat: int) -> list:
@@ -210,7 +210,7 @@ def analyse(runs: list) -> list:
             for row in r["rows"]:
                 for k in ("candidate", "reference"):
                     if f"{k}_ms" in row:
-                        truth.setdefault((row["size"], row["variant"], k), []).append(row[f"{k}_ms"])
+                        truth.setdefault((*kernel_of(row), k), []).append(row[f"{k}_ms"])
     iso = {key: statistics.median(v) for key, v in truth.items()}
     summary = []
     for r in runs:
@@ -219,7 +219,7 @@ def analyse(runs: list) -> list:
         for row in r["rows"]:
             regions += row.get("regions", [])
             for k in ("candidate", "reference"):
-                ref = iso.get((row.get("size"), row.get("variant"), k))
+                ref = iso.get((*kernel_of(row), k))
                 if ref and f"{k}_ms" in row:
                     infl[bucket(ref)].append(row[f"{k}_ms"] / ref - 1)
         ok = [row for row in r["rows"] if "candidate_ms" in row]
@@ -262,8 +262,9 @@ def main() -> None:
     ap.add_argument("--variants", type=int, default=2, help="kernel variants per size (1-4)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--mix", default=None,
-                    help="SIZE[/VARIANT]:WEIGHT,... the evaluations' matmul sizes and how often each is drawn "
-                         "(default: bench/throughput.py's mix, 1024 to 16384); SIZE/VARIANT: every evaluation of that "
+                    help="[OP@]SIZE[/VARIANT]:WEIGHT,... the evaluations' matmul sizes and how often each is drawn "
+                         "(default: bench/throughput.py's mix, 1024 to 16384); sum@N: bench/candidate.py --op sum "
+                         "(as bench/freeze_policy.py's --mix); SIZE/VARIANT: every evaluation of that "
                          "size times that variant (e.g. 8192/1 and 16384/1: the variant-0 candidates' times move "
                          "with where their operands land, docs/measurements/freeze-policy.md)")
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per mode before agents stop taking work")

@@ -55,48 +55,78 @@ MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
 BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms", 10, 1e9)]
 
 
+OPS = ("sum",)           # bench/candidate.py --op besides matmul, as a mix names them: OP@SIZE
+
+
+def spec_of(size, variant: int) -> dict:
+    """A spec from a mix entry's size (an int: a matmul; "OP@N": bench/candidate.py --op OP --size N)."""
+    if isinstance(size, str):
+        op, _, n = size.partition("@")
+        return {"size": int(n), "variant": variant, "op": op}
+    return {"size": size, "variant": variant}
+
+
+def kernel_of(row: dict) -> tuple:
+    """(size, variant) of a spec or a result row, the size as the mix names it: an int for a matmul, "OP@N" for
+    another op (rows from before --op have none: matmuls)."""
+    op = row.get("op") or "matmul"
+    return (row.get("size") if op == "matmul" else f"{op}@{row.get('size')}", row.get("variant"))
+
+
+def kernel_order(key: tuple) -> tuple:
+    """Matmuls first, then each op's kernels, by size and variant (a key mixes ints and strings)."""
+    size = key[0]
+    return (0, "", size, *key[1:]) if isinstance(size, int) else (1, size.partition("@")[0],
+                                                                  int(size.partition("@")[2]), *key[1:])
+
+
 def make_specs(n: int, seed: int, variants: int) -> list[dict]:
     """Every size once (so every bucket has data), then draws from the mix; shuffled, seeded. A mix entry is a
-    size (its commands take turns over the variants) or (size, variant) (every command times that variant)."""
+    size (its commands take turns over the variants) or (size, variant) (every command times that variant); a
+    size is an int (a matmul) or "OP@N"."""
     rng = random.Random(seed)
     sizes = [s for s, _ in MIX]
     weights = [w for _, w in MIX]
     drawn = sizes[:n] + rng.choices(sizes, weights, k=max(0, n - len(sizes)))
     rng.shuffle(drawn)
-    return [{"size": s[0], "variant": s[1]} if isinstance(s, tuple) else {"size": s, "variant": i % variants}
-            for i, s in enumerate(drawn)]
+    return [spec_of(*s) if isinstance(s, tuple) else spec_of(s, i % variants) for i, s in enumerate(drawn)]
 
 
 def parse_mix(text: str, ap) -> list:
-    """A --mix option's text, "2048:0.4,4096:0.2,16384/1:0.2,...", as MIX takes it: (size, weight) pairs, or
-    ((size, variant), weight) for a size whose commands all time one variant (a kernel left out of the mix:
-    docs/measurements/freeze-policy.md); entries distinct, a size either plain or pinned (to one variant or
-    several: 8192/0 and 8192/1 together), sizes positive integers, variants 0-3, weights > 0.
-    A bad one is AP's error (exit status 2)."""
+    """A --mix option's text, "2048:0.4,4096:0.2,16384/1:0.2,sum@1024:0.2,...", as MIX takes it: (size, weight)
+    pairs, or ((size, variant), weight) for a size whose commands all time one variant (a kernel left out of the
+    mix: docs/measurements/freeze-policy.md); a size N is a matmul's (an int), OP@N another op's (the string:
+    bench/candidate.py --op OP --size N, e.g. sum@1024, 1024 MiB read). Entries distinct, a size either plain or
+    pinned (to one variant or several: 8192/0 and 8192/1 together), N a positive integer, OP one of OPS,
+    variants 0-3, weights > 0. A bad one is AP's error (exit status 2)."""
     out = []
     for item in text.split(","):
         size, _, weight = item.partition(":")
         size, slash, variant = size.partition("/")
+        op, at, size = size.rpartition("@")
         try:
             n, w = int(size), float(weight)
             v = int(variant) if slash else None
         except ValueError:
             n, w, v = 0, 0.0, None
-        key = n if v is None else (n, v)
-        size_of = lambda k: k if isinstance(k, int) else k[0]   # noqa: E731
+        tok = f"{op}@{n}" if at else n
+        key = tok if v is None else (tok, v)
+        size_of = lambda k: k[0] if isinstance(k, tuple) else k   # noqa: E731
         # a size plain and pinned at once would draw the pinned-out variants too; one pin per variant is fine
-        clash = any(key == k or (size_of(k) == n and (v is None or isinstance(k, int))) for k, _ in out)
-        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or clash:
-            ap.error(f"--mix: SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, variants 0-3 and weights > 0, "
-                     f"not {text!r}")
+        clash = any(key == k or (size_of(k) == tok and (v is None or not isinstance(k, tuple))) for k, _ in out)
+        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or clash or \
+                (at and op not in OPS):
+            ap.error(f"--mix: [OP@]SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, OP one of "
+                     f"{', '.join(OPS)}, variants 0-3 and weights > 0, not {text!r}")
         out.append((key, w))
     return out
 
 
 def distinct(specs: list) -> list[dict]:
-    """One spec per (size, variant): what the isolated ground-truth passes time, all of it, with no budget."""
-    seen = {(s["size"], s["variant"]): s for s in specs}
-    return [seen[k] for k in sorted(seen)]
+    """One spec per kernel (size, variant, op): what the isolated ground-truth passes time, all of it, with no
+    budget."""
+    seen = {kernel_of(s): s for s in specs}
+    return [seen[k] for k in sorted(seen, key=kernel_order)]
 
 
 REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (freeze_policy.py --reference-processes)
@@ -237,7 +267,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 idx, spec = todo.pop(0)
             nonce = nonce_base + idx
             cmd = [sys.executable, CANDIDATE, "--size", str(spec["size"]),
-                   "--variant", str(spec["variant"]), "--nonce", str(nonce)] + CANDIDATE_ARGS + \
+                   "--variant", str(spec["variant"]), "--nonce", str(nonce)] + \
+                  (["--op", spec["op"]] if spec.get("op") else []) + CANDIDATE_ARGS + \
                   (REFERENCE_ARGS if mode in REFERENCE_MODES else [])
             env = dict(os.environ)
             report = tmp / f"{mode}-{agents}-{idx}.json"
@@ -364,9 +395,9 @@ def reference_passes(passes: list, stable_pct: float, leave_out=()) -> dict:
             for kind in ("candidate", "reference"):
                 ts = timings(row, kind)
                 if ts:
-                    seen.setdefault((row["size"], row["variant"], kind), []).extend(ts)
+                    seen.setdefault((*kernel_of(row), kind), []).extend(ts)
                     if len(ts) > 1 and min(ts) > 0:
-                        spread.append(((row["size"], row["variant"], kind), (max(ts) / min(ts) - 1) * 100))
+                        spread.append(((*kernel_of(row), kind), (max(ts) / min(ts) - 1) * 100))
         for k, ts in seen.items():
             per.setdefault(k, []).append(st.median(ts))
             all_t.setdefault(k, []).append(ts)
@@ -424,7 +455,7 @@ def flagged_timings(rows: list, stable: dict, clean=None):
         if clean is not None and not clean(row):
             continue
         for kind in ("candidate", "reference"):
-            key = (row.get("size"), row.get("variant"), kind)
+            key = (*kernel_of(row), kind)
             ref = stable.get(key)
             if ref:
                 for t, bound in zip(timings(row, kind), host_bound_flags(row, kind)):
@@ -548,7 +579,7 @@ def analyse(runs: list) -> dict:
         for row in r["rows"]:
             if "candidate_ms" in row:
                 for k in ("candidate", "reference"):
-                    truth.setdefault((row["size"], row["variant"], k), []).append(row[f"{k}_ms"])
+                    truth.setdefault((*kernel_of(row), k), []).append(row[f"{k}_ms"])
     iso = {key: statistics.median(v) for key, v in truth.items()}
     summary = []
     for r in runs:
@@ -557,7 +588,7 @@ def analyse(runs: list) -> dict:
             if "candidate_ms" not in row:
                 continue
             for k in ("candidate", "reference"):
-                ref = iso.get((row["size"], row["variant"], k))
+                ref = iso.get((*kernel_of(row), k))
                 if ref:
                     infl[bucket(ref)].append(row[f"{k}_ms"] / ref - 1)
         ok = [row for row in r["rows"] if "candidate_ms" in row]

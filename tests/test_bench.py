@@ -222,6 +222,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "2", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
+                        "--mix", "2048:0.5,sum@1024/0:0.5",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
@@ -239,6 +240,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     argvs = [" ".join(run["controller_argv"]) for run in data["runs"] if run["mode"].startswith("krex")]
     assert argvs and all(" --region-gap-ms 1" in a for a in argvs), argvs   # --controller-args reaches every one
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
+    # --mix sum@1024/0: that command ran the memory-bound op (the stand-in echoes --op), and it is its own kernel
+    assert sorted((r.get("op") or "", r["size"]) for r in rows) == [("", 2048), ("sum", 1024)], rows
+    assert [r["variant"] for r in rows if r.get("op")] == [0], rows
+    busy = next(r for r in data["rows"] if r["policy"] == "busy")
+    assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
     refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
     assert refs and all(len(r["candidate_all_ms"]) == 3 for r in refs), refs   # --reference-repeat
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
@@ -406,7 +412,45 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
                         ("freeze_policy.py", "16384/1:0.2,16384:0.2"), ("ray_fleet.py", "8192/1:0")):
         p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--mix", bad,
                             "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
-        assert p.returncode == 2 and "--mix: SIZE[/VARIANT]:WEIGHT" in p.stderr, (script, bad, p.stderr)
+        assert p.returncode == 2 and "--mix: [OP@]SIZE[/VARIANT]:WEIGHT" in p.stderr, (script, bad, p.stderr)
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
+    """--mix sum@N[/VARIANT]:WEIGHT: bench/candidate.py --op sum --size N. Its specs carry the op, its kernels
+    are named sum@N/VARIANT apart from the matmul of the same size, matmuls sort first, the floor keys them
+    apart; an unknown op, a size 0 or a sum size both plain and pinned is refused with exit status 2."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import argparse
+
+    import throughput as T
+
+    ap = argparse.ArgumentParser()
+    mix = T.parse_mix("1024:0.3,sum@1024/1:0.3,sum@128:0.4", ap)
+    assert mix == [(1024, 0.3), (("sum@1024", 1), 0.3), ("sum@128", 0.4)]
+    saved = T.MIX[:]
+    try:
+        T.MIX[:] = mix
+        specs = T.make_specs(40, 11, 2)
+    finally:
+        T.MIX[:] = saved
+    assert {T.kernel_of(s) for s in specs} == {(1024, 0), (1024, 1), ("sum@1024", 1), ("sum@128", 0), ("sum@128", 1)}
+    assert all(s.get("op") == "sum" for s in specs if isinstance(T.kernel_of(s)[0], str))
+    assert not any("op" in s for s in specs if isinstance(T.kernel_of(s)[0], int))
+    assert [T.kernel_of(s) for s in T.distinct(specs)] == [(1024, 0), (1024, 1), ("sum@128", 0), ("sum@128", 1),
+                                                            ("sum@1024", 1)]
+    # the floor: a matmul and a sum of the same size and variant are two kernels
+    p1 = [{"size": 1024, "variant": 1, "candidate_all_ms": [1.0], "reference_all_ms": [1.0]},
+          {"size": 1024, "variant": 1, "op": "sum", "candidate_all_ms": [0.3], "reference_all_ms": [0.25]}]
+    p2 = [{"size": 1024, "variant": 1, "candidate_all_ms": [1.0], "reference_all_ms": [1.0]},
+          {"size": 1024, "variant": 1, "op": "sum", "candidate_all_ms": [0.3], "reference_all_ms": [0.25]}]
+    floor = T.reference_passes([p1, p2], 2.0)
+    assert floor["stable"] == {(1024, 1, "candidate"): 1.0, (1024, 1, "reference"): 1.0,
+                               ("sum@1024", 1, "candidate"): 0.3, ("sum@1024", 1, "reference"): 0.25}, floor
+    for bad in ("mul@1024:0.2", "sum@0:0.2", "sum@1024:0.2,sum@1024/1:0.2", "sum@x:0.2", "@1024:0.2"):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--mix", bad,
+                            "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+        assert p.returncode == 2 and "--mix: [OP@]SIZE[/VARIANT]:WEIGHT" in p.stderr, (bad, p.stderr)
     assert not (tmp_path / "o.json").exists()
 
 

@@ -3,7 +3,8 @@
 # Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
 #   (resolver: the driver resolver's answers named by dladdr, as the shim routes them; trimsettle: whether memory
 #   a stream-ordered pool gives back is waited for as a free is; allocoverhead: a stream-ordered allocation's cost,
-#   with OLD_SHIM=PATH an earlier libkrex.so beside it; none a default step)
+#   with OLD_SHIM=PATH an earlier libkrex.so beside it; stability: KERNELS of bench/candidate.py, PROCS processes
+#   each alone, one time per process or levels (tests/gpu/stability.py); none a default step)
 #   explicit-region fidelity, hooks. Others (see docs/measurements/): throughput (8 agents, ~6 min), scales (other
 #   agent counts), warm (warm workers vs cold, 8 at once), probe (warm timing A/B), warmfid, perturb and
 #   perturbgates (GPU work that is not a submission, bare and under krex regions).
@@ -46,6 +47,10 @@ for step in $STEPS; do
   resolver)
     # does dladdr name every answer of the driver's resolver (the shim's routing), or is the fallback taken?
     python3 tests/gpu/resolver_names.py --out $OUT/resolver-names.json ;;
+  stability)
+    # does each kernel take one time in every process alone (KERNELS: [OP@]SIZE/VARIANT,...; PROCS processes each)?
+    python3 tests/gpu/stability.py ${KERNELS:+--kernels $KERNELS} --procs ${PROCS:-2} --deadline ${STAB_S:-300} \
+      --out $OUT/stability.json ;;
   trimsettle)
     # memory a stream-ordered pool gives back (a trim, or the synchronize at the default threshold): waited for?
     python3 tests/gpu/trim_settle.py --out $OUT/trim-settle.json ;;

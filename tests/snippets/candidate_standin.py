@@ -12,6 +12,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--size", type=int, required=True)
 ap.add_argument("--variant", type=int, required=True)
 ap.add_argument("--nonce", type=int, required=True)
+ap.add_argument("--op", choices=("matmul", "sum"), default="matmul")   # as bench/candidate.py; echoed
 ap.add_argument("--probe", action="store_true")     # accepted as bench/candidate.py does; nothing to probe
 ap.add_argument("--churn", action="store_true")
 ap.add_argument("--repeat", type=int, default=1)   # as bench/candidate.py: every timing in *_all_ms
@@ -45,7 +46,8 @@ for _ in range(max(1, args.repeat)):
         if check:
             info = krex.last_region()
             timings.setdefault(f"{name}_host_bound", []).append(None if info is None else bool(info.host_bound))
-print(json.dumps({"size": args.size, "variant": args.variant, "nonce": args.nonce, "correct": True, **timings,
+print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
+                  "nonce": args.nonce, "correct": True, **timings,
                   "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps, "timer": args.timer},
                   "pid": os.getpid(), "ppid": os.getppid(),
                   "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))

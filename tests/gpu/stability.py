@@ -1,0 +1,110 @@
+"""Is a kernel of bench/candidate.py stable enough for a fidelity run: does it take one time in every process, or
+levels that move between processes (a 16384 matmul at the power cap: docs/measurements/freeze-policy.md)?
+
+Per kernel of --kernels ([OP@]SIZE/VARIANT, as a --mix names them, without weights), --procs processes one after
+another, alone on the GPU (no krex), each timing candidate and reference --repeat times with the power-steady
+harness (500 ms warm-up, >= 100 repetitions). Per kernel and kind: the median, the spread of the processes'
+medians (max / min - 1, %), the largest spread within one process, and the p95 of |timing / the other processes'
+median - 1| (%): what a floor from two isolated passes would see. A failed command is kept with its stderr's tail
+and the run goes on; the exit status is 1 when any failed.
+    python3 tests/gpu/stability.py --kernels sum@128/0,sum@1024/1 --procs 2 --out stability.json"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from throughput import BUCKETS, bucket, spec_of  # noqa: E402
+
+
+def parse_kernels(text: str, ap) -> list:
+    out = []
+    for item in filter(None, text.split(",")):
+        size, slash, variant = item.partition("/")
+        op, at, n = size.rpartition("@")
+        try:
+            spec = spec_of(f"{op}@{int(n)}" if at else int(n), int(variant))
+        except ValueError:
+            ap.error(f"--kernels: [OP@]SIZE/VARIANT,..., not {item!r}")
+        if not slash or spec["size"] <= 0 or not 0 <= spec["variant"] <= 3 or (at and op != "sum"):
+            ap.error(f"--kernels: [OP@]SIZE/VARIANT,... (OP sum, variants 0-3), not {item!r}")
+        out.append((item, spec))
+    if not out:
+        ap.error("--kernels: none given")
+    return out
+
+
+def p95(xs: list) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else float("nan")
+
+
+def summarise(name: str, rows: list) -> dict:
+    out = {"kernel": name, "processes": len(rows)}
+    for kind in ("candidate", "reference"):
+        per = [r.get(f"{kind}_all_ms") or [r[f"{kind}_ms"]] for r in rows if f"{kind}_ms" in r]
+        if not per:
+            continue
+        meds = [statistics.median(ts) for ts in per]
+        dev = []          # each timing against the median of the other processes' timings
+        for i, ts in enumerate(per):
+            others = [t for j, o in enumerate(per) if j != i for t in o]
+            if others:
+                m = statistics.median(others)
+                dev += [abs(t / m - 1) * 100 for t in ts]
+        allt = [t for ts in per for t in ts]
+        out[kind] = {"median_ms": round(statistics.median(allt), 4), "bucket": bucket(statistics.median(allt)),
+                     "process_medians_ms": [round(m, 4) for m in meds],
+                     "across_pct": round((max(meds) / min(meds) - 1) * 100, 3),
+                     "within_pct": round(max((max(ts) / min(ts) - 1) * 100 for ts in per), 3),
+                     "p95_vs_others_pct": round(p95(dev), 3) if dev else None, "timings": len(allt)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", default="sum@128/0,sum@128/1,sum@1024/0,sum@1024/1,sum@8192/0,sum@8192/1,"
+                                          "sum@49152/0,sum@49152/1")
+    ap.add_argument("--procs", type=int, default=2, help="processes per kernel, one after another")
+    ap.add_argument("--repeat", type=int, default=2, help="timings per kind per process")
+    ap.add_argument("--deadline", type=float, default=0, help="> 0: start no process after this many seconds")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    kernels = parse_kernels(args.kernels, ap)
+    if args.procs < 1 or args.repeat < 1:
+        ap.error("--procs and --repeat: 1 or more")
+    t0, rows, failed = time.monotonic(), {}, 0
+    for p in range(args.procs):          # a round of every kernel, then the next: not one kernel's processes in a row
+        for i, (name, spec) in enumerate(kernels):
+            if args.deadline and time.monotonic() - t0 > args.deadline:
+                break
+            cmd = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(spec["size"]),
+                   "--variant", str(spec["variant"]), "--nonce", str(7000 + 100 * p + i), "--repeat", str(args.repeat),
+                   "--warmup-ms", "500", "--min-reps", "100"] + (["--op", spec["op"]] if spec.get("op") else [])
+            t = time.monotonic()
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+            row = json.loads(lines[-1]) if lines else {}
+            row.update(kernel=name, process=p, exit=r.returncode, wall_s=round(time.monotonic() - t, 2))
+            if r.returncode or not lines:
+                failed += 1
+                row["stderr"] = r.stderr[-1500:]
+            rows.setdefault(name, []).append(row)
+            print(json.dumps({k: row.get(k) for k in ("kernel", "process", "exit", "wall_s", "candidate_all_ms",
+                                                      "reference_all_ms", "correct")}), flush=True)
+    summary = [summarise(name, [r for r in rs if r.get("exit") == 0 and "candidate_ms" in r])
+               for name, rs in rows.items()]
+    for s in summary:
+        print("summary " + json.dumps(s), flush=True)
+    Path(args.out).write_text(json.dumps({"argv": sys.argv, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
+                                          "summary": summary, "rows": rows}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
