@@ -375,6 +375,7 @@ for a in ("--size", "--variant", "--nonce", "--repeat", "--min-reps"):
     ap.add_argument(a, type=int)
 ap.add_argument("--warmup-ms", type=float)     # bench/candidate.py's harness options, passed through
 ap.add_argument("--timer", choices=("events", "graph"))
+ap.add_argument("--op", choices=("matmul", "sum"), default="matmul")
 args = ap.parse_args()
 assert args.warmup_ms == 25.0 and args.min_reps == 0 and args.timer == "events", \
     "the default harness options reach every evaluation"
@@ -397,7 +398,8 @@ for k in ("candidate", "reference"):     # a region per timing where krex's hook
             ms[k] = bench()
     else:
         ms[k] = bench()
-print(json.dumps({"size": args.size, "variant": args.variant, "repeat": args.repeat, "correct": True, "candidate_ms": ms["candidate"],
+print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
+                  "repeat": args.repeat, "correct": True, "candidate_ms": ms["candidate"],
                   "reference_ms": ms["reference"], "import_s": 0.0, "total_s": time.monotonic() - T0}))
 """
 
@@ -423,6 +425,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     try:     # 3 specs for 2 agents: the third evaluation goes to the first agent that is done
         run = subprocess.run([sys.executable, str(ROOT / "bench" / "ray_fleet.py"), "--candidate", str(standin),
                               "--agents", "2", "--specs", "3", "--budget", "60", "--logs", str(tmp_path / "logs"),
+                              "--mix", "2048:0.5,sum@1024/0:0.5",
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
                               "--reference", "pergpukrex", "--reference-repeat", "3", "--reference-processes", "2",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
@@ -451,6 +454,8 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     runs = {r["mode"]: r for r in json.loads(out.read_text())["runs"]}
     assert len(runs["pergpukrex"]["rows"]) == 2 * len(runs["pergpu"]["rows"]) == 2 * len(runs["pergpubusy"]["rows"])
     assert len({row["pid"] for row in runs["pergpukrex"]["rows"]}) == len(runs["pergpukrex"]["rows"])
+    # --mix sum@1024/0: the memory-bound op reached its evaluations (the stand-in echoes --op)
+    assert sorted((row.get("op") or "", row["size"]) for row in runs["pergpu"]["rows"]) == [("", 2048), ("sum", 1024)]
     # its neighbour ran under krex run for that pass and was stopped at its end
     marks = (tmp_path / "neighbour").read_text().split()
     assert marks[::2] == ["start", "stop"] and marks[1] != "-"

@@ -66,6 +66,33 @@ def summarise(name: str, rows: list) -> dict:
     return out
 
 
+HOLDER = """
+import sys, torch
+sizes, held, total = [64, 256, 128, 512], [], 0
+while total < GIB * 1024:
+    n = sizes[len(held) % 4]
+    held.append(torch.empty(n << 20, dtype=torch.uint8, device="cuda"))
+    total += n
+del held[::2]
+torch.cuda.synchronize()
+torch.cuda.empty_cache()            # the freed pieces back to the driver: holes between the held ones
+print("ready", sum(t.numel() for t in held) >> 20, flush=True)
+sys.stdin.read()
+"""
+
+
+def start_holder(gib: float):
+    """A process holding GPU memory in pieces with holes between them, until its stdin closes."""
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.replace("GIB", repr(gib))], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        p.kill()
+        raise SystemExit(f"stability: the memory holder did not start ({line.strip()!r})")
+    print(f"holder: {line.split()[1]} MiB held in pieces, as much again in holes", flush=True)
+    return p
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", default="sum@128/0,sum@128/1,sum@1024/0,sum@1024/1,sum@8192/0,sum@8192/1,"
@@ -73,11 +100,17 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=2, help="processes per kernel, one after another")
     ap.add_argument("--repeat", type=int, default=2, help="timings per kind per process")
     ap.add_argument("--deadline", type=float, default=0, help="> 0: start no process after this many seconds")
+    ap.add_argument("--timer", choices=("events", "graph"), default="events", help="bench/candidate.py --timer")
+    ap.add_argument("--hold-gib", type=float, default=0,
+                    help="> 0: first a holder process takes this much GPU memory in pieces of 64-512 MiB and gives "
+                         "every other piece back, held until the end: the kernels' inputs land between other "
+                         "processes' memory, as on a GPU shared by many (does where they land move a time?)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     kernels = parse_kernels(args.kernels, ap)
     if args.procs < 1 or args.repeat < 1:
         ap.error("--procs and --repeat: 1 or more")
+    holder = start_holder(args.hold_gib) if args.hold_gib > 0 else None
     t0, rows, failed = time.monotonic(), {}, 0
     for p in range(args.procs):          # a round of every kernel, then the next: not one kernel's processes in a row
         for i, (name, spec) in enumerate(kernels):
@@ -85,7 +118,8 @@ def main() -> int:
                 break
             cmd = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(spec["size"]),
                    "--variant", str(spec["variant"]), "--nonce", str(7000 + 100 * p + i), "--repeat", str(args.repeat),
-                   "--warmup-ms", "500", "--min-reps", "100"] + (["--op", spec["op"]] if spec.get("op") else [])
+                   "--warmup-ms", "500", "--min-reps", "100", "--timer", args.timer] + \
+                (["--op", spec["op"]] if spec.get("op") else [])
             t = time.monotonic()
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
@@ -97,11 +131,14 @@ def main() -> int:
             rows.setdefault(name, []).append(row)
             print(json.dumps({k: row.get(k) for k in ("kernel", "process", "exit", "wall_s", "candidate_all_ms",
                                                       "reference_all_ms", "correct")}), flush=True)
+    if holder is not None:
+        holder.stdin.close()           # the holder ends when its stdin does
+        holder.wait(timeout=60)
     summary = [summarise(name, [r for r in rs if r.get("exit") == 0 and "candidate_ms" in r])
                for name, rs in rows.items()]
     for s in summary:
         print("summary " + json.dumps(s), flush=True)
-    Path(args.out).write_text(json.dumps({"argv": sys.argv, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
+    Path(args.out).write_text(json.dumps({"argv": sys.argv, "hold_gib": args.hold_gib, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
                                           "summary": summary, "rows": rows}, indent=1))
     return 1 if failed else 0
 
