@@ -76,7 +76,7 @@ while total < GIB * 1024:
 del held[::2]
 torch.cuda.synchronize()
 torch.cuda.empty_cache()            # the freed pieces back to the driver: holes between the held ones
-print("ready", sum(t.numel() for t in held) >> 20, flush=True)
+print("ready", sum(t.numel() for t in held) >> 20, total - (sum(t.numel() for t in held) >> 20), flush=True)
 sys.stdin.read()
 """
 
@@ -89,7 +89,8 @@ def start_holder(gib: float):
     if not line.startswith("ready"):
         p.kill()
         raise SystemExit(f"stability: the memory holder did not start ({line.strip()!r})")
-    print(f"holder: {line.split()[1]} MiB held in pieces, as much again in holes", flush=True)
+    _, held, holes = line.split()
+    print(f"holder: {held} MiB held in pieces, {holes} MiB given back between them", flush=True)
     return p
 
 
@@ -102,8 +103,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=0, help="> 0: start no process after this many seconds")
     ap.add_argument("--timer", choices=("events", "graph"), default="events", help="bench/candidate.py --timer")
     ap.add_argument("--hold-gib", type=float, default=0,
-                    help="> 0: first a holder process takes this much GPU memory in pieces of 64-512 MiB and gives "
-                         "every other piece back, held until the end: the kernels' inputs land between other "
+                    help="> 0: first a holder process takes this much GPU memory in pieces of 64, 256, 128 and 512 "
+                         "MiB in turn and gives the 64 and 128 MiB ones back, the rest held until the end: the kernels' inputs land between other "
                          "processes' memory, as on a GPU shared by many (does where they land move a time?)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
