@@ -422,6 +422,8 @@ with tempfile.TemporaryDirectory() as td:
         probe["cpus"] = len(os.sched_getaffinity(0))
         import triton
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
+if args.op == "sum":   # the persistent grid, and the registers that decide how many of its programs fit at once
+    probe.update(grid=min(mod.PROGRAMS, -(-x.shape[0] // BR)), n_regs=getattr(mod.LAST, "n_regs", None))
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
                   "nonce": args.nonce, "correct": ok, **probe,
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],

@@ -248,14 +248,16 @@ def main() -> None:
                          "pass (as long as the first one took) still runs within it")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
     ap.add_argument("--leave-out", default="",
-                    help="SIZE/VARIANT/KIND,... (KIND candidate or reference): kernels to leave out of the judgement "
+                    help="[OP@]SIZE/VARIANT/KIND,... (KIND candidate or reference; OP@ for --mix's other ops, e.g. "
+                         "sum@1024/0/reference): kernels to leave out of the judgement "
                          "and the floor alike, named in the table (a reading without them, for a diagnosis; the "
                          "result of record is the one without this option)")
     args = ap.parse_args()
     leave_out = tuple(x for x in args.leave_out.split(",") if x)
-    bad = [x for x in leave_out if not re.fullmatch(r"\d+/\d+/(candidate|reference)", x)]
+    ops = "|".join(re.escape(op) for op in T.OPS)
+    bad = [x for x in leave_out if not re.fullmatch(rf"(?:(?:{ops})@)?\d+/\d+/(candidate|reference)", x)]
     if bad:
-        ap.error(f"--leave-out: {', '.join(bad)} is not SIZE/VARIANT/candidate or SIZE/VARIANT/reference")
+        ap.error(f"--leave-out: {', '.join(bad)} is not [OP@]SIZE/VARIANT/candidate or [OP@]SIZE/VARIANT/reference")
     bad = [x for x in args.reference.split(",") if x not in REFERENCES]
     if bad or len(set(args.reference.split(","))) != len(args.reference.split(",")):
         ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, "
@@ -264,7 +266,7 @@ def main() -> None:
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
     if args.reanalyse:
-        runs = json.loads(Path(args.reanalyse).read_text())["runs"]
+        runs = T.read_result(ap, args.reanalyse)["runs"]
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),

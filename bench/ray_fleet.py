@@ -40,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import throughput as T  # noqa: E402
-from throughput import BUCKETS, MIX, bucket, kernel_of, make_specs, p95, parse_mix, reference_specs  # noqa: E402
+from throughput import (BUCKETS, MIX, bucket, kernel_of, make_specs, p95, parse_mix, read_result,  # noqa: E402
+                        reference_specs)
 
 MODES = ("pergpu", "naive", "krex", "shell", "pergpubusy", "pergpukrex")
 REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, each distinct spec once
@@ -291,7 +292,7 @@ def main() -> None:
                     help="run nothing: recompute a result's summary and fidelity (with --reference) and print them")
     args = ap.parse_args()
     if args.reanalyse:
-        data = json.loads(Path(args.reanalyse).read_text())
+        data = read_result(ap, args.reanalyse)
         fid = fidelity(data["runs"], reference=args.reference or (data.get("fidelity") or {}).get("reference", "pergpu"))
         print(json.dumps({"summary": analyse(data["runs"]), "fidelity": fid}, indent=1))
         return

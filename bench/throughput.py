@@ -58,6 +58,23 @@ BUCKETS = [("<0.1ms", 0, 0.1), ("0.1-1ms", 0.1, 1), ("1-10ms", 1, 10), (">10ms",
 OPS = ("sum",)           # bench/candidate.py --op besides matmul, as a mix names them: OP@SIZE
 
 
+def read_result(ap, path: str) -> dict:
+    """A --reanalyse RESULT file's JSON, or AP's one-line error (exit status 2) when it cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"--reanalyse: cannot read {path}: {e}")
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        ap.error(f"--reanalyse: {path} is not a benchmark result (no runs)")
+    return data
+
+
+def size_ok(op: str, n: int) -> bool:
+    """Whether bench/candidate.py takes --op OP --size N: a sum reads N MiB, from an input of at most 2048 MiB read
+    N / 2048 times over above that (so a multiple of 2048 there); a matmul any N > 0."""
+    return n > 0 and (op != "sum" or n <= 2048 or n % 2048 == 0)
+
+
 def spec_of(size, variant: int) -> dict:
     """A spec from a mix entry's size (an int: a matmul; "OP@N": bench/candidate.py --op OP --size N)."""
     if isinstance(size, str):
@@ -114,10 +131,10 @@ def parse_mix(text: str, ap) -> list:
         size_of = lambda k: k[0] if isinstance(k, tuple) else k   # noqa: E731
         # a size plain and pinned at once would draw the pinned-out variants too; one pin per variant is fine
         clash = any(key == k or (size_of(k) == tok and (v is None or not isinstance(k, tuple))) for k, _ in out)
-        if n <= 0 or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or clash or \
+        if not size_ok(op, n) or not (0 < w < float("inf")) or (v is not None and not 0 <= v <= 3) or clash or \
                 (at and op not in OPS):
-            ap.error(f"--mix: [OP@]SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0, OP one of "
-                     f"{', '.join(OPS)}, variants 0-3 and weights > 0, not {text!r}")
+            ap.error(f"--mix: [OP@]SIZE[/VARIANT]:WEIGHT,... distinct, with sizes > 0 (a sum's 1-2048 or a multiple "
+                     f"of 2048), OP one of {', '.join(OPS)}, variants 0-3 and weights > 0, not {text!r}")
         out.append((key, w))
     return out
 

@@ -241,7 +241,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert argvs and all(" --region-gap-ms 1" in a for a in argvs), argvs   # --controller-args reaches every one
     assert all(len(r["candidate_all_ms"]) == 2 and r["regions"] == 4 for r in rows), rows
     # --mix sum@1024/0: that command ran the memory-bound op (the stand-in echoes --op), and it is its own kernel
-    assert sorted((r.get("op") or "", r["size"]) for r in rows) == [("", 2048), ("sum", 1024)], rows
+    # (argv_op: what the stand-in's command line said; a row's "op" is also copied from its spec)
+    assert sorted((r["argv_op"], r["size"]) for r in rows) == [("matmul", 2048), ("sum", 1024)], rows
     assert [r["variant"] for r in rows if r.get("op")] == [0], rows
     busy = next(r for r in data["rows"] if r["policy"] == "busy")
     assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
@@ -379,9 +380,19 @@ def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_nam
     assert ref["floor_timings"]["1-10ms"] == 4 and ref["floors_pct"]["1-10ms"] == pytest.approx(0.0)
     rows = [{"size": 8192, "variant": 0, "candidate_all_ms": [3.0] * 2, "reference_all_ms": [1.0] * 2}]
     assert T.judge(rows, ref)["kernels"]["1-10ms"] == 2           # the reference's two timings, not the 3.0 ms
-    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", "x.json",
-                          "--leave-out", "16384/0", "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--leave-out: 16384/0 is not SIZE/VARIANT" in bad.stderr
+    # a memory-bound kernel by its mix name
+    s1 = [{"size": 1024, "variant": 0, "op": "sum", "candidate_all_ms": [0.3], "reference_all_ms": [0.25]}]
+    ref = T.reference_passes([s1, s1], stable_pct=2.0, leave_out=("sum@1024/0/candidate",))
+    assert set(ref["stable"]) == {("sum@1024", 0, "reference")} and ref["left_out"] == ["sum@1024/0/candidate"]
+    for name in ("16384/0", "mul@1024/0/candidate", "sum@1024/0"):
+        bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", "x.json",
+                              "--leave-out", name, "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+        assert bad.returncode == 2 and f"--leave-out: {name} is not [OP@]SIZE/VARIANT" in bad.stderr, bad.stderr
+    # a result that cannot be read: one line, exit status 2
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse",
+                          str(tmp_path / "none.json"), "--leave-out", "sum@1024/0/candidate",
+                          "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--reanalyse: cannot read" in bad.stderr.strip().splitlines()[-1], bad.stderr
     assert not (tmp_path / "o.json").exists()
 
 
@@ -447,11 +458,20 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
     floor = T.reference_passes([p1, p2], 2.0)
     assert floor["stable"] == {(1024, 1, "candidate"): 1.0, (1024, 1, "reference"): 1.0,
                                ("sum@1024", 1, "candidate"): 0.3, ("sum@1024", 1, "reference"): 0.25}, floor
-    for bad in ("mul@1024:0.2", "sum@0:0.2", "sum@1024:0.2,sum@1024/1:0.2", "sum@x:0.2", "@1024:0.2"):
+    for bad in ("mul@1024:0.2", "sum@0:0.2", "sum@1024:0.2,sum@1024/1:0.2", "sum@x:0.2", "@1024:0.2", "sum@3000:0.2"):
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--mix", bad,
                             "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
         assert p.returncode == 2 and "--mix: [OP@]SIZE[/VARIANT]:WEIGHT" in p.stderr, (bad, p.stderr)
     assert not (tmp_path / "o.json").exists()
+    # bench/candidate.py refuses what it cannot run before it imports torch (one line, exit status 2)
+    for extra, says in ((["--op", "sum", "--size", "3000"], "1-2048 or a multiple of 2048, not 3000"),
+                        (["--op", "sum", "--size", "0"], "1-2048 or a multiple of 2048, not 0"),
+                        (["--op", "sum", "--size", "1024", "--probe"], "are for --op matmul"),
+                        (["--op", "sum", "--size", "1024", "--fixed-out"], "are for --op matmul")):
+        argv = ["--variant", "0", "--nonce", "1", "--size", "1"] + extra     # the last --size wins
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "candidate.py")] + argv, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (extra, p.stderr)
 
 
 def test_the_goal_interval_tells_a_miss_beyond_noise_from_one_within_it():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from throughput import BUCKETS, bucket, spec_of  # noqa: E402
+from throughput import BUCKETS, bucket, p95, size_ok, spec_of  # noqa: E402
 
 
 def parse_kernels(text: str, ap) -> list:
@@ -31,17 +31,13 @@ def parse_kernels(text: str, ap) -> list:
             spec = spec_of(f"{op}@{int(n)}" if at else int(n), int(variant))
         except ValueError:
             ap.error(f"--kernels: [OP@]SIZE/VARIANT,..., not {item!r}")
-        if not slash or spec["size"] <= 0 or not 0 <= spec["variant"] <= 3 or (at and op != "sum"):
-            ap.error(f"--kernels: [OP@]SIZE/VARIANT,... (OP sum, variants 0-3), not {item!r}")
+        if not slash or not size_ok(op, spec["size"]) or not 0 <= spec["variant"] <= 3 or (at and op != "sum"):
+            ap.error(f"--kernels: [OP@]SIZE/VARIANT,... (OP sum, a sum's SIZE 1-2048 or a multiple of 2048, "
+                     f"variants 0-3), not {item!r}")
         out.append((item, spec))
     if not out:
         ap.error("--kernels: none given")
     return out
-
-
-def p95(xs: list) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else float("nan")
 
 
 def summarise(name: str, rows: list) -> dict:
@@ -122,13 +118,18 @@ def main() -> int:
                    "--warmup-ms", "500", "--min-reps", "100", "--timer", args.timer] + \
                 (["--op", spec["op"]] if spec.get("op") else [])
             t = time.monotonic()
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                out, err, rc = r.stdout, r.stderr, r.returncode
+            except subprocess.TimeoutExpired as e:         # kept as a failed command; the run goes on
+                text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+                out, err, rc = text(e.stdout), text(e.stderr) + "\nstability: killed after 300 s", 124
+            lines = [x for x in out.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {}
-            row.update(kernel=name, process=p, exit=r.returncode, wall_s=round(time.monotonic() - t, 2))
-            if r.returncode or not lines:
+            row.update(kernel=name, process=p, exit=rc, wall_s=round(time.monotonic() - t, 2))
+            if rc or not lines:
                 failed += 1
-                row["stderr"] = r.stderr[-1500:]
+                row["stderr"] = err[-1500:]
             rows.setdefault(name, []).append(row)
             print(json.dumps({k: row.get(k) for k in ("kernel", "process", "exit", "wall_s", "candidate_all_ms",
                                                       "reference_all_ms", "correct")}), flush=True)

@@ -47,6 +47,7 @@ for _ in range(max(1, args.repeat)):
             info = krex.last_region()
             timings.setdefault(f"{name}_host_bound", []).append(None if info is None else bool(info.host_bound))
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
+                  "argv_op": args.op,          # what the command line said (a row's "op" also comes from its spec)
                   "nonce": args.nonce, "correct": True, **timings,
                   "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps, "timer": args.timer},
                   "pid": os.getpid(), "ppid": os.getppid(),
