@@ -63,13 +63,17 @@ def summarise(name: str, rows: list) -> dict:
 
 
 HOLDER = """
-import sys, torch
-sizes, held, total = [64, 256, 128, 512], [], 0
+import random, sys, torch
+sizes, held, total, seed = [64, 256, 128, 512], [], 0, SEED
+rng = random.Random(seed)
 while total < GIB * 1024:
-    n = sizes[len(held) % 4]
+    n = sizes[len(held) % 4] if seed is None else rng.choice([32, 64, 128, 256, 512])
     held.append(torch.empty(n << 20, dtype=torch.uint8, device="cuda"))
     total += n
-del held[::2]
+if seed is None:
+    del held[::2]
+else:                               # a pattern of its own: a random half of the pieces given back
+    held = [t for t in held if rng.random() < 0.5]
 torch.cuda.synchronize()
 torch.cuda.empty_cache()            # the freed pieces back to the driver: holes between the held ones
 print("ready", sum(t.numel() for t in held) >> 20, total - (sum(t.numel() for t in held) >> 20), flush=True)
@@ -77,17 +81,24 @@ sys.stdin.read()
 """
 
 
-def start_holder(gib: float):
-    """A process holding GPU memory in pieces with holes between them, until its stdin closes."""
-    p = subprocess.Popen([sys.executable, "-c", HOLDER.replace("GIB", repr(gib))], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+def start_holder(gib: float, seed=None):
+    """A process holding GPU memory in pieces with holes between them, until its stdin closes: the fixed pattern,
+    or with SEED one drawn from it."""
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.replace("GIB", repr(gib)).replace("SEED", repr(seed))],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     if not line.startswith("ready"):
         p.kill()
         raise SystemExit(f"stability: the memory holder did not start ({line.strip()!r})")
     _, held, holes = line.split()
-    print(f"holder: {held} MiB held in pieces, {holes} MiB given back between them", flush=True)
+    print(f"holder{'' if seed is None else f' (seed {seed})'}: {held} MiB held in pieces, {holes} MiB given back "
+          "between them", flush=True)
     return p
+
+
+def stop_holder(p) -> None:
+    p.stdin.close()                    # the holder ends when its stdin does
+    p.wait(timeout=60)
 
 
 def main() -> int:
@@ -102,21 +113,29 @@ def main() -> int:
                     help="> 0: first a holder process takes this much GPU memory in pieces of 64, 256, 128 and 512 "
                          "MiB in turn and gives the 64 and 128 MiB ones back, the rest held until the end: the kernels' inputs land between other "
                          "processes' memory, as on a GPU shared by many (does where they land move a time?)")
+    ap.add_argument("--hold-seeded", action="store_true",
+                    help="with --hold-gib: a new holder for each command, its pieces (32-512 MiB) and the half it "
+                         "gives back drawn with the command's nonce as the seed: every process's inputs land in "
+                         "another pattern (do the processes then take levels?)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     kernels = parse_kernels(args.kernels, ap)
     if args.procs < 1 or args.repeat < 1:
         ap.error("--procs and --repeat: 1 or more")
-    holder = start_holder(args.hold_gib) if args.hold_gib > 0 else None
+    if args.hold_seeded and args.hold_gib <= 0:
+        ap.error("--hold-seeded needs --hold-gib G")
+    holder = start_holder(args.hold_gib) if args.hold_gib > 0 and not args.hold_seeded else None
     t0, rows, failed = time.monotonic(), {}, 0
     for p in range(args.procs):          # a round of every kernel, then the next: not one kernel's processes in a row
         for i, (name, spec) in enumerate(kernels):
             if args.deadline and time.monotonic() - t0 > args.deadline:
                 break
+            nonce = 7000 + 100 * p + i
             cmd = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(spec["size"]),
-                   "--variant", str(spec["variant"]), "--nonce", str(7000 + 100 * p + i), "--repeat", str(args.repeat),
+                   "--variant", str(spec["variant"]), "--nonce", str(nonce), "--repeat", str(args.repeat),
                    "--warmup-ms", "500", "--min-reps", "100", "--timer", args.timer] + \
                 (["--op", spec["op"]] if spec.get("op") else [])
+            own = start_holder(args.hold_gib, seed=nonce) if args.hold_seeded else None
             t = time.monotonic()
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -124,6 +143,9 @@ def main() -> int:
             except subprocess.TimeoutExpired as e:         # kept as a failed command; the run goes on
                 text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
                 out, err, rc = text(e.stdout), text(e.stderr) + "\nstability: killed after 300 s", 124
+            finally:
+                if own is not None:
+                    stop_holder(own)
             lines = [x for x in out.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {}
             row.update(kernel=name, process=p, exit=rc, wall_s=round(time.monotonic() - t, 2))
@@ -134,13 +156,12 @@ def main() -> int:
             print(json.dumps({k: row.get(k) for k in ("kernel", "process", "exit", "wall_s", "candidate_all_ms",
                                                       "reference_all_ms", "correct")}), flush=True)
     if holder is not None:
-        holder.stdin.close()           # the holder ends when its stdin does
-        holder.wait(timeout=60)
+        stop_holder(holder)
     summary = [summarise(name, [r for r in rs if r.get("exit") == 0 and "candidate_ms" in r])
                for name, rs in rows.items()]
     for s in summary:
         print("summary " + json.dumps(s), flush=True)
-    Path(args.out).write_text(json.dumps({"argv": sys.argv, "hold_gib": args.hold_gib, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
+    Path(args.out).write_text(json.dumps({"argv": sys.argv, "hold_gib": args.hold_gib, "hold_seeded": args.hold_seeded, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
                                           "summary": summary, "rows": rows}, indent=1))
     return 1 if failed else 0
 
