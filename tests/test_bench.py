@@ -396,6 +396,16 @@ def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_nam
     assert not (tmp_path / "o.json").exists()
 
 
+def _specs_of(T, mix: list) -> list:
+    """40 specs drawn from MIX (bench/throughput.py's make_specs, seed 11, 2 variants), the module's mix restored."""
+    saved = T.MIX[:]
+    try:
+        T.MIX[:] = mix
+        return T.make_specs(40, 11, 2)
+    finally:
+        T.MIX[:] = saved
+
+
 def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     """--mix SIZE/VARIANT:WEIGHT: every command of that size times that variant (a kernel whose time moves with
     where its operands land is left out of the mix); plain sizes still take turns over the variants; a bad or
@@ -409,12 +419,7 @@ def test_a_mix_entry_can_pin_a_size_to_one_variant(tmp_path):
     mix = T.parse_mix("2048:0.5,16384/1:0.5", ap)
     assert mix == [(2048, 0.5), ((16384, 1), 0.5)]
     assert T.parse_mix("8192/0:0.1,8192/1:0.3", ap) == [((8192, 0), 0.1), ((8192, 1), 0.3)]
-    saved = T.MIX[:]
-    try:
-        T.MIX[:] = mix
-        specs = T.make_specs(40, 11, 2)
-    finally:
-        T.MIX[:] = saved
+    specs = _specs_of(T, mix)
     assert {(s["size"], s["variant"]) for s in specs if s["size"] == 16384} == {(16384, 1)}
     assert {s["variant"] for s in specs if s["size"] == 2048} == {0, 1}
     assert {(s["size"], s["variant"]) for s in T.distinct(specs)} == {(2048, 0), (2048, 1), (16384, 1)}
@@ -439,12 +444,7 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
     ap = argparse.ArgumentParser()
     mix = T.parse_mix("1024:0.3,sum@1024/1:0.3,sum@128:0.4", ap)
     assert mix == [(1024, 0.3), (("sum@1024", 1), 0.3), ("sum@128", 0.4)]
-    saved = T.MIX[:]
-    try:
-        T.MIX[:] = mix
-        specs = T.make_specs(40, 11, 2)
-    finally:
-        T.MIX[:] = saved
+    specs = _specs_of(T, mix)
     assert {T.kernel_of(s) for s in specs} == {(1024, 0), (1024, 1), ("sum@1024", 1), ("sum@128", 0), ("sum@128", 1)}
     assert all(s.get("op") == "sum" for s in specs if isinstance(T.kernel_of(s)[0], str))
     assert not any("op" in s for s in specs if isinstance(T.kernel_of(s)[0], int))
