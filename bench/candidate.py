@@ -180,7 +180,8 @@ NONCE = {args.nonce}  # a new candidate: a new source, a new compilation
 @triton.jit
 def kernel(x, out, R, C: tl.constexpr, PASSES: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
     # a persistent grid: each program owns the row blocks pid, pid + programs, ...; each pass reads the whole
-    # input once (the programs advance together, so a block read again was read a whole input ago: not in L2)
+    # input once (programs resident together advance together, so a block read again was read a whole input ago:
+    # not in L2; whether all of them fit on the GPU at once depends on n_regs, in the JSON line)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblk = tl.cdiv(R, BR)
