@@ -202,8 +202,8 @@ def main() -> None:
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
                     help="[OP@]SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn "
                          "(default: the four buckets alike); sum@N: bench/candidate.py --op sum, memory-bound row "
-                         "sums reading N MiB per call (sum@128, sum@1024, sum@8192, sum@49152: about 0.03, 0.25, 2 "
-                         "and 12 ms on the H200); SIZE/VARIANT: every command of that size times that variant "
+                         "sums reading N MiB per call (sum@128, sum@1024, sum@8192, sum@49152: 0.04-0.05, 0.25-0.29, "
+                         "2.0-2.2 and 12.0-13.3 ms on the H200, variant 0 and torch.sum); SIZE/VARIANT: every command of that size times that variant "
                          "(16384/1: the 16384/0 Triton candidate's time moves with where its operands land, a "
                          "kernel no two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more "
                          "timings, where half its kernels (the Triton candidates, launched from Python) can be "
