@@ -153,7 +153,7 @@ def table(result) -> str:
         # which kernels make each tail: per stable kernel and mode, median signed inflation (lowest .. highest),
         # timings, and how many lie more than 5% off
         names = sorted({k for r in kernel_rows for k in r["per_kernel"]},
-                       key=lambda k: (T.kernel_order((k.split("/")[0] if "@" in k else int(k.split("/")[0]),)), k))
+                       key=lambda k: (T.kernel_order((T.parse_size(k.split("/")[0])[1],)), k))
         out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%; with several "
                 "commands timing it more than once, the largest spread within one command / the spread of the "
                 "commands' medians (points; host-bound timings included)", "",

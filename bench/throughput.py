@@ -75,6 +75,14 @@ def size_ok(op: str, n: int) -> bool:
     return n > 0 and (op != "sum" or n <= 2048 or n % 2048 == 0)
 
 
+def parse_size(text: str) -> tuple:
+    """A kernel's size as a mix names it, "N" or "OP@N": (op or "", its key: N as an int or "OP@N", N). A size that
+    is not a whole number raises ValueError; whether OP is known and N allowed is the caller's (OPS, size_ok)."""
+    op, at, n = text.rpartition("@")
+    n = int(n)
+    return op, (f"{op}@{n}" if at else n), n
+
+
 def spec_of(size, variant: int) -> dict:
     """A spec from a mix entry's size (an int: a matmul; "OP@N": bench/candidate.py --op OP --size N)."""
     if isinstance(size, str):
@@ -120,13 +128,13 @@ def parse_mix(text: str, ap) -> list:
     for item in text.split(","):
         size, _, weight = item.partition(":")
         size, slash, variant = size.partition("/")
-        op, at, size = size.rpartition("@")
+        at = "@" in size
         try:
-            n, w = int(size), float(weight)
+            op, tok, n = parse_size(size)
+            w = float(weight)
             v = int(variant) if slash else None
         except ValueError:
-            n, w, v = 0, 0.0, None
-        tok = f"{op}@{n}" if at else n
+            op, tok, n, w, v = "", 0, 0, 0.0, None
         key = tok if v is None else (tok, v)
         size_of = lambda k: k[0] if isinstance(k, tuple) else k   # noqa: E731
         # a size plain and pinned at once would draw the pinned-out variants too; one pin per variant is fine

@@ -19,19 +19,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from throughput import BUCKETS, bucket, p95, size_ok, spec_of  # noqa: E402
+from throughput import BUCKETS, OPS, bucket, p95, parse_size, size_ok, spec_of, timings  # noqa: E402
 
 
 def parse_kernels(text: str, ap) -> list:
     out = []
     for item in filter(None, text.split(",")):
         size, slash, variant = item.partition("/")
-        op, at, n = size.rpartition("@")
         try:
-            spec = spec_of(f"{op}@{int(n)}" if at else int(n), int(variant))
+            op, tok, _ = parse_size(size)
+            spec = spec_of(tok, int(variant))
         except ValueError:
             ap.error(f"--kernels: [OP@]SIZE/VARIANT,..., not {item!r}")
-        if not slash or not size_ok(op, spec["size"]) or not 0 <= spec["variant"] <= 3 or (at and op != "sum"):
+        if not slash or not size_ok(op, spec["size"]) or not 0 <= spec["variant"] <= 3 or ("@" in size and op not in OPS):
             ap.error(f"--kernels: [OP@]SIZE/VARIANT,... (OP sum, a sum's SIZE 1-2048 or a multiple of 2048, "
                      f"variants 0-3), not {item!r}")
         out.append((item, spec))
@@ -43,7 +43,7 @@ def parse_kernels(text: str, ap) -> list:
 def summarise(name: str, rows: list) -> dict:
     out = {"kernel": name, "processes": len(rows)}
     for kind in ("candidate", "reference"):
-        per = [r.get(f"{kind}_all_ms") or [r[f"{kind}_ms"]] for r in rows if f"{kind}_ms" in r]
+        per = [ts for ts in (timings(r, kind) for r in rows) if ts]
         if not per:
             continue
         meds = [statistics.median(ts) for ts in per]
