@@ -45,6 +45,13 @@ ap.add_argument("--timer", choices=("events", "graph"), default="events",
 ap.add_argument("--churn", action="store_true",
                 help="first allocate and free GPU memory and empty torch's cache, as a process that ran another "
                      "command would have (does allocator or page-mapping history move the timings?)")
+ap.add_argument("--scatter-gib", type=float, default=0,
+                help="> 0: before the inputs, take this much GPU memory in pieces of 32-512 MiB and give a random "
+                     "half back (both drawn with --nonce as the seed), the rest held to the end: the inputs land "
+                     "between other memory, in a pattern of this evaluation's own, as on a GPU that other processes "
+                     "share (on an empty GPU every process's inputs land alike, and a kernel whose input is not "
+                     "much larger than the L2 takes a level per placement, docs/measurements/harness-stability.md); "
+                     "the JSON line gets scatter_mib, [held, given back]")
 ap.add_argument("--pads", default="",
                 help="a layout probe after the timings: MiB,MiB,... per step, allocate that much GPU memory, then "
                      "copies of the inputs (same data, new places in memory), and time candidate and reference "
@@ -75,6 +82,8 @@ ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
+if args.scatter_gib < 0:
+    ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
 if args.op == "sum":
     if args.size <= 0 or (args.size > 2048 and args.size % 2048):
         ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
@@ -223,6 +232,19 @@ with tempfile.TemporaryDirectory() as td:
         del junk, more
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    scattered, scatter_mib = [], None
+    if args.scatter_gib > 0:
+        import random
+
+        rng, total = random.Random(args.nonce), 0
+        while total < args.scatter_gib * 1024:
+            scattered.append(torch.empty(rng.choice((32, 64, 128, 256, 512)) << 20, dtype=torch.uint8, device="cuda"))
+            total += scattered[-1].numel() >> 20
+        scattered = [t for t in scattered if rng.random() < 0.5]
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()               # the given-back half to the driver: holes between the held pieces
+        held = sum(t.numel() for t in scattered) >> 20
+        scatter_mib = [held, total - held]
     torch.manual_seed(args.nonce)
     n = args.size
     c_fixed = None
@@ -426,7 +448,7 @@ with tempfile.TemporaryDirectory() as td:
 if args.op == "sum":   # the persistent grid, and the registers that decide how many of its programs fit at once
     probe.update(grid=min(mod.PROGRAMS, -(-x.shape[0] // BR)), n_regs=getattr(mod.LAST, "n_regs", None))
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
-                  "nonce": args.nonce, "correct": ok, **probe,
+                  "nonce": args.nonce, "correct": ok, **probe, **({"scatter_mib": scatter_mib} if scatter_mib else {}),
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),

@@ -209,12 +209,7 @@ def main() -> None:
                          "timings, where half its kernels (the Triton candidates, launched from Python) can be "
                          "host-bound")
     ap.add_argument("--stable-pct", type=float, default=2.0)
-    ap.add_argument("--warmup-ms", type=float, default=25.0,
-                    help="the candidates' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
-    ap.add_argument("--min-reps", type=int, default=0, help="the candidates' do_bench repetitions, at least")
-    ap.add_argument("--timer", choices=("events", "graph"), default="events",
-                    help="the candidates' timer (bench/candidate.py --timer): events, do_bench; graph, "
-                         "do_bench_cudagraph, without the host's launches in the timing")
+    T.add_timing_options(ap, "command")
     ap.add_argument("--host-bound-check", action="store_true",
                     help="KREX_HOST_BOUND=1 in the krex commands: each timing says whether its region was host-bound "
                          "(the GPU waited for the launches from Python), and each policy gets a row without those")
@@ -269,8 +264,7 @@ def main() -> None:
         runs = T.read_result(ap, args.reanalyse)["runs"]
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
-        T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat), "--warmup-ms", str(args.warmup_ms),
-                              "--min-reps", str(args.min_reps), "--timer", args.timer]
+        T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)] + T.timing_args(ap, args)
         T.check_reference_options(ap, args)
         T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
         T.REFERENCE_PROCESSES[0] = args.reference_processes

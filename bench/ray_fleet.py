@@ -48,7 +48,7 @@ REFERENCE_MODES = ("pergpu", "pergpubusy", "pergpukrex")   # one task per GPU, e
 KREX_MODES = ("krex", "shell", "pergpubusy", "pergpukrex")  # under the controller: counters, regions' flags
 
 
-CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat, --warmup-ms, --min-reps, --timer: passed to bench/candidate.py
+CANDIDATE_ARGS: list = ["--repeat", "1"]   # --repeat and throughput.timing_args': passed to bench/candidate.py
 
 
 def candidate_argv(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> list:
@@ -280,11 +280,7 @@ def main() -> None:
                          "with two passes in the plan, are shown beside it in fidelity_other)")
     ap.add_argument("--neighbour", default=None,
                     help="pergpubusy's neighbour script (args STOP READY; default bench/contender.py)")
-    ap.add_argument("--warmup-ms", type=float, default=25.0,
-                    help="the evaluations' do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
-    ap.add_argument("--min-reps", type=int, default=0, help="the evaluations' do_bench repetitions, at least")
-    ap.add_argument("--timer", choices=("events", "graph"), default="events",
-                    help="the evaluations' timer (bench/candidate.py --timer; graph: do_bench_cudagraph)")
+    T.add_timing_options(ap, "evaluation")
     ap.add_argument("--controller-args", default="",
                     help="more options for the krex controller, one string (e.g. \"--region-gap-ms 200\")")
     ap.add_argument("--out", help="the result file (required unless --reanalyse)")
@@ -300,8 +296,7 @@ def main() -> None:
         ap.error("--out is required (or --reanalyse RESULT)")
     args.reference = args.reference or "pergpu"
     plan = args.plan.split(",")
-    CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat)), "--warmup-ms", str(args.warmup_ms),
-                         "--min-reps", str(args.min_reps), "--timer", args.timer]
+    CANDIDATE_ARGS[:] = ["--repeat", str(max(1, args.repeat))] + T.timing_args(ap, args)
     if args.neighbour:
         T.NEIGHBOUR[:] = [os.path.abspath(args.neighbour)]
     if any(m not in MODES for m in plan) or args.agents < 1:

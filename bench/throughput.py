@@ -169,6 +169,29 @@ def add_reference_options(ap, unit: str) -> None:
                          "the level a kernel takes per process, as the shared modes' many processes do")
 
 
+def add_timing_options(ap, unit: str) -> None:
+    """How every UNIT (command, evaluation) times its kernels: bench/candidate.py's --warmup-ms, --min-reps,
+    --timer and --scatter-gib, as bench/freeze_policy.py and bench/ray_fleet.py take them (timing_args)."""
+    ap.add_argument("--warmup-ms", type=float, default=25.0,
+                    help=f"each {unit}'s do_bench warm-up (bench/candidate.py --warmup-ms; 500: power-steady)")
+    ap.add_argument("--min-reps", type=int, default=0, help=f"each {unit}'s do_bench repetitions, at least")
+    ap.add_argument("--timer", choices=("events", "graph"), default="events",
+                    help=f"each {unit}'s timer (bench/candidate.py --timer): events, do_bench; graph, "
+                         "do_bench_cudagraph, without the host's launches in the timing")
+    ap.add_argument("--scatter-gib", type=float, default=0,
+                    help=f"each {unit} first takes this much GPU memory in pieces and gives a random half back "
+                         "(bench/candidate.py --scatter-gib, seeded by its nonce): its inputs land in a pattern of "
+                         "their own in every mode, the isolated ones included, as on a GPU others share")
+
+
+def timing_args(ap, args) -> list:
+    """bench/candidate.py's options from add_timing_options' (one line and exit 2 for a --scatter-gib below 0)."""
+    if args.scatter_gib < 0 or args.min_reps < 0:
+        ap.error("--scatter-gib and --min-reps: 0 or more")
+    return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
+        (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
+
+
 def check_reference_options(ap, args) -> None:
     """One line and exit 2 for a --reference-repeat below 0 or a --reference-processes below 1."""
     if args.reference_repeat < 0:

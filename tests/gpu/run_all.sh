@@ -49,9 +49,10 @@ for step in $STEPS; do
     python3 tests/gpu/resolver_names.py --out $OUT/resolver-names.json ;;
   stability)
     # does each kernel take one time in every process alone (KERNELS: [OP@]SIZE/VARIANT,...; PROCS processes each)?
-    # TIMER (events), HOLD_GIB (none) and HOLD_SEEDED=1: the script's --timer, --hold-gib and --hold-seeded
+    # TIMER (events), HOLD_GIB (none), HOLD_SEEDED=1 and SCATTER_GIB (0): the script's --timer, --hold-gib, --hold-seeded
+    # and --scatter-gib
     python3 tests/gpu/stability.py ${KERNELS:+--kernels $KERNELS} --procs ${PROCS:-2} --deadline ${STAB_S:-300} \
-      --timer ${TIMER:-events} ${HOLD_GIB:+--hold-gib $HOLD_GIB} $([ "${HOLD_SEEDED:-0}" = 1 ] && echo --hold-seeded) \
+      --timer ${TIMER:-events} ${HOLD_GIB:+--hold-gib $HOLD_GIB} $([ "${HOLD_SEEDED:-0}" = 1 ] && echo --hold-seeded) --scatter-gib ${SCATTER_GIB:-0} \
       --out $OUT/stability.json ;;
   trimsettle)
     # memory a stream-ordered pool gives back (a trim, or the synchronize at the default threshold): waited for?

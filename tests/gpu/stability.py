@@ -117,11 +117,16 @@ def main() -> int:
                     help="with --hold-gib: a new holder for each command, its pieces (32-512 MiB) and the half it "
                          "gives back drawn with the command's nonce as the seed: every process's inputs land in "
                          "another pattern (do the processes then take levels?)")
+    ap.add_argument("--scatter-gib", type=float, default=0,
+                    help="> 0: bench/candidate.py --scatter-gib G in every process: each places its own inputs "
+                         "between memory it takes and half gives back (seeded by its nonce), without a holder")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     kernels = parse_kernels(args.kernels, ap)
     if args.procs < 1 or args.repeat < 1:
         ap.error("--procs and --repeat: 1 or more")
+    if args.scatter_gib < 0:
+        ap.error("--scatter-gib: 0 or more")
     if args.hold_seeded and args.hold_gib <= 0:
         ap.error("--hold-seeded needs --hold-gib G")
     holder = start_holder(args.hold_gib) if args.hold_gib > 0 and not args.hold_seeded else None
@@ -134,7 +139,8 @@ def main() -> int:
             cmd = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--size", str(spec["size"]),
                    "--variant", str(spec["variant"]), "--nonce", str(nonce), "--repeat", str(args.repeat),
                    "--warmup-ms", "500", "--min-reps", "100", "--timer", args.timer] + \
-                (["--op", spec["op"]] if spec.get("op") else [])
+                (["--op", spec["op"]] if spec.get("op") else []) + \
+                (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
             own = start_holder(args.hold_gib, seed=nonce) if args.hold_seeded else None
             t = time.monotonic()
             try:
@@ -161,7 +167,7 @@ def main() -> int:
                for name, rs in rows.items()]
     for s in summary:
         print("summary " + json.dumps(s), flush=True)
-    Path(args.out).write_text(json.dumps({"argv": sys.argv, "hold_gib": args.hold_gib, "hold_seeded": args.hold_seeded, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
+    Path(args.out).write_text(json.dumps({"argv": sys.argv, "hold_gib": args.hold_gib, "hold_seeded": args.hold_seeded, "scatter_gib": args.scatter_gib, "buckets": [b for b, _, _ in BUCKETS], "failed": failed,
                                           "summary": summary, "rows": rows}, indent=1))
     return 1 if failed else 0
 
