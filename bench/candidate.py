@@ -52,6 +52,13 @@ ap.add_argument("--scatter-gib", type=float, default=0,
                      "share (on an empty GPU every process's inputs land alike, and a kernel whose input is not "
                      "much larger than the L2 takes a level per placement, docs/measurements/harness-stability.md); "
                      "the JSON line gets scatter_mib, [held, given back]")
+ap.add_argument("--holder-gib", type=float, default=0,
+                help="> 0: before this process touches the GPU, a child process (cuda-python) takes this much GPU "
+                     "memory in pieces of 32-512 MiB and frees a random half (both drawn with --nonce as the seed), "
+                     "holding the rest until this one ends: the inputs land between another process's memory, in a "
+                     "pattern of this evaluation's own, as on a GPU that others share. Unlike --scatter-gib (the "
+                     "process's own holes), this gives sum@128 a level per pattern, as sharing the GPU does "
+                     "(docs/measurements/harness-stability.md); the JSON line gets holder_mib, [held, freed]")
 ap.add_argument("--pads", default="",
                 help="a layout probe after the timings: MiB,MiB,... per step, allocate that much GPU memory, then "
                      "copies of the inputs (same data, new places in memory), and time candidate and reference "
@@ -82,8 +89,8 @@ ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
-if args.scatter_gib < 0:
-    ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
+if args.scatter_gib < 0 or args.holder_gib < 0:
+    ap.error(f"--scatter-gib and --holder-gib: GiB, 0 or more, not {min(args.scatter_gib, args.holder_gib)}")
 if args.op == "sum":
     if args.size <= 0 or (args.size > 2048 and args.size % 2048):
         ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
@@ -120,6 +127,47 @@ if FRAG:
             from cuda import cuda as cu
         except ImportError:
             ap.error("--history frag/fragctl needs cuda-python (pip install 'krex[cuda]')")
+
+HOLDER = r"""
+import random, sys
+try:
+    from cuda.bindings import driver as cu
+except ImportError:                      # cuda-python before 12.8
+    from cuda import cuda as cu
+def ok(res):
+    res = res if isinstance(res, tuple) else (res,)
+    if res[0] != cu.CUresult.CUDA_SUCCESS:
+        sys.exit(f"candidate --holder-gib: {res[0]!r}")
+    return res[1] if len(res) > 1 else None
+ok(cu.cuInit(0))
+ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
+rng, pieces, total = random.Random(int(sys.argv[2])), [], 0
+while total < float(sys.argv[1]) * 1024:
+    mib = rng.choice((32, 64, 128, 256, 512))
+    pieces.append((ok(cu.cuMemAlloc(mib << 20)), mib))
+    total += mib
+held = 0
+for ptr, mib in pieces:                  # a random half freed: holes between the held pieces
+    if rng.random() < 0.5:
+        held += mib
+    else:
+        ok(cu.cuMemFree(ptr))
+print("ready", held, total - held, flush=True)
+sys.stdin.read()                         # held until the candidate closes this
+"""
+holder, holder_mib = None, None
+if args.holder_gib > 0:
+    import atexit
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(args.holder_gib), str(args.nonce)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    atexit.register(lambda: holder.poll() is None and (holder.stdin.close(), holder.wait(30)))
+    line = holder.stdout.readline().split()
+    if line[:1] != ["ready"]:
+        holder.wait(30)
+        sys.exit(f"candidate: the --holder-gib process failed (exit {holder.returncode})")
+    holder_mib = [int(line[1]), int(line[2])]
 
 import torch  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
@@ -447,8 +495,12 @@ with tempfile.TemporaryDirectory() as td:
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 if args.op == "sum":   # the persistent grid, and the registers that decide how many of its programs fit at once
     probe.update(grid=min(mod.PROGRAMS, -(-x.shape[0] // BR)), n_regs=getattr(mod.LAST, "n_regs", None))
+if holder is not None:                 # its memory back before this process's line (its exit is the job's)
+    holder.stdin.close()
+    holder.wait(30)
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
                   "nonce": args.nonce, "correct": ok, **probe, **({"scatter_mib": scatter_mib} if scatter_mib else {}),
+                  **({"holder_mib": holder_mib} if holder_mib else {}),
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),

@@ -266,7 +266,7 @@ def main() -> None:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)] + T.timing_args(ap, args)
         T.check_reference_options(ap, args)
-        T.REFERENCE_ARGS[:] = ["--repeat", str(args.reference_repeat)] if args.reference_repeat else []
+        T.REFERENCE_ARGS[:] = T.reference_args(args)
         T.REFERENCE_PROCESSES[0] = args.reference_processes
         T.MIX[:] = T.parse_mix(args.mix, ap)
         T.HOST_BOUND[0] = args.host_bound_check

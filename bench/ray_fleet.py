@@ -56,12 +56,10 @@ def candidate_argv(candidate: str, spec: dict, nonce: int, cargs: list | None = 
             *(["--op", spec["op"]] if spec.get("op") else []), *(CANDIDATE_ARGS if cargs is None else cargs)]
 
 
-def mode_args(mode: str, reference: str, reference_repeat: int) -> list:
-    """bench/candidate.py's options for one mode: the judging reference's --repeat is --reference-repeat."""
-    cargs = list(CANDIDATE_ARGS)
-    if reference_repeat and mode == reference:
-        cargs[cargs.index("--repeat") + 1] = str(reference_repeat)
-    return cargs
+def mode_args(mode: str, reference: str, reference_args: list) -> list:
+    """bench/candidate.py's options for one mode: the judging reference's get throughput.reference_args' after
+    them (--reference-repeat's --repeat wins; --reference-holder-gib's --holder-gib)."""
+    return list(CANDIDATE_ARGS) + (list(reference_args) if mode == reference else [])
 
 
 def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> dict:
@@ -302,11 +300,11 @@ def main() -> None:
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
     T.check_reference_options(ap, args)
-    if (args.reference_repeat or args.reference_processes > 1) and args.reference not in plan:
-        ap.error(f"--reference-repeat and --reference-processes act on the --reference mode's passes, and "
+    if (T.reference_args(args) or args.reference_processes > 1) and args.reference not in plan:
+        ap.error(f"--reference-repeat, --reference-processes and --reference-holder-gib act on the --reference mode's passes, and "
                  f"{args.reference} is not in --plan")
-    if (args.reference_repeat or args.reference_processes > 1) and args.reference == "pergpu" and "pergpu" in plan:
-        ap.error("--reference-repeat or --reference-processes with --reference pergpu: pergpu is also the "
+    if (T.reference_args(args) or args.reference_processes > 1) and args.reference == "pergpu" and "pergpu" in plan:
+        ap.error("--reference-repeat, --reference-processes or --reference-holder-gib with --reference pergpu: pergpu is also the "
                  "throughput baseline, so its work must match krex's; judge by pergpukrex or pergpubusy")
     if args.mix:
         MIX[:] = parse_mix(args.mix, ap)
@@ -327,7 +325,7 @@ def main() -> None:
                  _temp_dir=str(tmp / "ray"))
         for i, mode in enumerate(plan):
             r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock),
-                         mode_args(mode, args.reference, args.reference_repeat),
+                         mode_args(mode, args.reference, T.reference_args(args)),
                          args.reference_processes if mode == args.reference else 1)
             runs.append(r)
             Path(args.out).write_text(json.dumps({"plan": plan, "specs": specs, "runs": runs, "partial": True,

@@ -167,6 +167,12 @@ def add_reference_options(ap, unit: str) -> None:
     ap.add_argument("--reference-processes", type=int, default=1,
                     help=f"{unit}s per distinct kernel in each reference pass, each its own process: more samples "
                          "the level a kernel takes per process, as the shared modes' many processes do")
+    ap.add_argument("--reference-holder-gib", type=float, default=0,
+                    help=f"> 0: each {unit} of the reference passes beside a holder of its own (bench/candidate.py "
+                         "--holder-gib G: another process takes G GiB in pieces and frees a random half, seeded by "
+                         "the nonce): its inputs land between others' memory, as in the shared modes, where "
+                         "the other agents' memory does that (a kernel whose input is not much larger than the L2 "
+                         "takes a level per placement, docs/measurements/harness-stability.md)")
 
 
 def add_timing_options(ap, unit: str) -> None:
@@ -198,6 +204,14 @@ def check_reference_options(ap, args) -> None:
         ap.error("--reference-repeat: 0 (as --repeat) or more")
     if args.reference_processes < 1:
         ap.error("--reference-processes: 1 or more")
+    if args.reference_holder_gib < 0:
+        ap.error("--reference-holder-gib: 0 or more")
+
+
+def reference_args(args) -> list:
+    """bench/candidate.py's options for the reference passes only, after the others (the last --repeat wins)."""
+    return (["--repeat", str(args.reference_repeat)] if args.reference_repeat else []) + \
+        (["--holder-gib", str(args.reference_holder_gib)] if args.reference_holder_gib else [])
 
 
 def reference_specs(specs: list, processes: int = 0) -> list[dict]:
