@@ -222,6 +222,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "2", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
+                        "--scatter-gib", "1", "--reference-holder-gib", "2",
                         "--mix", "2048:0.5,sum@1024/0:0.5",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
@@ -248,7 +249,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
     refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
     assert refs and all(len(r["candidate_all_ms"]) == 3 for r in refs), refs   # --reference-repeat
-    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph"} for r in rows), rows   # passed through
+    # passed through: the timing options to every command, --reference-holder-gib to the reference passes' only
+    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0}
+               for r in rows), rows
+    assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0,
+                                "holder_gib": 2.0} for r in refs), refs
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
     assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
     # where the waits for a grant went, per hand-off phase (the report's *_ns), summed over each command's regions
@@ -360,9 +365,12 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
     assert one["floors_pct"][">10ms"] == pytest.approx(0.0) and one["floor_timings"][">10ms"] == 6
     assert two["floor_timings"][">10ms"] == 12 and two["floors_pct"][">10ms"] > 0.5   # about half the 1.3% gap
     for bench in ("freeze_policy.py", "ray_fleet.py"):
-        p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--reference-processes", "0",
-                            "--out", "/nonexistent/never.json"], capture_output=True, text=True, timeout=60)
-        assert p.returncode == 2 and "--reference-processes: 1 or more" in p.stderr.strip().splitlines()[-1], p.stderr
+        for bad, says in ((["--reference-processes", "0"], "--reference-processes: 1 or more"),
+                          (["--reference-holder-gib", "-1"], "--reference-holder-gib: 0 or more"),
+                          (["--scatter-gib", "-1"], "--scatter-gib and --min-reps: 0 or more")):
+            p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *bad, "--out", "/nonexistent/never.json"],
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (bench, bad, p.stderr)
 
 
 def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_named(tmp_path):
@@ -467,7 +475,9 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
     for extra, says in ((["--op", "sum", "--size", "3000"], "1-2048 or a multiple of 2048, not 3000"),
                         (["--op", "sum", "--size", "0"], "1-2048 or a multiple of 2048, not 0"),
                         (["--op", "sum", "--size", "1024", "--probe"], "are for --op matmul"),
-                        (["--op", "sum", "--size", "1024", "--fixed-out"], "are for --op matmul")):
+                        (["--op", "sum", "--size", "1024", "--fixed-out"], "are for --op matmul"),
+                        (["--holder-gib", "-1"], "--holder-gib: GiB, 0 or more, not -1.0"),
+                        (["--scatter-gib", "-2"], "--holder-gib: GiB, 0 or more, not -2.0")):
         argv = ["--variant", "0", "--nonce", "1", "--size", "1"] + extra     # the last --size wins
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "candidate.py")] + argv, capture_output=True,
                            text=True, timeout=60)

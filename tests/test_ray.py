@@ -376,6 +376,8 @@ for a in ("--size", "--variant", "--nonce", "--repeat", "--min-reps"):
 ap.add_argument("--warmup-ms", type=float)     # bench/candidate.py's harness options, passed through
 ap.add_argument("--timer", choices=("events", "graph"))
 ap.add_argument("--op", choices=("matmul", "sum"), default="matmul")
+ap.add_argument("--scatter-gib", type=float, default=0)
+ap.add_argument("--holder-gib", type=float, default=0)
 args = ap.parse_args()
 assert args.warmup_ms == 25.0 and args.min_reps == 0 and args.timer == "events", \
     "the default harness options reach every evaluation"
@@ -399,7 +401,7 @@ for k in ("candidate", "reference"):     # a region per timing where krex's hook
     else:
         ms[k] = bench()
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
-                  "argv_op": args.op,
+                  "argv_op": args.op, "argv_gib": [args.scatter_gib, args.holder_gib],
                   "repeat": args.repeat, "correct": True, "candidate_ms": ms["candidate"],
                   "reference_ms": ms["reference"], "import_s": 0.0, "total_s": time.monotonic() - T0}))
 """
@@ -429,6 +431,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
                               "--mix", "2048:0.5,sum@1024/0:0.5",
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
                               "--reference", "pergpukrex", "--reference-repeat", "3", "--reference-processes", "2",
+                              "--reference-holder-gib", "2", "--scatter-gib", "1",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
                               "--out", str(out)], env=dict(env, NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
                              capture_output=True, text=True, timeout=840)
@@ -451,6 +454,10 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     # --reference-repeat: more timings per kernel in the judging reference's evaluations only
     repeats = {r["mode"]: {row.get("repeat") for row in r["rows"]} for r in json.loads(out.read_text())["runs"]}
     assert repeats == {"pergpu": {1}, "naive": {1}, "krex": {1}, "shell": {1}, "pergpubusy": {1}, "pergpukrex": {3}}
+    # --scatter-gib reaches every evaluation, --reference-holder-gib the judging reference's only
+    gibs = {r["mode"]: {tuple(row["argv_gib"]) for row in r["rows"]} for r in json.loads(out.read_text())["runs"]}
+    assert gibs == {"pergpu": {(1, 0)}, "naive": {(1, 0)}, "krex": {(1, 0)}, "shell": {(1, 0)},
+                    "pergpubusy": {(1, 0)}, "pergpukrex": {(1, 2)}}, gibs
     # --reference-processes: every distinct spec twice, in the judging reference's pass only, each its own worker
     runs = {r["mode"]: r for r in json.loads(out.read_text())["runs"]}
     assert len(runs["pergpukrex"]["rows"]) == 2 * len(runs["pergpu"]["rows"]) == 2 * len(runs["pergpubusy"]["rows"])
