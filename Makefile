@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q 'torch==2.13.0' || echo "krex: no CPU torch; the torch hook tests will be skipped"
 	@# Ray for the fleet tests (tests/test_ray.py); they are skipped where it cannot be had
 	$(PY) -m pip install -q 'ray==2.60.0' || echo "krex: no ray; the Ray tests will be skipped"
+	@# cuda-python (the cuda extra): the warm workers' and bench/candidate.py --holder-gib's cuda.bindings paths, on the fake driver
+	$(PY) -m pip install -q 'cuda-python>=12.6' || echo "krex: no cuda-python; its paths are tested through ctypes only"
 	touch $@
 
 venv: $(VENV)/.installed  ## create .venv with krex, its test dependencies and torch (the tests and the GPU demo use it)

@@ -51,7 +51,7 @@ ap.add_argument("--scatter-gib", type=float, default=0,
                      "between other memory, in a pattern of this evaluation's own, as on a GPU that other processes "
                      "share (on an empty GPU every process's inputs land alike, and a kernel whose input is not "
                      "much larger than the L2 takes a level per placement, docs/measurements/harness-stability.md); "
-                     "the JSON line gets scatter_mib, [held, given back]")
+                     "the JSON line gets scatter_mib, [held, given back]; with --holder-gib too, the same draws")
 ap.add_argument("--holder-gib", type=float, default=0,
                 help="> 0: before this process touches the GPU, a child process (cuda-python) takes this much GPU "
                      "memory in pieces of 32-512 MiB and frees a random half (both drawn with --nonce as the seed), "
@@ -89,8 +89,11 @@ ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
 args = ap.parse_args()
-if args.scatter_gib < 0 or args.holder_gib < 0:
-    ap.error(f"--scatter-gib and --holder-gib: GiB, 0 or more, not {min(args.scatter_gib, args.holder_gib)}")
+for name, gib in (("--scatter-gib", args.scatter_gib), ("--holder-gib", args.holder_gib)):
+    if not 0 <= gib < 1 << 20:           # nan and inf too
+        ap.error(f"{name}: GiB, 0 or more, not {gib}")
+if args.holder_gib and importlib.util.find_spec("cuda") is None:
+    ap.error("--holder-gib: the holder needs cuda-python (pip install 'krex[cuda]')")
 if args.op == "sum":
     if args.size <= 0 or (args.size > 2048 and args.size % 2048):
         ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
@@ -132,8 +135,11 @@ HOLDER = r"""
 import random, sys
 try:
     from cuda.bindings import driver as cu
-except ImportError:                      # cuda-python before 12.8
-    from cuda import cuda as cu
+except ImportError:                      # cuda-python before 12.8, or none
+    try:
+        from cuda import cuda as cu
+    except ImportError:
+        sys.exit("candidate --holder-gib: needs cuda-python (pip install 'krex[cuda]')")
 def ok(res):
     res = res if isinstance(res, tuple) else (res,)
     if res[0] != cu.CUresult.CUDA_SUCCESS:
@@ -155,24 +161,45 @@ for ptr, mib in pieces:                  # a random half freed: holes between th
 print("ready", held, total - held, flush=True)
 sys.stdin.read()                         # held until the candidate closes this
 """
-holder, holder_mib = None, None
+holder, holder_mib, HOLDER_S = None, None, 0.0
+
+
+def close_holder() -> None:
+    """The holder's memory back: its stdin closed, then ended if it does not go (its pipe also ends it when this
+    process dies; a caller that runs this file by runpy ends it in any case, bench/ray_fleet.py's evaluate)."""
+    import subprocess
+
+    if holder is not None and holder.poll() is None:
+        holder.stdin.close()
+        try:
+            holder.wait(30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+
+
 if args.holder_gib > 0:
     import atexit
+    import selectors
     import subprocess
 
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(args.holder_gib), str(args.nonce)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    atexit.register(lambda: holder.poll() is None and (holder.stdin.close(), holder.wait(30)))
-    line = holder.stdout.readline().split()
+    atexit.register(close_holder)
+    sel = selectors.DefaultSelector()
+    sel.register(holder.stdout, selectors.EVENT_READ)
+    line = holder.stdout.readline().split() if sel.select(timeout=120) else ["(no answer in 120 s)"]
     if line[:1] != ["ready"]:
-        holder.wait(30)
-        sys.exit(f"candidate: the --holder-gib process failed (exit {holder.returncode})")
+        holder.kill()
+        holder.wait()
+        sys.exit(f"candidate: the --holder-gib process failed (exit {holder.returncode}: {' '.join(line) or 'no line'})")
     holder_mib = [int(line[1]), int(line[2])]
+    HOLDER_S = time.monotonic() - T0
 
 import torch  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
-IMPORT_S = time.monotonic() - T0               # ~0 in a warm worker (torch and triton already imported)
+IMPORT_S = time.monotonic() - T0 - HOLDER_S    # ~0 in a warm worker (torch and triton already imported)
 
 VARIANTS = [  # BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages
     (128, 128, 64, 8, 4, 3), (128, 256, 64, 8, 8, 3), (64, 64, 32, 8, 4, 4), (128, 64, 32, 8, 4, 4)]
@@ -495,12 +522,10 @@ with tempfile.TemporaryDirectory() as td:
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 if args.op == "sum":   # the persistent grid, and the registers that decide how many of its programs fit at once
     probe.update(grid=min(mod.PROGRAMS, -(-x.shape[0] // BR)), n_regs=getattr(mod.LAST, "n_regs", None))
-if holder is not None:                 # its memory back before this process's line (its exit is the job's)
-    holder.stdin.close()
-    holder.wait(30)
+close_holder()                         # its memory back before this process's line
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
                   "nonce": args.nonce, "correct": ok, **probe, **({"scatter_mib": scatter_mib} if scatter_mib else {}),
-                  **({"holder_mib": holder_mib} if holder_mib else {}),
+                  **({"holder_mib": holder_mib, "holder_s": round(HOLDER_S, 3)} if holder_mib else {}),
                   "candidate_ms": timings["candidate"], "reference_ms": timings["reference"],
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),

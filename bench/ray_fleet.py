@@ -62,6 +62,21 @@ def mode_args(mode: str, reference: str, reference_args: list) -> list:
     return list(CANDIDATE_ARGS) + (list(reference_args) if mode == reference else [])
 
 
+def end_children() -> None:
+    """End this worker's child processes: an evaluation runs in a worker of its own (max_calls=1), so any child
+    left is the candidate's, and the next evaluation must not find its memory held on the GPU."""
+    import psutil
+
+    kids = psutil.Process().children(recursive=True)
+    for kid in kids:
+        with contextlib.suppress(psutil.Error):
+            kid.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    for kid in alive:
+        with contextlib.suppress(psutil.Error):
+            kid.kill()
+
+
 def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> dict:
     """One evaluation in this task's worker process; its row (the candidate's JSON line, and the regions this
     process's krex job recorded, when it runs under krex)."""
@@ -74,10 +89,12 @@ def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) 
             runpy.run_path(candidate, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        err = e.code if isinstance(e.code, str) else ""
     except Exception as e:     # a failed candidate is a row, not a lost task
         code, err = 1, repr(e)
     finally:
         sys.argv = saved
+        end_children()         # what the candidate started and left (its --holder-gib holder, when it failed)
     row = {"exit": code, "task_wall_s": time.monotonic() - t0, "pid": os.getpid(),
            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
     lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
@@ -300,12 +317,14 @@ def main() -> None:
     if any(m not in MODES for m in plan) or args.agents < 1:
         ap.error(f"--plan: modes of {', '.join(MODES)}; --agents >= 1")
     T.check_reference_options(ap, args)
-    if (T.reference_args(args) or args.reference_processes > 1) and args.reference not in plan:
-        ap.error(f"--reference-repeat, --reference-processes and --reference-holder-gib act on the --reference mode's passes, and "
-                 f"{args.reference} is not in --plan")
-    if (T.reference_args(args) or args.reference_processes > 1) and args.reference == "pergpu" and "pergpu" in plan:
-        ap.error("--reference-repeat, --reference-processes or --reference-holder-gib with --reference pergpu: pergpu is also the "
-                 "throughput baseline, so its work must match krex's; judge by pergpukrex or pergpubusy")
+    ref_work = T.reference_args(args) or args.reference_processes > 1
+    if ref_work and args.reference not in plan:
+        ap.error(f"--reference-repeat, --reference-processes and --reference-holder-gib act on the --reference "
+                 f"mode's passes, and {args.reference} is not in --plan")
+    if ref_work and args.reference == "pergpu" and "pergpu" in plan:
+        ap.error("--reference-repeat, --reference-processes or --reference-holder-gib with --reference pergpu: "
+                 "pergpu is also the throughput baseline, so its work must match krex's; judge by pergpukrex or "
+                 "pergpubusy")
     if args.mix:
         MIX[:] = parse_mix(args.mix, ap)
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))

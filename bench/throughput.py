@@ -168,7 +168,8 @@ def add_reference_options(ap, unit: str) -> None:
                     help=f"{unit}s per distinct kernel in each reference pass, each its own process: more samples "
                          "the level a kernel takes per process, as the shared modes' many processes do")
     ap.add_argument("--reference-holder-gib", type=float, default=0,
-                    help=f"> 0: each {unit} of the reference passes beside a holder of its own (bench/candidate.py "
+                    help=f"> 0: each {unit} of the reference passes (bench/ray_fleet.py: the --reference mode's; "
+                         "bench/freeze_policy.py: every --reference's) beside a holder of its own (bench/candidate.py "
                          "--holder-gib G: another process takes G GiB in pieces and frees a random half, seeded by "
                          "the nonce): its inputs land between others' memory, as in the shared modes, where "
                          "the other agents' memory does that (a kernel whose input is not much larger than the L2 "
@@ -191,9 +192,10 @@ def add_timing_options(ap, unit: str) -> None:
 
 
 def timing_args(ap, args) -> list:
-    """bench/candidate.py's options from add_timing_options' (one line and exit 2 for a --scatter-gib below 0)."""
-    if args.scatter_gib < 0 or args.min_reps < 0:
-        ap.error("--scatter-gib and --min-reps: 0 or more")
+    """bench/candidate.py's options from add_timing_options' (one line and exit 2 for a --scatter-gib that is not
+    a number of GiB)."""
+    if not 0 <= args.scatter_gib < 1 << 20:
+        ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
     return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
         (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
 
@@ -204,8 +206,8 @@ def check_reference_options(ap, args) -> None:
         ap.error("--reference-repeat: 0 (as --repeat) or more")
     if args.reference_processes < 1:
         ap.error("--reference-processes: 1 or more")
-    if args.reference_holder_gib < 0:
-        ap.error("--reference-holder-gib: 0 or more")
+    if not 0 <= args.reference_holder_gib < 1 << 20:
+        ap.error(f"--reference-holder-gib: GiB, 0 or more, not {args.reference_holder_gib}")
 
 
 def reference_args(args) -> list:

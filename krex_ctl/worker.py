@@ -74,7 +74,11 @@ def retain_primary_context() -> str:
     except ImportError:
         driver = None
     if driver is not None:
-        (err,) = driver.cuInit(0)
+        try:
+            (err,) = driver.cuInit(0)
+        except Exception:     # cuda-python without a CUDA driver to load (an AMD node): as ctypes finds it
+            driver = None
+    if driver is not None:
         if err == driver.CUresult.CUDA_SUCCESS:
             err, dev = driver.cuDeviceGet(0)
         if err == driver.CUresult.CUDA_SUCCESS:

@@ -3,10 +3,12 @@ on a harness bug): bench/throughput.py runs every kind of mode, krex modes recor
 mode really runs warm and the JSON has what the measurement pages' tables are made from; bench/warm_probe.py
 alternates cold, warm and churned runs as asked; bench/warm_vs_cold.py measures both paths."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -252,6 +254,9 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     # passed through: the timing options to every command, --reference-holder-gib to the reference passes' only
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0}
                for r in rows), rows
+    holders = {run["mode"]: {r["harness"].get("holder_gib") for r in run["rows"]} for run in data["runs"]}
+    assert holders.pop("krexsolo") == holders.pop("krexsolobusy") == {2.0}, holders
+    assert "krexbusy" in holders and all(v == {None} for v in holders.values()), holders
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0,
                                 "holder_gib": 2.0} for r in refs), refs
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
@@ -366,8 +371,8 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
     assert two["floor_timings"][">10ms"] == 12 and two["floors_pct"][">10ms"] > 0.5   # about half the 1.3% gap
     for bench in ("freeze_policy.py", "ray_fleet.py"):
         for bad, says in ((["--reference-processes", "0"], "--reference-processes: 1 or more"),
-                          (["--reference-holder-gib", "-1"], "--reference-holder-gib: 0 or more"),
-                          (["--scatter-gib", "-1"], "--scatter-gib and --min-reps: 0 or more")):
+                          (["--reference-holder-gib", "-1"], "--reference-holder-gib: GiB, 0 or more, not -1.0"),
+                          (["--scatter-gib", "inf"], "--scatter-gib: GiB, 0 or more, not inf")):
             p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *bad, "--out", "/nonexistent/never.json"],
                                capture_output=True, text=True, timeout=60)
             assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (bench, bad, p.stderr)
@@ -477,7 +482,8 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
                         (["--op", "sum", "--size", "1024", "--probe"], "are for --op matmul"),
                         (["--op", "sum", "--size", "1024", "--fixed-out"], "are for --op matmul"),
                         (["--holder-gib", "-1"], "--holder-gib: GiB, 0 or more, not -1.0"),
-                        (["--scatter-gib", "-2"], "--holder-gib: GiB, 0 or more, not -2.0")):
+                        (["--scatter-gib", "-2"], "--scatter-gib: GiB, 0 or more, not -2.0"),
+                        (["--scatter-gib", "nan"], "--scatter-gib: GiB, 0 or more, not nan")):
         argv = ["--variant", "0", "--nonce", "1", "--size", "1"] + extra     # the last --size wins
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "candidate.py")] + argv, capture_output=True,
                            text=True, timeout=60)
@@ -753,3 +759,68 @@ def test_a_compacted_freeze_policy_result_gives_the_same_table(tmp_path):
         out[name] = ({k: v for k, v in res.items() if k not in ("runs", "argv")}, done.stdout)
     assert out["whole"] == out["small"]
     assert "| busy | 8 | 66 |" in out["small"][1]
+
+def _holder_source() -> str:
+    """bench/candidate.py's HOLDER script, as --holder-gib runs it in a child process."""
+    import ast
+
+    tree = ast.parse((ROOT / "bench" / "candidate.py").read_text())
+    return next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == "HOLDER")
+
+
+def test_the_holder_takes_a_seeded_pattern_and_holds_it_until_its_stdin_closes():
+    """bench/candidate.py --holder-gib's child process on the fake driver, through cuda-python as on the GPU: it
+    takes G GiB in pieces drawn with the seed, frees a random half, says so on one line and holds the rest until
+    its stdin closes; the same seed gives the same pattern, another seed another."""
+    pytest.importorskip("cuda.bindings", reason="cuda-python is not installed (pip install 'krex[cuda]')")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(ROOT / "build" / "fakes"))
+    env.pop("LD_PRELOAD", None)
+    lines = []
+    for seed in (7, 7, 8):
+        p = subprocess.Popen([sys.executable, "-c", _holder_source(), "1", str(seed)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            word, held, freed = p.stdout.readline().split()
+            assert word == "ready" and int(held) > 0 and int(freed) > 0, (word, held, freed)
+            assert 1024 <= int(held) + int(freed) < 1024 + 512          # 1 GiB in pieces of at most 512 MiB
+            time.sleep(0.3)
+            assert p.poll() is None, p.stderr.read()                   # holding
+        finally:
+            p.stdin.close()
+        assert p.wait(timeout=30) == 0, p.stderr.read()
+        lines.append((int(held), int(freed)))
+    assert lines[0] == lines[1] != lines[2], lines
+
+
+def test_a_candidate_never_leaves_its_holder_behind(tmp_path):
+    """A holder that cannot start is one line and a failed candidate before torch is imported (without cuda-python:
+    refused at once, exit 2); a candidate that fails after its holder started (here: no triton, or no GPU for
+    torch) leaves no holder running, alone or run by bench/ray_fleet.py's evaluate (runpy, in a Ray worker)."""
+    psutil = pytest.importorskip("psutil")
+    argv = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--op", "sum", "--size", "128", "--variant", "0",
+            "--holder-gib", "1"]
+    empty = tmp_path / "nolib"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    p = subprocess.run(argv + ["--nonce", "424241"], capture_output=True, text=True, timeout=120,
+                       env=dict(env, LD_LIBRARY_PATH=str(empty)))
+    if importlib.util.find_spec("cuda") is None:
+        assert p.returncode == 2 and "needs cuda-python" in p.stderr.strip().splitlines()[-1], p.stderr
+        return                                                          # the rest needs cuda-python
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith(
+        "candidate: the --holder-gib process failed (exit 1"), p.stderr[-2000:]
+    fakes = dict(env, LD_LIBRARY_PATH=str(ROOT / "build" / "fakes"))
+    p = subprocess.run(argv + ["--nonce", "424242"], capture_output=True, text=True, timeout=120, env=fakes)
+    assert p.returncode != 0, p.stdout[-2000:]
+    time.sleep(0.5)
+    left = [q.pid for q in psutil.process_iter(["cmdline"]) if "424242" in (q.info["cmdline"] or [])]
+    assert not left, left
+    script = (f"import json, sys, psutil; sys.path[:0] = [{str(ROOT / 'bench')!r}]; import ray_fleet\n"
+              f"row = ray_fleet.evaluate({str(ROOT / 'bench' / 'candidate.py')!r}, "
+              "{'size': 128, 'variant': 0, 'op': 'sum'}, 424243, ['--holder-gib', '1'])\n"
+              "print(json.dumps({'exit': row['exit'], 'children': len(psutil.Process().children())}))")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=fakes)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["exit"] != 0 and out["children"] == 0, out

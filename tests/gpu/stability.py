@@ -63,17 +63,13 @@ def summarise(name: str, rows: list) -> dict:
 
 
 HOLDER = """
-import random, sys, torch
-sizes, held, total, seed = [64, 256, 128, 512], [], 0, SEED
-rng = random.Random(seed)
+import sys, torch
+sizes, held, total = [64, 256, 128, 512], [], 0
 while total < GIB * 1024:
-    n = sizes[len(held) % 4] if seed is None else rng.choice([32, 64, 128, 256, 512])
+    n = sizes[len(held) % 4]
     held.append(torch.empty(n << 20, dtype=torch.uint8, device="cuda"))
     total += n
-if seed is None:
-    del held[::2]
-else:                               # a pattern of its own: a random half of the pieces given back
-    held = [t for t in held if rng.random() < 0.5]
+del held[::2]
 torch.cuda.synchronize()
 torch.cuda.empty_cache()            # the freed pieces back to the driver: holes between the held ones
 print("ready", sum(t.numel() for t in held) >> 20, total - (sum(t.numel() for t in held) >> 20), flush=True)
@@ -81,18 +77,17 @@ sys.stdin.read()
 """
 
 
-def start_holder(gib: float, seed=None):
-    """A process holding GPU memory in pieces with holes between them, until its stdin closes: the fixed pattern,
-    or with SEED one drawn from it."""
-    p = subprocess.Popen([sys.executable, "-c", HOLDER.replace("GIB", repr(gib)).replace("SEED", repr(seed))],
+def start_holder(gib: float):
+    """A process holding GPU memory in pieces with holes between them, until its stdin closes (--hold-seeded's
+    holders are bench/candidate.py --holder-gib's, each command's own)."""
+    p = subprocess.Popen([sys.executable, "-c", HOLDER.replace("GIB", repr(gib))],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     if not line.startswith("ready"):
         p.kill()
         raise SystemExit(f"stability: the memory holder did not start ({line.strip()!r})")
     _, held, holes = line.split()
-    print(f"holder{'' if seed is None else f' (seed {seed})'}: {held} MiB held in pieces, {holes} MiB given back "
-          "between them", flush=True)
+    print(f"holder: {held} MiB held in pieces, {holes} MiB given back between them", flush=True)
     return p
 
 
@@ -114,9 +109,10 @@ def main() -> int:
                          "MiB in turn and gives the 64 and 128 MiB ones back, the rest held until the end: the kernels' inputs land between other "
                          "processes' memory, as on a GPU shared by many (does where they land move a time?)")
     ap.add_argument("--hold-seeded", action="store_true",
-                    help="with --hold-gib: a new holder for each command, its pieces (32-512 MiB) and the half it "
-                         "gives back drawn with the command's nonce as the seed: every process's inputs land in "
-                         "another pattern (do the processes then take levels?)")
+                    help="with --hold-gib: a new holder for each command, bench/candidate.py --holder-gib G (its "
+                         "pieces, 32-512 MiB, and the half it frees drawn with the command's nonce as the seed, "
+                         "cuda-python): every process's inputs land in another pattern (do the processes then take "
+                         "levels?); stability run 3 had the same draws in a torch process started before the command")
     ap.add_argument("--scatter-gib", type=float, default=0,
                     help="> 0: bench/candidate.py --scatter-gib G in every process: each places its own inputs "
                          "between memory it takes and half gives back (seeded by its nonce), without a holder")
@@ -125,8 +121,8 @@ def main() -> int:
     kernels = parse_kernels(args.kernels, ap)
     if args.procs < 1 or args.repeat < 1:
         ap.error("--procs and --repeat: 1 or more")
-    if args.scatter_gib < 0:
-        ap.error("--scatter-gib: 0 or more")
+    if not 0 <= args.scatter_gib < 1 << 20:
+        ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
     if args.hold_seeded and args.hold_gib <= 0:
         ap.error("--hold-seeded needs --hold-gib G")
     holder = start_holder(args.hold_gib) if args.hold_gib > 0 and not args.hold_seeded else None
@@ -140,8 +136,8 @@ def main() -> int:
                    "--variant", str(spec["variant"]), "--nonce", str(nonce), "--repeat", str(args.repeat),
                    "--warmup-ms", "500", "--min-reps", "100", "--timer", args.timer] + \
                 (["--op", spec["op"]] if spec.get("op") else []) + \
-                (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
-            own = start_holder(args.hold_gib, seed=nonce) if args.hold_seeded else None
+                (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else []) + \
+                (["--holder-gib", str(args.hold_gib)] if args.hold_seeded else [])
             t = time.monotonic()
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -149,9 +145,6 @@ def main() -> int:
             except subprocess.TimeoutExpired as e:         # kept as a failed command; the run goes on
                 text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
                 out, err, rc = text(e.stdout), text(e.stderr) + "\nstability: killed after 300 s", 124
-            finally:
-                if own is not None:
-                    stop_holder(own)
             lines = [x for x in out.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {}
             row.update(kernel=name, process=p, exit=rc, wall_s=round(time.monotonic() - t, 2))
@@ -160,7 +153,7 @@ def main() -> int:
                 row["stderr"] = err[-1500:]
             rows.setdefault(name, []).append(row)
             print(json.dumps({k: row.get(k) for k in ("kernel", "process", "exit", "wall_s", "candidate_all_ms",
-                                                      "reference_all_ms", "correct")}), flush=True)
+                                                      "reference_all_ms", "correct", "holder_mib")}), flush=True)
     if holder is not None:
         stop_holder(holder)
     summary = [summarise(name, [r for r in rs if r.get("exit") == 0 and "candidate_ms" in r])
