@@ -48,9 +48,8 @@ ap.add_argument("--churn", action="store_true",
 ap.add_argument("--scatter-gib", type=float, default=0,
                 help="> 0: before the inputs, take this much GPU memory in pieces of 32-512 MiB and give a random "
                      "half back (both drawn with --nonce as the seed), the rest held to the end: the inputs land "
-                     "between other memory, in a pattern of this evaluation's own, as on a GPU that other processes "
-                     "share (on an empty GPU every process's inputs land alike, and a kernel whose input is not "
-                     "much larger than the L2 takes a level per placement, docs/measurements/harness-stability.md); "
+                     "between the process's own memory. Measured: that leaves sum@128 at the empty GPU's level, "
+                     "unlike --holder-gib's memory of another process (docs/measurements/harness-stability.md); "
                      "the JSON line gets scatter_mib, [held, given back]; with --holder-gib too, the same draws")
 ap.add_argument("--holder-gib", type=float, default=0,
                 help="> 0: before this process touches the GPU, a child process (cuda-python) takes this much GPU "

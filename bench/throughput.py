@@ -187,8 +187,9 @@ def add_timing_options(ap, unit: str) -> None:
                          "do_bench_cudagraph, without the host's launches in the timing")
     ap.add_argument("--scatter-gib", type=float, default=0,
                     help=f"each {unit} first takes this much GPU memory in pieces and gives a random half back "
-                         "(bench/candidate.py --scatter-gib, seeded by its nonce): its inputs land in a pattern of "
-                         "their own in every mode, the isolated ones included, as on a GPU others share")
+                         "(bench/candidate.py --scatter-gib, seeded by its nonce), in every mode: its inputs land "
+                         "between its own memory (which left sum@128's level as on an empty GPU; "
+                         "--reference-holder-gib is what samples placement)")
 
 
 def timing_args(ap, args) -> list:
