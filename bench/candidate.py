@@ -7,6 +7,7 @@ per call) checked against and timed beside torch.sum.
 --region marks each do_bench with krex.region explicitly (otherwise KREX_HOOKS=triton does it)."""
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -91,7 +92,14 @@ args = ap.parse_args()
 for name, gib in (("--scatter-gib", args.scatter_gib), ("--holder-gib", args.holder_gib)):
     if not 0 <= gib < 1 << 20:           # nan and inf too
         ap.error(f"{name}: GiB, 0 or more, not {gib}")
-if args.holder_gib and importlib.util.find_spec("cuda") is None:
+def have_cuda_python() -> bool:
+    try:
+        return bool(importlib.util.find_spec("cuda.bindings") or importlib.util.find_spec("cuda.cuda"))
+    except ImportError:                      # no "cuda" package at all
+        return False
+
+
+if args.holder_gib and not have_cuda_python():
     ap.error("--holder-gib: the holder needs cuda-python (pip install 'krex[cuda]')")
 if args.op == "sum":
     if args.size <= 0 or (args.size > 2048 and args.size % 2048):
@@ -142,21 +150,25 @@ except ImportError:                      # cuda-python before 12.8, or none
 def ok(res):
     res = res if isinstance(res, tuple) else (res,)
     if res[0] != cu.CUresult.CUDA_SUCCESS:
-        sys.exit(f"candidate --holder-gib: {res[0]!r}")
+        raise RuntimeError(repr(res[0]))
     return res[1] if len(res) > 1 else None
-ok(cu.cuInit(0))
-ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
-rng, pieces, total = random.Random(int(sys.argv[2])), [], 0
-while total < float(sys.argv[1]) * 1024:
-    mib = rng.choice((32, 64, 128, 256, 512))
-    pieces.append((ok(cu.cuMemAlloc(mib << 20)), mib))
-    total += mib
-held = 0
-for ptr, mib in pieces:                  # a random half freed: holes between the held pieces
-    if rng.random() < 0.5:
-        held += mib
-    else:
-        ok(cu.cuMemFree(ptr))
+try:
+    ok(cu.cuInit(0))
+    ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(0))))))
+    rng, pieces, total = random.Random(int(sys.argv[2])), [], 0
+    while total < float(sys.argv[1]) * 1024:
+        mib = rng.choice((32, 64, 128, 256, 512))
+        pieces.append((ok(cu.cuMemAlloc(mib << 20)), mib))
+        total += mib
+    held = 0
+    for ptr, mib in pieces:              # a random half freed: holes between the held pieces
+        if rng.random() < 0.5:
+            held += mib
+        else:
+            ok(cu.cuMemFree(ptr))
+except Exception as e:                   # the reason on the line the candidate reads
+    print("failed", " ".join(str(e).split())[:300], flush=True)
+    sys.exit(1)
 print("ready", held, total - held, flush=True)
 sys.stdin.read()                         # held until the candidate closes this
 """
@@ -174,7 +186,8 @@ def close_holder() -> None:
             holder.wait(30)
         except subprocess.TimeoutExpired:
             holder.kill()
-            holder.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):   # one stuck in the driver: not waited for
+                holder.wait(10)
 
 
 if args.holder_gib > 0:
@@ -189,8 +202,12 @@ if args.holder_gib > 0:
     sel.register(holder.stdout, selectors.EVENT_READ)
     line = holder.stdout.readline().split() if sel.select(timeout=120) else ["(no answer in 120 s)"]
     if line[:1] != ["ready"]:
-        holder.kill()
-        holder.wait()
+        try:
+            holder.wait(10)                  # a failed holder exits on its own
+        except subprocess.TimeoutExpired:
+            holder.kill()                    # a silent one is ended (not waited for if it is stuck in the driver)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                holder.wait(10)
         sys.exit(f"candidate: the --holder-gib process failed (exit {holder.returncode}: {' '.join(line) or 'no line'})")
     holder_mib = [int(line[1]), int(line[2])]
     HOLDER_S = time.monotonic() - T0

@@ -75,6 +75,7 @@ def end_children() -> None:
     for kid in alive:
         with contextlib.suppress(psutil.Error):
             kid.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) -> dict:
@@ -89,7 +90,7 @@ def evaluate(candidate: str, spec: dict, nonce: int, cargs: list | None = None) 
             runpy.run_path(candidate, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        err = e.code if isinstance(e.code, str) else ""
+        err = "" if e.code is None or isinstance(e.code, int) else str(e.code)
     except Exception as e:     # a failed candidate is a row, not a lost task
         code, err = 1, repr(e)
     finally:

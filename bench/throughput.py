@@ -197,6 +197,8 @@ def timing_args(ap, args) -> list:
     a number of GiB)."""
     if not 0 <= args.scatter_gib < 1 << 20:
         ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
+    if args.min_reps < 0:
+        ap.error(f"--min-reps: 0 or more, not {args.min_reps}")
     return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
         (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
 

@@ -372,7 +372,8 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
     for bench in ("freeze_policy.py", "ray_fleet.py"):
         for bad, says in ((["--reference-processes", "0"], "--reference-processes: 1 or more"),
                           (["--reference-holder-gib", "-1"], "--reference-holder-gib: GiB, 0 or more, not -1.0"),
-                          (["--scatter-gib", "inf"], "--scatter-gib: GiB, 0 or more, not inf")):
+                          (["--scatter-gib", "inf"], "--scatter-gib: GiB, 0 or more, not inf"),
+                          (["--min-reps", "-100"], "--min-reps: 0 or more, not -100")):
             p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *bad, "--out", "/nonexistent/never.json"],
                                capture_output=True, text=True, timeout=60)
             assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (bench, bad, p.stderr)
@@ -794,31 +795,41 @@ def test_the_holder_takes_a_seeded_pattern_and_holds_it_until_its_stdin_closes()
 
 
 def test_a_candidate_never_leaves_its_holder_behind(tmp_path):
-    """A holder that cannot start is one line and a failed candidate before torch is imported (without cuda-python:
-    refused at once, exit 2); a candidate that fails after its holder started (here: no triton, or no GPU for
-    torch) leaves no holder running, alone or run by bench/ray_fleet.py's evaluate (runpy, in a Ray worker)."""
+    """A holder that cannot start is one line with its reason and a failed candidate before torch is imported
+    (without cuda-python: refused at once, exit 2); a candidate that fails after its holder started (here: no
+    triton, or no GPU for torch) leaves no holder running, alone or run by bench/ray_fleet.py's evaluate (runpy,
+    in a Ray worker). All on the fake driver, whatever driver the machine has."""
     psutil = pytest.importorskip("psutil")
+    nonce = 424000000 + os.getpid() % 100000 * 10     # this run's own: another session's holder is not counted
     argv = [sys.executable, str(ROOT / "bench" / "candidate.py"), "--op", "sum", "--size", "128", "--variant", "0",
             "--holder-gib", "1"]
-    empty = tmp_path / "nolib"
-    empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    p = subprocess.run(argv + ["--nonce", "424241"], capture_output=True, text=True, timeout=120,
-                       env=dict(env, LD_LIBRARY_PATH=str(empty)))
-    if importlib.util.find_spec("cuda") is None:
+    fakes = dict({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+                 LD_LIBRARY_PATH=str(ROOT / "build" / "fakes"))
+    p = subprocess.run(argv + ["--nonce", str(nonce)], capture_output=True, text=True, timeout=120,
+                       env=dict(fakes, KREX_FAKE_GPUS="0"))
+    try:
+        have = bool(importlib.util.find_spec("cuda.bindings") or importlib.util.find_spec("cuda.cuda"))
+    except ImportError:
+        have = False
+    if not have:
         assert p.returncode == 2 and "needs cuda-python" in p.stderr.strip().splitlines()[-1], p.stderr
         return                                                          # the rest needs cuda-python
-    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith(
-        "candidate: the --holder-gib process failed (exit 1"), p.stderr[-2000:]
-    fakes = dict(env, LD_LIBRARY_PATH=str(ROOT / "build" / "fakes"))
-    p = subprocess.run(argv + ["--nonce", "424242"], capture_output=True, text=True, timeout=120, env=fakes)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 1 and last.startswith("candidate: the --holder-gib process failed (exit 1: failed "), \
+        p.stderr[-2000:]                                                # no GPU: the holder's reason, one line
+
+    def holders(n):
+        return [q.pid for q in psutil.process_iter(["cmdline"]) if str(n) in (q.info["cmdline"] or [])]
+
+    p = subprocess.run(argv + ["--nonce", str(nonce + 1)], capture_output=True, text=True, timeout=120, env=fakes)
     assert p.returncode != 0, p.stdout[-2000:]
-    time.sleep(0.5)
-    left = [q.pid for q in psutil.process_iter(["cmdline"]) if "424242" in (q.info["cmdline"] or [])]
-    assert not left, left
+    deadline = time.monotonic() + 10
+    while holders(nonce + 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not holders(nonce + 1)
     script = (f"import json, sys, psutil; sys.path[:0] = [{str(ROOT / 'bench')!r}]; import ray_fleet\n"
               f"row = ray_fleet.evaluate({str(ROOT / 'bench' / 'candidate.py')!r}, "
-              "{'size': 128, 'variant': 0, 'op': 'sum'}, 424243, ['--holder-gib', '1'])\n"
+              f"{{'size': 128, 'variant': 0, 'op': 'sum'}}, {nonce + 2}, ['--holder-gib', '1'])\n"
               "print(json.dumps({'exit': row['exit'], 'children': len(psutil.Process().children())}))")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=fakes)
     assert p.returncode == 0, p.stderr[-2000:]
