@@ -101,12 +101,16 @@ def retain_hip_context() -> str:
     except ImportError:
         hip = None
     if hip is not None:
-        for call in (lambda: hip.hipInit(0), lambda: hip.hipSetDevice(0), lambda: hip.hipDevicePrimaryCtxRetain(0)):
-            r = call()
-            err = r[0] if isinstance(r, tuple) else r    # hip-python returns (error, results...)
-            if err != hip.hipError_t.hipSuccess:
-                return f"HIP error {int(err)}"
-        return ""
+        try:
+            for call in (lambda: hip.hipInit(0), lambda: hip.hipSetDevice(0),
+                         lambda: hip.hipDevicePrimaryCtxRetain(0)):
+                r = call()
+                err = r[0] if isinstance(r, tuple) else r    # hip-python returns (error, results...)
+                if err != hip.hipError_t.hipSuccess:
+                    return f"HIP error {int(err)}"
+            return ""
+        except Exception:     # hip-python without a HIP runtime to load: as ctypes finds it (none: warm for imports)
+            pass
     try:
         lib = ctypes.CDLL("libamdhip64.so")
     except OSError:

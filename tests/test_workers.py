@@ -385,3 +385,35 @@ def test_a_warm_commands_own_gpu_children_are_not_frozen_by_its_region(krex, tmp
     pid, child_state = out.stdout.splitlines()[-1].split()
     assert int(pid) == worker, out.stderr
     assert child_state not in ("T", "t")              # same command, same job: never its own sibling
+
+
+@pytest.mark.parametrize("driver", ["none", "fake", "fake-no-gpu"])
+def test_a_worker_retains_its_context_through_whatever_bindings_are_installed(tmp_path, driver):
+    """retain_primary_context with cuda-python installed (the `cuda` extra, as on a GPU node) and no CUDA driver
+    to load (an AMD node, a CPU machine): no GPU, warm for imports (""), as without cuda-python; it had raised,
+    so every warm worker died before it was ready. With the fake driver: its context (""), or the driver's error
+    when it has no GPU."""
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("cuda.bindings") is None:
+            pytest.skip("cuda-python is not installed (pip install 'krex[cuda]')")
+    except ImportError:
+        pytest.skip("cuda-python is not installed (pip install 'krex[cuda]')")
+    empty = tmp_path / "nolib"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "KREX_FAKE_GPUS")}
+    env["LD_LIBRARY_PATH"] = str(empty if driver == "none" else ROOT / "build" / "fakes")
+    if driver == "fake-no-gpu":
+        env["KREX_FAKE_GPUS"] = "0"
+    code = ("import ctypes, json\n"
+            "try:\n    ctypes.CDLL('libcuda.so.1'); real = True\nexcept OSError:\n    real = False\n"
+            "from krex_ctl.worker import retain_primary_context\n"
+            "print(json.dumps([real, retain_primary_context()]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(env, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr[-2000:]
+    found, said = json.loads(p.stdout.strip().splitlines()[-1])
+    if driver == "none" and found:
+        pytest.skip("this machine has a CUDA driver the loader finds")
+    assert said == ("CUDA driver error 101" if driver == "fake-no-gpu" else ""), said   # 101: no device 0
