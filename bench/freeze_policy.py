@@ -293,7 +293,8 @@ def main() -> None:
                         left = args.deadline - (time.monotonic() - t_plan) - 1.2 * first
                         shared_left = sum(1 for m, _ in plan[i:] if m not in T.REFERENCE_MODES)
                         budget = max(5.0, min(budget, left / shared_left - TAIL_S))
-                    runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1), ctls))
+                    runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1) + args.nonce_offset,
+                                           ctls))
                     runs[-1]["budget_s"] = budget
                     page = ctls.scrape(mode)
                     if page:   # the controller lives for the whole plan: its counters are cumulative

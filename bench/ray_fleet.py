@@ -344,7 +344,8 @@ def main() -> None:
         ray.init(num_cpus=os.cpu_count(), num_gpus=args.gpus, include_dashboard=False, log_to_driver=False,
                  _temp_dir=str(tmp / "ray"))
         for i, mode in enumerate(plan):
-            r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1), str(sock),
+            r = run_mode(ray, mode, args.agents, specs, args.budget, candidate, 1000 * (i + 1) + args.nonce_offset,
+                         str(sock),
                          mode_args(mode, args.reference, T.reference_args(args)),
                          args.reference_processes if mode == args.reference else 1)
             runs.append(r)

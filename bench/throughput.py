@@ -190,6 +190,10 @@ def add_timing_options(ap, unit: str) -> None:
                          "(bench/candidate.py --scatter-gib, seeded by its nonce), in every mode: its inputs land "
                          "between its own memory (which left sum@128's level as on an empty GPU; "
                          "--reference-holder-gib is what samples placement)")
+    ap.add_argument("--nonce-offset", type=int, default=0,
+                    help=f"added to every {unit}'s nonce (its source, its inputs' seed and its --holder-gib or "
+                         "--scatter-gib pattern, fixed otherwise by the mode's place in the plan and the index): "
+                         "another run with another offset samples other placements")
 
 
 def timing_args(ap, args) -> list:
@@ -199,6 +203,8 @@ def timing_args(ap, args) -> list:
         ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
     if args.min_reps < 0:
         ap.error(f"--min-reps: 0 or more, not {args.min_reps}")
+    if not 0 <= args.nonce_offset < 1 << 40:
+        ap.error(f"--nonce-offset: 0 or more, not {args.nonce_offset}")
     return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
         (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
 

@@ -224,7 +224,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "2", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
-                        "--scatter-gib", "1", "--reference-holder-gib", "2",
+                        "--scatter-gib", "1", "--reference-holder-gib", "2", "--nonce-offset", "500000",
                         "--mix", "2048:0.5,sum@1024/0:0.5",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
@@ -255,6 +255,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0}
                for r in rows), rows
     holders = {run["mode"]: {r["harness"].get("holder_gib") for r in run["rows"]} for run in data["runs"]}
+    nonces = [r["nonce"] for run in data["runs"] for r in run["rows"]]
+    assert nonces and min(nonces) >= 501000 and len(set(nonces)) == len(nonces), nonces   # --nonce-offset
     assert holders.pop("krexsolo") == holders.pop("krexsolobusy") == {2.0}, holders
     assert "krexbusy" in holders and all(v == {None} for v in holders.values()), holders
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0,

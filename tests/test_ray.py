@@ -401,7 +401,7 @@ for k in ("candidate", "reference"):     # a region per timing where krex's hook
     else:
         ms[k] = bench()
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
-                  "argv_op": args.op, "argv_gib": [args.scatter_gib, args.holder_gib],
+                  "argv_op": args.op, "argv_gib": [args.scatter_gib, args.holder_gib], "nonce": args.nonce,
                   "repeat": args.repeat, "correct": True, "candidate_ms": ms["candidate"],
                   "reference_ms": ms["reference"], "import_s": 0.0, "total_s": time.monotonic() - T0}))
 """
@@ -431,7 +431,7 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
                               "--mix", "2048:0.5,sum@1024/0:0.5",
                               "--plan", "pergpu,naive,krex,shell,pergpubusy,pergpukrex",
                               "--reference", "pergpukrex", "--reference-repeat", "3", "--reference-processes", "2",
-                              "--reference-holder-gib", "2", "--scatter-gib", "1",
+                              "--reference-holder-gib", "2", "--scatter-gib", "1", "--nonce-offset", "70000",
                               "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
                               "--out", str(out)], env=dict(env, NEIGHBOUR_MARK=str(tmp_path / "neighbour")),
                              capture_output=True, text=True, timeout=840)
@@ -458,6 +458,8 @@ def test_the_ray_fleet_bench_runs_on_the_fake_driver(tmp_path):
     gibs = {r["mode"]: {tuple(row["argv_gib"]) for row in r["rows"]} for r in json.loads(out.read_text())["runs"]}
     assert gibs == {"pergpu": {(1, 0)}, "naive": {(1, 0)}, "krex": {(1, 0)}, "shell": {(1, 0)},
                     "pergpubusy": {(1, 0)}, "pergpukrex": {(1, 2)}}, gibs
+    # --nonce-offset: every evaluation's nonce moved by it (mode i's from 1000 * (i + 1) + 70000)
+    assert all(row["nonce"] >= 71000 for r in json.loads(out.read_text())["runs"] for row in r["rows"])
     # --reference-processes: every distinct spec twice, in the judging reference's pass only, each its own worker
     runs = {r["mode"]: r for r in json.loads(out.read_text())["runs"]}
     assert len(runs["pergpukrex"]["rows"]) == 2 * len(runs["pergpu"]["rows"]) == 2 * len(runs["pergpubusy"]["rows"])

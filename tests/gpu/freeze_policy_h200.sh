@@ -15,6 +15,7 @@
 # HOST_BOUND=1: KREX_HOST_BOUND=1 in the krex commands (each timing says whether its region was host-bound).
 # TIMER (events): the candidates' timer, events (do_bench) or graph (do_bench_cudagraph: no host launches in it).
 # REF_HOLDER_GIB (0): bench/freeze_policy.py --reference-holder-gib, each reference command beside a seeded holder.
+# NONCE_OFFSET (0): bench/freeze_policy.py --nonce-offset (other nonces: other holder patterns, other placements).
 # SCATTER_GIB (0): bench/freeze_policy.py --scatter-gib, each command's inputs placed between memory of its own (every mode).
 # WARMUP_MS (25) and MIN_REPS (0): the candidates' do_bench warm-up and least repetitions (500 and 100: the
 # power-steady harness of docs/measurements/harness-stability.md).
@@ -33,7 +34,7 @@ cpu_topology | tee -a $OUT/freeze-policy.log
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log

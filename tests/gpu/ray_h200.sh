@@ -14,6 +14,7 @@
 # 2048:0.3,4096:0.2,8192/1:0.25,16384/1:0.25), BUDGET (75 s per mode), LIMIT (420 s),
 # TIMER (events): the evaluations' timer, events (do_bench) or graph (do_bench_cudagraph).
 # REF_HOLDER_GIB (0): bench/ray_fleet.py --reference-holder-gib, each REFERENCE evaluation beside a seeded holder.
+# NONCE_OFFSET (0): bench/ray_fleet.py --nonce-offset (other nonces: other holder patterns, other placements).
 # SCATTER_GIB (0): bench/ray_fleet.py --scatter-gib, each evaluation's inputs placed between memory of its own (every mode).
 # WARMUP_MS (25) and MIN_REPS (0): the candidates' do_bench warm-up and least repetitions (500 and 100: the
 # power-steady harness of docs/measurements/harness-stability.md).
@@ -94,7 +95,7 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
   --format=csv -lms 500 > $L/smi.csv & SMI=$!
 timeout ${LIMIT:-420} python3 bench/ray_fleet.py --agents ${AGENTS:-8} --plan ${PLAN:-pergpu,naive,krex,shell} \
-  --specs ${SPECS:-16} $([ -n "${MIX:-}" ] && echo --mix $MIX) --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-holder-gib ${REF_HOLDER_GIB:-0} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --reference ${REFERENCE:-pergpu} --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
+  --specs ${SPECS:-16} $([ -n "${MIX:-}" ] && echo --mix $MIX) --budget ${BUDGET:-75} --repeat ${REPEAT:-1} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-holder-gib ${REF_HOLDER_GIB:-0} --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} --reference ${REFERENCE:-pergpu} --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/ray-fleet.json > $L/ray-fleet.log 2>&1
 echo "ray_fleet rc=$?"
 kill $SMI
 grep -v '^\s' $L/ray-fleet.log | tail -20
