@@ -433,15 +433,16 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")
 
 
-def test_no_pool_is_read_once_its_destroy_has_begun(krex, tmp_path):
+@pytest.mark.parametrize("snippet", ["pool_race", "hip_pool_race"])
+def test_no_pool_is_read_once_its_destroy_has_begun(krex, tmp_path, snippet):
     """A thread makes pools the device's current one and destroys them while another allocates plainly (from the
     current pool) and synchronizes. An allocation that got a pool just before its destroy followed it again, and
     the next synchronize read the destroyed pool (the fake driver aborts on that): 4 runs in 20 before the shim
     refused to follow a pool while a destroy is under way or after one ended since the allocation began. Three
-    runs of 60 pools each."""
+    runs of 60 pools each, through the CUDA driver API and through HIP."""
     krex.start_controller()
     for _ in range(3):
-        out = krex.run([SNIP / "pool_race"], env={"SNIPPET_ROUNDS": "60"}, timeout=120)
+        out = krex.run([SNIP / snippet], env={"SNIPPET_ROUNDS": "60"}, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout.strip().splitlines()[-1])["allocations"] > 0, out.stdout
 
