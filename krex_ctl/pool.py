@@ -170,6 +170,11 @@ class WorkerPool:
         return [{"pid": w.pid, "gpu": w.key[0], "state": w.state,
                  "serving": w.serving.id if w.serving else None} for w in self.workers]
 
+    def describe_failed(self) -> list[dict]:
+        """The environments whose zygote could not start, died or gave up: their commands run cold (not retried
+        while this controller runs)."""
+        return [{"gpu": key[0], "python": key[1]} for key in sorted(self.failed, key=lambda k: (k[0], k[1]))]
+
     def describe_zygotes(self) -> list[dict]:
         return [{"pid": z.proc.pid, "gpu": z.key[0], "ready": z.client is not None, "forks": z.forkable}
                 for z in self.zygotes.values()]

@@ -902,6 +902,7 @@ class Controller(RegionEffects):
             "placement": server_placement.status_section(self),
             "workers": self.pool.describe(),
             "zygotes": self.pool.describe_zygotes(),
+            "zygotes_failed": self.pool.describe_failed(),
         }
 
 

@@ -417,3 +417,22 @@ def test_a_worker_retains_its_context_through_whatever_bindings_are_installed(tm
     if driver == "none" and found:
         pytest.skip("this machine has a CUDA driver the loader finds")
     assert said == ("CUDA driver error 101" if driver == "fake-no-gpu" else ""), said   # 101: no device 0
+
+
+def test_a_zygote_that_stops_is_in_the_status_and_commands_run_cold(krex, tmp_path):
+    """A preloaded module that ends the process: the zygote dies before it is ready, is not started again, and
+    `krex status` says that this environment's commands run cold; they do, and succeed."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "dies.py").write_text("import os\nos._exit(3)\n")
+    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "dies")
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    failed = wait_for(lambda: krex.status()["zygotes_failed"], timeout=60, what="a stopped zygote")
+    assert [z["gpu"] for z in failed] == [0] and failed[0]["python"], failed
+    assert not krex.status()["zygotes"]
+    out = run_py(krex, tmp_path, "import os; print(os.getpid())", env=env, name="again.py")
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr          # cold: a process of its own
+    text = subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=krex.env, capture_output=True,
+                          text=True, timeout=30)
+    assert "warm workers for GPU 0" in text.stdout and "stopped, commands run cold" in text.stdout, text.stdout

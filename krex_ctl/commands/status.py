@@ -90,6 +90,9 @@ def lines(st: dict) -> list[str]:
         how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
         out.append(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
                    f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
+    for z in st.get("zygotes_failed", []):
+        out.append(f"warm workers for GPU {z['gpu']} ({z['python']}): stopped, commands run cold "
+                   "(the controller's log says why)")
     if st.get("omitted"):
         out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
     out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
