@@ -253,7 +253,10 @@ def krex_status(env: dict) -> dict:
 def wait_idle(env: dict, n: int, timeout: float) -> None:
     """Until the controller at env's KREX_SOCKET has n idle warm workers."""
     deadline = time.monotonic() + timeout
-    while sum(w["state"] == "idle" for w in (st := krex_status(env))["workers"]) < n:
+    while True:
+        st = krex_status(env)
+        if sum(w["state"] == "idle" for w in st["workers"]) >= n:
+            return
         if time.monotonic() > deadline or (st.get("zygotes_failed") and not st.get("zygotes")):
             raise SystemExit(f"warm workers did not come up: {st['workers']}, stopped: {st.get('zygotes_failed')} "
                              "(see the controller's log)")
