@@ -171,9 +171,13 @@ class WorkerPool:
                  "serving": w.serving.id if w.serving else None} for w in self.workers]
 
     def describe_failed(self) -> list[dict]:
-        """The environments whose zygote could not start, died or gave up: their commands run cold (not retried
-        while this controller runs)."""
-        return [{"gpu": key[0], "python": key[1]} for key in sorted(self.failed, key=lambda k: (k[0], k[1]))]
+        """The environments whose zygote could not start, died or gave up, per GPU and interpreter (how many
+        environments: they differ in the variables a fingerprint covers): their commands run cold, not retried
+        while this controller runs."""
+        count: dict = {}
+        for gpu, python, _ in self.failed:
+            count[(gpu, python)] = count.get((gpu, python), 0) + 1
+        return [{"gpu": gpu, "python": python, "environments": n} for (gpu, python), n in sorted(count.items())]
 
     def describe_zygotes(self) -> list[dict]:
         return [{"pid": z.proc.pid, "gpu": z.key[0], "ready": z.client is not None, "forks": z.forkable}

@@ -429,10 +429,11 @@ def test_a_zygote_that_stops_is_in_the_status_and_commands_run_cold(krex, tmp_pa
     krex.start_controller("--warm-workers", "1", "--worker-preload", "dies")
     assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
     failed = wait_for(lambda: krex.status()["zygotes_failed"], timeout=60, what="a stopped zygote")
-    assert [z["gpu"] for z in failed] == [0] and failed[0]["python"], failed
+    assert [(z["gpu"], z["environments"]) for z in failed] == [(0, 1)] and failed[0]["python"], failed
     assert not krex.status()["zygotes"]
-    out = run_py(krex, tmp_path, "import os; print(os.getpid())", env=env, name="again.py")
-    assert out.returncode == 0 and out.stdout.strip(), out.stderr          # cold: a process of its own
+    out = run_py(krex, tmp_path, "import sys; print('dies' in sys.modules)", env=env, name="again.py")
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr   # cold: nothing preloaded in it
+    assert not krex.status()["workers"]
     text = subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=krex.env, capture_output=True,
                           text=True, timeout=30)
-    assert "warm workers for GPU 0" in text.stdout and "stopped, commands run cold" in text.stdout, text.stdout
+    assert "warm workers for GPU 0" in text.stdout and "stopped for 1 environment(s)" in text.stdout, text.stdout

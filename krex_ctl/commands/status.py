@@ -91,8 +91,8 @@ def lines(st: dict) -> list[str]:
         out.append(f"warm workers for GPU {z['gpu']}: zygote pid {z['pid']} ({how}); "
                    f"{sum(w['state'] == 'idle' for w in mine)} idle, {sum(w['state'] == 'busy' for w in mine)} busy")
     for z in st.get("zygotes_failed", []):
-        out.append(f"warm workers for GPU {z['gpu']} ({z['python']}): stopped, commands run cold "
-                   "(the controller's log says why)")
+        out.append(f"warm workers for GPU {z['gpu']} ({z['python']}): stopped for {z.get('environments', 1)} "
+                   "environment(s), their commands run cold (the controller's log says why)")
     if st.get("omitted"):
         out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
     out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
