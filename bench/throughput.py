@@ -157,6 +157,17 @@ def distinct(specs: list) -> list[dict]:
 REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (freeze_policy.py --reference-processes)
 
 
+def gib(text: str) -> float:
+    """An argparse type: GiB of GPU memory, 0 or more (not nan, not inf): one line and exit 2 otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"GiB, 0 or more, not {text!r}") from None
+    if not 0 <= value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"GiB, 0 or more, not {value}")
+    return value
+
+
 def add_reference_options(ap, unit: str) -> None:
     """--reference-repeat and --reference-processes, as bench/freeze_policy.py (UNIT command) and
     bench/ray_fleet.py (UNIT evaluation: a Ray task, each its own worker, max_calls=1 for GPU tasks) take them."""
@@ -167,7 +178,7 @@ def add_reference_options(ap, unit: str) -> None:
     ap.add_argument("--reference-processes", type=int, default=1,
                     help=f"{unit}s per distinct kernel in each reference pass, each its own process: more samples "
                          "the level a kernel takes per process, as the shared modes' many processes do")
-    ap.add_argument("--reference-holder-gib", type=float, default=0,
+    ap.add_argument("--reference-holder-gib", type=gib, default=0,
                     help=f"> 0: each {unit} of the reference passes (bench/ray_fleet.py: the --reference mode's; "
                          "bench/freeze_policy.py: every --reference's) beside a holder of its own (bench/candidate.py "
                          "--holder-gib G: another process takes G GiB in pieces and frees a random half, seeded by "
@@ -185,7 +196,7 @@ def add_timing_options(ap, unit: str) -> None:
     ap.add_argument("--timer", choices=("events", "graph"), default="events",
                     help=f"each {unit}'s timer (bench/candidate.py --timer): events, do_bench; graph, "
                          "do_bench_cudagraph, without the host's launches in the timing")
-    ap.add_argument("--scatter-gib", type=float, default=0,
+    ap.add_argument("--scatter-gib", type=gib, default=0,
                     help=f"each {unit} first takes this much GPU memory in pieces and gives a random half back "
                          "(bench/candidate.py --scatter-gib, seeded by its nonce), in every mode: its inputs land "
                          "between its own memory (which left sum@128's level as on an empty GPU; "
@@ -197,10 +208,8 @@ def add_timing_options(ap, unit: str) -> None:
 
 
 def timing_args(ap, args) -> list:
-    """bench/candidate.py's options from add_timing_options' (one line and exit 2 for a --scatter-gib that is not
-    a number of GiB)."""
-    if not 0 <= args.scatter_gib < 1 << 20:
-        ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
+    """bench/candidate.py's options from add_timing_options' (one line and exit 2 for a --min-reps or
+    --nonce-offset below 0; --scatter-gib is checked by its type, gib)."""
     if args.min_reps < 0:
         ap.error(f"--min-reps: 0 or more, not {args.min_reps}")
     if not 0 <= args.nonce_offset < 1 << 40:
@@ -215,8 +224,6 @@ def check_reference_options(ap, args) -> None:
         ap.error("--reference-repeat: 0 (as --repeat) or more")
     if args.reference_processes < 1:
         ap.error("--reference-processes: 1 or more")
-    if not 0 <= args.reference_holder_gib < 1 << 20:
-        ap.error(f"--reference-holder-gib: GiB, 0 or more, not {args.reference_holder_gib}")
 
 
 def reference_args(args) -> list:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from throughput import BUCKETS, OPS, bucket, p95, parse_size, size_ok, spec_of, timings  # noqa: E402
+from throughput import BUCKETS, OPS, bucket, gib, p95, parse_size, size_ok, spec_of, timings  # noqa: E402
 
 
 def parse_kernels(text: str, ap) -> list:
@@ -113,7 +113,7 @@ def main() -> int:
                          "pieces, 32-512 MiB, and the half it frees drawn with the command's nonce as the seed, "
                          "cuda-python): every process's inputs land in another pattern (do the processes then take "
                          "levels?); stability run 3 had the same draws in a torch process started before the command")
-    ap.add_argument("--scatter-gib", type=float, default=0,
+    ap.add_argument("--scatter-gib", type=gib, default=0,
                     help="> 0: bench/candidate.py --scatter-gib G in every process: each places its own inputs "
                          "between memory it takes and half gives back (seeded by its nonce), without a holder")
     ap.add_argument("--out", required=True)
@@ -121,8 +121,6 @@ def main() -> int:
     kernels = parse_kernels(args.kernels, ap)
     if args.procs < 1 or args.repeat < 1:
         ap.error("--procs and --repeat: 1 or more")
-    if not 0 <= args.scatter_gib < 1 << 20:
-        ap.error(f"--scatter-gib: GiB, 0 or more, not {args.scatter_gib}")
     if args.hold_seeded and args.hold_gib <= 0:
         ap.error("--hold-seeded needs --hold-gib G")
     holder = start_holder(args.hold_gib) if args.hold_gib > 0 and not args.hold_seeded else None
