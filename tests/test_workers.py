@@ -26,6 +26,18 @@ def run_py(krex, tmp_path, code, env=None, name="s.py", **kw):
     return krex.run([sys.executable, str(script)], report=tmp_path / "r.json", env=env, **kw)
 
 
+def preloading(krex, tmp_path, module: str, source: str, workers: str = "1") -> dict:
+    """A controller whose warm workers preload MODULE (SOURCE, in a folder of its own), and the first command of
+    that environment run (cold: it asks for the zygote); the environment's variables for the next commands."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / f"{module}.py").write_text(source)
+    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
+    krex.start_controller("--warm-workers", workers, "--worker-preload", module)
+    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    return env
+
+
 @pytest.fixture
 def warm(krex, tmp_path):
     # one worker that runs many commands: what the hygiene between commands must hold up to
@@ -266,13 +278,8 @@ def test_by_default_each_command_gets_a_worker_forked_for_it(krex, tmp_path):
 
 
 def test_a_zygote_that_cannot_fork_safely_starts_workers_as_new_interpreters(krex, tmp_path):
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    (mods / "spins.py").write_text("import threading, time\n"
-                                   "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
-    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "spins")
-    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    env = preloading(krex, tmp_path, "spins", "import threading, time\n"
+                     "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
     zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
                       what="a ready zygote")
     assert zygote["forks"] is False                   # a Python thread runs in it: forking could deadlock
@@ -317,18 +324,15 @@ def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp
 
 
 def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, tmp_path):
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    (mods / "nofork.py").write_text("import os\nos.register_at_fork(after_in_child=lambda: os._exit(5))\n")
-    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
-    krex.start_controller("--warm-workers", "2", "--worker-preload", "nofork")
-    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    env = preloading(krex, tmp_path, "nofork", "import os\nos.register_at_fork(after_in_child=lambda: os._exit(5))\n",
+                     workers="2")
     wait_for(lambda: "went away" in krex.ctl_log.read_text(), timeout=60, what="the zygote giving up")
     assert "3 warm workers in a row died before they were ready" in krex.ctl_log.read_text()
     out = run_py(krex, tmp_path, "print('ran')", env=env, name="p.py")
     assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
     time.sleep(1.5)
     assert not krex.status()["zygotes"] and not krex.status()["workers"]    # not restarted: no start loop
+    assert [z["gpu"] for z in krex.status()["zygotes_failed"]] == [0]     # the status says so
 
 
 def test_an_idle_worker_frozen_in_a_region_is_resumed_when_the_controller_dies(krex, tmp_path):
@@ -422,12 +426,7 @@ def test_a_worker_retains_its_context_through_whatever_bindings_are_installed(tm
 def test_a_zygote_that_stops_is_in_the_status_and_commands_run_cold(krex, tmp_path):
     """A preloaded module that ends the process: the zygote dies before it is ready, is not started again, and
     `krex status` says that this environment's commands run cold; they do, and succeed."""
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    (mods / "dies.py").write_text("import os\nos._exit(3)\n")
-    env = {"PYTHONPATH": os.pathsep.join([krex.env["PYTHONPATH"], str(mods)])}
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "dies")
-    assert run_py(krex, tmp_path, "pass", env=env, name="first.py").returncode == 0
+    env = preloading(krex, tmp_path, "dies", "import os\nos._exit(3)\n")
     failed = wait_for(lambda: krex.status()["zygotes_failed"], timeout=60, what="a stopped zygote")
     assert [(z["gpu"], z["environments"]) for z in failed] == [(0, 1)] and failed[0]["python"], failed
     assert not krex.status()["zygotes"]
