@@ -22,6 +22,25 @@ def start_time(pid: int) -> Optional[int]:
     return int(data[data.rindex(b")") + 2:].split()[19])
 
 
+PF_EXITING = 0x4   # the kernel's task flag, set when do_exit begins (include/linux/sched.h)
+
+
+def exiting(pid: int, started: int) -> bool:
+    """Whether the process that had this start time is gone or on its way out: a zombie, or past the start of
+    its exit (PF_EXITING in field 9 of /proc/pid/stat), where its memory, its environment with it, may already
+    be released while its files (a GPU context among them) are still being closed. False for a process that
+    now has the pid but started at another time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    fields = data[data.rindex(b")") + 2:].split()
+    if int(fields[19]) != started:
+        return False
+    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & PF_EXITING)
+
+
 _STATE = {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
           psutil.STATUS_DEAD: "X", psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S",
           psutil.STATUS_DISK_SLEEP: "D", psutil.STATUS_IDLE: "I"}

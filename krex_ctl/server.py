@@ -159,7 +159,9 @@ class Controller(RegionEffects):
         self.gpus = gpus.GpuTable(cfg, self.gate)
         # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
         self.gate.publish(socket_path + ".gate")
-        self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()})
+        self.departed: dict[int, tuple[int, float]] = {}   # pid -> (start time, when) of GPU clients dropped
+        self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()},
+                                  lambda: {pid: st for pid, (st, _) in self.departed.items()})
         self.lifecycle = Lifecycle(cfg)
         self.book = Regions(cfg, lambda: self.clients.values(), self.command_job, self.lifecycle)
         self.lifecycle.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
@@ -575,7 +577,20 @@ class Controller(RegionEffects):
         if client.role in GPU_ROLES:
             self.gpu_clients -= 1
             self.note_activity()
+            self.note_departed(client)
         self.apply(self.book.schedule(time.monotonic()))
+
+    DEPARTED_S = 60.0
+
+    def note_departed(self, client: Client) -> None:
+        """Kept a minute for the attestation (NvmlAttestor.leaving): a client's process may still be closing
+        its GPU context after its connection closed."""
+        now = time.monotonic()
+        for pid in [p for p, (_, t) in self.departed.items() if now - t > self.DEPARTED_S]:
+            del self.departed[pid]
+        started = procs.start_time(client.pid)
+        if started is not None:
+            self.departed[client.pid] = (started, now)
 
     # ---- messages, by sender ---------------------------------------------------------------------
     def handle(self, client: Client, mtype: int, payload: bytes, seq: int) -> None:

@@ -139,6 +139,60 @@ def test_a_process_that_has_exited_is_not_foreign(krex, tmp_path):
     assert r["clean"]
 
 
+LEAVER = r"""
+import os, sys
+from krex_ctl.wire.client import Connection
+from krex_ctl.wire.frames import C
+c = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)   # a region client outside the shim
+os.execv(sys.argv[1], sys.argv[1:])     # its connection (close-on-exec) closes, the process goes on
+"""
+
+
+def leaver(krex, tmp_path, how):
+    """A process that was a region client (outside the shim), closed its connection and runs on: with "exit"
+    its main thread then exits while another one sleeps (tests/snippets/leader_exit.c). (pid, Popen)."""
+    script = tmp_path / "leaver.py"
+    script.write_text(LEAVER)
+    p = subprocess.Popen([sys.executable, str(script), str(SNIP / "leader_exit"), how], env=krex.env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline())
+    wait_for(lambda: all(c["pid"] != pid for c in krex.status()["clients"]), what="the connection closed")
+    return pid, p
+
+
+def test_a_client_that_closed_its_connection_and_runs_on_is_foreign(krex, tmp_path):
+    """The controller remembers the clients that disconnected, so that one on its way out is not taken for a
+    stranger (NvmlAttestor.leaving, test_units): one that goes on running, outside the shim, still is."""
+    krex.start_controller()
+    pid, p = leaver(krex, tmp_path, "live")
+    try:
+        krex.nvml.write_text(f"process 0 {pid} 1000\n")
+        _, r = region_of(krex, tmp_path)
+        assert r["taints"] == ["foreign_process"] and r["attestation"]["gpus"]["0"]["foreign_pids"] == [pid]
+    finally:
+        p.kill()
+        p.communicate()
+
+
+def test_exiting_tells_a_process_on_its_way_out(krex, tmp_path):
+    """procs.exiting: PF_EXITING or a zombie, for the process that had that start time only."""
+    from krex_ctl import procs
+
+    krex.start_controller()
+    pid, p = leaver(krex, tmp_path, "exit")
+    try:
+        started = procs.start_time(pid)
+        assert not procs.exiting(pid, started)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        wait_for(lambda: procs.exiting(pid, started), what="its main thread gone")
+        assert not procs.exiting(pid, started + 1)     # another process with that pid
+    finally:
+        p.kill()
+        p.communicate()
+    assert procs.exiting(pid, started)                 # reaped
+
+
 def test_a_process_under_the_shim_is_not_foreign_before_it_registers(krex, tmp_path):
     krex.start_controller()
     other = krex.popen(["sleep", "30"])

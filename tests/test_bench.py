@@ -262,7 +262,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0,
                                 "holder_gib": 2.0} for r in refs), refs
     # each region's lowest SM clock from its attestation (the fake NVML's 1980 MHz), summed up per mode
-    assert all(r["region_clocks_mhz"] == [1980] * 4 for r in rows), rows
+    assert all(r["region_clocks_mhz"] == [1980] * 4 and r["region_taints"] == [] for r in rows), rows
     # where the waits for a grant went, per hand-off phase (the report's *_ns), summed over each command's regions
     assert all(set(r["region_phases_s"]) == {"queued", "drain", "settle", "freeze", "isolate", "attest"}
                and min(r["region_phases_s"].values()) >= 0 for r in rows), rows

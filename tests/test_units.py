@@ -246,3 +246,44 @@ def test_the_resumer_holds_a_process_before_it_is_stopped(tmp_path):
     held, skipped = f.freeze(7, [b, gone], [a], [a])
     assert order == [("hold", 7, (101, 102, 103)), ("signal", 2, signal.SIGSTOP), ("signal", 3, signal.SIGSTOP)]
     assert held == [a, b] and skipped == ""
+
+
+def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
+    """NvmlAttestor: a pid NVML lists that is no client and not under the shim is foreign, unless it is a client
+    that disconnected and is exiting (its connection closes before its GPU context, and its environment is gone
+    by then, so krex_managed cannot tell); one that disconnected and runs on is foreign."""
+    from types import SimpleNamespace
+
+    from krex_ctl.enforce import attest
+
+    class Nv:
+        count = 1
+
+        def uuid(self, g): return b"GPU-real"
+        def reasons(self, g): return 0
+        def sm_clock(self, g): return 1980
+        def temperature(self, g): return 40
+        def processes(self, g): return {4242: 1 << 20}
+        def xid_events(self): return []
+        def sm_clock_samples(self, g, since): return []
+
+    departed = {}
+    exiting = {4242: True}
+    monkeypatch.setattr(attest, "krex_managed", lambda pid: False)
+    monkeypatch.setattr(attest.procs, "exiting", lambda pid, started: started == 7 and exiting[pid])
+    cfg = SimpleNamespace(busy_before_us=1000.0, clock_drop_pct=0.0)
+    a = attest.NvmlAttestor(Nv(), cfg, lambda: set(), lambda: departed)
+
+    def taints():
+        region = SimpleNamespace(taints=0, others_busy_us=0, clock_settle=[], attest_start=a.snapshot(1))
+        r = a.finish(region, 0)
+        return r.record()["taints"], r.details["gpus"]["0"]["foreign_pids"]
+
+    assert taints() == (["foreign_process"], [4242])          # never a client
+    departed[4242] = 7
+    assert taints() == ([], [])                               # a client on its way out
+    exiting[4242] = False
+    assert taints() == (["foreign_process"], [4242])          # a client that runs on
+    departed[4242] = 8
+    exiting[4242] = True
+    assert taints() == (["foreign_process"], [4242])          # the pid is another process's now

@@ -95,10 +95,18 @@ class NvmlAttestor(Attestor):
 
     source = "nvml"
 
-    def __init__(self, nv, cfg, known_pids) -> None:
-        self.nv, self.cfg, self.known_pids = nv, cfg, known_pids
+    def __init__(self, nv, cfg, known_pids, departed=dict) -> None:
+        self.nv, self.cfg, self.known_pids, self.departed = nv, cfg, known_pids, departed
         if fake_gpus(nv):
             self.source = "fake"    # the tests' fake NVML: its figures are no claim about a GPU
+
+    def leaving(self, pid: int) -> bool:
+        """A client that has disconnected and whose process is exiting: its connection can close before its
+        GPU context does (its files close in fd order), and by then its environment reads empty (its memory is
+        released first), so krex_managed cannot tell. Its teardown is lifecycle work, not a foreign process.
+        One that disconnected and lives on is judged as any other process."""
+        started = self.departed().get(pid)
+        return started is not None and procs.exiting(pid, started)
 
     def _gpu(self, g: int) -> GpuSnapshot:
         import time
@@ -149,7 +157,8 @@ class NvmlAttestor(Attestor):
             pct = float(self.cfg.clock_drop_pct)
             if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
-            foreign = sorted(p for p in (set(s.pids) | set(e.pids)) - known if not krex_managed(p))
+            foreign = sorted(p for p in (set(s.pids) | set(e.pids)) - known
+                             if not krex_managed(p) and not self.leaving(p))
             if foreign:
                 taints |= C.KREX_TAINT_FOREIGN_PROCESS
             gxid = [x for gi, x in xids if gi == g]
@@ -181,11 +190,12 @@ def fake_gpus(nv) -> bool:
     return bool(uuids) and all(u is not None and u[:4] == FAKE_UUID_PREFIX for u in uuids)
 
 
-def make(cfg, known_pids):
-    """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own."""
+def make(cfg, known_pids, departed=dict):
+    """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own.
+    known_pids(): the clients' pids; departed(): pid -> start time of clients that disconnected lately."""
     if not cfg.attest:
         return Attestor()
     from .. import nvml
 
     nv = nvml.open_nvml()
-    return NvmlAttestor(nv, cfg, known_pids) if nv is not None else Attestor()
+    return NvmlAttestor(nv, cfg, known_pids, departed) if nv is not None else Attestor()
