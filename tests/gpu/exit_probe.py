@@ -1,0 +1,157 @@
+"""tests/gpu/exit_probe.py: what the controller's attestation sees of a process with a GPU context while it exits.
+
+A krex command's shim connects to the controller before the driver opens its device files, so at exit its
+connection (a lower fd) closes before its GPU context is torn down. Between the two, NVML still lists the
+process. This probe measures that window on a real GPU: each child connects to a Unix socket of the probe's own
+(before CUDA is initialized, as the shim does), makes a context and takes memory with PyTorch, and exits.
+Meanwhile the probe polls NVML's compute processes and, for every listed child whose connection has closed, reads
+what krex_ctl/enforce/attest.py reads: /proc/PID/environ (readable, empty or an error), the state and the
+PF_EXITING flag of /proc/PID/stat.
+
+    python3 tests/gpu/exit_probe.py --children 30 --parallel 3 --gib 1 --out exit-probe.json
+"""
+
+import argparse
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CHILD = r"""
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(str(os.getpid()).encode() + b"\n")
+import torch
+x = torch.empty(int(float(sys.argv[2]) * (1 << 30)), dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+time.sleep(0.2)
+"""
+
+PF_EXITING = 0x4
+
+
+def proc_view(pid: int) -> dict:
+    """What the attestation reads of the process now."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        state, flags = fields[0].decode(), int(fields[6])
+    except (OSError, ValueError, IndexError):
+        return {"gone": True}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = "readable" if f.read() else "empty"
+    except OSError as e:
+        env = f"error {e.errno}"
+    return {"state": state, "exiting": bool(flags & PF_EXITING), "environ": env}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--children", type=int, default=30)
+    ap.add_argument("--parallel", type=int, default=3)
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--poll-ms", type=float, default=0.5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import pynvml
+
+    pynvml.nvmlInit()
+    dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "probe.sock")
+    lis = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lis.bind(path)
+    lis.listen(64)
+    t0 = time.monotonic()
+    closed: dict[int, float] = {}        # pid -> when its connection closed
+    seen: dict[int, list] = {}           # pid -> (t, view) while listed after its connection closed
+    last_listed: dict[int, float] = {}
+    done = threading.Event()
+
+    def serve() -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(lis, selectors.EVENT_READ, None)
+        pids: dict = {}
+        while not done.is_set():
+            for key, _ in sel.select(0.05):
+                if key.data is None:
+                    c, _ = lis.accept()
+                    sel.register(c, selectors.EVENT_READ, "c")
+                    pids[c] = None
+                    continue
+                c = key.fileobj
+                b = c.recv(64)
+                if b and pids[c] is None:
+                    pids[c] = int(b.split(b"\n")[0])
+                elif not b:
+                    if pids[c] is not None:
+                        closed[pids[c]] = time.monotonic() - t0
+                    sel.unregister(c)
+                    c.close()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(dev)
+            except pynvml.NVMLError:
+                procs = []
+            now = time.monotonic() - t0
+            for p in procs:
+                last_listed[p.pid] = now
+                if p.pid in closed:
+                    seen.setdefault(p.pid, []).append((round(now - closed[p.pid], 5), proc_view(p.pid)))
+            time.sleep(args.poll_ms / 1e3)
+
+    threads = [threading.Thread(target=serve, daemon=True), threading.Thread(target=poll, daemon=True)]
+    for t in threads:
+        t.start()
+    running: list = []
+    started = 0
+    while started < args.children or running:
+        running = [p for p in running if p.poll() is None]
+        while len(running) < args.parallel and started < args.children:
+            running.append(subprocess.Popen([sys.executable, "-c", CHILD, path, str(args.gib)]))
+            started += 1
+            time.sleep(0.3)
+        time.sleep(0.05)
+    time.sleep(1.0)
+    done.set()
+    children = []
+    for pid, t in sorted(closed.items(), key=lambda kv: kv[1]):
+        views = seen.get(pid, [])
+        children.append({
+            "pid": pid, "listed_after_close_ms": round(1e3 * (last_listed.get(pid, t) - t), 2) if views else 0.0,
+            "samples": len(views),
+            "environ_unreadable_not_zombie": sum(1 for _, v in views if not v.get("gone") and v["environ"] != "readable"
+                                                 and v["state"] not in ("Z", "X")),
+            "of_those_exiting": sum(1 for _, v in views if not v.get("gone") and v["environ"] != "readable"
+                                    and v["state"] not in ("Z", "X") and v["exiting"]),
+            "views": sorted({json.dumps(v, sort_keys=True) for _, v in views}),
+        })
+    listed = [c for c in children if c["samples"]]
+    summary = {
+        "children": len(children), "listed_after_their_connection_closed": len(listed),
+        "with_environ_unreadable_while_not_zombie": sum(1 for c in listed if c["environ_unreadable_not_zombie"]),
+        "samples_environ_unreadable_not_zombie": sum(c["environ_unreadable_not_zombie"] for c in listed),
+        "of_those_pf_exiting": sum(c["of_those_exiting"] for c in listed),
+        "listed_after_close_ms_max": max((c["listed_after_close_ms"] for c in listed), default=0.0),
+        "listed_after_close_ms_median": sorted(c["listed_after_close_ms"] for c in listed)[len(listed) // 2]
+        if listed else 0.0,
+    }
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "children": children, "argv": sys.argv}, f, indent=1)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
