@@ -2,6 +2,7 @@
 stop state, and CPU affinity of every thread."""
 
 import os
+import select
 import signal
 from typing import Callable, Iterable, Optional
 
@@ -171,7 +172,17 @@ class Pidfd:
             return False
 
     def alive(self) -> bool:
+        """Not reaped yet (a zombie is alive here: it can still be signalled)."""
         return self.signal(0)
+
+    def exited(self) -> bool:
+        """The process has exited (its files, a GPU context among them, closed), reaped or not; True for a
+        closed handle."""
+        if self.fd < 0:
+            return True
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        return bool(p.poll(0))
 
     def close(self) -> None:
         if self.fd >= 0:

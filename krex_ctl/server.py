@@ -563,7 +563,7 @@ class Controller(RegionEffects):
             self.counters["owner_deaths"] += 1
         now = time.monotonic()
         self.apply(self.book.gone(client, now))
-        self.lifecycle.gone(client, now)
+        kept = self.lifecycle.gone(client, now, self.leaving(client, why))
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
@@ -572,13 +572,24 @@ class Controller(RegionEffects):
                     gone.regions.close()
         self.pool.gone(client)
         client.sock.close()
-        if client.pidfd is not None:
+        if client.pidfd is not None and not kept:
             client.pidfd.close()
         if client.role in GPU_ROLES:
             self.gpu_clients -= 1
             self.note_activity()
             self.note_departed(client)
         self.apply(self.book.schedule(time.monotonic()))
+
+    def leaving(self, client: Client, why: str) -> Optional[procs.Pidfd]:
+        """The client's pidfd when its connection closed while its process is on its way out (it announced its
+        exit, or the kernel says it is exiting) and has not exited yet: its GPU contexts are still being torn
+        down (Lifecycle.gone)."""
+        if client.role not in GPU_ROLES or not client.devices or why != "disconnected" or client.pidfd is None \
+                or client.pidfd.exited():
+            return None
+        if client in self.lifecycle.exiting or procs.exiting(client.pid, client.pidfd.start_time or -1):
+            return client.pidfd
+        return None
 
     DEPARTED_S = 60.0
 

@@ -280,6 +280,50 @@ def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
     maker.communicate(timeout=30)
 
 
+EXITING_SIBLING = r"""
+import os, sys
+from krex_ctl.wire import frames
+from krex_ctl.wire.client import Connection
+from krex_ctl.wire.frames import C, MSG
+c = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_SHIM)
+c.send(MSG["CONTEXT"], frames.encode("struct krex_context", vendor=1, device=0))   # a context on GPU 0
+os.set_inheritable(c.sock.fileno(), True)
+os.execv(sys.argv[1], sys.argv[1:] + [str(c.sock.fileno())])
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "live"])
+def test_a_region_waits_for_a_sibling_whose_connection_closed_on_its_way_out(krex, tmp_path, how):
+    """A process's connection to the controller closes at exit before its GPU contexts are torn down (NVML listed
+    shim processes 44-202 ms after it on the H200): the barrier waits until its pidfd says it exited, not until
+    its connection closed. Here the connection is shut down once the process's main thread has exited, with
+    another thread alive for 1.5 s. One that closes its connection and runs on is not waited for."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
+    krex.start_controller("--config", str(cfg))
+    script = tmp_path / "sibling.py"
+    script.write_text(EXITING_SIBLING)
+    sib = subprocess.Popen([sys.executable, str(script), str(SNIP / "leader_exit"), how], env=dict(krex.env,
+                           SNIPPET_MS="1500"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(sib.stdout.readline())
+        wait_for(lambda: any(c["pid"] == pid and c["gpus"] == [0] for c in krex.status()["clients"]),
+                 what="the sibling's context")
+        sib.stdin.write("go\n")
+        sib.stdin.flush()
+        wait_for(lambda: all(c["pid"] != pid for c in krex.status()["clients"]), what="its connection closed")
+        t0 = time.monotonic()
+        _, r = region_of(krex, tmp_path)
+        waited = time.monotonic() - t0
+        if how == "exit":
+            assert r["settle_ns"] > 0.8e9 and waited > 0.8 and r["clean"], (r, waited)
+        else:
+            assert r["settle_ns"] < 0.5e9 and r["clean"], r
+    finally:
+        sib.kill()
+        sib.communicate()
+
+
 def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
     krex.start_controller("--no-lifecycle-barrier")
     maker = making_a_context(krex)

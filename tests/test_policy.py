@@ -649,3 +649,29 @@ def test_a_warm_workers_regions_count_the_command_it_runs_as_their_job():
     w.book.command_job = lambda c: cmd_y if c is wk else c.job
     seen, waited = run_in_time(w, w.request(wk, seq=5))
     assert 0.19 <= waited <= 0.21                     # y after x, in the same worker
+
+
+def test_a_sibling_whose_connection_closed_on_its_way_out_holds_the_barrier_until_it_exited():
+    """Lifecycle.gone with the pidfd of a process that has not exited yet: busy until the pidfd says it exited,
+    and the settle for what it held counts from then, not from its connection's close."""
+    w = World(settle_ms=100.0)
+    b = w.client(20, Job(2))
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_EXIT_BEGIN, device=-1, bytes=0), w.now)
+
+    class Pidfd:
+        done = closed = False
+
+        def exited(self):
+            return self.done
+
+        def close(self):
+            self.closed = True
+
+    p = Pidfd()
+    assert w.life.gone(b, w.now, p) is True
+    region = SimpleNamespace(gpu_mask=1, job=Job(1))
+    assert w.life.busy(region) and w.life.wait_s(region, w.now + 1.0) == 0.002
+    p.done = True
+    assert w.life.wait_s(region, w.now + 2.0) == pytest.approx(0.1) and p.closed and not w.life.leaving
+    c = w.client(30, Job(3))                   # a plain drop (no pidfd): settled from now, nothing kept
+    assert w.life.gone(c, w.now + 3.0) is False and w.life.wait_s(region, w.now + 3.0) == pytest.approx(0.1)

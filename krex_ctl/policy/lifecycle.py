@@ -6,7 +6,9 @@ H200, other processes doing them moved a 0.2 ms kernel by +22% and, under krex r
 scrubbed by the driver afterwards, on the GPU. So, once a region's siblings are drained and before they are
 frozen, the region waits (at most lifecycle_timeout_s, then it is tainted "lifecycle"):
   - while a sibling on its GPUs is inside a context creation or teardown (LIFECYCLE messages from the shim),
-  - while a sibling that announced its exit has not yet gone (its pidfd says when),
+  - while a sibling that announced its exit has not yet gone (its pidfd says when; its connection to the
+    controller closes earlier than that, before its contexts are torn down: 44-202 ms before NVML stopped
+    listing it on the H200, docs/measurements/exit-window.md),
   - until settle_ms + settle_ms_per_gib x GiB after a sibling freed memory (the bytes come with its drain
     acknowledgement) or exited (the bytes it still held), on those GPUs.
 A sibling that starts such work while the region is held taints it "lifecycle" too."""
@@ -26,6 +28,7 @@ class Lifecycle:
         self.cfg = cfg
         self.inflight: dict = {}           # client -> {gpu mask: creations/teardowns under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
+        self.leaving: dict = {}            # client -> (bytes, its pidfd): connection closed, process not yet exited
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
         self.outsider = lambda region, client: True   # set by the controller: client not of region's job
@@ -74,23 +77,42 @@ class Lifecycle:
             # last_free_ns is the shim's CLOCK_MONOTONIC, the clock of now
             self._settle(client.devices, last_free_ns / 1e9 if last_free_ns else now, freed_bytes)
 
-    def gone(self, client, now: float) -> None:
-        """The process exited (or its connection closed): its teardown is over, its memory still to scrub."""
+    def gone(self, client, now: float, leaving=None) -> bool:
+        """The process exited (or its connection closed): its teardown is over, its memory still to scrub.
+        leaving: its pidfd, when its connection closed while the process was on its way out but had not yet
+        exited (its files, a GPU context among them, still being closed): it counts as exiting until the pidfd
+        says it exited. True: the pidfd is kept (closed here once it has)."""
         self.inflight.pop(client, None)
         held = self.exiting.pop(client, None)
+        if client.devices and held is None:
+            self._taint_held(client.devices, client)   # died unannounced (a signal): torn down now
+        self.reap(now)
+        if leaving is not None and client.devices:
+            self.leaving[client] = (held or 0, leaving)
+            return True
         if client.devices:
             self._settle(client.devices, now, held or 0)
-            if held is None:
-                self._taint_held(client.devices, client)   # died unannounced (a signal): torn down just now
+        return False
+
+    def reap(self, now: float) -> None:
+        """The leaving processes that have exited since: gone, their memory to scrub from now."""
+        for client, (held, pidfd) in list(self.leaving.items()):
+            if pidfd.exited():
+                del self.leaving[client]
+                pidfd.close()
+                self._settle(client.devices, now, held)
 
     def busy(self, region) -> bool:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""
         return any(self.outsider(region, c) and any(m & region.gpu_mask for m in ops)
                    for c, ops in self.inflight.items()) or \
-            any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting)
+            any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting) or \
+            any(self.outsider(region, c) and c.devices & region.gpu_mask and not pidfd.exited()
+                for c, (_, pidfd) in self.leaving.items())
 
     def wait_s(self, region, now: float) -> float:
         """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""
+        self.reap(now)
         if not self.cfg.lifecycle_barrier:
             return 0.0
         if self.busy(region):

@@ -9,11 +9,18 @@ what krex_ctl/enforce/attest.py reads: /proc/PID/environ (readable, empty or an 
 PF_EXITING flag of /proc/PID/stat.
 
     python3 tests/gpu/exit_probe.py --children 30 --parallel 3 --gib 1 --out exit-probe.json
+
+With --krex the children run under `krex run` beside a controller of the probe's own (--log-level debug) and
+connect to nothing else: the probe reads, from the controller's log, when and why it dropped each child's shim
+(its connection closed: "disconnected"; its pidfd said it exited: "process exited") and compares that with the
+last time NVML listed the child. A drop on "disconnected" that NVML outlives is where the controller's lifecycle
+barrier lets a region start while that child's context is still being torn down.
 """
 
 import argparse
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
@@ -34,7 +41,30 @@ torch.cuda.synchronize()
 time.sleep(0.2)
 """
 
+CHILD_KREX = r"""
+import sys, time
+import torch
+x = torch.empty(int(float(sys.argv[1]) * (1 << 30)), dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+time.sleep(0.2)
+"""
+
 PF_EXITING = 0x4
+DROP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*client \d+ \(pid (\d+)\) dropped: (.*)$")
+
+
+def drops(log: str) -> dict:
+    """pid -> (wall time, reason) of the controller's first drop of that pid's client."""
+    import datetime
+
+    out: dict = {}
+    for line in log.splitlines():
+        m = DROP.match(line)
+        if m and int(m.group(2)) not in out:
+            t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out[int(m.group(2))] = (t, m.group(3))
+    return out
 
 
 def proc_view(pid: int) -> dict:
@@ -60,8 +90,11 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=3)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--poll-ms", type=float, default=0.5)
+    ap.add_argument("--krex", action="store_true", help="the children under krex run, a controller of the probe's own")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.krex:
+        return krex_probe(args)
     import pynvml
 
     pynvml.nvmlInit()
@@ -149,6 +182,74 @@ def main() -> int:
     }
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "children": children, "argv": sys.argv}, f, indent=1)
+    print(json.dumps(summary))
+    return 0
+
+
+def krex_probe(args) -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+    tmp = tempfile.mkdtemp()
+    env = dict(os.environ, KREX_SOCKET=os.path.join(tmp, "k.sock"))
+    log = os.path.join(tmp, "controller.log")
+    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", env["KREX_SOCKET"],
+                            "--state-file", os.path.join(tmp, "state"), "--log-level", "debug"], env=env,
+                           stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(env["KREX_SOCKET"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    last_listed: dict[int, float] = {}
+    first_listed: dict[int, float] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(dev)
+            except pynvml.NVMLError:
+                procs = []
+            now = time.time()
+            for p in procs:
+                first_listed.setdefault(p.pid, now)
+                last_listed[p.pid] = now
+            time.sleep(args.poll_ms / 1e3)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    running: list = []
+    started = 0
+    while started < args.children or running:
+        running = [p for p in running if p.poll() is None]
+        while len(running) < args.parallel and started < args.children:
+            running.append(subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c",
+                                             CHILD_KREX, str(args.gib)], env=env))
+            started += 1
+            time.sleep(0.3)
+        time.sleep(0.05)
+    time.sleep(1.0)
+    done.set()
+    ctl.terminate()
+    ctl.wait(timeout=30)
+    text = open(log).read()
+    dropped = drops(text)
+    children = []
+    for pid in sorted(last_listed, key=lambda p: first_listed[p]):
+        if pid not in dropped:
+            continue
+        t, why = dropped[pid]
+        children.append({"pid": pid, "dropped": why, "listed_after_drop_ms": round(1e3 * (last_listed[pid] - t), 1)})
+    by = {}
+    for c in children:
+        by.setdefault(c["dropped"], []).append(c["listed_after_drop_ms"])
+    summary = {"children": len(children), "not_dropped_by_the_log": sorted(set(last_listed) - set(dropped)),
+               "by_reason": {k: {"n": len(v), "listed_after_drop_ms_min": min(v), "median": sorted(v)[len(v) // 2],
+                                 "max": max(v)} for k, v in by.items()},
+               "note": "the log's times have millisecond resolution; NVML polled every --poll-ms"}
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "children": children, "argv": sys.argv,
+                   "log_tail": text.splitlines()[-20:]}, f, indent=1)
     print(json.dumps(summary))
     return 0
 

@@ -1,21 +1,46 @@
 /* leader_exit: a process on its way out that is not gone yet. Started by exec from a process that was a krex
- * client (its connection, close-on-exec, closed by the exec), it waits for a line on stdin; then, with "exit",
- * its main thread exits while another thread sleeps on, so the process's memory (its environment) is
- * released and /proc/PID/stat shows it exiting, as a process does while its files (a GPU context) close;
- * with "live" it goes on running. tests/test_attest.py. */
+ * client, it prints its pid and waits for a line on stdin; then, with "exit", its main thread exits while
+ * another thread sleeps SNIPPET_MS (60000), so the process's memory (its environment) is released,
+ * /proc/PID/stat shows it exiting, and its pidfd does not yet say it exited, as in a process whose files (a GPU
+ * context) are still being closed; with "live" it goes on running. With a second argument FD (a connection to
+ * the controller the exec kept open), "exit" shuts that connection down once the main thread is gone, the
+ * order in which an exiting process's connection can close before its GPU context; "live" shuts it down at
+ * once and runs on. tests/test_attest.py. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+static int conn_fd = -1;
+
+static int leader_gone(void) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)getpid());
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] == 'Z';
+}
 
 static void *sleeper(void *arg) {
     (void)arg;
-    sleep(60);
+    if (conn_fd >= 0) {
+        while (!leader_gone()) usleep(1000);
+        shutdown(conn_fd, SHUT_RDWR);
+    }
+    const char *ms = getenv("SNIPPET_MS");
+    usleep((useconds_t)(ms ? atoi(ms) : 60000) * 1000);
     return NULL;
 }
 
 int main(int argc, char **argv) {
     char line[16];
+    if (argc > 2) conn_fd = atoi(argv[2]);
     printf("%d\n", (int)getpid());
     fflush(stdout);
     if (!fgets(line, sizeof line, stdin))
@@ -26,6 +51,7 @@ int main(int argc, char **argv) {
             return 1;
         pthread_exit(NULL);
     }
+    if (conn_fd >= 0) shutdown(conn_fd, SHUT_RDWR);
     sleep(60);
     return 0;
 }
