@@ -386,6 +386,26 @@ def test_status_watch_draws_a_live_table_on_a_terminal(krex, tmp_path):
     assert "Traceback" not in text
 
 
+def test_the_terminal_view_shows_the_warm_worker_pools_as_the_text_does():
+    """The pools, running and stopped, in rich's view (a sysadmin watching a node) as in the plain text."""
+    from rich.console import Console
+
+    from krex_ctl.commands import status
+
+    st = {"controller": {"pid": 1, "socket": "/s", "uptime_s": 3.0, "protocol": 1, "config": {}},
+          "gpus": [{"gpu": 0, "owner": None, "queue": [], "clients": []}], "clients": [], "jobs": [], "counters": {},
+          "zygotes": [{"gpu": 0, "pid": 4242, "forks": True}],
+          "workers": [{"gpu": 0, "state": "idle"}, {"gpu": 0, "state": "busy"}, {"gpu": 0, "state": "idle"}],
+          "zygotes_failed": [{"gpu": 1, "python": "/usr/bin/python3", "environments": 2}]}
+    console = Console(record=True, width=160)
+    console.print(status.table(st))
+    view = console.export_text()
+    text = "\n".join(status.lines(st))
+    for line in ("warm workers for GPU 0: zygote pid 4242 (forks); 2 idle, 1 busy",
+                 "warm workers for GPU 1 (/usr/bin/python3): stopped for 2 environment(s)"):
+        assert line in text and line in view, (line, view)
+
+
 def test_status_hides_other_users_commands_and_stays_bounded():
     """One client could break `krex status` for everyone (a reply over 64 KiB: bad frame), and --json showed
     every user other users' argv (an --api-token=...)."""

@@ -85,6 +85,16 @@ def lines(st: dict) -> list[str]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
         out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
                    f"{command_text(j.get('command'))}")
+    out += pool_lines(st)
+    if st.get("omitted"):
+        out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
+    out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
+    return out
+
+
+def pool_lines(st: dict) -> list[str]:
+    """The warm-worker pools, running and stopped (the plain text and the terminal view alike)."""
+    out = []
     for z in st.get("zygotes", []):
         mine = [w for w in st.get("workers", []) if w["gpu"] == z["gpu"]]
         how = "forks" if z["forks"] else ("starts interpreters" if z["forks"] is False else "starting")
@@ -93,9 +103,6 @@ def lines(st: dict) -> list[str]:
     for z in st.get("zygotes_failed", []):
         out.append(f"warm workers for GPU {z['gpu']} ({z['python']}): stopped for {z.get('environments', 1)} "
                    "environment(s), their commands run cold (the controller's log says why)")
-    if st.get("omitted"):
-        out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
-    out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
     return out
 
 
@@ -125,7 +132,8 @@ def table(st: dict):
                   ", ".join(map(str, o["frozen"])) or "-", ", ".join(map(str, g.get("gated", []))) or "-", queue)
     placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
                        f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
-    return Group(t, Text(f"{clients_line(st)}, {len(st['jobs'])} job(s)\n" + placed))
+    pools = "\n".join(pool_lines(st))
+    return Group(t, Text(f"{clients_line(st)}, {len(st['jobs'])} job(s)\n" + placed + ("\n" + pools if pools else "")))
 
 
 def fetch(socket_path) -> dict:
