@@ -399,6 +399,16 @@ if mode == "resetmalloc":                       # hipMalloc's 2 GiB, freed by th
     print("ready", flush=True)
     time.sleep(60)
     sys.exit()
+stream = None
+if mode == "otherstream":                       # a stream of device 1, the current device staying 0
+    stream = ctypes.c_void_p()
+    if api == "cuda":
+        ctx1 = ctypes.c_void_p()
+        assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx1), 1) == 0 and lib.cuCtxSetCurrent(ctx1) == 0
+        assert lib.cuStreamCreate(ctypes.byref(stream), 0) == 0 and lib.cuCtxSetCurrent(ctx) == 0
+    else:
+        assert lib.hipSetDevice(1) == 0 and lib.hipStreamCreate(ctypes.byref(stream)) == 0
+        assert lib.hipSetDevice(0) == 0
 pool = ctypes.c_void_p()
 if mode in ("destroy", "reset"):                # a pool of its own, its memory back when it is destroyed (or the
     assert create(ctypes.byref(pool), ctypes.create_string_buffer(128)) == 0    # device reset, HIP)
@@ -419,13 +429,13 @@ if mode in ("draingrown", "trimgrown"):         # the pool followed from 1 MiB, 
     assert alloc(ctypes.byref(small), ctypes.c_size_t(1 << 20), None) == 0
 if mode in ("destroy", "reset"):
     assert from_pool(ctypes.byref(ptr), GIB2, pool, None) == 0
-else:
-    assert alloc(ctypes.byref(ptr), GIB2, None) == 0
-assert free(ptr, None) == 0                     # back to the pool, not to the driver
+else:                                           # otherstream: from device 1's pool, the stream's device's
+    assert alloc(ctypes.byref(ptr), GIB2, stream) == 0
+assert free(ptr, stream) == 0                   # back to the pool, not to the driver
 if mode in ("trim", "trimgrown"):
     assert trim(pool, ctypes.c_size_t(0)) == 0  # the pool's 2 GiB back to the driver
-if mode in ("sync", "regrow", "current", "revert"):
-    assert sync(None) == 0                      # threshold 0: the synchronize gives the 2 GiB back
+if mode in ("sync", "regrow", "current", "revert", "otherstream"):
+    assert sync(stream) == 0                    # threshold 0: the synchronize gives the 2 GiB back
 if mode == "regrow":                            # ... the pool takes 1 GiB, gives it back, and takes it again, all
     GIB1 = ctypes.c_size_t(1 << 30)             # before any drain: 3 GiB given back in all
     assert alloc(ctypes.byref(ptr), GIB1, None) == 0
@@ -458,7 +468,8 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     plain allocations come from a pool the program made the device's current one (cuDeviceSetMemPool,
     hipDeviceSetMemPool), and, in revert, from the default one again once that pool is destroyed; the shim looks
     the current pool up at each plain allocation and must take the 2 GiB for the right pool (current: one device
-    visible, revert: two). reset (HIP): hipDeviceReset deletes the device's pools, one holding 2 GiB: counted as
+    visible, revert: two). otherstream: the allocation is on a stream of device 1 while device 0 is current, so
+    it comes from device 1's pool (the stream's device: cuStreamGetDevice, hipStreamGetDevice). reset (HIP): hipDeviceReset deletes the device's pools, one holding 2 GiB: counted as
     freed, and never read again; resetmalloc (HIP): it frees hipMalloc's 2 GiB too. The shim counts what a pool
     gave back, once (a settle of the 2 GiB's 3 s, more than 1 GiB's 1.5 s; regrow's 3 GiB, 4.5 s, at least 3.5 s
     unless the second release went unseen), and the region waits for it as after a free. With
@@ -468,8 +479,12 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     holder and the process of its region, which asks for it once the holder gave back (a region process started
     then, 13 at once on two cores, came up to 2.6 s late and found the settle nearly over)."""
     modes = ("keep", "trim", "sync", "drain", "regrow", "destroy", "exit", "draingrown", "trimgrown", "canary",
-             "current", "revert") + (("reset", "resetmalloc") if api == "hip" else ())
-    krex.env["KREX_FAKE_GPUS"] = str(len(modes) + 1)
+             "current", "revert", "otherstream") + (("reset", "resetmalloc") if api == "hip" else ())
+    two = ("revert", "otherstream")             # the modes that take two GPUs
+    gpus, n = {}, 0
+    for m in modes:
+        gpus[m], n = n, n + (2 if m in two else 1)
+    krex.env["KREX_FAKE_GPUS"] = str(n)
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"settle_ms_per_gib": 1500, "lifecycle_timeout_s": 10}))
     krex.start_controller("--config", str(cfg))
@@ -483,7 +498,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
 
     def one(mode, gpu):
         # the shim knows the device without asking only with one visible
-        visible = f"{gpu},{gpu + 1}" if mode == "revert" else str(gpu)
+        visible = f"{gpu},{gpu + 1}" if mode in two else str(gpu)
         where = tmp_path / mode
         where.mkdir()
         p = krex.popen([sys.executable, script, api, mode],
@@ -514,8 +529,6 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
                     proc.kill()
                 proc.communicate()
 
-    gpus = dict(zip(modes, range(len(modes))))
-    gpus["revert"], gpus[modes[-1]] = gpus[modes[-1]], gpus["revert"]    # revert last: it takes two GPUs
     threads = [threading.Thread(target=one, args=(m, gpus[m]), daemon=True) for m in modes]
     for t in threads:
         t.start()
@@ -525,7 +538,7 @@ def test_memory_a_pool_gives_back_is_given_time_to_settle(krex, tmp_path, api):
     assert set(settles) == set(modes), f"modes not done: {set(modes) - set(settles)}"
     assert settles["keep"] < 0.3e9, settles
     given = [settles[m] for m in ("trim", "sync", "drain", "destroy", "exit", "draingrown", "trimgrown", "canary",
-                                  "current", "revert", "reset", "resetmalloc") if m in settles]
+                                  "current", "revert", "otherstream", "reset", "resetmalloc") if m in settles]
     assert min(given) > 1.8e9 and max(given) < 3.5e9, settles    # 2 GiB, not 1 (1.5 s) nor 3
     assert 3.5e9 < settles["regrow"] < 5.0e9, settles
     wait_for(lambda: not any(c["gpus"] for c in krex.status()["clients"]), what="gone")

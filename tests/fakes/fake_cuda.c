@@ -235,6 +235,7 @@ EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
     if (greatest) *greatest = -5;
     return OK;
 }
+EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) { NEED_CTX(); if (!d) return E_VALUE; *d = stream_of(s)->ctx->device; return OK; }
 EXPORT CUresult cuStreamGetPriority(CUstream s, int *p) { NEED_CTX(); if (!p) return E_VALUE; *p = stream_of(s)->priority; return OK; }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     NEED_INIT();
@@ -681,10 +682,10 @@ static CUresult alloc_from(CUdeviceptr *p, size_t n, uintptr_t pool) {
     }
     return r;
 }
+/* as the driver: from the current pool of the stream's device, which need not be the current context's */
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
-    (void)s;
     NEED_CTX();
-    return alloc_from(p, n, FK_CURRENT_OF(current()->fk->device));
+    return alloc_from(p, n, FK_CURRENT_OF(stream_of(s)->ctx->device));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
@@ -833,7 +834,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
-    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuDeviceSetMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuDeviceSetMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamGetDevice) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) \

@@ -288,10 +288,11 @@ static hipError_t malloc_from(void **p, size_t n, uintptr_t pool) {     /* as in
     }
     return r;
 }
+/* as the runtime: from the current pool of the stream's device, which need not be the current device */
 EXPORT hipError_t hipMallocAsync(void **p, size_t n, hipStream_t s) {
-    (void)s;
-    return malloc_from(p, n, FK_CURRENT_OF(cur_dev));
+    return malloc_from(p, n, FK_CURRENT_OF(stream_of(s)->ctx->device));
 }
+EXPORT hipError_t hipStreamGetDevice(hipStream_t s, int *d) { if (!d) return E_VALUE; *d = stream_of(s)->ctx->device; return OK; }
 EXPORT hipError_t hipMallocFromPoolAsync(void **p, size_t n, void *pool, hipStream_t s) {
     (void)s;
     return pool ? malloc_from(p, n, (uintptr_t)pool) : E_VALUE;
@@ -354,7 +355,7 @@ EXPORT const char *hipGetErrorName(hipError_t e) { return e == OK ? "hipSuccess"
 
 EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64_t fl, hipDriverProcAddressQueryResult *st);
 #define FK_TABLE(X) X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion) X(hipGetDeviceCount) X(hipSetDevice) \
-    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDeviceReset) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) \
+    X(hipGetDevice) X(hipDeviceSynchronize) X(hipDeviceReset) X(hipMemPoolSetAttribute) X(hipDeviceGetMemPool) X(hipDeviceGetDefaultMemPool) X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipDeviceGetUuid) X(hipDevicePrimaryCtxRetain) X(hipCtxCreate) X(hipStreamCreate) X(hipStreamGetDevice) \
     X(hipStreamCreateWithPriority) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamIsCapturing) \
     X(hipStreamBeginCapture) X(hipStreamBeginCapture_spt) X(hipStreamEndCapture) X(hipStreamEndCapture_spt) \
     X(hipModuleLoadData) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipModuleLaunchKernel_spt) \
