@@ -84,6 +84,40 @@ def proc_view(pid: int) -> dict:
     return {"state": state, "exiting": bool(flags & PF_EXITING), "environ": env}
 
 
+def poller(dev, period_ms: float, clock, seen, done: threading.Event) -> threading.Thread:
+    """A started thread that lists NVML's compute processes on dev every period_ms until done, calling
+    seen(pid, clock()) for each."""
+    import pynvml
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(dev)
+            except pynvml.NVMLError:
+                procs = []
+            now = clock()
+            for p in procs:
+                seen(p.pid, now)
+            time.sleep(period_ms / 1e3)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    return t
+
+
+def run_children(argv: list, n: int, parallel: int, env=None) -> None:
+    """n processes of argv, parallel at a time, each started 0.3 s after the one before."""
+    running: list = []
+    started = 0
+    while started < n or running:
+        running = [p for p in running if p.poll() is None]
+        while len(running) < parallel and started < n:
+            running.append(subprocess.Popen(argv, env=env))
+            started += 1
+            time.sleep(0.3)
+        time.sleep(0.05)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--children", type=int, default=30)
@@ -131,31 +165,14 @@ def main() -> int:
                     sel.unregister(c)
                     c.close()
 
-    def poll() -> None:
-        while not done.is_set():
-            try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(dev)
-            except pynvml.NVMLError:
-                procs = []
-            now = time.monotonic() - t0
-            for p in procs:
-                last_listed[p.pid] = now
-                if p.pid in closed:
-                    seen.setdefault(p.pid, []).append((round(now - closed[p.pid], 5), proc_view(p.pid)))
-            time.sleep(args.poll_ms / 1e3)
+    def listed(pid: int, now: float) -> None:
+        last_listed[pid] = now
+        if pid in closed:
+            seen.setdefault(pid, []).append((round(now - closed[pid], 5), proc_view(pid)))
 
-    threads = [threading.Thread(target=serve, daemon=True), threading.Thread(target=poll, daemon=True)]
-    for t in threads:
-        t.start()
-    running: list = []
-    started = 0
-    while started < args.children or running:
-        running = [p for p in running if p.poll() is None]
-        while len(running) < args.parallel and started < args.children:
-            running.append(subprocess.Popen([sys.executable, "-c", CHILD, path, str(args.gib)]))
-            started += 1
-            time.sleep(0.3)
-        time.sleep(0.05)
+    threading.Thread(target=serve, daemon=True).start()
+    poller(dev, args.poll_ms, lambda: time.monotonic() - t0, listed, done)
+    run_children([sys.executable, "-c", CHILD, path, str(args.gib)], args.children, args.parallel)
     time.sleep(1.0)
     done.set()
     children = []
@@ -204,30 +221,13 @@ def krex_probe(args) -> int:
     first_listed: dict[int, float] = {}
     done = threading.Event()
 
-    def poll() -> None:
-        while not done.is_set():
-            try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(dev)
-            except pynvml.NVMLError:
-                procs = []
-            now = time.time()
-            for p in procs:
-                first_listed.setdefault(p.pid, now)
-                last_listed[p.pid] = now
-            time.sleep(args.poll_ms / 1e3)
+    def listed(pid: int, now: float) -> None:
+        first_listed.setdefault(pid, now)
+        last_listed[pid] = now
 
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    running: list = []
-    started = 0
-    while started < args.children or running:
-        running = [p for p in running if p.poll() is None]
-        while len(running) < args.parallel and started < args.children:
-            running.append(subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c",
-                                             CHILD_KREX, str(args.gib)], env=env))
-            started += 1
-            time.sleep(0.3)
-        time.sleep(0.05)
+    poller(dev, args.poll_ms, time.time, listed, done)    # wall time, as the controller's log has it
+    run_children([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", CHILD_KREX, str(args.gib)],
+                 args.children, args.parallel, env)
     time.sleep(1.0)
     done.set()
     ctl.terminate()
