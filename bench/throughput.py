@@ -383,9 +383,10 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                                           for k in ("queued", "drain", "settle", "freeze", "isolate", "attest")}
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
-                # why each region that was not: [its index, its taints, the pids NVML showed that krex did not know]
-                row["region_taints"] = [[i, r.get("taints"), sorted({p for g in (r.get("attestation") or {}).get(
-                    "gpus", {}).values() for p in g.get("foreign_pids", [])})]
+                # why each region that was not: [its index, exclusive, its taints, the pids NVML showed that krex
+                # did not know]
+                row["region_taints"] = [[i, bool(r.get("exclusive")), r.get("taints"), sorted(
+                    {p for g in (r.get("attestation") or {}).get("gpus", {}).values() for p in g.get("foreign_pids", [])})]
                     for i, r in enumerate(regs) if not (r.get("exclusive") and r.get("clean"))]
                 # the lowest SM clock NVML saw in each attested region (None: not attested): a timing's GPU state
                 row["region_clocks_mhz"] = [r["sm_clock_mhz"][0] if r.get("sm_clock_mhz") else None for r in regs]

@@ -27,19 +27,49 @@ PF_EXITING = 0x4   # the kernel's task flag, set when do_exit begins (include/li
 
 
 def exiting(pid: int, started: int) -> bool:
-    """Whether the process that had this start time is gone or on its way out: a zombie, or past the start of
-    its exit (PF_EXITING in field 9 of /proc/pid/stat), where its memory, its environment with it, may already
-    be released while its files (a GPU context among them) are still being closed. False for a process that
-    now has the pid but started at another time."""
+    """Whether the process that had this start time is gone or on its way out: every thread of it a zombie or
+    past the start of its exit (PF_EXITING in field 9 of /proc/PID/task/TID/stat), where its memory, its
+    environment with it, may already be released while its files (a GPU context among them) are still being
+    closed; a thread with SIGKILL pending counts as on its way out (killed). A process whose main thread has
+    exited while others run on is not (its main thread reads as a zombie). False for a process that now has the pid but started at another time, and when /proc cannot be
+    read for another reason than the process being gone."""
+    gone = (FileNotFoundError, ProcessLookupError)
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
+        if int(data[data.rindex(b")") + 2:].split()[19]) != started:
+            return False
+        tids = os.listdir(f"/proc/{pid}/task")
+    except gone:
         return True
-    fields = data[data.rindex(b")") + 2:].split()
-    if int(fields[19]) != started:
+    except OSError:
         return False
-    return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & PF_EXITING)
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                data = f.read()
+        except gone:
+            continue                       # that thread has exited
+        except OSError:
+            return False
+        fields = data[data.rindex(b")") + 2:].split()
+        if fields[0] not in (b"Z", b"X", b"x") and not int(fields[6]) & PF_EXITING and not killed(pid, tid):
+            return False
+    return True
+
+
+def killed(pid: int, tid) -> bool:
+    """SIGKILL pending for the thread: in an exit_group (or a kill) every other thread is sent one and reaches
+    its own exit only once it runs again, so a process whose main thread is already closing its files can
+    have threads not yet marked PF_EXITING."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigPnd:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGKILL - 1)))
+    except OSError:
+        pass
+    return False
 
 
 _STATE = {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",

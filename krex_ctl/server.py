@@ -66,6 +66,16 @@ REGION_ROLES = (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON)
 # drops of a process that goes on running, and may launch unregistered until it connects again
 LIVE_DROPS = ("bad frame", "internal error", "not reading its messages")
 
+def leaving_pidfd(client, why: str) -> Optional[procs.Pidfd]:
+    """The client's pidfd when its connection closed while its process is on its way out (every thread of it
+    exiting) and has not exited yet: its GPU contexts are still being torn down (Lifecycle.gone). Not for a
+    process that closed its connection and runs on, even one that announced its exit."""
+    if client.role not in GPU_ROLES or not client.devices or why != "disconnected" or client.pidfd is None \
+            or client.pidfd.exited():
+        return None
+    return client.pidfd if procs.exiting(client.pid, client.pidfd.start_time or -1) else None
+
+
 class Client:
     _ids = itertools.count(1)
 
@@ -159,10 +169,10 @@ class Controller(RegionEffects):
         self.gpus = gpus.GpuTable(cfg, self.gate)
         # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
         self.gate.publish(socket_path + ".gate")
-        self.departed: dict[int, tuple[int, float]] = {}   # pid -> (start time, when) of GPU clients dropped
-        self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()},
-                                  lambda: {pid: st for pid, (st, _) in self.departed.items()})
+        self.departed: dict[int, tuple] = {}   # pid -> (start time, when, job id) of GPU clients dropped
+        self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
+        self.lifecycle.forget = self.forget_pidfd
         self.book = Regions(cfg, lambda: self.clients.values(), self.command_job, self.lifecycle)
         self.lifecycle.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
@@ -273,6 +283,8 @@ class Controller(RegionEffects):
                 self.read(client)
             if mask & selectors.EVENT_WRITE and self.connected(client):
                 self.flush(client)
+        elif kind == "leaving":           # a process whose connection closed on its way out has exited
+            self.lifecycle.reap(time.monotonic())
         elif kind == "pidfd":
             assert client is not None
             if self.connected(client):
@@ -563,7 +575,11 @@ class Controller(RegionEffects):
             self.counters["owner_deaths"] += 1
         now = time.monotonic()
         self.apply(self.book.gone(client, now))
-        kept = self.lifecycle.gone(client, now, self.leaving(client, why))
+        kept = self.lifecycle.gone(client, now, leaving_pidfd(client, why))
+        if kept:                      # watched until the process has exited (Lifecycle.reap)
+            self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("leaving", client))
+            log.debug("client %d (pid %d) closed its connection on its way out: followed until it exits",
+                      client.id, client.pid)
         if client.job is not None:
             client.job.clients.discard(client)
             if not client.job.clients:
@@ -580,28 +596,31 @@ class Controller(RegionEffects):
             self.note_departed(client)
         self.apply(self.book.schedule(time.monotonic()))
 
-    def leaving(self, client: Client, why: str) -> Optional[procs.Pidfd]:
-        """The client's pidfd when its connection closed while its process is on its way out (it announced its
-        exit, or the kernel says it is exiting) and has not exited yet: its GPU contexts are still being torn
-        down (Lifecycle.gone)."""
-        if client.role not in GPU_ROLES or not client.devices or why != "disconnected" or client.pidfd is None \
-                or client.pidfd.exited():
-            return None
-        if client in self.lifecycle.exiting or procs.exiting(client.pid, client.pidfd.start_time or -1):
-            return client.pidfd
-        return None
+    def forget_pidfd(self, pidfd: procs.Pidfd) -> None:
+        """A leaving process's pidfd, once it has exited (Lifecycle.reap): no longer watched, closed."""
+        try:
+            self.sel.unregister(pidfd.fd)
+        except (KeyError, ValueError):
+            pass
+        pidfd.close()
 
     DEPARTED_S = 60.0
 
     def note_departed(self, client: Client) -> None:
         """Kept a minute for the attestation (NvmlAttestor.leaving): a client's process may still be closing
-        its GPU context after its connection closed."""
+        its GPU context after its connection closed. Its start time from its pidfd, taken when it connected
+        (its pid may be another process's by now)."""
         now = time.monotonic()
-        for pid in [p for p, (_, t) in self.departed.items() if now - t > self.DEPARTED_S]:
+        for pid in [p for p, (_, t, _) in self.departed.items() if now - t > self.DEPARTED_S]:
             del self.departed[pid]
-        started = procs.start_time(client.pid)
+        started = client.pidfd.start_time if client.pidfd is not None else None
         if started is not None:
-            self.departed[client.pid] = (started, now)
+            self.departed[client.pid] = (started, now, client.job.id if client.job is not None else None)
+
+    def departed_now(self) -> dict:
+        """pid -> (start time, job id) of the GPU clients dropped in the last minute."""
+        now = time.monotonic()
+        return {pid: (st, job) for pid, (st, t, job) in self.departed.items() if now - t <= self.DEPARTED_S}
 
     # ---- messages, by sender ---------------------------------------------------------------------
     def handle(self, client: Client, mtype: int, payload: bytes, seq: int) -> None:

@@ -653,10 +653,12 @@ def test_a_warm_workers_regions_count_the_command_it_runs_as_their_job():
 
 def test_a_sibling_whose_connection_closed_on_its_way_out_holds_the_barrier_until_it_exited():
     """Lifecycle.gone with the pidfd of a process that has not exited yet: busy until the pidfd says it exited,
-    and the settle for what it held counts from then, not from its connection's close."""
-    w = World(settle_ms=100.0)
-    b = w.client(20, Job(2))
-    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_EXIT_BEGIN, device=-1, bytes=0), w.now)
+    and the settle for what it held counts from then (reap, which the controller calls on the pidfd's event),
+    not from its connection's close. A second connection of the same process adds to the first one's bytes."""
+    w = World(settle_ms_per_gib=100.0)
+    b, b2 = w.client(20, Job(2)), w.client(20, Job(2))
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_EXIT_BEGIN, device=-1, bytes=1 << 30), w.now)
+    w.life.event(b2, SimpleNamespace(event=C.KREX_LIFE_EXIT_BEGIN, device=-1, bytes=1 << 30), w.now)
 
     class Pidfd:
         done = closed = False
@@ -667,11 +669,13 @@ def test_a_sibling_whose_connection_closed_on_its_way_out_holds_the_barrier_unti
         def close(self):
             self.closed = True
 
-    p = Pidfd()
-    assert w.life.gone(b, w.now, p) is True
+    p, p2 = Pidfd(), Pidfd()
+    assert w.life.gone(b, w.now, p) is True and w.life.gone(b2, w.now, p2) is False   # one pidfd a process
     region = SimpleNamespace(gpu_mask=1, job=Job(1))
     assert w.life.busy(region) and w.life.wait_s(region, w.now + 1.0) == 0.002
     p.done = True
-    assert w.life.wait_s(region, w.now + 2.0) == pytest.approx(0.1) and p.closed and not w.life.leaving
+    w.life.reap(w.now + 1.5)                  # the pidfd's event
+    assert p.closed and not w.life.leaving and not w.life.busy(region)
+    assert w.life.wait_s(region, w.now + 1.6) == pytest.approx(0.1)   # 2 GiB x 100 ms from 1.5 s, not from 0
     c = w.client(30, Job(3))                   # a plain drop (no pidfd): settled from now, nothing kept
-    assert w.life.gone(c, w.now + 3.0) is False and w.life.wait_s(region, w.now + 3.0) == pytest.approx(0.1)
+    assert w.life.gone(c, w.now + 3.0) is False and w.life.wait_s(region, w.now + 3.0) == pytest.approx(0.0)

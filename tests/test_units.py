@@ -251,7 +251,8 @@ def test_the_resumer_holds_a_process_before_it_is_stopped(tmp_path):
 def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
     """NvmlAttestor: a pid NVML lists that is no client and not under the shim is foreign, unless it is a client
     that disconnected and is exiting (its connection closes before its GPU context, and its environment is gone
-    by then, so krex_managed cannot tell); one that disconnected and runs on is foreign."""
+    by then, so krex_managed cannot tell): then its teardown is lifecycle work, a taint when it is another job's.
+    One that disconnected and runs on is foreign."""
     from types import SimpleNamespace
 
     from krex_ctl.enforce import attest
@@ -274,16 +275,41 @@ def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
     cfg = SimpleNamespace(busy_before_us=1000.0, clock_drop_pct=0.0)
     a = attest.NvmlAttestor(Nv(), cfg, lambda: set(), lambda: departed)
 
-    def taints():
-        region = SimpleNamespace(taints=0, others_busy_us=0, clock_settle=[], attest_start=a.snapshot(1))
+    def taints(job=1):
+        region = SimpleNamespace(taints=0, others_busy_us=0, clock_settle=[], attest_start=a.snapshot(1),
+                                 job=SimpleNamespace(id=job))
         r = a.finish(region, 0)
-        return r.record()["taints"], r.details["gpus"]["0"]["foreign_pids"]
+        g = r.details["gpus"]["0"]
+        return r.record()["taints"], g["foreign_pids"], g["leaving_pids"]
 
-    assert taints() == (["foreign_process"], [4242])          # never a client
-    departed[4242] = 7
-    assert taints() == ([], [])                               # a client on its way out
+    assert taints() == (["foreign_process"], [4242], [])          # never a client
+    departed[4242] = (7, 2)
+    assert taints() == (["lifecycle"], [], [4242])                # another job's client on its way out
+    assert taints(job=2) == ([], [], [])                          # the region's own job's
     exiting[4242] = False
-    assert taints() == (["foreign_process"], [4242])          # a client that runs on
-    departed[4242] = 8
+    assert taints() == (["foreign_process"], [4242], [])          # a client that runs on
+    departed[4242] = (8, 2)
     exiting[4242] = True
-    assert taints() == (["foreign_process"], [4242])          # the pid is another process's now
+    assert taints() == (["foreign_process"], [4242], [])          # the pid is another process's now
+
+
+def test_only_a_connection_closed_on_the_way_out_keeps_its_pidfd(monkeypatch):
+    """server.leaving_pidfd: the pidfd the lifecycle barrier follows, only for a GPU client with a context whose
+    connection closed ("disconnected") while its process is exiting and has not exited."""
+    from types import SimpleNamespace
+
+    from krex_ctl import server
+    from krex_ctl.wire.frames import C
+
+    exiting = {"v": True}
+    monkeypatch.setattr(server.procs, "exiting", lambda pid, started: exiting["v"])
+    pidfd = SimpleNamespace(start_time=5, exited=lambda: False)
+    c = SimpleNamespace(role=C.KREX_ROLE_SHIM, devices=1, pid=9, pidfd=pidfd)
+    assert server.leaving_pidfd(c, "disconnected") is pidfd
+    assert server.leaving_pidfd(c, "process exited") is None
+    assert server.leaving_pidfd(SimpleNamespace(**{**c.__dict__, "devices": 0}), "disconnected") is None
+    assert server.leaving_pidfd(SimpleNamespace(**{**c.__dict__, "role": C.KREX_ROLE_CLI}), "disconnected") is None
+    done = SimpleNamespace(start_time=5, exited=lambda: True)
+    assert server.leaving_pidfd(SimpleNamespace(**{**c.__dict__, "pidfd": done}), "disconnected") is None   # exited
+    exiting["v"] = False
+    assert server.leaving_pidfd(c, "disconnected") is None              # runs on

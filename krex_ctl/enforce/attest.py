@@ -90,6 +90,8 @@ class NvmlAttestor(Attestor):
                        bit set, and NVML samples the clock about every 1/6 s, so most regions have no sample
                        between their ends (bench/results/perturb-ab-h200-run5.json: every clock_drop was that)
       foreign_process  a process neither a krex client nor under krex's shim held a context on the GPU
+      lifecycle        (also the lifecycle barrier's) another job's client that disconnected on its way out still
+                       held a context on the GPU: its teardown ran in the region's time
       xid              the driver reported an XID error meanwhile
     Everything read goes into the region's record ("attestation") for whoever wants to judge otherwise."""
 
@@ -100,13 +102,13 @@ class NvmlAttestor(Attestor):
         if fake_gpus(nv):
             self.source = "fake"    # the tests' fake NVML: its figures are no claim about a GPU
 
-    def leaving(self, pid: int) -> bool:
-        """A client that has disconnected and whose process is exiting: its connection can close before its
-        GPU context does (its files close in fd order), and by then its environment reads empty (its memory is
-        released first), so krex_managed cannot tell. Its teardown is lifecycle work, not a foreign process.
-        One that disconnected and lives on is judged as any other process."""
-        started = self.departed().get(pid)
-        return started is not None and procs.exiting(pid, started)
+    def leaving(self, pid: int) -> Optional[tuple]:
+        """(its job id,) for a client that has disconnected and whose process is exiting, else None. Its
+        connection can close before its GPU context does, and by then its environment is unreadable (its memory
+        is released first), so krex_managed cannot tell: its teardown is lifecycle work, not a foreign process.
+        One that disconnected and runs on is judged as any other process."""
+        d = self.departed().get(pid)
+        return (d[1],) if d is not None and procs.exiting(pid, d[0]) else None
 
     def _gpu(self, g: int) -> GpuSnapshot:
         import time
@@ -157,10 +159,19 @@ class NvmlAttestor(Attestor):
             pct = float(self.cfg.clock_drop_pct)
             if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
-            foreign = sorted(p for p in (set(s.pids) | set(e.pids)) - known
-                             if not krex_managed(p) and not self.leaving(p))
+            foreign, leaving = [], []
+            for p in sorted((set(s.pids) | set(e.pids)) - known):
+                if krex_managed(p):
+                    continue
+                left = self.leaving(p)
+                if left is None:
+                    foreign.append(p)
+                elif left[0] is None or left[0] != getattr(getattr(region, "job", None), "id", None):
+                    leaving.append(p)    # another job's context torn down in the region's time
             if foreign:
                 taints |= C.KREX_TAINT_FOREIGN_PROCESS
+            if leaving:
+                taints |= C.KREX_TAINT_LIFECYCLE
             gxid = [x for gi, x in xids if gi == g]
             if gxid:
                 taints |= C.KREX_TAINT_XID
@@ -171,7 +182,8 @@ class NvmlAttestor(Attestor):
                 "clock_event_reasons": [hex(s.reasons), hex(e.reasons)],
                 "sm_clock_mhz": [min(clocks), max(clocks)] if clocks else None, "sm_clock_samples": len(clocks),
                 "sm_clock_at_grant_mhz": s.clock, "temperature_c": [s.temperature, e.temperature],
-                "others_busy_us": getattr(region, "others_busy_us", 0), "foreign_pids": foreign, "xid": gxid,
+                "others_busy_us": getattr(region, "others_busy_us", 0), "foreign_pids": foreign,
+                "leaving_pids": leaving, "xid": gxid,
             }
             if capped_by_others:
                 gpus[str(g)]["power_cap_at_grant"] = "cleared by the clock settle" if settled else "taint"
@@ -192,7 +204,8 @@ def fake_gpus(nv) -> bool:
 
 def make(cfg, known_pids, departed=dict):
     """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own.
-    known_pids(): the clients' pids; departed(): pid -> start time of clients that disconnected lately."""
+    known_pids(): the clients' pids; departed(): pid -> (start time, job id) of clients that disconnected
+    lately."""
     if not cfg.attest:
         return Attestor()
     from .. import nvml

@@ -6,9 +6,10 @@ H200, other processes doing them moved a 0.2 ms kernel by +22% and, under krex r
 scrubbed by the driver afterwards, on the GPU. So, once a region's siblings are drained and before they are
 frozen, the region waits (at most lifecycle_timeout_s, then it is tainted "lifecycle"):
   - while a sibling on its GPUs is inside a context creation or teardown (LIFECYCLE messages from the shim),
-  - while a sibling that announced its exit has not yet gone (its pidfd says when; its connection to the
-    controller closes earlier than that, before its contexts are torn down: 44-202 ms before NVML stopped
-    listing it on the H200, docs/measurements/exit-window.md),
+  - while a sibling that announced its exit is still connected, and while one whose connection closed on its
+    way out (every thread of it exiting) has not exited (its pidfd says when): its connection closes before its
+    contexts are torn down, 44-202 ms before NVML stopped listing it on the H200
+    (docs/measurements/exit-window.md),
   - until settle_ms + settle_ms_per_gib x GiB after a sibling freed memory (the bytes come with its drain
     acknowledgement) or exited (the bytes it still held), on those GPUs.
 A sibling that starts such work while the region is held taints it "lifecycle" too."""
@@ -28,7 +29,8 @@ class Lifecycle:
         self.cfg = cfg
         self.inflight: dict = {}           # client -> {gpu mask: creations/teardowns under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
-        self.leaving: dict = {}            # client -> (bytes, its pidfd): connection closed, process not yet exited
+        self.leaving: dict = {}            # client -> [bytes, its pidfd]: connection closed, process not yet exited
+        self.forget = lambda pidfd: pidfd.close()   # set by the controller: it also stops watching the pidfd
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
         self.outsider = lambda region, client: True   # set by the controller: client not of region's job
@@ -88,18 +90,23 @@ class Lifecycle:
             self._taint_held(client.devices, client)   # died unannounced (a signal): torn down now
         self.reap(now)
         if leaving is not None and client.devices:
-            self.leaving[client] = (held or 0, leaving)
-            return True
+            same = next((e for c, e in self.leaving.items() if c.pid == client.pid), None)
+            if same is None:
+                self.leaving[client] = [held or 0, leaving]
+                return True
+            same[0] += held or 0               # another connection of a process already followed: one pidfd
+            return False
         if client.devices:
             self._settle(client.devices, now, held or 0)
         return False
 
     def reap(self, now: float) -> None:
-        """The leaving processes that have exited since: gone, their memory to scrub from now."""
+        """The leaving processes that have exited (the controller calls this when one's pidfd says so): gone, their
+        memory to scrub from now."""
         for client, (held, pidfd) in list(self.leaving.items()):
             if pidfd.exited():
                 del self.leaving[client]
-                pidfd.close()
+                self.forget(pidfd)
                 self._settle(client.devices, now, held)
 
     def busy(self, region) -> bool:

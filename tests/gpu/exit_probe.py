@@ -20,6 +20,7 @@ barrier lets a region start while that child's context is still being torn down.
 import argparse
 import json
 import os
+from statistics import median
 import re
 import selectors
 import socket
@@ -170,11 +171,16 @@ def main() -> int:
         if pid in closed:
             seen.setdefault(pid, []).append((round(now - closed[pid], 5), proc_view(pid)))
 
-    threading.Thread(target=serve, daemon=True).start()
-    poller(dev, args.poll_ms, lambda: time.monotonic() - t0, listed, done)
-    run_children([sys.executable, "-c", CHILD, path, str(args.gib)], args.children, args.parallel)
-    time.sleep(1.0)
-    done.set()
+    threads = [threading.Thread(target=serve, daemon=True),
+               poller(dev, args.poll_ms, lambda: time.monotonic() - t0, listed, done)]
+    threads[0].start()
+    try:
+        run_children([sys.executable, "-c", CHILD, path, str(args.gib)], args.children, args.parallel)
+        time.sleep(1.0)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
     children = []
     for pid, t in sorted(closed.items(), key=lambda kv: kv[1]):
         views = seen.get(pid, [])
@@ -194,8 +200,7 @@ def main() -> int:
         "samples_environ_unreadable_not_zombie": sum(c["environ_unreadable_not_zombie"] for c in listed),
         "of_those_pf_exiting": sum(c["of_those_exiting"] for c in listed),
         "listed_after_close_ms_max": max((c["listed_after_close_ms"] for c in listed), default=0.0),
-        "listed_after_close_ms_median": sorted(c["listed_after_close_ms"] for c in listed)[len(listed) // 2]
-        if listed else 0.0,
+        "listed_after_close_ms_median": median([c["listed_after_close_ms"] for c in listed]) if listed else 0.0,
     }
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "children": children, "argv": sys.argv}, f, indent=1)
@@ -211,12 +216,6 @@ def krex_probe(args) -> int:
     tmp = tempfile.mkdtemp()
     env = dict(os.environ, KREX_SOCKET=os.path.join(tmp, "k.sock"))
     log = os.path.join(tmp, "controller.log")
-    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", env["KREX_SOCKET"],
-                            "--state-file", os.path.join(tmp, "state"), "--log-level", "debug"], env=env,
-                           stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(env["KREX_SOCKET"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
     last_listed: dict[int, float] = {}
     first_listed: dict[int, float] = {}
     done = threading.Event()
@@ -225,27 +224,42 @@ def krex_probe(args) -> int:
         first_listed.setdefault(pid, now)
         last_listed[pid] = now
 
-    poller(dev, args.poll_ms, time.time, listed, done)    # wall time, as the controller's log has it
-    run_children([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", CHILD_KREX, str(args.gib)],
-                 args.children, args.parallel, env)
-    time.sleep(1.0)
-    done.set()
-    ctl.terminate()
-    ctl.wait(timeout=30)
+    with open(log, "w") as logf:
+        ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", env["KREX_SOCKET"],
+                                "--state-file", os.path.join(tmp, "state"), "--log-level", "debug"], env=env,
+                               stdout=logf, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(env["KREX_SOCKET"]):
+                if time.monotonic() > deadline or ctl.poll() is not None:
+                    raise SystemExit(f"the controller did not come up: {open(log).read()[-2000:]}")
+                time.sleep(0.05)
+            t = poller(dev, args.poll_ms, time.time, listed, done)    # wall time, as the controller's log has it
+            run_children([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, "-c", CHILD_KREX,
+                          str(args.gib)], args.children, args.parallel, env)
+            time.sleep(1.0)
+        finally:
+            done.set()
+            ctl.terminate()
+            ctl.wait(timeout=30)
+    t.join()
     text = open(log).read()
+    followed = [int(m.group(1)) for m in re.finditer(r"\(pid (\d+)\) closed its connection on its way out", text)]
     dropped = drops(text)
     children = []
     for pid in sorted(last_listed, key=lambda p: first_listed[p]):
         if pid not in dropped:
             continue
         t, why = dropped[pid]
-        children.append({"pid": pid, "dropped": why, "listed_after_drop_ms": round(1e3 * (last_listed[pid] - t), 1)})
+        children.append({"pid": pid, "dropped": why, "listed_after_drop_ms": round(1e3 * (last_listed[pid] - t), 1),
+                         "followed_until_it_exited": pid in followed})
     by = {}
     for c in children:
         by.setdefault(c["dropped"], []).append(c["listed_after_drop_ms"])
     summary = {"children": len(children), "not_dropped_by_the_log": sorted(set(last_listed) - set(dropped)),
-               "by_reason": {k: {"n": len(v), "listed_after_drop_ms_min": min(v), "median": sorted(v)[len(v) // 2],
+               "by_reason": {k: {"n": len(v), "listed_after_drop_ms_min": min(v), "median": median(v),
                                  "max": max(v)} for k, v in by.items()},
+               "followed_until_they_exited": sum(c["followed_until_it_exited"] for c in children),
                "note": "the log's times have millisecond resolution; NVML polled every --poll-ms"}
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "children": children, "argv": sys.argv,

@@ -1,11 +1,9 @@
-/* leader_exit: a process on its way out that is not gone yet. Started by exec from a process that was a krex
- * client, it prints its pid and waits for a line on stdin; then, with "exit", its main thread exits while
- * another thread sleeps SNIPPET_MS (60000), so the process's memory (its environment) is released,
- * /proc/PID/stat shows it exiting, and its pidfd does not yet say it exited, as in a process whose files (a GPU
- * context) are still being closed; with "live" it goes on running. With a second argument FD (a connection to
- * the controller the exec kept open), "exit" shuts that connection down once the main thread is gone, the
- * order in which an exiting process's connection can close before its GPU context; "live" shuts it down at
- * once and runs on. tests/test_attest.py. */
+/* leader_exit: a process whose main thread exits while it runs on. Started by exec from a process that was a
+ * krex client, it prints its pid and waits for a line on stdin; then, with "exit", its main thread exits while
+ * another thread sleeps SNIPPET_MS (60000): /proc/PID/stat (the main thread's) reads as a zombie, its memory
+ * seen from there is gone, yet the process lives and its pidfd does not say it exited; with "live" it goes on
+ * running. With a second argument FD (a connection to the controller the exec kept open), "exit" shuts that
+ * connection down once the main thread is gone, "live" at once. tests/test_attest.py. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
