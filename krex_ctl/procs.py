@@ -26,47 +26,72 @@ def start_time(pid: int) -> Optional[int]:
 PF_EXITING = 0x4   # the kernel's task flag, set when do_exit begins (include/linux/sched.h)
 
 
-def exiting(pid: int, started: int) -> bool:
-    """Whether the process that had this start time is gone or on its way out: every thread of it a zombie or
-    past the start of its exit (PF_EXITING in field 9 of /proc/PID/task/TID/stat), where its memory, its
-    environment with it, may already be released while its files (a GPU context among them) are still being
-    closed; a thread with SIGKILL pending counts as on its way out (killed). A process whose main thread has
-    exited while others run on is not (its main thread reads as a zombie). False for a process that now has the pid but started at another time, and when /proc cannot be
-    read for another reason than the process being gone."""
+def exit_state(pid: int, started: Optional[int], proc: str = "/proc") -> str:
+    """Where the process that had this start time is in its exit, from proc (/proc):
+      "exited"   gone, or every thread of it a zombie: its files (a GPU context among them) are closed;
+      "exiting"  every thread of it past the start of its exit (PF_EXITING in field 9 of
+                 proc/PID/task/TID/stat), a zombie, or with SIGKILL pending (the threads of an exit_group reach
+                 their exit one by one), not all zombies: its memory, its environment with it, may already be
+                 released while its files are still being closed;
+      "running"  anything else, also a process whose main thread alone has exited (proc/PID/stat, the main
+                 thread's, reads as a zombie), one that now has the pid but started at another time (started
+                 None: whatever process has it), and one /proc cannot be read for (other than it being gone).
+    The threads are listed again until no new one appears: a thread created meanwhile is judged too."""
     gone = (FileNotFoundError, ProcessLookupError)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
             data = f.read()
-        if int(data[data.rindex(b")") + 2:].split()[19]) != started:
-            return False
-        tids = os.listdir(f"/proc/{pid}/task")
+        if started is not None and int(data[data.rindex(b")") + 2:].split()[19]) != started:
+            return "running"
     except gone:
-        return True
+        return "exited"
     except OSError:
-        return False
-    for tid in tids:
+        return "running"
+    judged: set = set()
+    zombies = True
+    for _ in range(8):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                data = f.read()
+            tids = set(os.listdir(f"{proc}/{pid}/task")) - judged
         except gone:
-            continue                       # that thread has exited
+            return "exited"
         except OSError:
-            return False
-        fields = data[data.rindex(b")") + 2:].split()
-        if fields[0] not in (b"Z", b"X", b"x") and not int(fields[6]) & PF_EXITING and not killed(pid, tid):
-            return False
-    return True
+            return "running"
+        if not tids:
+            return "exited" if zombies else "exiting"
+        for tid in tids:
+            judged.add(tid)
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
+                    data = f.read()
+            except gone:
+                continue                   # that thread has exited
+            except OSError:
+                return "running"
+            fields = data[data.rindex(b")") + 2:].split()
+            if fields[0] in (b"Z", b"X", b"x"):
+                continue
+            zombies = False
+            if not int(fields[6]) & PF_EXITING and not killed(pid, tid, proc):
+                return "running"
+    return "running"                       # threads still appearing: not on its way out
 
 
-def killed(pid: int, tid) -> bool:
-    """SIGKILL pending for the thread: in an exit_group (or a kill) every other thread is sent one and reaches
-    its own exit only once it runs again, so a process whose main thread is already closing its files can
-    have threads not yet marked PF_EXITING."""
+def exiting(pid: int, started: Optional[int]) -> bool:
+    """On its way out or gone (exit_state "exiting" or "exited")."""
+    return exit_state(pid, started) != "running"
+
+
+def killed(pid: int, tid, proc: str = "/proc") -> bool:
+    """SIGKILL pending for the thread (or the thread gone): in an exit_group (or a kill) every other thread is
+    sent one and reaches its own exit only once it runs again, so a process whose main thread is already closing
+    its files can have threads not yet marked PF_EXITING."""
     try:
-        with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+        with open(f"{proc}/{pid}/task/{tid}/status", "rb") as f:
             for line in f:
                 if line.startswith(b"SigPnd:"):
                     return bool(int(line.split()[1], 16) & (1 << (signal.SIGKILL - 1)))
+    except (FileNotFoundError, ProcessLookupError):
+        return True
     except OSError:
         pass
     return False

@@ -614,11 +614,12 @@ class Controller(RegionEffects):
         for pid in [p for p, (_, t, _) in self.departed.items() if now - t > self.DEPARTED_S]:
             del self.departed[pid]
         started = client.pidfd.start_time if client.pidfd is not None else None
-        if started is not None:
-            self.departed[client.pid] = (started, now, client.job.id if client.job is not None else None)
+        if started is not None:     # the jobs it worked for: its own, and a warm worker's command's
+            jobs = frozenset(j.id for j in (client.job, self.command_job(client)) if j is not None)
+            self.departed[client.pid] = (started, now, jobs)
 
     def departed_now(self) -> dict:
-        """pid -> (start time, job id) of the GPU clients dropped in the last minute."""
+        """pid -> (start time, the ids of the jobs it worked for) of the GPU clients dropped in the last minute."""
         now = time.monotonic()
         return {pid: (st, job) for pid, (st, t, job) in self.departed.items() if now - t <= self.DEPARTED_S}
 

@@ -99,7 +99,8 @@ class Krex:
         self.ctl = None
         self.ctl_log = tmp / "controller.log"
 
-    def start_controller(self, *args: str, preexec_fn=None, state_file=None, default_freeze=False) -> subprocess.Popen:
+    def start_controller(self, *args: str, preexec_fn=None, state_file=None, default_freeze=False,
+                         prelude: str = "") -> subprocess.Popen:
         """The controller, with --freeze-policy all unless args choose a policy or default_freeze: these tests
         follow siblings through the freeze whatever work they have in flight (the default, busy, stops only
         those with work left at the drain: test_regions' default-policy test)."""
@@ -108,8 +109,11 @@ class Krex:
         reserved = [] if any(a.startswith("--reserved-cores") for a in args) else ["--reserved-cores", str(cpus[-1])]
         if not default_freeze and not any(a in ("--freeze-policy", "--no-freeze") for a in args):
             reserved += ["--freeze-policy", "all"]
+        # prelude: Python run in the controller's process before it starts (a test's stand-in for what it cannot
+        # make happen for real, e.g. a process that stays on its way out)
+        launch = ["-c", prelude + "\nfrom krex_ctl.cli import main\nmain()"] if prelude else ["-m", "krex_ctl"]
         self.ctl = subprocess.Popen(
-            [sys.executable, "-m", "krex_ctl", "controller", "--socket", str(self.socket), "--state-file",
+            [sys.executable, *launch, "controller", "--socket", str(self.socket), "--state-file",
              str(state_file or self.state_file), *reserved, *args], env=self.env, stdout=log, stderr=log,
             preexec_fn=preexec_fn)
         wait_for(self.answers, what="controller socket")

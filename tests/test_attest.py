@@ -330,6 +330,71 @@ def test_a_sibling_that_closes_its_connection_and_runs_on_holds_no_region_back(k
         sib.communicate()
 
 
+def pidfds_of(holder: int, pid: int) -> list:
+    """The fds of process holder that are pidfds of pid (their fdinfo names it)."""
+    out = []
+    for fd in os.listdir(f"/proc/{holder}/fdinfo"):
+        try:
+            with open(f"/proc/{holder}/fdinfo/{fd}") as f:
+                if f"Pid:\t{pid}\n" in f.read():
+                    out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+EXITING_PRELUDE = """
+import os
+import krex_ctl.procs as P
+_real = P.exit_state
+def exit_state(pid, started, proc="/proc"):      # the pids in the file stay on their way out while they live
+    state = _real(pid, started, proc)
+    with open(os.environ["KREX_TEST_EXITING"]) as f:
+        if state == "running" and str(pid) in f.read().split():
+            return "exiting"
+    return state
+P.exit_state = exit_state
+"""
+
+
+def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(krex, tmp_path):
+    """The controller follows a sibling whose connection closed while it was on its way out until its pidfd says
+    it exited: the next region on its GPU waits for that (the settle counts from then), and the pidfd is closed
+    afterwards. A real process is on its way out for milliseconds only; here the controller is told (a prelude
+    standing in for /proc) that the sibling, which closes its connection and lives 1.5 s more, is on its way out."""
+    from krex_ctl import procs
+
+    marked = tmp_path / "exiting"
+    marked.write_text("")
+    krex.env["KREX_TEST_EXITING"] = str(marked)
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
+    ctl = krex.start_controller("--config", str(cfg), prelude=EXITING_PRELUDE)
+    script = tmp_path / "sibling.py"
+    script.write_text(EXITING_SIBLING)
+    sib = subprocess.Popen([sys.executable, str(script), str(SNIP / "leader_exit"), "live"],
+                           env=dict(krex.env, SNIPPET_MS="1500"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        pid = int(sib.stdout.readline())
+        wait_for(lambda: any(c["pid"] == pid and c["gpus"] == [0] for c in krex.status()["clients"]),
+                 what="the sibling's context")
+        assert pidfds_of(ctl.pid, pid)
+        marked.write_text(f"{pid}\n")
+        sib.stdin.write("go\n")
+        sib.stdin.flush()
+        wait_for(lambda: all(c["pid"] != pid for c in krex.status()["clients"]), what="its connection closed")
+        _, r = region_of(krex, tmp_path)
+        assert procs.exit_state(pid, None) == "exited"            # a zombie now (not reaped: its pid stays)
+        assert r["settle_ns"] > 0.5e9 and r["clean"], r           # the region waited for its exit
+        _, again = region_of(krex, tmp_path)
+        assert again["settle_ns"] < 0.3e9 and again["clean"], again
+        wait_for(lambda: not pidfds_of(ctl.pid, pid), what="its pidfd closed")
+    finally:
+        sib.kill()
+        sib.communicate()
+
+
 def test_without_the_barrier_the_region_says_it_was_disturbed(krex, tmp_path):
     krex.start_controller("--no-lifecycle-barrier")
     maker = making_a_context(krex)

@@ -670,12 +670,14 @@ def test_a_sibling_whose_connection_closed_on_its_way_out_holds_the_barrier_unti
             self.closed = True
 
     p, p2 = Pidfd(), Pidfd()
+    b2.devices = 2                             # its other connection had a context on GPU 1
     assert w.life.gone(b, w.now, p) is True and w.life.gone(b2, w.now, p2) is False   # one pidfd a process
-    region = SimpleNamespace(gpu_mask=1, job=Job(1))
-    assert w.life.busy(region) and w.life.wait_s(region, w.now + 1.0) == 0.002
+    region, on_1 = SimpleNamespace(gpu_mask=1, job=Job(1)), SimpleNamespace(gpu_mask=2, job=Job(1))
+    assert w.life.busy(region) and w.life.busy(on_1) and w.life.wait_s(region, w.now + 1.0) == 0.002
     p.done = True
     w.life.reap(w.now + 1.5)                  # the pidfd's event
     assert p.closed and not w.life.leaving and not w.life.busy(region)
     assert w.life.wait_s(region, w.now + 1.6) == pytest.approx(0.1)   # 2 GiB x 100 ms from 1.5 s, not from 0
+    assert w.life.wait_s(on_1, w.now + 1.6) == pytest.approx(0.1)     # on both GPUs
     c = w.client(30, Job(3))                   # a plain drop (no pidfd): settled from now, nothing kept
     assert w.life.gone(c, w.now + 3.0) is False and w.life.wait_s(region, w.now + 3.0) == pytest.approx(0.0)

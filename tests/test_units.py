@@ -250,9 +250,10 @@ def test_the_resumer_holds_a_process_before_it_is_stopped(tmp_path):
 
 def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
     """NvmlAttestor: a pid NVML lists that is no client and not under the shim is foreign, unless it is a client
-    that disconnected and is exiting (its connection closes before its GPU context, and its environment is gone
-    by then, so krex_managed cannot tell): then its teardown is lifecycle work, a taint when it is another job's.
-    One that disconnected and runs on is foreign."""
+    that disconnected lately: on its way out (its connection closes before its GPU context, and its environment
+    is gone by then, so krex_managed cannot tell) its teardown is lifecycle work, a taint when it is another
+    job's; exited (every thread a zombie: its files closed), NVML's listing is stale. One that disconnected and
+    runs on is judged as any process (here: foreign)."""
     from types import SimpleNamespace
 
     from krex_ctl.enforce import attest
@@ -269,28 +270,60 @@ def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
         def sm_clock_samples(self, g, since): return []
 
     departed = {}
-    exiting = {4242: True}
+    state = {"v": "exiting"}
     monkeypatch.setattr(attest, "krex_managed", lambda pid: False)
-    monkeypatch.setattr(attest.procs, "exiting", lambda pid, started: started == 7 and exiting[pid])
+    monkeypatch.setattr(attest.procs, "exit_state", lambda pid, started: state["v"] if started == 7 else "running")
     cfg = SimpleNamespace(busy_before_us=1000.0, clock_drop_pct=0.0)
     a = attest.NvmlAttestor(Nv(), cfg, lambda: set(), lambda: departed)
 
-    def taints(job=1):
+    def taints(job=1, own=()):
         region = SimpleNamespace(taints=0, others_busy_us=0, clock_settle=[], attest_start=a.snapshot(1),
-                                 job=SimpleNamespace(id=job))
+                                 job=SimpleNamespace(id=job), own=[SimpleNamespace(id=j) for j in own])
         r = a.finish(region, 0)
         g = r.details["gpus"]["0"]
         return r.record()["taints"], g["foreign_pids"], g["leaving_pids"]
 
     assert taints() == (["foreign_process"], [4242], [])          # never a client
-    departed[4242] = (7, 2)
+    departed[4242] = (7, frozenset({2}))
     assert taints() == (["lifecycle"], [], [4242])                # another job's client on its way out
     assert taints(job=2) == ([], [], [])                          # the region's own job's
-    exiting[4242] = False
+    assert taints(own=(1, 2)) == ([], [], [])                     # the command its warm worker runs
+    state["v"] = "exited"
+    assert taints() == ([], [], [])                               # its files closed: a stale listing
+    state["v"] = "running"
     assert taints() == (["foreign_process"], [4242], [])          # a client that runs on
-    departed[4242] = (8, 2)
-    exiting[4242] = True
+    departed[4242] = (8, frozenset({2}))
+    state["v"] = "exiting"
     assert taints() == (["foreign_process"], [4242], [])          # the pid is another process's now
+
+
+def test_exit_state_reads_every_thread(tmp_path):
+    """procs.exit_state on a /proc of the test's own: every thread must be exiting, a zombie or killed."""
+    from krex_ctl import procs
+
+    def proc(pid, threads, start=7):
+        """threads: tid -> (state letter, flags, SigPnd mask)"""
+        (tmp_path / str(pid) / "task").mkdir(parents=True)
+        main = threads[min(threads)]
+        tail = " ".join(["1", "1", "1", "0", "-1", str(main[1])] + ["0"] * 12 + [str(start)])
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (x y) {main[0]} {tail}\n")
+        for tid, (st, flags, pnd) in threads.items():
+            d = tmp_path / str(pid) / "task" / str(tid)
+            d.mkdir()
+            tail = " ".join(["1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + [str(start)])
+            (d / "stat").write_text(f"{tid} (x y) {st} {tail}\n")
+            (d / "status").write_text(f"Name:\tx\nSigPnd:\t{pnd:016x}\nShdPnd:\t0000000000000000\n")
+
+    kill = 1 << 8
+    proc(1, {1: ("R", 0, 0)})
+    proc(2, {2: ("D", procs.PF_EXITING, 0), 3: ("S", 0, kill)})        # the main thread exiting, one killed
+    proc(4, {4: ("Z", procs.PF_EXITING, 0), 5: ("S", 0, 0)})           # the main thread alone has exited
+    proc(6, {6: ("Z", procs.PF_EXITING, 0), 7: ("R", procs.PF_EXITING, 0)})
+    proc(8, {8: ("Z", procs.PF_EXITING, 0)})
+    state = {pid: procs.exit_state(pid, 7, str(tmp_path)) for pid in (1, 2, 4, 6, 8, 9)}
+    assert state == {1: "running", 2: "exiting", 4: "running", 6: "exiting", 8: "exited", 9: "exited"}, state
+    assert procs.exit_state(2, 8, str(tmp_path)) == "running"         # another process has the pid now
+    assert procs.exit_state(2, None, str(tmp_path)) == "exiting"      # whatever process has it
 
 
 def test_only_a_connection_closed_on_the_way_out_keeps_its_pidfd(monkeypatch):

@@ -57,14 +57,13 @@ class GpuSnapshot:
 def krex_managed(pid: int) -> bool:
     """A process on the GPU that krex's shim is in (a command's child between its context creation and its
     HELLO, or after its goodbye), or one that has already exited (NVML lists a process until its context is
-    torn down: that is lifecycle work, not a foreign process): not foreign."""
-    import os
-
+    torn down: that is lifecycle work, not a foreign process): not foreign. Exited means gone or every thread
+    a zombie, not a process whose main thread alone has exited (procs.exit_state)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
-        return not os.path.exists(f"/proc/{pid}") or procs.state(pid) in ("Z", "X", None)
+        return procs.exit_state(pid, None) == "exited"
     return any(e.startswith(b"KREX_JOB=") for e in env) and any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e
                                                                  for e in env)
 
@@ -102,13 +101,14 @@ class NvmlAttestor(Attestor):
         if fake_gpus(nv):
             self.source = "fake"    # the tests' fake NVML: its figures are no claim about a GPU
 
-    def leaving(self, pid: int) -> Optional[tuple]:
-        """(its job id,) for a client that has disconnected and whose process is exiting, else None. Its
-        connection can close before its GPU context does, and by then its environment is unreadable (its memory
-        is released first), so krex_managed cannot tell: its teardown is lifecycle work, not a foreign process.
-        One that disconnected and runs on is judged as any other process."""
+    def departed_state(self, pid: int) -> Optional[tuple]:
+        """(its exit_state, its job ids) for a client that has disconnected lately, else None. Its connection
+        can close before its GPU context does, and by then its environment is unreadable (its memory is
+        released first), so krex_managed cannot tell: if it is exiting, its teardown is lifecycle work, not a
+        foreign process; if it has exited, NVML's listing is stale (its files are closed). One that disconnected
+        and runs on is judged as any other process."""
         d = self.departed().get(pid)
-        return (d[1],) if d is not None and procs.exiting(pid, d[0]) else None
+        return (procs.exit_state(pid, d[0]), d[1]) if d is not None else None
 
     def _gpu(self, g: int) -> GpuSnapshot:
         import time
@@ -160,14 +160,16 @@ class NvmlAttestor(Attestor):
             if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
             foreign, leaving = [], []
+            own = {getattr(j, "id", None) for j in getattr(region, "own", ())} | \
+                {getattr(getattr(region, "job", None), "id", None)}
             for p in sorted((set(s.pids) | set(e.pids)) - known):
-                if krex_managed(p):
+                left = self.departed_state(p)
+                if left is not None and left[0] != "running":
+                    if left[0] == "exiting" and not left[1] & own:
+                        leaving.append(p)    # another job's context torn down in the region's time
                     continue
-                left = self.leaving(p)
-                if left is None:
+                if not krex_managed(p):
                     foreign.append(p)
-                elif left[0] is None or left[0] != getattr(getattr(region, "job", None), "id", None):
-                    leaving.append(p)    # another job's context torn down in the region's time
             if foreign:
                 taints |= C.KREX_TAINT_FOREIGN_PROCESS
             if leaving:
@@ -204,8 +206,8 @@ def fake_gpus(nv) -> bool:
 
 def make(cfg, known_pids, departed=dict):
     """The attestor the controller uses: NVML's where it can be had and cfg.attest is on, else krex's own.
-    known_pids(): the clients' pids; departed(): pid -> (start time, job id) of clients that disconnected
-    lately."""
+    known_pids(): the clients' pids; departed(): pid -> (start time, the ids of the jobs it worked for) of
+    clients that disconnected lately."""
     if not cfg.attest:
         return Attestor()
     from .. import nvml

@@ -29,7 +29,7 @@ class Lifecycle:
         self.cfg = cfg
         self.inflight: dict = {}           # client -> {gpu mask: creations/teardowns under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
-        self.leaving: dict = {}            # client -> [bytes, its pidfd]: connection closed, process not yet exited
+        self.leaving: dict = {}            # client -> [bytes, its pidfd, GPU mask]: connection closed, not yet exited
         self.forget = lambda pidfd: pidfd.close()   # set by the controller: it also stops watching the pidfd
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
@@ -92,9 +92,10 @@ class Lifecycle:
         if leaving is not None and client.devices:
             same = next((e for c, e in self.leaving.items() if c.pid == client.pid), None)
             if same is None:
-                self.leaving[client] = [held or 0, leaving]
+                self.leaving[client] = [held or 0, leaving, client.devices]
                 return True
             same[0] += held or 0               # another connection of a process already followed: one pidfd
+            same[2] |= client.devices
             return False
         if client.devices:
             self._settle(client.devices, now, held or 0)
@@ -103,19 +104,19 @@ class Lifecycle:
     def reap(self, now: float) -> None:
         """The leaving processes that have exited (the controller calls this when one's pidfd says so): gone, their
         memory to scrub from now."""
-        for client, (held, pidfd) in list(self.leaving.items()):
+        for client, (held, pidfd, mask) in list(self.leaving.items()):
             if pidfd.exited():
                 del self.leaving[client]
                 self.forget(pidfd)
-                self._settle(client.devices, now, held)
+                self._settle(mask, now, held)
 
     def busy(self, region) -> bool:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""
         return any(self.outsider(region, c) and any(m & region.gpu_mask for m in ops)
                    for c, ops in self.inflight.items()) or \
             any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting) or \
-            any(self.outsider(region, c) and c.devices & region.gpu_mask and not pidfd.exited()
-                for c, (_, pidfd) in self.leaving.items())
+            any(self.outsider(region, c) and mask & region.gpu_mask and not pidfd.exited()
+                for c, (_, pidfd, mask) in self.leaving.items())
 
     def wait_s(self, region, now: float) -> float:
         """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""

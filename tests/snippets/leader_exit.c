@@ -2,8 +2,8 @@
  * krex client, it prints its pid and waits for a line on stdin; then, with "exit", its main thread exits while
  * another thread sleeps SNIPPET_MS (60000): /proc/PID/stat (the main thread's) reads as a zombie, its memory
  * seen from there is gone, yet the process lives and its pidfd does not say it exited; with "live" it goes on
- * running. With a second argument FD (a connection to the controller the exec kept open), "exit" shuts that
- * connection down once the main thread is gone, "live" at once. tests/test_attest.py. */
+ * running for SNIPPET_MS, then exits. With a second argument FD (a connection to the controller the exec kept
+ * open), "exit" shuts that connection down once the main thread is gone, "live" at once. tests/test_attest.py. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +50,7 @@ int main(int argc, char **argv) {
         pthread_exit(NULL);
     }
     if (conn_fd >= 0) shutdown(conn_fd, SHUT_RDWR);
-    sleep(60);
+    const char *ms = getenv("SNIPPET_MS");
+    usleep((useconds_t)(ms ? atoi(ms) : 60000) * 1000);
     return 0;
 }
