@@ -349,7 +349,7 @@ import krex_ctl.procs as P
 _real = P.exit_state
 def exit_state(pid, started, proc="/proc"):      # the pids in the file stay on their way out while they live
     state = _real(pid, started, proc)
-    with open(os.environ["KREX_TEST_EXITING"]) as f:
+    with open(os.environ["EXITING_PIDS_FILE"]) as f:
         if state == "running" and str(pid) in f.read().split():
             return "exiting"
     return state
@@ -366,7 +366,7 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
 
     marked = tmp_path / "exiting"
     marked.write_text("")
-    krex.env["KREX_TEST_EXITING"] = str(marked)
+    krex.env["EXITING_PIDS_FILE"] = str(marked)
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
     ctl = krex.start_controller("--config", str(cfg), prelude=EXITING_PRELUDE)
