@@ -169,7 +169,7 @@ class Controller(RegionEffects):
         self.gpus = gpus.GpuTable(cfg, self.gate)
         # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
         self.gate.publish(socket_path + ".gate")
-        self.departed: dict[int, tuple] = {}   # pid -> (start time, when, job id) of GPU clients dropped
+        self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
         self.lifecycle.forget = self.forget_pidfd
