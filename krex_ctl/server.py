@@ -942,6 +942,9 @@ class Controller(RegionEffects):
                            "resumer_pid": self.freezer.resumer.pid or None},
             "gpus": gpus,
             "clients": [c.describe() for c in self.clients.values() if c.role],
+            # processes whose connection closed on their way out, followed until they exit (Lifecycle.leaving)
+            "leaving": [{"pid": c.pid, "uid": c.uid, "gpus": mask_to_list(mask)}
+                        for c, (_, _, mask) in self.lifecycle.leaving.items()],
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid, "command": j.command, "regions": len(j.regions),
                       "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},

@@ -141,7 +141,7 @@ def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
         g["queue"] = bound_list(g.get("queue", []), f"gpu{g['gpu']}_queue", omitted)
         g["clients"] = bound_list(g.get("clients", []), f"gpu{g['gpu']}_clients", omitted)
         g["gated"] = bound_list(g.get("gated", []), f"gpu{g['gpu']}_gated", omitted)
-    for key in ("clients", "jobs", "workers", "zygotes", "zygotes_failed"):
+    for key in ("clients", "jobs", "workers", "zygotes", "zygotes_failed", "leaving"):
         if key in st:
             st[key] = bound_list(st[key], key, omitted)
     if omitted:

@@ -384,6 +384,7 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
         sib.stdin.write("go\n")
         sib.stdin.flush()
         wait_for(lambda: all(c["pid"] != pid for c in krex.status()["clients"]), what="its connection closed")
+        assert [p["pid"] for p in krex.status()["leaving"]] == [pid]            # krex status shows it
         _, r = region_of(krex, tmp_path)
         assert procs.exit_state(pid, None) == "exited"            # a zombie now (not reaped: its pid stays)
         assert r["settle_ns"] > 0.5e9 and r["clean"], r           # the region waited for its exit

@@ -396,7 +396,8 @@ def test_the_terminal_view_shows_the_warm_worker_pools_as_the_text_does():
           "gpus": [{"gpu": 0, "owner": None, "queue": [], "clients": []}], "clients": [], "jobs": [], "counters": {},
           "zygotes": [{"gpu": 0, "pid": 4242, "forks": True}],
           "workers": [{"gpu": 0, "state": "idle"}, {"gpu": 0, "state": "busy"}, {"gpu": 0, "state": "idle"}],
-          "zygotes_failed": [{"gpu": 1, "python": "/usr/bin/python3", "environments": 2}]}
+          "zygotes_failed": [{"gpu": 1, "python": "/usr/bin/python3", "environments": 2}],
+          "leaving": [{"pid": 77, "uid": 0, "gpus": [0]}]}
     console = Console(record=True, width=160)
     console.print(status.table(st))
     view = console.export_text()
@@ -404,6 +405,7 @@ def test_the_terminal_view_shows_the_warm_worker_pools_as_the_text_does():
     for line in ("warm workers for GPU 0: zygote pid 4242 (forks); 2 idle, 1 busy",
                  "warm workers for GPU 1 (/usr/bin/python3): stopped for 2 environment(s)"):
         assert line in text and line in view, (line, view)
+    assert "1 process(es) closed their connection on their way out: pids 77;" in text
 
 
 def test_status_hides_other_users_commands_and_stays_bounded():

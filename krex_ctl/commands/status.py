@@ -85,6 +85,9 @@ def lines(st: dict) -> list[str]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
         out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
                    f"{command_text(j.get('command'))}")
+    if st.get("leaving"):
+        out.append(f"{len(st['leaving'])} process(es) closed their connection on their way out: pids "
+                   + ", ".join(str(p["pid"]) for p in st["leaving"]) + "; regions on their GPUs wait until they exit")
     out += pool_lines(st)
     if st.get("omitted"):
         out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
