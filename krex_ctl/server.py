@@ -586,6 +586,8 @@ class Controller(RegionEffects):
                 gone = self.jobs.pop(client.job.id, None)
                 if gone is not None:
                     gone.regions.close()
+        # the jobs it worked for, asked before the pool forgets a warm worker's command
+        jobs = frozenset(j.id for j in (client.job, self.command_job(client)) if j is not None)
         self.pool.gone(client)
         client.sock.close()
         if client.pidfd is not None and not kept:
@@ -593,7 +595,7 @@ class Controller(RegionEffects):
         if client.role in GPU_ROLES:
             self.gpu_clients -= 1
             self.note_activity()
-            self.note_departed(client)
+            self.note_departed(client, jobs)
         self.apply(self.book.schedule(time.monotonic()))
 
     def forget_pidfd(self, pidfd: procs.Pidfd) -> None:
@@ -606,16 +608,19 @@ class Controller(RegionEffects):
 
     DEPARTED_S = 60.0
 
-    def note_departed(self, client: Client) -> None:
-        """Kept a minute for the attestation (NvmlAttestor.leaving): a client's process may still be closing
-        its GPU context after its connection closed. Its start time from its pidfd, taken when it connected
-        (its pid may be another process's by now)."""
+    def note_departed(self, client: Client, jobs: frozenset) -> None:
+        """Kept a minute for the attestation (NvmlAttestor.departed_state): a client's process may still be
+        closing its GPU context after its connection closed. Its start time from its pidfd, taken when it
+        connected (its pid may be another process's by now); jobs: the ids of the jobs it worked for (its own,
+        a warm worker's command's), with those of the process's other connections dropped before."""
         now = time.monotonic()
         for pid in [p for p, (_, t, _) in self.departed.items() if now - t > self.DEPARTED_S]:
             del self.departed[pid]
         started = client.pidfd.start_time if client.pidfd is not None else None
-        if started is not None:     # the jobs it worked for: its own, and a warm worker's command's
-            jobs = frozenset(j.id for j in (client.job, self.command_job(client)) if j is not None)
+        if started is not None:
+            old = self.departed.get(client.pid)
+            if old is not None and old[0] == started:
+                jobs = jobs | old[2]
             self.departed[client.pid] = (started, now, jobs)
 
     def departed_now(self) -> dict:

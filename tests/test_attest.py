@@ -361,7 +361,7 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
     """The controller follows a sibling whose connection closed while it was on its way out until its pidfd says
     it exited: the next region on its GPU waits for that (the settle counts from then), and the pidfd is closed
     afterwards. A real process is on its way out for milliseconds only; here the controller is told (a prelude
-    standing in for /proc) that the sibling, which closes its connection and lives 1.5 s more, is on its way out."""
+    standing in for /proc) that the sibling, which closes its connection and lives 3 s more, is on its way out."""
     from krex_ctl import procs
 
     marked = tmp_path / "exiting"
@@ -373,7 +373,7 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
     script = tmp_path / "sibling.py"
     script.write_text(EXITING_SIBLING)
     sib = subprocess.Popen([sys.executable, str(script), str(SNIP / "leader_exit"), "live"],
-                           env=dict(krex.env, SNIPPET_MS="1500"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           env=dict(krex.env, SNIPPET_MS="3000"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            text=True)
     try:
         pid = int(sib.stdout.readline())

@@ -406,6 +406,7 @@ def test_the_terminal_view_shows_the_warm_worker_pools_as_the_text_does():
                  "warm workers for GPU 1 (/usr/bin/python3): stopped for 2 environment(s)"):
         assert line in text and line in view, (line, view)
     assert "1 process(es) closed their connection on their way out: pids 77;" in text
+    assert "on their way out: pids 77;" in view
 
 
 def test_status_hides_other_users_commands_and_stays_bounded():

@@ -270,15 +270,17 @@ def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
         def sm_clock_samples(self, g, since): return []
 
     departed = {}
-    state = {"v": "exiting"}
-    monkeypatch.setattr(attest, "krex_managed", lambda pid: False)
+    state, managed = {"v": "exiting"}, {"v": False}
+    monkeypatch.setattr(attest, "krex_managed", lambda pid: managed["v"])
     monkeypatch.setattr(attest.procs, "exit_state", lambda pid, started: state["v"] if started == 7 else "running")
     cfg = SimpleNamespace(busy_before_us=1000.0, clock_drop_pct=0.0)
     a = attest.NvmlAttestor(Nv(), cfg, lambda: set(), lambda: departed)
 
-    def taints(job=1, own=()):
+    def taints(job=1, own=(), between=None):
         region = SimpleNamespace(taints=0, others_busy_us=0, clock_settle=[], attest_start=a.snapshot(1),
                                  job=SimpleNamespace(id=job), own=[SimpleNamespace(id=j) for j in own])
+        if between:
+            between()                                             # what changes while the region is held
         r = a.finish(region, 0)
         g = r.details["gpus"]["0"]
         return r.record()["taints"], g["foreign_pids"], g["leaving_pids"]
@@ -295,6 +297,11 @@ def test_a_departed_client_on_its_way_out_is_not_a_foreign_process(monkeypatch):
     departed[4242] = (8, frozenset({2}))
     state["v"] = "exiting"
     assert taints() == (["foreign_process"], [4242], [])          # the pid is another process's now
+    departed[4242] = (7, frozenset({2}))                          # on its way out at the grant, exited by
+    assert taints(between=lambda: state.update(v="exited")) == (["lifecycle"], [], [4242])   # the end: in it
+    del departed[4242]                                            # a stranger at the grant, gone by the end
+    state["v"] = "running"
+    assert taints(between=lambda: managed.update(v=True)) == (["foreign_process"], [4242], [])
 
 
 def test_exit_state_reads_every_thread(tmp_path):
@@ -346,3 +353,20 @@ def test_only_a_connection_closed_on_the_way_out_keeps_its_pidfd(monkeypatch):
     assert server.leaving_pidfd(SimpleNamespace(**{**c.__dict__, "pidfd": done}), "disconnected") is None   # exited
     exiting["v"] = False
     assert server.leaving_pidfd(c, "disconnected") is None              # runs on
+
+
+def test_a_departed_processs_jobs_gather_over_its_connections():
+    """Controller.note_departed: a warm worker's connections are dropped one by one, and the pool forgets the
+    command it served at the first; the jobs asked before that stay with the pid (same start time only)."""
+    from types import SimpleNamespace
+
+    from krex_ctl import server
+
+    ctl = SimpleNamespace(departed={}, DEPARTED_S=60.0)
+    worker = SimpleNamespace(pid=5, pidfd=SimpleNamespace(start_time=9))
+    server.Controller.note_departed(ctl, worker, frozenset({10, 20}))     # its control connection, serving job 20
+    server.Controller.note_departed(ctl, worker, frozenset({10}))         # its shim's, the command forgotten
+    assert ctl.departed[5][2] == {10, 20}
+    reused = SimpleNamespace(pid=5, pidfd=SimpleNamespace(start_time=11))
+    server.Controller.note_departed(ctl, reused, frozenset({30}))         # another process with the pid
+    assert ctl.departed[5][2] == {30}

@@ -85,14 +85,19 @@ def lines(st: dict) -> list[str]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
         out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
                    f"{command_text(j.get('command'))}")
-    if st.get("leaving"):
-        out.append(f"{len(st['leaving'])} process(es) closed their connection on their way out: pids "
-                   + ", ".join(str(p["pid"]) for p in st["leaving"]) + "; regions on their GPUs wait until they exit")
-    out += pool_lines(st)
+    out += leaving_lines(st) + pool_lines(st)
     if st.get("omitted"):
         out.append("left out (too many to send): " + ", ".join(f"{k} {v}" for k, v in st["omitted"].items()))
     out.append("counters: " + ", ".join(f"{k} {v}" for k, v in st["counters"].items()))
     return out
+
+
+def leaving_lines(st: dict) -> list[str]:
+    """The processes that closed their connection on their way out (the plain text and the terminal view)."""
+    if not st.get("leaving"):
+        return []
+    return [f"{len(st['leaving'])} process(es) closed their connection on their way out: pids "
+            + ", ".join(str(p["pid"]) for p in st["leaving"]) + "; regions on their GPUs wait until they exit"]
 
 
 def pool_lines(st: dict) -> list[str]:
@@ -135,7 +140,7 @@ def table(st: dict):
                   ", ".join(map(str, o["frozen"])) or "-", ", ".join(map(str, g.get("gated", []))) or "-", queue)
     placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
                        f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
-    pools = "\n".join(pool_lines(st))
+    pools = "\n".join(leaving_lines(st) + pool_lines(st))
     return Group(t, Text(f"{clients_line(st)}, {len(st['jobs'])} job(s)\n" + placed + ("\n" + pools if pools else "")))
 
 

@@ -3,7 +3,7 @@
 krex's own taints (a drain that timed out, a revocation) are set by the region mechanics; the GPU's
 counters are read here at the region's boundaries only."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import procs
@@ -52,6 +52,7 @@ class GpuSnapshot:
     clock: Optional[int]
     temperature: Optional[int]
     pids: dict
+    looks: dict = field(default_factory=dict)   # at the grant: pid -> look() of each listed pid not a client
 
 
 def krex_managed(pid: int) -> bool:
@@ -101,6 +102,14 @@ class NvmlAttestor(Attestor):
         if fake_gpus(nv):
             self.source = "fake"    # the tests' fake NVML: its figures are no claim about a GPU
 
+    def look(self, pid: int) -> tuple:
+        """What a listed pid that is no client is now: ("departed", its exit_state, its job ids) for a client
+        that disconnected lately and is on its way out or has exited, else ("managed", krex_managed)."""
+        d = self.departed_state(pid)
+        if d is not None and d[0] != "running":
+            return ("departed", d[0], d[1])
+        return ("managed", krex_managed(pid))
+
     def departed_state(self, pid: int) -> Optional[tuple]:
         """(its exit_state, its job ids) for a client that has disconnected lately, else None. Its connection
         can close before its GPU context does, and by then its environment is unreadable (its memory is
@@ -121,7 +130,11 @@ class NvmlAttestor(Attestor):
         if not gpus:
             return None
         self.nv.xid_events()         # what happened before the region is not the region's
-        return {g: self._gpu(g) for g in gpus}
+        snaps = {g: self._gpu(g) for g in gpus}
+        known = self.known_pids()
+        for snap in snaps.values():  # judged now too: one that exits before the region ends ran in it
+            snap.looks = {p: self.look(p) for p in set(snap.pids) - known}
+        return snaps
 
     def taints_so_far(self, region) -> Result:
         return self._judge(region, consume_xid=False)
@@ -163,13 +176,11 @@ class NvmlAttestor(Attestor):
             own = {getattr(j, "id", None) for j in getattr(region, "own", ())} | \
                 {getattr(getattr(region, "job", None), "id", None)}
             for p in sorted((set(s.pids) | set(e.pids)) - known):
-                left = self.departed_state(p)
-                if left is not None and left[0] != "running":
-                    if left[0] == "exiting" and not left[1] & own:
-                        leaving.append(p)    # another job's context torn down in the region's time
-                    continue
-                if not krex_managed(p):
+                looks = [x for x in (s.looks.get(p), self.look(p)) if x is not None]   # at the grant, now
+                if ("managed", False) in looks:
                     foreign.append(p)
+                elif any(x[0] == "departed" and x[1] == "exiting" and not x[2] & own for x in looks):
+                    leaving.append(p)    # another job's context torn down in the region's time
             if foreign:
                 taints |= C.KREX_TAINT_FOREIGN_PROCESS
             if leaving:
