@@ -175,19 +175,24 @@ sys.stdin.read()                         # held until the candidate closes this
 holder, holder_mib, HOLDER_S = None, None, 0.0
 
 
+def end_holder(wait_s: float) -> None:
+    """Wait wait_s for the holder to go, then kill it (one stuck in the driver: not waited for long)."""
+    import subprocess
+
+    try:
+        holder.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        holder.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            holder.wait(10)
+
+
 def close_holder() -> None:
     """The holder's memory back: its stdin closed, then ended if it does not go (its pipe also ends it when this
     process dies; a caller that runs this file by runpy ends it in any case, bench/ray_fleet.py's evaluate)."""
-    import subprocess
-
     if holder is not None and holder.poll() is None:
         holder.stdin.close()
-        try:
-            holder.wait(30)
-        except subprocess.TimeoutExpired:
-            holder.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):   # one stuck in the driver: not waited for
-                holder.wait(10)
+        end_holder(30)
 
 
 if args.holder_gib > 0:
@@ -202,12 +207,7 @@ if args.holder_gib > 0:
     sel.register(holder.stdout, selectors.EVENT_READ)
     line = holder.stdout.readline().split() if sel.select(timeout=120) else ["(no answer in 120 s)"]
     if line[:1] != ["ready"]:
-        try:
-            holder.wait(10)                  # a failed holder exits on its own
-        except subprocess.TimeoutExpired:
-            holder.kill()                    # a silent one is ended (not waited for if it is stuck in the driver)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                holder.wait(10)
+        end_holder(10)                       # a failed holder exits on its own, a silent one is ended
         sys.exit(f"candidate: the --holder-gib process failed (exit {holder.returncode}: {' '.join(line) or 'no line'})")
     holder_mib = [int(line[1]), int(line[2])]
     HOLDER_S = time.monotonic() - T0

@@ -157,6 +157,8 @@ class NvmlAttestor(Attestor):
         lo, hi, gpus = None, None, {}
         capped = nvml.REASON_SW_POWER_CAP
         thermal = nvml.REASON_SW_THERMAL | nvml.REASON_HW_THERMAL
+        own = {getattr(j, "id", None) for j in getattr(region, "own", ())} | \
+            {getattr(getattr(region, "job", None), "id", None)}      # the region's jobs' ids
         for g, s in start.items():
             e = self._gpu(g)
             reasons = s.reasons | e.reasons
@@ -173,8 +175,6 @@ class NvmlAttestor(Attestor):
             if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
             foreign, leaving = [], []
-            own = {getattr(j, "id", None) for j in getattr(region, "own", ())} | \
-                {getattr(getattr(region, "job", None), "id", None)}
             for p in sorted((set(s.pids) | set(e.pids)) - known):
                 looks = [x for x in (s.looks.get(p), self.look(p)) if x is not None]   # at the grant, now
                 if ("managed", False) in looks:

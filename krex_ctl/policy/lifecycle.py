@@ -83,12 +83,11 @@ class Lifecycle:
         """The process exited (or its connection closed): its teardown is over, its memory still to scrub.
         leaving: its pidfd, when its connection closed while the process was on its way out but had not yet
         exited (its files, a GPU context among them, still being closed): it counts as exiting until the pidfd
-        says it exited. True: the pidfd is kept (closed here once it has)."""
+        says it exited. True: the pidfd is kept (closed by reap once it has)."""
         self.inflight.pop(client, None)
         held = self.exiting.pop(client, None)
         if client.devices and held is None:
             self._taint_held(client.devices, client)   # died unannounced (a signal): torn down now
-        self.reap(now)
         if leaving is not None and client.devices:
             same = next((e for c, e in self.leaving.items() if c.pid == client.pid), None)
             if same is None:
@@ -120,7 +119,6 @@ class Lifecycle:
 
     def wait_s(self, region, now: float) -> float:
         """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""
-        self.reap(now)
         if not self.cfg.lifecycle_barrier:
             return 0.0
         if self.busy(region):
