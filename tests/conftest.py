@@ -194,6 +194,34 @@ class Krex:
             except subprocess.TimeoutExpired:
                 self.ctl.kill()
                 self.ctl.wait()
+        self.stop_started_controllers()
+
+    def stop_started_controllers(self) -> None:
+        """End the embedded controllers the test's own commands started: a wrapper whose controller died
+        reconnects through ensure_controller, which starts one at the test's socket, and that one would run
+        on for its idle time (30 s) after the test. Found by their command line (one may not have registered
+        yet when the test ends); each one's resumer, a fork with the same command line, leaves with it."""
+        def started() -> dict:
+            found = {}
+            for name in os.listdir("/proc"):
+                try:
+                    argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+                    ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if b"controller" in argv and os.fsencode(str(self.socket)) in argv:
+                    found[int(name)] = ppid
+            return found
+
+        found = started()
+        for pid, ppid in found.items():
+            if ppid not in found:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: not [p for p in started() if proc_state(p) not in (None, "Z")], timeout=10,
+                 what="the controllers the test's commands started gone")
 
 
 @pytest.fixture
