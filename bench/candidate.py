@@ -548,5 +548,7 @@ print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} i
                   "candidate_out_ptrs": out_ptrs, **({"fixed_out": True} if args.fixed_out else {}),
                   **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
                      if last_region is not None else {}),
-                  "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}), flush=True)
+                  "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3),
+                  # CLOCK_MONOTONIC is the node's: the harness splits its wall time into before, inside, after
+                  "t0_mono": round(T0, 4), "t_end_mono": round(time.monotonic(), 4)}), flush=True)
 sys.exit(0 if ok else 1)

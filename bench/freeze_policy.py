@@ -36,6 +36,7 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -92,14 +93,36 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
     for r in runs:
         by_mode.setdefault(f"{r['mode']}:{r['agents']}", []).extend(r["rows"])
     clocks = {k: c for k, rows_ in by_mode.items() if (c := T.region_clocks(rows_))}
+    phases = {k: p for k, rows_ in by_mode.items() if (p := command_phases(rows_))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
-            "region_clock_mhz": clocks,
+            "region_clock_mhz": clocks, **({"command_phases_s": phases} if phases else {}),
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
             "repeat_spread_pct": ref["repeat_spread_pct"], "unstable": ref["unstable"],
             **({"left_out": ref["left_out"]} if leave_out else {}),
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
+
+
+PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "frozen")
+
+
+def command_phases(rows: list) -> dict:
+    """Where a command's wall time went, mean seconds over the finished commands that say it (results since
+    bench/candidate.py printed its monotonic start and end): before its body (the wrapper, the interpreter, the
+    shim's start), its import (torch, triton), the rest of its body (compile, check, timings; waits for grants
+    and at gates are in it), after it (its exit: contexts torn down, the exit gate; the wrapper's report); and
+    of the body, the waits for region grants, at closed gates, and the time frozen for others' regions."""
+    ok = [r for r in rows if r.get("exit") == 0 and "before_s" in r]
+    if not ok:
+        return {}
+    def mean(f) -> float:
+        return round(statistics.fmean(f(r) for r in ok), 3)
+    return {"commands": len(ok), "wall": mean(lambda r: r["wall_s"]), "before": mean(lambda r: r["before_s"]),
+            "import": mean(lambda r: r.get("import_s", 0.0)),
+            "inside": mean(lambda r: r["total_s"] - r.get("import_s", 0.0)), "after": mean(lambda r: r["after_s"]),
+            "region_wait": mean(lambda r: r.get("region_wait_s", 0.0)),
+            "gate_wait": mean(lambda r: r.get("gate_wait_s", 0.0)), "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
 
 
 def table(result) -> str:
@@ -143,6 +166,11 @@ def table(result) -> str:
     if result.get("region_clock_mhz"):
         out.append("lowest SM clock per region (MHz; median, 10th percentile, regions): " + ", ".join(
             f"{k} {c['median']}/{c['p10']}/{c['regions']}" for k, c in result["region_clock_mhz"].items()))
+    if result.get("command_phases_s"):
+        out.append("a command's wall time, mean s (" + " / ".join(("wall",) + PHASES) + "; the waits and the frozen "
+                   "time lie within the body, import and inside): " + ", ".join(
+                       f"{k} " + " / ".join(f"{p[x]:.2f}" for x in ("wall",) + PHASES) + f" ({p['commands']})"
+                       for k, p in result["command_phases_s"].items()))
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}"

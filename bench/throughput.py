@@ -369,6 +369,11 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                    "wall_s": t1 - t0}
             if lines:
                 row.update(json.loads(lines[-1]))
+                if "t0_mono" in row:       # the wall time outside the command's own body: the start (the
+                    # wrapper, the interpreter, the shim's start) and the end (the exit: contexts torn down, the
+                    # exit gate, the wrapper's report)
+                    row["before_s"] = round(row.pop("t0_mono") - t0, 4)
+                    row["after_s"] = round(t1 - row.pop("t_end_mono"), 4)
             else:
                 row["stderr"] = out.stderr[-2000:]
             if report.exists():
@@ -382,6 +387,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                 row["region_phases_s"] = {k: round(sum(r.get(f"{k}_ns", 0) for r in regs) / 1e9, 4)
                                           for k in ("queued", "drain", "settle", "freeze", "isolate", "attest")}
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
+                row["frozen_s"] = rep.get("frozen_ns", 0) / 1e9
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
                 # why each region that was not: [its index, exclusive, its taints, the pids NVML showed that krex
                 # did not know]

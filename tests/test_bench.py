@@ -6,6 +6,7 @@ alternates cold, warm and churned runs as asked; bench/warm_vs_cold.py measures 
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -273,6 +274,16 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     prev = [p for r in rows for p in r["region_previous"] if p is not None]
     assert prev and all(len(p) == 4 and p[0] >= 0 and p[1] > 0 and p[2] == 1980 for p in prev), rows
     assert "lowest SM clock per region (MHz; median, 10th percentile, regions): " in md.read_text()
+    # a command's wall time split at the stand-in's monotonic start and end: before its body (wrapper, interpreter),
+    # its body, after it (exit, report); the report's frozen time beside the waits
+    assert all(0 < r["before_s"] < r["wall_s"] and 0 < r["after_s"] < r["wall_s"] and "t0_mono" not in r
+               and r["before_s"] + r["total_s"] + r["after_s"] == pytest.approx(r["wall_s"], abs=0.01)
+               and r["frozen_s"] >= 0 for r in rows), rows
+    ph = data["command_phases_s"]["krexbusy:2"]
+    assert ph["commands"] == 2 and ph["wall"] == pytest.approx(statistics.fmean(r["wall_s"] for r in rows), abs=0.002)
+    assert ph["before"] + ph["import"] + ph["inside"] + ph["after"] == pytest.approx(ph["wall"], abs=0.02), ph
+    assert set(data["command_phases_s"]) == {f"{r['mode']}:{r['agents']}" for r in data["runs"]}   # naive too
+    assert "a command's wall time, mean s (wall / before / import / inside / after" in md.read_text()
     assert "| busy | 2 |" in md.read_text()
     assert "per kernel: median signed inflation" in md.read_text()
     # --host-bound-check: every krex command's timings say whether their region was host-bound (the stand-in

@@ -55,4 +55,5 @@ print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} i
                               **({"scatter_gib": args.scatter_gib} if args.scatter_gib else {}),
                               **({"holder_gib": args.holder_gib} if args.holder_gib else {})},
                   "pid": os.getpid(), "ppid": os.getppid(),
-                  "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3)}))
+                  "compile_s": 0.02, "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3),
+                  "t0_mono": round(T0, 4), "t_end_mono": round(time.monotonic(), 4)}))   # as bench/candidate.py
