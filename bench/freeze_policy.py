@@ -104,15 +104,16 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
                             f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
 
 
-PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "frozen")
+PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "lifecycle_wait", "frozen")
 
 
 def command_phases(rows: list) -> dict:
     """Where a command's wall time went, mean seconds over the finished commands that say it (results since
     bench/candidate.py printed its monotonic start and end): before its body (the wrapper, the interpreter, the
-    shim's start), its import (torch, triton), the rest of its body (compile, check, timings; waits for grants
-    and at gates are in it), after it (its exit: contexts torn down, the exit gate; the wrapper's report); and
-    of the body, the waits for region grants, at closed gates, and the time frozen for others' regions."""
+    shim's start), its import (torch, triton), the rest of its body (compile, check, timings), after it (its
+    exit: contexts torn down, the exit gate; the wrapper's report); and within those, the waits for region
+    grants, at closed gates (of which the lifecycle waits: its context's creation and its exit held at another
+    job's gate, the exit's after the body), and the time frozen for others' regions."""
     ok = [r for r in rows if r.get("exit") == 0 and "before_s" in r]
     if not ok:
         return {}
@@ -122,7 +123,8 @@ def command_phases(rows: list) -> dict:
             "import": mean(lambda r: r.get("import_s", 0.0)),
             "inside": mean(lambda r: r["total_s"] - r.get("import_s", 0.0)), "after": mean(lambda r: r["after_s"]),
             "region_wait": mean(lambda r: r.get("region_wait_s", 0.0)),
-            "gate_wait": mean(lambda r: r.get("gate_wait_s", 0.0)), "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
+            "gate_wait": mean(lambda r: r.get("gate_wait_s", 0.0)),
+            "lifecycle_wait": mean(lambda r: r.get("lifecycle_wait_s", 0.0)), "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
 
 
 def table(result) -> str:
@@ -168,7 +170,7 @@ def table(result) -> str:
             f"{k} {c['median']}/{c['p10']}/{c['regions']}" for k, c in result["region_clock_mhz"].items()))
     if result.get("command_phases_s"):
         out.append("a command's wall time, mean s (" + " / ".join(("wall",) + PHASES) + "; the waits and the frozen "
-                   "time lie within the body, import and inside): " + ", ".join(
+                   "time lie within the first four; gate_wait holds lifecycle_wait): " + ", ".join(
                        f"{k} " + " / ".join(f"{p[x]:.2f}" for x in ("wall",) + PHASES) + f" ({p['commands']})"
                        for k, p in result["command_phases_s"].items()))
     out.append("")

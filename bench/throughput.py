@@ -388,6 +388,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                                           for k in ("queued", "drain", "settle", "freeze", "isolate", "attest")}
                 row["gate_wait_s"] = rep["gate_waited_ns"] / 1e9
                 row["frozen_s"] = rep.get("frozen_ns", 0) / 1e9
+                row["lifecycle_wait_s"] = rep.get("lifecycle_waited_ns", 0) / 1e9   # of gate_wait_s
                 row["regions_clean"] = [bool(r.get("exclusive") and r.get("clean")) for r in regs]
                 # why each region that was not: [its index, exclusive, its taints, the pids NVML showed that krex
                 # did not know]

@@ -187,12 +187,16 @@ static int64_t krex_lifecycle_wait_ns(void) {
 }
 
 /* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; the
- * time is counted as blocked at a closed gate where counted is set */
-static void krex_lifecycle_gate_wait(uint64_t mask, const char *what, int counted) {
+ * time is counted as blocked at a closed gate (waited_ns), and apart as a lifecycle wait (lifecycle_waited_ns: an
+ * exit's wait lies after the command's own end, where the job's report is the only place that shows it) */
+static void krex_lifecycle_gate_wait(uint64_t mask, const char *what) {
+    if (!krex_closed_gate_in(mask)) return;
     int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
     int late = krex_sleep_on_gates_until(mask, 0, max ? t0 + max : t0 + 1);
     int64_t waited = krex_now_ns() - t0;
-    if (counted) __atomic_fetch_add(&krex_counters()->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+    struct krex_counter_slot *s = krex_counters();
+    __atomic_fetch_add(&s->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->lifecycle_waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
     if (late)
         krex_log(KREX_LOG_INFO, "%s waited %.1f s at another job's closed gate (KREX_GATE_LIFECYCLE_WAIT); going on: "
                  "the region it runs into is tainted lifecycle", what, (double)waited / 1e9);
@@ -236,7 +240,7 @@ void krex_context_gate(int vendor, int local_device) {
     if (!gate_flag(env, KREX_GATE_PAGE_CONTEXTS)) return;
     int dev = krex_physical_device(vendor, local_device);
     if (dev < 0 || dev >= KREX_MAX_GPUS) return;
-    if (krex_closed_gate_in(1ull << dev)) krex_lifecycle_gate_wait(1ull << dev, "creating a context", 1);
+    krex_lifecycle_gate_wait(1ull << dev, "creating a context");
 }
 
 /* Exit: with KREX_GATE_EXIT=1, first wait for other jobs' regions on our GPUs to end; then tell the
@@ -245,7 +249,7 @@ void krex_context_gate(int vendor, int local_device) {
  * told of, so an exit must not be told of and then wait for that region. */
 static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
-    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, "exiting", 0);
+    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, "exiting");
     static int told;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
 }

@@ -341,7 +341,8 @@ struct krex_counter_slot {
     int64_t gate_wait_since_ns;    /* CLOCK_MONOTONIC when the first of its waits under way began; 0: none */
     uint64_t gate_wait_gpus;       /* the node's GPUs its waits under way are on (bit g: GPU g) */
     uint64_t gate_waiters;         /* its threads waiting now: the first sets the two above, the last clears them */
-    uint64_t reserved[4];
+    uint64_t lifecycle_waited_ns;  /* of waited_ns: its context creations and its exit at another job's closed gate */
+    uint64_t reserved[3];
 };
 
 /* A region as the process that asked for it saw it, kept in the job's counters file after the slots:

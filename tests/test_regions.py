@@ -414,7 +414,7 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         krex.start_controller("--no-freeze", "--gate-contexts", "--gate-exit")
     script, go = tmp_path / "quiet.py", tmp_path / "go"
     script.write_text(QUIET_SCRIPT)
-    procs = {m: krex.popen([sys.executable, script, m, go], env=env)
+    procs = {m: krex.popen([sys.executable, script, m, go], env=env, report=tmp_path / f"{m}.json")
              for m in ("alloc", *ASYNC_ALLOCS, "capture_alloc_async", "instantiate_upload", "instantiate", "os_exit",
                        "exit")}
     for p in procs.values():
@@ -422,7 +422,7 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1200000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
-    procs["ctx"] = krex.popen([sys.executable, script, "ctx", go], env=env)
+    procs["ctx"] = krex.popen([sys.executable, script, "ctx", go], env=env, report=tmp_path / "ctx.json")
     time.sleep(0.3)                      # the new command is under way, its context not yet made
     t_go = time.monotonic_ns()
     go.write_text("")
@@ -445,6 +445,15 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
         else:   # exit itself waited, not the work before it; a captured allocation and an instantiation without
             # an upload did not wait at all
             assert t1 < region["ended_ns"], m
+        # the report counts a context's creation and an exit held at the gate apart (lifecycle_waited_ns), as
+        # part of the time blocked at closed gates: an exit's wait lies after the command's own end
+        rep = report_of(tmp_path / f"{m}.json")
+        if t1 < region["ended_ns"]:          # its exit waited
+            assert 0 < rep["lifecycle_waited_ns"] <= min(rep["gate_waited_ns"], exited[m] - t1), (m, rep)
+        elif m == "ctx":                     # its context's creation waited
+            assert 0 < rep["lifecycle_waited_ns"] <= rep["gate_waited_ns"], (m, rep)
+        else:                                # an allocation waited (its context was made before the region)
+            assert rep["lifecycle_waited_ns"] == 0 < rep["gate_waited_ns"], (m, rep)
 
 
 @pytest.mark.parametrize("env, waited_s", [({"KREX_GATE_CONTEXTS": "0"}, 0.0),
