@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from . import paths
 from .errors import KrexCommandError
@@ -23,12 +24,23 @@ def answers(path: Path) -> bool:
         s.close()
 
 
-def ensure_controller(timeout: float = 10.0) -> Path:
-    """The socket of a live controller: KREX_SOCKET, the system one, or an embedded one we start."""
-    path = _ensure_controller(timeout)
-    if path != paths.SYSTEM_SOCKET:
+def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
+    """The socket of a live controller: KREX_SOCKET, the system one, or an embedded one we start. With `at`
+    (a job reconnecting), that socket only: the one its processes' shims reconnect to. An embedded controller
+    is started there unless it is the node controller's, which its service manager restarts: starting a
+    per-user one in its place would split the job between two controllers."""
+    path = _ensure_controller(timeout) if at is None else _ensure_at(at, timeout)
+    if at is None and path != paths.SYSTEM_SOCKET:
         warn_other_users(path)
     return path
+
+
+def _ensure_at(path: Path, timeout: float) -> Path:
+    if answers(path):
+        return path
+    if path == paths.SYSTEM_SOCKET:
+        raise KrexCommandError(f"the node controller at {path} does not answer", 3)
+    return _start(path, timeout)
 
 
 def warn_other_users(path: Path) -> None:
@@ -52,6 +64,11 @@ def _ensure_controller(timeout: float) -> Path:
         path = paths.user_socket()
         if answers(path):
             return path
+    return _start(path, timeout)
+
+
+def _start(path: Path, timeout: float) -> Path:
+    """Start an embedded controller at path and wait until it answers."""
     if path.parent == paths.runtime_dir():
         paths.ensure_runtime_dir()
     elif not path.parent.is_dir():

@@ -500,6 +500,33 @@ def test_a_late_reply_is_never_taken_for_the_next_one(tmp_path):
     server.wait(timeout=10)
 
 
+def test_a_reconnecting_job_keeps_to_its_own_socket(krex, tmp_path, monkeypatch):
+    """A wrapper whose controller died reconnects where its command's shims do (the socket it started with), not
+    wherever a controller would be found or started now: it starts an embedded one there even while another
+    socket answers, and never one in the node controller's place (its service manager restarts it; a per-user
+    one there would split the job between two controllers): that is a one-line error, and the wrapper tries
+    again."""
+    from krex_ctl import embedded, paths
+    from krex_ctl.errors import KrexCommandError
+
+    for k, v in krex.env.items():
+        monkeypatch.setenv(k, v)
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # KREX_SOCKET now names one that answers
+    other.bind(str(tmp_path / "other.sock"))
+    other.listen(8)
+    monkeypatch.setenv("KREX_SOCKET", str(tmp_path / "other.sock"))
+    assert embedded.ensure_controller() == tmp_path / "other.sock"
+    assert embedded.ensure_controller(at=krex.socket) == krex.socket      # started there
+    assert krex.status()["controller"]["pid"]
+    node = tmp_path / "node.sock"
+    monkeypatch.setattr(paths, "SYSTEM_SOCKET", node)
+    with pytest.raises(KrexCommandError) as e:
+        embedded.ensure_controller(at=node)
+    assert str(e.value) == f"the node controller at {node} does not answer" and e.value.exit_code == 3
+    assert not node.exists() and not Path(str(node) + ".log").exists()    # nothing was started there
+    other.close()
+
+
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     """Killed under load: the wrappers resume their jobs and start a controller again (embedded, on the same
     socket) unless someone else has; the shims reconnect and announce their contexts; regions are exclusive

@@ -195,7 +195,8 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     if conn:
         def reconnect() -> Optional[Connection]:
             try:
-                return Connection(ensure_controller(), C.KREX_ROLE_WRAPPER, flags=C.KREX_HELLO_RECONNECT)
+                return Connection(ensure_controller(at=Path(sock)), C.KREX_ROLE_WRAPPER,
+                                  flags=C.KREX_HELLO_RECONNECT)
             except KrexCommandError:
                 return None
         guardian = Guardian(conn, os.getpid(), reconnect)
