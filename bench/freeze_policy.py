@@ -229,6 +229,10 @@ def main() -> None:
     ap.add_argument("--variants", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="timings per kernel per command")
     T.add_reference_options(ap, "command")
+    ap.add_argument("--reference-processes-for", default="", metavar="KERNEL=K,...",
+                    help="commands a reference pass for these kernels ([OP@]SIZE/VARIANT as the mix names them, e.g. "
+                         "sum@128/0=6), the others --reference-processes: a kernel under 0.1 ms takes a level per "
+                         "placement of its inputs, which a floor from a few processes does not sample")
     ap.add_argument("--mix", default=",".join(f"{n}:{w:g}" for n, w in BALANCED),
                     help="[OP@]SIZE[/VARIANT]:WEIGHT,... the commands' matmul sizes and how often each is drawn "
                          "(default: the four buckets alike); sum@N: bench/candidate.py --op sum, memory-bound row "
@@ -299,6 +303,9 @@ def main() -> None:
         T.REFERENCE_ARGS[:] = T.reference_args(args)
         T.REFERENCE_PROCESSES[0] = args.reference_processes
         T.MIX[:] = T.parse_mix(args.mix, ap)
+        T.REFERENCE_PROCESSES_FOR.clear()
+        T.REFERENCE_PROCESSES_FOR.update(T.parse_kernel_counts(args.reference_processes_for, ap,
+                                                               "--reference-processes-for", T.MIX, args.variants))
         T.HOST_BOUND[0] = args.host_bound_check
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")

@@ -155,6 +155,35 @@ def distinct(specs: list) -> list[dict]:
 
 
 REFERENCE_PROCESSES = [1]   # commands per distinct spec in a reference pass (freeze_policy.py --reference-processes)
+REFERENCE_PROCESSES_FOR: dict = {}   # kernel_of key -> commands a reference pass, for those kernels named in
+                                     # freeze_policy.py --reference-processes-for
+
+
+def parse_kernel_counts(text: str, ap, option: str, mix: list, variants: int) -> dict:
+    """An option's "KERNEL=K,..." (KERNEL as the mix names a kernel, [OP@]SIZE/VARIANT, e.g. sum@128/0 or 2048/1;
+    K a whole number, 1 or more) as {kernel_of key: K}; a kernel the mix (MIX's entries, with `variants`) does not
+    time, a repeated one or a bad K is AP's error (one line, exit status 2)."""
+    known = set()
+    for size, _ in mix:
+        known |= {size} if isinstance(size, tuple) else {(size, v) for v in range(variants)}
+    out: dict = {}
+    for item in filter(None, text.split(",")):
+        name, eq, count = item.partition("=")
+        size, slash, variant = name.partition("/")
+        try:
+            key = (parse_size(size)[1], int(variant))
+            k = int(count)
+        except ValueError:
+            ap.error(f"{option}: KERNEL=K with KERNEL as [OP@]SIZE/VARIANT (sum@128/0) and K a whole number, "
+                     f"not {item!r}")
+        if not (eq and slash) or k < 1:
+            ap.error(f"{option}: KERNEL=K with KERNEL as [OP@]SIZE/VARIANT (sum@128/0) and K 1 or more, not {item!r}")
+        if key not in known:
+            ap.error(f"{option}: {name} is not a kernel of the mix")
+        if key in out:
+            ap.error(f"{option}: {name} named twice")
+        out[key] = k
+    return out
 
 
 def gib(text: str) -> float:
@@ -233,11 +262,15 @@ def reference_args(args) -> list:
 
 
 def reference_specs(specs: list, processes: int = 0) -> list[dict]:
-    """What a reference pass runs: every distinct spec in PROCESSES commands (0: REFERENCE_PROCESSES), all of one
-    round before the next. One command per spec samples one process per kernel a pass, so a level a kernel takes
-    per process (docs/measurements/freeze-policy.md: cuBLAS 1.3% apart in two processes) shows in the floor only
+    """What a reference pass runs: every distinct spec in PROCESSES commands (0: REFERENCE_PROCESSES), or as many
+    as REFERENCE_PROCESSES_FOR says for it, all of one round before the next. One command per spec samples one
+    process per kernel a pass, so a level a kernel takes per process (docs/measurements/freeze-policy.md: cuBLAS
+    1.3% apart in two processes) or per placement of its inputs (a kernel under 0.1 ms) shows in the floor only
     when the two passes' processes differ; several sample it as the shared modes' many commands do."""
-    return distinct(specs) * max(1, processes or REFERENCE_PROCESSES[0])
+    base = max(1, processes or REFERENCE_PROCESSES[0])
+    specs = distinct(specs)
+    counts = [REFERENCE_PROCESSES_FOR.get(kernel_of(s), base) for s in specs]
+    return [s for r in range(max(counts, default=0)) for s, n in zip(specs, counts) if n > r]
 
 
 HOST_BOUND = [False]   # KREX_HOST_BOUND=1 in the krex commands (freeze_policy --host-bound-check): each timing's

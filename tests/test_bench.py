@@ -3,6 +3,7 @@ on a harness bug): bench/throughput.py runs every kind of mode, krex modes recor
 mode really runs warm and the JSON has what the measurement pages' tables are made from; bench/warm_probe.py
 alternates cold, warm and churned runs as asked; bench/warm_vs_cold.py measures both paths."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -226,7 +227,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "30",
                         "--specs", "2", "--repeat", "2", "--reference-repeat", "3", "--warmup-ms", "500", "--min-reps", "100", "--timer", "graph",
                         "--scatter-gib", "1", "--reference-holder-gib", "2", "--nonce-offset", "500000",
-                        "--mix", "2048:0.5,sum@1024/0:0.5",
+                        "--mix", "2048:0.5,sum@1024/0:0.5", "--reference-processes-for", "sum@1024/0=2",
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
@@ -252,6 +253,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
     refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
     assert refs and all(len(r["candidate_all_ms"]) == 3 for r in refs), refs   # --reference-repeat
+    for run in (r for r in data["runs"] if r["mode"] in ("krexsolo", "krexsolobusy")):   # --reference-processes-for
+        assert sorted(r["argv_op"] for r in run["rows"]) == ["matmul", "sum", "sum"], run["rows"]
     # passed through: the timing options to every command, --reference-holder-gib to the reference passes' only
     assert all(r["harness"] == {"warmup_ms": 500.0, "min_reps": 100, "timer": "graph", "scatter_gib": 1.0}
                for r in rows), rows
@@ -377,6 +380,18 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
     specs = [{"size": 2048, "variant": v} for v in (1, 0, 1)]
     assert T.reference_specs(specs, 2) == [{"size": 2048, "variant": 0}, {"size": 2048, "variant": 1}] * 2
     assert T.reference_specs(specs) == T.distinct(specs)            # REFERENCE_PROCESSES: 1 unless set
+    # --reference-processes-for: more commands for some kernels, each round still all of them before the next
+    mix = [(2048, 1.0), (("sum@128", 0), 1.0)]
+    ap = argparse.ArgumentParser()
+    counts = T.parse_kernel_counts("sum@128/0=3,2048/1=2", ap, "--reference-processes-for", mix, 2)
+    assert counts == {("sum@128", 0): 3, (2048, 1): 2}
+    specs = [{"size": 2048, "variant": 0}, {"size": 2048, "variant": 1}, {"size": 128, "variant": 0, "op": "sum"}]
+    T.REFERENCE_PROCESSES_FOR.update(counts)
+    try:
+        assert [T.kernel_of(s) for s in T.reference_specs(specs)] == [
+            (2048, 0), (2048, 1), ("sum@128", 0), (2048, 1), ("sum@128", 0), ("sum@128", 0)]
+    finally:
+        T.REFERENCE_PROCESSES_FOR.clear()
     row = lambda ms: {"size": 16384, "variant": 1, "reference_all_ms": [ms] * 3}   # noqa: E731
     one = T.reference_passes([[row(13.22)], [row(13.22)]], stable_pct=2.0)
     two = T.reference_passes([[row(13.22), row(13.39)], [row(13.22), row(13.39)]], stable_pct=2.0)
@@ -390,6 +405,14 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
             p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *bad, "--out", "/nonexistent/never.json"],
                                capture_output=True, text=True, timeout=60)
             assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (bench, bad, p.stderr)
+    for bad, says in (("sum@128/0=0", "K 1 or more, not 'sum@128/0=0'"), ("sum@128=2", "not 'sum@128=2'"),
+                      ("4096/0=2", "4096/0 is not a kernel of the mix"), ("2048/2=2", "2048/2 is not a kernel of the mix"),
+                      ("2048/0=2,2048/0=3", "2048/0 named twice"), ("sum@x/0=2", "not 'sum@x/0=2'")):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--mix", "2048:0.5,sum@128/0:0.5",
+                            "--reference-processes-for", bad, "--out", "/nonexistent/never.json"],
+                           capture_output=True, text=True, timeout=60)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and "error: --reference-processes-for: " in last and last.endswith(says), (bad, last)
 
 
 def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_named(tmp_path):
