@@ -110,7 +110,8 @@ PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "li
 def command_phases(rows: list) -> dict:
     """Where a command's wall time went, mean seconds over the finished commands that say it (results since
     bench/candidate.py printed its monotonic start and end): before its body (the wrapper, the interpreter, the
-    shim's start), its import (torch, triton), the rest of its body (compile, check, timings), after it (its
+    shim's start), its import (torch, triton), the rest of its body (compile, check, timings; a reference
+    command's holder), after it (its
     exit: contexts torn down, the exit gate; the wrapper's report); and within those, the waits for region
     grants, at closed gates (of which the lifecycle waits: its context's creation and its exit held at another
     job's gate, the exit's after the body), and the time frozen for others' regions."""

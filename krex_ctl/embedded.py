@@ -38,7 +38,7 @@ def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
 def _ensure_at(path: Path, timeout: float) -> Path:
     if answers(path):
         return path
-    if path == paths.SYSTEM_SOCKET:
+    if os.path.realpath(path) == os.path.realpath(paths.SYSTEM_SOCKET):   # /var/run/krex/krex.sock too
         raise KrexCommandError(f"the node controller at {path} does not answer", 3)
     return _start(path, timeout)
 

@@ -190,13 +190,15 @@ static int64_t krex_lifecycle_wait_ns(void) {
  * time is counted as blocked at a closed gate (waited_ns), and apart as a lifecycle wait (lifecycle_waited_ns: an
  * exit's wait lies after the command's own end, where the job's report is the only place that shows it) */
 static void krex_lifecycle_gate_wait(uint64_t mask, const char *what) {
-    if (!krex_closed_gate_in(mask)) return;
+    if (!krex_closed_gate_in(mask) || krex_failopen) return;
     int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
-    int late = krex_sleep_on_gates_until(mask, 0, max ? t0 + max : t0 + 1);
-    int64_t waited = krex_now_ns() - t0;
-    struct krex_counter_slot *s = krex_counters();
-    __atomic_fetch_add(&s->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&s->lifecycle_waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+    int late = max ? krex_sleep_on_gates_until(mask, 0, t0 + max) : 1;   /* 0: no wait at all */
+    int64_t waited = max ? krex_now_ns() - t0 : 0;
+    if (waited > 0) {
+        struct krex_counter_slot *s = krex_counters();
+        __atomic_fetch_add(&s->waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&s->lifecycle_waited_ns, (uint64_t)waited, __ATOMIC_RELAXED);
+    }
     if (late)
         krex_log(KREX_LOG_INFO, "%s waited %.1f s at another job's closed gate (KREX_GATE_LIFECYCLE_WAIT); going on: "
                  "the region it runs into is tainted lifecycle", what, (double)waited / 1e9);

@@ -187,6 +187,11 @@ class Krex:
         return out
 
     def stop(self) -> None:
+        """End the test's krex world: its wrappers still running (a test that failed midway), so that none
+        starts a controller again, its controller, then the embedded controllers its wrappers started at its
+        socket. Never raises: the fixture's check for stopped processes comes after it."""
+        for pid in self.processes(wrappers=True):
+            kill(pid, signal.SIGKILL)         # the wrapper's helper takes the command with it (PDEATHSIG)
         if self.ctl and self.ctl.poll() is None:
             self.ctl.send_signal(signal.SIGTERM)
             try:
@@ -196,42 +201,59 @@ class Krex:
                 self.ctl.wait()
         self.stop_started_controllers()
 
+    def processes(self, wrappers: bool = False) -> dict:
+        """pid -> ppid of the test's controllers (a command line naming its socket), or of its `krex run`
+        wrappers (KREX_SOCKET naming it in the environment)."""
+        mine, found = os.fsencode(str(self.socket)), {}
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+                if wrappers:
+                    ours = argv[1:4] == [b"-m", b"krex_ctl", b"run"] and b"KREX_SOCKET=" + mine in \
+                        Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+                else:
+                    ours = b"controller" in argv and mine in argv
+                if ours and proc_state(int(name)) not in (None, "Z"):
+                    found[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
     def stop_started_controllers(self) -> None:
         """End the embedded controllers the test's own commands started: a wrapper whose controller died
         reconnects through ensure_controller, which starts one at the test's socket, and that one would run
         on for its idle time (30 s) after the test. Found by their command line (one may not have registered
-        yet when the test ends); each one's resumer, a fork with the same command line, leaves with it."""
-        def started() -> dict:
-            found = {}
-            for name in os.listdir("/proc"):
-                try:
-                    argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-                    ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if b"controller" in argv and os.fsencode(str(self.socket)) in argv:
-                    found[int(name)] = ppid
-            return found
+        yet when the test ends), each top one asked to stop (its resumer, a fork with the same command line,
+        leaves with it), looked for again until none is left; SIGKILL after 5 s."""
+        asked: set = set()
+        deadline = time.monotonic() + 5
+        while (found := self.processes()) and time.monotonic() < deadline:
+            for pid, ppid in found.items():
+                if ppid not in found and pid not in asked:
+                    kill(pid, signal.SIGTERM)
+                    asked.add(pid)
+            time.sleep(0.05)
+        for pid in self.processes():
+            kill(pid, signal.SIGKILL)
 
-        found = started()
-        for pid, ppid in found.items():
-            if ppid not in found:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        wait_for(lambda: not [p for p in started() if proc_state(p) not in (None, "Z")], timeout=10,
-                 what="the controllers the test's commands started gone")
+
+def kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture
 def krex(tmp_path):
     k = Krex(tmp_path)
     yield k
-    k.stop()
-    left = stopped_processes_under(str(tmp_path))
-    for pid in left:
-        os.kill(pid, signal.SIGCONT)
+    try:
+        k.stop()
+    finally:
+        left = stopped_processes_under(str(tmp_path))
+        for pid in left:
+            os.kill(pid, signal.SIGCONT)
     assert not left, f"processes left stopped: {left}"
 
 

@@ -527,6 +527,48 @@ def test_a_reconnecting_job_keeps_to_its_own_socket(krex, tmp_path, monkeypatch)
     other.close()
 
 
+def test_a_wrapper_waits_for_the_node_controller_it_started_with(krex, tmp_path):
+    """`krex run` with no KREX_SOCKET on a node with a node controller (paths.SYSTEM_SOCKET, here the test's
+    socket, set in the wrapper's process): the node controller dies (SIGKILL, its socket file left behind), and
+    the wrapper waits for it to answer again rather than starting a per-user controller beside it (which it did:
+    ensure_controller() fell back to the per-user socket), then reconnects to it."""
+    krex.start_controller()
+    xdg = tmp_path / "xdg"                            # the per-user socket would be xdg/krex/krex.sock
+    xdg.mkdir(mode=0o700)
+    env = {k: v for k, v in krex.env.items() if k != "KREX_SOCKET"}
+    env["XDG_RUNTIME_DIR"] = str(xdg)
+    patch = (f"import pathlib, krex_ctl.paths as p; p.SYSTEM_SOCKET = pathlib.Path({str(krex.socket)!r})\n"
+             "from krex_ctl.cli import main\nmain()")
+    go = tmp_path / "go"
+    wrapper = subprocess.Popen([sys.executable, "-c", patch, "run", "--", sys.executable, "-c",
+                                f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    user = xdg / "krex" / "krex.sock"
+    try:
+        wait_for(lambda: any(j["root_pid"] == wrapper.pid for j in krex.status()["jobs"]), what="the job")
+        krex.ctl.kill()
+        krex.ctl.wait()
+        time.sleep(2)                                 # the wrapper tries again every 0.5 s
+        assert not user.exists() and wrapper.poll() is None
+        krex.start_controller()
+        wait_for(lambda: any(j["root_pid"] == wrapper.pid for j in krex.status()["jobs"]), timeout=15,
+                 what="the job back at the node controller")
+        go.touch()
+        out, err = wrapper.communicate(timeout=30)
+        assert wrapper.returncode == 0, err
+        assert "lost the controller" in err and "connected to a controller again" in err, err
+        assert not user.exists()
+    finally:                                          # on a failure: no wrapper or per-user controller left
+        wrapper.kill()
+        wrapper.wait()
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.fsencode(str(user)) in Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0"):
+                    os.kill(int(name), signal.SIGTERM)
+            except OSError:
+                pass
+
+
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     """Killed under load: the wrappers resume their jobs and start a controller again (embedded, on the same
     socket) unless someone else has; the shims reconnect and announce their contexts; regions are exclusive
