@@ -128,6 +128,41 @@ def command_phases(rows: list) -> dict:
             "lifecycle_wait": mean(lambda r: r.get("lifecycle_wait_s", 0.0)), "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
 
 
+SW_POWER_CAP = 0x4   # NVML's clocks_event_reasons bit for the software power cap
+
+
+def read_smi(path: str) -> list:
+    """The device script's nvidia-smi log (--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,
+    clocks_event_reasons.active --format=csv): (unix time, SM MHz, W, reasons) per sample; lines that do not
+    parse (the header, a "[N/A]") are skipped. nvidia-smi writes local time, as time.mktime reads it."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        try:
+            t = time.mktime(time.strptime(f[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + f[0].split(".")[1])
+            out.append((t, int(f[1].split()[0]), float(f[2].split()[0]), int(f[4], 16)))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def power_by_mode(runs: list, samples: list) -> dict:
+    """Per run of a mode (in the plan's order; a reference's two passes apart, #1 and #2), the samples taken
+    while it ran: how many, how many at the software power cap, the lowest SM clock and the most power: whether
+    the shared mode and its floor ran in the same power state."""
+    out, seen = {}, {}
+    for r in runs:
+        if "started_unix" not in r:
+            continue
+        key = f"{r['mode']}:{r['agents']}"
+        seen[key] = seen.get(key, 0) + 1
+        mine = [x for x in samples if r["started_unix"] <= x[0] <= r["ended_unix"]]
+        out[f"{key}#{seen[key]}"] = {"samples": len(mine), "capped": sum(bool(x[3] & SW_POWER_CAP) for x in mine),
+                                     "sm_mhz_min": min((x[1] for x in mine), default=None),
+                                     "watts_max": max((x[2] for x in mine), default=None)}
+    return out
+
+
 def table(result) -> str:
     b = [name for name, _, _ in T.BUCKETS]
     fmt = lambda x: "-" if x is None else f"{x:.2f}"   # noqa: E731
@@ -169,6 +204,10 @@ def table(result) -> str:
     if result.get("region_clock_mhz"):
         out.append("lowest SM clock per region (MHz; median, 10th percentile, regions): " + ", ".join(
             f"{k} {c['median']}/{c['p10']}/{c['regions']}" for k, c in result["region_clock_mhz"].items()))
+    if result.get("power_by_mode"):
+        out.append("GPU power while each mode ran (nvidia-smi samples: all, at the software power cap, lowest SM "
+                   "MHz, most W): " + ", ".join(f"{k} {p['samples']}/{p['capped']}/{p['sm_mhz_min']}/{p['watts_max']}"
+                                                for k, p in result["power_by_mode"].items()))
     if result.get("command_phases_s"):
         out.append("a command's wall time, mean s (" + " / ".join(("wall",) + PHASES) + "; the waits and the frozen "
                    "time lie within the first four; gate_wait holds lifecycle_wait): " + ", ".join(
@@ -277,6 +316,9 @@ def main() -> None:
                     help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
                          "pass (as long as the first one took) still runs within it")
     ap.add_argument("--reanalyse", default=None, help="a result JSON: analyse its runs again, run nothing")
+    ap.add_argument("--smi", default=None, metavar="CSV",
+                    help="nvidia-smi samples taken while the plan ran (the device script's freeze-policy-smi.csv): "
+                         "the output says, per mode, how many were at the power cap")
     ap.add_argument("--leave-out", default="",
                     help="[OP@]SIZE/VARIANT/KIND,... (KIND candidate or reference; OP@ for --mix's other ops, e.g. "
                          "sum@1024/0/reference): kernels to leave out of the judgement "
@@ -295,8 +337,10 @@ def main() -> None:
     refs = [REFERENCES[x] for x in args.reference.split(",")]
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
+    argv = sys.argv
     if args.reanalyse:
-        runs = T.read_result(ap, args.reanalyse)["runs"]
+        data = T.read_result(ap, args.reanalyse)
+        runs, argv = data["runs"], data.get("argv") or sys.argv   # the run's own command line stays
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)] + T.timing_args(ap, args)
@@ -351,7 +395,13 @@ def main() -> None:
     also = [m for m in refs[1:] if any(r["mode"] == m for r in runs)]
     if also:
         result["also"] = {m: analyse(runs, args.stable_pct, m, leave_out) for m in also}
-    Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": sys.argv}, indent=1))
+    if args.smi:
+        try:
+            result["power_by_mode"] = power_by_mode(runs, read_smi(args.smi))
+        except OSError as e:
+            print(f"freeze_policy: cannot read --smi {args.smi}: {e.strerror}; no power per mode", file=sys.stderr)
+    Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": argv,
+                                          **({"reanalysed_argv": sys.argv} if args.reanalyse else {})}, indent=1))
     md = table(result)
     if args.md:
         Path(args.md).write_text(md)

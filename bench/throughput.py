@@ -374,7 +374,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)
     workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode in WARM_MODES else set()
     neighbour = start_neighbour(kenv, tmp, mode) if mode == "krexsolobusy" else None
-    t_start = time.monotonic()
+    t_start, started_unix = time.monotonic(), time.time()
 
     def agent(aid: int) -> None:
         while True:
@@ -455,7 +455,9 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     if mode in ctls.argv:
         extra["controller_argv"] = ctls.argv[mode]
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),
-            "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows, **extra}
+            "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows,
+            # when the mode ran (the node's clock): what else was sampled then, e.g. NVML's power state
+            "started_unix": round(started_unix, 3), "ended_unix": round(time.time(), 3), **extra}
 
 
 def start_neighbour(kenv: dict, tmp: Path, mode: str) -> tuple:

@@ -39,12 +39,14 @@ timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} 
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
-if [ $rc -ne 0 ] && [ -s $OUT/freeze-policy.json ]; then   # cut short: analyse the steps that finished
-  cp $OUT/freeze-policy.json $L/partial.json
-  python3 bench/freeze_policy.py --reanalyse $L/partial.json --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
-    >> $OUT/freeze-policy.log 2>&1
-fi
 kill $SMI 2>/dev/null
+if [ -s $OUT/freeze-policy.json ]; then   # again with the power samples per mode (and, cut short, the steps that finished)
+  cp $OUT/freeze-policy.json $L/partial.json
+  python3 bench/freeze_policy.py --reanalyse $L/partial.json --smi $OUT/freeze-policy-smi.csv \
+    --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md > $L/reanalysed.txt 2>&1
+  if [ $? -ne 0 ] || [ $rc -ne 0 ]; then cat $L/reanalysed.txt >> $OUT/freeze-policy.log   # its table, or why not
+  else grep "^GPU power while" $L/reanalysed.txt >> $OUT/freeze-policy.log; fi
+fi
 tar czf $OUT/freeze-policy-logs.tgz -C $L . 2>/dev/null
 tail -30 $OUT/freeze-policy.log
 ls -la $OUT
