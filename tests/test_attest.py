@@ -2,6 +2,7 @@
 taints the region that saw it, a quiet region is clean, and what the other processes do without submitting
 (context creation, frees, exit) holds the next region back."""
 
+import importlib.util
 import json
 import os
 import select
@@ -369,7 +370,7 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
     krex.env["EXITING_PIDS_FILE"] = str(marked)
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"lifecycle_timeout_s": 10}))
-    ctl = krex.start_controller("--config", str(cfg), prelude=EXITING_PRELUDE)
+    ctl = krex.start_controller("--config", str(cfg), "--log-level", "debug", prelude=EXITING_PRELUDE)
     script = tmp_path / "sibling.py"
     script.write_text(EXITING_SIBLING)
     sib = subprocess.Popen([sys.executable, str(script), str(SNIP / "leader_exit"), "live"],
@@ -391,6 +392,13 @@ def test_a_region_waits_for_a_sibling_that_closed_its_connection_on_its_way_out(
         _, again = region_of(krex, tmp_path)
         assert again["settle_ns"] < 0.3e9 and again["clean"], again
         wait_for(lambda: not pidfds_of(ctl.pid, pid), what="its pidfd closed")
+        # the debug log says when it was dropped and when its exit was seen, as tests/gpu/exit_probe.py reads them
+        spec = importlib.util.spec_from_file_location("exit_probe", ROOT / "tests" / "gpu" / "exit_probe.py")
+        probe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe)
+        text = krex.ctl_log.read_text()
+        dropped, exited = probe.drops(text), probe.exits(text)
+        assert dropped[pid][1] == "disconnected" and 2.0 < exited[pid] - dropped[pid][0] < 10, (dropped, exited)
     finally:
         sib.kill()
         sib.communicate()

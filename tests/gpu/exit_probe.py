@@ -55,6 +55,18 @@ PF_EXITING = 0x4
 DROP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*client \d+ \(pid (\d+)\) dropped: (.*)$")
 
 
+EXITED = re.compile(r"^(\S+ \S+) krex-controller\[\d+\] DEBUG: client \d+ \(pid (\d+)\), followed since its "
+                    r"connection closed, has exited")
+
+
+def exits(log: str) -> dict:
+    """pid -> wall time at which the controller saw a followed process exit (its pidfd)."""
+    import datetime
+
+    return {int(m.group(2)): datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for m in map(EXITED.match, log.splitlines()) if m}
+
+
 def drops(log: str) -> dict:
     """pid -> (wall time, reason) of the controller's first drop of that pid's client."""
     import datetime
@@ -245,14 +257,17 @@ def krex_probe(args) -> int:
     t.join()
     text = open(log).read()
     followed = [int(m.group(1)) for m in re.finditer(r"\(pid (\d+)\) closed its connection on its way out", text)]
-    dropped = drops(text)
+    dropped, exited = drops(text), exits(text)
     children = []
     for pid in sorted(last_listed, key=lambda p: first_listed[p]):
         if pid not in dropped:
             continue
         t, why = dropped[pid]
         children.append({"pid": pid, "dropped": why, "listed_after_drop_ms": round(1e3 * (last_listed[pid] - t), 1),
-                         "followed_until_it_exited": pid in followed})
+                         "followed_until_it_exited": pid in followed,
+                         # NVML's last listing against the exit the controller saw (negative: it stopped first)
+                         **({"listed_after_exit_ms": round(1e3 * (last_listed[pid] - exited[pid]), 1)}
+                            if pid in exited else {})})
     by = {}
     for c in children:
         by.setdefault(c["dropped"], []).append(c["listed_after_drop_ms"])
@@ -260,6 +275,9 @@ def krex_probe(args) -> int:
                "by_reason": {k: {"n": len(v), "listed_after_drop_ms_min": min(v), "median": median(v),
                                  "max": max(v)} for k, v in by.items()},
                "followed_until_they_exited": sum(c["followed_until_it_exited"] for c in children),
+               **({"listed_after_exit_ms": {"n": len(after), "min": min(after), "median": median(after),
+                                            "max": max(after)}}
+                  if (after := [c["listed_after_exit_ms"] for c in children if "listed_after_exit_ms" in c]) else {}),
                "note": "the log's times have millisecond resolution; NVML polled every --poll-ms"}
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "children": children, "argv": sys.argv,
