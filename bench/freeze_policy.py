@@ -33,6 +33,7 @@ The result names a best policy only where every scale met the fidelity goal; the
 this script."""
 
 import argparse
+import calendar
 import json
 import re
 import shlex
@@ -133,14 +134,20 @@ SW_POWER_CAP = 0x4   # NVML's clocks_event_reasons bit for the software power ca
 
 def read_smi(path: str) -> list:
     """The device script's nvidia-smi log (--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,
-    clocks_event_reasons.active --format=csv): (unix time, SM MHz, W, reasons) per sample; lines that do not
-    parse (the header, a "[N/A]") are skipped. nvidia-smi writes local time, as time.mktime reads it."""
+    clocks_event_reasons.active --format=csv, run with TZ=UTC: nvidia-smi writes local time): (unix time, SM MHz
+    or None, W or None, reasons) per sample; a line whose time or reasons do not parse (the header) is skipped."""
+    def number(text: str, kind):
+        try:
+            return kind(text.split()[0])
+        except (ValueError, IndexError):
+            return None                  # "[N/A]"
     out = []
     for line in Path(path).read_text().splitlines():
         f = [x.strip() for x in line.split(",")]
         try:
-            t = time.mktime(time.strptime(f[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + f[0].split(".")[1])
-            out.append((t, int(f[1].split()[0]), float(f[2].split()[0]), int(f[4], 16)))
+            whole, _, frac = f[0].partition(".")
+            t = calendar.timegm(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + (float("0." + frac) if frac else 0.0)
+            out.append((t, number(f[1], int), number(f[2], float), int(f[4], 16)))
         except (ValueError, IndexError):
             continue
     return out
@@ -158,8 +165,8 @@ def power_by_mode(runs: list, samples: list) -> dict:
         seen[key] = seen.get(key, 0) + 1
         mine = [x for x in samples if r["started_unix"] <= x[0] <= r["ended_unix"]]
         out[f"{key}#{seen[key]}"] = {"samples": len(mine), "capped": sum(bool(x[3] & SW_POWER_CAP) for x in mine),
-                                     "sm_mhz_min": min((x[1] for x in mine), default=None),
-                                     "watts_max": max((x[2] for x in mine), default=None)}
+                                     "sm_mhz_min": min((x[1] for x in mine if x[1] is not None), default=None),
+                                     "watts_max": max((x[2] for x in mine if x[2] is not None), default=None)}
     return out
 
 
@@ -243,6 +250,16 @@ def table(result) -> str:
     return "\n".join(out) + "\n"
 
 
+def stored_option(argv: list, name: str):
+    """The value a result's stored command line gave an option ("--x V" or "--x=V"), or None."""
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if isinstance(a, str) and a.startswith(name + "="):
+            return a[len(name) + 1:]
+    return None
+
+
 def metrics_summary(text: str) -> dict:
     """The few figures of a controller's /metrics page that say what it saw: regions granted, not exclusive,
     tainted by taint, and the wait and hold histograms' count and sum (prometheus_client's own parser)."""
@@ -282,7 +299,7 @@ def main() -> None:
                          "kernel no two processes time alike); more weight on 2048 gives the < 0.1 ms bucket more "
                          "timings, where half its kernels (the Triton candidates, launched from Python) can be "
                          "host-bound")
-    ap.add_argument("--stable-pct", type=float, default=2.0)
+    ap.add_argument("--stable-pct", type=float, default=None)   # 2; a --reanalyse: the run's own
     T.add_timing_options(ap, "command")
     ap.add_argument("--host-bound-check", action="store_true",
                     help="KREX_HOST_BOUND=1 in the krex commands: each timing says whether its region was host-bound "
@@ -305,11 +322,12 @@ def main() -> None:
                     help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
                          "controller: a context is created, and a process with contexts exits, only while no other "
                          "job's region holds its GPU); off: with --no-gate-contexts --no-gate-exit")
-    ap.add_argument("--reference", default="solo",
+    ap.add_argument("--reference", default=None,
                     help="the two reference passes: solo (each command alone under a krex controller of its own, so "
                          "each timing starts from the clock settle every region gets), isolated (alone, no krex) or "
                          "solo-busy (solo beside a GPU neighbour, --neighbour, frozen in every region: a GPU that is "
-                         "busy between the commands); a comma list runs each, the first judging, the others shown")
+                         "busy between the commands); a comma list runs each, the first judging, the others shown "
+                         "(default solo; with --reanalyse, the run's own)")
     ap.add_argument("--neighbour", default=None,
                     help="solo-busy's neighbour script (args STOP READY; default bench/contender.py, bf16 matmuls)")
     ap.add_argument("--deadline", type=float, default=0.0,
@@ -325,6 +343,15 @@ def main() -> None:
                          "and the floor alike, named in the table (a reading without them, for a diagnosis; the "
                          "result of record is the one without this option)")
     args = ap.parse_args()
+    data = T.read_result(ap, args.reanalyse) if args.reanalyse else None
+    stored = (data or {}).get("argv") or []       # a --reanalyse judges as the run did unless told otherwise
+    if args.reference is None:
+        args.reference = stored_option(stored, "--reference") or "solo"
+    if args.stable_pct is None:
+        try:
+            args.stable_pct = float(stored_option(stored, "--stable-pct") or 2.0)
+        except ValueError:
+            args.stable_pct = 2.0
     leave_out = tuple(x for x in args.leave_out.split(",") if x)
     ops = "|".join(re.escape(op) for op in T.OPS)
     bad = [x for x in leave_out if not re.fullmatch(rf"(?:(?:{ops})@)?\d+/\d+/(candidate|reference)", x)]
@@ -338,9 +365,8 @@ def main() -> None:
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
     argv = sys.argv
-    if args.reanalyse:
-        data = T.read_result(ap, args.reanalyse)
-        runs, argv = data["runs"], data.get("argv") or sys.argv   # the run's own command line stays
+    if data is not None:
+        runs, argv = data["runs"], stored or sys.argv   # the run's own command line stays
     else:
         T.CANDIDATE = str(Path(args.candidate).resolve())
         T.CANDIDATE_ARGS[:] = ["--repeat", str(args.repeat)] + T.timing_args(ap, args)
@@ -384,7 +410,7 @@ def main() -> None:
                         runs[-1]["metrics"] = metrics_summary(page)
                     if mode in T.WARM_MODES:   # its idle workers' contexts would taint the next steps' regions
                         ctls.stop(mode)        # (other_controller); the next scale starts and fills it again
-                    Path(args.out).write_text(json.dumps({"partial": True, "runs": runs}, indent=1))
+                    Path(args.out).write_text(json.dumps({"partial": True, "runs": runs, "argv": sys.argv}, indent=1))
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
             finally:
                 ctls.stop()
@@ -401,6 +427,7 @@ def main() -> None:
         except OSError as e:
             print(f"freeze_policy: cannot read --smi {args.smi}: {e.strerror}; no power per mode", file=sys.stderr)
     Path(args.out).write_text(json.dumps({**result, "runs": runs, "argv": argv,
+                                          **({"partial": True} if (data or {}).get("partial") else {}),
                                           **({"reanalysed_argv": sys.argv} if args.reanalyse else {})}, indent=1))
     md = table(result)
     if args.md:

@@ -30,8 +30,8 @@ quotes, when bench/results must make room; --reanalyse needs the whole file (`gi
     python bench/reduce_result.py --round RESULT.json [MORE.json ...]   (floats only, nothing dropped)
 
 A reduced result's floats are rounded to 7 significant digits, and `--round` does only that to any result (a
-timing of 15.51977 ms keeps 10 ns; no result in bench/results holds a float of 1e6 or more, such as a wall-clock
-time, that this would cut)."""
+timing of 15.51977 ms keeps 10 ns); a wall-clock time, a key ending in `_unix` (bench/freeze_policy.py's runs'
+started_unix and ended_unix, which --smi splits nvidia-smi's samples by), to the millisecond instead."""
 
 import argparse
 import json
@@ -50,12 +50,14 @@ REGION_KEEP = ("exclusive", "clean", "taints", "sm_clock_mhz", "host_bound", "pr
 
 
 def rounded(x):
+    """Floats to 7 significant digits; a wall-clock time (a key ending in _unix, seconds since 1970) to the
+    millisecond instead, which 7 digits would cut to 1000 s."""
     if isinstance(x, float):
         return float(f"{x:.7g}")
     if isinstance(x, list):
         return [rounded(v) for v in x]
     if isinstance(x, dict):
-        return {k: rounded(v) for k, v in x.items()}
+        return {k: round(v, 3) if k.endswith("_unix") and isinstance(v, float) else rounded(v) for k, v in x.items()}
     return x
 
 
@@ -84,7 +86,8 @@ def compact_fleet(data: dict) -> dict:
 def compact_freeze_policy(data: dict) -> dict:
     """bench/freeze_policy.py's result with what each command row repeats dropped (the rows lossless, the floats
     rounded): candidate_ms and reference_ms where each is the first of its *_all_ms, regions where it is
-    len(regions_clean), timer where it is the run's (kept in the run: a --reanalyse rewrites argv), and nonce
+    len(regions_clean), timer where it is the run's (kept in the run: results reanalysed before 2026-12-04 have the
+    reanalysis's argv), and nonce
     where every row's is the run's nonce_base + idx (nonce_base then kept)."""
     argv = data.get("argv") or []
     runs = []

@@ -284,9 +284,8 @@ class Controller(RegionEffects):
             if mask & selectors.EVENT_WRITE and self.connected(client):
                 self.flush(client)
         elif kind == "leaving":           # a process whose connection closed on its way out has exited
-            if client is not None:
-                log.debug("client %d (pid %d), followed since its connection closed, has exited", client.id, client.pid)
-            self.lifecycle.reap(time.monotonic())
+            for gone in self.lifecycle.reap(time.monotonic()):
+                log.debug("client %d (pid %d), followed since its connection closed, has exited", gone.id, gone.pid)
         elif kind == "pidfd":
             assert client is not None
             if self.connected(client):

@@ -313,17 +313,19 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
         assert m["krex_region_hold_seconds_count"] == m["krex_regions_granted_total"], m
         assert m.get("krex_regions_not_exclusive_total", 0) == 0, m
         assert (tmp_path / f"metrics-{run['mode']}-{run['agents']}.prom").exists()
-    # --smi: nvidia-smi's samples (local time, as it writes them), split by the modes' times: two in krexbusy's
-    # run, one of them at the software power cap (0x4), one before the plan; the header and an [N/A] line skipped
+    # --smi: nvidia-smi's samples (UTC, as the device script runs it), split by the modes' times: two in krexbusy's
+    # run, one of them at the software power cap (0x4), one before the plan; the header skipped, an [N/A] clock
+    # and power counted as a sample without them
     busy_run = next(r for r in data["runs"] if r["mode"] == "krexbusy")
-    stamp = lambda t: time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"  # noqa: E731
+    stamp = lambda t: time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}"  # noqa: E731
     t0, t1 = busy_run["started_unix"], busy_run["ended_unix"]
     smi = tmp_path / "smi.csv"
     smi.write_text("timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu, clocks_event_reasons.active\n"
                    f"{stamp(t0 - 100)}, 1980 MHz, 100.00 W, 40, 0x0000000000000000\n"
                    f"{stamp(t0 + 0.3 * (t1 - t0))}, 1500 MHz, 699.50 W, 60, 0x0000000000000004\n"
                    f"{stamp(t0 + 0.6 * (t1 - t0))}, 1980 MHz, 650.00 W, 60, 0x0000000000000000\n"
-                   f"{stamp(t0 + 0.7 * (t1 - t0))}, [N/A], [N/A], 60, [N/A]\n")
+                   f"{stamp(t0 + 0.7 * (t1 - t0))}, [N/A], [N/A], 60, 0x0000000000000000\n"
+                   f"{stamp(t0 + 0.8 * (t1 - t0))}, 1980 MHz, 600.00 W, 60, [N/A]\n")
     again = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse", str(out),
                             "--smi", str(smi), "--out", str(tmp_path / "again.json")], env=bench_env(tmp_path),
                            capture_output=True, text=True, timeout=60)
@@ -331,9 +333,18 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert again.returncode == 0 and redone["rows"] == data["rows"], again.stderr
     assert redone["argv"] == data["argv"] and "--smi" in redone["reanalysed_argv"]   # the run's command line stays
     power = redone["power_by_mode"]
-    assert power["krexbusy:2#1"] == {"samples": 2, "capped": 1, "sm_mhz_min": 1500, "watts_max": 699.5}, power
+    assert power["krexbusy:2#1"] == {"samples": 3, "capped": 1, "sm_mhz_min": 1500, "watts_max": 699.5}, power
+    # judged as the run judged (its --reference solo,solo-busy, from its stored argv), not by the default
+    assert redone["reference"] == data["reference"] == "krexsolo" and set(redone["also"]) == {"krexsolobusy"}
+    # bench/reduce_result.py keeps the modes' times to the millisecond (7 digits would cut them to 1000 s)
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(redone))
+    assert subprocess.run([sys.executable, str(ROOT / "bench" / "reduce_result.py"), str(small)],
+                          capture_output=True, timeout=60).returncode == 0
+    kept = json.loads(small.read_text())["runs"]
+    assert [r["started_unix"] for r in kept] == [round(r["started_unix"], 3) for r in redone["runs"]]
     assert power["krexsolo:1#1"]["samples"] == 0 and "krexsolo:1#2" in power and "naive:2#1" in power
-    assert "GPU power while each mode ran" in again.stdout and "krexbusy:2#1 2/1/1500/699.5" in again.stdout
+    assert "GPU power while each mode ran" in again.stdout and "krexbusy:2#1 3/1/1500/699.5" in again.stdout
 
 
 def test_ray_fleet_fidelity_against_the_same_run_floor():

@@ -100,14 +100,17 @@ class Lifecycle:
             self._settle(client.devices, now, held or 0)
         return False
 
-    def reap(self, now: float) -> None:
+    def reap(self, now: float) -> list:
         """The leaving processes that have exited (the controller calls this when one's pidfd says so): gone, their
-        memory to scrub from now."""
+        memory to scrub from now. Returns their clients (one pidfd's event can find others exited too)."""
+        reaped = []
         for client, (held, pidfd, mask) in list(self.leaving.items()):
             if pidfd.exited():
                 del self.leaving[client]
                 self.forget(pidfd)
                 self._settle(mask, now, held)
+                reaped.append(client)
+        return reaped
 
     def busy(self, region) -> bool:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""

@@ -32,20 +32,20 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/freeze-policy.log
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log
 cpu_topology | tee -a $OUT/freeze-policy.log
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
-  > $OUT/freeze-policy-smi.csv & SMI=$!
+TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
+  > $OUT/freeze-policy-smi.csv & SMI=$!   # UTC: bench/freeze_policy.py --smi reads its times so
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
   --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
-kill $SMI 2>/dev/null
+kill $SMI 2>/dev/null; wait $SMI 2>/dev/null   # its last samples written
 if [ -s $OUT/freeze-policy.json ]; then   # again with the power samples per mode (and, cut short, the steps that finished)
   cp $OUT/freeze-policy.json $L/partial.json
-  python3 bench/freeze_policy.py --reanalyse $L/partial.json --smi $OUT/freeze-policy-smi.csv \
+  python3 bench/freeze_policy.py --reanalyse $L/partial.json --reference ${REFERENCE:-solo} --smi $OUT/freeze-policy-smi.csv \
     --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md > $L/reanalysed.txt 2>&1
   if [ $? -ne 0 ] || [ $rc -ne 0 ]; then cat $L/reanalysed.txt >> $OUT/freeze-policy.log   # its table, or why not
-  else grep "^GPU power while" $L/reanalysed.txt >> $OUT/freeze-policy.log; fi
+  else grep -E "^GPU power while|^freeze_policy: cannot read" $L/reanalysed.txt >> $OUT/freeze-policy.log; fi
 fi
 tar czf $OUT/freeze-policy-logs.tgz -C $L . 2>/dev/null
 tail -30 $OUT/freeze-policy.log
