@@ -329,7 +329,11 @@ def main() -> None:
                          "busy between the commands); a comma list runs each, the first judging, the others shown "
                          "(default solo; with --reanalyse, the run's own)")
     ap.add_argument("--neighbour", default=None,
-                    help="solo-busy's neighbour script (args STOP READY; default bench/contender.py, bf16 matmuls)")
+                    help="solo-busy's neighbour script (args STOP READY [LOAD]; default bench/contender.py, bf16 matmuls)")
+    ap.add_argument("--neighbour-load", default=None, metavar="SIZE|sum@MIB",
+                    help="solo-busy's neighbour's work between the reference's regions (bench/contender.py's LOAD; "
+                         "default 8192, bf16 matmuls, which hold the GPU at its power cap; sum@1024: torch.sum over "
+                         "1 GiB, memory-bound like the sum mix's kernels)")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="> 0: seconds for the whole plan; the shared modes' budgets shrink so that the last isolated "
                          "pass (as long as the first one took) still runs within it")
@@ -364,6 +368,11 @@ def main() -> None:
     refs = [REFERENCES[x] for x in args.reference.split(",")]
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
+    if args.neighbour_load is not None:
+        if not re.fullmatch(r"[1-9]\d*|sum@[1-9]\d*", args.neighbour_load):
+            ap.error(f"--neighbour-load: SIZE (a matmul's, e.g. 8192) or sum@MIB (e.g. sum@1024), "
+                     f"not {args.neighbour_load!r}")
+        T.NEIGHBOUR_ARGS[:] = [args.neighbour_load]
     argv = sys.argv
     if data is not None:
         runs, argv = data["runs"], stored or sys.argv   # the run's own command line stays

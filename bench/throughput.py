@@ -48,7 +48,8 @@ FREEZE_ARGS = {"krexnofreeze": ["--no-freeze"], "krexbusy": ["--freeze-policy", 
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
 # neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
 REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")
-NEIGHBOUR = [str(ROOT / "bench" / "contender.py")]   # krexsolobusy's neighbour: args STOP READY [SIZE]
+NEIGHBOUR = [str(ROOT / "bench" / "contender.py")]   # krexsolobusy's neighbour: args STOP READY [LOAD]
+NEIGHBOUR_ARGS: list = []           # its LOAD (freeze_policy.py --neighbour-load), none: its default
 CANDIDATE_ARGS: list = []           # more arguments for every candidate command (bench/freeze_policy.py)
 REFERENCE_ARGS: list = []           # and for the reference passes' commands after them (the last --repeat wins)
 MIX = [(1024, 0.15), (2048, 0.15), (4096, 0.25), (8192, 0.30), (16384, 0.15)]
@@ -468,7 +469,7 @@ def start_neighbour(kenv: dict, tmp: Path, mode: str) -> tuple:
     ready.unlink(missing_ok=True)
     log = open(tmp / f"{mode}-neighbour.log", "wb")
     p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--", sys.executable, *NEIGHBOUR, str(stop),
-                          str(ready)], env=kenv, stdout=log, stderr=log)
+                          str(ready), *NEIGHBOUR_ARGS], env=kenv, stdout=log, stderr=log)
     deadline = time.monotonic() + 120
     while not ready.exists():
         if p.poll() is not None or time.monotonic() > deadline:

@@ -233,7 +233,8 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
                         "--host-bound-check", "--controller-args", "--region-gap-ms 1",
                         "--logs", str(tmp_path), "--out", str(out), "--md", str(md),
                         "--metrics-port", str(_free_ports(5)), "--reference", "solo,solo-busy",
-                        "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py")],
+                        "--neighbour", str(ROOT / "tests" / "snippets" / "neighbour_standin.py"),
+                        "--neighbour-load", "sum@1024"],
                        env=dict(bench_env(tmp_path), NEIGHBOUR_MARK=str(tmp_path / "neighbour"),
                                 KREX_NVML=str(ROOT / "build" / "fakes" / "libnvidia-ml.so.1"),   # regions attested
                                 KREX_FAKE_NVML=str(nvml)),
@@ -307,6 +308,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     # the neighbour ran under krex run, once for each solo-busy pass, and was stopped each time
     marks = (tmp_path / "neighbour").read_text().split("\n")[:-1]
     assert [m.split()[0] for m in marks] == ["start", "stop"] * 2 and all(m.split()[1] != "-" for m in marks)
+    assert all(m.split()[2] == "sum@1024" for m in marks), marks          # --neighbour-load reaches it
     for run in (r for r in data["runs"] if r["mode"].startswith("krex")):
         m = run["metrics"]            # cumulative: krexsolo's second pass counts its first one's regions too
         n = sum(r["regions"] for x in data["runs"] if x["mode"] == run["mode"] and x is not run
@@ -443,6 +445,12 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
                            capture_output=True, text=True, timeout=60)
         last = p.stderr.strip().splitlines()[-1]
         assert p.returncode == 2 and "error: --reference-processes-for: " in last and last.endswith(says), (bad, last)
+    for bad in ("sum@x", "0", "mm@8192", ""):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--neighbour-load", bad,
+                            "--out", "/nonexistent/never.json"], capture_output=True, text=True, timeout=60)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and last.endswith(f"--neighbour-load: SIZE (a matmul's, e.g. 8192) or sum@MIB (e.g. "
+                                                   f"sum@1024), not {bad!r}"), (bad, last)
 
 
 def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_named(tmp_path):

@@ -23,6 +23,7 @@
 # REF_REPEAT (0: as REPEAT) timings per kernel per command in the reference passes (the floor's sample).
 # REF_PROCS (1) commands per distinct kernel in each reference pass (the floor's sample of per-process levels).
 # REF_PROCS_FOR (none) KERNEL=K,...: as many for these kernels, e.g. sum@128/0=6 (--reference-processes-for).
+# NEIGHBOUR_LOAD (8192: bf16 matmuls) the solo-busy neighbour's work: SIZE or sum@MIB (--neighbour-load).
 # REPEAT (default 2) timings per kernel per command: more gives more kernels per bucket but makes the mix
 # GPU-bound (each do_bench region holds the GPU ~0.2 s; naive sharing overlaps them, krex cannot).
 set -u
@@ -35,7 +36,7 @@ cpu_topology | tee -a $OUT/freeze-policy.log
 TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!   # UTC: bench/freeze_policy.py --smi reads its times so
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log

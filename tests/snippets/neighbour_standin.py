@@ -1,6 +1,7 @@
 """A stand-in for bench/contender.py on the fake driver (bench/freeze_policy.py --reference solo-busy):
 writes READY, then waits for STOP, as the GPU neighbour would while its matmuls run. With NEIGHBOUR_MARK set it
-appends "start JOB" and "stop JOB" there (KREX_JOB: the krex run it runs under)."""
+appends "start JOB LOAD" and "stop JOB LOAD" there (KREX_JOB: the krex run it runs under; LOAD: its third
+argument, bench/freeze_policy.py --neighbour-load, or -)."""
 
 import os
 import sys
@@ -14,7 +15,7 @@ mark = os.environ.get("NEIGHBOUR_MARK")
 def note(what: str) -> None:
     if mark:
         with open(mark, "a") as f:
-            f.write(f"{what} {os.environ.get('KREX_JOB', '-')}\n")
+            f.write(f"{what} {os.environ.get('KREX_JOB', '-')} {sys.argv[3] if len(sys.argv) > 3 else '-'}\n")
 
 
 note("start")
