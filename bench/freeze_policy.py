@@ -112,10 +112,10 @@ def command_phases(rows: list) -> dict:
     """Where a command's wall time went, mean seconds over the finished commands that say it (results since
     bench/candidate.py printed its monotonic start and end): before its body (the wrapper, the interpreter, the
     shim's start), its import (torch, triton), the rest of its body (compile, check, timings; a reference
-    command's holder), after it (its
-    exit: contexts torn down, the exit gate; the wrapper's report); and within those, the waits for region
-    grants, at closed gates (of which the lifecycle waits: its context's creation and its exit held at another
-    job's gate, the exit's after the body), and the time frozen for others' regions."""
+    command's holder), after it (its exit: contexts torn down, the exit gate; the wrapper's report); and within
+    those, the waits for region grants, at closed gates (of which the lifecycle waits: its context's creation
+    and its exit held at another job's gate, the exit's after the body), and the time frozen for others'
+    regions."""
     ok = [r for r in rows if r.get("exit") == 0 and "before_s" in r]
     if not ok:
         return {}
@@ -126,7 +126,8 @@ def command_phases(rows: list) -> dict:
             "inside": mean(lambda r: r["total_s"] - r.get("import_s", 0.0)), "after": mean(lambda r: r["after_s"]),
             "region_wait": mean(lambda r: r.get("region_wait_s", 0.0)),
             "gate_wait": mean(lambda r: r.get("gate_wait_s", 0.0)),
-            "lifecycle_wait": mean(lambda r: r.get("lifecycle_wait_s", 0.0)), "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
+            "lifecycle_wait": mean(lambda r: r.get("lifecycle_wait_s", 0.0)),
+            "frozen": mean(lambda r: r.get("frozen_s", 0.0))}
 
 
 SW_POWER_CAP = 0x4   # NVML's clocks_event_reasons bit for the software power cap

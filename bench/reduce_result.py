@@ -86,9 +86,9 @@ def compact_fleet(data: dict) -> dict:
 def compact_freeze_policy(data: dict) -> dict:
     """bench/freeze_policy.py's result with what each command row repeats dropped (the rows lossless, the floats
     rounded): candidate_ms and reference_ms where each is the first of its *_all_ms, regions where it is
-    len(regions_clean), timer where it is the run's (kept in the run: results reanalysed before 2026-12-04 have the
-    reanalysis's argv), and nonce
-    where every row's is the run's nonce_base + idx (nonce_base then kept)."""
+    len(regions_clean), timer where it is the run's (kept in the run: a reanalysis by an older
+    bench/freeze_policy.py wrote its own argv), and nonce where every row's is the run's nonce_base + idx
+    (nonce_base then kept)."""
     argv = data.get("argv") or []
     runs = []
     for run in data["runs"]:

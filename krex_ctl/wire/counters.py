@@ -12,7 +12,8 @@ from .frames import VERSION, C, ffi
 SLOTS_OFFSET = ffi.sizeof("struct krex_counters_hdr")
 REGIONS_OFFSET = SLOTS_OFFSET + C.KREX_COUNTER_SLOTS * ffi.sizeof("struct krex_counter_slot")
 COUNTERS_BYTES = REGIONS_OFFSET + C.KREX_LOCAL_REGIONS * ffi.sizeof("struct krex_local_region")
-COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts", "waited_ns", "lifecycle_waited_ns", "outside_regions") + tuple(
+COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts", "waited_ns", "lifecycle_waited_ns",
+                  "outside_regions") + tuple(
     f for f, _ in ffi.typeof("struct krex_counter_slot").fields if f.startswith("overlap_") and "reserved" not in f)
 
 
