@@ -251,6 +251,13 @@ def table(result) -> str:
     return "\n".join(out) + "\n"
 
 
+def check_references(ap, text: str) -> None:
+    """--reference: a comma list of distinct known references, or AP's one-line error (exit status 2)."""
+    names = text.split(",")
+    if any(x not in REFERENCES for x in names) or len(set(names)) != len(names):
+        ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, not {text!r}")
+
+
 def stored_option(argv: list, name: str):
     """The value a result's stored command line gave an option ("--x V" or "--x=V"), or None."""
     for i, a in enumerate(argv):
@@ -348,6 +355,13 @@ def main() -> None:
                          "and the floor alike, named in the table (a reading without them, for a diagnosis; the "
                          "result of record is the one without this option)")
     args = ap.parse_args()
+    leave_out = tuple(x for x in args.leave_out.split(",") if x)
+    ops = "|".join(re.escape(op) for op in T.OPS)
+    bad = [x for x in leave_out if not re.fullmatch(rf"(?:(?:{ops})@)?\d+/\d+/(candidate|reference)", x)]
+    if bad:
+        ap.error(f"--leave-out: {', '.join(bad)} is not [OP@]SIZE/VARIANT/candidate or [OP@]SIZE/VARIANT/reference")
+    if args.reference is not None:      # a bad one is refused before anything is read
+        check_references(ap, args.reference)
     data = T.read_result(ap, args.reanalyse) if args.reanalyse else None
     stored = (data or {}).get("argv") or []       # a --reanalyse judges as the run did unless told otherwise
     if args.reference is None:
@@ -357,15 +371,7 @@ def main() -> None:
             args.stable_pct = float(stored_option(stored, "--stable-pct") or 2.0)
         except ValueError:
             args.stable_pct = 2.0
-    leave_out = tuple(x for x in args.leave_out.split(",") if x)
-    ops = "|".join(re.escape(op) for op in T.OPS)
-    bad = [x for x in leave_out if not re.fullmatch(rf"(?:(?:{ops})@)?\d+/\d+/(candidate|reference)", x)]
-    if bad:
-        ap.error(f"--leave-out: {', '.join(bad)} is not [OP@]SIZE/VARIANT/candidate or [OP@]SIZE/VARIANT/reference")
-    bad = [x for x in args.reference.split(",") if x not in REFERENCES]
-    if bad or len(set(args.reference.split(","))) != len(args.reference.split(",")):
-        ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, "
-                 f"not {args.reference!r}")
+    check_references(ap, args.reference)
     refs = [REFERENCES[x] for x in args.reference.split(",")]
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
