@@ -132,9 +132,16 @@ class NvmlAttestor(Attestor):
         self.nv.xid_events()         # what happened before the region is not the region's
         snaps = {g: self._gpu(g) for g in gpus}
         known = self.known_pids()
-        for snap in snaps.values():  # judged now too: one that exits before the region ends ran in it
-            snap.looks = {p: self.look(p) for p in set(snap.pids) - known}
+        looks: dict = {}             # judged now too: one that exits before the region ends ran in it
+        for snap in snaps.values():
+            snap.looks = {p: self.look_once(p, looks) for p in set(snap.pids) - known}
         return snaps
+
+    def look_once(self, pid: int, looks: dict) -> tuple:
+        """look(pid), read once per snapshot or judgement however many of its GPUs list the pid."""
+        if pid not in looks:
+            looks[pid] = self.look(pid)
+        return looks[pid]
 
     def taints_so_far(self, region) -> Result:
         return self._judge(region, consume_xid=False)
@@ -159,6 +166,7 @@ class NvmlAttestor(Attestor):
         thermal = nvml.REASON_SW_THERMAL | nvml.REASON_HW_THERMAL
         own = {getattr(j, "id", None) for j in getattr(region, "own", ())} | \
             {getattr(getattr(region, "job", None), "id", None)}      # the region's jobs' ids
+        looks_now: dict = {}
         for g, s in start.items():
             e = self._gpu(g)
             reasons = s.reasons | e.reasons
@@ -176,7 +184,7 @@ class NvmlAttestor(Attestor):
                 taints |= C.KREX_TAINT_CLOCK_DROP
             foreign, leaving = [], []
             for p in sorted((set(s.pids) | set(e.pids)) - known):
-                looks = [x for x in (s.looks.get(p), self.look(p)) if x is not None]   # at the grant, now
+                looks = [x for x in (s.looks.get(p), self.look_once(p, looks_now)) if x is not None]   # grant, now
                 if ("managed", False) in looks:
                     foreign.append(p)
                 elif any(x[0] == "departed" and x[1] == "exiting" and not x[2] & own for x in looks):
