@@ -201,10 +201,10 @@ class Krex:
                 self.ctl.wait()
         self.stop_started_controllers()
 
-    def processes(self, wrappers: bool = False) -> dict:
-        """pid -> ppid of the test's controllers (a command line naming its socket), or of its `krex run`
-        wrappers (KREX_SOCKET naming it in the environment)."""
-        mine, found = os.fsencode(str(self.socket)), {}
+    def processes(self, wrappers: bool = False, socket=None) -> dict:
+        """pid -> ppid of the test's controllers (a command line naming its socket, or `socket`), or of its
+        `krex run` wrappers (KREX_SOCKET naming it in the environment)."""
+        mine, found = os.fsencode(str(socket or self.socket)), {}
         for name in filter(str.isdigit, os.listdir("/proc")):
             try:
                 argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SNIP, in_namespace, overlaps, proc_state, report_of, start_fake_controller, wait_for
+from conftest import (ROOT, SNIP, in_namespace, kill, overlaps, proc_state, report_of, start_fake_controller,
+                      wait_for)
 from krex_ctl.wire import client, frames
 from krex_ctl.wire.frames import C, MSG
 from krex_ctl.wire.client import Connection
@@ -561,12 +562,8 @@ def test_a_wrapper_waits_for_the_node_controller_it_started_with(krex, tmp_path)
     finally:                                          # on a failure: no wrapper or per-user controller left
         wrapper.kill()
         wrapper.wait()
-        for name in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if os.fsencode(str(user)) in Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0"):
-                    os.kill(int(name), signal.SIGTERM)
-            except OSError:
-                pass
+        for pid in krex.processes(socket=user):
+            kill(pid, signal.SIGTERM)
 
 
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
