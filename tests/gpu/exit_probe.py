@@ -59,24 +59,25 @@ EXITED = re.compile(r"^(\S+ \S+) krex-controller\[\d+\] DEBUG: client \d+ \(pid 
                     r"connection closed, has exited")
 
 
-def exits(log: str) -> dict:
-    """pid -> wall time at which the controller saw a followed process exit (its pidfd)."""
+def log_time(text: str) -> float:
+    """A controller log line's time (its asctime, millisecond resolution) as wall time."""
     import datetime
 
-    return {int(m.group(2)): datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            for m in map(EXITED.match, log.splitlines()) if m}
+    return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def exits(log: str) -> dict:
+    """pid -> wall time at which the controller saw a followed process exit (its pidfd)."""
+    return {int(m.group(2)): log_time(m.group(1)) for m in map(EXITED.match, log.splitlines()) if m}
 
 
 def drops(log: str) -> dict:
     """pid -> (wall time, reason) of the controller's first drop of that pid's client."""
-    import datetime
-
     out: dict = {}
     for line in log.splitlines():
         m = DROP.match(line)
         if m and int(m.group(2)) not in out:
-            t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            out[int(m.group(2))] = (t, m.group(3))
+            out[int(m.group(2))] = (log_time(m.group(1)), m.group(3))
     return out
 
 
