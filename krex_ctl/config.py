@@ -70,6 +70,8 @@ class Config:
     max_handshakes_per_uid: int = 64           # connections of one user not yet through HELLO
     max_queued_per_client: int = 1
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
+    restart_grace_s: Optional[float] = None    # how long `krex run` waits for this controller to come back after
+                                               # it stops (heartbeat.py; None: 15 s run by root, else 0)
     state_file: Optional[str] = None
     isolate_cpus: bool = True
     owner_cpus: str = "reserved"               # reserved: the owner's threads on the reserved cores only;
@@ -124,7 +126,7 @@ FLAGS = {
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
     "clock_settle_pct": "--clock-settle-pct", "metrics": "--metrics", "trace": "--trace",
     "freeze_policy": "--freeze-policy", "fair_window_s": "--fair-window", "gate_contexts": "--gate-contexts",
-    "gate_exit": "--gate-exit", "region_gap_ms": "--region-gap-ms",
+    "gate_exit": "--gate-exit", "region_gap_ms": "--region-gap-ms", "restart_grace_s": "--restart-grace",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)
@@ -252,6 +254,11 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
     if not isinstance(cfg.log_level, str) or cfg.log_level.lower() not in LOG_LEVELS:
         fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
     cfg.log_level = cfg.log_level.lower()
+    if cfg.restart_grace_s is not None:
+        try:
+            cfg.restart_grace_s = _number("restart_grace_s", cfg.restart_grace_s, 0, 600.0, False)
+        except ValueError as e:
+            fail("restart_grace_s", str(e))
     if cfg.idle_exit_s is not None:
         try:
             cfg.idle_exit_s = _number("idle_exit_s", cfg.idle_exit_s, 0, 86400.0, True)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import paths
+from . import heartbeat, paths
 from .errors import KrexCommandError
 
 
@@ -38,9 +38,28 @@ def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
 def _ensure_at(path: Path, timeout: float) -> Path:
     if answers(path):
         return path
-    if os.path.realpath(path) == os.path.realpath(paths.SYSTEM_SOCKET):   # /var/run/krex/krex.sock too
+    # /var/run/krex/krex.sock too; or a controller that may still come back there (its heartbeat is fresh)
+    if os.path.realpath(path) == os.path.realpath(paths.SYSTEM_SOCKET) or heartbeat.seconds_left(str(path)):
         raise KrexCommandError(f"the node controller at {path} does not answer", 3)
     return _start(path, timeout)
+
+
+def await_restart(path: Path) -> bool:
+    """True once a controller restarting at path answers again: nobody answers there now, but its heartbeat
+    (heartbeat.py) says it served less than its restart grace ago. Waits at most until that grace has passed,
+    having said so in one line; False at once without a fresh heartbeat."""
+    left = heartbeat.seconds_left(str(path))
+    if not left:
+        return False
+    print(f"krex: the controller at {path} does not answer; waiting up to {left:.0f} s for it to restart",
+          file=sys.stderr)
+    deadline = time.monotonic() + left
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if answers(path):
+            return True
+    print(f"krex: the controller at {path} did not come back within its restart grace", file=sys.stderr)
+    return False
 
 
 def warn_other_users(path: Path) -> None:
@@ -57,13 +76,19 @@ def warn_other_users(path: Path) -> None:
 
 
 def _ensure_controller(timeout: float) -> Path:
-    path = paths.default_socket()
+    """KREX_SOCKET's controller, else the node controller's, else the per-user one; a controller restarting at
+    the first of these that has one is waited for (await_restart) before another is started."""
+    if os.environ.get("KREX_SOCKET"):
+        path = Path(os.environ["KREX_SOCKET"])
+        if answers(path) or await_restart(path):
+            return path
+        return _start(path, timeout)
+    node = paths.SYSTEM_SOCKET
+    if (node.exists() and answers(node)) or await_restart(node):
+        return node
+    path = paths.user_socket()
     if answers(path):
         return path
-    if path == paths.SYSTEM_SOCKET and "KREX_SOCKET" not in os.environ:
-        path = paths.user_socket()
-        if answers(path):
-            return path
     return _start(path, timeout)
 
 

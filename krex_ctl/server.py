@@ -57,6 +57,7 @@ from .pool import WorkerPool
 from .wire.frames import MSG, SETTLE_STATUS, C
 from .policy.scheduler import Request, list_to_mask, mask_to_list
 from .enforce.gate import GatePage
+from .heartbeat import Heartbeat
 
 log = logging.getLogger("krex.controller")
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
@@ -169,6 +170,9 @@ class Controller(RegionEffects):
         self.gpus = gpus.GpuTable(cfg, self.gate)
         # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
         self.gate.publish(socket_path + ".gate")
+        # a restart grace: `krex run` begun while we restart waits for us instead of starting its own (heartbeat.py)
+        grace = float(cfg.restart_grace_s or 0)
+        self.heartbeat = Heartbeat(socket_path, grace) if grace > 0 else None
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
@@ -230,6 +234,8 @@ class Controller(RegionEffects):
             self.every(1.0, self.pool.reap)
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
+        if self.heartbeat is not None:
+            self.every(1.0, self.heartbeat.touch)
         try:
             while self.running:
                 timeout = None
@@ -914,6 +920,8 @@ class Controller(RegionEffects):
                 pass
         if not keep_gate_file:
             self.gate.unpublish()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         self.listener.close()
 
     # ---- status ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The files next to a controller's socket (PATH, PATH.lock, PATH.log, PATH.gate) and the directory they live in.
+"""The files next to a controller's socket (PATH, PATH.lock, PATH.log, PATH.gate; PATH.heartbeat is
+heartbeat.py's, opened as PATH.lock is) and the directory they live in.
 
 krex removes or writes only what it can tell is its own:
 - PATH is removed only when it is a socket (S_ISSOCK, lstat: never through a link) that nobody answers at:

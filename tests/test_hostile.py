@@ -566,6 +566,97 @@ def test_a_wrapper_waits_for_the_node_controller_it_started_with(krex, tmp_path)
             kill(pid, signal.SIGTERM)
 
 
+@pytest.mark.parametrize("named_by", ["KREX_SOCKET", "node socket"])
+def test_a_command_begun_while_its_controller_restarts_waits_for_it(krex, tmp_path, named_by):
+    """A node controller with a restart grace dies (SIGKILL, as a crash; systemd restarts it a second later);
+    a `krex run` begun in that gap waits for it, saying so, instead of starting a controller of its own:
+    before, with no KREX_SOCKET it started a per-user controller beside the node controller (the job was on a
+    controller that gates nobody else's processes), and with KREX_SOCKET naming the node socket it started an
+    embedded controller on that very socket, which the restarted node controller then could not bind."""
+    krex.start_controller("--restart-grace", "30")
+    beat = Path(str(krex.socket) + ".heartbeat")
+    wait_for(lambda: beat.exists() and beat.read_text(), what="the heartbeat")   # written just after the bind
+    assert beat.stat().st_mode & 0o777 == 0o644
+    assert json.loads(beat.read_text()) == {"pid": krex.ctl.pid, "restart_grace_s": 30.0}
+    krex.ctl.kill()
+    krex.ctl.wait()
+    xdg = tmp_path / "xdg"                            # the per-user socket would be xdg/krex/krex.sock
+    xdg.mkdir(mode=0o700)
+    env = {k: v for k, v in krex.env.items() if k != "KREX_SOCKET" or named_by == "KREX_SOCKET"}
+    env["XDG_RUNTIME_DIR"] = str(xdg)
+    patch = (f"import pathlib, krex_ctl.paths as p; p.SYSTEM_SOCKET = pathlib.Path({str(krex.socket)!r})\n"
+             "from krex_ctl.cli import main\nmain()")
+    wrapper = subprocess.Popen([sys.executable, "-c", patch, "run", "--", sys.executable, "-c", "print('ran')"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    user = xdg / "krex" / "krex.sock"
+    try:
+        time.sleep(2)
+        assert wrapper.poll() is None and not user.exists() and not krex.answers()   # waiting, nobody started
+        krex.start_controller("--restart-grace", "30")
+        out, err = wrapper.communicate(timeout=30)
+        assert wrapper.returncode == 0 and out == "ran\n", err
+        assert f"krex: the controller at {krex.socket} does not answer; waiting up to" in err, err
+        assert "running without region exclusivity" not in err and not user.exists(), err
+        assert krex.status()["controller"]["config"]["idle_exit_s"] is None       # the node controller, not one of
+        assert krex.status()["counters"]["clients_total"] >= 1                    # its own; and the job came to it
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+        for pid in krex.processes(socket=user):
+            kill(pid, signal.SIGTERM)
+
+
+def test_a_controller_gone_longer_than_its_grace_is_not_waited_for(krex, tmp_path):
+    """Past its grace a dead controller's heartbeat costs nothing: `krex run` starts its own controller at
+    once, as on a node without one, and says nothing of waiting. A clean stop leaves the heartbeat, touched at
+    the stop, for the restart."""
+    from krex_ctl import heartbeat
+
+    krex.start_controller("--restart-grace", "3")
+    beat = Path(str(krex.socket) + ".heartbeat")
+    wait_for(lambda: beat.exists() and beat.read_text(), what="the heartbeat")
+    krex.ctl.terminate()
+    krex.ctl.wait()
+    assert beat.exists() and 0 < heartbeat.seconds_left(str(krex.socket)) <= 3
+    st = subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=krex.env, capture_output=True, text=True)
+    assert st.returncode == 3 and "may be restarting (its restart grace ends in" in st.stderr, st.stderr
+    time.sleep(max(0.0, beat.stat().st_mtime + 3.2 - time.time()))
+    assert heartbeat.seconds_left(str(krex.socket)) is None
+    t0 = time.monotonic()
+    out = subprocess.run(krex.run_cmd([sys.executable, "-c", "print('ran')"]), env=krex.env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
+    assert "waiting" not in out.stderr and time.monotonic() - t0 < 15, out.stderr
+    assert krex.status()["controller"]["config"]["idle_exit_s"] == 30       # an embedded one, started at once
+
+
+def test_the_heartbeat_is_trusted_only_as_a_fresh_regular_file(tmp_path):
+    """heartbeat.seconds_left: a link, a directory, a bad body, a grace out of range or a touch older than
+    the grace say nothing; a touch from the future (the clock stepped back) neither."""
+    from krex_ctl import heartbeat
+
+    sock = str(tmp_path / "s.sock")
+    beat = Path(sock + heartbeat.SUFFIX)
+    assert heartbeat.seconds_left(sock) is None
+    beat.write_text(json.dumps({"pid": 1, "restart_grace_s": 10}))
+    now = beat.stat().st_mtime
+    assert heartbeat.seconds_left(sock, now=now + 4) == pytest.approx(6)
+    assert heartbeat.seconds_left(sock, now=now + 11) is None
+    assert heartbeat.seconds_left(sock, now=now - 5) is None
+    for body in ("{", "[]", json.dumps({"restart_grace_s": 0}), json.dumps({"restart_grace_s": 601}),
+                 json.dumps({"restart_grace_s": "x"})):
+        beat.write_text(body)
+        assert heartbeat.seconds_left(sock) is None, body
+    beat.unlink()
+    real = tmp_path / "real"
+    real.write_text(json.dumps({"pid": 1, "restart_grace_s": 10}))
+    beat.symlink_to(real)
+    assert heartbeat.seconds_left(sock) is None
+    beat.unlink()
+    beat.mkdir()
+    assert heartbeat.seconds_left(sock) is None
+
+
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     """Killed under load: the wrappers resume their jobs and start a controller again (embedded, on the same
     socket) unless someone else has; the shims reconnect and announce their contexts; regions are exclusive

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from .. import config, paths, systemd
+from .. import config, heartbeat, paths, systemd
 from ..server import Controller, bind
 
 
@@ -64,13 +64,16 @@ from ..server import Controller, bind
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (docs/guide/monitoring.md).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None,
               help="Append every region to this Chrome/Perfetto trace file (a new file; ui.perfetto.dev opens it).")
+@click.option("--restart-grace", default=None, metavar="SECONDS",
+              help="After this controller stops, `krex run` waits up to this long for it to answer again before it "
+                   "starts a controller of its own (15 for a controller run by root, else 0: no wait).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, metavar="LEVEL", help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
                fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, warm_workers,
-               worker_preload, worker_reuse, metrics, trace_file, embedded, log_level) -> None:
+               worker_preload, worker_reuse, metrics, trace_file, restart_grace, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
@@ -88,7 +91,9 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
         region_gap_ms=region_gap_ms, warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
-        trace=trace_file)
+        trace=trace_file, restart_grace_s=0.0 if embedded else restart_grace)
+    if cfg.restart_grace_s is None:
+        cfg.restart_grace_s = heartbeat.default_grace(embedded)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     log = logging.getLogger("krex.controller")

@@ -74,7 +74,11 @@ class Connection:
             check_server(self.sock, self.path)
         except OSError as e:
             self.sock.close()
-            raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror})", 3) from None
+            from ..heartbeat import seconds_left
+            left = seconds_left(self.path)
+            restarting = f"; it served here until moments ago and may be restarting (its restart grace ends in " \
+                f"{left:.0f} s)" if left else ""
+            raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror}){restarting}", 3) from None
         except KrexCommandError:
             self.sock.close()
             raise
