@@ -141,10 +141,16 @@ def main() -> int:
               f"reported exclusive" + (f" ({flagged} inside the {len(regions) - len(exclusive)} reported not "
                                        "exclusive, as they say)" if flagged else ""))
         status = 1 if inside else 0
-    subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=env)
     st = subprocess.run([sys.executable, "-m", "krex_ctl", "status", "--json"], env=env, capture_output=True, text=True)
     if st.returncode == 0:
-        pid = json.loads(st.stdout)["controller"]["pid"]
+        ctl = json.loads(st.stdout)
+        c, pid = ctl["counters"], ctl["controller"]["pid"]
+        # a context begun just as a region closed the gate is drained with the region; one found only after the
+        # drain would taint it late_context
+        print(f"the controller: {c['regions_granted']} regions granted, {c['frozen_total']} neighbour freezes, "
+              f"{c['late_contexts_drained']} contexts begun as a region started drained with it, "
+              f"{c['late_contexts_tainted']} regions tainted late_context (`krex status` shows the queue while "
+              "commands run)")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and alive(pid):

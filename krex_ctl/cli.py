@@ -53,6 +53,9 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("krex: aborted", err=True)
         sys.exit(1)
+    except click.exceptions.NoArgsIsHelpError as e:   # a bare `krex`: its help, as --help gives it
+        click.echo(e.ctx.get_help(), err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         where = f"krex {e.ctx.info_name}: " if getattr(e, "ctx", None) is not None and e.ctx.parent else "krex: "
         click.echo(where + e.format_message(), err=True)

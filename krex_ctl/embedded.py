@@ -29,10 +29,36 @@ def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
     (a job reconnecting), that socket only: the one its processes' shims reconnect to. An embedded controller
     is started there unless it is the node controller's, which its service manager restarts: starting a
     per-user one in its place would split the job between two controllers."""
-    path = _ensure_controller(timeout) if at is None else _ensure_at(at, timeout)
+    started = []
+    path = _ensure_controller(timeout, started) if at is None else _ensure_at(at, timeout)
     if at is None and path != paths.SYSTEM_SOCKET:
         warn_other_users(path)
+    if at is None and not started and os.environ.get("KREX_WARM_WORKERS"):
+        warn_warm_workers(path, os.environ["KREX_WARM_WORKERS"])
     return path
+
+
+def warn_warm_workers(path: Path, asked: str) -> None:
+    """KREX_WARM_WORKERS goes to a controller `krex run` starts; one that already serves keeps its own setting:
+    say so in one line when that differs (the command would otherwise run cold without a word)."""
+    from .wire import ops
+    from .wire.client import Connection, ControllerError
+    from .wire.frames import C
+
+    try:
+        conn = Connection(path, C.KREX_ROLE_CLI, io_timeout=5.0)
+        try:
+            st = conn.request(ops.STATUS)
+        finally:
+            conn.close()
+        has = int(st["controller"]["config"].get("warm_workers", 0))
+        pid = st["controller"]["pid"]
+    except (ControllerError, KrexCommandError, OSError, KeyError, TypeError, ValueError):
+        return
+    if str(has) != asked.strip():
+        print(f"krex: KREX_WARM_WORKERS={asked} applies to a controller krex run starts; the one at {path} (pid {pid}) "
+              f"already serves with {has} warm workers per GPU (a per-user controller exits 30 s after its last "
+              "command; then the next krex run starts one with it)", file=sys.stderr)
 
 
 def _ensure_at(path: Path, timeout: float) -> Path:
@@ -71,17 +97,19 @@ def warn_other_users(path: Path) -> None:
     if others:
         o = others[0]
         print(f"krex: another user's krex controller (uid {o['uid']}, pid {o['pid']}) runs on this node; regions are "
-              "exclusive only of this user's work and are tainted other_controller where the two share a GPU: only "
+              "exclusive only of this user's work and are tainted other_controller where the two share a GPU while it has "
+              "GPU processes: only "
               "a node controller (`krex controller`, run by root) gives exclusivity across users", file=sys.stderr)
 
 
-def _ensure_controller(timeout: float) -> Path:
+def _ensure_controller(timeout: float, started: list) -> Path:
     """KREX_SOCKET's controller, else the node controller's, else the per-user one; a controller restarting at
     the first of these that has one is waited for (await_restart) before another is started."""
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
         if answers(path) or await_restart(path):
             return path
+        started.append(path)
         return _start(path, timeout)
     node = paths.SYSTEM_SOCKET
     if (node.exists() and answers(node)) or await_restart(node):
@@ -89,6 +117,7 @@ def _ensure_controller(timeout: float) -> Path:
     path = paths.user_socket()
     if answers(path):
         return path
+    started.append(path)
     return _start(path, timeout)
 
 

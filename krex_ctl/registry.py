@@ -195,7 +195,8 @@ class Registry:
             return
         self.warned.add(key)
         log.warning("krex: another krex controller (pid %d, uid %d, socket %s) serves GPU(s) %s too: its processes are "
-                    "neither gated nor frozen by this one, so regions on those GPUs are tainted other_controller; only a "
+                    "neither gated nor frozen by this one, so regions on those GPUs are tainted other_controller while it has GPU "
+                    "processes; only a "
                     "node controller (`krex controller` run by root, one per node) gives exclusivity across users",
                     other["pid"], other["uid"], other["socket"], ranges(set(other["gpus"]) & set(self.me["gpus"])))
 

@@ -84,6 +84,9 @@ def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
     assert out.returncode == 2 and "--gpu" in out.stderr
     out = krex_cli(krex, "run")
     assert out.returncode == 2
+    out = krex_cli(krex)                       # a bare krex: the help as --help has it, no "krex: Usage:"
+    assert out.returncode == 2 and out.stderr.startswith("Usage: krex [OPTIONS] COMMAND"), out.stderr
+    assert "..." not in out.stderr.split("Commands:")[1], out.stderr      # every command's summary whole
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
     out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--config", str(bad))

@@ -436,3 +436,17 @@ def test_a_zygote_that_stops_is_in_the_status_and_commands_run_cold(krex, tmp_pa
     text = subprocess.run([sys.executable, "-m", "krex_ctl", "status"], env=krex.env, capture_output=True,
                           text=True, timeout=30)
     assert "warm workers for GPU 0" in text.stdout and "stopped for 1 environment(s)" in text.stdout, text.stdout
+
+
+def test_krex_warm_workers_for_a_controller_that_already_serves_is_said_not_ignored(krex, tmp_path):
+    """KREX_WARM_WORKERS configures a controller `krex run` starts; with one already serving (here without
+    workers) the command runs cold, and `krex run` says why in one line rather than nothing. Asking for what
+    it has already says nothing."""
+    krex.start_controller()
+    for asked, said in (("2", True), ("0", False)):
+        out = subprocess.run(krex.run_cmd([sys.executable, "-c", "print('ran')"]),
+                             env={**krex.env, "KREX_WARM_WORKERS": asked}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
+        line = (f"krex: KREX_WARM_WORKERS={asked} applies to a controller krex run starts; the one at {krex.socket} "
+                f"(pid {krex.ctl.pid}) already serves with 0 warm workers per GPU")
+        assert (line in out.stderr) == said, out.stderr

@@ -110,7 +110,8 @@ def counters_dirs() -> list:
     return [first, Path(tempfile.gettempdir()), Path("/dev/shm")]
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False},
+               short_help="Run a command; its timed regions get the GPU alone.")
 @click.option("--gpu", "gpu_spec", multiple=True, metavar="N[,M...]|any|own",
               help="Run on these node-wide GPUs (sets CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES); with several, "
                    "one region covers them all; 'any': the one the controller places it on (the default unless "

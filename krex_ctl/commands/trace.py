@@ -36,7 +36,7 @@ def ours(path: Path) -> bool:
         return False
 
 
-@click.command()
+@click.command(short_help="Turn krex run --report files into a Perfetto trace.")
 @click.argument("reports", nargs=-1, required=True, type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(),
               help="Where to write the trace JSON ('-': standard output).")
