@@ -71,7 +71,7 @@ class Config:
     max_queued_per_client: int = 1
     idle_exit_s: Optional[float] = None        # embedded controllers exit when idle this long
     restart_grace_s: Optional[float] = None    # how long `krex run` waits for this controller to come back after
-                                               # it stops (heartbeat.py; None: 15 s run by root, else 0)
+                                               # it stops (heartbeat.py; None: 15 s at /run/krex/krex.sock, else 0)
     state_file: Optional[str] = None
     isolate_cpus: bool = True
     owner_cpus: str = "reserved"               # reserved: the owner's threads on the reserved cores only;

@@ -1,5 +1,6 @@
 """Find a controller that answers, or start an embedded per-user one (no root, no sysadmin needed)."""
 
+import errno
 import os
 import socket
 import subprocess
@@ -13,15 +14,28 @@ from .errors import KrexCommandError
 
 
 def answers(path: Path) -> bool:
+    return reach(path) == 0
+
+
+def reach(path: Path) -> int:
+    """0 when something answers at path, else connect()'s errno (ETIMEDOUT for a timeout)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     s.settimeout(2.0)
     try:
         s.connect(str(path))
-        return True
-    except OSError:
-        return False
+        return 0
+    except socket.timeout:
+        return errno.ETIMEDOUT
+    except OSError as e:
+        return e.errno or errno.EIO
     finally:
         s.close()
+
+
+def restarting(path: Path) -> bool:
+    """The controller at path is answering, or nothing listens there but it may come back: await_restart."""
+    err = reach(path)
+    return err == 0 or (err in heartbeat.NOTHING_LISTENS and await_restart(path))
 
 
 def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
@@ -65,25 +79,31 @@ def _ensure_at(path: Path, timeout: float) -> Path:
     if answers(path):
         return path
     # /var/run/krex/krex.sock too; or a controller that may still come back there (its heartbeat is fresh)
-    if os.path.realpath(path) == os.path.realpath(paths.SYSTEM_SOCKET) or heartbeat.seconds_left(str(path)):
+    if os.path.realpath(path) == os.path.realpath(paths.SYSTEM_SOCKET) or heartbeat.seconds_left(str(path)) is not None:
         raise KrexCommandError(f"the node controller at {path} does not answer", 3)
     return _start(path, timeout)
 
 
 def await_restart(path: Path) -> bool:
-    """True once a controller restarting at path answers again: nobody answers there now, but its heartbeat
+    """True once a controller restarting at path answers again: nothing listens there now, but its heartbeat
     (heartbeat.py) says it served less than its restart grace ago. Waits at most until that grace has passed,
-    having said so in one line; False at once without a fresh heartbeat."""
+    having said so in one line; False at once without a fresh heartbeat. Interrupted (SIGINT): exit 130, the
+    command not started."""
     left = heartbeat.seconds_left(str(path))
     if not left:
         return False
     print(f"krex: the controller at {path} does not answer; waiting up to {left:.0f} s for it to restart",
           file=sys.stderr)
     deadline = time.monotonic() + left
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        if answers(path):
-            return True
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if answers(path):
+                return True
+    except KeyboardInterrupt:
+        print("krex: interrupted by SIGINT while waiting for the controller; the command did not start",
+              file=sys.stderr)
+        sys.exit(130)
     print(f"krex: the controller at {path} did not come back within its restart grace", file=sys.stderr)
     return False
 
@@ -107,12 +127,12 @@ def _ensure_controller(timeout: float, started: list) -> Path:
     the first of these that has one is waited for (await_restart) before another is started."""
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
-        if answers(path) or await_restart(path):
+        if restarting(path):
             return path
         started.append(path)
         return _start(path, timeout)
     node = paths.SYSTEM_SOCKET
-    if (node.exists() and answers(node)) or await_restart(node):
+    if restarting(node):
         return node
     path = paths.user_socket()
     if answers(path):

@@ -5,60 +5,99 @@ Between a node controller's stop and its restart (systemd's RestartSec, a contai
 nothing answers at its socket. A `krex run` begun then used to start a per-user controller in its place (or,
 with KREX_SOCKET naming the node socket, an embedded controller on that very socket), and the job stayed on
 it: regions of both controllers were tainted other_controller while it had GPU processes, and the restarted
-node controller could not even bind its socket. A controller with a restart grace (`--restart-grace S`, 15 s
-by default for one run by root) therefore keeps this file's modification time fresh while it serves (every
-second, and once more as it stops). A `krex run` that finds nobody answering where the file is fresh (touched
-less than its grace ago) waits for the socket to answer again, saying so in one line, at most until the grace
-has passed since the last touch; then it carries on as on a node without a controller. A file touched longer
-ago than its grace costs nothing: a node whose controller is gone for good delays no command. systemd removes
-/run/krex when the unit stops for good (RuntimeDirectoryPreserve=restart keeps it over a restart only).
+node controller could not even bind its socket. A controller with a restart grace (`--restart-grace S`; 15 s
+by default at /run/krex/krex.sock, the node controller's socket, else none) therefore keeps this file's
+modification time fresh while it serves (every second while its socket is still the one it bound, and once
+more at a clean stop). A `krex run` that finds nothing listening there (the socket missing, or refusing:
+ENOENT, ECONNREFUSED) while the file is fresh (touched less than its grace ago) waits for the socket to answer
+again, saying so in one line, at most until the grace has passed since the last touch; then it carries on as
+on a node without a controller. Any other failure (EACCES: a user outside the socket's group) is no restart
+and is not waited for. A file touched longer ago than its grace costs nothing: a node whose controller is gone
+for good delays no command. systemd removes /run/krex when the unit stops for good
+(RuntimeDirectoryPreserve=restart keeps it over a restart only).
+
+The file is put in place before the socket is bound, as a fresh temporary file renamed over whatever is there
+(never written through a planted link; a directory there is refused in one line, exit status 2), with the
+modification time of the regular file of ours it replaces (a dead predecessor's wait goes on while we start),
+else the epoch (not fresh until we serve).
 
 Trust: the file is read through O_NOFOLLOW, must be a regular file of bounded size owned by root or by the
 reader, and says only how long to wait (capped at MAX_GRACE_S). A planted one can at worst delay its
 owner's own commands, or root's, which root controls."""
 
+import errno
 import json
 import os
 import stat
+import tempfile
 import time
 from typing import Optional
 
-from . import sockfiles
+from . import paths
+from .errors import KrexCommandError
 
 SUFFIX = ".heartbeat"
 MAX_BYTES = 4096
 MAX_GRACE_S = 600.0
 DEFAULT_NODE_GRACE_S = 15.0     # RestartSec=1 of packaging/krex-controller.service plus a controller's start
+NOTHING_LISTENS = (errno.ENOENT, errno.ECONNREFUSED)   # the connect errors a restart gives
 
 
-def default_grace(embedded: bool) -> float:
-    """A node controller (run by root, not embedded) gets one; a per-user or test controller none: after its
-    stop the next `krex run` starts its own at once, as before."""
-    return DEFAULT_NODE_GRACE_S if os.geteuid() == 0 and not embedded else 0.0
+def default_grace(embedded: bool, socket_path: str) -> float:
+    """The node controller's socket (systemd's unit, the Kubernetes DaemonSet) gets one; any other controller
+    none (a per-user one, a test's or a benchmark's: after its stop the next `krex run` starts its own at once,
+    as before)."""
+    if embedded:
+        return 0.0
+    node = os.path.realpath(socket_path) == os.path.realpath(paths.SYSTEM_SOCKET)   # /var/run/krex too
+    return DEFAULT_NODE_GRACE_S if node else 0.0
 
 
 class Heartbeat:
-    """The writer: created at start (0644, so every user's `krex run` reads it), touched every second."""
+    """The writer. Made before the socket is bound (refused there: nothing is bound), touched as we serve."""
 
     def __init__(self, socket_path: str, grace_s: float):
         self.path = socket_path + SUFFIX
-        self.fd = sockfiles.open_private(self.path, os.O_WRONLY, "heartbeat")
-        os.fchmod(self.fd, 0o644)
-        body = json.dumps({"pid": os.getpid(), "restart_grace_s": grace_s}).encode() + b"\n"
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, body, 0)
-        self.touch()
+        flag = f"--socket {socket_path}: cannot put its heartbeat file {self.path} in place"
+        try:
+            old = os.lstat(self.path)
+            keep = old.st_mtime if stat.S_ISREG(old.st_mode) and old.st_uid in (0, os.geteuid()) else 0.0
+        except FileNotFoundError:
+            keep = 0.0
+        except OSError as e:
+            raise KrexCommandError(f"{flag} ({e.strerror})", 2) from None
+        directory, name = os.path.split(os.path.abspath(self.path))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        except OSError as e:
+            raise KrexCommandError(f"{flag} ({e.strerror})", 2) from None
+        try:
+            os.write(fd, json.dumps({"pid": os.getpid(), "restart_grace_s": grace_s}).encode() + b"\n")
+            os.fchmod(fd, 0o644)          # every user's `krex run` reads it
+            os.utime(fd, (keep, keep))
+            os.replace(tmp, self.path)
+        except OSError as e:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            why = "a directory is there" if e.errno in (errno.EISDIR, errno.ENOTEMPTY) else e.strerror
+            raise KrexCommandError(f"{flag} ({why})", 2) from None
+        self.fd: Optional[int] = fd
 
     def touch(self) -> None:
-        try:
-            os.utime(self.fd)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        """At a stop: one last touch (the grace counts from the stop), and the file stays for the restart."""
         if self.fd is not None:
-            self.touch()
+            try:
+                os.utime(self.fd)
+            except OSError:
+                pass
+
+    def close(self, last_touch: bool = True) -> None:
+        """At a clean stop: one last touch (the grace counts from the stop), and the file stays for the restart."""
+        if self.fd is not None:
+            if last_touch:
+                self.touch()
             os.close(self.fd)
             self.fd = None
 

@@ -170,9 +170,10 @@ class Controller(RegionEffects):
         self.gpus = gpus.GpuTable(cfg, self.gate)
         # the page as a read-only file too, for processes that cannot connect (enforce/gate.py)
         self.gate.publish(socket_path + ".gate")
-        # a restart grace: `krex run` begun while we restart waits for us instead of starting its own (heartbeat.py)
-        grace = float(cfg.restart_grace_s or 0)
-        self.heartbeat = Heartbeat(socket_path, grace) if grace > 0 else None
+        # a restart grace: `krex run` begun while we restart waits for us instead of starting its own (heartbeat.py;
+        # put in place by bind())
+        self.heartbeat: Optional[Heartbeat] = HEARTBEATS.pop(socket_path, None)
+        self.heartbeat_lost = False
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
@@ -235,7 +236,8 @@ class Controller(RegionEffects):
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
         if self.heartbeat is not None:
-            self.every(1.0, self.heartbeat.touch)
+            self.beat()
+            self.every(1.0, self.beat)
         try:
             while self.running:
                 timeout = None
@@ -323,6 +325,16 @@ class Controller(RegionEffects):
             msg += f" ({last[1]} more like it in the last 10 s)"
         log.log(level, msg, *args)
         self.logged[key] = [now, 0]
+
+    def beat(self) -> None:
+        """Touch the heartbeat while our socket is still the one we bound: one removed or replaced under us
+        reaches nobody, and a fresh heartbeat would keep every `krex run` waiting for a restart."""
+        if sockfiles.identity(self.socket_path) == BOUND.get(self.socket_path):
+            self.heartbeat.touch()
+        elif not self.heartbeat_lost:
+            self.heartbeat_lost = True
+            log.warning("our socket %s was removed or replaced: no command can reach this controller; the heartbeat "
+                        "is no longer touched (restart the controller)", self.socket_path)
 
     def check_idle(self) -> None:
         pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
@@ -921,7 +933,7 @@ class Controller(RegionEffects):
         if not keep_gate_file:
             self.gate.unpublish()
         if self.heartbeat is not None:
-            self.heartbeat.close()
+            self.heartbeat.close(last_touch=not self.heartbeat_lost)    # nobody could reach us: no restart to wait for
         self.listener.close()
 
     # ---- status ----------------------------------------------------------------------------------
@@ -999,6 +1011,7 @@ def job_report_page(job, offset: int) -> dict:
 
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
+HEARTBEATS: dict[str, Heartbeat] = {}               # socket path -> its heartbeat, from bind() to the Controller
 STALE: dict[str, bool] = {}                         # socket path -> a dead controller's socket was replaced
 
 
@@ -1017,6 +1030,8 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     # a gate file that is not a dead controller's of ours is refused before our socket exists (enforce/gate.py
     # creates ours)
     STALE[path] = sockfiles.remove_stale_gate_file(path + ".gate", C.KREX_GATE_MAGIC) or stale_socket
+    if cfg.restart_grace_s:        # before the socket: refused, nothing is bound
+        HEARTBEATS[path] = Heartbeat(path, float(cfg.restart_grace_s))
     try:
         sock = client.bind_private(path)
     except OSError as e:

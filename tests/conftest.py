@@ -109,10 +109,6 @@ class Krex:
         reserved = [] if any(a.startswith("--reserved-cores") for a in args) else ["--reserved-cores", str(cpus[-1])]
         if not default_freeze and not any(a in ("--freeze-policy", "--no-freeze") for a in args):
             reserved += ["--freeze-policy", "all"]
-        # a test's controller that stops is not waited for (the tests run as root, where the default is 15 s):
-        # the restart grace's own tests pass --restart-grace
-        if not any(a.startswith("--restart-grace") for a in args):
-            reserved += ["--restart-grace", "0"]
         # prelude: Python run in the controller's process before it starts (a test's stand-in for what it cannot
         # make happen for real, e.g. a process that stays on its way out)
         launch = ["-c", prelude + "\nfrom krex_ctl.cli import main\nmain()"] if prelude else ["-m", "krex_ctl"]

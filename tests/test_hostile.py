@@ -525,6 +525,12 @@ def test_a_reconnecting_job_keeps_to_its_own_socket(krex, tmp_path, monkeypatch)
         embedded.ensure_controller(at=node)
     assert str(e.value) == f"the node controller at {node} does not answer" and e.value.exit_code == 3
     assert not node.exists() and not Path(str(node) + ".log").exists()    # nothing was started there
+    restarting = tmp_path / "restarting.sock"         # nor where a controller's fresh heartbeat says it restarts
+    Path(str(restarting) + ".heartbeat").write_text(json.dumps({"pid": 1, "restart_grace_s": 30}))
+    with pytest.raises(KrexCommandError) as e:
+        embedded.ensure_controller(at=restarting)
+    assert str(e.value) == f"the node controller at {restarting} does not answer" and e.value.exit_code == 3
+    assert not restarting.exists() and not Path(str(restarting) + ".log").exists()
     other.close()
 
 
@@ -574,8 +580,10 @@ def test_a_command_begun_while_its_controller_restarts_waits_for_it(krex, tmp_pa
     controller that gates nobody else's processes), and with KREX_SOCKET naming the node socket it started an
     embedded controller on that very socket, which the restarted node controller then could not bind."""
     krex.start_controller("--restart-grace", "30")
+    from krex_ctl import heartbeat
+
     beat = Path(str(krex.socket) + ".heartbeat")
-    wait_for(lambda: beat.exists() and beat.read_text(), what="the heartbeat")   # written just after the bind
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")   # touched as it serves
     assert beat.stat().st_mode & 0o777 == 0o644
     assert json.loads(beat.read_text()) == {"pid": krex.ctl.pid, "restart_grace_s": 30.0}
     krex.ctl.kill()
@@ -614,7 +622,7 @@ def test_a_controller_gone_longer_than_its_grace_is_not_waited_for(krex, tmp_pat
 
     krex.start_controller("--restart-grace", "3")
     beat = Path(str(krex.socket) + ".heartbeat")
-    wait_for(lambda: beat.exists() and beat.read_text(), what="the heartbeat")
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
     krex.ctl.terminate()
     krex.ctl.wait()
     assert beat.exists() and 0 < heartbeat.seconds_left(str(krex.socket)) <= 3
@@ -655,6 +663,91 @@ def test_the_heartbeat_is_trusted_only_as_a_fresh_regular_file(tmp_path):
     beat.unlink()
     beat.mkdir()
     assert heartbeat.seconds_left(sock) is None
+    beat.rmdir()
+    beat.write_text(json.dumps({"pid": 1, "restart_grace_s": 10}))
+    os.chown(beat, NOBODY, NOBODY)                 # another user's: neither ours nor root's
+    assert heartbeat.seconds_left(sock) is None
+    os.chown(beat, 0, 0)
+    assert heartbeat.seconds_left(sock)
+    beat.write_text(json.dumps({"pid": 1, "restart_grace_s": 10, "pad": "x" * 4096}))    # over 4 KiB
+    assert heartbeat.seconds_left(sock) is None
+
+
+def test_the_heartbeat_is_put_in_place_before_the_socket_and_never_through_a_planted_link(krex, tmp_path):
+    """A directory at the heartbeat's path: one line, exit status 2, and nothing bound (no socket, no gate
+    file, no temporary file left). A link there is replaced, never written through."""
+    sock = tmp_path / "c.sock"
+    beat = Path(str(sock) + ".heartbeat")
+    beat.mkdir()
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--restart-grace", "5"],
+                         env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == \
+        f"krex: --socket {sock}: cannot put its heartbeat file {beat} in place (a directory is there)", out.stderr
+    assert not sock.exists() and not Path(str(sock) + ".gate").exists()
+    assert not list(tmp_path.glob(".c.sock.heartbeat.*"))
+    beat.rmdir()
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    theirs = Path(str(krex.socket) + ".heartbeat")
+    theirs.symlink_to(precious)
+    krex.start_controller("--restart-grace", "5")
+    assert not theirs.is_symlink() and json.loads(theirs.read_text())["restart_grace_s"] == 5.0
+    assert precious.read_text() == "keep"
+
+
+def test_the_heartbeat_is_touched_while_the_socket_is_the_one_bound(krex, tmp_path):
+    """Touched every second, so a controller that dies long after its start is still waited for; not touched
+    once its socket has been removed under it (nothing can reach it: a fresh heartbeat would keep every
+    `krex run` waiting for a restart that is not coming), which its log says, nor at its stop then."""
+    from krex_ctl import heartbeat
+
+    krex.start_controller("--restart-grace", "2")
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
+    time.sleep(3)
+    assert heartbeat.seconds_left(str(krex.socket))           # 3 s after the first touch, with a grace of 2
+    krex.socket.unlink()
+    time.sleep(3)
+    assert heartbeat.seconds_left(str(krex.socket)) is None
+    assert "was removed or replaced: no command can reach this controller" in krex.ctl_log.read_text()
+    krex.ctl.terminate()
+    krex.ctl.wait()
+    assert heartbeat.seconds_left(str(krex.socket)) is None
+
+
+def test_a_controller_that_refuses_a_user_is_not_waited_for_as_if_restarting(krex, tmp_path):
+    """A live node controller's heartbeat is fresh; a user it refuses (EACCES: outside the socket's group) is
+    told so at once, not after waiting out the grace for a restart."""
+    import errno
+    import shutil
+    import tempfile
+    from krex_ctl import embedded, heartbeat
+
+    d = Path(tempfile.mkdtemp(prefix="krex-eacces-"))       # a directory every user may enter (tmp_path is not)
+    try:
+        d.chmod(0o755)
+        krex.socket = d / "c.sock"                          # mode 0600, root's
+        krex.start_controller("--restart-grace", "30")
+        wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                t0 = time.monotonic()
+                err = embedded.reach(krex.socket)
+                found = embedded.restarting(krex.socket)
+                os.write(w, json.dumps([err, found, time.monotonic() - t0]).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        err, found, took = json.loads(os.read(r, 4096))
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert err == errno.EACCES and found is False and took < 5, (err, found, took)
+    finally:
+        krex.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):

@@ -66,7 +66,8 @@ from ..server import Controller, bind
               help="Append every region to this Chrome/Perfetto trace file (a new file; ui.perfetto.dev opens it).")
 @click.option("--restart-grace", default=None, metavar="SECONDS",
               help="After this controller stops, `krex run` waits up to this long for it to answer again before it "
-                   "starts a controller of its own (15 for a controller run by root, else 0: no wait).")
+                   "starts a controller of its own (15 at /run/krex/krex.sock, the node controller's socket, else 0: no "
+                   "wait).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--log-level", default=None, metavar="LEVEL", help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
@@ -93,7 +94,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
         trace=trace_file, restart_grace_s=0.0 if embedded else restart_grace)
     if cfg.restart_grace_s is None:
-        cfg.restart_grace_s = heartbeat.default_grace(embedded)
+        cfg.restart_grace_s = heartbeat.default_grace(embedded, path)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     log = logging.getLogger("krex.controller")

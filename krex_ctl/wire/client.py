@@ -74,8 +74,8 @@ class Connection:
             check_server(self.sock, self.path)
         except OSError as e:
             self.sock.close()
-            from ..heartbeat import seconds_left
-            left = seconds_left(self.path)
+            from ..heartbeat import NOTHING_LISTENS, seconds_left
+            left = seconds_left(self.path) if e.errno in NOTHING_LISTENS else None
             restarting = f"; it served here until moments ago and may be restarting (its restart grace ends in " \
                 f"{left:.0f} s)" if left else ""
             raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror}){restarting}", 3) from None
