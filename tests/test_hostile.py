@@ -714,6 +714,17 @@ def test_the_heartbeat_is_touched_while_the_socket_is_the_one_bound(krex, tmp_pa
     assert heartbeat.seconds_left(str(krex.socket)) is None
 
 
+def test_a_dead_controllers_reserved_cores_are_cleared_when_the_next_one_starts(krex, tmp_path):
+    """SOCKET.reserved of a controller that died holding a region (its directory kept over the restart) would
+    move every command started later off cores nobody holds: the next controller empties it as it starts."""
+    from krex_ctl.wire import runtime
+
+    runtime.write_reserved(str(krex.socket), {0, 1})
+    assert runtime.read_reserved(str(krex.socket)) == {0, 1}
+    krex.start_controller()                   # it answers once bound, before its set-up is done
+    wait_for(lambda: runtime.read_reserved(str(krex.socket)) == set(), timeout=10, what="the file emptied")
+
+
 def test_a_controller_that_refuses_a_user_is_not_waited_for_as_if_restarting(krex, tmp_path):
     """A live node controller's heartbeat is fresh; a user it refuses (EACCES: outside the socket's group) is
     told so at once, not after waiting out the grace for a restart."""

@@ -14,6 +14,10 @@ class Isolation:
     def __init__(self, cfg, socket_path: str, rate_log: Callable[..., None]) -> None:
         self.cfg, self.socket_path, self.rate_log = cfg, socket_path, rate_log
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # (cores, saved masks)
+        if runtime.read_reserved(socket_path):
+            # a dead predecessor's (its directory kept over a restart: heartbeat.py): no region holds cores now, and
+            # commands started meanwhile would step off them (procs.step_off_reserved)
+            self.publish(())
 
     def isolate(self, region, member_pids: list[int], frozen_pids: set[int], managed: Callable[[], set[int]],
                 held_regions) -> None:
