@@ -301,6 +301,10 @@ def test_socket_group_and_mode(krex, tmp_path):
     krex.start_controller("--socket-group", group)
     st = os.stat(krex.socket)
     assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == os.getgid()
+    krex.stop()
+    krex.start_controller("--socket-group", "4242")    # a gid with no name (a Kubernetes supplementalGroups one)
+    st = os.stat(krex.socket)
+    assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == 4242
 
 
 def test_client_limit(krex, tmp_path):

@@ -548,7 +548,7 @@ def test_controller_trace_never_replaces_a_file_and_metrics_address_is_checked(k
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    for args, why in ((["--trace", str(precious)], "exists"), (["--metrics", "nowhere"], "is not HOST:PORT"),
+    for args, why in ((["--metrics", "nowhere"], "is not HOST:PORT"),
                       (["--metrics", "127.0.0.1:99999"], "port in 1-65535"),
                       (["--trace", str(tmp_path / "no" / "t.json")], "No such file"),
                       (["--metrics", f"127.0.0.1:{port}"], "cannot listen"),
@@ -561,6 +561,31 @@ def test_controller_trace_never_replaces_a_file_and_metrics_address_is_checked(k
     krex.start_controller()                      # the socket is served: a second controller's trace file goes again
     out = krex_cli(krex, "controller", "--socket", str(krex.socket), "--trace", str(tmp_path / "t.json"))
     assert out.returncode == 4 and not (tmp_path / "t.json").exists(), out.stderr
+
+
+def test_a_trace_file_that_exists_is_kept_and_the_regions_go_to_a_new_one(krex, tmp_path):
+    """A restarted node controller's config names the trace file its predecessor wrote: that file is kept as it
+    is, and the regions go to the first free name with .1, .2, ... before the extension (a restart loop never
+    follows from it); a file that is not regular (a FIFO) is written as it is."""
+    from krex_ctl.wire import trace
+
+    precious = tmp_path / "regions.json"
+    precious.write_text("mine")
+    (tmp_path / "regions.1.json").write_text("an earlier run's")
+    sink = trace.Sink(str(precious))
+    assert sink.path == str(tmp_path / "regions.2.json") and sink.created
+    sink.region({"id": 1, "name": "r", "gpus": [0], "granted_ns": 1000, "ended_ns": 2000, "exclusive": True,
+                 "taints": [], "pid": 5})
+    sink.close()
+    assert precious.read_text() == "mine" and (tmp_path / "regions.1.json").read_text() == "an earlier run's"
+    assert json.loads((tmp_path / "regions.2.json").read_text())
+    krex.start_controller("--trace", str(precious), "--log-level", "info")
+    wait_for(lambda: (tmp_path / "regions.3.json").exists(), what="the new trace file")
+    krex.ctl.terminate()
+    krex.ctl.wait()
+    assert precious.read_text() == "mine" and json.loads((tmp_path / "regions.3.json").read_text()) == []
+    assert f"trace: {precious} exists (a previous run's); the regions go to {tmp_path / 'regions.3.json'}" in \
+        krex.ctl_log.read_text()
 
 
 def test_controller_says_ready_to_systemd(krex, tmp_path):

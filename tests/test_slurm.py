@@ -145,6 +145,37 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
             assert "runs without krex" in out.stderr and "print krex-task-prolog: " in out.stdout, settings
 
 
+def test_task_prolog_waits_for_a_controller_that_restarts(krex, tmp_path):
+    """A task begun while the node controller restarts (a clean stop removed its socket; its heartbeat is
+    fresh) waits for it, as `krex run` does, and gets the krex environment; once the heartbeat is older than
+    the grace, the task runs without krex at once, as on a node without a controller."""
+    from krex_ctl import heartbeat
+
+    krex.start_controller("--restart-grace", "20")
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
+    krex.ctl.terminate()
+    krex.ctl.wait()
+    assert not krex.socket.exists()
+    conf = tmp_path / "s.env"
+    conf.write_text(f'KREX_SOCKET="{krex.socket}"\nKREX_SHIM="{SHIM}"\n')
+    env = {"PATH": os.environ["PATH"], "SLURM_TASK_PID": "4242", "KREX_SLURM_CONF": str(conf)}
+    task = subprocess.Popen([str(PROLOG)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert task.poll() is None                          # waiting
+    krex.start_controller("--restart-grace", "20")
+    out, err = task.communicate(timeout=20)
+    assert task.returncode == 0 and out.splitlines()[0] == f"export KREX_SOCKET={krex.socket}", (out, err)
+    assert f"the krex controller at {krex.socket} is restarting; waiting up to" in err, err
+    krex.ctl.terminate()
+    krex.ctl.wait()
+    beat = Path(str(krex.socket) + ".heartbeat")
+    os.utime(beat, (time.time() - 30, time.time() - 30))   # stopped longer than its grace ago
+    t0 = time.monotonic()
+    out = prolog(env)
+    assert out.returncode == 0 and "export" not in out.stdout and "runs without krex" in out.stderr, out
+    assert "restarting" not in out.stderr and time.monotonic() - t0 < 10
+
+
 def test_task_prolog_of_a_user_who_may_not_use_the_socket(tmp_path):
     """The node's socket is group krex's: a user outside it would preload a shim that cannot connect and run
     unfenced, unseen; the prolog says so and exports nothing."""

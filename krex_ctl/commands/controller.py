@@ -19,7 +19,8 @@ from ..server import Controller, bind
 @click.option("--region-time-limit", default=None, metavar="SECONDS", help="Seconds before a region is revoked (60).")
 @click.option("--drain-timeout", default=None, metavar="SECONDS", help="Seconds to wait for a sibling's drain (2).")
 @click.option("--socket-mode", default=None, metavar="OCTAL", help="Socket permissions in octal (0600; 0660 with --socket-group).")
-@click.option("--socket-group", default=None, metavar="GROUP", help="Group that may use the socket.")
+@click.option("--socket-group", default=None, metavar="GROUP",
+              help="Group (a name or a number) that may use the socket.")
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
 @click.option("--no-cpu-isolation", is_flag=True, help="Do not re-pin threads during regions.")
 @click.option("--owner-cpus", default=None, metavar="reserved|own-and-reserved",
@@ -133,6 +134,9 @@ def open_observers(cfg) -> tuple:
             if m is not None:
                 m.close()
             raise KrexCommandError(f"--trace {cfg.trace}: {e.strerror or e}", 2) from None
+        if sink.path != cfg.trace:
+            logging.getLogger("krex.controller").info("trace: %s exists (a previous run's); the regions go to %s",
+                                                      cfg.trace, sink.path)
     return m, sink
 
 

@@ -137,8 +137,9 @@ def from_reports(reports: list[dict]) -> dict:
 
 class Sink:
     """`krex controller --trace FILE`: every region's events appended as it ends (JSON Array Format). The file
-    is created new (never an existing file krex did not make: O_EXCL) or, when it is a link or not a regular
-    file (a FIFO, /dev/stdout), opened as it is."""
+    is created new (O_EXCL: never an existing file); where a regular file is there already (a previous run's: a
+    restarted node controller's config names the same file), the first free FILE's name with .1, .2, ... before
+    its extension. A file that is not regular (a FIFO, /dev/stdout, a link to one) is opened as it is."""
 
     def __init__(self, path: str):
         import os
@@ -148,14 +149,29 @@ class Sink:
             st = os.stat(path)
         except FileNotFoundError:
             st = None
-        if st is not None and stat.S_ISREG(st.st_mode):
-            raise FileExistsError(f"{path} exists (krex writes a new trace file; remove it or name another)")
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if st is None else 0)
-        self.f = os.fdopen(os.open(path, flags, 0o644), "w", buffering=1)
-        self.path, self.created = path, st is None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            fd, self.path, self.created = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), path, False
+        else:
+            fd, self.path = self.create_new(path)
+            self.created = True
+        self.f = os.fdopen(fd, "w", buffering=1)
         self.named: set = set()
         self.first = True
         self.f.write("[")
+
+    @staticmethod
+    def create_new(path: str) -> tuple:
+        """(descriptor, name) of a new file at path, else at the first free path.N.ext (N to 9999)."""
+        import os
+
+        stem, ext = os.path.splitext(path)
+        for n in range(10000):
+            name = path if n == 0 else f"{stem}.{n}{ext}"
+            try:
+                return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, 0o644), name
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"{path} and {stem}.1{ext} to {stem}.9999{ext} exist; remove some or name another")
 
     def write(self, events: list[dict]) -> None:
         fresh = [m for m in names(events) if (m["pid"], m.get("tid"), m["name"]) not in self.named]
