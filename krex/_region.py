@@ -74,7 +74,11 @@ def _shim():
 
 
 class RegionTimeout(TimeoutError):
-    """No grant came within the region's timeout; the request was cancelled at the controller."""
+    """No grant came within the region's timeout (its own, or that of another thread in the same region: a
+    region belongs to the process); the request was cancelled at the controller."""
+
+
+RegionTimeout.__module__ = "krex"   # a traceback's last line reads krex.RegionTimeout: ...
 
 
 class StrictError(RuntimeError):
@@ -193,8 +197,10 @@ class region(contextlib.ContextDecorator):
     gpus (or gpu): a node-wide GPU index or a list of them (default: every GPU of this job).
     After the block: r.granted, r.exclusive, r.clean, r.taints, r.revoked, r.sm_clock_mhz, and with
     KREX_HOST_BOUND=1 r.timings_checked, r.timings_late, r.host_bound (r.info has them all); None inside the
-    block, and for a block nested in another (it is part of the outer one). A region that ends host-bound is
-    said on stderr (once per job and region name)."""
+    block, and for a block nested in another (it is part of the outer one). A region belongs to the process:
+    blocks open at once in several threads fold into one region, and only the block that leaves it last gets
+    r.info (the others None: read krex.last_region() after the last has left). A region that ends host-bound
+    is said on stderr (once per job and region name)."""
 
     def __init__(self, name: str = "region", gpu=None, gpus=None, timeout: Optional[float] = None,
                  on_timeout: str = "raise"):
@@ -215,14 +221,19 @@ class region(contextlib.ContextDecorator):
         # an exception here has cancelled the request
         self.status = krex_region_begin(self.name, self.gpus, self.timeout)
         if self.status == -3 and self.on_timeout == "raise":
-            krex_region_end()          # the unprotected region it became is closed (recorded not_granted)
+            lib = _shim()
+            if lib is not None:        # the unprotected region it became is closed, recorded not_granted, cancelled
+                lib.krex_region_cancel()
             with _lock:
                 outermost = _open["n"] == 0
             if outermost:
                 self.info = last_region()
+                if self.info is not None:
+                    self.info.name = self.name
             waited = self.timeout if self.timeout is not None else env_timeout()
-            raise RegionTimeout(f"krex: region {self.name!r} not granted within {waited:g} s; the request was "
-                                "cancelled")
+            within = f"within {waited:g} s" if waited is not None else \
+                "(another thread of this process in the same region gave up its wait: a region is the process's)"
+            raise RegionTimeout(f"krex: region {self.name!r} not granted {within}; the request was cancelled")
         with _lock:
             _open["n"] += 1
         return self

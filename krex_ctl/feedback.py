@@ -220,8 +220,12 @@ def summary(rep: dict) -> str:
         for t in r.get("taints", []):
             taints[t] = taints.get(t, 0) + 1
     bound = sum(bool(r.get("host_bound")) for r in regions)   # KREX_HOST_BOUND: the GPU waited for the host
+    # still open when their process exited (no krex_region_end: a crash, os._exit, a forgotten end): what they
+    # timed may be cut short, though the GPU was theirs alone until then
+    open_at_exit = sum(r.get("end") == "owner_gone" for r in regions)
     parts = [f"{n} region{'s' if n != 1 else ''} ({ex} exclusive, {clean} clean"
              + (f", {bound} host-bound" if bound else "")
+             + (f", {open_at_exit} still open when its process exited" if open_at_exit else "")
              + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"]
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
     parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")
@@ -267,6 +271,13 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
         names = sorted({r.get("name", "") for r in bad})
         taints = sorted({t for r in bad for t in r.get("taints", [])})
         out.append(f"{len(bad)} region(s) not exclusive ({', '.join(names)[:80]}: {', '.join(taints)})")
+    # regions that ran with no grant beside granted ones (a timeout with on_timeout="unprotected", a hook's
+    # fallback, a refusal): each timed something nobody protected. A request cancelled before anything ran
+    # (RegionTimeout raised) is no timing.
+    ungranted = [r for r in regions if not r.get("granted_ns") and r.get("end") != "cancelled"]
+    if granted and ungranted:
+        names = sorted({r.get("name", "") for r in ungranted})
+        out.append(f"{len(ungranted)} region(s) ran without a grant ({', '.join(names)[:80]}: not_granted)")
     return out
 
 

@@ -1,6 +1,8 @@
-/* krex.h: mark a timing-critical region from C or C++. The functions are weak: a program built with
- * them runs unchanged without krex (the calls become no-ops returning -1). Link nothing; run the
- * program under `krex run` and libkrex.so supplies them. */
+/* krex.h: mark a timing-critical region from C or C++. Link nothing; run the program under `krex run` and
+ * libkrex.so supplies the functions. They are weak symbols: without krex their addresses are NULL, so call
+ * them through the krex_begin* / krex_end / krex_last_clean wrappers at the end of this file, which return -1
+ * then and let the program run unchanged (a direct call of a krex_region_* function without krex crashes;
+ * test `if (krex_region_begin)` first). Installed with krex as krex_ctl/_lib/krex.h, next to libkrex.so. */
 #ifndef KREX_H
 #define KREX_H
 #include <stdint.h>
@@ -64,6 +66,13 @@ int krex_region_last_timings(uint32_t *checked, uint32_t *late) KREX_WEAK;
 
 #ifndef KREX_SHIM_INTERNAL
 static inline int krex_begin(const char *name) { return krex_region_begin ? krex_region_begin(name) : -1; }
+static inline int krex_begin_mask(const char *name, uint64_t gpu_mask) {
+    return krex_region_begin_mask ? krex_region_begin_mask(name, gpu_mask) : -1;
+}
+/* -3: not granted within timeout_ms (< 0: no limit); the region goes on unprotected: end it with krex_end */
+static inline int krex_begin_timeout(const char *name, uint64_t gpu_mask, int timeout_ms) {
+    return krex_region_begin_timeout ? krex_region_begin_timeout(name, gpu_mask, timeout_ms) : -1;
+}
 static inline int krex_end(void) { return krex_region_end ? krex_region_end() : -1; }
 /* 1: the last region was exclusive and clean (its timing can be trusted); 0: it was not; -1: unknown */
 static inline int krex_last_clean(void) {

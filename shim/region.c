@@ -27,7 +27,7 @@ static pthread_cond_t region_cond;
 static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 
 static struct {
-    int state, depth, refused, lost, revoked, end_done, settled;
+    int state, depth, refused, lost, revoked, end_done, settled, gave_up;
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
@@ -160,12 +160,12 @@ static void finish_locked(uint32_t reason) {
 }
 
 /* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller (runs
- * unprotected), -2 refused */
+ * unprotected), -2 refused, -3 nested in a region whose wait was given up (krex_region_give_up) */
 KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
     krex_settle_prepare();
     lock();
     if (R.depth++ > 0) {
-        int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : -1;
+        int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : R.gave_up ? -3 : -1;
         pthread_mutex_unlock(&region_lock);
         return r;
     }
@@ -190,7 +190,9 @@ KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
 }
 
 /* after krex_region_request returned 1: 0 granted, 1 still waiting after timeout_ms (< 0: no limit),
- * -1 the controller went away, -2 refused */
+ * -1 the controller went away, -2 refused, -3 another thread of this process gave up the shared request
+ * (krex_region_give_up: its timeout ran out; the region is the process's, so it goes on unprotected for every
+ * thread in it, and each is told so rather than taking it for a grant or for no controller) */
 KREX_EXPORT int krex_region_wait(int timeout_ms) {
     lock();
     while (R.state == R_WAITING)
@@ -198,7 +200,7 @@ KREX_EXPORT int krex_region_wait(int timeout_ms) {
             pthread_mutex_unlock(&region_lock);
             return 1;
         }
-    int r = R.state == R_HELD ? 0 : R.refused ? -2 : -1;
+    int r = R.state == R_HELD ? 0 : R.refused ? -2 : R.gave_up ? -3 : -1;
     int settle = r == 0 && !R.settled;
     uint64_t id = R.region_id;
     int64_t seen = R.grant_seen_ns;
@@ -232,10 +234,12 @@ KREX_EXPORT int krex_region_give_up(void) {
     }
     struct krex_region_cancel c = {R.begin_seq, 0};
     ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
-    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1;
     R.flags &= ~(uint32_t)(KREX_REGION_GRANTED | KREX_REGION_EXCLUSIVE | KREX_REGION_CLEAN | KREX_REGION_ATTESTED);
     R.region_id = 0, R.granted_ns = 0, R.end_seq = 0, R.end_done = 0;
-    krex_log(KREX_LOG_WARNING, "region '%s' not granted in time: cancelled, timed without exclusivity", R.name);
+    pthread_cond_broadcast(&region_cond);   /* other threads waiting in the same region: -3 for them too */
+    krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request was cancelled%s", R.name,
+             R.depth > 1 ? " (for every thread in this process's region)" : "");
     pthread_mutex_unlock(&region_lock);
     return -3;
 }

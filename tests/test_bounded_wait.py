@@ -3,6 +3,7 @@
 RegionTimeout, C gets -3, the hooks time unprotected (in strict mode they raise krex.StrictError); the report
 marks the region not_granted."""
 
+import json
 import subprocess
 import sys
 
@@ -44,6 +45,7 @@ def test_python_timeout_raises_and_cancels(krex):
         regions = report_of(rep)["regions"]
         assert [x["name"] for x in regions] == ["bounded"]
         assert "not_granted" in regions[0]["taints"] and not regions[0]["exclusive"]
+        assert regions[0]["end"] == "cancelled"      # nothing ran in it: RegionTimeout was raised at its begin
     finally:
         holder.kill()
         holder.wait()
@@ -61,13 +63,13 @@ def test_c_begin_returns_minus_3_under_region_timeout(krex):
         # ended: a wait at a gate, which --region-timeout does not bound, as it does not bound one at a launch)
         p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        told = stderr_until(p, "not granted in time")      # never silent; said as the wait is given up
+        told = stderr_until(p, "not granted within its timeout")      # never silent; said as the wait is given up
         release.touch()
         out, err = p.communicate(timeout=120)
         r = subprocess.CompletedProcess(full, p.returncode, out, told + err)
         assert r.returncode == 0, r.stderr
         assert "begin=-3" in r.stdout and "exclusive=0" in r.stdout, r.stdout
-        assert "not granted in time" in r.stderr
+        assert "not granted within its timeout" in r.stderr
         assert queued(krex) == 0
         regions = report_of(rep)["regions"]
         assert len(regions) == 1 and "not_granted" in regions[0]["taints"], regions
@@ -107,6 +109,81 @@ def test_hooks_fall_back_to_an_unprotected_timing(krex):
         holder.wait()
 
 
+def test_threads_of_a_process_share_its_region_and_its_timeout(krex):
+    """A region is the process's: a thread waiting with no timeout beside one whose timeout runs out is told
+    the shared wait was given up (RegionTimeout), never left to time unprotected as if granted (before: its
+    wait returned as if no controller were there, and its block ran without a word)."""
+    krex.start_controller()
+    holder = hold_gpu(krex)
+    try:
+        script = krex.dir / "threads.py"
+        script.write_text(
+            "import json, threading, time, krex\n"
+            "out = {}\n"
+            "def wait(i, timeout):\n"
+            "    try:\n"
+            "        with krex.region(f'w{i}', timeout=timeout):\n"
+            "            out[i] = 'ran'\n"
+            "    except krex.RegionTimeout as e:\n"
+            "        out[i] = str(e)\n"
+            "a = threading.Thread(target=wait, args=(0, None))\n"
+            "a.start()\n"
+            "time.sleep(0.5)\n"
+            "b = threading.Thread(target=wait, args=(1, 1.0))\n"
+            "b.start()\n"
+            "a.join(60)\n"
+            "b.join(60)\n"
+            "print(json.dumps(out))\n")
+        r = krex.run([sys.executable, script], report=krex.dir / "t.json", timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["1"] == "krex: region 'w1' not granted within 1 s; the request was cancelled", out
+        assert out["0"].startswith("krex: region 'w0' not granted (another thread of this process in the same "
+                                   "region gave up its wait"), out
+        assert "for every thread in this process's region" in r.stderr and queued(krex) == 0
+        regions = report_of(krex.dir / "t.json")["regions"]
+        assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and regions[0]["end"] == "cancelled"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_strict_counts_a_region_that_ran_without_a_grant(krex):
+    """One region granted, one that timed out and ran unprotected (on_timeout="unprotected"): the run's timings
+    were not all protected, which the summary says and --strict turns into exit status 5 (before, the granted
+    one hid the other)."""
+    krex.start_controller()
+    script = krex.dir / "mixed.py"
+    script.write_text(
+        "import os, time, krex\n"
+        "with krex.region('granted'):\n"
+        "    pass\n"
+        "while not os.path.exists(os.environ['HELD']):\n"
+        "    time.sleep(0.05)\n"
+        "with krex.region('unprotected', timeout=0.5, on_timeout='unprotected') as r:\n"
+        "    pass\n"
+        "print('granted', r.granted)\n")
+    held = krex.dir / "held"
+    cmd = krex.run_cmd([sys.executable, script])
+    p = subprocess.Popen(cmd[:4] + ["--strict"] + cmd[4:], env=dict(krex.env, HELD=str(held)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = None
+    try:
+        wait_for(lambda: any(j["regions"] for j in krex.status()["jobs"]), timeout=60, what="the first region")
+        holder = hold_gpu(krex)
+        held.touch()
+        out, err = p.communicate(timeout=120)
+        assert "granted False" in out, err
+        assert "timings not protected: 1 region(s) ran without a grant (unprotected: not_granted)" in err, err
+        assert p.returncode == 5, err
+    finally:
+        p.kill()
+        p.wait()
+        if holder:
+            holder.kill()
+            holder.wait()
+
+
 def test_a_grant_within_the_timeout_is_an_ordinary_region(krex):
     krex.start_controller()
     r = krex.python("import krex\nwith krex.region('quick', timeout=30) as r:\n    pass\nprint(r.granted, r.exclusive)\n")
@@ -119,3 +196,21 @@ def test_bad_region_timeout_is_one_line_exit_2(krex):
                            env=dict(krex.env, **env), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert r.stderr.startswith("krex: ") and "seconds" in r.stderr
+
+
+def test_the_c_wrappers_run_unchanged_without_krex(tmp_path):
+    """krex.h's functions are weak (NULL without krex): its wrappers, the bounded-wait one included, return -1
+    and the program goes on (a direct call of krex_region_begin_timeout crashed with SIGSEGV)."""
+    from conftest import ROOT
+
+    src = tmp_path / "nokrex.c"
+    src.write_text('#include <stdio.h>\n#include "krex.h"\n'
+                   'int main(void) {\n'
+                   '    printf("%d %d %d %d %d\\n", krex_begin("a"), krex_begin_mask("b", 1), '
+                   'krex_begin_timeout("c", 0, 100), krex_end(), krex_last_clean());\n'
+                   '    return 0;\n}\n')
+    exe = tmp_path / "nokrex"
+    subprocess.run(["gcc", "-Wall", "-Werror", "-I", str(ROOT / "shim"), "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout == "-1 -1 -1 -1 -1\n", out

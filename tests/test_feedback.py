@@ -161,6 +161,15 @@ def test_launches_outside_regions_fail_only_with_hooks_and_only_when_all_are_out
     assert "(7 outside regions)" in feedback.summary(rep) and "launches (" not in feedback.summary({"launches": 0})
 
 
+def test_the_summary_says_a_region_was_still_open_when_its_process_exited():
+    """A region with no end (a crash, os._exit, a forgotten krex_region_end) was exclusive until its process
+    exited, but what it timed may be cut short: the summary says so."""
+    gone = {"name": "r", "granted_ns": 2, "exclusive": True, "clean": True, "taints": [], "end": "owner_gone"}
+    ended = dict(gone, end="normal")
+    assert "(2 exclusive, 2 clean, 1 still open when its process exited)" in feedback.summary({"regions": [gone, ended]})
+    assert "still open" not in feedback.summary({"regions": [ended]})
+
+
 def test_quiet_keeps_only_the_warning(krex):
     krex.start_controller()
     for how in (["--quiet"], ["-q"]):
