@@ -122,9 +122,16 @@ def _gpu_mask(gpu) -> int:
 
 def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] = None) -> int:
     """Block until this process holds the GPU(s) alone. 0: granted or nested; -1: no krex (unprotected);
-    -2: refused; -3: not granted within timeout seconds (default KREX_REGION_TIMEOUT; None: no limit): the
-    request was cancelled at the controller and the region runs unprotected, marked not_granted (end it
-    with krex_region_end as always). An exception while waiting (Ctrl-C) cancels the request and propagates."""
+    -2: refused; -3: not granted within timeout seconds (default KREX_REGION_TIMEOUT; None: no limit), or the
+    wait was given up by another thread's timeout (a region is the process's): the request was cancelled at
+    the controller and the region runs unprotected, marked not_granted (end it with krex_region_end as
+    always). An exception while waiting (Ctrl-C) cancels the request and propagates."""
+    return _begin(name, gpu, timeout)[0]
+
+
+def _begin(name: str, gpu, timeout: Optional[float]) -> tuple:
+    """krex_region_begin's status, and the timeout that ran out when it is -3: this call's own (seconds), or
+    None when another thread gave up the wait it shared."""
     mask = _gpu_mask(gpu)
     if timeout is None:
         timeout = env_timeout()
@@ -132,19 +139,20 @@ def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] =
         raise ValueError(f"timeout must be a number of seconds (0 or more), not {timeout!r}")
     lib = _shim()
     if lib is None:
-        return -1
+        return -1, None
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     r = lib.krex_region_request(name.encode()[:C.KREX_NAME_MAX - 1], mask)
     try:
         while r == 1:
             left = WAIT_SLICE_MS if deadline is None else min(WAIT_SLICE_MS, (deadline - time.monotonic()) * 1e3)
             if left <= 0:
-                return lib.krex_region_give_up()
+                r = lib.krex_region_give_up()
+                return r, (float(timeout) if r == -3 else None)
             r = lib.krex_region_wait(max(1, int(left)))   # cffi releases the GIL; signals are handled between slices
     except BaseException:
         lib.krex_region_cancel()
         raise
-    return r
+    return r, None
 
 
 def krex_region_end() -> int:
@@ -218,28 +226,35 @@ class region(contextlib.ContextDecorator):
 
     def __enter__(self) -> "region":
         self.info = None
-        # an exception here has cancelled the request
-        self.status = krex_region_begin(self.name, self.gpus, self.timeout)
-        if self.status == -3 and self.on_timeout == "raise":
-            lib = _shim()
-            if lib is not None:        # the unprotected region it became is closed, recorded not_granted, cancelled
-                lib.krex_region_cancel()
+        with _lock:                    # counted while it waits too: the shim's region is the process's, and a
+            _open["n"] += 1            # block that leaves it while another thread waits in it is not the last
+        try:
+            self.status, ran_out = _begin(self.name, self.gpus, self.timeout)   # an exception cancelled the request
+        except BaseException:
             with _lock:
-                outermost = _open["n"] == 0
-            if outermost:
-                self.info = last_region()
-                if self.info is not None:
-                    self.info.name = self.name
-            waited = self.timeout if self.timeout is not None else env_timeout()
-            within = f"within {waited:g} s" if waited is not None else \
+                _open["n"] -= 1
+            raise
+        if self.status == -3 and self.on_timeout == "raise":
+            self.close_unused()
+            within = f"within {ran_out:g} s" if ran_out is not None else \
                 "(another thread of this process in the same region gave up its wait: a region is the process's)"
             raise RegionTimeout(f"krex: region {self.name!r} not granted {within}; the request was cancelled")
-        with _lock:
-            _open["n"] += 1
         return self
 
     def __exit__(self, *exc) -> bool:
         krex_region_end()   # every begin, granted or not, is paired with an end (nesting depth)
+        self._left()
+        return False
+
+    def close_unused(self) -> None:
+        """Leave the region without having timed anything in it (RegionTimeout, a hook's strict refusal): if no
+        other block timed in it either, its record says `cancelled`, which no summary counts as a timing."""
+        lib = _shim()
+        if lib is not None:
+            lib.krex_region_cancel()
+        self._left()
+
+    def _left(self) -> None:
         with _lock:
             _open["n"] -= 1
             outermost = _open["n"] == 0
@@ -248,7 +263,6 @@ class region(contextlib.ContextDecorator):
             if self.info is not None:
                 self.info.name = self.name
                 _warn_host_bound(self.name, self.info)
-        return False
 
     def _get(self, attr: str):
         return getattr(self.info, attr) if self.info is not None else None

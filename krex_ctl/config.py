@@ -274,6 +274,9 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         value = getattr(cfg, name)
         if value is not None and (not isinstance(value, str) or not value):
             fail(name, f"must be a non-empty string, not {value!r}")
+    g = cfg.socket_group
+    if g is not None and g.isdigit() and (not g.isascii() or int(g) >= 2 ** 32 - 1):
+        fail("socket_group", f"{g!r} is not a group id (0 to {2 ** 32 - 2})")
 
 
 def load(path: Optional[str], **flags) -> Config:

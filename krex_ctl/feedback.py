@@ -222,7 +222,7 @@ def summary(rep: dict) -> str:
     bound = sum(bool(r.get("host_bound")) for r in regions)   # KREX_HOST_BOUND: the GPU waited for the host
     # still open when their process exited (no krex_region_end: a crash, os._exit, a forgotten end): what they
     # timed may be cut short, though the GPU was theirs alone until then
-    open_at_exit = sum(r.get("end") == "owner_gone" for r in regions)
+    open_at_exit = sum(r.get("end") == "owner_gone" and bool(r.get("granted_ns")) for r in regions)
     parts = [f"{n} region{'s' if n != 1 else ''} ({ex} exclusive, {clean} clean"
              + (f", {bound} host-bound" if bound else "")
              + (f", {open_at_exit} still open when its process exited" if open_at_exit else "")
@@ -272,9 +272,9 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
         taints = sorted({t for r in bad for t in r.get("taints", [])})
         out.append(f"{len(bad)} region(s) not exclusive ({', '.join(names)[:80]}: {', '.join(taints)})")
     # regions that ran with no grant beside granted ones (a timeout with on_timeout="unprotected", a hook's
-    # fallback, a refusal): each timed something nobody protected. A request cancelled before anything ran
-    # (RegionTimeout raised) is no timing.
-    ungranted = [r for r in regions if not r.get("granted_ns") and r.get("end") != "cancelled"]
+    # fallback, a refusal): each ended normally, having timed something nobody protected. One cancelled before
+    # anything ran in it (RegionTimeout, a hook's strict refusal) or whose process died waiting is no timing.
+    ungranted = [r for r in regions if not r.get("granted_ns") and r.get("end", "normal") == "normal"]
     if granted and ungranted:
         names = sorted({r.get("name", "") for r in ungranted})
         out.append(f"{len(ungranted)} region(s) ran without a grant ({', '.join(names)[:80]}: not_granted)")

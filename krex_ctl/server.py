@@ -1037,8 +1037,13 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot bind ({e.strerror})", 2) from None
     if cfg.socket_group:
-        try:   # a name, or a number (a container's pods share a gid, supplementalGroups, with no name for it)
-            gid = int(cfg.socket_group) if cfg.socket_group.isdigit() else grp.getgrnam(cfg.socket_group).gr_gid
+        try:   # a name, else a number (a container's pods share a gid, supplementalGroups, with no name for it)
+            try:
+                gid = grp.getgrnam(cfg.socket_group).gr_gid
+            except KeyError:
+                if not cfg.socket_group.isdigit():   # config.py: ASCII digits below 2**32 - 1
+                    raise
+                gid = int(cfg.socket_group)
             os.chown(path, -1, gid)
         except KeyError:
             raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None

@@ -28,6 +28,7 @@ static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 
 static struct {
     int state, depth, refused, lost, revoked, end_done, settled, gave_up;
+    int ran;                                      /* a block left it by krex_region_end: something ran in it */
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
@@ -159,13 +160,13 @@ static void finish_locked(uint32_t reason) {
     __atomic_store_n(&krex_region_open, depth > 0, __ATOMIC_RELAXED);
 }
 
-/* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller (runs
- * unprotected), -2 refused, -3 nested in a region whose wait was given up (krex_region_give_up) */
+/* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller, or nested
+ * in a region already running unprotected (a given-up wait among them: its block chose to run), -2 refused */
 KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
     krex_settle_prepare();
     lock();
     if (R.depth++ > 0) {
-        int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : R.gave_up ? -3 : -1;
+        int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : -1;
         pthread_mutex_unlock(&region_lock);
         return r;
     }
@@ -232,14 +233,17 @@ KREX_EXPORT int krex_region_give_up(void) {
         pthread_mutex_unlock(&region_lock);
         return krex_region_wait(0);
     }
+    /* given up before the cancel is sent: ask_end_locked lets go of the lock while it waits for the answer, and
+     * a grant that crosses the cancel must not be taken by another thread waiting in this region (it is given
+     * back at once as one nobody waits for, and the controller's answer to the cancel ends it too) */
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1;
+    krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request is cancelled%s", R.name,
+             R.depth > 1 ? " (for every thread in this process's region)" : "");
+    pthread_cond_broadcast(&region_cond);   /* other threads waiting in the same region: -3 for them too */
     struct krex_region_cancel c = {R.begin_seq, 0};
     ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
-    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1;
     R.flags &= ~(uint32_t)(KREX_REGION_GRANTED | KREX_REGION_EXCLUSIVE | KREX_REGION_CLEAN | KREX_REGION_ATTESTED);
     R.region_id = 0, R.granted_ns = 0, R.end_seq = 0, R.end_done = 0;
-    pthread_cond_broadcast(&region_cond);   /* other threads waiting in the same region: -3 for them too */
-    krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request was cancelled%s", R.name,
-             R.depth > 1 ? " (for every thread in this process's region)" : "");
     pthread_mutex_unlock(&region_lock);
     return -3;
 }
@@ -302,7 +306,7 @@ KREX_EXPORT int krex_region_cancel(void) {
         struct krex_region_cancel c = {R.begin_seq, 0};
         ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
     }
-    finish_locked(KREX_END_CANCELLED);
+    finish_locked(R.ran ? KREX_END_NORMAL : KREX_END_CANCELLED);   /* cancelled: nothing ran in it */
     pthread_mutex_unlock(&region_lock);
     return 0;
 }
@@ -316,6 +320,7 @@ KREX_EXPORT int krex_region_end(void) {
         return -1;
     }
     if (--R.depth > 0) {
+        R.ran = 1;
         pthread_mutex_unlock(&region_lock);
         return 0;
     }

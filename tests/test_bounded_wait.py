@@ -114,38 +114,58 @@ def test_threads_of_a_process_share_its_region_and_its_timeout(krex):
     the shared wait was given up (RegionTimeout), never left to time unprotected as if granted (before: its
     wait returned as if no controller were there, and its block ran without a word)."""
     krex.start_controller()
-    holder = hold_gpu(krex)
+    script = krex.dir / "threads.py"
+    script.write_text(
+        "import json, os, threading, time, krex\n"
+        "with krex.region('before'):\n"             # a granted region first: its info must not be taken
+        "    pass\n"                                  # for the timed-out one's
+        "while not os.path.exists(os.environ['HELD']):\n"
+        "    time.sleep(0.05)\n"
+        "out, infos = {}, {}\n"
+        "def wait(i, timeout):\n"
+        "    r = krex.region(f'w{i}', timeout=timeout)\n"
+        "    try:\n"
+        "        with r:\n"
+        "            out[i] = 'ran'\n"
+        "    except krex.RegionTimeout as e:\n"
+        "        out[i] = str(e)\n"
+        "    infos[i] = None if r.info is None else [r.info.name, r.info.granted]\n"
+        "a = threading.Thread(target=wait, args=(0, 60))\n"
+        "a.start()\n"
+        "time.sleep(0.5)\n"
+        "b = threading.Thread(target=wait, args=(1, 1.0))\n"
+        "b.start()\n"
+        "a.join(60)\n"
+        "b.join(60)\n"
+        "with krex.region('outer', timeout=0.5, on_timeout='unprotected') as o:\n"   # its own block chose
+        "    with krex.region('inner'):\n"                                           # to run: one nested in
+        "        out['inner'] = 'ran'\n"                                            # it runs too
+        "print(json.dumps([out, infos]))\n")
+    held = krex.dir / "held"
+    p = krex.popen([sys.executable, script], report=krex.dir / "t.json", env={"HELD": str(held)})
+    holder = None
     try:
-        script = krex.dir / "threads.py"
-        script.write_text(
-            "import json, threading, time, krex\n"
-            "out = {}\n"
-            "def wait(i, timeout):\n"
-            "    try:\n"
-            "        with krex.region(f'w{i}', timeout=timeout):\n"
-            "            out[i] = 'ran'\n"
-            "    except krex.RegionTimeout as e:\n"
-            "        out[i] = str(e)\n"
-            "a = threading.Thread(target=wait, args=(0, None))\n"
-            "a.start()\n"
-            "time.sleep(0.5)\n"
-            "b = threading.Thread(target=wait, args=(1, 1.0))\n"
-            "b.start()\n"
-            "a.join(60)\n"
-            "b.join(60)\n"
-            "print(json.dumps(out))\n")
-        r = krex.run([sys.executable, script], report=krex.dir / "t.json", timeout=120)
-        assert r.returncode == 0, r.stderr
-        out = json.loads(r.stdout)
+        wait_for(lambda: any(j["regions"] for j in krex.status()["jobs"]), timeout=60, what="the first region")
+        holder = hold_gpu(krex)
+        held.touch()
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out, infos = json.loads(stdout)
         assert out["1"] == "krex: region 'w1' not granted within 1 s; the request was cancelled", out
         assert out["0"].startswith("krex: region 'w0' not granted (another thread of this process in the same "
-                                   "region gave up its wait"), out
-        assert "for every thread in this process's region" in r.stderr and queued(krex) == 0
+                                   "region gave up its wait"), out          # not "within 60 s": not its own
+        assert out["inner"] == "ran", out
+        assert not any(i and i[1] for i in infos.values()), infos          # none told it was granted
+        assert "for every thread in this process's region" in stderr and queued(krex) == 0
         regions = report_of(krex.dir / "t.json")["regions"]
-        assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and regions[0]["end"] == "cancelled"
+        assert [x["name"] for x in regions] == ["before", "w0", "outer"], regions
+        assert "not_granted" in regions[1]["taints"] and regions[1]["end"] == "cancelled", regions
     finally:
-        holder.kill()
-        holder.wait()
+        p.kill()
+        p.wait()
+        if holder:
+            holder.kill()
+            holder.wait()
 
 
 def test_strict_counts_a_region_that_ran_without_a_grant(krex):

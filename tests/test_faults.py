@@ -305,6 +305,12 @@ def test_socket_group_and_mode(krex, tmp_path):
     krex.start_controller("--socket-group", "4242")    # a gid with no name (a Kubernetes supplementalGroups one)
     st = os.stat(krex.socket)
     assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == 4242
+    krex.stop()
+    for bad in ("4294967295", "99999999999", "\u00b2"):      # -1 to chown (no change), too large, not ASCII
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(tmp_path / "g.sock"),
+                              "--socket-group", bad], env=krex.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "--socket-group" in out.stderr, out
+        assert not (tmp_path / "g.sock").exists()
 
 
 def test_client_limit(krex, tmp_path):

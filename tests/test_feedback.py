@@ -168,6 +168,19 @@ def test_the_summary_says_a_region_was_still_open_when_its_process_exited():
     ended = dict(gone, end="normal")
     assert "(2 exclusive, 2 clean, 1 still open when its process exited)" in feedback.summary({"regions": [gone, ended]})
     assert "still open" not in feedback.summary({"regions": [ended]})
+    died_waiting = dict(gone, granted_ns=None, exclusive=False, clean=False, taints=["not_granted"])
+    assert "still open" not in feedback.summary({"regions": [died_waiting, ended]})
+
+
+def test_only_a_region_that_ran_without_a_grant_counts_as_an_unprotected_timing():
+    """Beside a granted region: one that ended normally with no grant timed something nobody protected; one
+    cancelled (RegionTimeout, a hook's strict refusal) or whose process died waiting timed nothing."""
+    granted = {"name": "g", "granted_ns": 2, "exclusive": True, "clean": True, "taints": [], "end": "normal"}
+    ran = {"name": "u", "granted_ns": None, "exclusive": False, "clean": False, "taints": ["not_granted"],
+           "end": "normal"}
+    assert feedback.unprotected({"regions": [granted, ran]}, True) == ["1 region(s) ran without a grant (u: not_granted)"]
+    for end in ("cancelled", "owner_gone"):
+        assert feedback.unprotected({"regions": [granted, dict(ran, end=end)]}, True) == [], end
 
 
 def test_quiet_keeps_only_the_warning(krex):

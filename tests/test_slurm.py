@@ -174,6 +174,11 @@ def test_task_prolog_waits_for_a_controller_that_restarts(krex, tmp_path):
     out = prolog(env)
     assert out.returncode == 0 and "export" not in out.stdout and "runs without krex" in out.stderr, out
     assert "restarting" not in out.stderr and time.monotonic() - t0 < 10
+    os.utime(beat, (time.time() + 3600, time.time() + 3600))   # touched in the future: a clock stepped back
+    t0 = time.monotonic()
+    out = prolog(env)
+    assert "runs without krex" in out.stderr and "restarting" not in out.stderr, out
+    assert time.monotonic() - t0 < 10
 
 
 def test_task_prolog_of_a_user_who_may_not_use_the_socket(tmp_path):

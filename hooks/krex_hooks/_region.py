@@ -37,7 +37,7 @@ def begin(name: str, on_timeout: str = "unprotected") -> krex.region:
     r = krex.region(name, on_timeout=on_timeout)
     r.__enter__()
     if r.status != 0 and strict():
-        r.__exit__(None, None, None)
+        r.close_unused()               # nothing is timed: the region's record says cancelled
         if r.status == -3:
             timeout = env_timeout()
             why = f"was not granted within KREX_REGION_TIMEOUT ({timeout:g} s)" if timeout is not None else \
