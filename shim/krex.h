@@ -36,9 +36,10 @@ struct krex_region_info {
 #define KREX_INFO_CLEAN 4          /* no taint at all: no disturbance was seen */
 #define KREX_INFO_ATTESTED 8       /* the GPU's own counters (NVML) were read at both ends */
 
-/* 0: granted (or nested in a held region); -1: krex absent or no controller (runs unprotected);
- * -2: the controller refused (see stderr); -3: not granted within KREX_REGION_TIMEOUT (runs unprotected).
- * Blocks until the region is exclusively granted. */
+/* 0: granted (or nested in a held region); -1: krex absent or no controller, or nested in a region that runs
+ * unprotected (runs unprotected); -2: the controller refused (see stderr); -3: not granted within
+ * KREX_REGION_TIMEOUT, or another thread's timeout gave up this process's shared wait: a region is the
+ * process's, its threads' calls fold into it (runs unprotected). Blocks until the region is exclusively granted. */
 int krex_region_begin(const char *name) KREX_WEAK;
 /* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i; 0 = every GPU of this job:
  * one request of a multi-GPU job covers all its GPUs, and its other processes' requests join it) */
