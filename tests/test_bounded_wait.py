@@ -3,6 +3,7 @@
 RegionTimeout, C gets -3, the hooks time unprotected (in strict mode they raise krex.StrictError); the report
 marks the region not_granted."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -18,6 +19,24 @@ def hold_gpu(krex, seconds=30, release=None):
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
              timeout=60, what="the holder's region granted")
     return holder
+
+
+@contextlib.contextmanager
+def gpu_held_after_its_first_region(krex, p, held):
+    """For a command p that has a region, then waits for the file held: once its first region is done, another
+    job holds GPU 0 and the file is made. Ends p and the holder after the block."""
+    holder = None
+    try:
+        wait_for(lambda: any(j["regions"] for j in krex.status()["jobs"]), timeout=60, what="the first region")
+        holder = hold_gpu(krex)
+        held.touch()
+        yield
+    finally:
+        p.kill()
+        p.wait()
+        if holder:
+            holder.kill()
+            holder.wait()
 
 
 def queued(krex) -> int:
@@ -143,11 +162,7 @@ def test_threads_of_a_process_share_its_region_and_its_timeout(krex):
         "print(json.dumps([out, infos]))\n")
     held = krex.dir / "held"
     p = krex.popen([sys.executable, script], report=krex.dir / "t.json", env={"HELD": str(held)})
-    holder = None
-    try:
-        wait_for(lambda: any(j["regions"] for j in krex.status()["jobs"]), timeout=60, what="the first region")
-        holder = hold_gpu(krex)
-        held.touch()
+    with gpu_held_after_its_first_region(krex, p, held):
         stdout, stderr = p.communicate(timeout=120)
         assert p.returncode == 0, stderr
         out, infos = json.loads(stdout)
@@ -160,12 +175,6 @@ def test_threads_of_a_process_share_its_region_and_its_timeout(krex):
         regions = report_of(krex.dir / "t.json")["regions"]
         assert [x["name"] for x in regions] == ["before", "w0", "outer"], regions
         assert "not_granted" in regions[1]["taints"] and regions[1]["end"] == "cancelled", regions
-    finally:
-        p.kill()
-        p.wait()
-        if holder:
-            holder.kill()
-            holder.wait()
 
 
 def test_strict_counts_a_region_that_ran_without_a_grant(krex):
@@ -187,21 +196,11 @@ def test_strict_counts_a_region_that_ran_without_a_grant(krex):
     cmd = krex.run_cmd([sys.executable, script])
     p = subprocess.Popen(cmd[:4] + ["--strict"] + cmd[4:], env=dict(krex.env, HELD=str(held)),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    holder = None
-    try:
-        wait_for(lambda: any(j["regions"] for j in krex.status()["jobs"]), timeout=60, what="the first region")
-        holder = hold_gpu(krex)
-        held.touch()
+    with gpu_held_after_its_first_region(krex, p, held):
         out, err = p.communicate(timeout=120)
         assert "granted False" in out, err
         assert "timings not protected: 1 region(s) ran without a grant (unprotected: not_granted)" in err, err
         assert p.returncode == 5, err
-    finally:
-        p.kill()
-        p.wait()
-        if holder:
-            holder.kill()
-            holder.wait()
 
 
 def test_a_grant_within_the_timeout_is_an_ordinary_region(krex):
