@@ -16,10 +16,10 @@ and is not waited for. A file touched longer ago than its grace costs nothing: a
 for good delays no command. systemd removes /run/krex when the unit stops for good
 (RuntimeDirectoryPreserve=restart keeps it over a restart only).
 
-The file is put in place before the socket is bound, as a fresh temporary file renamed over whatever is there
-(never written through a planted link; a directory there is refused in one line, exit status 2), with the
-modification time of the regular file of ours it replaces (a dead predecessor's wait goes on while we start),
-else the epoch (not fresh until we serve).
+The file is put in place before the socket is bound, as a fresh temporary file renamed over a predecessor's
+heartbeat (a regular file of ours or root's holding one), keeping its modification time (a dead predecessor's
+wait goes on while we start), else the epoch (not fresh until we serve). Anything else at that path (a link,
+a directory, another file) is never replaced: one line, exit status 2, nothing bound.
 
 Trust: the file is read through O_NOFOLLOW, must be a regular file of bounded size owned by root or by the
 reader, and says only how long to wait (capped at MAX_GRACE_S). A planted one can at worst delay its
@@ -61,11 +61,20 @@ class Heartbeat:
         flag = f"--socket {socket_path}: cannot put its heartbeat file {self.path} in place"
         try:
             old = os.lstat(self.path)
-            keep = old.st_mtime if stat.S_ISREG(old.st_mode) and old.st_uid in (0, os.geteuid()) else 0.0
         except FileNotFoundError:
-            keep = 0.0
+            old = None
         except OSError as e:
             raise KrexCommandError(f"{flag} ({e.strerror})", 2) from None
+        keep = 0.0
+        if old is not None:
+            if not stat.S_ISREG(old.st_mode):
+                what = "a symbolic link" if stat.S_ISLNK(old.st_mode) else \
+                    "a directory" if stat.S_ISDIR(old.st_mode) else "not a regular file"
+                raise KrexCommandError(f"{flag} (it is {what}; krex replaces only a heartbeat of its own)", 2)
+            if old.st_uid not in (0, os.geteuid()) or not is_heartbeat(self.path):
+                raise KrexCommandError(f"{flag} (a file there is not a krex heartbeat of this user's or root's; "
+                                       "move it away)", 2)
+            keep = old.st_mtime
         directory, name = os.path.split(os.path.abspath(self.path))
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -82,8 +91,7 @@ class Heartbeat:
                 os.unlink(tmp)
             except OSError:
                 pass
-            why = "a directory is there" if e.errno in (errno.EISDIR, errno.ENOTEMPTY) else e.strerror
-            raise KrexCommandError(f"{flag} ({why})", 2) from None
+            raise KrexCommandError(f"{flag} ({e.strerror})", 2) from None
         self.fd: Optional[int] = fd
 
     def touch(self) -> None:
@@ -100,6 +108,21 @@ class Heartbeat:
                 self.touch()
             os.close(self.fd)
             self.fd = None
+
+
+def is_heartbeat(path: str) -> bool:
+    """path holds a heartbeat's body (a JSON object with restart_grace_s), read without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = json.loads(os.read(fd, MAX_BYTES + 1))
+        return isinstance(data, dict) and "restart_grace_s" in data
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
 
 
 def seconds_left(socket_path: str, now: Optional[float] = None) -> Optional[float]:

@@ -673,26 +673,32 @@ def test_the_heartbeat_is_trusted_only_as_a_fresh_regular_file(tmp_path):
     assert heartbeat.seconds_left(sock) is None
 
 
-def test_the_heartbeat_is_put_in_place_before_the_socket_and_never_through_a_planted_link(krex, tmp_path):
-    """A directory at the heartbeat's path: one line, exit status 2, and nothing bound (no socket, no gate
-    file, no temporary file left). A link there is replaced, never written through."""
+def test_the_heartbeat_is_put_in_place_before_the_socket_and_replaces_only_a_heartbeat(krex, tmp_path):
+    """At the heartbeat's path a directory, a link or a file that is no heartbeat: one line, exit status 2,
+    nothing bound (no socket, no gate file, no temporary file left) and nothing there touched. A predecessor's
+    heartbeat is replaced."""
     sock = tmp_path / "c.sock"
     beat = Path(str(sock) + ".heartbeat")
-    beat.mkdir()
-    out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--restart-grace", "5"],
-                         env=krex.env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and out.stderr.strip() == \
-        f"krex: --socket {sock}: cannot put its heartbeat file {beat} in place (a directory is there)", out.stderr
-    assert not sock.exists() and not Path(str(sock) + ".gate").exists()
-    assert not list(tmp_path.glob(".c.sock.heartbeat.*"))
-    beat.rmdir()
     precious = tmp_path / "precious"
     precious.write_text("keep")
-    theirs = Path(str(krex.socket) + ".heartbeat")
-    theirs.symlink_to(precious)
+    for make, what in ((beat.mkdir, "it is a directory"), (lambda: beat.symlink_to(precious), "it is a symbolic link"),
+                       (lambda: beat.write_text("notes"), "a file there is not a krex heartbeat")):
+        make()
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock),
+                              "--restart-grace", "5"], env=krex.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and out.stderr.startswith(
+            f"krex: --socket {sock}: cannot put its heartbeat file {beat} in place ({what}"), out.stderr
+        assert not sock.exists() and not Path(str(sock) + ".gate").exists()
+        assert not list(tmp_path.glob(".c.sock.heartbeat.*")) and precious.read_text() == "keep"
+        if beat.is_dir() and not beat.is_symlink():
+            beat.rmdir()
+        else:
+            assert beat.is_symlink() or beat.read_text() == "notes"
+            beat.unlink()
+    beat.write_text(json.dumps({"pid": 1, "restart_grace_s": 9.0}))
+    krex.socket = sock
     krex.start_controller("--restart-grace", "5")
-    assert not theirs.is_symlink() and json.loads(theirs.read_text())["restart_grace_s"] == 5.0
-    assert precious.read_text() == "keep"
+    assert json.loads(beat.read_text()) == {"pid": krex.ctl.pid, "restart_grace_s": 5.0}
 
 
 def test_the_heartbeat_is_touched_while_the_socket_is_the_one_bound(krex, tmp_path):
