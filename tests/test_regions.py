@@ -144,7 +144,13 @@ def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leave
     krex.start_controller(default_freeze=True)
     busy, busy_pid = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_US="20000", SNIPPET_STREAMS="2")  # 20 ms kernels
     idle, idle_pid = krex.start_sibling(SNIPPET_MS="4000", SNIPPET_STREAMS="0")    # a context, nothing launched
-    time.sleep(0.3)
+    # both with their context, and the busy one in its launch loop, before the region: registered is not enough
+    # on a loaded machine (a clean-clone CI run once drained before the busy one's context existed: it was no
+    # sibling yet, and its context then waited at the gate unfrozen)
+    wait_for(lambda: {c["pid"] for c in krex.status()["clients"] if c["gpus"]} >= {busy_pid, idle_pid},
+             what="both siblings' contexts")
+    wait_for(lambda: any(t[0] == busy_pid and t[4] == "hog" for t in krex.trace_lines()),
+             what="the busy sibling's first kernel")
     owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
                        env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "1500000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
