@@ -147,10 +147,14 @@ def main() -> int:
         c, pid = ctl["counters"], ctl["controller"]["pid"]
         # a context begun just as a region closed the gate is drained with the region; one found only after the
         # drain would taint it late_context
-        print(f"the controller: {c['regions_granted']} regions granted, {c['frozen_total']} neighbour freezes, "
-              f"{c['late_contexts_drained']} contexts begun as a region started drained with it, "
-              f"{c['late_contexts_tainted']} regions tainted late_context (`krex status` shows the queue while "
-              "commands run)")
+        def n(count: int, what: str) -> str:    # what: its plural's "s" at the "|"
+            return f"{count} {what.replace('|', '' if count == 1 else 's')}"
+
+        print(f"the controller: {n(c['regions_granted'], 'region| granted')}, "
+              f"{n(c['frozen_total'], 'neighbour freeze|')}, "
+              f"{n(c['late_contexts_drained'], 'context| begun as a region started, drained with it')}, "
+              f"{n(c['late_contexts_tainted'], 'region| tainted late_context')} (`krex status` shows the queue "
+              "while commands run)")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and alive(pid):
