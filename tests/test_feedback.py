@@ -603,6 +603,7 @@ def test_a_trace_file_that_exists_is_kept_and_the_regions_go_to_a_new_one(krex, 
     assert json.loads((tmp_path / "regions.2.json").read_text())
     krex.start_controller("--trace", str(precious), "--log-level", "info")
     wait_for(lambda: (tmp_path / "regions.3.json").exists(), what="the new trace file")
+    krex.status()           # its loop serves, its SIGTERM handler in place (it answers once bound, before that)
     krex.ctl.terminate()
     krex.ctl.wait()
     assert precious.read_text() == "mine" and json.loads((tmp_path / "regions.3.json").read_text()) == []
