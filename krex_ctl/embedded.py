@@ -1,8 +1,6 @@
 """Find a controller that answers, or start an embedded per-user one (no root, no sysadmin needed)."""
 
-import errno
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,25 +9,7 @@ from typing import Optional
 
 from . import heartbeat, paths
 from .errors import KrexCommandError
-
-
-def answers(path: Path) -> bool:
-    return reach(path) == 0
-
-
-def reach(path: Path) -> int:
-    """0 when something answers at path, else connect()'s errno (ETIMEDOUT for a timeout)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    s.settimeout(2.0)
-    try:
-        s.connect(str(path))
-        return 0
-    except socket.timeout:
-        return errno.ETIMEDOUT
-    except OSError as e:
-        return e.errno or errno.EIO
-    finally:
-        s.close()
+from .sockfiles import answers, reach
 
 
 def restarting(path: Path) -> bool:
@@ -55,16 +35,10 @@ def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
 def warn_warm_workers(path: Path, asked: str) -> None:
     """KREX_WARM_WORKERS goes to a controller `krex run` starts; one that already serves keeps its own setting:
     say so in one line when that differs (the command would otherwise run cold without a word)."""
-    from .wire import ops
-    from .wire.client import Connection, ControllerError
-    from .wire.frames import C
+    from .wire.client import ControllerError, ask_status
 
     try:
-        conn = Connection(path, C.KREX_ROLE_CLI, io_timeout=5.0)
-        try:
-            st = conn.request(ops.STATUS)
-        finally:
-            conn.close()
+        st = ask_status(path, io_timeout=5.0)
         has = int(st["controller"]["config"].get("warm_workers", 0))
         pid = st["controller"]["pid"]
     except (ControllerError, KrexCommandError, OSError, KeyError, TypeError, ValueError):

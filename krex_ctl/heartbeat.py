@@ -71,7 +71,7 @@ class Heartbeat:
                 what = "a symbolic link" if stat.S_ISLNK(old.st_mode) else \
                     "a directory" if stat.S_ISDIR(old.st_mode) else "not a regular file"
                 raise KrexCommandError(f"{flag} (it is {what}; krex replaces only a heartbeat of its own)", 2)
-            if old.st_uid not in (0, os.geteuid()) or not is_heartbeat(self.path):
+            if read(self.path) is None:
                 raise KrexCommandError(f"{flag} (a file there is not a krex heartbeat of this user's or root's; "
                                        "move it away)", 2)
             keep = old.st_mtime
@@ -110,37 +110,36 @@ class Heartbeat:
             self.fd = None
 
 
-def is_heartbeat(path: str) -> bool:
-    """path holds a heartbeat's body (a JSON object with restart_grace_s), read without following a link."""
+def read(path: str) -> Optional[tuple]:
+    """(its body, its stat) of a heartbeat we may trust at path: a regular file of at most MAX_BYTES, root's or
+    ours, holding a JSON object with restart_grace_s, read without following a link; None otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        data = json.loads(os.read(fd, MAX_BYTES + 1))
-        return isinstance(data, dict) and "restart_grace_s" in data
-    except (OSError, ValueError):
-        return False
-    finally:
-        os.close(fd)
-
-
-def seconds_left(socket_path: str, now: Optional[float] = None) -> Optional[float]:
-    """How much longer a controller that served at socket_path may take to come back: its grace less the time
-    since its heartbeat's last touch; None without a trusted, fresh heartbeat."""
-    try:
-        fd = os.open(socket_path + SUFFIX, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES or st.st_uid not in (0, os.geteuid()):
             return None
-        grace = float(json.loads(os.read(fd, MAX_BYTES))["restart_grace_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        body = json.loads(os.read(fd, MAX_BYTES))
+    except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
+    return (body, st) if isinstance(body, dict) and "restart_grace_s" in body else None
+
+
+def seconds_left(socket_path: str, now: Optional[float] = None) -> Optional[float]:
+    """How much longer a controller that served at socket_path may take to come back: its grace less the time
+    since its heartbeat's last touch; None without a trusted, fresh heartbeat."""
+    found = read(socket_path + SUFFIX)
+    if found is None:
+        return None
+    body, st = found
+    try:
+        grace = float(body["restart_grace_s"])
+    except (ValueError, TypeError):
+        return None
     if not 0 < grace <= MAX_GRACE_S:
         return None
     left = st.st_mtime + grace - (time.time() if now is None else now)

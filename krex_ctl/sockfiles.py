@@ -82,14 +82,21 @@ def lock_holder(path: str) -> Optional[int]:
     return None
 
 
-def answers(path: str) -> bool:
+def answers(path) -> bool:
+    return reach(path) == 0
+
+
+def reach(path) -> int:
+    """0 when something answers at path, else connect()'s errno (ETIMEDOUT for a timeout)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     s.settimeout(2.0)
     try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
+        s.connect(str(path))
+        return 0
+    except socket.timeout:
+        return errno.ETIMEDOUT
+    except OSError as e:
+        return e.errno or errno.EIO
     finally:
         s.close()
 

@@ -13,9 +13,7 @@ import click
 
 from .. import paths
 from ..errors import KrexCommandError
-from ..wire.frames import C
-from ..wire import ops
-from ..wire.client import Connection, ControllerError
+from ..wire.client import ControllerError, ask_status
 
 
 def clients_line(st: dict) -> str:
@@ -145,11 +143,7 @@ def table(st: dict):
 
 
 def fetch(socket_path) -> dict:
-    conn = Connection(socket_path or paths.default_socket(), C.KREX_ROLE_CLI, io_timeout=10.0)
-    try:
-        return conn.request(ops.STATUS)
-    finally:
-        conn.close()
+    return ask_status(socket_path or paths.default_socket())
 
 
 def watch(socket_path, period: float) -> None:

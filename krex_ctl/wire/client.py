@@ -55,6 +55,18 @@ def bind_private(path: str) -> socket.socket:
     return sock
 
 
+def ask_status(path, io_timeout: float = 10.0) -> dict:
+    """A controller's status (ops.STATUS), asked as `krex status` asks it."""
+    from . import ops
+    from .frames import C
+
+    conn = Connection(path, C.KREX_ROLE_CLI, io_timeout=io_timeout)
+    try:
+        return conn.request(ops.STATUS)
+    finally:
+        conn.close()
+
+
 class Connection:
     """A blocking client connection: HELLO at construction (KrexCommandError, exit status 3, when no
     controller takes it), then frames and JSON requests."""
