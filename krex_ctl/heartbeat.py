@@ -35,6 +35,7 @@ from typing import Optional
 
 from . import paths
 from .errors import KrexCommandError
+from .wire import runtime
 
 SUFFIX = ".heartbeat"
 MAX_BYTES = 4096
@@ -111,21 +112,14 @@ class Heartbeat:
 
 
 def read(path: str) -> Optional[tuple]:
-    """(its body, its stat) of a heartbeat we may trust at path: a regular file of at most MAX_BYTES, root's or
-    ours, holding a JSON object with restart_grace_s, read without following a link; None otherwise."""
+    """(its body, its stat) of a heartbeat we may trust at path (wire/runtime.py's rule: a regular file of at
+    most MAX_BYTES, root's or ours, read without following a link) holding a JSON object with restart_grace_s;
+    None otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        text, st = runtime.read_trusted_with_stat(path, MAX_BYTES)
+        body = json.loads(text)
+    except (OSError, ValueError):      # UntrustedFile is an OSError, a bad UTF-8 or JSON body a ValueError
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES or st.st_uid not in (0, os.geteuid()):
-            return None
-        body = json.loads(os.read(fd, MAX_BYTES))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
     return (body, st) if isinstance(body, dict) and "restart_grace_s" in body else None
 
 

@@ -48,6 +48,11 @@ def read_trusted(path: str, max_bytes: int) -> str:
     """The text of a runtime file we may trust. FileNotFoundError when there is none; UntrustedFile when
     it is a link, not a regular file, someone else's, or larger than max_bytes (O_NONBLOCK: a FIFO planted
     there cannot hang us in open)."""
+    return read_trusted_with_stat(path, max_bytes)[0]
+
+
+def read_trusted_with_stat(path: str, max_bytes: int) -> tuple:
+    """read_trusted's text, and the file's stat (its modification time, say) as it was read."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -62,7 +67,7 @@ def read_trusted(path: str, max_bytes: int) -> str:
         os.close(fd)
     if len(data) > max_bytes:
         raise UntrustedFile(f"{path} is larger than a krex runtime file")
-    return data.decode("utf-8", errors="strict")
+    return data.decode("utf-8", errors="strict"), st
 
 
 # ---- SOCKET.reserved ------------------------------------------------------------------------------------
