@@ -59,6 +59,7 @@ class Heartbeat:
 
     def __init__(self, socket_path: str, grace_s: float):
         self.path = socket_path + SUFFIX
+        self.grace_s = grace_s
         flag = f"--socket {socket_path}: cannot put its heartbeat file {self.path} in place"
         try:
             old = os.lstat(self.path)

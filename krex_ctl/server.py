@@ -174,6 +174,7 @@ class Controller(RegionEffects):
         # put in place by bind())
         self.heartbeat: Optional[Heartbeat] = HEARTBEATS.pop(socket_path, None)
         self.heartbeat_lost = False
+        self.lock_fd: Optional[int] = LOCKS.get(socket_path)    # ours while we serve: a removed socket is bound again
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
@@ -235,9 +236,8 @@ class Controller(RegionEffects):
             self.every(1.0, self.pool.reap)
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
-        if self.heartbeat is not None:
-            self.beat()
-            self.every(1.0, self.beat)
+        self.beat()
+        self.every(1.0, self.beat)
         try:
             while self.running:
                 timeout = None
@@ -327,14 +327,54 @@ class Controller(RegionEffects):
         self.logged[key] = [now, 0]
 
     def beat(self) -> None:
-        """Touch the heartbeat while our socket is still the one we bound: one removed or replaced under us
+        """Every second: our socket removed under us (nothing at its path, our lock file still ours) is bound
+        again; the heartbeat is touched while our socket is the one we bound. One replaced by another file
         reaches nobody, and a fresh heartbeat would keep every `krex run` waiting for a restart."""
-        if sockfiles.identity(self.socket_path) == BOUND.get(self.socket_path):
+        if sockfiles.identity(self.socket_path) != BOUND.get(self.socket_path) and not self.rebind():
+            if not self.heartbeat_lost:
+                self.heartbeat_lost = True
+                log.warning("our socket %s was replaced, or removed with its lock file: no command can reach this "
+                            "controller; the heartbeat is no longer touched (restart the controller)",
+                            self.socket_path)
+            return
+        self.heartbeat_lost = False
+        if self.heartbeat is not None:
             self.heartbeat.touch()
-        elif not self.heartbeat_lost:
-            self.heartbeat_lost = True
-            log.warning("our socket %s was removed or replaced: no command can reach this controller; the heartbeat "
-                        "is no longer touched (restart the controller)", self.socket_path)
+
+    def rebind(self) -> bool:
+        """Bind our socket again where it was removed (by hand, a cleaner of old files): only where nothing is
+        at its path and the lock file there is still the one we hold (else another controller may have taken
+        the path since). The heartbeat is put back first when it went too. False where it is not ours to bind."""
+        path = self.socket_path
+        try:
+            os.lstat(path)
+            return False                  # something else is there now: never ours to remove
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        try:
+            held, there = os.fstat(self.lock_fd), os.lstat(path + ".lock")
+        except (OSError, TypeError):
+            return False
+        if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+            return False
+        try:
+            if self.heartbeat is not None and not os.path.lexists(self.heartbeat.path):
+                self.heartbeat.close(last_touch=False)
+                self.heartbeat = Heartbeat(path, self.heartbeat.grace_s)
+            listener = listen_at(self.cfg, path)
+        except KrexCommandError as e:
+            self.rate_log("rebind", logging.ERROR, "our socket %s was removed; binding it again failed: %s", path, e)
+            return False
+        listener.setblocking(False)
+        if self.listening:
+            self.sel.unregister(self.listener)
+            self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
+        self.listener.close()             # its connections stay: only the listening socket goes
+        self.listener = listener
+        log.warning("our socket %s was removed; bound it again: commands reach this controller again", path)
+        return True
 
     def check_idle(self) -> None:
         pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
@@ -1012,26 +1052,33 @@ def job_report_page(job, offset: int) -> dict:
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
 HEARTBEATS: dict[str, Heartbeat] = {}               # socket path -> its heartbeat, from bind() to the Controller
+LOCKS: dict[str, int] = {}                          # socket path -> the descriptor of its lock file we hold
 STALE: dict[str, bool] = {}                         # socket path -> a dead controller's socket was replaced
 
 
 def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     """Take the socket's lock file and bind. Two controllers on one socket: the second gets a clear error."""
-    import grp
-
     parent = os.path.dirname(os.path.abspath(path)) or "/"
     if not os.path.isdir(parent):
         raise KrexCommandError(f"--socket {path}: the directory {parent} does not exist", 2)
     if len(os.fsencode(path)) > 107:
         raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
     sockfiles.check_dir(path)
-    lock_fd = sockfiles.take_lock(path)
+    LOCKS[path] = lock_fd = sockfiles.take_lock(path)
     stale_socket = sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
     # a gate file that is not a dead controller's of ours is refused before our socket exists (enforce/gate.py
     # creates ours)
     STALE[path] = sockfiles.remove_stale_gate_file(path + ".gate", C.KREX_GATE_MAGIC) or stale_socket
     if cfg.restart_grace_s:        # before the socket: refused, nothing is bound
         HEARTBEATS[path] = Heartbeat(path, float(cfg.restart_grace_s))
+    return listen_at(cfg, path), lock_fd
+
+
+def listen_at(cfg: Config, path: str) -> socket.socket:
+    """The listening socket at path with the configured group and mode (at the start, and again where ours
+    was removed under us)."""
+    import grp
+
     try:
         sock = client.bind_private(path)
     except OSError as e:
@@ -1052,4 +1099,4 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     os.chmod(path, cfg.socket_mode)
     sock.listen(512)
     BOUND[path] = sockfiles.identity(path)
-    return sock, lock_fd
+    return sock

@@ -701,23 +701,40 @@ def test_the_heartbeat_is_put_in_place_before_the_socket_and_replaces_only_a_hea
     assert json.loads(beat.read_text()) == {"pid": krex.ctl.pid, "restart_grace_s": 5.0}
 
 
-def test_the_heartbeat_is_touched_while_the_socket_is_the_one_bound(krex, tmp_path):
-    """Touched every second, so a controller that dies long after its start is still waited for; not touched
-    once its socket has been removed under it (nothing can reach it: a fresh heartbeat would keep every
-    `krex run` waiting for a restart that is not coming), which its log says, nor at its stop then."""
-    from krex_ctl import heartbeat
+def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp_path):
+    """The heartbeat is touched every second, so a controller that dies long after its start is still waited
+    for. Its socket removed under it (by hand, a cleaner of old files) is bound again within a second, its
+    heartbeat put back with it, and commands reach it again. A file put in its place is left as it is: nothing
+    can reach the controller, which its log says, and its heartbeat is no longer touched (a fresh one would keep
+    every `krex run` waiting for a restart that is not coming), nor at its stop."""
+    from krex_ctl import heartbeat, sockfiles
 
     krex.start_controller("--restart-grace", "2")
+    beat = Path(str(krex.socket) + heartbeat.SUFFIX)
     wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
     time.sleep(3)
     assert heartbeat.seconds_left(str(krex.socket))           # 3 s after the first touch, with a grace of 2
+    mode = krex.socket.stat().st_mode
     krex.socket.unlink()
+    beat.unlink()
+    wait_for(lambda: sockfiles.answers(str(krex.socket)), timeout=10, what="the socket bound again")
+    assert krex.socket.stat().st_mode == mode
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), timeout=10, what="the heartbeat put back")
+    assert "was removed; bound it again" in krex.ctl_log.read_text()
+    out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0, out.stderr
+
+    squatter = tmp_path / "squatter"
+    squatter.write_text("not a socket\n")
+    os.replace(squatter, krex.socket)                          # one rename: never a moment with nothing there
     time.sleep(3)
     assert heartbeat.seconds_left(str(krex.socket)) is None
-    assert "was removed or replaced: no command can reach this controller" in krex.ctl_log.read_text()
+    assert "was replaced, or removed with its lock file: no command can reach this controller" in \
+        krex.ctl_log.read_text()
     krex.ctl.terminate()
     krex.ctl.wait()
     assert heartbeat.seconds_left(str(krex.socket)) is None
+    assert krex.socket.read_text() == "not a socket\n"      # never ours to remove
 
 
 def test_a_dead_controllers_reserved_cores_are_cleared_when_the_next_one_starts(krex, tmp_path):
