@@ -94,9 +94,12 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
     for r in runs:
         by_mode.setdefault(f"{r['mode']}:{r['agents']}", []).extend(r["rows"])
     clocks = {k: c for k, rows_ in by_mode.items() if (c := T.region_clocks(rows_))}
+    cpu = {f"{r['mode']}:{r['agents']}": {k: r[k] for k in ("node_cpu_busy_pct", "controller_cpu_s", "wall_s") if k in r}
+           for r in runs if "node_cpu_busy_pct" in r and r["mode"] not in T.REFERENCE_MODES}
     phases = {k: p for k, rows_ in by_mode.items() if (p := command_phases(rows_))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
             "region_clock_mhz": clocks, **({"command_phases_s": phases} if phases else {}),
+            **({"cpu_use": cpu} if cpu else {}),
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
             "repeat_spread_pct": ref["repeat_spread_pct"], "unstable": ref["unstable"],
             **({"left_out": ref["left_out"]} if leave_out else {}),
@@ -221,6 +224,12 @@ def table(result) -> str:
                    "time lie within the first four; gate_wait holds lifecycle_wait): " + ", ".join(
                        f"{k} " + " / ".join(f"{p[x]:.2f}" for x in ("wall",) + PHASES) + f" ({p['commands']})"
                        for k, p in result["command_phases_s"].items()))
+    if result.get("cpu_use"):
+        out.append("the node's CPUs while each mode ran (busy %, of all of them; its controller's CPU seconds over "
+                   "the mode's wall seconds): " + ", ".join(
+                       f"{k} {c['node_cpu_busy_pct']}%" + (f", controller {c['controller_cpu_s']:.1f} s of "
+                                                            f"{c['wall_s']:.0f} s" if "controller_cpu_s" in c else "")
+                       for k, c in result["cpu_use"].items()))
     out.append("")
     out.append(f"best: {result['best_policy']} ({result['best_reason']}); unstable kernels left out: "
                f"{', '.join(result['unstable']) or 'none'}"

@@ -375,6 +375,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     kenv, warmup = ctls.get(mode, agents) if mode.startswith("krex") else (None, 0.0)
     workers_before = {w["pid"] for w in krex_status(kenv)["workers"]} if mode in WARM_MODES else set()
     neighbour = start_neighbour(kenv, tmp, mode) if mode == "krexsolobusy" else None
+    cpu = CpuUse(ctls.live[mode][0].pid if mode in ctls.live else None)
     t_start, started_unix = time.monotonic(), time.time()
 
     def agent(aid: int) -> None:
@@ -448,7 +449,7 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
             stop_neighbour(*neighbour)
     wall = max((r["start_s"] + r["wall_s"] for r in rows), default=0.0)
     ok = [r for r in rows if r.get("exit") == 0 and "candidate_ms" in r]
-    extra = {}
+    extra = cpu.since()
     if mode in WARM_MODES:
         now = {w["pid"] for w in krex_status(kenv)["workers"]}
         extra = {"warmup_s": round(warmup, 2), "workers_replaced": len(workers_before - now),
@@ -459,6 +460,34 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
             "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows,
             # when the mode ran (the node's clock): what else was sampled then, e.g. NVML's power state
             "started_unix": round(started_unix, 3), "ended_unix": round(time.time(), 3), **extra}
+
+
+class CpuUse:
+    """What a mode's run cost the node's CPUs: how busy they were (all of them, user + system + the rest but
+    idle and iowait, from psutil's system-wide counters) and the CPU seconds of its controller (without its
+    children: the resumer, warm workers), from when it was made to since()."""
+
+    def __init__(self, controller_pid: Optional[int]):
+        import psutil
+        self.node0 = psutil.cpu_times()
+        try:
+            self.ctl = psutil.Process(controller_pid) if controller_pid else None
+            self.ctl0 = sum(self.ctl.cpu_times()[:2]) if self.ctl else 0.0
+        except psutil.Error:
+            self.ctl = None
+
+    def since(self) -> dict:
+        import psutil
+        now = psutil.cpu_times()
+        total = sum(now) - sum(self.node0)
+        idle = (now.idle - self.node0.idle) + (getattr(now, "iowait", 0.0) - getattr(self.node0, "iowait", 0.0))
+        out = {"node_cpu_busy_pct": round(100.0 * (total - idle) / total, 1) if total > 0 else None}
+        if self.ctl is not None:
+            try:
+                out["controller_cpu_s"] = round(sum(self.ctl.cpu_times()[:2]) - self.ctl0, 2)
+            except psutil.Error:
+                pass
+        return out
 
 
 def start_neighbour(kenv: dict, tmp: Path, mode: str) -> tuple:

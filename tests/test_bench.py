@@ -290,6 +290,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert ph["before"] + ph["import"] + ph["inside"] + ph["after"] == pytest.approx(ph["wall"], abs=0.02), ph
     assert set(data["command_phases_s"]) == {f"{r['mode']}:{r['agents']}" for r in data["runs"]}   # naive too
     assert "a command's wall time, mean s (wall / before / import / inside / after" in md.read_text()
+    cpu = data["cpu_use"]            # what each shared mode cost the node's CPUs, its controller's apart
+    assert set(cpu) == {"naive:2", "krex:2", "krexnofreeze:2", "krexbusy:2"}, cpu
+    assert all(0 < c["node_cpu_busy_pct"] <= 100 for c in cpu.values()) and "controller_cpu_s" not in cpu["naive:2"]
+    assert all(0 < c["controller_cpu_s"] < c["wall_s"] for k, c in cpu.items() if k != "naive:2"), cpu
+    assert "the node's CPUs while each mode ran (busy %" in md.read_text()
     assert "| busy | 2 |" in md.read_text()
     assert "per kernel: median signed inflation" in md.read_text()
     # --host-bound-check: every krex command's timings say whether their region was host-bound (the stand-in
