@@ -163,7 +163,10 @@ def raise_fd_limit() -> int:
 class Controller(RegionEffects):
     def __init__(self, cfg: Config, listener: socket.socket, socket_path: str):
         self.cfg = cfg
-        self.listener = listener
+        # listening sockets by (device, inode): the one bound at the start, and one more each time ours was
+        # removed (rebind; the oldest closed past MAX_LISTENERS); an earlier one stays open, so that one moved
+        # away and back is still ours
+        self.listeners: dict = {BOUND.get(socket_path): listener}
         self.socket_path = socket_path
         self.sel = selectors.DefaultSelector()
         self.gate = GatePage(cfg.clock_settle_ms, cfg.clock_settle_pct, cfg.gate_contexts, cfg.gate_exit)
@@ -217,7 +220,7 @@ class Controller(RegionEffects):
         self.spare_fd: Optional[int] = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self.listening = True
         listener.setblocking(False)
-        self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
+        self.sel.register(listener, selectors.EVENT_READ, ("accept", listener))
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -277,9 +280,9 @@ class Controller(RegionEffects):
         finally:
             self.shutdown()
 
-    def dispatch(self, kind: str, client: Optional[Client], mask: int) -> None:
+    def dispatch(self, kind: str, client, mask: int) -> None:
         if kind == "accept":
-            self.accept()
+            self.accept(client)    # here: the listening socket that is ready
         elif kind == "signal":
             data = self._wake_r.recv(64)
             if any(b in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) for b in data):
@@ -330,7 +333,10 @@ class Controller(RegionEffects):
         """Every second: our socket removed under us (nothing at its path, our lock file still ours) is bound
         again; the heartbeat is touched while our socket is the one we bound. One replaced by another file
         reaches nobody, and a fresh heartbeat would keep every `krex run` waiting for a restart."""
-        if sockfiles.identity(self.socket_path) != BOUND.get(self.socket_path) and not self.rebind():
+        here = sockfiles.identity(self.socket_path)
+        if here is not None and here in self.listeners:    # the last one bound, or one moved away and back
+            BOUND[self.socket_path] = here
+        elif not self.rebind():
             if not self.heartbeat_lost:
                 self.heartbeat_lost = True
                 log.warning("our socket %s was replaced, or removed with its lock file: no command can reach this "
@@ -369,10 +375,13 @@ class Controller(RegionEffects):
             return False
         listener.setblocking(False)
         if self.listening:
-            self.sel.unregister(self.listener)
-            self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
-        self.listener.close()             # its connections stay: only the listening socket goes
-        self.listener = listener
+            self.sel.register(listener, selectors.EVENT_READ, ("accept", listener))
+        self.listeners[BOUND[path]] = listener
+        while len(self.listeners) > MAX_LISTENERS:
+            old = self.listeners.pop(next(iter(self.listeners)))
+            if self.listening:
+                self.sel.unregister(old)
+            old.close()
         log.warning("our socket %s was removed; bound it again: commands reach this controller again", path)
         return True
 
@@ -385,22 +394,22 @@ class Controller(RegionEffects):
             self.running = False
 
     # ---- connections -----------------------------------------------------------------------------
-    def accept(self) -> None:
+    def accept(self, listener: socket.socket) -> None:
         for _ in range(256):         # a batch, then the other events get their turn
             try:
-                sock, _ = self.listener.accept()
+                sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.shed_connection(e)
+                    self.shed_connection(e, listener)
                     return
                 if e.errno in (errno.ECONNABORTED, errno.EPROTO):
                     continue
                 raise
             self.take(sock)
 
-    def shed_connection(self, e: OSError) -> None:
+    def shed_connection(self, e: OSError, listener: socket.socket) -> None:
         """Out of descriptors: with the spare one, take the connection only to say so and close it (the
         listener would otherwise stay readable and this loop spin); without it, stop listening briefly."""
         self.counters["refused_connections"] += 1
@@ -409,7 +418,7 @@ class Controller(RegionEffects):
             os.close(self.spare_fd)
             self.spare_fd = None
             try:
-                sock, _ = self.listener.accept()
+                sock, _ = listener.accept()
                 try:
                     sock.setblocking(False)
                     self.note_refused(sock)
@@ -427,12 +436,14 @@ class Controller(RegionEffects):
                 pass
             self.keep_spare_fd()
         if self.spare_fd is None and self.listening:
-            self.sel.unregister(self.listener)
+            for each in self.listeners.values():
+                self.sel.unregister(each)
             self.listening = False
 
             def resume() -> None:
                 if not self.listening:
-                    self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+                    for each in self.listeners.values():
+                        self.sel.register(each, selectors.EVENT_READ, ("accept", each))
                     self.listening = True
                 self.keep_spare_fd()
             self.after(0.1, resume)
@@ -974,7 +985,8 @@ class Controller(RegionEffects):
             self.gate.unpublish()
         if self.heartbeat is not None:
             self.heartbeat.close(last_touch=not self.heartbeat_lost)    # nobody could reach us: no restart to wait for
-        self.listener.close()
+        for each in self.listeners.values():
+            each.close()
 
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
@@ -1052,6 +1064,7 @@ def job_report_page(job, offset: int) -> dict:
 
 BOUND: dict[str, Optional[tuple[int, int]]] = {}   # socket path -> (device, inode) of the socket bound there
 HEARTBEATS: dict[str, Heartbeat] = {}               # socket path -> its heartbeat, from bind() to the Controller
+MAX_LISTENERS = 4                                   # listening sockets a controller keeps (Controller.rebind)
 LOCKS: dict[str, int] = {}                          # socket path -> the descriptor of its lock file we hold
 STALE: dict[str, bool] = {}                         # socket path -> a dead controller's socket was replaced
 

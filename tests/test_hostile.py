@@ -704,9 +704,10 @@ def test_the_heartbeat_is_put_in_place_before_the_socket_and_replaces_only_a_hea
 def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp_path):
     """The heartbeat is touched every second, so a controller that dies long after its start is still waited
     for. Its socket removed under it (by hand, a cleaner of old files) is bound again within a second, its
-    heartbeat put back with it, and commands reach it again. A file put in its place is left as it is: nothing
-    can reach the controller, which its log says, and its heartbeat is no longer touched (a fresh one would keep
-    every `krex run` waiting for a restart that is not coming), nor at its stop."""
+    heartbeat put back with it, and commands reach it again (the first socket listens on where it was moved).
+    A file put in its place is left as it is: nothing can reach the controller, which its log says, and its
+    heartbeat is no longer touched (a fresh one would keep every `krex run` waiting for a restart that is not
+    coming), nor at its stop."""
     from krex_ctl import heartbeat, sockfiles
 
     krex.start_controller("--restart-grace", "2")
@@ -715,10 +716,12 @@ def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp
     time.sleep(3)
     assert heartbeat.seconds_left(str(krex.socket))           # 3 s after the first touch, with a grace of 2
     mode = krex.socket.stat().st_mode
-    krex.socket.unlink()
+    away = tmp_path / "away.sock"
+    krex.socket.rename(away)
     beat.unlink()
     wait_for(lambda: sockfiles.answers(str(krex.socket)), timeout=10, what="the socket bound again")
     assert krex.socket.stat().st_mode == mode
+    assert sockfiles.answers(str(away))                       # the first one still listens where it went
     wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), timeout=10, what="the heartbeat put back")
     assert "was removed; bound it again" in krex.ctl_log.read_text()
     out = krex.run([SNIP / "region"], env={"SNIPPET_REGIONS": "1"})

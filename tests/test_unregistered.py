@@ -78,18 +78,21 @@ def test_refused_process_honours_gates_and_taints(krex, tmp_path):
 
 
 def test_a_process_that_cannot_connect_honours_the_gate_file(krex, tmp_path):
-    """The socket moved away for a while (connect() fails with ENOENT; the controller serves on): a GPU process
-    started then ran free inside another job's regions, reported exclusive. Now its shim honours the gate file
-    next to the socket, the controller sees it there and reports those regions `unregistered`, and once the
-    socket is back the shim registers (it keeps asking) and is drained and frozen like any other."""
+    """The socket moved away for a while, a file in its place (connect() fails; the controller serves on, and
+    binds no socket over a file it did not make): a GPU process started then ran free inside another job's
+    regions, reported exclusive. Now its shim honours the gate file next to the socket, the controller sees it
+    there and reports those regions `unregistered`, and once the socket is back the shim registers (it keeps
+    asking) and is drained and frozen like any other."""
     krex.start_controller()
     go = tmp_path / "go"
     owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
                        env={"SNIPPET_REGIONS": "3", "SNIPPET_HOLD_US": "300000", "SNIPPET_GAP_US": "50000",
                             "SNIPPET_WAIT_FILE": str(go)})
     wait_for(lambda: len(shim_pids(krex)) == 1, timeout=60, what="owner registered")
-    away = tmp_path / "away.sock"
-    os.rename(krex.socket, away)
+    away, placeholder = tmp_path / "away.sock", tmp_path / "placeholder"
+    os.link(krex.socket, away)                 # the socket kept, and a file in its place in one rename: never a
+    placeholder.write_text("")                 # moment with nothing there (the controller would bind a new one)
+    os.rename(placeholder, krex.socket)
     hog = preloaded(krex, [SNIP / "hog"], SNIPPET_MS="30000", SNIPPET_US="300", SNIPPET_STREAMS="2")
     try:
         wait_for(lambda: any(t[0] == hog.pid for t in krex.trace_lines()), timeout=60, what="hog launching")
