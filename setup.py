@@ -1,5 +1,6 @@
 """krex: builds the shim (shim/Makefile) into the package, so `pip install .` ships libkrex.so."""
 
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,6 +26,12 @@ class BuildWithShim(build_py):
         shutil.copy2(ROOT / "build" / "krex-exec", lib / "krex-exec")
         shutil.copy2(ROOT / "shim" / "krex_proto.h", lib / "krex_proto.h")
         shutil.copy2(ROOT / "shim" / "krex.h", lib / "krex.h")
+        # the header parsed for cffi now, not at every import (krex_ctl/wire/cdefs.py, standalone: the package
+        # is not importable yet); cffi is a build requirement
+        spec = importlib.util.spec_from_file_location("krex_cdefs", ROOT / "krex_ctl" / "wire" / "cdefs.py")
+        cdefs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cdefs)
+        cdefs.build((ROOT / "shim" / "krex_proto.h").read_text(), lib / "krex_ffi.py")
 
 
 class PlatformWheel(bdist_wheel):

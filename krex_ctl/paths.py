@@ -43,6 +43,11 @@ def proto_header() -> Path:
     return _first_existing(_PKG / "_lib" / "krex_proto.h", _REPO / "shim" / "krex_proto.h")
 
 
+def compiled_ffi() -> Path:
+    """krex_ffi.py, the header and the shim's functions parsed when the shim was built (wire/cdefs.py)."""
+    return _first_existing(_PKG / "_lib" / "krex_ffi.py", _REPO / "build" / "krex_ffi.py")
+
+
 def _ours(d: Path) -> bool:
     """d does not exist, or it is a real directory owned by us (not a link)."""
     try:

@@ -133,3 +133,37 @@ def test_taint_names_come_from_the_header_enum():
                                     | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS
                                     | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER
                                     | C.KREX_TAINT_LATE_CONTEXT)
+
+
+def test_the_compiled_declarations_are_the_parsed_ones_and_a_stale_module_is_not_used(tmp_path):
+    """build/krex_ffi.py (wire/cdefs.py, written by `make shim`) is what frames.py loads: every struct's layout,
+    every enum and #define the same as cffi's parse of the header gives; a module made from another header
+    (its SOURCE differs) is passed over for a parse, and so is one that does not load."""
+    from krex_ctl import paths
+    from krex_ctl.wire import cdefs
+
+    header = paths.proto_header().read_text()
+    assert paths.compiled_ffi().is_file(), "make shim writes it"
+    compiled, parsed = cdefs.load(header, paths.compiled_ffi()), cdefs.parse(header)
+    assert type(compiled) is not type(parsed)            # the out-of-line module's FFI, not a parse
+    assert type(ffi) is type(compiled)                  # and frames.py's FFI is one of those
+    for name in frames.struct_names() + ["krex_region_info"]:
+        t = f"struct {name}"
+        assert compiled.sizeof(t) == parsed.sizeof(t), t
+        assert [(f, compiled.offsetof(t, f)) for f, _ in compiled.typeof(t).fields] == \
+            [(f, parsed.offsetof(t, f)) for f, _ in parsed.typeof(t).fields], t
+    for enum in re.findall(r"^enum (\w+) \{", header, flags=re.M):
+        assert compiled.typeof(f"enum {enum}").elements == parsed.typeof(f"enum {enum}").elements, enum
+    defines = re.findall(r"^#define (KREX_\w+) +\(?-?(?:0x)?[0-9A-Fa-f]+u?\)?\s*(?:/[/*].*)?$", header, flags=re.M)
+    assert len(defines) >= 5
+    cl, pl = compiled.dlopen(None), parsed.dlopen(None)
+    assert all(getattr(cl, d) == getattr(pl, d) for d in defines)
+    assert "krex_region_wait" in dir(compiled.dlopen(str(paths.shim_library())))
+
+    other = tmp_path / "krex_ffi.py"                     # made from another header: not used
+    cdefs.build(header + "\nstruct krex_not_in_the_header { int x; };\n", other)
+    assert type(cdefs.load(header, other)) is type(parsed)
+    assert type(cdefs.load(header + "\nstruct krex_not_in_the_header { int x; };\n", other)) is type(compiled)
+    other.write_text("raise RuntimeError('broken')\n")   # one that does not load: parsed instead
+    assert type(cdefs.load(header, other)) is type(parsed)
+    assert type(cdefs.load(header, tmp_path / "missing.py")) is type(parsed)

@@ -11,14 +11,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from cffi import FFI
-
 from .. import paths
 from ..errors import KrexError
+from . import cdefs
 
-ffi = FFI()
 _HEADER_TEXT = paths.proto_header().read_text()
-ffi.cdef(_HEADER_TEXT)
+ffi = cdefs.load(_HEADER_TEXT, paths.compiled_ffi())   # the header and the shim's functions (native.py)
 C = ffi.dlopen(None)  # enums and #defines are reachable through any library object
 
 MAGIC = C.KREX_MAGIC

@@ -1,4 +1,5 @@
-"""The shim's exported functions, through the one cffi FFI of frames.py (shim/krex.h and shim/control.c):
+"""The shim's exported functions, through the one cffi FFI of frames.py (declared in cdefs.NATIVE, from
+shim/krex.h and shim/control.c):
 the region API for krex.region, the gate wake for the controller, the parent-death signal for warm workers.
 
 In a process started under `krex run` the shim is preloaded and its functions are found in the global
@@ -10,24 +11,6 @@ from typing import Any, Optional
 from .. import paths
 from .frames import ffi
 
-ffi.cdef("""
-struct krex_region_info {
-    uint64_t region_id; uint64_t gpu_mask; int64_t requested_ns; int64_t granted_ns; int64_t ended_ns;
-    uint32_t flags; uint32_t taints; uint32_t sm_clock_min_mhz; uint32_t sm_clock_max_mhz; uint32_t end_reason;
-    uint32_t controller_pid;
-};
-int krex_shim_loaded(void);
-int krex_region_request(const char *name, uint64_t gpu_mask);
-int krex_region_wait(int timeout_ms);
-int krex_region_cancel(void);
-int krex_region_give_up(void);
-int krex_region_end(void);
-int krex_region_last(struct krex_region_info *info);
-int krex_region_last_timings(uint32_t *checked, uint32_t *late);
-long krex_gate_wake(uint32_t *word);
-int krex_parent_death_signal(int sig);
-""")
-
 _lib: Optional[Any] = None
 _preloaded: Optional[bool] = None
 
@@ -38,9 +21,9 @@ def lib() -> Any:
     if _lib is None:
         glob = ffi.dlopen(None)
         try:
-            glob.krex_shim_loaded      # noqa: B018 (raises AttributeError when the shim is not in the process)
-            _lib, _preloaded = glob, True
-        except AttributeError:
+            glob.krex_shim_loaded      # noqa: B018 (raises when the shim is not in the process: AttributeError from
+            _lib, _preloaded = glob, True   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
+        except (AttributeError, ffi.error):
             _lib, _preloaded = ffi.dlopen(str(paths.shim_library())), False
     return _lib
 
