@@ -452,8 +452,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     extra = cpu.since()
     if mode in WARM_MODES:
         now = {w["pid"] for w in krex_status(kenv)["workers"]}
-        extra = {"warmup_s": round(warmup, 2), "workers_replaced": len(workers_before - now),
-                 "warm_commands": sum(1 for r in rows if r.get("import_s", 9) < 1.0)}   # cold: >= 2.9 s
+        extra.update(warmup_s=round(warmup, 2), workers_replaced=len(workers_before - now),
+                     warm_commands=sum(1 for r in rows if r.get("import_s", 9) < 1.0))   # cold: >= 2.9 s
     if mode in ctls.argv:
         extra["controller_argv"] = ctls.argv[mode]
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),

@@ -46,9 +46,10 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
     assert "--no-freeze" in argv["krexnofreeze"] and "--freeze-policy" not in argv["krexnofreeze"]
     for mode in ("krex", "krexwarm", "krexwarmbusy", "krexnofreeze"):
-        rows = next(r for r in data["runs"] if r["mode"] == mode)["rows"]
-        assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in rows), rows
+        run = next(r for r in data["runs"] if r["mode"] == mode)
+        assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in run["rows"]), run["rows"]
         assert summary[(mode, 2)]["amdahl_fraction"] > 0
+        assert 0 < run["node_cpu_busy_pct"] <= 100 and run["controller_cpu_s"] > 0, mode   # warm modes' too
     assert summary[("cmdlock", 2)]["vs_cmdlock"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "report_table.py"), str(out)], capture_output=True,
                            text=True, check=True).stdout
@@ -914,3 +915,21 @@ def test_a_candidate_never_leaves_its_holder_behind(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["exit"] != 0 and out["children"] == 0, out
+
+
+def test_startup_bench_times_each_mode_and_says_which_declarations_it_had(tmp_path):
+    """bench/startup.py: plain, krex and krex+hooks alternate against a controller of its own; each mode's wall
+    and time to the command's first line, the krex modes' additions over plain, and the declarations compiled
+    (build/krex_ffi.py, which `make shim` wrote)."""
+    out = tmp_path / "startup.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "startup.py"), "--repeats", "3", "--out", str(out)],
+                       env=dict(bench_env(tmp_path), KREX_NVML=str(ROOT / "build" / "fakes" / "libnvidia-ml.so.1")),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["declarations"] == "compiled" and data["repeats"] == 3
+    assert set(data["modes"]) == {"plain", "krex", "krex+hooks"}
+    for m, v in data["modes"].items():
+        assert v["wall_ms"]["n"] == v["before_ms"]["n"] == 3
+        assert 0 < v["before_ms"]["median"] < v["wall_ms"]["median"], (m, v)
+    assert all(data["modes"][m]["added_before_ms"] > 0 for m in ("krex", "krex+hooks")), data
