@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from krex_ctl.wire import native
+from krex_ctl.wire import cdefs, native
 from krex_ctl.wire.frames import C, ffi, taint_names
 from krex_ctl.wire.report import host_bound
 
@@ -184,7 +184,7 @@ def _last_timings(lib) -> tuple:
     """The host-bound check's counts of the last region: (checked, late); (0, 0) from a shim without the check."""
     try:
         fn = lib.krex_region_last_timings
-    except (AttributeError, ffi.error):     # as a parsed FFI says it, and as a compiled one (wire/cdefs.py)
+    except cdefs.missing_symbol():          # as a parsed FFI says it, and as a compiled one (wire/cdefs.py)
         return 0, 0
     checked, late = ffi.new("uint32_t *"), ffi.new("uint32_t *")
     return (int(checked[0]), int(late[0])) if fn(checked, late) == 0 else (0, 0)

@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SNIP = BUILD / "snippets"
 sys.path.insert(0, str(ROOT))
+# the native build first, before anything of krex is imported here: build/krex_ffi.py (the wire declarations,
+# krex_ctl/wire/cdefs.py) made by this very interpreter from this tree's header, so that the suite uses it
+subprocess.run(["make", "-s", "shim", "fakes", f"PY={sys.executable}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 from krex_ctl.commands.status import fetch as fetch_status  # noqa: E402
 from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import it from here)
@@ -24,11 +27,6 @@ from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import
 # to the default in each exec'd child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def native_build():
-    subprocess.run(["make", "-s", "shim", "fakes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):

@@ -2,6 +2,7 @@
 and messages encoded on one side decode on the other."""
 
 import ctypes
+import os
 import re
 import subprocess
 
@@ -167,3 +168,37 @@ def test_the_compiled_declarations_are_the_parsed_ones_and_a_stale_module_is_not
     other.write_text("raise RuntimeError('broken')\n")   # one that does not load: parsed instead
     assert type(cdefs.load(header, other)) is type(parsed)
     assert type(cdefs.load(header, tmp_path / "missing.py")) is type(parsed)
+
+
+def test_a_symbol_the_process_lacks_is_told_apart_with_either_ffi(tmp_path):
+    """native.lib() finds out whether the shim is preloaded by looking its symbol up in the process: a parsed
+    FFI's library raises AttributeError there, a compiled one's ffi.error (cdefs.missing_symbol takes both). With
+    the declarations parsed at import (no compiled module), a process without the shim gets the packaged
+    libkrex.so and can wake a gate word, as the controller does at every region's end."""
+    import subprocess
+    import sys
+
+    from krex_ctl import paths
+    from krex_ctl.wire import cdefs
+
+    header = paths.proto_header().read_text()
+    for f in (cdefs.parse(header), cdefs.load(header, paths.compiled_ffi())):
+        try:
+            f.dlopen(None).krex_shim_loaded
+        except cdefs.missing_symbol():
+            pass
+        else:
+            raise AssertionError(f"{type(f)}: the shim's symbol found in a process without it")
+    code = ("from pathlib import Path\nfrom krex_ctl import paths\n"
+            "paths.compiled_ffi = lambda: Path('/nonexistent/krex_ffi.py')\n"
+            "from krex_ctl.wire import frames, native\n"
+            "assert 'cffi.api' in type(frames.ffi).__module__, type(frames.ffi)\n"
+            "assert native.lib() is not None and native.preloaded() is False\n"
+            "word = frames.ffi.new('uint32_t *')\n"
+            "native.gate_wake(word)\n"
+            "import krex._region as r\n"
+            "print('ok', r._last_timings(native.lib()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("ok (0, 0)"), p.stderr

@@ -6,7 +6,7 @@ command that uses the region API or the hooks. So they are parsed once, when the
 cffi's out-of-line ABI mode (a pure-Python file holding the parsed types, no compiler needed):
 `python3 krex_ctl/wire/cdefs.py HEADER OUT` (the Makefile's `shim` writes build/krex_ffi.py, setup.py the
 package's _lib/krex_ffi.py). load() takes that module only where it was made from this very header and these
-declarations by this cffi (its SOURCE, compared whole), and parses them at import otherwise: a stale or missing module costs time, never a
+declarations (its SOURCE, compared whole; a module another cffi refuses is passed over too), and parses them at import otherwise: a stale or missing module costs time, never a
 wrong layout.
 
 Standalone on purpose (no import from the krex_ctl package): setup.py runs it before the package is importable.
@@ -39,11 +39,19 @@ int krex_parent_death_signal(int sig);
 MODULE = "krex_ffi"
 
 
-def source(header_text: str) -> str:
-    """What a compiled module was made from: the header, the native declarations and this cffi's version (kept
-    whole in the module and compared whole: no hash to compute at each import)."""
+def missing_symbol() -> tuple:
+    """What looking up a symbol a library lacks raises: AttributeError from a parsed FFI's library, ffi.error
+    from a compiled one's."""
     import _cffi_backend
-    return "\0".join((header_text, NATIVE, _cffi_backend.__version__))
+    return (AttributeError, _cffi_backend.FFI.error)
+
+
+def source(header_text: str) -> str:
+    """What a compiled module was made from: the header and the native declarations (kept whole in the module
+    and compared whole: no hash to compute at each import). Not cffi's version: a module made by another cffi
+    loads where that cffi's backend accepts it (it checks the module's _version itself) and is parsed over
+    where it does not (load() takes any failure so)."""
+    return "\0".join((header_text, NATIVE))
 
 
 def parse(header_text: str) -> Any:

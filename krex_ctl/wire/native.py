@@ -9,6 +9,7 @@ serves as the region client, with the same connection, clock settle and process 
 from typing import Any, Optional
 
 from .. import paths
+from . import cdefs
 from .frames import ffi
 
 _lib: Optional[Any] = None
@@ -23,7 +24,7 @@ def lib() -> Any:
         try:
             glob.krex_shim_loaded      # noqa: B018 (raises when the shim is not in the process: AttributeError from
             _lib, _preloaded = glob, True   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
-        except (AttributeError, ffi.error):
+        except cdefs.missing_symbol():
             _lib, _preloaded = ffi.dlopen(str(paths.shim_library())), False
     return _lib
 
