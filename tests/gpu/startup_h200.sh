@@ -8,7 +8,6 @@ set -u
 make -s shim || exit 1
 [ -f build/krex_ffi.py ] || { echo "startup_h200: make shim wrote no build/krex_ffi.py (cffi missing?)"; exit 1; }
 python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup.json || exit 1
+trap 'mv build/krex_ffi.py.aside build/krex_ffi.py 2>/dev/null' EXIT   # put back, whatever stops the leg
 mv build/krex_ffi.py build/krex_ffi.py.aside
-python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup-parsed.json; rc=$?
-mv build/krex_ffi.py.aside build/krex_ffi.py
-exit $rc
+python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup-parsed.json
