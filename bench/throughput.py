@@ -476,10 +476,15 @@ class CpuUse:
         except psutil.Error:
             self.ctl = None
 
+    @staticmethod
+    def total(t) -> float:
+        """All of psutil's CPU times once: Linux counts guest and guest_nice inside user and nice already."""
+        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
     def since(self) -> dict:
         import psutil
         now = psutil.cpu_times()
-        total = sum(now) - sum(self.node0)
+        total = self.total(now) - self.total(self.node0)
         idle = (now.idle - self.node0.idle) + (getattr(now, "iowait", 0.0) - getattr(self.node0, "iowait", 0.0))
         out = {"node_cpu_busy_pct": round(100.0 * (total - idle) / total, 1) if total > 0 else None}
         if self.ctl is not None:

@@ -339,18 +339,25 @@ class Controller(RegionEffects):
         elif not self.rebind():
             if not self.heartbeat_lost:
                 self.heartbeat_lost = True
-                log.warning("our socket %s was replaced, or removed with its lock file: no command can reach this "
-                            "controller; the heartbeat is no longer touched (restart the controller)",
-                            self.socket_path)
+                log.warning("our socket %s is gone and not bound again (another file is there, its lock file went "
+                            "too, or the bind failed): no command can reach this controller; the heartbeat is no "
+                            "longer touched (restart the controller)", self.socket_path)
             return
         self.heartbeat_lost = False
         if self.heartbeat is not None:
             self.heartbeat.touch()
+        # the socket and its lock file touched too: a cleaner of old files (systemd-tmpfiles' age) leaves them
+        try:
+            os.utime(self.lock_fd)
+            os.utime(self.socket_path, follow_symlinks=False)
+        except (OSError, TypeError):
+            pass
 
     def rebind(self) -> bool:
         """Bind our socket again where it was removed (by hand, a cleaner of old files): only where nothing is
         at its path and the lock file there is still the one we hold (else another controller may have taken
-        the path since). The heartbeat is put back first when it went too. False where it is not ours to bind."""
+        the path since). The heartbeat is put back first when it went too (where it cannot be, the socket is
+        bound all the same). False where it is not ours to bind."""
         path = self.socket_path
         try:
             os.lstat(path)
@@ -365,10 +372,14 @@ class Controller(RegionEffects):
             return False
         if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
             return False
-        try:
-            if self.heartbeat is not None and not os.path.lexists(self.heartbeat.path):
-                self.heartbeat.close(last_touch=False)
+        if self.heartbeat is not None and not os.path.lexists(self.heartbeat.path):
+            self.heartbeat.close(last_touch=False)
+            try:
                 self.heartbeat = Heartbeat(path, self.heartbeat.grace_s)
+            except KrexCommandError as e:      # the socket matters more: bound all the same, no restart grace
+                self.heartbeat = None
+                log.error("our heartbeat %s went with our socket and cannot be put back: %s", path + ".heartbeat", e)
+        try:
             listener = listen_at(self.cfg, path)
         except KrexCommandError as e:
             self.rate_log("rebind", logging.ERROR, "our socket %s was removed; binding it again failed: %s", path, e)
@@ -1096,20 +1107,29 @@ def listen_at(cfg: Config, path: str) -> socket.socket:
         sock = client.bind_private(path)
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot bind ({e.strerror})", 2) from None
-    if cfg.socket_group:
-        try:   # a name, else a number (a container's pods share a gid, supplementalGroups, with no name for it)
-            try:
-                gid = grp.getgrnam(cfg.socket_group).gr_gid
+    made = sockfiles.identity(path)
+    try:
+        if cfg.socket_group:
+            try:   # a name, else a number (a container's pods share a gid, supplementalGroups, with no name for it)
+                try:
+                    gid = grp.getgrnam(cfg.socket_group).gr_gid
+                except KeyError:
+                    if not cfg.socket_group.isdigit():   # config.py: ASCII digits below 2**32 - 1
+                        raise
+                    gid = int(cfg.socket_group)
+                os.chown(path, -1, gid)
             except KeyError:
-                if not cfg.socket_group.isdigit():   # config.py: ASCII digits below 2**32 - 1
-                    raise
-                gid = int(cfg.socket_group)
-            os.chown(path, -1, gid)
-        except KeyError:
-            raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None
+                raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None
+            except OSError as e:
+                raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
+        try:
+            os.chmod(path, cfg.socket_mode)
+            sock.listen(512)
         except OSError as e:
-            raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
-    os.chmod(path, cfg.socket_mode)
-    sock.listen(512)
-    BOUND[path] = sockfiles.identity(path)
+            raise KrexCommandError(f"--socket {path}: cannot listen ({e.strerror})", 2) from None
+    except KrexCommandError:       # neither the socket nor its file left behind (a rebind tries again later)
+        sock.close()
+        sockfiles.remove_if_same(path, made)
+        raise
+    BOUND[path] = made
     return sock

@@ -715,6 +715,11 @@ def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp
     wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
     time.sleep(3)
     assert heartbeat.seconds_left(str(krex.socket))           # 3 s after the first touch, with a grace of 2
+    lock = Path(str(krex.socket) + ".lock")
+    os.utime(lock, (0, 0))
+    os.utime(krex.socket, (0, 0))
+    wait_for(lambda: lock.stat().st_mtime > time.time() - 10 and krex.socket.stat().st_mtime > time.time() - 10,
+             timeout=5, what="the socket and its lock file touched (a cleaner of old files leaves them)")
     mode = krex.socket.stat().st_mode
     away = tmp_path / "away.sock"
     krex.socket.rename(away)
@@ -732,12 +737,24 @@ def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp
     os.replace(squatter, krex.socket)                          # one rename: never a moment with nothing there
     time.sleep(3)
     assert heartbeat.seconds_left(str(krex.socket)) is None
-    assert "was replaced, or removed with its lock file: no command can reach this controller" in \
-        krex.ctl_log.read_text()
+    assert "is gone and not bound again (another file is there, its lock file went too, or the bind failed): " \
+        "no command can reach this controller" in krex.ctl_log.read_text()
     krex.ctl.terminate()
     krex.ctl.wait()
     assert heartbeat.seconds_left(str(krex.socket)) is None
     assert krex.socket.read_text() == "not a socket\n"      # never ours to remove
+
+
+def test_a_socket_removed_with_its_lock_file_is_not_bound_again(krex, tmp_path):
+    """Without its lock file the path may be another controller's by now: a socket removed with it is not bound
+    again, and the log says that nothing can reach the controller."""
+    from krex_ctl import sockfiles
+
+    krex.start_controller()
+    Path(str(krex.socket) + ".lock").unlink()
+    krex.socket.unlink()
+    wait_for(lambda: "is gone and not bound again" in krex.ctl_log.read_text(), timeout=10, what="the warning")
+    assert not krex.socket.exists() and not sockfiles.answers(str(krex.socket))
 
 
 def test_a_dead_controllers_reserved_cores_are_cleared_when_the_next_one_starts(krex, tmp_path):
