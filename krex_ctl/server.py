@@ -228,10 +228,12 @@ class Controller(RegionEffects):
 
     # ---- event loop ------------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())    # whatever our starter blocked
         signal.set_wakeup_fd(self._wake_w.fileno())
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)
+        # then whatever our starter blocked, and the stop signals held since before we bound (commands/controller.py):
+        # one that came while we set up is delivered now, to the handlers above, and stops us cleanly
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         self.freezer.start()
         if self.cfg.idle_exit_s:
             self.every(1.0, self.check_idle)

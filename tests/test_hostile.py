@@ -745,6 +745,20 @@ def test_a_removed_socket_is_bound_again_and_a_replaced_one_left_alone(krex, tmp
     assert krex.socket.read_text() == "not a socket\n"      # never ours to remove
 
 
+def test_a_stop_while_the_controller_sets_up_is_a_clean_stop(krex, tmp_path):
+    """SIGTERM between the bind and the event loop (a stop right after a start; here set-up made 2 s slower)
+    used to kill the controller outright, its socket and a fresh heartbeat left behind (a task prolog then
+    exported the socket of a controller that was gone). Now it is held until the handlers are in place, and
+    the stop is a clean one: the socket removed, exit status 0."""
+    prelude = ("import time\nfrom krex_ctl import server\n_init = server.Controller.__init__\n"
+               "def slow(self, *a, **k):\n    _init(self, *a, **k)\n    time.sleep(2)\n"
+               "server.Controller.__init__ = slow\n")
+    ctl = krex.start_controller("--restart-grace", "5", prelude=prelude)   # returns once the socket answers
+    ctl.send_signal(signal.SIGTERM)
+    assert ctl.wait(timeout=30) == 0, krex.ctl_log.read_text()[-2000:]
+    assert not krex.socket.exists()
+
+
 def test_a_socket_removed_with_its_lock_file_is_not_bound_again(krex, tmp_path):
     """Without its lock file the path may be another controller's by now: a socket removed with it is not bound
     again, and the log says that nothing can reach the controller."""

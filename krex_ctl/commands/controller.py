@@ -2,6 +2,7 @@
 
 import logging
 import os
+import signal
 
 import click
 
@@ -100,6 +101,9 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     log = logging.getLogger("krex.controller")
     m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
+    # SIGTERM or SIGHUP from here until serve_forever has its handlers (a stop right after a start) is held, not
+    # fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing is spawned before that
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
         listener, _lock = bind(cfg, path)
         ctl = Controller(cfg, listener, path)
