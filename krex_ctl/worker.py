@@ -411,9 +411,8 @@ def serve(ready_fd: Optional[int] = None) -> None:
     ctl = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_PYTHON)
     ctl.request(ops.WORKER_READY, gpu=gpu, socket=path, python=worker_env.settings().python,
                 fingerprint=worker_env.settings().fingerprint)
-    if ready_fd is not None:        # tell the zygote: the next worker may start
-        os.write(ready_fd, b"r")
-        os.close(ready_fd)
+    tell = zygote_teller(ready_fd)
+    tell(b"r")                      # the zygote may start the next worker
     runs = 0
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "command")
@@ -434,6 +433,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 if len(fds) != 3:
                     conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
                     continue
+                tell(b"b")                   # busy: the zygote readies a spare in its place
                 done = threading.Event()
                 watcher = watch_wrapper(conn, done)
                 try:
@@ -452,6 +452,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 ctl.request(ops.WORKER_IDLE)
             except (OSError, ConnectionError, KrexCommandError):
                 break
+            tell(b"i")
     finally:
         sel.close()
         listener.close()
@@ -459,6 +460,33 @@ def serve(ready_fd: Optional[int] = None) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def zygote_teller(fd: Optional[int]):
+    """How a worker tells its zygote its state on the readiness pipe: b"r" ready, b"b" busy with a command,
+    b"i" idle again. The pipe stays open for the worker's life (not across exec: close-on-exec), so the zygote
+    keeps `warm_workers` spares ready while commands run. A zygote gone, or a command that closed the
+    descriptor (its number may now name a file of the command's: checked before each write), only stops the
+    telling."""
+    ident = None
+    if fd is not None:
+        os.set_inheritable(fd, False)     # a spawned worker got it inheritable (pass_fds)
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+
+    def tell(state: bytes) -> None:
+        nonlocal fd
+        if fd is None:
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != ident:
+                raise OSError("not the zygote's pipe")
+            os.write(fd, state)
+        except OSError:
+            fd = None
+
+    return tell
 
 
 def forkable() -> bool:
@@ -472,7 +500,9 @@ def forkable() -> bool:
 
 class Zygote:
     """Imports the heavy modules once and makes the workers of one (GPU, interpreter, environment): one at a
-    time (context creation is serialized node-wide), up to KREX_WORKER_POOL alive, each replaced when it
+    time (context creation is serialized node-wide), keeping KREX_WORKER_POOL of them not busy (ready or
+    starting; a worker says on its readiness pipe when it takes a command and when it is idle again), at most
+    twice that many alive. So a command that takes a worker leaves a spare being readied at once, not when it
     exits. Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES
     workers in a row die before they are ready (no fork loop)."""
 
@@ -544,8 +574,37 @@ class Zygote:
                 os.close(w)
                 return
         os.close(w)
-        self.children[pid] = {"files": [f for f in (sock, counters) if f], "ready": False, "pipe": r}
+        self.children[pid] = {"files": [f for f in (sock, counters) if f], "ready": False, "busy": False, "pipe": r}
         self.sel.register(r, selectors.EVENT_READ, ("ready", pid))
+
+    def wants_another(self) -> bool:
+        """Start a worker when fewer than the pool are not busy, none is still starting (one at a time), and
+        fewer than twice the pool are alive."""
+        spare = [c for c in self.children.values() if not c["busy"]]
+        return len(spare) < self.pool and len(self.children) < 2 * self.pool and all(c["ready"] for c in spare)
+
+    def heard(self, pid: int, fd: int) -> None:
+        """A worker's readiness pipe: its states (zygote_teller), or EOF: it exited (before it was ready: a
+        failure) or closed the pipe."""
+        info = self.children.get(pid)
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(fd)
+            os.close(fd)
+            if info is not None:
+                info["pipe"] = None
+            return
+        if info is None:
+            return
+        for state in data:
+            if state == ord("r"):
+                info["ready"] = True
+                self.failures = 0
+            elif state in (ord("b"), ord("i")):
+                info["busy"] = state == ord("b")
 
     def become_worker(self, env: dict, ready_w: int) -> None:
         """In the forked child: drop the zygote's connection and selector, die with the zygote, serve."""
@@ -603,8 +662,8 @@ class Zygote:
     def run(self) -> None:
         try:
             while self.running:
-                if len(self.children) < self.pool and all(c["ready"] for c in self.children.values()):
-                    self.start_one()             # one at a time: the last one is ready
+                if self.wants_another():
+                    self.start_one()
                 for key, _ in self.sel.select(1.0):
                     if key.data == "ctl":
                         if not self.ctl.sock.recv(4096, socket.MSG_PEEK):
@@ -614,19 +673,8 @@ class Zygote:
                             os.read(self.wake_r, 512)
                         except BlockingIOError:
                             pass
-                    else:                        # a worker's readiness pipe: "r", or EOF if it died first
-                        pid = key.data[1]
-                        info = self.children.get(pid)
-                        try:
-                            ready = os.read(key.fd, 1) == b"r"
-                        except OSError:
-                            ready = False
-                        self.sel.unregister(key.fd)
-                        os.close(key.fd)
-                        if info is not None:
-                            info["pipe"], info["ready"] = None, ready
-                            if ready:
-                                self.failures = 0
+                    else:
+                        self.heard(key.data[1], key.fd)
                 self.reap()
                 if self.failures >= self.MAX_FAILURES:
                     print(f"krex: {self.failures} warm workers in a row died before they were ready; "

@@ -243,16 +243,23 @@ def test_a_worker_killed_by_a_signal_reports_as_a_cold_run_and_is_replaced(warm,
     assert out.returncode == 0 and int(out.stdout) == second
 
 
-def test_the_pool_never_grows_past_its_size_while_workers_are_busy(warm, tmp_path):
+def test_the_pool_keeps_its_size_in_spares_while_workers_are_busy(warm, tmp_path):
     worker = idle_worker(warm)["pid"]
     script = tmp_path / "hold.py"
     script.write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
     p = warm.popen([sys.executable, str(script)], stdin=subprocess.PIPE)
     assert p.stdout.readline() == "ready\n"
-    time.sleep(2.0)                                 # two pool ticks: a growing pool would have started one
-    assert [(w["pid"], w["state"]) for w in warm.status()["workers"]] == [(worker, "busy")]
+    spare = wait_for(lambda: next((w["pid"] for w in warm.status()["workers"] if w["pid"] != worker), None),
+                     timeout=60, what="a spare beside the busy worker")
+    time.sleep(2.0)                                 # two pool ticks: one spare for a pool of one, no more
+    assert sorted((w["pid"], w["state"]) for w in warm.status()["workers"]) == sorted([(worker, "busy"),
+                                                                                       (spare, "idle")])
     p.communicate("go\n", timeout=30)
     assert p.returncode == 0
+    wait_for(lambda: sorted(w["state"] for w in warm.status()["workers"]) == ["idle", "idle"], timeout=30,
+             what="the worker idle again beside the spare (reused: it stays)")
+    time.sleep(1.5)
+    assert len(warm.status()["workers"]) == 2       # two idle: none started, none retired
 
 
 def test_by_default_each_command_gets_a_worker_forked_for_it(krex, tmp_path):
@@ -321,6 +328,29 @@ def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp
     first.communicate(timeout=30)
     out = run_py(krex, tmp_path, "import os; print(os.getppid())", env={"KREX_WARM_WAIT": "soon"}, name="x.py")
     assert out.returncode == 2 and out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds (0 to 3600), not 'soon'"
+
+
+def test_a_busy_worker_leaves_a_spare_ready_and_at_most_twice_the_pool_live(krex, tmp_path):
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
+                      what="a ready zygote")
+    idle_worker(krex)
+    (tmp_path / "held.py").write_text("import os, sys\nprint(os.getppid(), flush=True)\nsys.stdin.readline()\n")
+    held = []
+    for n in range(2):                 # each takes the pool's one spare; the zygote readies another at once
+        held.append(krex.popen([sys.executable, str(tmp_path / "held.py")], stdin=subprocess.PIPE))
+        assert int(held[-1].stdout.readline()) == zygote["pid"]        # it ran warm
+        if n == 0:
+            idle_worker(krex)          # a spare while the first command still runs (not after it exits)
+    time.sleep(1.0)                    # two busy: no third is started (at most twice the pool alive)
+    assert [w["state"] for w in krex.status()["workers"]] == ["busy", "busy"]
+    out = run_py(krex, tmp_path, "import os; print(os.getppid())", env={"KREX_WARM_WAIT": "0.5"}, name="c.py")
+    assert out.returncode == 0 and int(out.stdout) != zygote["pid"], out.stderr   # cold
+    for p in held:
+        p.communicate("go\n", timeout=30)
+        assert p.returncode == 0
+    idle_worker(krex)
 
 
 def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, tmp_path):
