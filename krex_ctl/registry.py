@@ -79,7 +79,7 @@ def other_users_controllers(socket_path) -> list[dict]:
     """Live controllers of other users on this node (for `krex run`'s warning when its controller is a
     per-user one)."""
     reg = Registry(str(socket_path), [], node=False)
-    return [e for e in reg.others(~0) if e["uid"] != os.getuid() and not e.get("node")]
+    return [e for e in reg.others(~0, not_uid=os.getuid()) if not e.get("node")]
 
 
 class Registry:
@@ -169,9 +169,10 @@ class Registry:
         # a zombie (a SIGKILLed controller its parent has not reaped yet) serves nothing
         return procs.start_time(e["pid"]) == e["start"] and procs.state(e["pid"]) not in (None, "Z", "X")
 
-    def others(self, gpu_mask: int, since_ns: Optional[int] = None) -> list[dict]:
+    def others(self, gpu_mask: int, since_ns: Optional[int] = None, not_uid: Optional[int] = None) -> list[dict]:
         """Live controllers other than this one serving any GPU of gpu_mask (with since_ns: only those that
-        have had GPU processes at some time from since_ns on)."""
+        have had GPU processes at some time from since_ns on; with not_uid: only other users' ones, whose
+        liveness alone is looked up, so `krex run` beside its own user's controller imports no psutil)."""
         if self.dir is None:
             return []
         out = []
@@ -181,7 +182,7 @@ class Registry:
             return []
         for name in names:
             e = read_entry(os.path.join(self.dir, name))
-            if e is None or e["pid"] == self.me["pid"] or not self._alive(e):
+            if e is None or e["pid"] == self.me["pid"] or e["uid"] == not_uid or not self._alive(e):
                 continue
             if since_ns is not None and e.get("active") is False and int(e.get("idle_since_ns", 0)) < since_ns:
                 continue
