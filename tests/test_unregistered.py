@@ -276,7 +276,8 @@ def test_krex_run_beside_its_own_users_controller_imports_no_psutil(krex):
     """The other-users check looks up the liveness of other users' entries only: the wrapper's own controller's
     entry costs it no psutil import (~12 ms of every command's start here, more on a GPU node)."""
     krex.start_controller()
-    assert any(p.name.startswith("krex-controller-") for p in krex.registry.iterdir())   # its own entry
+    wait_for(lambda: any(p.name.startswith("krex-controller-") for p in krex.registry.iterdir()), timeout=10,
+             what="the controller's own registry entry")
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "krex_ctl", "run", "-q", "--", "true"],
                          env=krex.env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and " krex_ctl.cli" in res.stderr, res.stderr[-2000:]
