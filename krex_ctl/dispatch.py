@@ -4,7 +4,6 @@ A command is eligible when it is `PYTHON SCRIPT|-m MOD|-c CODE ...` for the same
 worker (no other interpreter options) and every environment variable read at interpreter or library
 start-up is the same as the worker's: those cannot be changed once torch and CUDA are initialized."""
 
-import hashlib
 import os
 import shutil
 from typing import Mapping, Optional
@@ -23,6 +22,8 @@ def startup_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 def fingerprint(env: Mapping[str, str]) -> str:
     items = sorted(startup_environment(env).items())
+    import hashlib   # here: every `krex run` imports this module, few of them dispatch (~2 ms of its start)
+
     return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 

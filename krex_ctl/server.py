@@ -919,7 +919,8 @@ class Controller(RegionEffects):
                     client.job.command = [str(a) for a in req.get("command", [])][:64]
                     client.job.gpus = list_to_mask(g for g in req.get("gpus", []) or []
                                                    if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
-                reply = {"ok": True}
+                # whether a DISPATCH could give this wrapper a warm worker: when not, it asks none
+                reply = {"ok": True, "warm": self.pool.enabled_for(client.uid)}
             elif op == ops.GPU_UUID:      # wrapper: the UUID of node-wide GPU n (for CUDA_VISIBLE_DEVICES)
                 reply = {"uuid": self.gpus.uuid_text(int(req.get("gpu", -1)))}
             elif op == ops.DISPATCH:      # wrapper: a warm worker for this command, if one fits

@@ -274,14 +274,15 @@ def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
 
 def test_krex_run_beside_its_own_users_controller_imports_no_psutil(krex):
     """The other-users check looks up the liveness of other users' entries only: the wrapper's own controller's
-    entry costs it no psutil import (~12 ms of every command's start here, more on a GPU node)."""
+    entry costs it no psutil import (~12 ms of every command's start here, more on a GPU node); a controller
+    without warm workers says so, and a Python command's wrapper then hashes no environment for one."""
     krex.start_controller()
     wait_for(lambda: any(p.name.startswith("krex-controller-") for p in krex.registry.iterdir()), timeout=10,
              what="the controller's own registry entry")
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "krex_ctl", "run", "-q", "--", "true"],
-                         env=krex.env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "krex_ctl", "run", "-q", "--", sys.executable,
+                          "-c", "pass"], env=krex.env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and " krex_ctl.cli" in res.stderr, res.stderr[-2000:]
-    assert "psutil" not in res.stderr
+    assert "psutil" not in res.stderr and "hashlib" not in res.stderr
 
 
 def test_a_live_gpu_client_dropped_by_the_controller_taints_the_regions_it_overlaps(krex, tmp_path):

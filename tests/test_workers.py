@@ -353,6 +353,20 @@ def test_a_busy_worker_leaves_a_spare_ready_and_at_most_twice_the_pool_live(krex
     idle_worker(krex)
 
 
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_the_controller_tells_a_wrapper_whether_to_ask_for_a_warm_worker(krex, workers):
+    from krex_ctl.wire import ops
+    from krex_ctl.wire.client import Connection
+    from krex_ctl.wire.frames import C
+
+    krex.start_controller("--warm-workers", workers, "--worker-preload", "json")
+    conn = Connection(str(krex.socket), C.KREX_ROLE_WRAPPER)
+    try:   # without a pool the wrapper sends no dispatch request (one round trip and a hash less per command)
+        assert conn.request(ops.JOB_COMMAND, command=["python", "x.py"], gpus=[0])["warm"] is (workers == "1")
+    finally:
+        conn.close()
+
+
 def test_workers_that_cannot_start_stop_the_zygote_and_commands_run_cold(krex, tmp_path):
     env = preloading(krex, tmp_path, "nofork", "import os\nos.register_at_fork(after_in_child=lambda: os._exit(5))\n",
                      workers="2")

@@ -212,7 +212,9 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
             gpus, uuids = placed
         guardian.on_reconnect = lambda: guardian.request(ops.JOB_COMMAND, command=command_description(command),
                                                          gpus=gpus or [])
-        guardian.on_reconnect()      # the controller learns the command now, and again after each reconnection
+        told = guardian.on_reconnect()   # the controller learns the command now, and again after each reconnection
+        if told is not None and told.get("warm") is False:
+            cold = True                  # it keeps no warm workers for us: no dispatch request
         if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     watcher = feedback.Watcher(str(sock), job, fb, str(counters) if counters else None) if conn else None
