@@ -20,11 +20,7 @@ def _hooks_dir() -> Path:
 
 HOOKS_DIR = _hooks_dir()
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)   # where krex and krex_ctl are (source tree or site)
-# the names KREX_HOOKS and --hooks accept: krex_hooks.REGISTRY's (Python hooks) and the shim's own (nvtx);
-# krex_hooks checks at import that its registry is this list (krex_ctl never imports the hooks)
-PYTHON_HOOKS = ("cupyx", "inductor", "kernelbench", "torch_timer", "triton")
-SHIM_HOOKS = ("nvtx",)
-HOOK_NAMES = PYTHON_HOOKS + SHIM_HOOKS
+from .hook_names import HOOK_NAMES, PYTHON_HOOKS, SHIM_HOOKS  # noqa: F401 (the names KREX_HOOKS accepts)
 
 
 @dataclass

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -133,9 +134,29 @@ def test_existing_sitecustomize_still_runs_and_absent_libraries_cost_nothing(kre
         import sys
         print("hooked" if any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path) else "plain")
         print("torch" in sys.modules, "triton" in sys.modules)
+        print("krex" in sys.modules, "cffi" in sys.modules)   # the region API loads with a hook's target only
     """, extra_path=[FAKES / "site_other"])
-    assert out.stdout.split() == ["site-chained", "hooked", "False", "False"]
+    assert out.stdout.split() == ["site-chained", "hooked", "False", "False", "False", "False"]
     assert rep["regions"] == []
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs an interpreter of its own (/usr/bin/python3)")
+def test_an_interpreter_without_cffi_says_at_its_start_that_hooks_are_not_installed(krex, tmp_path):
+    """The hook modules load only when their targets do; what they need beyond krex (cffi) is looked for at the
+    start, so an interpreter that lacks it says so then (and --strict stops), not at its first timing."""
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import cffi"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("/usr/bin/python3 has cffi")
+    from krex_ctl.environ import HOOKS_DIR
+
+    env = dict(krex.env, KREX_HOOKS="triton", PYTHONPATH=f"{HOOKS_DIR}:{ROOT}")
+    out = subprocess.run(["/usr/bin/python3", "-c", "print('ran')"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout == "ran\n" and out.stderr.startswith("krex: region hooks not installed (") and \
+        "/usr/bin/python3 -m pip install cffi" in out.stderr and "timings will not be protected" in out.stderr, out.stderr
+    strict = subprocess.run(["/usr/bin/python3", "-c", "print('ran')"], env=dict(env, KREX_STRICT="1"),
+                            capture_output=True, text=True, timeout=60)
+    assert strict.returncode == 5 and strict.stdout == "" and "--strict: stopping" in strict.stderr
 
 
 def test_unknown_hook_names_are_reported(krex, tmp_path):

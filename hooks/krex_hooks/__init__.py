@@ -4,16 +4,18 @@
 calls install() at interpreter start, in the command and in every Python child it starts (the
 variables are inherited, so spawned multiprocessing pools and subprocesses are covered too). Each hook
 patches its target module right after that module is first imported (a post-import hook), so nothing
-heavy is imported at start-up and a library that is absent costs nothing. One module per wrapped
-function family; each keeps the original it replaces."""
+heavy is imported at start-up and a library that is absent costs nothing: the hook's own module, and with
+it krex's region API (cffi, the wire declarations), is imported then too, not at the interpreter's start.
+One module per wrapped function family; each keeps the original it replaces."""
 
 import importlib
+import importlib.util
 import os
 import sys
 import threading
 from typing import Callable
 
-from krex_ctl import environ
+from krex_ctl import hook_names
 
 # hook name -> (module that defines the hook, target modules it patches)
 REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -25,8 +27,8 @@ REGISTRY: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # hooks implemented in the shim, not here; named so KREX_HOOKS accepts them. The names are krex run's
 # (krex_ctl/environ.py), which checks KREX_HOOKS before a command starts
-SHIM_HOOKS = set(environ.SHIM_HOOKS)
-assert sorted(REGISTRY) == sorted(environ.PYTHON_HOOKS), "krex_hooks.REGISTRY and krex_ctl.environ disagree"
+SHIM_HOOKS = set(hook_names.SHIM_HOOKS)
+assert sorted(REGISTRY) == sorted(hook_names.PYTHON_HOOKS), "krex_hooks.REGISTRY and krex_ctl.hook_names disagree"
 
 _pending: dict[str, list[Callable]] = {}
 _done: set[str] = set()
@@ -90,10 +92,21 @@ def when_imported(name: str, patch: Callable) -> None:
 _finder = _PostImportFinder()
 
 
+def _patcher(module_name: str) -> Callable:
+    """patch(module) of the hook module `module_name`, imported when a target of it is."""
+    def patch(module) -> None:
+        importlib.import_module(module_name).patch(module)
+    return patch
+
+
 def install(spec: str = None) -> list[str]:
-    """Install the hooks named by spec (default: KREX_HOOKS). Idempotent."""
+    """Install the hooks named by spec (default: KREX_HOOKS). Idempotent. What the region API needs beyond
+    krex itself (cffi) is looked for now, so that its absence is said at the start (the hook modules load
+    only when their targets do): ImportError otherwise."""
     spec = os.environ.get("KREX_HOOKS", "") if spec is None else spec
     names = selected(spec)
+    if names and importlib.util.find_spec("cffi") is None:
+        raise ImportError("No module named 'cffi'", name="cffi")
     if names and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     for name in names:
@@ -101,7 +114,6 @@ def install(spec: str = None) -> list[str]:
             continue
         _done.add(name)
         module_name, targets = REGISTRY[name]
-        hook = importlib.import_module(module_name)
         for target in targets:
-            when_imported(target, hook.patch)
+            when_imported(target, _patcher(module_name))
     return names
