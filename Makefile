@@ -35,10 +35,13 @@ $(DEMO_VENV)/.installed: pyproject.toml setup.py
 demo-venv: $(DEMO_VENV)/.installed  ## create .venv-demo with krex alone (what the demo on the fake driver needs)
 
 # build/krex_ffi.py: the wire header parsed once for cffi (krex_ctl/wire/cdefs.py); by the venv's Python where
-# there is one; without cffi, krex parses the header at import instead (slower, the same result)
+# there is one; without cffi, krex parses the header at import instead (slower, the same result). Then the
+# bytecode of what `krex run` and a hooked command import, written now: where PYTHONDONTWRITEBYTECODE is set an
+# interpreter reads .pyc files but writes none, and every command would compile these modules again
 shim:  ## build build/libkrex.so
 	$(MAKE) -C shim OUT=$(BUILD)
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) krex_ctl/wire/cdefs.py shim/krex_proto.h $(BUILD)/krex_ffi.py > /dev/null || true
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m compileall -q krex krex_ctl hooks $(wildcard $(BUILD)/krex_ffi.py) > /dev/null || true
 
 fakes:  ## build the fake GPU drivers and the snippet programs into build/
 	$(MAKE) -C tests/fakes OUT=$(BUILD)
