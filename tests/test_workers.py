@@ -20,6 +20,17 @@ def idle_worker(krex):
                     what="an idle warm worker")
 
 
+def ready_pool(krex, tmp_path) -> dict:
+    """A controller with one warm worker (preloading json), its zygote made by a first command and the worker
+    idle: the zygote's status."""
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
+                      what="a ready zygote")
+    idle_worker(krex)
+    return zygote
+
+
 def run_py(krex, tmp_path, code, env=None, name="s.py", **kw):
     script = tmp_path / name
     script.write_text(textwrap.dedent(code))
@@ -315,11 +326,7 @@ def test_losing_the_controller_loses_no_command_and_leaves_no_worker(krex, tmp_p
 
 
 def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp_path):
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
-    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
-    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
-                      what="a ready zygote")
-    idle_worker(krex)
+    zygote = ready_pool(krex, tmp_path)
     (tmp_path / "long.py").write_text("import os, time\nprint(os.getppid(), flush=True)\ntime.sleep(1)\n")
     first = krex.popen([sys.executable, str(tmp_path / "long.py")])
     assert int(first.stdout.readline()) == zygote["pid"]        # the only worker is busy for a second
@@ -331,11 +338,7 @@ def test_a_command_waits_for_the_next_worker_rather_than_starting_cold(krex, tmp
 
 
 def test_a_busy_worker_leaves_a_spare_ready_and_at_most_twice_the_pool_live(krex, tmp_path):
-    krex.start_controller("--warm-workers", "1", "--worker-preload", "json")
-    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
-    zygote = wait_for(lambda: next((z for z in krex.status()["zygotes"] if z["ready"]), None), timeout=60,
-                      what="a ready zygote")
-    idle_worker(krex)
+    zygote = ready_pool(krex, tmp_path)
     (tmp_path / "held.py").write_text("import os, sys\nprint(os.getppid(), flush=True)\nsys.stdin.readline()\n")
     held = []
     for n in range(2):                 # each takes the pool's one spare; the zygote readies another at once
