@@ -3,7 +3,8 @@
 For each (GPU, interpreter, start-up environment) a `krex run` asked for, the controller starts one
 *zygote*: a process that imports the configured modules (torch, triton) once, holds no GPU context, and
 forks the workers itself, one at a time, keeping `warm_workers` of them not busy (at most twice that many
-alive: a worker taking a command has a spare readied in its place at once). A forked worker
+alive: a worker taking a command has a spare readied in its place at once; with `worker_reuse` above 1,
+busy ones included, as a reused worker comes back). A forked worker
 creates its GPU context, registers (`worker_ready`), is handed to one wrapper at a time, and retires
 after `worker_reuse` commands (default 1: every command runs in a process that has run nothing before,
 as a cold one has); the zygote reaps it, tells the controller how it ended (`worker_exited`) and forks

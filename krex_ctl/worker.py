@@ -36,7 +36,8 @@ from .wire.client import Connection, bind_private
 
 COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+                   signal.SIGPIPE)   # SIGPIPE: a command's SIG_DFL would let a later write to a gone zygote kill the worker
 
 
 class WorkerExit(BaseException):
@@ -316,6 +317,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         raise WorkerExit(code)
 
     exit_code, sig, retire = 0, None, False
+    me = os.getpid()
     try:
         os.environ.clear()
         os.environ.update(env)
@@ -356,6 +358,10 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        if os.getpid() != me:
+            # a child the command forked (os.fork) reached the end of the script: it ends there, as in a cold
+            # process, and never returns into the worker's loop (to answer the wrapper, or to tell the zygote)
+            real_exit(exit_code if sig is None else 128 + int(sig))
         for i, fd in enumerate(saved_fds):
             os.dup2(fd, i)
             os.close(fd)
@@ -433,7 +439,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 if len(fds) != 3:
                     conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
                     continue
-                tell(b"b")                   # busy: the zygote readies a spare in its place
+                tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
                 done = threading.Event()
                 watcher = watch_wrapper(conn, done)
                 try:
@@ -452,7 +458,6 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 ctl.request(ops.WORKER_IDLE)
             except (OSError, ConnectionError, KrexCommandError):
                 break
-            tell(b"i")
     finally:
         sel.close()
         listener.close()
@@ -463,12 +468,12 @@ def serve(ready_fd: Optional[int] = None) -> None:
 
 
 def zygote_teller(fd: Optional[int]):
-    """How a worker tells its zygote its state on the readiness pipe: b"r" ready, b"b" busy with a command,
-    b"i" idle again. The pipe stays open for the worker's life (not across exec: close-on-exec), so the zygote
-    keeps `warm_workers` spares ready while commands run. A zygote gone, or a command that closed the
+    """How a worker tells its zygote its state on the readiness pipe: b"r" ready, b"b" busy with a command.
+    The pipe stays open for the worker's life (not across exec: close-on-exec), so a zygote whose workers run
+    one command each keeps `warm_workers` spares ready while commands run. A zygote gone, or a command that closed the
     descriptor (its number may now name a file of the command's: checked before each write), only stops the
     telling."""
-    ident = None
+    ident, me = None, os.getpid()
     if fd is not None:
         os.set_inheritable(fd, False)     # a spawned worker got it inheritable (pass_fds)
         st = os.fstat(fd)
@@ -476,7 +481,7 @@ def zygote_teller(fd: Optional[int]):
 
     def tell(state: bytes) -> None:
         nonlocal fd
-        if fd is None:
+        if fd is None or os.getpid() != me:   # a process the command forked says nothing for the worker
             return
         try:
             st = os.fstat(fd)
@@ -500,21 +505,23 @@ def forkable() -> bool:
 
 class Zygote:
     """Imports the heavy modules once and makes the workers of one (GPU, interpreter, environment): one at a
-    time (context creation is serialized node-wide), keeping KREX_WORKER_POOL of them not busy (ready or
-    starting; a worker says on its readiness pipe when it takes a command and when it is idle again), at most
-    twice that many alive. So a command that takes a worker leaves a spare being readied at once, not when it
-    exits. Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES
+    time (context creation is serialized node-wide). With one command per worker (KREX_WORKER_REUSE 1, the
+    default) it keeps KREX_WORKER_POOL of them not busy (ready or starting; a worker says on its readiness
+    pipe when it takes a command), at most twice that many alive: a command that takes a worker leaves a spare
+    being readied at once, not when that worker exits. With reuse above 1 a worker comes back after its
+    command, so the pool counts busy ones too (KREX_WORKER_POOL alive), as spares would stay idle beside it. Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES
     workers in a row die before they are ready (no fork loop)."""
 
     MAX_FAILURES = 3
 
     def __init__(self) -> None:
         self.pool = worker_env.settings().pool
+        self.reuse = worker_env.settings().reuse
         self.prefix = worker_env.settings().prefix
         self.preloaded = preload()
         restore_torch(torch_state())
         self.fork = forkable()
-        self.children: dict[int, dict] = {}       # pid -> {"files": [...], "ready": bool, "pipe": fd or None}
+        self.children: dict[int, dict] = {}       # pid -> {"files": [...], "ready", "busy": bool, "pipe": fd or None}
         self.failures = 0                        # workers in a row that died before they were ready
         self.n = itertools.count(1)
         self.sel = selectors.DefaultSelector()
@@ -546,13 +553,22 @@ class Zygote:
         except OSError:
             counters = ""
         r, w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(r, False)                # read when select says so, and once more at the reap
         if self.fork:
             import warnings
 
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
-            with warnings.catch_warnings():      # 3.12 warns about forking with native threads alive
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+            try:
+                with warnings.catch_warnings():      # 3.12 warns about forking with native threads alive
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError as e:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                print(f"krex: cannot fork a warm worker: {e}", file=sys.stderr)
+                for fd in (r, w):
+                    os.close(fd)
+                remove_files([counters] if counters else [])
+                return
             if pid == 0:                         # the worker: default dispositions, then the signals again
                 for sig in (signal.SIGCHLD, signal.SIGTERM):
                     signal.signal(sig, signal.SIG_DFL)
@@ -572,23 +588,27 @@ class Zygote:
                 print(f"krex: cannot start a warm worker: {e}", file=sys.stderr)
                 os.close(r)
                 os.close(w)
+                remove_files([counters] if counters else [])
                 return
         os.close(w)
         self.children[pid] = {"files": [f for f in (sock, counters) if f], "ready": False, "busy": False, "pipe": r}
         self.sel.register(r, selectors.EVENT_READ, ("ready", pid))
 
     def wants_another(self) -> bool:
-        """Start a worker when fewer than the pool are not busy, none is still starting (one at a time), and
-        fewer than twice the pool are alive."""
-        spare = [c for c in self.children.values() if not c["busy"]]
-        return len(spare) < self.pool and len(self.children) < 2 * self.pool and all(c["ready"] for c in spare)
+        """Start a worker when fewer than the pool are not busy (with reuse above 1: alive), none is still
+        starting (one at a time), and fewer than twice the pool are alive."""
+        counted = [c for c in self.children.values() if self.reuse > 1 or not c["busy"]]
+        return len(counted) < self.pool and len(self.children) < 2 * self.pool and all(c["ready"] for c in counted)
 
     def heard(self, pid: int, fd: int) -> None:
         """A worker's readiness pipe: its states (zygote_teller), or EOF: it exited (before it was ready: a
-        failure) or closed the pipe."""
+        failure) or a command it ran closed the pipe (then its last state stands: one spare too many at most,
+        within twice the pool)."""
         info = self.children.get(pid)
         try:
             data = os.read(fd, 64)
+        except BlockingIOError:
+            return                           # nothing to hear now (its write end may live on in a grandchild)
         except OSError:
             data = b""
         if not data:
@@ -603,8 +623,8 @@ class Zygote:
             if state == ord("r"):
                 info["ready"] = True
                 self.failures = 0
-            elif state in (ord("b"), ord("i")):
-                info["busy"] = state == ord("b")
+            elif state == ord("b"):
+                info["busy"] = True
 
     def become_worker(self, env: dict, ready_w: int) -> None:
         """In the forked child: drop the zygote's connection and selector, die with the zygote, serve."""
@@ -644,9 +664,12 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            info = self.children.pop(pid, None)
+            info = self.children.get(pid)
             if info is None:
                 continue
+            if info["pipe"] is not None:
+                self.heard(pid, info["pipe"])    # an "r" written just before it died still counts
+            self.children.pop(pid, None)
             if info["pipe"] is not None:
                 self.sel.unregister(info["pipe"])
                 os.close(info["pipe"])
@@ -721,7 +744,9 @@ def main() -> None:
     if worker_env.settings().mode == "zygote":
         Zygote().run()
         os._exit(0)
-    ready = os.environ.get(worker_env.READY_FD)
+    ready = os.environ.pop(worker_env.READY_FD, None)
+    if ready:
+        os.set_inheritable(int(ready), False)   # nothing the preload runs inherits the zygote's pipe
     preload()
     try:
         serve(int(ready) if ready else None)

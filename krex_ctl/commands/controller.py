@@ -58,8 +58,8 @@ from ..server import Controller, bind
                    "drained and gated, so that it does not inherit that region's load (0: off; not recommended: "
                    "docs/measurements/power-history.md).")
 @click.option("--warm-workers", default=None, metavar="N",
-              help="Warm Python workers kept ready (not busy) per GPU and environment, at most twice that many alive "
-                   "(default 0: every command cold).")
+              help="Warm Python workers kept ready (not busy) per GPU and environment, at most twice that many alive; "
+                   "with --worker-reuse above 1, busy ones included (default 0: every command cold).")
 @click.option("--worker-preload", default=None, metavar="MODULES", help="Modules a warm worker imports first (torch,triton).")
 @click.option("--worker-reuse", default=None, metavar="N",
               help="Commands a warm worker runs before it is replaced (default 1: a fresh process per command).")
