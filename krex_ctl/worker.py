@@ -470,9 +470,9 @@ def serve(ready_fd: Optional[int] = None) -> None:
 def zygote_teller(fd: Optional[int]):
     """How a worker tells its zygote its state on the readiness pipe: b"r" ready, b"b" busy with a command.
     The pipe stays open for the worker's life (not across exec: close-on-exec), so a zygote whose workers run
-    one command each keeps `warm_workers` spares ready while commands run. A zygote gone, or a command that closed the
-    descriptor (its number may now name a file of the command's: checked before each write), only stops the
-    telling."""
+    one command each keeps `warm_workers` spares ready while commands run. A zygote gone, or a command that
+    closed the descriptor (its number may now name a file of the command's: checked before each write), only
+    stops the telling."""
     ident, me = None, os.getpid()
     if fd is not None:
         os.set_inheritable(fd, False)     # a spawned worker got it inheritable (pass_fds)
@@ -509,8 +509,9 @@ class Zygote:
     default) it keeps KREX_WORKER_POOL of them not busy (ready or starting; a worker says on its readiness
     pipe when it takes a command), at most twice that many alive: a command that takes a worker leaves a spare
     being readied at once, not when that worker exits. With reuse above 1 a worker comes back after its
-    command, so the pool counts busy ones too (KREX_WORKER_POOL alive), as spares would stay idle beside it. Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES
-    workers in a row die before they are ready (no fork loop)."""
+    command, so the pool counts busy ones too (KREX_WORKER_POOL alive), as spares would stay idle beside it.
+    Ends when the controller goes away (its workers finish what they run), or when MAX_FAILURES workers in a
+    row die before they are ready (no fork loop)."""
 
     MAX_FAILURES = 3
 
