@@ -41,7 +41,7 @@ demo-venv: $(DEMO_VENV)/.installed  ## create .venv-demo with krex alone (what t
 shim:  ## build build/libkrex.so
 	$(MAKE) -C shim OUT=$(BUILD)
 	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) krex_ctl/wire/cdefs.py shim/krex_proto.h $(BUILD)/krex_ffi.py > /dev/null || true
-	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m compileall -q krex krex_ctl hooks $(wildcard $(BUILD)/krex_ffi.py) > /dev/null || true
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m compileall -q krex krex_ctl hooks $$([ -f $(BUILD)/krex_ffi.py ] && echo $(BUILD)/krex_ffi.py) > /dev/null || true
 
 fakes:  ## build the fake GPU drivers and the snippet programs into build/
 	$(MAKE) -C tests/fakes OUT=$(BUILD)

@@ -1,6 +1,7 @@
 """What `krex run` adds to a command's start and end: a Python command that prints its monotonic clock at once
-and exits, run plainly, under `krex run`, and under `krex run` with KREX_HOOKS=triton (the hooks, and with them
-krex's region API, load in the command's interpreter at its start), alternating, --repeats times each.
+and exits, run plainly, under `krex run`, and under `krex run` with KREX_HOOKS=triton (the hooks load in the
+command's interpreter at its start; krex's region API only with a hook's target, which this command never
+imports), alternating, --repeats times each.
 
     python bench/startup.py --repeats 20 --out startup.json       (real GPU or fake driver; no GPU work)
 

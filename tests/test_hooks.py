@@ -140,6 +140,30 @@ def test_existing_sitecustomize_still_runs_and_absent_libraries_cost_nothing(kre
     assert rep["regions"] == []
 
 
+def test_a_region_api_that_breaks_at_the_targets_import_is_said_and_stops_strict_mode(krex, tmp_path):
+    """The hook modules load with their targets: if krex's region API cannot be imported then (here a cffi
+    that is found but broken), the timing function stays unpatched, which is said once, and --strict stops the
+    command (status 5) before it can time anything unprotected."""
+    krex.start_controller()
+    broken = tmp_path / "broken"
+    (broken / "cffi").mkdir(parents=True)
+    (broken / "cffi" / "__init__.py").write_text("raise ImportError('this cffi is broken')\n")
+    (broken / "_cffi_backend.py").write_text("raise ImportError('this cffi backend is broken')\n")
+    code = f"""
+        import sys
+        sys.path.insert(0, {str(broken)!r})   # the command's own: krex run itself needs a working cffi
+        import triton.testing
+        print("timed", triton.testing.do_bench(lambda: None))
+    """
+    out, _ = run_py(krex, tmp_path, code, hooks="triton", extra_path=[FAKES])
+    assert out.stdout.startswith("timed"), out.stderr
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith("krex: region hooks not installed")]
+    assert len(said) == 1 and said[0].endswith("timings will not be protected"), out.stderr
+    out = krex.run([sys.executable, str(tmp_path / "script.py")], env={
+        "KREX_HOOKS": "triton", "KREX_STRICT": "1", "PYTHONPATH": os.pathsep.join([str(FAKES), str(ROOT)])})
+    assert out.returncode == 5 and "timed" not in out.stdout and "--strict: stopping" in out.stderr, out.stderr
+
+
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs an interpreter of its own (/usr/bin/python3)")
 def test_an_interpreter_without_cffi_says_at_its_start_that_hooks_are_not_installed(krex, tmp_path):
     """The hook modules load only when their targets do; what they need beyond krex (cffi) is looked for at the

@@ -92,10 +92,28 @@ def when_imported(name: str, patch: Callable) -> None:
 _finder = _PostImportFinder()
 
 
+_failed: set[str] = set()   # hook modules that could not be imported (said once)
+
+
 def _patcher(module_name: str) -> Callable:
-    """patch(module) of the hook module `module_name`, imported when a target of it is."""
+    """patch(module) of the hook module `module_name`, imported when a target of it is. If it cannot be
+    imported (krex's region API broken in this interpreter), the target stays unpatched and that is said, once
+    per hook module, as at the start; in strict mode (KREX_STRICT) the command stops with status 5 there, before
+    it can time anything unprotected."""
     def patch(module) -> None:
-        importlib.import_module(module_name).patch(module)
+        try:
+            hook = importlib.import_module(module_name)
+        except Exception as e:  # never break the user's benchmark, but never time silently without krex
+            if module_name not in _failed:
+                _failed.add(module_name)
+                strict = os.environ.get("KREX_STRICT", "").lower() in ("1", "true", "yes", "on")
+                print(f"krex: region hooks not installed ({type(e).__name__}: {e}); "
+                      + ("--strict: stopping" if strict else "timings will not be protected"), file=sys.stderr)
+                if strict:
+                    sys.stderr.flush()
+                    os._exit(5)
+            return
+        hook.patch(module)
     return patch
 
 

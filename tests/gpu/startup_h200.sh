@@ -13,16 +13,21 @@ make -s shim || exit 1
 echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-<unset>} python3=$(python3 -c 'import sys; print(sys.version.split()[0], sys.dont_write_bytecode)')" | tee $OUT/startup-env.txt
 python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup.json || exit 1
 DIRS="krex krex_ctl krex_ctl/commands krex_ctl/wire krex_ctl/policy krex_ctl/enforce hooks/krex_hooks hooks/krex_hooks/sitedir build"
+ASIDE=$(mktemp -d /tmp/krex-pyc-aside.XXXXXX)   # this run's own: the bytecode folders it moved, and only those
+MOVED=""
 restore() {
-  mv build/krex_ffi.py.aside build/krex_ffi.py 2>/dev/null
-  for d in $DIRS; do [ -d /tmp/krex-pyc-aside/$d/__pycache__ ] && rm -rf $d/__pycache__ && mv /tmp/krex-pyc-aside/$d/__pycache__ $d/; done
+  [ -f build/krex_ffi.py.aside ] && mv build/krex_ffi.py.aside build/krex_ffi.py
+  for d in $MOVED; do [ -d "$ASIDE/$d/__pycache__" ] && rm -rf "$d/__pycache__" && mv "$ASIDE/$d/__pycache__" "$d/"; done
+  MOVED=""
 }
-trap restore EXIT   # put back, whatever stops a leg
+trap 'restore; rm -rf "$ASIDE"' EXIT   # put back, whatever stops a leg
 mv build/krex_ffi.py build/krex_ffi.py.aside
 python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup-parsed.json
 restore
 if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
-  rm -rf /tmp/krex-pyc-aside
-  for d in $DIRS; do [ -d $d/__pycache__ ] && mkdir -p /tmp/krex-pyc-aside/$d && mv $d/__pycache__ /tmp/krex-pyc-aside/$d/; done
+  for d in $DIRS; do
+    [ -d $d/__pycache__ ] || continue
+    mkdir -p "$ASIDE/$d" && mv $d/__pycache__ "$ASIDE/$d/" && MOVED="$MOVED $d"
+  done
   python3 bench/startup.py --repeats ${REPEATS:-20} --out $OUT/startup-nopyc.json
 fi
