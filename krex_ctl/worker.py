@@ -380,6 +380,9 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
             retire = True
         for name in set(sys.modules) - snapshot_modules:
             del sys.modules[name]
+        hooks = sys.modules.get("krex_hooks")
+        if hooks is not None:       # the hooks' targets this command imported are patched again in the next
+            hooks.rearm()
     leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     children = procs.children(os.getpid()) or []
     if leaked or children or not cuda_healthy():

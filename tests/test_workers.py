@@ -269,6 +269,31 @@ def test_a_reused_pool_never_grows_past_its_size_while_workers_are_busy(warm, tm
     assert idle_worker(warm)["pid"] == worker       # reused
 
 
+def test_a_reused_worker_hooks_every_commands_timing_not_only_the_first(warm, tmp_path):
+    """A hook's target first imported by a command is dropped from the worker with the command's other modules;
+    the next command in the same worker imports it again and its timing is hooked again (a region), not unhooked
+    without a word."""
+    env = {"KREX_HOOKS": "triton",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "harness_fakes"), warm.env["PYTHONPATH"]])}
+    code = """
+        import os, sys
+        import triton.testing
+        triton.testing.do_bench(lambda: None)
+        print(os.getpid())
+    """
+    assert run_py(warm, tmp_path, code, env=env, name="first.py").returncode == 0   # this environment's zygote
+    pids = []
+    for n in range(2):    # the fixture's worker and this environment's, both idle
+        wait_for(lambda: [w["state"] for w in warm.status()["workers"]] == ["idle", "idle"], timeout=60,
+                 what="this environment's worker idle")
+        out = run_py(warm, tmp_path, code, env=env, name=f"c{n}.py")
+        assert out.returncode == 0, out.stderr
+        pids.append(int(out.stdout))
+        assert [r["name"] for r in report_of(tmp_path / "r.json")["regions"]] == ["triton.do_bench"], n
+    workers = {w["pid"] for w in warm.status()["workers"]}
+    assert pids[0] == pids[1] and pids[0] in workers     # the same worker ran both: the second was hooked again
+
+
 def test_a_child_a_warm_command_forks_ends_with_the_script_not_in_the_worker(warm, tmp_path):
     """A child of os.fork() that reaches the end of the script exits there, as in a cold process: it does not
     return into the worker's loop and answer the wrapper before the command's parent has finished."""

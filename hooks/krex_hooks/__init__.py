@@ -32,6 +32,7 @@ assert sorted(REGISTRY) == sorted(hook_names.PYTHON_HOOKS), "krex_hooks.REGISTRY
 
 _pending: dict[str, list[Callable]] = {}
 _done: set[str] = set()
+_installed: dict[str, list[str]] = {}   # target module -> the hook modules that patch it
 _lock = threading.RLock()
 
 
@@ -133,5 +134,16 @@ def install(spec: str = None) -> list[str]:
         _done.add(name)
         module_name, targets = REGISTRY[name]
         for target in targets:
+            _installed.setdefault(target, []).append(module_name)
             when_imported(target, _patcher(module_name))
     return names
+
+
+def rearm() -> None:
+    """Targets this process has dropped from sys.modules since they were patched (a warm worker reused for
+    another command forgets the modules the last one imported) are patched again when next imported: without
+    this, a later command's import of triton.testing would time unhooked, without a word."""
+    with _lock:
+        for target, modules in _installed.items():
+            if target not in sys.modules and target not in _pending:
+                _pending[target] = [_patcher(m) for m in modules]
