@@ -98,14 +98,18 @@ def killed(pid: int, tid, proc: str = "/proc") -> bool:
 
 # psutil is imported where it is used: `krex run` imports this module and mostly needs none of it (its import
 # is ~12 ms of every command's start)
+_STATE: dict = {}      # psutil's status -> the letter, filled at the first state() (the freeze asks per process)
+
+
 def state(pid: int) -> Optional[str]:
     """The process's state letter as /proc/pid/stat gives it (T: stopped), None when it is gone."""
     import psutil
-    letters = {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
-               psutil.STATUS_DEAD: "X", psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S",
-               psutil.STATUS_DISK_SLEEP: "D", psutil.STATUS_IDLE: "I"}
+    if not _STATE:
+        _STATE.update({psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_ZOMBIE: "Z",
+                       psutil.STATUS_DEAD: "X", psutil.STATUS_RUNNING: "R", psutil.STATUS_SLEEPING: "S",
+                       psutil.STATUS_DISK_SLEEP: "D", psutil.STATUS_IDLE: "I"})
     try:
-        return letters.get(psutil.Process(pid).status(), "?")
+        return _STATE.get(psutil.Process(pid).status(), "?")
     except (psutil.Error, ValueError):
         return None
 

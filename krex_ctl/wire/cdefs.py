@@ -6,8 +6,8 @@ command that uses the region API or the hooks. So they are parsed once, when the
 cffi's out-of-line ABI mode (a pure-Python file holding the parsed types, no compiler needed):
 `python3 krex_ctl/wire/cdefs.py HEADER OUT` (the Makefile's `shim` writes build/krex_ffi.py, setup.py the
 package's _lib/krex_ffi.py). load() takes that module only where it was made from this very header and these
-declarations (its SOURCE, compared whole; a module another cffi refuses is passed over too), and parses them at import otherwise: a stale or missing module costs time, never a
-wrong layout.
+declarations (its SOURCE, compared whole; a module another cffi refuses is passed over too), and parses them
+at import otherwise: a stale or missing module costs time, never a wrong layout.
 
 Standalone on purpose (no import from the krex_ctl package): setup.py runs it before the package is importable.
 """
