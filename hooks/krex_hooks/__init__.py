@@ -106,13 +106,15 @@ def _patcher(module_name: str) -> Callable:
             hook = importlib.import_module(module_name)
         except Exception as e:  # never break the user's benchmark, but never time silently without krex
             if module_name not in _failed:
+                from krex_ctl.feedback import STRICT_EXIT, flag   # KREX_STRICT read as krex run reads it
+
                 _failed.add(module_name)
-                strict = os.environ.get("KREX_STRICT", "").lower() in ("1", "true", "yes", "on")
+                strict = flag(os.environ, "KREX_STRICT")
                 print(f"krex: region hooks not installed ({type(e).__name__}: {e}); "
                       + ("--strict: stopping" if strict else "timings will not be protected"), file=sys.stderr)
                 if strict:
                     sys.stderr.flush()
-                    os._exit(5)
+                    os._exit(STRICT_EXIT)
             return
         hook.patch(module)
     return patch
