@@ -254,8 +254,12 @@ class RegionEffects:
                                       end_reason=reason,
                                       taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
                                       **extra)
-        region.job.regions.append(record)
-        if region.granted_ns:
+        # a region given up (its requester's wait ran out or was interrupted) is in that process's own record
+        # alone (not_granted): a second record would count it and its wait twice, and say exclusive where the
+        # grant crossed the cancel
+        if not region.given_up:
+            region.job.regions.append(record)
+        if region.granted_ns and not region.given_up:
             for g in report.mask_to_list(region.gpu_mask):
                 self.last_on_gpu[g] = {"ended_ns": ended, "held_ms": round((ended - region.granted_ns) / 1e6, 3),
                                        "sm_clock_min_mhz": att.clock_min or None, "jobs": job_ids(region)}
@@ -266,7 +270,8 @@ class RegionEffects:
                 log.exception("region observer failed")
         for pid in set(region.pids):
             worker = self.pool.by_pid(pid)
-            if worker is not None and worker.serving is not None and worker.serving is not region.job:
+            if worker is not None and worker.serving is not None and worker.serving is not region.job \
+                    and not region.given_up:
                 worker.serving.regions.append(record)   # a warm worker's region belongs to the command it runs
         leaver = e.leaver[0] if e.leaver else None
         if reason != C.KREX_END_OWNER_GONE:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 
 from conftest import SNIP, report_of, stderr_until, wait_for
 
@@ -201,6 +202,38 @@ def test_strict_counts_a_region_that_ran_without_a_grant(krex):
         assert "granted False" in out, err
         assert "timings not protected: 1 region(s) ran without a grant (unprotected: not_granted)" in err, err
         assert p.returncode == 5, err
+
+
+def test_a_wait_that_runs_out_while_the_region_drains_is_one_region(krex):
+    """The request has left the queue (its region started, draining a neighbour's long kernels) when the timeout
+    runs out: the cancel ends that region at the controller, and the report has one record of it, the process's
+    own (not_granted), not a second one from the controller that would count the region and its wait twice
+    (or say exclusive, where the grant crossed the cancel)."""
+    krex.start_controller("--drain-timeout", "20")
+    hog = krex.popen([SNIP / "hog"], env={"SNIPPET_STREAMS": "1", "SNIPPET_US": "2000000", "SNIPPET_MS": "8000"})
+    try:
+        wait_for(lambda: any(c["gpus"] for c in krex.status()["clients"]), timeout=60, what="the neighbour's context")
+        time.sleep(0.5)                              # its first kernels are in flight
+        rep = krex.dir / "drain.json"
+        r = krex.run([sys.executable, "-c",
+                      "import krex, sys\n"
+                      "try:\n"
+                      "    with krex.region('bounded', timeout=0.5):\n"
+                      "        pass\n"
+                      "except krex.RegionTimeout:\n"
+                      "    sys.exit(7)\n"], report=rep, timeout=120)
+        assert r.returncode == 7, (r.stdout, r.stderr)
+        log = krex.ctl_log.read_text()
+        report = report_of(rep)
+        regions = report["regions"]
+        assert len(regions) == 1, regions
+        assert regions[0]["recorded_by"] == "process" and "not_granted" in regions[0]["taints"]
+        assert not regions[0]["exclusive"] and regions[0]["end"] == "cancelled"
+        assert report["regions_exclusive"] == 0 and "1 region (0 exclusive" in r.stderr, r.stderr
+        assert queued(krex) == 0 and not any(g["owner"] for g in krex.status()["gpus"]), log[-2000:]
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def test_a_grant_within_the_timeout_is_an_ordinary_region(krex):

@@ -363,6 +363,32 @@ def test_a_waiting_request_is_cancelled_and_the_next_one_starts():
     assert region_of([e for e in out if not isinstance(e, P.Finish)]).owner is c
 
 
+def test_a_region_only_cancelled_is_given_up_and_one_used_is_not():
+    """A region its requester cancelled while it drained, or just after its grant (the grant crossed the cancel),
+    was never used: given_up (the server keeps no record of it; the process's own one stands). A member that
+    left by REGION_END, or went away, used it, whoever cancels last."""
+    w = World()
+    job = Job(1)
+    a, b, n = w.client(10, job), w.client(11, job), w.client(20, Job(2))
+    drained = w.request(a)                       # n has a context: the region drains it first
+    r = region_of(drained)
+    assert r.state is State.DRAINING
+    assert "Finish" in kinds(w.book.cancel(a, 5, w.now)) and r.given_up
+    r = region_of(w.run_to_grant(w.request(a, seq=6)))
+    assert r.state is State.HELD
+    w.book.cancel(a, 7, w.now)                   # the grant crossed the cancel
+    assert r.given_up
+    r = region_of(w.run_to_grant(w.request(a, seq=8)))
+    w.request(b, seq=9)                          # joins
+    w.book.leave(r, a, C.KREX_END_NORMAL, 10, w.now)
+    w.book.cancel(b, 11, w.now)
+    assert r.state is State.ENDED and not r.given_up
+    r = region_of(w.run_to_grant(w.request(a, seq=12)))
+    w.book.gone(a, w.now)
+    assert r.state is State.ENDED and not r.given_up
+    assert n.request is None
+
+
 def test_a_second_request_of_one_client_is_refused():
     w = World()
     a = w.client(10, Job(1))

@@ -135,6 +135,17 @@ class Region:
                                                      # this region's drain and stopped again at its freeze
     grown: int = 0                                   # GPUs its members made contexts on inside it: no other job's
                                                      # region starts there while it is live
+    used: bool = False                               # a member left it other than by a cancel (REGION_END, or its
+                                                     # connection closed): its grant was taken. A region only
+                                                     # cancelled was never used (given_up)
+    end_reason: int = 0                              # why it ended (KREX_END_*), set at its end
+
+    @property
+    def given_up(self) -> bool:
+        """Ended by its members' cancels alone (a bounded wait that ran out, an interrupted wait), before or across
+        its grant, or by a start the controller could not carry out: nobody timed in it. The requester's own
+        record (not_granted) is then the region's only one in the report."""
+        return self.state is State.ENDED and not self.used and self.end_reason == C.KREX_END_CANCELLED
 
     @property
     def id(self) -> int:
@@ -614,6 +625,8 @@ class Regions:
     def leave(self, region: Region, client, reason: int, seq: int, now: float) -> list:
         """A member is done (REGION_END, cancel, or its connection closed); the region ends with the last."""
         m = region.members.pop(client, None)
+        if m is not None and reason != C.KREX_END_CANCELLED:
+            region.used = True
         if region.members:
             if region.owner is client:
                 region.owner = next(iter(region.members))
@@ -630,6 +643,7 @@ class Regions:
         if not self.live(region):
             return []
         self._to(region, event, now)
+        region.end_reason = reason
         del self.regions[region.id]
         if region.held_since:       # granted: the next job's region on these GPUs keeps region_gap_ms from now
             for g in mask_to_list(region.gpu_mask):
