@@ -1,6 +1,7 @@
 """The fairness rule (policy/scheduler.py FairShare, policy/regions.py), driven directly, and on the fake
 driver: one job looping back-to-back regions leaves a sibling its share; a request never waits past its turn."""
 
+import heapq
 import math
 import time
 
@@ -85,8 +86,10 @@ def test_bounded_wait_no_request_waits_past_its_turn():
 
 
 def test_fifo_within_a_job_and_among_equals():
-    """Requests queued behind another job's region start in the order they came: two of one job, and one of
-    another job of the same user (equal usage) after them."""
+    """Requests queued behind another job's region start in the order they came: two of one job (the second
+    joins the first's region, as it would have had it asked once that region began: a gang's ranks that asked
+    while another job held the GPU begin together), and one of another job of the same user (equal usage)
+    after them."""
     w = world()
     j = Job(1)
     h = uclient(w, 9, Job(9), 2)
@@ -96,7 +99,7 @@ def test_fifo_within_a_job_and_among_equals():
     assert [q.owner for q in w.book.queue] == [c1, c2, e]
     out = w.book.leave(w.book.region_of(h), h, 0, 1, w.now + 0.001)
     assert [x.region.owner for x in out if isinstance(x, P.CloseGates)] == [c1]
-    assert [q.owner for q in w.book.queue] == [c2, e]
+    assert [q.owner for q in w.book.queue] == [e] and c2 in w.book.region_of(c1).members
 
 
 def test_a_sibling_gone_is_no_contender():
@@ -197,6 +200,167 @@ def test_a_gang_member_back_again_queues_behind_a_waiter():
     assert r0 not in region.members and r0.request is not None, kinds(out)
     out = w.book.leave(region, r1, 0, 1, w.now + 0.01)        # the region ends: the other job goes next
     assert any(isinstance(e, P.CloseGates) and e.region.owner is other for e in out), kinds(out)
+
+
+class Loops:
+    """A small discrete-event driver over the policy: clients loop regions (hold s inside, think s between)."""
+
+    def __init__(self, w):
+        self.w, self.ev, self.n = w, [], 0
+        self.loops, self.held = {}, {}
+
+    def add(self, c, hold, think=0.0):
+        self.loops[c], self.held[c] = (hold, think), 0.0
+        self.at(self.w.now, "req", c)
+
+    def at(self, t, kind, what):
+        self.n += 1
+        heapq.heappush(self.ev, (t, self.n, kind, what))
+
+    def effects(self, effects):
+        for e in self.w.run_to_grant(effects):
+            if isinstance(e, P.Grant):
+                self.at(self.w.now + self.loops[e.region.owner][0], "end", e.region)
+            elif isinstance(e, P.Recheck):
+                self.at(self.w.now + e.delay, "recheck", None)
+
+    def run(self, seconds):
+        until = self.w.now + seconds
+        while self.ev and self.ev[0][0] <= until:
+            t, _, kind, what = heapq.heappop(self.ev)
+            self.w.now = max(self.w.now, t)
+            if kind == "req":
+                self.effects(self.w.request(what))
+            elif kind == "end" and self.w.book.live(what):
+                owner = what.owner
+                self.held[owner] += self.w.now - what.held_since
+                self.effects(self.w.book.leave(what, owner, 0, 1, self.w.now))
+                self.at(self.w.now + self.loops[owner][1], "req", owner)
+            elif kind == "recheck":
+                self.effects(self.w.book.recheck(self.w.now))
+        return self
+
+
+def test_two_region_loops_share_the_gpu_by_time_not_by_turns():
+    """Two users each loop regions on GPU 0, asking again 1 ms after each end: A's regions last 3 s, B's 0.2 s.
+    Each contends all the time, so each gets about half the region time, under either freeze policy (before,
+    the one whose region ran or had just ended was no contender: they alternated one region each, and B got
+    6%)."""
+    for policy in ("all", "busy"):
+        w = world(freeze_policy=policy)
+        a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+        loops = Loops(w)
+        loops.add(a, hold=3.0, think=0.001)
+        loops.add(b, hold=0.2, think=0.001)
+        loops.run(200)
+        share = loops.held[b] / (loops.held[a] + loops.held[b])
+        assert 0.35 <= share <= 0.65, (policy, loops.held)
+        assert w.book.counters["fair_share_waits"] > 0
+
+
+def test_a_contender_that_stops_asking_costs_the_other_one_grace_at_most():
+    """A is over its share while B loops; B then stops: A waits at most FairShare.GRACE_S for B's next request,
+    then runs alone, never slowed again. (Freeze policy busy: B has no GPU work of its own between its regions,
+    so A's regions do not hold it off; a frozen B would contend, as a process held off does.)"""
+    w = world(freeze_policy="busy")
+    a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+    loops = Loops(w)
+    loops.add(a, hold=1.0, think=0.001)
+    loops.add(b, hold=0.2, think=0.001)
+    loops.run(20)
+    loops.loops[b] = (0.2, 1e9)              # B asks no more after its next region
+    loops.run(2.0)
+    before, waits = loops.held[a], w.book.counters["fair_share_waits"]
+    loops.run(10.0)                          # A's regions are credited at their ends: one may straddle each edge
+    assert loops.held[a] - before >= 10.0 - 2.0 - FairShare.GRACE_S, loops.held
+    assert w.book.counters["fair_share_waits"] - waits <= 1
+
+
+def test_gang_ranks_in_lockstep_leave_a_frozen_sibling_its_share():
+    """Two ranks of one job time in lockstep: each asks for its next region while the other is still inside. A
+    rank back again queues (another job's process is held off), so the region ends and the fair share applies:
+    the sibling runs within a few windows (before, every request joined the live region, which held the
+    sibling stopped until the time limit revoked it)."""
+    w = world()
+    gang = Job(1)
+    r0, r1 = uclient(w, 1, gang, 1), uclient(w, 2, gang, 1)
+    sib = uclient(w, 3, Job(2), 2)
+    w.run_to_grant(w.request(r0))
+    w.request(r1)
+    released_at = None
+    for _ in range(200):                      # up to 50 s
+        region = w.book.region_of(r0) or w.book.region_of(r1)
+        if region is None or not w.book.freezes.frozen(sib):
+            released_at = w.now
+            break
+        w.now += 0.25
+        inside = [c for c in (r0, r1) if c in region.members]
+        leaver = inside[0]
+        out = w.book.leave(region, leaver, 0, 1, w.now) + w.request(leaver)
+        seen = w.run_to_grant(out)
+        assert not any(isinstance(e, P.Refuse) for e in seen)
+    assert released_at is not None and released_at - 100.0 <= 15.0, released_at
+
+
+def test_new_processes_of_a_job_do_not_keep_its_region_past_its_share():
+    """A job that times each candidate in a new process, two at a time, while another job waits for the GPU:
+    new processes join its region until the job is over its share counting the region's time so far; then they
+    queue, the region ends and the other job's request starts (before, it waited until the time limit)."""
+    w = world()
+    job = Job(1)
+    pids = iter(range(100, 100000))
+    first = uclient(w, next(pids), job, 1)
+    other = uclient(w, 9, Job(2), 2)
+    w.run_to_grant(w.request(first))
+    region = w.book.region_of(first)
+    w.request(other)
+    inside, started = [first], None
+    for _ in range(120):                      # 30 s of candidates, 0.5 s each
+        c = uclient(w, next(pids), job, 1)
+        out = w.request(c)
+        if c in region.members:
+            inside.append(c)
+        w.now += 0.25
+        if inside:
+            leaver = inside.pop(0)
+            out += w.book.leave(region, leaver, 0, 1, w.now)
+            w.clients.remove(leaver)
+            out += w.book.gone(leaver, w.now)
+        if any(isinstance(e, P.CloseGates) and e.region.owner is other for e in out):
+            started = w.now
+            break
+    assert started is not None and started - 100.0 <= 6.0, started
+
+
+def test_ranks_that_asked_while_another_job_held_the_gpu_begin_together():
+    """Both ranks of a job queue behind another job's region: the first's region takes the second as a member
+    when it starts (queued behind it, the second would wait for a region whose owner waits for it)."""
+    w = world()
+    holder = uclient(w, 9, Job(9), 2)
+    job = Job(1)
+    r0, r1 = uclient(w, 1, job, 1), uclient(w, 2, job, 1)
+    w.run_to_grant(w.request(holder))
+    held = w.book.region_of(holder)
+    assert w.request(r0) == [] and w.request(r1) == []
+    seen = w.run_to_grant(w.book.leave(held, holder, 0, 1, w.now))
+    grants = [e for e in seen if isinstance(e, P.Grant)]
+    assert len(grants) == 1 and set(grants[0].region.members) == {r0, r1} and not w.book.queue
+
+
+def test_a_rank_asking_beyond_its_jobs_region_is_refused_not_queued_behind_it():
+    """A rank asks for GPUs 0 and 1 while its job's region holds GPU 0 only (its context on GPU 1 came after that
+    region began): it cannot join, and queued it would wait for its own job's region, whose members may wait for
+    it in a collective. Refused at once, with the way out in the message."""
+    w = world()
+    job = Job(1)
+    r0 = UClient(1, job, 1, devices=0b01)
+    w.clients.append(r0)
+    w.run_to_grant(w.request(r0, mask=0b01))
+    r1 = UClient(2, job, 1, devices=0b10)
+    w.clients.append(r1)
+    out = w.request(r1, mask=0b11)
+    assert kinds(out) == ["Refuse"] and r1.request is None and not w.book.queue
+    assert "--gpus" in out[0].text and "[1]" in out[0].text
 
 
 def test_freeze_policy_busy_stops_only_siblings_with_work_in_flight():

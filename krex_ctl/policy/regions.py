@@ -279,6 +279,7 @@ class Regions:
                          "region_gap_waits": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
+        self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
         self.recheck_at: Optional[float] = None
         self.deferred: set = set()              # ids of the requests waiting for their fair share now
         self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, the jobs it worked for) of the last granted
@@ -313,8 +314,17 @@ class Regions:
         if client.request is not None or self.region_of(client) is not None:
             return [Refuse(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq)]
         for r in self.regions.values():     # a gang: a request of the region's job inside its GPUs joins it
-            if mask & ~r.gpu_mask == 0 and jobs.own_jobs(r, self.command_job) & {client.job, self.command_job(client)}:
-                if self._rejoin_waits(r, client):
+            if not jobs.own_jobs(r, self.command_job) & {client.job, self.command_job(client)}:
+                continue
+            if mask & r.gpu_mask and mask & ~r.gpu_mask:
+                # it would wait for its own job's region, whose members may wait for it (a collective): a deadlock
+                # until the time limit. Its job's GPUs grew since that region began (a rank's context came later)
+                return [Refuse(client, C.KREX_ERR_STATE,
+                               f"its job's region {r.id} holds GPU(s) {mask_to_list(r.gpu_mask)} and this request "
+                               f"also names {mask_to_list(mask & ~r.gpu_mask)}: declare the job's GPUs (krex run "
+                               "--gpus N or --gpu LIST) or name the same GPUs in every rank's region", seq)]
+            if mask & ~r.gpu_mask == 0:
+                if self._join_waits(r, client, now):
                     break
                 return self._join(r, client, seq, name, requested_ns)
         req = Request(next(self.ids), mask, name, requested_ns, client, seq, hold_mask=client.devices)
@@ -322,27 +332,70 @@ class Regions:
         self.queue.append(req)
         return self.schedule(now)
 
-    def _rejoin_waits(self, region: Region, client) -> bool:
-        """A member that was inside this region already and left queues like anyone else while another job
-        waits for the region's GPUs: else a gang's ranks could take turns inside it for ever (joins would
-        ignore waiters). A rank that has not been inside yet still joins (its collectives need it there)."""
-        if client.pid not in region.pids:
-            return False
+    def _join_waits(self, region: Region, client, now: float) -> bool:
+        """A request of the region's job queues like any other, instead of joining, while another job contends
+        for the region's GPUs (waits for them, was held off by this region or the last one there, or had a region
+        there a moment ago): a member that was inside already and asks again always (else a gang's ranks could
+        take turns inside it for ever, its region never ending while others wait), a process not inside yet once
+        its job is over its fair share counting this region's time so far (else a job that starts a process per
+        candidate would keep its region). A rank not inside yet otherwise joins: its collectives need it there.
+        Queued, it waits for the region to end and starts the next one, its job's other queued ranks with it."""
         mine = jobs.own_jobs(region, self.command_job)
-        return any(q.holds & region.gpu_mask and q.owner.job not in mine and self.command_job(q.owner) not in mine
-                   for q in self.queue)
+        held_off = self.freezes.by_region(region.id) + region.busy
+        others = {g: {u for u in self.contenders(g, now) if u[1] not in mine}
+                  | {(getattr(c, "uid", None), self.command_job(c)) for c in held_off
+                     if c.devices >> g & 1 and self.command_job(c) not in mine and c.job not in mine}
+                  for g in mask_to_list(region.gpu_mask)}
+        if not any(others.values()):
+            return False
+        if client.pid in region.pids:
+            return True
+        if not self.fair.on or not region.held_since:
+            return False
+        unit = (getattr(client, "uid", None), self.command_job(client))
+        return self.fair.delay_for(unit, region.gpu_mask, lambda g: others.get(g, set()), now,
+                                   pending=now - region.held_since) > 0
+
+    def _gather(self, region: Region) -> list:
+        """A region just started takes its job's other waiting requests within its GPUs as members: ranks that
+        asked while another job held the GPUs, or that queued behind their job's previous region, begin
+        together (queued behind it, a rank would wait for a region whose members wait for it in a collective)."""
+        mine = jobs.own_jobs(region, self.command_job)
+        out: list = []
+        for q in [q for q in self.queue if q.gpu_mask & ~region.gpu_mask == 0]:
+            if ({q.owner.job, self.command_job(q.owner)} & mine and self.region_of(q.owner) is None
+                    and not self.freezes.frozen(q.owner)):
+                self.queue.remove(q)
+                q.owner.request = None
+                out += self._join(region, q.owner, q.seq, q.name, q.requested_ns)
+        return out
 
     def units(self, req: Request) -> tuple:
         """The (user, job) a request is charged to and ordered by."""
         return getattr(req.owner, "uid", None), self.command_job(req.owner)
 
-    def contenders(self, gpu: int) -> set:
-        """(user, job) pairs contending on gpu: a request waiting there, or held off by the last region there."""
+    def contenders(self, gpu: int, now: Optional[float] = None) -> set:
+        """(user, job) pairs contending on gpu: a request waiting there, a region held there or ended there less
+        than FairShare.GRACE_S before now (a loop of regions asks again within it), or held off by the last
+        region there."""
         out = set(self.held_off.get(gpu, ()))
         for q in self.queue:
             if q.gpu_mask >> gpu & 1:
                 out.add(self.units(q))
+        for r in self.regions.values():
+            if r.gpu_mask >> gpu & 1:
+                out.add(self.units(r.req))
+        if now is not None:
+            out |= {unit for unit, t in self.recent.get(gpu, {}).items() if now - t < FairShare.GRACE_S}
         return out
+
+    def _grace_ends(self, req: Request, now: float) -> Optional[float]:
+        """The earliest time another unit whose region ended a moment ago stops contending on req's GPUs (req,
+        deferred, is looked at again then: it may be alone by then)."""
+        own = self.units(req)
+        ends = [t + FairShare.GRACE_S for g in mask_to_list(req.gpu_mask) for u, t in self.recent.get(g, {}).items()
+                if u != own and now - t < FairShare.GRACE_S]
+        return min(ends, default=None)
 
     def recheck(self, now: float) -> list:
         """A Recheck's time came."""
@@ -377,9 +430,10 @@ class Regions:
         delays = {}
         if self.fair.on:
             for req in order:
-                d = self.fair.delay(req, self.units, self.contenders, now)
+                d = self.fair.delay(req, self.units, lambda g: self.contenders(g, now), now)
                 if d > 0:
-                    delays[req.id] = d
+                    grace = self._grace_ends(req, now)
+                    delays[req.id] = max(0.001, min(d, grace - now)) if grace is not None else d
         for rid in delays.keys() - self.deferred:
             self.counters["fair_share_waits"] += 1
         self.deferred = set(delays)
@@ -391,6 +445,7 @@ class Regions:
             self.queue.remove(req)
             req.owner.request = None
             out += self._start(req, now)
+            out += self._gather(self.regions[req.id])
         if delays:
             at = now + min(delays.values())
             if self.recheck_at is None or at < self.recheck_at - 1e-3 or self.recheck_at < now:
@@ -666,6 +721,11 @@ class Regions:
         off = {(getattr(c, "uid", None), self.command_job(c)) for c in self.freezes.by_region(region.id) + region.busy}
         for g in mask_to_list(region.gpu_mask):
             self.held_off[g] = off
+            recent = self.recent.setdefault(g, {})
+            for unit in [u for u, t in recent.items() if now - t >= FairShare.GRACE_S]:
+                del recent[unit]
+            if region.held_since:
+                recent[(user, job)] = now
 
     def gone(self, client, now: float) -> list:
         """A client's connection closed (or its process exited): its request, its regions, its drains."""
@@ -680,6 +740,8 @@ class Regions:
         if not any((getattr(c, "uid", None), self.command_job(c)) == unit for c in self.clients() if c is not client):
             for off in self.held_off.values():    # gone with its last process: no longer a contender for a share
                 off.discard(unit)
+            for recent in self.recent.values():
+                recent.pop(unit, None)
         for region in list(self.regions.values()):
             if client in region.members:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)

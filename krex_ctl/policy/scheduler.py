@@ -62,13 +62,17 @@ class FairShare:
     - share: on a GPU where other users (or other jobs of the same user) contend, a request whose user is
       over its share (1 / users contending) or whose job is over its share of its user's (1 / its user's jobs
       contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
-      when it has a request waiting there, or when the last region there held it off (froze it, or found
-      GPU work of its in flight at the drain). Meanwhile it steps aside: the requests behind it may start.
-      One agent with back-to-back regions thus leaves the others at least about their share of every
-      window, and one alone on a GPU is never slowed.
+      when it has a request waiting there, holds a region there, had one end there less than GRACE_S ago (a
+      loop of regions asks again within that: else two jobs looping regions would just alternate, one region
+      each whatever its length), or when the last region there held it off (froze it, or found GPU work of
+      its in flight at the drain). Meanwhile it steps aside: the requests behind it may start. One agent with
+      back-to-back regions thus leaves the others at least about their share of every window, and one alone
+      on a GPU is never slowed (one whose last contender has just left waits GRACE_S at most).
 
     A request waits at most: the region running, plus the regions of every unit below it in usage, each
     bounded by the time limit; and a unit over its share waits at most window_s * ln(usage / share)."""
+
+    GRACE_S = 0.1
 
     def __init__(self, window_s: float) -> None:
         self.window = float(window_s)
@@ -106,11 +110,16 @@ class FairShare:
     def delay(self, req, units, contenders, now: float) -> float:
         """Seconds req must wait for its share (0: it may start). contenders(gpu) -> the (user, job) pairs
         contending there besides req's own."""
+        return self.delay_for(units(req), req.gpu_mask, contenders, now)
+
+    def delay_for(self, unit: tuple, mask: int, contenders, now: float, pending: float = 0.0) -> float:
+        """delay() for the (user, job) unit on mask; pending: seconds it holds there now, not charged yet (a live
+        region's, for a join)."""
         if not self.on:
             return 0.0
-        user, job = units(req)
+        user, job = unit
         wait = 0.0
-        for g in mask_to_list(req.gpu_mask):
+        for g in mask_to_list(mask):
             others = set(contenders(g)) - {(user, job)}
             if not others:
                 continue
@@ -118,7 +127,7 @@ class FairShare:
             jobs = {j for u, j in others if u == user} | {job}
             share = self.window / len(users)
             for unit, limit in ((("user", user), share), (("job", job), share / len(jobs))):
-                u = self.used(unit, g, now)
+                u = self.used(unit, g, now) + pending
                 if len(users if unit[0] == "user" else jobs) > 1 and u > limit * 1.0001:
                     wait = max(wait, self.window * math.log(u / limit))
         return wait
