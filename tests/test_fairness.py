@@ -409,3 +409,30 @@ def test_back_to_back_regions_leave_a_sibling_its_share(krex):
                    if name == "hog" and e > start and s < end)
     assert hog_busy > 0
     assert krex.status()["counters"]["fair_share_waits"] >= 1
+
+
+def test_a_gang_in_lockstep_leaves_a_sibling_its_share(krex):
+    """Two ranks of one job loop 0.2-s regions 50 ms apart (each asks again while the other is inside) beside
+    another job's busy process: their job's region ends and starts again, the sibling runs between, and none of
+    the gang's regions is revoked (before, every request joined one region, which held the sibling stopped
+    until the time limit revoked it)."""
+    from conftest import SNIP, report_of
+
+    krex.env["KREX_WARM_WORKERS"] = "0"
+    krex.start_controller("--fair-window", "2", "--region-time-limit", "8")
+    hog, _pid = krex.start_sibling(SNIPPET_US="2000", SNIPPET_MS="60000")
+    try:
+        rep = krex.dir / "gang.json"
+        ranks = f"{SNIP / 'region'} & sleep 0.05; {SNIP / 'region'} & wait"
+        r = krex.run(["sh", "-c", ranks], report=rep, timeout=240,
+                     env={"SNIPPET_REGIONS": "25", "SNIPPET_N": "1", "SNIPPET_US": "200000"})
+        assert r.returncode == 0, r.stderr
+    finally:
+        hog.kill()
+        hog.wait()
+    regions = [x for x in report_of(rep)["regions"] if x.get("granted_ns")]
+    assert regions and not any("revoked" in x["taints"] for x in regions), [x["taints"] for x in regions]
+    assert len(regions) >= 5, len(regions)
+    start, end = regions[0]["granted_ns"], regions[-1]["ended_ns"]
+    held = sum(x["ended_ns"] - x["granted_ns"] for x in regions)
+    assert (end - start - held) / (end - start) >= 0.2, (held, end - start)
