@@ -73,7 +73,8 @@ def describe_holder(h: Optional[dict]) -> str:
 def wait_line(w: dict) -> str:
     held = f"held by {describe_holder(w.get('holder'))}"
     if w.get("kind") == "region":
-        where = f"{ordinal(w['place'])} of {w['queued']} in the queue"
+        where = f"{ordinal(w['place'])} of {w['queued']} in the queue" + (
+            ", waiting for its job's fair share of the GPU" if w.get("fair_share") else "")
         return f"waiting {w['since_s']:.1f} s for GPU {w['gpu']} (region '{w['name']}'): {held}; {where}"
     queued = f"; {w['queued']} region(s) queued" if w.get("queued") else ""
     return f"waiting {w['since_s']:.1f} s at GPU {w['gpu']}'s closed gate: {held}{queued}"

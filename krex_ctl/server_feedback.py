@@ -45,15 +45,17 @@ def job_wait(ctl, client, req: dict) -> dict:
     if client.uid not in (0, job.uid):
         return {"error": "only the job's user or root may ask about it"}
     waits = []
+    served = ctl.book.served_order(time.monotonic())      # the place a request will be served in, not its arrival
     for g in ctl.cfg.gpus:
         bit = 1 << g
-        queue = [r for r in ctl.book.queue if r.gpu_mask & bit]
+        queue = [r for r in served if r.gpu_mask & bit]
         held = owner_on(ctl, bit)
         for place, r in enumerate(queue, 1):
             if r.owner.job is job:
                 waits.append({"gpu": g, "kind": "region", "name": r.name, "pid": r.owner.pid, "place": place,
                               "queued": len(queue), "since_s": (now_ns() - r.requested_ns) / 1e9,
-                              "holder": holder(held, client.uid) if held is not None else None})
+                              "holder": holder(held, client.uid) if held is not None else None,
+                              **({"fair_share": True} if r.id in ctl.book.deferred else {})})
         if any(w["gpu"] == g for w in waits):
             continue      # its region waits in the queue: that is the line to say, not the gate
         if held is not None and held.job is not job and any(c.job is job and c.devices & bit

@@ -363,6 +363,29 @@ def test_a_rank_asking_beyond_its_jobs_region_is_refused_not_queued_behind_it():
     assert "--gpus" in out[0].text and "[1]" in out[0].text
 
 
+def test_the_queue_is_told_in_the_order_it_is_served():
+    """served_order (what `krex run`'s "Nth of M in the queue" line numbers): a request waiting for its share
+    steps aside, so it is told it comes after the one behind it, and the wait line says why."""
+    from krex_ctl.feedback import wait_line
+
+    w = world()
+    h = uclient(w, 9, Job(9), 3)
+    w.run_to_grant(w.request(h))
+    a, e = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+    f = w.book.fair
+    f.charge(("user", 1), 1, 4.0, w.now)
+    f.charge(("job", a.job), 1, 4.0, w.now)
+    w.book.held_off[0] = {(2, e.job)}
+    w.request(a)
+    w.request(e)
+    assert [q.owner for q in w.book.queue] == [a, e]                  # arrival
+    assert a.request.id in w.book.deferred
+    assert [q.owner for q in w.book.served_order(w.now)] == [e, a]    # served
+    line = wait_line({"kind": "region", "gpu": 0, "name": "r", "place": 2, "queued": 2, "since_s": 1.0,
+                      "holder": None, "fair_share": True})
+    assert line.endswith("2nd of 2 in the queue, waiting for its job's fair share of the GPU"), line
+
+
 def test_freeze_policy_busy_stops_only_siblings_with_work_in_flight():
     w = World(freeze_policy="busy", busy_before_us=1000.0)
     o = w.client(1, Job(1))

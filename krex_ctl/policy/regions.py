@@ -397,6 +397,12 @@ class Regions:
                 if u != own and now - t < FairShare.GRACE_S]
         return min(ends, default=None)
 
+    def served_order(self, now: float) -> list:
+        """The waiting requests in the order they would be served: by the fair share's order, those waiting for
+        their share (deferred) after the others (they step aside)."""
+        order = self.fair.order(self.queue, self.units, now)
+        return [q for q in order if q.id not in self.deferred] + [q for q in order if q.id in self.deferred]
+
     def recheck(self, now: float) -> list:
         """A Recheck's time came."""
         if self.recheck_at is not None and now >= self.recheck_at - 1e-3:
