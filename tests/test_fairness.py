@@ -332,6 +332,27 @@ def test_new_processes_of_a_job_do_not_keep_its_region_past_its_share():
     assert started is not None and started - 100.0 <= 6.0, started
 
 
+def test_a_rank_a_moment_late_joins_its_jobs_region_over_its_share_too():
+    """The job has used more than its share (its region was granted once its usage decayed to it), another job
+    waits, and rank 1 asks 50 ms after rank 0's grant: it joins (its collectives need it inside: queued, it would
+    wait for the region's end while rank 0 waits for it); only a process more than a share late queues."""
+    w = world()
+    job = Job(1)
+    r0, r1 = uclient(w, 1, job, 1), uclient(w, 2, job, 1)
+    other = uclient(w, 9, Job(2), 2)
+    f = w.book.fair
+    f.charge(("user", 1), 1, 4.0, w.now)
+    f.charge(("job", job), 1, 4.0, w.now)
+    w.run_to_grant(w.request(r0))
+    region = w.book.region_of(r0)
+    w.request(other)                               # waits for the GPU
+    w.now += 0.05
+    assert kinds(w.request(r1, seq=2)) == ["GrantMember"] and r1 in region.members
+    late = uclient(w, 3, job, 1)
+    w.now += 5.0 / 2 + 0.1                         # past the job's share of the window (two users contend)
+    assert w.request(late, seq=3) == [] and late.request is not None
+
+
 def test_ranks_that_asked_while_another_job_held_the_gpu_begin_together():
     """Both ranks of a job queue behind another job's region: the first's region takes the second as a member
     when it starts (queued behind it, the second would wait for a region whose owner waits for it)."""

@@ -337,8 +337,9 @@ class Regions:
         for the region's GPUs (waits for them, was held off by this region or the last one there, or had a region
         there a moment ago): a member that was inside already and asks again always (else a gang's ranks could
         take turns inside it for ever, its region never ending while others wait), a process not inside yet once
-        its job is over its fair share counting this region's time so far (else a job that starts a process per
-        candidate would keep its region). A rank not inside yet otherwise joins: its collectives need it there.
+        this region has been held longer than its job's share of a window (else a job that starts a process per
+        candidate would keep its region). A rank not inside yet otherwise joins: its collectives need it there
+        (a rank more than a share late would wait for the region's end, its ranks for it, until the time limit).
         Queued, it waits for the region to end and starts the next one, its job's other queued ranks with it."""
         mine = jobs.own_jobs(region, self.command_job)
         held_off = self.freezes.by_region(region.id) + region.busy
@@ -353,8 +354,7 @@ class Regions:
         if not self.fair.on or not region.held_since:
             return False
         unit = (getattr(client, "uid", None), self.command_job(client))
-        return self.fair.delay_for(unit, region.gpu_mask, lambda g: others.get(g, set()), now,
-                                   pending=now - region.held_since) > 0
+        return now - region.held_since > self.fair.job_share(unit, region.gpu_mask, lambda g: others.get(g, set()))
 
     def _gather(self, region: Region) -> list:
         """A region just started takes its job's other waiting requests within its GPUs as members: ranks that

@@ -112,9 +112,21 @@ class FairShare:
         contending there besides req's own."""
         return self.delay_for(units(req), req.gpu_mask, contenders, now)
 
-    def delay_for(self, unit: tuple, mask: int, contenders, now: float, pending: float = 0.0) -> float:
-        """delay() for the (user, job) unit on mask; pending: seconds it holds there now, not charged yet (a live
-        region's, for a join)."""
+    def job_share(self, unit: tuple, mask: int, contenders) -> float:
+        """The seconds of each window the (user, job) unit's job is due on mask where others contend (its user's
+        share split among the user's contending jobs; the least over the GPUs), inf where nobody else does."""
+        user, job = unit
+        least = math.inf
+        for g in mask_to_list(mask):
+            others = set(contenders(g)) - {(user, job)}
+            if others:
+                users = {u for u, _ in others} | {user}
+                jobs = {j for u, j in others if u == user} | {job}
+                least = min(least, self.window / len(users) / len(jobs))
+        return least
+
+    def delay_for(self, unit: tuple, mask: int, contenders, now: float) -> float:
+        """delay() for the (user, job) unit on mask."""
         if not self.on:
             return 0.0
         user, job = unit
@@ -127,7 +139,7 @@ class FairShare:
             jobs = {j for u, j in others if u == user} | {job}
             share = self.window / len(users)
             for unit, limit in ((("user", user), share), (("job", job), share / len(jobs))):
-                u = self.used(unit, g, now) + pending
+                u = self.used(unit, g, now)
                 if len(users if unit[0] == "user" else jobs) > 1 and u > limit * 1.0001:
                     wait = max(wait, self.window * math.log(u / limit))
         return wait
