@@ -276,6 +276,36 @@ def test_a_contender_that_stops_asking_costs_the_other_one_grace_at_most():
     assert w.book.counters["fair_share_waits"] - waits <= 1
 
 
+def test_a_job_that_does_not_loop_is_no_contender_once_its_region_ended():
+    """B's region ends and B is not looping (it asked with no region of its own just before: between its regions
+    it compiles): A, over its share and deferred while B held the GPU, starts at B's end, the GPU not idling the
+    grace for a request that will not come. Once B loops (asks again within the grace), its end defers A."""
+    w = world(freeze_policy="busy")
+    a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+    f = w.book.fair
+    f.charge(("user", 1), 1, 4.0, w.now)
+    f.charge(("job", a.job), 1, 4.0, w.now)
+    w.run_to_grant(w.request(b))
+    assert any(isinstance(e, P.Recheck) for e in w.request(a))        # deferred: B holds the GPU
+    w.now += 0.2
+    out = w.book.leave(w.book.region_of(b), b, 0, 1, w.now)
+    assert any(isinstance(e, P.CloseGates) and e.region.owner is a for e in out), kinds(out)
+    w.run_to_grant(out)
+    w.now += 0.5
+    w.book.leave(w.book.region_of(a), a, 0, 1, w.now)
+    f.charge(("job", a.job), 1, 4.0, w.now)                            # over its share again
+    f.charge(("user", 1), 1, 4.0, w.now)
+    w.run_to_grant(w.request(b))                                       # B: not looping yet
+    w.now += 0.2
+    w.book.leave(w.book.region_of(b), b, 0, 1, w.now)
+    w.now += 0.001
+    w.run_to_grant(w.request(b))                                       # B asks again within the grace: a loop
+    w.now += 0.2
+    w.request(a)
+    out = w.book.leave(w.book.region_of(b), b, 0, 1, w.now)
+    assert not any(isinstance(e, P.CloseGates) for e in out) and any(isinstance(e, P.Recheck) for e in out), kinds(out)
+
+
 def test_gang_ranks_in_lockstep_leave_a_frozen_sibling_its_share():
     """Two ranks of one job time in lockstep: each asks for its next region while the other is still inside. A
     rank back again queues (another job's process is held off), so the region ends and the fair share applies:

@@ -280,6 +280,8 @@ class Regions:
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
+        self.looping: dict[int, set] = {}       # gpu -> (user, job) whose last request there came less than
+                                                # FairShare.GRACE_S after its previous region's end (a loop)
         self.recheck_at: Optional[float] = None
         self.deferred: set = set()              # ids of the requests waiting for their fair share now
         self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, the jobs it worked for) of the last granted
@@ -313,6 +315,13 @@ class Regions:
         (and two such owners would wait for each other). Gates, drains and freezes stay on mask alone."""
         if client.request is not None or self.region_of(client) is not None:
             return [Refuse(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq)]
+        unit = (getattr(client, "uid", None), self.command_job(client))
+        for g in mask_to_list(mask or client.devices):
+            ended = self.recent.get(g, {}).get(unit)
+            if ended is not None and now - ended < FairShare.GRACE_S:
+                self.looping.setdefault(g, set()).add(unit)
+            else:
+                self.looping.get(g, set()).discard(unit)
         for r in self.regions.values():     # a gang: a request of the region's job inside its GPUs joins it
             if not jobs.own_jobs(r, self.command_job) & {client.job, self.command_job(client)}:
                 continue
@@ -376,8 +385,9 @@ class Regions:
 
     def contenders(self, gpu: int, now: Optional[float] = None) -> set:
         """(user, job) pairs contending on gpu: a request waiting there, a region held there or ended there less
-        than FairShare.GRACE_S before now (a loop of regions asks again within it), or held off by the last
-        region there."""
+        than FairShare.GRACE_S before now by a unit that loops (its last request came within that of its region
+        before: it will ask again; one that compiles between regions is no contender then), or held off by the
+        last region there."""
         out = set(self.held_off.get(gpu, ()))
         for q in self.queue:
             if q.gpu_mask >> gpu & 1:
@@ -386,7 +396,9 @@ class Regions:
             if r.gpu_mask >> gpu & 1:
                 out.add(self.units(r.req))
         if now is not None:
-            out |= {unit for unit, t in self.recent.get(gpu, {}).items() if now - t < FairShare.GRACE_S}
+            loops = self.looping.get(gpu, set())
+            out |= {unit for unit, t in self.recent.get(gpu, {}).items()
+                    if now - t < FairShare.GRACE_S and unit in loops}
         return out
 
     def _grace_ends(self, req: Request, now: float) -> Optional[float]:
@@ -394,7 +406,7 @@ class Regions:
         deferred, is looked at again then: it may be alone by then)."""
         own = self.units(req)
         ends = [t + FairShare.GRACE_S for g in mask_to_list(req.gpu_mask) for u, t in self.recent.get(g, {}).items()
-                if u != own and now - t < FairShare.GRACE_S]
+                if u != own and now - t < FairShare.GRACE_S and u in self.looping.get(g, set())]
         return min(ends, default=None)
 
     def served_order(self, now: float) -> list:
@@ -748,6 +760,8 @@ class Regions:
                 off.discard(unit)
             for recent in self.recent.values():
                 recent.pop(unit, None)
+            for loops in self.looping.values():
+                loops.discard(unit)
         for region in list(self.regions.values()):
             if client in region.members:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)

@@ -62,9 +62,9 @@ class FairShare:
     - share: on a GPU where other users (or other jobs of the same user) contend, a request whose user is
       over its share (1 / users contending) or whose job is over its share of its user's (1 / its user's jobs
       contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
-      when it has a request waiting there, holds a region there, had one end there less than GRACE_S ago (a
-      loop of regions asks again within that: else two jobs looping regions would just alternate, one region
-      each whatever its length), or when the last region there held it off (froze it, or found GPU work of
+      when it has a request waiting there, holds a region there, had one end there less than GRACE_S ago and
+      loops (its last request came within GRACE_S of its region before: else two jobs looping regions would
+      just alternate, one region each whatever its length), or when the last region there held it off (froze it, or found GPU work of
       its in flight at the drain). Meanwhile it steps aside: the requests behind it may start. One agent with
       back-to-back regions thus leaves the others at least about their share of every window, and one alone
       on a GPU is never slowed (one whose last contender has just left waits GRACE_S at most).
