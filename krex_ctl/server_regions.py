@@ -236,8 +236,9 @@ class RegionEffects:
                     self.gate.open_gate(g)
         if att is None:
             att = self.attest.taints_so_far(region)
+        named = region.recorded_member() or region.every_member[0]   # not a requester that gave up, if another used it
         extra = {"frozen": len(region.frozen), "drain_timeouts": region.drain_timeouts,
-                 "queued_ns": int(region.started * 1e9) - region.req.requested_ns,
+                 "queued_ns": max(0, int(region.started * 1e9) - named.requested_ns),
                  **{f"{k}_ns": v for k, v in region.phase_ns.items()},
                  "region_id": region.id, "controller_pid": os.getpid(), "others_busy_us": region.others_busy_us}
         rec = att.record()
@@ -248,9 +249,10 @@ class RegionEffects:
                     "clock_settle": region.clock_settle, "previous_region": region.previous,
                     "gap_waited_ms": region.gap_waited_ms, "end_step_failed": failed}
         extra.update({k: v for k, v in optional.items() if v})    # each only where there is something to say
-        record = report.region_record(name=region.req.name, gpu_mask=region.gpu_mask,
-                                      requested_ns=region.req.requested_ns, granted_ns=region.granted_ns,
-                                      ended_ns=ended, pid=region.req.owner.pid, pids=region.pids,
+        record = report.region_record(name=named.name, gpu_mask=region.gpu_mask,
+                                      requested_ns=named.requested_ns, granted_ns=region.granted_ns,
+                                      ended_ns=ended, pid=named.pid,
+                                      pids=[p for p in region.pids if p not in region.cancelled_pids] or region.pids,
                                       end_reason=reason,
                                       taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
                                       **extra)

@@ -5,9 +5,10 @@ import heapq
 import math
 import time
 
-from test_policy import Client, Job, World, cfg, kinds   # noqa: F401  (the policy's plain test doubles)
+from test_policy import Client, Job, World, cfg, kinds, region_of   # noqa: F401  (the policy's plain test doubles)
 from krex_ctl.policy import regions as P
-from krex_ctl.policy.regions import Regions
+from krex_ctl.policy.regions import Regions, State
+from krex_ctl.wire.frames import C
 from krex_ctl.policy.scheduler import FairShare, Request
 
 
@@ -365,7 +366,9 @@ def test_new_processes_of_a_job_do_not_keep_its_region_past_its_share():
 def test_a_rank_a_moment_late_joins_its_jobs_region_over_its_share_too():
     """The job has used more than its share (its region was granted once its usage decayed to it), another job
     waits, and rank 1 asks 50 ms after rank 0's grant: it joins (its collectives need it inside: queued, it would
-    wait for the region's end while rank 0 waits for it); only a process more than a share late queues."""
+    wait for the region's end while rank 0 waits for it). So does any process while rank 0, which began the
+    region, is inside (it may be waiting for that process: a child its timing runs); once rank 0 left, a process
+    more than a share late queues."""
     w = world()
     job = Job(1)
     r0, r1 = uclient(w, 1, job, 1), uclient(w, 2, job, 1)
@@ -380,7 +383,11 @@ def test_a_rank_a_moment_late_joins_its_jobs_region_over_its_share_too():
     assert kinds(w.request(r1, seq=2)) == ["GrantMember"] and r1 in region.members
     late = uclient(w, 3, job, 1)
     w.now += 5.0 / 2 + 0.1                         # past the job's share of the window (two users contend)
-    assert w.request(late, seq=3) == [] and late.request is not None
+    assert kinds(w.request(late, seq=3)) == ["GrantMember"]   # r0, which began it, is inside: it may wait for it
+    w.book.leave(region, r0, 0, 4, w.now)          # the region lives on its joins alone now
+    w.book.leave(region, late, 0, 5, w.now)
+    later = uclient(w, 4, job, 1)
+    assert w.request(later, seq=6) == [] and later.request is not None
 
 
 def test_ranks_that_asked_while_another_job_held_the_gpu_begin_together():
@@ -435,6 +442,104 @@ def test_the_queue_is_told_in_the_order_it_is_served():
     line = wait_line({"kind": "region", "gpu": 0, "name": "r", "place": 2, "queued": 2, "since_s": 1.0,
                       "holder": None, "fair_share": True})
     assert line.endswith("2nd of 2 in the queue, waiting for its job's fair share of the GPU"), line
+
+
+def dev_client(w, pid, job, uid, devices):
+    c = UClient(pid, job, uid, devices=devices)
+    w.clients.append(c)
+    return c
+
+
+def test_a_child_timing_inside_its_parents_region_joins_it_each_time():
+    """The parent holds a region and waits for its child (subprocess.run), whose hooks time two calls, the second
+    after the region has been held past the job's share, another job waiting and a frozen sibling: each of the
+    child's requests joins (the parent, which began the region, is inside and waits for the child: queued, the
+    child would wait for the parent's region until the time limit)."""
+    w = world()
+    job = Job(1)
+    parent = uclient(w, 1, job, 1)
+    uclient(w, 8, Job(3), 3)                       # an idle sibling: frozen by the region (policy all)
+    other = uclient(w, 9, Job(2), 2)
+    w.run_to_grant(w.request(parent))
+    region = w.book.region_of(parent)
+    w.request(other)
+    child = uclient(w, 2, job, 1)
+    w.now += 2.6
+    assert kinds(w.request(child, seq=2)) == ["GrantMember"]
+    w.now += 0.1
+    w.book.leave(region, child, C.KREX_END_NORMAL, 3, w.now)
+    assert kinds(w.request(child, seq=4)) == ["GrantMember"] and child in region.members
+
+
+def test_a_rank_queued_with_more_gpus_than_its_jobs_new_region_is_refused_at_its_start():
+    """Both ranks waited behind another job's region; rank 0 asked for GPU 0 (its job's GPUs then), rank 1, whose
+    context on GPU 1 came later, for GPUs 0 and 1. Rank 0's region starts: rank 1 is refused then (it would wait
+    for its own job's region), not left queued behind it."""
+    w = world()
+    h = dev_client(w, 9, Job(9), 2, 0b11)
+    w.run_to_grant(w.request(h, mask=0b11))
+    job = Job(1)
+    r0, r1 = dev_client(w, 1, job, 1, 0b01), dev_client(w, 2, job, 1, 0b10)
+    assert w.request(r0, mask=0b01) == [] and w.request(r1, mask=0b11) == []
+    seen = w.run_to_grant(w.book.leave(w.book.region_of(h), h, 0, 1, w.now))
+    assert w.book.region_of(r0) is not None
+    assert [e.client for e in seen if isinstance(e, P.Refuse)] == [r1] and r1.request is None
+
+
+def test_a_rank_with_a_stray_context_on_its_jobs_region_gpu_is_not_held_back_by_it():
+    """Rank 1 has contexts on GPUs 0 and 1 (a stray one on cuda:0) and asks for GPU 1 while its job's region holds
+    GPU 0: its job's gate never stops it, so that region does not hold it back (it waited for its own job's
+    region, which may wait for it)."""
+    w = world()
+    job = Job(1)
+    r0 = dev_client(w, 1, job, 1, 0b01)
+    w.run_to_grant(w.request(r0, mask=0b01))
+    r1 = dev_client(w, 2, job, 1, 0b11)
+    out = w.run_to_grant(w.request(r1, mask=0b10))
+    assert any(isinstance(e, P.Grant) and e.region.owner is r1 for e in out), kinds(out)
+
+
+def test_a_gathered_rank_with_a_context_elsewhere_keeps_other_jobs_regions_off_that_gpu():
+    """Job J's region on GPU 0 takes its waiting rank r1, which also has a context on GPU 1: job M's region on GPU
+    1 then waits for J's (r1's launches on GPU 1 would wait at M's gate, M's rank k1's on GPU 0 at J's)."""
+    w = world(freeze_policy="busy")
+    h = dev_client(w, 9, Job(9), 3, 0b11)
+    w.run_to_grant(w.request(h, mask=0b11))
+    J, M = Job(1), Job(2)
+    r0, r1 = dev_client(w, 1, J, 1, 0b01), dev_client(w, 2, J, 1, 0b11)
+    k0, k1 = dev_client(w, 3, M, 2, 0b10), dev_client(w, 4, M, 2, 0b11)
+    for c, m in ((r0, 0b01), (r1, 0b01), (k0, 0b10), (k1, 0b10)):
+        assert w.request(c, mask=m) == []
+    w.run_to_grant(w.book.leave(w.book.region_of(h), h, 0, 1, w.now))
+    region = w.book.region_of(r0)
+    assert region is not None and r1 in region.members
+    w.run_to_grant(w.book.schedule(w.now))
+    assert w.book.region_of(k0) is None and w.book.region_of(k1) is None
+    w.book.leave(region, r0, 0, 1, w.now)
+    seen = w.run_to_grant(w.book.leave(region, r1, 0, 1, w.now))
+    assert any(isinstance(e, P.Grant) and e.region.owner in (k0, k1) for e in seen), kinds(seen)
+
+
+def test_a_region_whose_requester_gave_up_is_recorded_as_its_users_and_an_abort_is_not_given_up():
+    """r0's wait runs out while its region drains; r1 of its job joined and uses the region: the record names r1
+    (r0's own not_granted record would otherwise count r0's wait twice). A held region the server aborts (a step
+    failed) was used: not given up, its record kept."""
+    w = World()
+    job = Job(1)
+    r0, r1, n = w.client(10, job), w.client(11, job), w.client(20, Job(2))
+    region = region_of(w.book.request(r0, 1, "r0-region", 111, 1, w.now))
+    w.closed([P.CloseGates(region)])
+    assert kinds(w.book.request(r1, 1, "r1-region", 222, 1, w.now)) == []
+    w.book.cancel(r0, 2, w.now)
+    w.run_to_grant(w.book.drained(region, n, 0, w.now))
+    w.book.leave(region, r1, C.KREX_END_NORMAL, 3, w.now + 1)
+    assert region.state is State.ENDED and not region.given_up
+    m = region.recorded_member()
+    assert (m.pid, m.name, m.requested_ns) == (11, "r1-region", 222)
+    held = region_of(w.run_to_grant(w.request(r0, seq=4)))
+    w.now += 10
+    w.book.abort(held, w.now)
+    assert held.state is State.ENDED and not held.given_up
 
 
 def test_freeze_policy_busy_stops_only_siblings_with_work_in_flight():

@@ -139,6 +139,16 @@ class Region:
                                                      # connection closed): its grant was taken. A region only
                                                      # cancelled was never used (given_up)
     end_reason: int = 0                              # why it ended (KREX_END_*), set at its end
+    ungathered: set = field(default_factory=set)     # ids of its job's waiting requests it could not take at its
+                                                     # start (their owner frozen then): taken once thawed
+    every_member: list = field(default_factory=list)  # each Member it had, in order (members holds those inside)
+    cancelled_pids: set = field(default_factory=set)  # members that left by a cancel: they timed nothing in it
+
+    def recorded_member(self) -> Optional["Member"]:
+        """Whose request the region's record names: its requester's, or, where the requester gave up its wait and
+        another member used the region, the first member that did not give up (the requester's own record says
+        not_granted: naming it twice would count its wait twice)."""
+        return next((m for m in self.every_member if m.pid not in self.cancelled_pids), None)
 
     @property
     def given_up(self) -> bool:
@@ -146,6 +156,15 @@ class Region:
         its grant, or by a start the controller could not carry out: nobody timed in it. The requester's own
         record (not_granted) is then the region's only one in the report."""
         return self.state is State.ENDED and not self.used and self.end_reason == C.KREX_END_CANCELLED
+
+    @property
+    def holds(self) -> int:
+        """The GPUs no other job's region may hold while this one lives: its request's, every GPU a member has a
+        context on (a member's launches there would wait at that other job's gate) and those it grew onto."""
+        mask = self.req.holds | self.grown
+        for client in self.members:
+            mask |= getattr(client, "devices", 0)
+        return mask
 
     @property
     def id(self) -> int:
@@ -328,10 +347,7 @@ class Regions:
             if mask & r.gpu_mask and mask & ~r.gpu_mask:
                 # it would wait for its own job's region, whose members may wait for it (a collective): a deadlock
                 # until the time limit. Its job's GPUs grew since that region began (a rank's context came later)
-                return [Refuse(client, C.KREX_ERR_STATE,
-                               f"its job's region {r.id} holds GPU(s) {mask_to_list(r.gpu_mask)} and this request "
-                               f"also names {mask_to_list(mask & ~r.gpu_mask)}: declare the job's GPUs (krex run "
-                               "--gpus N or --gpu LIST) or name the same GPUs in every rank's region", seq)]
+                return [self._beyond(r, client, mask, seq)]
             if mask & ~r.gpu_mask == 0:
                 if self._join_waits(r, client, now):
                     break
@@ -344,7 +360,9 @@ class Regions:
     def _join_waits(self, region: Region, client, now: float) -> bool:
         """A request of the region's job queues like any other, instead of joining, while another job contends
         for the region's GPUs (waits for them, was held off by this region or the last one there, or had a region
-        there a moment ago): a member that was inside already and asks again always (else a gang's ranks could
+        there a moment ago) and the process that began the region has left it (while that one is inside, it may
+        be waiting for this one: a child its timing runs, a rank of its collective; a region whose first member
+        left lives on joins alone): a member that was inside already and asks again always (else a gang's ranks could
         take turns inside it for ever, its region never ending while others wait), a process not inside yet once
         this region has been held longer than its job's share of a window (else a job that starts a process per
         candidate would keep its region). A rank not inside yet otherwise joins: its collectives need it there
@@ -356,8 +374,8 @@ class Regions:
                   | {(getattr(c, "uid", None), self.command_job(c)) for c in held_off
                      if c.devices >> g & 1 and self.command_job(c) not in mine and c.job not in mine}
                   for g in mask_to_list(region.gpu_mask)}
-        if not any(others.values()):
-            return False
+        if not any(others.values()) or region.req.owner in region.members:
+            return False       # the process that began it is inside, and may be waiting for this one (its child)
         if client.pid in region.pids:
             return True
         if not self.fair.on or not region.held_since:
@@ -365,19 +383,43 @@ class Regions:
         unit = (getattr(client, "uid", None), self.command_job(client))
         return now - region.held_since > self.fair.job_share(unit, region.gpu_mask, lambda g: others.get(g, set()))
 
-    def _gather(self, region: Region) -> list:
-        """A region just started takes its job's other waiting requests within its GPUs as members: ranks that
-        asked while another job held the GPUs, or that queued behind their job's previous region, begin
-        together (queued behind it, a rank would wait for a region whose members wait for it in a collective)."""
+    def _gather(self, region: Region, now: float) -> list:
+        """A region just started (or whose job's waiting rank was frozen then, and is no longer) takes its job's
+        waiting requests within its GPUs as members: ranks that asked while another job held the GPUs, or that
+        queued behind their job's previous region, begin together (queued behind it, a rank would wait for a
+        region whose members wait for it in a collective). Not one whose owner has a context where another job's
+        region lives (its launches there would wait at that gate: the two regions would wait for each other);
+        one that names GPUs beyond the region is refused, as a request beside a live region is (request())."""
         mine = jobs.own_jobs(region, self.command_job)
+        others = 0
+        for r in self.regions.values():
+            if not jobs.own_jobs(r, self.command_job) & mine:
+                others |= r.holds
         out: list = []
-        for q in [q for q in self.queue if q.gpu_mask & ~region.gpu_mask == 0]:
-            if ({q.owner.job, self.command_job(q.owner)} & mine and self.region_of(q.owner) is None
-                    and not self.freezes.frozen(q.owner)):
+        for q in list(self.queue):
+            if not {q.owner.job, self.command_job(q.owner)} & mine or self.region_of(q.owner) is not None:
+                continue
+            if q.gpu_mask & region.gpu_mask and q.gpu_mask & ~region.gpu_mask:
                 self.queue.remove(q)
                 q.owner.request = None
+                out.append(self._beyond(region, q.owner, q.gpu_mask, q.seq))
+            elif q.gpu_mask & ~region.gpu_mask == 0 and not q.holds & others:
+                if self.freezes.frozen(q.owner):
+                    region.ungathered.add(q.id)       # taken once thawed (schedule)
+                    continue
+                self.queue.remove(q)
+                q.owner.request = None
+                region.ungathered.discard(q.id)
                 out += self._join(region, q.owner, q.seq, q.name, q.requested_ns)
         return out
+
+    def _beyond(self, region: Region, client, mask: int, seq: int) -> "Refuse":
+        """The refusal of a request of a region's job that names GPUs beyond that live region: queued, it would
+        wait for its own job's region, whose members may wait for it (a collective) until the time limit."""
+        return Refuse(client, C.KREX_ERR_STATE,
+                      f"its job's region {region.id} holds GPU(s) {mask_to_list(region.gpu_mask)} and this request "
+                      f"also names {mask_to_list(mask & ~region.gpu_mask)}: declare the job's GPUs (krex run "
+                      "--gpus N or --gpu LIST) or name the same GPUs in every rank's region", seq)
 
     def units(self, req: Request) -> tuple:
         """The (user, job) a request is charged to and ordered by."""
@@ -424,6 +466,7 @@ class Regions:
     def _join(self, region: Region, client, seq: int, name: str, requested_ns: int) -> list:
         m = Member(client, seq, name, requested_ns, joined=True)
         region.members[client] = m
+        region.every_member.append(m)
         region.pids.append(client.pid)
         return [GrantMember(region, m)] if region.state is S.HELD else []
 
@@ -441,9 +484,18 @@ class Regions:
     def schedule(self, now: float) -> list:
         """Start every request that may start: FIFO per GPU (scheduler.py); a request whose owner is frozen by
         a live region waits (it could not use its grant)."""
-        busy = 0
-        for r in self.regions.values():
-            busy |= r.req.holds
+        out: list = []
+        for r in list(self.regions.values()):     # a rank left out of its job's region while frozen, thawed now
+            if r.ungathered and self.live(r):
+                out += self._gather(r, now)
+        live = [(r, jobs.own_jobs(r, self.command_job), r.holds) for r in self.regions.values()]
+
+        def held(req) -> bool:
+            """A live region holds what req needs: its own job's on req's GPUs (that job's gates never stop it, so
+            a context of it elsewhere does not matter), another job's on any GPU req's owner has a context on."""
+            mine = {req.owner.job, self.command_job(req.owner)}
+            return any((r.gpu_mask & req.gpu_mask) if own & mine else (holds & req.holds) for r, own, holds in live)
+
         order = self.fair.order(self.queue, self.units, now)
         delays = {}
         if self.fair.on:
@@ -455,15 +507,18 @@ class Regions:
         for rid in delays.keys() - self.deferred:
             self.counters["fair_share_waits"] += 1
         self.deferred = set(delays)
-        out: list = []
         # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
         # may start now); once within its share it keeps its place again
-        for req in startable([q for q in order if q.id not in delays], busy,
-                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q)):
+        for req in startable([q for q in order if q.id not in delays], 0,
+                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q), held=held):
+            if req not in self.queue:
+                continue                       # gathered into a region started in this pass
             self.queue.remove(req)
             req.owner.request = None
             out += self._start(req, now)
-            out += self._gather(self.regions[req.id])
+            region = self.regions[req.id]
+            live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
+            out += self._gather(region, now)
         if delays:
             at = now + min(delays.values())
             if self.recheck_at is None or at < self.recheck_at - 1e-3 or self.recheck_at < now:
@@ -496,6 +551,7 @@ class Regions:
         owner = req.owner
         region = Region(req=req, job=owner.job, owner=owner, pids=[owner.pid], started=now, phase_start=now)
         region.members[owner] = Member(owner, req.seq, req.name, req.requested_ns, joined=False)
+        region.every_member.append(region.members[owner])
         self.regions[region.id] = region
         # every sibling is drained: a member of another live region too (never frozen: that would stall its own
         # region; its work here may predate this region's gate, from a context it made inside its own region),
@@ -700,6 +756,8 @@ class Regions:
         m = region.members.pop(client, None)
         if m is not None and reason != C.KREX_END_CANCELLED:
             region.used = True
+        elif m is not None:
+            region.cancelled_pids.add(client.pid)
         if region.members:
             if region.owner is client:
                 region.owner = next(iter(region.members))
@@ -708,6 +766,8 @@ class Regions:
 
     def abort(self, region: Region, now: float) -> list:
         """The server could not carry out a step of the start: undo it, tell the requester."""
+        if region.held_since:
+            region.used = True          # granted: its members may have timed in it (not given up)
         out = self._end(region, E.END, C.KREX_END_CANCELLED, None, now)
         return out + [Refuse(region.req.owner, C.KREX_ERR_STATE, "the controller could not start this region",
                              region.req.seq)]

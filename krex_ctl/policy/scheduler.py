@@ -26,12 +26,13 @@ class Request:
         return self.hold_mask | self.gpu_mask
 
 
-def startable(queue: list[Request], busy_mask: int, waiting=lambda req: False) -> list[Request]:
+def startable(queue: list[Request], busy_mask: int, waiting=lambda req: False, held=lambda req: False) -> list[Request]:
     """The requests that may start now, in queue order. waiting(req): it may not start yet (its owner is
-    frozen); it keeps its place and its GPUs stay blocked for later requests."""
+    frozen); it keeps its place and its GPUs stay blocked for later requests. held(req): a live region holds
+    GPUs it needs (beside busy_mask)."""
     out, blocked = [], 0
     for req in queue:
-        if req.holds & (busy_mask | blocked) == 0 and not waiting(req):
+        if req.holds & (busy_mask | blocked) == 0 and not waiting(req) and not held(req):
             out.append(req)
             busy_mask |= req.holds
         blocked |= req.holds
