@@ -172,6 +172,36 @@ def test_report_is_not_written_through_a_planted_link(krex, tmp_path):
     assert not list(tmp_path.glob(".r.json.*"))      # no temporary file left behind either
 
 
+def test_report_never_replaces_a_file_that_is_not_a_report(krex, tmp_path):
+    """`--report bench.py` (a typo) used to replace the script with the report, as it replaced any file."""
+    krex.start_controller()
+    marker = tmp_path / "ran"
+    precious = tmp_path / "bench.py"
+    precious.write_text("precious\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(precious)
+    for path, why in ((precious, "exists and is not a krex report; not replacing it"),
+                      (link, f"is a link to {precious}, which is not a krex report; not writing through it")):
+        out = krex.run(["touch", marker], report=path)
+        assert out.returncode == 2 and not marker.exists(), out.stderr
+        assert out.stderr.strip() == f"krex: --report {path}: {why}"
+        assert precious.read_text() == "precious\n"
+    rep = tmp_path / "r.json"              # an earlier run's report is replaced, directly or through a link
+    assert krex.run(["sh", "-c", "exit 3"], report=rep).returncode == 3
+    assert krex.run(["true"], report=rep).returncode == 0 and report_of(rep)["exit_code"] == 0
+    link.unlink()
+    link.symlink_to(rep)
+    assert krex.run(["sh", "-c", "exit 4"], report=link).returncode == 4
+    assert link.is_symlink() and report_of(rep)["exit_code"] == 4
+    empty = tmp_path / "empty.json"        # mktemp's: nothing in it to lose
+    empty.write_text("")
+    assert krex.run(["true"], report=empty).returncode == 0 and report_of(empty)["exit_code"] == 0
+    late = tmp_path / "late.json"          # made by the command itself after the check: left alone, status 1
+    out = krex.run(["sh", "-c", f"echo mine > {late}"], report=late)
+    assert out.returncode == 1 and late.read_text() == "mine\n"
+    assert f"krex: cannot write the report {late}: exists and is not a krex report" in out.stderr
+
+
 def test_unknown_option_is_refused_not_run(krex, tmp_path):
     out = krex_cli(krex, "run", "--bogus", "true")
     assert out.returncode == 2 and out.stderr.startswith("krex run: No such option") and "--bogus" in out.stderr

@@ -7,6 +7,7 @@ refused) and regions of a controller that went away are listed too: local_record
 merged on (controller pid, region id); a region's flags say what is known of it: "exclusive" (granted, and
 no taint of KREX_TAINTS_NOT_EXCLUSIVE), "clean" (no taint at all), and "taints" name what was seen."""
 
+import errno
 import json
 import os
 import tempfile
@@ -67,16 +68,49 @@ def region_record(*, name: str, gpu_mask: int, requested_ns: int, granted_ns: Op
 
 STDOUT = Path("-")
 
+NOT_A_REPORT = "exists and is not a krex report; not replacing it"
+
+
+def ours(path: Path) -> bool:
+    """An existing regular file at --report is replaced only if it is a krex report (an earlier run's): a JSON
+    object with a version, the command, its exit code and a list of regions."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(64).lstrip()[:1] != b"{":     # most files that are not JSON: without reading them whole
+                return False
+            f.seek(0)
+            data = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return (isinstance(data, dict) and isinstance(data.get("version"), int) and isinstance(data.get("regions"), list)
+            and isinstance(data.get("command"), list) and "exit_code" in data)
+
+
+def _target_is_foreign(p: Path) -> bool:
+    """p (or what its link names) is a regular file that is neither empty (`mktemp`'s, nothing to lose) nor a
+    krex report."""
+    try:
+        return p.is_file() and p.stat().st_size > 0 and not ours(p)
+    except OSError:
+        return False
+
 
 def check_path(path: str) -> Path:
     """Before the command runs: the report can be written there (else exit status 2, nothing run); "-" is
-    standard output."""
+    standard output. An existing file is replaced only if it is empty or a krex report; a link or a
+    non-regular file (/dev/stdout, /dev/null, a FIFO) is written through, but never a link to a regular file
+    that is neither, nor a link to a directory."""
     if path == "-":
         return STDOUT
     if not path:
         raise KrexCommandError("--report: the path is empty (an unset variable?)", 2)
     p = Path(path)
     if p.is_symlink() or (p.exists() and not p.is_file() and not p.is_dir()):
+        if p.is_dir():
+            raise KrexCommandError(f"--report {path}: is a link to a directory", 2)
+        if _target_is_foreign(p):
+            raise KrexCommandError(f"--report {path}: is a link to {os.path.realpath(p)}, which is not a krex "
+                                   "report; not writing through it", 2)
         if not os.access(p, os.W_OK):
             raise KrexCommandError(f"--report {path}: cannot write to it", 2)
         return p
@@ -87,6 +121,8 @@ def check_path(path: str) -> Path:
         raise KrexCommandError(f"--report {path}: {parent} is not a directory", 2)
     if not parent.is_dir():
         raise KrexCommandError(f"--report {path}: the directory {parent} does not exist", 2)
+    if _target_is_foreign(p):
+        raise KrexCommandError(f"--report {path}: {NOT_A_REPORT}", 2)
     # the report is written as a fresh file renamed over: one made and removed now proves that works there
     # (permissions, a read-only mount, /proc)
     try:
@@ -211,7 +247,9 @@ def add_run_facts(report: dict, *, wall_ns: int, host: str, frozen: dict, contro
 
 def write(path: Path, report: dict) -> None:
     """Write the report: "-" to standard output; through an existing link or non-regular file (/dev/stdout,
-    /dev/null, a FIFO) with a plain open, never replacing it; else atomically (a fresh file renamed over)."""
+    /dev/null, a FIFO) with a plain open, never replacing it; else atomically (a fresh file renamed over).
+    A regular file (or a link's target) that is not a krex report, made since check_path, is left alone:
+    OSError."""
     text = json.dumps(report, indent=2) + "\n"
     if path == STDOUT:
         import sys
@@ -219,6 +257,8 @@ def write(path: Path, report: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    if _target_is_foreign(path):     # made during the run (checked before it): never replaced
+        raise OSError(errno.EEXIST, NOT_A_REPORT)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         with open(path, "w") as f:
             f.write(text)
