@@ -10,9 +10,9 @@ import time
 from conftest import SNIP, report_of
 
 
-def krex_cli(krex, *args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "krex_ctl", *args], env=krex.env, capture_output=True, text=True,
-                          timeout=timeout)
+def krex_cli(krex, *args, timeout=60, env_extra=None):
+    return subprocess.run([sys.executable, "-m", "krex_ctl", *args], env=dict(krex.env, **(env_extra or {})),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_exit_status_passes_through(krex, tmp_path):
@@ -219,6 +219,27 @@ def test_bad_krex_variables_stop_the_run(krex, tmp_path):
         out = krex.run(["touch", marker], env={var: value})
         assert out.returncode == 2 and not marker.exists(), (var, out.stderr)
         assert out.stderr.strip() == f"krex: {out.stderr.strip()[6:]}" and message in out.stderr
+
+
+def test_a_shim_that_is_not_krex_s_is_refused(krex, tmp_path):
+    """KREX_SHIM at another library (or any file) ran the command with nothing counting its launches: no summary,
+    no `timings not protected`, and --strict exited 0."""
+    from conftest import BUILD
+
+    krex.start_controller()
+    marker = tmp_path / "ran"
+    text = tmp_path / "notes.txt"
+    text.write_text("not a library\n")
+    for shim, why in ((BUILD / "fakes" / "libnvidia-ml.so.1", "does not export krex_shim_loaded"),
+                      (text, "not an ELF file"), (tmp_path / "missing.so", "no such file"),
+                      (tmp_path, "not a regular file")):
+        out = krex_cli(krex, "run", "--strict", "--", "touch", str(marker), env_extra={"KREX_SHIM": str(shim)})
+        assert out.returncode == 2 and not marker.exists(), out.stderr
+        assert out.stderr.strip() == (f"krex: KREX_SHIM={shim} is not a krex shim: {why}; set it to krex's "
+                                      "libkrex.so, or unset it")
+    out = krex_cli(krex, "run", "--", str(SNIP / "region"), env_extra={"KREX_SHIM": str(BUILD / "libkrex.so"),
+                                                                    "SNIPPET_REGIONS": "1"})
+    assert out.returncode == 0 and "krex: 1 region (1 exclusive" in out.stderr, out.stderr
 
 
 def test_gate_flags_accept_words(krex, tmp_path):

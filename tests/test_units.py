@@ -370,3 +370,26 @@ def test_a_departed_processs_jobs_gather_over_its_connections():
     reused = SimpleNamespace(pid=5, pidfd=SimpleNamespace(start_time=11))
     server.Controller.note_departed(ctl, reused, frozenset({30}))         # another process with the pid
     assert ctl.departed[5][2] == {30}
+
+
+def test_the_shim_check_reads_exports_from_the_file_and_never_raises_on_its_content(tmp_path):
+    """krex_ctl/elf.py: krex run's check of KREX_SHIM. A library that does not export krex_shim_loaded, and any
+    cut-off or garbled copy of the shim, is named as not a shim; nothing is loaded."""
+    from conftest import BUILD
+    from krex_ctl import elf
+
+    shim = (BUILD / "libkrex.so").read_bytes()
+    assert elf.missing_export(str(BUILD / "libkrex.so"), "krex_shim_loaded") is None
+    assert elf.missing_export(str(BUILD / "libkrex.so"), "krex_no_such_symbol") == "does not export krex_no_such_symbol"
+    assert elf.missing_export(str(BUILD / "fakes" / "libcuda.so.1"), "krex_shim_loaded") == \
+        "does not export krex_shim_loaded"
+    cut = tmp_path / "cut.so"
+    for size in (0, 4, 63, 64, 4096, len(shim) // 2, len(shim) - 100):
+        cut.write_bytes(shim[:size])
+        assert elf.missing_export(str(cut), "krex_shim_loaded") is not None, size
+    garbled = bytearray(shim)
+    garbled[0x28:0x30] = b"\xff" * 8          # e_shoff past the end of the file
+    cut.write_bytes(bytes(garbled))
+    assert elf.missing_export(str(cut), "krex_shim_loaded") is not None
+    with pytest.raises(FileNotFoundError):
+        elf.missing_export(str(tmp_path / "none.so"), "krex_shim_loaded")

@@ -163,11 +163,10 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any", "own") else None
     report_file = report.check_path(report_path) if report_path is not None else None
     wait_s = 0.0 if cold else warm_wait_s(os.environ)
-    shim = paths.shim_library()
+    shim = check_shim()
     helper = paths.exec_helper()
-    for f, what in ((shim, "the shim library"), (helper, "the command launcher")):
-        if not f.exists():
-            raise KrexCommandError(f"{what} {f} is missing: run `make` (or reinstall krex)", 2)
+    if not helper.exists():
+        raise KrexCommandError(f"the command launcher {helper} is missing: run `make` (or reinstall krex)", 2)
 
     conn: Optional[Connection] = None
     if procs.early_affinity is not None:   # our own mask again: the controller saves it at HELLO, moves us
@@ -365,6 +364,27 @@ def killed_by(sig: int) -> int:
         name = f"signal {sig}"
     print(f"krex: command killed by {name}", file=sys.stderr)
     return 128 + sig
+
+
+def check_shim() -> Path:
+    """The shim to preload, checked to be one: a file that exports krex_shim_loaded (read from the file, not
+    loaded). Another library, or any other file, would let the command run with nothing counting its launches
+    and --strict passing: one line naming KREX_SHIM when that variable chose it, exit status 2."""
+    from .. import elf
+
+    shim = paths.shim_library()
+    given = os.environ.get("KREX_SHIM")
+    where = f"KREX_SHIM={given}" if given else f"the shim library {shim}"
+    fix = "set it to krex's libkrex.so, or unset it" if given else "run `make` (or reinstall krex)"
+    try:
+        why = elf.missing_export(str(shim), "krex_shim_loaded")
+    except FileNotFoundError:
+        why = "no such file"
+    except OSError as e:
+        why = f"cannot be read ({e.strerror})"
+    if why is not None:
+        raise KrexCommandError(f"{where} is not a krex shim: {why}; {fix}", 2)
+    return shim
 
 
 def warm_wait_s(env) -> float:
