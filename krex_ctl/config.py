@@ -6,6 +6,7 @@ the config key): a controller never starts with a setting it would later trip ov
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,11 @@ from typing import Optional
 from .environ import LOG_LEVELS
 from .errors import KrexCommandError
 from .wire.frames import C
+
+
+def _digits(text: str) -> bool:
+    """Only ASCII digits: '²'.isdigit() is true (int() then raises) and int('١') is 1."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_cpu_list(text: str, what: str = "CPU") -> list[int]:
@@ -24,7 +30,7 @@ def parse_cpu_list(text: str, what: str = "CPU") -> list[int]:
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        if not lo.strip().isdigit() or (part.count("-") and not hi.strip().isdigit()) or part.count("-") > 1:
+        if not _digits(lo.strip()) or (part.count("-") and not _digits(hi.strip())) or part.count("-") > 1:
             raise ValueError(f"{part!r} is not a {what} index or range (a list such as 0-3,8)")
         lo_n, hi_n = int(lo), int(hi) if hi.strip() else int(lo)
         if lo_n > hi_n:
@@ -150,7 +156,7 @@ def _reserved_from(value) -> dict[int, list[int]]:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            if k != "*" and not str(k).isdigit():
+            if k != "*" and not _digits(str(k)):
                 raise ValueError(f"{k!r} is not a GPU index or \"*\"")
             if isinstance(v, str):
                 out[-1 if k == "*" else int(k)] = parse_cpu_list(v)
@@ -163,7 +169,7 @@ def _reserved_from(value) -> dict[int, list[int]]:
 
 
 def _number(name: str, value, low: float, high: float, exclusive: bool) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):   # float('١') is 1.0
         raise ValueError(f"must be a number, not {value!r}")
     try:
         x = float(value)
@@ -176,12 +182,10 @@ def _number(name: str, value, low: float, high: float, exclusive: bool) -> float
 
 
 def _count(value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+            (isinstance(value, str) and not re.fullmatch(r"\s*[-+]?[0-9]+\s*", value)):
         raise ValueError(f"must be a whole number, not {value!r}")
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"must be a whole number, not {value!r}") from None
+    n = int(value)
     if not low <= n <= high:
         raise ValueError(f"must be between {low} and {high}, not {value!r}")
     return n

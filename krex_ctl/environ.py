@@ -98,7 +98,7 @@ def parse_gpus(text: str, what: str = "--gpu") -> list[int]:
     out: list[int] = []
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) >= 64:
+        if not (part.isascii() and part.isdigit()) or int(part) >= 64:     # '²'.isdigit(), '١'.isdigit()
             raise KrexCommandError(f"{what}: {text!r} is not a GPU index (0-63) or a comma-separated list of them", 2)
         if int(part) not in out:
             out.append(int(part))
@@ -123,7 +123,7 @@ def check_environment(env: Mapping[str, str]) -> None:
         raise KrexCommandError(f"KREX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}", 2)
     for name, low in (("KREX_WARM_WORKERS", 0), ("KREX_RETRY_TAINTED", 0)):
         value = env.get(name)
-        if value not in (None, "") and not (value.isdigit() and low <= int(value) <= 64):
+        if value not in (None, "") and not (value.isascii() and value.isdigit() and low <= int(value) <= 64):
             raise KrexCommandError(f"{name} must be a whole number from {low} to 64, not {value!r}", 2)
     hooks = env.get("KREX_HOOKS")
     if hooks:

@@ -31,7 +31,7 @@ HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60)
 def parse_address(text) -> tuple[str, int]:
     """'HOST:PORT' (HOST may be empty: every address; [::1]:PORT for IPv6); ValueError on anything else."""
     host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT with a port in 1-65535 (e.g. 127.0.0.1:9464)")
     return host.strip("[]") or "0.0.0.0", int(port)
 

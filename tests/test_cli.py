@@ -242,6 +242,27 @@ def test_a_shim_that_is_not_krex_s_is_refused(krex, tmp_path):
     assert out.returncode == 0 and "krex: 1 region (1 exclusive" in out.stderr, out.stderr
 
 
+def test_non_ascii_digits_are_one_line_not_a_traceback(krex, tmp_path):
+    """'²'.isdigit() is true, int('²') raises: --gpu ², KREX_GPU=², KREX_WARM_WORKERS=² and a config's "gpus": "²"
+    ended in a Python traceback, exit status 1."""
+    marker = tmp_path / "ran"
+    for args, env, start in ((["--gpu", "²"], {}, "krex: --gpu: '²' is not a GPU index"),
+                             (["--gpu", "0,²"], {}, "krex: --gpu: '0,²' is not a GPU index"),
+                             ([], {"KREX_GPU": "²"}, "krex: KREX_GPU: '²' is not a GPU index"),
+                             ([], {"KREX_GPU": "١"}, "krex: KREX_GPU: '١' is not a GPU index"),
+                             ([], {"KREX_WARM_WORKERS": "²"}, "krex: KREX_WARM_WORKERS must be a whole number"),
+                             ([], {"KREX_RETRY_TAINTED": "²"}, "krex: KREX_RETRY_TAINTED must be a whole number")):
+        out = krex_cli(krex, "run", *args, "--", "touch", str(marker), env_extra=env)
+        assert out.returncode == 2 and not marker.exists(), out.stderr
+        assert out.stderr.startswith(start) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    cfg = tmp_path / "c.json"
+    for setting in ({"gpus": "²"}, {"reserved_cores": "²"}, {"reserved_cores": {"²": "0"}}):
+        cfg.write_text(json.dumps(setting))
+        out = krex_cli(krex, "controller", "--socket", str(tmp_path / "c.sock"), "--config", str(cfg))
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"krex: config {cfg}: {list(setting)[0]}: ") and "invalid literal" not in out.stderr
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's

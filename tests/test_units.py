@@ -1,5 +1,7 @@
 """Pure logic: the preload environment, the FIFO scheduler, CPU lists and config."""
 
+import json
+
 import pytest
 
 from krex_ctl.config import default_reserved, load, parse_cpu_list
@@ -393,3 +395,49 @@ def test_the_shim_check_reads_exports_from_the_file_and_never_raises_on_its_cont
     assert elf.missing_export(str(cut), "krex_shim_loaded") is not None
     with pytest.raises(FileNotFoundError):
         elf.missing_export(str(tmp_path / "none.so"), "krex_shim_loaded")
+
+
+def test_counts_and_gpu_lists_take_ascii_digits_only(tmp_path):
+    """'²'.isdigit() is true but int('²') raises (a traceback, exit 1); int('١') is 1, which the shim refuses.
+    Every such value is one line naming what was given, exit status 2."""
+    from krex_ctl.environ import check_environment, parse_gpus
+
+    for bad in ("²", "0,²", "١", "1_0"):
+        with pytest.raises(KrexCommandError, match="is not a GPU index") as e:
+            parse_gpus(bad)
+        assert e.value.exit_code == 2
+    for env in ({"KREX_GPU": "١"}, {"KREX_WARM_WORKERS": "²"}, {"KREX_RETRY_TAINTED": "²"},
+                {"KREX_RETRY_TAINTED": "٣"}):
+        with pytest.raises(KrexCommandError, match=list(env)[0]) as e:
+            check_environment(env)
+        assert e.value.exit_code == 2
+    for setting, why in (({"gpus": "²"}, "gpus: '²' is not a GPU index"),
+                         ({"gpus": "0-١"}, "gpus: '0-١' is not a GPU index"),
+                         ({"reserved_cores": "²"}, "reserved_cores: '²' is not a CPU index"),
+                         ({"reserved_cores": {"²": "0"}}, "reserved_cores: '²' is not a GPU index"),
+                         ({"warm_workers": "١"}, "warm_workers: must be a whole number, not '١'"),
+                         ({"worker_reuse": "1_0"}, "worker_reuse: must be a whole number, not '1_0'"),
+                         ({"drain_timeout_s": "١"}, "drain_timeout_s: must be a number, not '١'"),
+                         ({"metrics": "127.0.0.1:٩٤٦٤"}, "metrics: '127.0.0.1:٩٤٦٤' is not HOST:PORT")):
+        f = tmp_path / "c.json"
+        f.write_text(json.dumps(setting))
+        with pytest.raises(KrexCommandError) as e:
+            load(str(f))
+        assert e.value.exit_code == 2 and str(e.value).startswith(f"config {f}: {why}"), str(e.value)
+        assert "invalid literal" not in str(e.value)
+
+
+def test_hooked_retries_take_ascii_digits_from_0_to_64_and_never_raise(monkeypatch, capsys):
+    """KREX_RETRY_TAINTED is read inside a hooked timing: '²' raised ValueError there, and 1000 was taken."""
+    from krex_hooks import _region
+
+    getattr(_region, "_warned_retries", set()).clear()
+    for value, n in (("", 0), ("0", 0), ("3", 3), ("64", 64)):
+        monkeypatch.setenv("KREX_RETRY_TAINTED", value)
+        assert _region.retries() == n
+    assert capsys.readouterr().err == ""
+    for value in ("²", "٣", "65", "1000", "-1", "1_0", "x"):
+        monkeypatch.setenv("KREX_RETRY_TAINTED", value)
+        assert _region.retries() == 0 and _region.retries() == 0
+        assert capsys.readouterr().err == (f"krex: KREX_RETRY_TAINTED={value!r} is not a whole number from 0 to 64: "
+                                           "no measurement is taken again\n")      # once per value

@@ -54,9 +54,22 @@ def check_exclusive(r: krex.region, name: str) -> None:
         raise not_protected(name, f"was not exclusive ({', '.join(r.info.taints) or 'not granted'})")
 
 
+RETRY_LIMIT = 64             # KREX_RETRY_TAINTED's range is 0 to this (krex run refuses more)
+_warned_retries: set = set()
+
+
 def retries() -> int:
+    """KREX_RETRY_TAINTED: a whole number of ASCII digits from 0 to 64. Anything else (read inside a hooked
+    timing, where nothing may raise: a process started without krex run, which checks it) is named in one
+    warning per value and taken as 0, the default."""
     value = os.environ.get("KREX_RETRY_TAINTED", "")
-    return int(value) if value.isdigit() else 0
+    if value.isascii() and value.isdigit() and int(value) <= RETRY_LIMIT:
+        return int(value)
+    if value and value not in _warned_retries:
+        _warned_retries.add(value)
+        print(f"krex: KREX_RETRY_TAINTED={value!r} is not a whole number from 0 to {RETRY_LIMIT}: no measurement "
+              "is taken again", file=sys.stderr)
+    return 0
 
 
 def worth_another(info, attempt: int, name: str) -> bool:

@@ -42,7 +42,7 @@ class WorkerSettings:
 def settings(env: Mapping[str, str] = os.environ) -> WorkerSettings:
     def number(name: str, default: int) -> int:
         value = env.get(name, "")
-        return int(value) if value.isdigit() else default
+        return int(value) if value.isascii() and value.isdigit() else default
 
     return WorkerSettings(
         mode=env.get(MODE, ""), gpu=number("KREX_GPU", 0), fingerprint=env.get(FINGERPRINT, ""),
