@@ -263,6 +263,41 @@ def test_non_ascii_digits_are_one_line_not_a_traceback(krex, tmp_path):
         assert out.stderr.startswith(f"krex: config {cfg}: {list(setting)[0]}: ") and "invalid literal" not in out.stderr
 
 
+def test_krex_trace_names_a_malformed_report_and_never_writes_through_a_link_to_a_non_trace(krex, tmp_path):
+    """A report whose regions were not region records, and -o at a dangling link, ended in a traceback (exit 1);
+    -o at a link to any file wrote through it; -o "" said `-o : is a directory`."""
+    rep = tmp_path / "r.json"
+    rep.write_text(json.dumps({"version": 1, "command": ["bench"], "exit_code": 0, "regions": [
+        {"name": "t", "gpu": [0], "requested_ns": 1000, "granted_ns": 2000, "ended_ns": 3000, "pid": 5}]}))
+    out_file = tmp_path / "t.json"
+    for regions, where in (([1, 2], "regions[0]"), ([{}], "regions[0]"),
+                           ([json.loads(rep.read_text())["regions"][0], {"granted_ns": "x", "ended_ns": 1}],
+                            "regions[1]")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"version": 1, "regions": regions}))
+        for args in ([str(bad)], [str(rep), str(bad)]):
+            out = krex_cli(krex, "trace", *args, "-o", str(out_file))
+            assert out.returncode == 2 and not out_file.exists(), out.stderr
+            assert out.stderr.strip() == f"krex: {bad}: not a krex report ({where} is not a region record)"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious\n")
+    link = tmp_path / "link.json"
+    for target, why in ((tmp_path / "no" / "such", f"is a link to {tmp_path / 'no' / 'such'}, which does not exist"),
+                        (precious, f"is a link to {precious}, which is not a krex trace")):
+        link.symlink_to(target)
+        out = krex_cli(krex, "trace", str(rep), "-o", str(link))
+        assert out.returncode == 2 and out.stderr.strip() == f"krex: -o {link}: {why}; not writing through it"
+        assert precious.read_text() == "precious\n" and not (tmp_path / "no").exists()
+        link.unlink()
+    assert krex_cli(krex, "trace", str(rep), "-o", str(out_file)).returncode == 0
+    link.symlink_to(out_file)                  # a link to a trace krex wrote: written through
+    out = krex_cli(krex, "trace", str(rep), str(rep), "-o", str(link))
+    assert out.returncode == 0 and link.is_symlink() and json.loads(out_file.read_text())["otherData"]["reports"] == "2"
+    out = krex_cli(krex, "trace", str(rep), "-o", "")
+    assert out.returncode == 2 and out.stderr.strip() == ("krex: -o: the path is empty (an unset variable?); '-' is "
+                                                          "standard output")
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's
