@@ -298,6 +298,43 @@ def test_krex_trace_names_a_malformed_report_and_never_writes_through_a_link_to_
                                                           "standard output")
 
 
+def serve(krex, *args, env=None, log=None):
+    """A controller of the test's own, started with args (stopped by stop())."""
+    return subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--no-cpu-isolation", *map(str, args)],
+                            env=krex.env if env is None else env, stdout=subprocess.DEVNULL,
+                            stderr=open(log or krex.dir / "serve.log", "ab"))
+
+
+def stop(p):
+    p.terminate()
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def test_the_config_files_socket_is_served_when_no_flag_or_variable_names_one(krex, tmp_path):
+    """The config key `socket` had no effect: the per-user socket was served (and its state file used)."""
+    from conftest import answers, wait_for
+
+    conf = tmp_path / "c.json"
+    conf.write_text(json.dumps({"socket": str(tmp_path / "cfg.sock")}))
+    env = {k: v for k, v in krex.env.items() if k != "KREX_SOCKET"}
+    for args, extra, served in ((["--config", conf], {}, "cfg.sock"),
+                                (["--config", conf], {"KREX_SOCKET": str(tmp_path / "env.sock")}, "env.sock"),
+                                (["--socket", tmp_path / "flag.sock", "--config", conf],
+                                 {"KREX_SOCKET": str(tmp_path / "env.sock")}, "flag.sock")):
+        p = serve(krex, *args, env=dict(env, **extra))
+        try:
+            wait_for(lambda: answers(tmp_path / served) or p.poll() is not None, what=served)
+            assert p.poll() is None and (tmp_path / f"{served}.lock").exists(), (krex.dir / "serve.log").read_text()
+            others = {"cfg.sock", "env.sock", "flag.sock"} - {served}
+            assert not any((tmp_path / o).exists() for o in others) and not (tmp_path / "krex").exists()
+        finally:
+            stop(p)
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's

@@ -12,7 +12,7 @@ from ..server import Controller, bind
 
 @click.command()
 @click.option("--socket", "socket_path", type=click.Path(), default=None,
-              help="Socket to serve (default: KREX_SOCKET, else the per-user socket).")
+              help="Socket to serve (default: KREX_SOCKET, else the config file's socket, else the per-user socket).")
 @click.option("--config", "config_file", type=click.Path(), default=None, help="JSON config file.")
 @click.option("--gpus", default=None, metavar="LIST", help="GPUs this controller manages, e.g. 0-7 (default: any).")
 @click.option("--reserved-cores", default=None, metavar="LIST",
@@ -81,13 +81,12 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     """Serve region requests for this node's GPUs."""
     if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
         log_level = os.environ["KREX_LOG_LEVEL"]
-    path = socket_path or os.environ.get("KREX_SOCKET") or str(paths.user_socket())
-    if path == str(paths.user_socket()):
-        paths.ensure_runtime_dir()
+    # the socket: --socket, else KREX_SOCKET, else the config file's `socket`, else the per-user one
     cfg = config.load(
-        config_file, socket=path, gpus=gpus, reserved_cores=reserved_cores, region_time_limit_s=region_time_limit,
-        drain_timeout_s=drain_timeout, socket_mode=socket_mode or ("0660" if socket_group else None),
-        socket_group=socket_group, state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
+        config_file, socket=socket_path or os.environ.get("KREX_SOCKET") or None, gpus=gpus,
+        reserved_cores=reserved_cores, region_time_limit_s=region_time_limit, drain_timeout_s=drain_timeout,
+        socket_mode=socket_mode or ("0660" if socket_group else None), socket_group=socket_group,
+        state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
         owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
         fair_window_s=fair_window, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
@@ -96,6 +95,9 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         region_gap_ms=region_gap_ms, warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
         trace=trace_file, restart_grace_s=0.0 if embedded else restart_grace)
+    path = cfg.socket = cfg.socket or str(paths.user_socket())
+    if path == str(paths.user_socket()):
+        paths.ensure_runtime_dir()
     if cfg.restart_grace_s is None:
         cfg.restart_grace_s = heartbeat.default_grace(embedded, path)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
