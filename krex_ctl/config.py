@@ -306,9 +306,13 @@ def load(path: Optional[str], **flags) -> Config:
                 raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
             setattr(cfg, k, v)
             from_file.add(k)
+    given = set(from_file)
     for k, v in flags.items():
         if v is not None:
             setattr(cfg, k, v)
             from_file.discard(k)
+            given.add(k)
+    if cfg.socket_group is not None and "socket_mode" not in given:
+        cfg.socket_mode = 0o660        # a group, from the file or a flag, and no mode anywhere: the group may use it
     _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else FLAGS.get(name, name))
     return cfg

@@ -335,6 +335,27 @@ def test_the_config_files_socket_is_served_when_no_flag_or_variable_names_one(kr
             stop(p)
 
 
+def test_socket_mode_and_group_combine_from_the_file_and_the_command_line(krex, tmp_path):
+    """A config's socket_group left the socket 0600 (the group could not use it); --socket-group on the command
+    line (as packaging/krex-controller.service passes it) replaced the config's socket_mode with 0660."""
+    from conftest import answers, wait_for
+
+    import grp
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    conf = tmp_path / "c.json"
+    for setting, args, mode in (({"socket_group": group}, [], 0o660),
+                                ({"socket_mode": "0640"}, ["--socket-group", group], 0o640)):
+        conf.write_text(json.dumps(setting))
+        sock = tmp_path / "g.sock"
+        p = serve(krex, "--socket", sock, "--config", conf, *args)
+        try:
+            wait_for(lambda: answers(sock) or p.poll() is not None, what="controller")
+            assert p.poll() is None and oct(os.stat(sock).st_mode & 0o777) == oct(mode), setting
+        finally:
+            stop(p)
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's

@@ -441,3 +441,16 @@ def test_hooked_retries_take_ascii_digits_from_0_to_64_and_never_raise(monkeypat
         assert _region.retries() == 0 and _region.retries() == 0
         assert capsys.readouterr().err == (f"krex: KREX_RETRY_TAINTED={value!r} is not a whole number from 0 to 64: "
                                            "no measurement is taken again\n")      # once per value
+
+
+def test_a_socket_group_from_the_file_or_a_flag_defaults_the_mode_to_0660_and_keeps_a_given_mode(tmp_path):
+    """The mode's default followed only --socket-group (a group from the file left the socket 0600, unusable by
+    the group), and --socket-group replaced the file's socket_mode with 0660."""
+    f = tmp_path / "c.json"
+    for setting, flags, mode in (({}, {}, 0o600), ({"socket_group": "0"}, {}, 0o660), ({}, {"socket_group": "0"}, 0o660),
+                                 ({"socket_mode": "0640"}, {"socket_group": "0"}, 0o640),
+                                 ({"socket_mode": "0640", "socket_group": "0"}, {}, 0o640),
+                                 ({"socket_mode": "0640"}, {"socket_group": "0", "socket_mode": "0600"}, 0o600),
+                                 ({"socket_group": "0"}, {"socket_mode": "0600"}, 0o600)):
+        f.write_text(json.dumps(setting))
+        assert load(str(f), **flags).socket_mode == mode, (setting, flags)

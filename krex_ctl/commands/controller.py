@@ -19,7 +19,8 @@ from ..server import Controller, bind
               help="CPUs given to a region owner, e.g. 60-63 (default: the last eighth of the CPUs).")
 @click.option("--region-time-limit", default=None, metavar="SECONDS", help="Seconds before a region is revoked (60).")
 @click.option("--drain-timeout", default=None, metavar="SECONDS", help="Seconds to wait for a sibling's drain (2).")
-@click.option("--socket-mode", default=None, metavar="OCTAL", help="Socket permissions in octal (0600; 0660 with --socket-group).")
+@click.option("--socket-mode", default=None, metavar="OCTAL",
+              help="Socket permissions in octal (0600; 0660 with a socket group and no mode in the config file).")
 @click.option("--socket-group", default=None, metavar="GROUP",
               help="Group (a name or a number) that may use the socket.")
 @click.option("--state-file", type=click.Path(), default=None, help="Where frozen pids are recorded (SOCKET.state).")
@@ -85,7 +86,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     cfg = config.load(
         config_file, socket=socket_path or os.environ.get("KREX_SOCKET") or None, gpus=gpus,
         reserved_cores=reserved_cores, region_time_limit_s=region_time_limit, drain_timeout_s=drain_timeout,
-        socket_mode=socket_mode or ("0660" if socket_group else None), socket_group=socket_group,
+        socket_mode=socket_mode, socket_group=socket_group,
         state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
         owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
         fair_window_s=fair_window, attest=False if no_attest else None,
