@@ -283,9 +283,17 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         fail("socket_group", f"{g!r} is not a group id (0 to {2 ** 32 - 2})")
 
 
-def load(path: Optional[str], **flags) -> Config:
+def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Config:
+    """Config(), then defaults ({key: (value, where it came from)}, e.g. an environment variable's: a value
+    of None is no value), then the file at path, then the flags (None: not given); each overrides the last.
+    A bad setting is named where it came from: the flag, the file's key or the defaults' source."""
     cfg = Config()
     from_file: set[str] = set()
+    sources: dict[str, str] = {}
+    for k, (v, source) in (defaults or {}).items():
+        if v is not None:
+            setattr(cfg, k, v)
+            sources[k] = source
     if path:
         try:
             data = json.loads(Path(path).read_text())
@@ -306,13 +314,16 @@ def load(path: Optional[str], **flags) -> Config:
                 raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
             setattr(cfg, k, v)
             from_file.add(k)
+            sources.pop(k, None)
     given = set(from_file)
     for k, v in flags.items():
         if v is not None:
             setattr(cfg, k, v)
             from_file.discard(k)
+            sources.pop(k, None)
             given.add(k)
     if cfg.socket_group is not None and "socket_mode" not in given:
         cfg.socket_mode = 0o660        # a group, from the file or a flag, and no mode anywhere: the group may use it
-    _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else FLAGS.get(name, name))
+    _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else
+           sources.get(name) or FLAGS.get(name, name))
     return cfg

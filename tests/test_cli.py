@@ -356,6 +356,27 @@ def test_socket_mode_and_group_combine_from_the_file_and_the_command_line(krex, 
             stop(p)
 
 
+def test_the_config_files_log_level_wins_over_krex_log_level(krex, tmp_path):
+    """KREX_LOG_LEVEL was copied into --log-level, which overrides the file's log_level; a bad value was named
+    as --log-level, which nobody had given."""
+    from conftest import answers, wait_for
+
+    conf = tmp_path / "c.json"
+    conf.write_text(json.dumps({"log_level": "debug"}))
+    sock, log = tmp_path / "l.sock", tmp_path / "l.log"
+    p = serve(krex, "--socket", sock, "--config", conf, env=dict(krex.env, KREX_LOG_LEVEL="error"), log=log)
+    try:
+        wait_for(lambda: answers(sock) or p.poll() is not None, what="controller")
+        # the file's debug, not the variable's error: INFO lines are logged
+        wait_for(lambda: f"INFO: serving {sock}" in log.read_text() or p.poll() is not None, what="log line")
+        assert p.poll() is None
+    finally:
+        stop(p)
+    out = krex_cli(krex, "controller", "--socket", str(sock), env_extra={"KREX_LOG_LEVEL": "loud"})
+    assert out.returncode == 2 and out.stderr.strip() == ("krex: KREX_LOG_LEVEL: must be one of error, warning, "
+                                                          "info, debug, not 'loud'")
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's

@@ -454,3 +454,18 @@ def test_a_socket_group_from_the_file_or_a_flag_defaults_the_mode_to_0660_and_ke
                                  ({"socket_group": "0"}, {"socket_mode": "0600"}, 0o600)):
         f.write_text(json.dumps(setting))
         assert load(str(f), **flags).socket_mode == mode, (setting, flags)
+
+
+def test_log_level_comes_from_the_flag_then_the_file_then_the_default_given_then_info(tmp_path):
+    """krex controller passes KREX_LOG_LEVEL as such a default: it used to be a --log-level flag, over the
+    file's log_level, and a bad value was blamed on --log-level."""
+    f = tmp_path / "c.json"
+    env = {"log_level": ("error", "KREX_LOG_LEVEL")}
+    f.write_text(json.dumps({"log_level": "debug"}))
+    assert load(str(f), defaults=env).log_level == "debug"
+    assert load(str(f), defaults=env, log_level="warning").log_level == "warning"
+    assert load(None, defaults=env).log_level == "error"
+    assert load(None, defaults={"log_level": (None, "KREX_LOG_LEVEL")}).log_level == "info"
+    with pytest.raises(KrexCommandError, match=r"^KREX_LOG_LEVEL: must be one of error, warning, info, debug, "
+                                               r"not 'loud'$"):
+        load(None, defaults={"log_level": ("loud", "KREX_LOG_LEVEL")})

@@ -73,18 +73,19 @@ from ..server import Controller, bind
                    "starts a controller of its own (15 at /run/krex/krex.sock, the node controller's socket, else 0: no "
                    "wait).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
-@click.option("--log-level", default=None, metavar="LEVEL", help="error, warning, info or debug (default: KREX_LOG_LEVEL or info).")
+@click.option("--log-level", default=None, metavar="LEVEL",
+              help="error, warning, info or debug (default: the config file's log_level, else KREX_LOG_LEVEL, else info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
                fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, warm_workers,
                worker_preload, worker_reuse, metrics, trace_file, restart_grace, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
-    if log_level is None and os.environ.get("KREX_LOG_LEVEL"):
-        log_level = os.environ["KREX_LOG_LEVEL"]
     # the socket: --socket, else KREX_SOCKET, else the config file's `socket`, else the per-user one
+    # the log level: --log-level, else the config file's log_level, else KREX_LOG_LEVEL, else info
     cfg = config.load(
-        config_file, socket=socket_path or os.environ.get("KREX_SOCKET") or None, gpus=gpus,
+        config_file, defaults={"log_level": (os.environ.get("KREX_LOG_LEVEL") or None, "KREX_LOG_LEVEL")},
+        socket=socket_path or os.environ.get("KREX_SOCKET") or None, gpus=gpus,
         reserved_cores=reserved_cores, region_time_limit_s=region_time_limit, drain_timeout_s=drain_timeout,
         socket_mode=socket_mode, socket_group=socket_group,
         state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
