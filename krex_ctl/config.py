@@ -221,8 +221,8 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         fail("gpus", str(e))
     if not cfg.gpus:
         fail("gpus", "no GPU given (for example 0-7)")
-    if any(g >= C.KREX_MAX_GPUS for g in cfg.gpus):
-        fail("gpus", f"GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}")
+    if any(not 0 <= g < C.KREX_MAX_GPUS for g in cfg.gpus):
+        fail("gpus", f"GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}, not {format_cpu_list(cfg.gpus)}")
     try:
         mode = cfg.socket_mode
         if isinstance(mode, str):
@@ -242,6 +242,9 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             cfg.reserved_cores = _reserved_from(cfg.reserved_cores)
     except (ValueError, TypeError) as e:
         fail("reserved_cores", str(e))
+    beyond = sorted(g for g in cfg.reserved_cores if g != -1 and not 0 <= g < C.KREX_MAX_GPUS)
+    if beyond:
+        fail("reserved_cores", f"GPU {format_cpu_list(beyond)}: GPU indices must be in 0..{C.KREX_MAX_GPUS - 1}")
     usable = os.sched_getaffinity(0)
     for gpu, cores in cfg.reserved_cores.items():
         bad = sorted(set(cores) - usable)

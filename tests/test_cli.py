@@ -377,6 +377,22 @@ def test_the_config_files_log_level_wins_over_krex_log_level(krex, tmp_path):
                                                           "info, debug, not 'loud'")
 
 
+def test_reserved_cores_of_a_gpu_not_managed_are_named_at_start(krex, tmp_path):
+    from conftest import answers, wait_for
+
+    conf = tmp_path / "c.json"
+    conf.write_text(json.dumps({"gpus": "0", "reserved_cores": {"1": str(sorted(os.sched_getaffinity(0))[-1])}}))
+    sock, log = tmp_path / "r.sock", tmp_path / "r.log"
+    p = serve(krex, "--socket", sock, "--config", conf, log=log)
+    try:
+        wait_for(lambda: answers(sock) or p.poll() is not None, what="controller")
+        assert p.poll() is None
+        assert ("WARNING: reserved_cores names GPU(s) 1, which this controller does not manage (gpus 0): not used"
+                in log.read_text())
+    finally:
+        stop(p)
+
+
 def test_gate_flags_accept_words(krex, tmp_path):
     """KREX_GATE_CONTEXTS=false used to switch the gate on (anything but "0" did): with the context, memory and
     exit gates off in words, a process that only makes a context and allocates is done while another job's

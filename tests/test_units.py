@@ -469,3 +469,18 @@ def test_log_level_comes_from_the_flag_then_the_file_then_the_default_given_then
     with pytest.raises(KrexCommandError, match=r"^KREX_LOG_LEVEL: must be one of error, warning, info, debug, "
                                                r"not 'loud'$"):
         load(None, defaults={"log_level": ("loud", "KREX_LOG_LEVEL")})
+
+
+def test_gpu_indices_of_the_config_file_are_0_to_63(tmp_path):
+    """"gpus": [-1] was taken (the controller then warned of a GPU -1 the node does not have), and a reserved_cores
+    entry for GPU 99 without a word."""
+    f = tmp_path / "c.json"
+    for setting, why in (({"gpus": [-1]}, "gpus: GPU indices must be in 0..63, not -1"),
+                         ({"gpus": [0, 64]}, "gpus: GPU indices must be in 0..63, not 0,64"),
+                         ({"reserved_cores": {"99": "0"}}, "reserved_cores: GPU 99: GPU indices must be in 0..63")):
+        f.write_text(json.dumps(setting))
+        with pytest.raises(KrexCommandError) as e:
+            load(str(f))
+        assert e.value.exit_code == 2 and str(e.value) == f"config {f}: {why}"
+    f.write_text(json.dumps({"gpus": [0, 63]}))
+    assert load(str(f)).gpus == [0, 63]

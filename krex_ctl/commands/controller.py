@@ -105,6 +105,10 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
                         format="%(asctime)s krex-controller[%(process)d] %(levelname)s: %(message)s")
     log = logging.getLogger("krex.controller")
+    unmanaged = sorted(set(cfg.reserved_cores) - set(cfg.gpus) - {-1})
+    if unmanaged:
+        log.warning("reserved_cores names GPU(s) %s, which this controller does not manage (gpus %s): not used",
+                    config.format_cpu_list(unmanaged), config.format_cpu_list(cfg.gpus))
     m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
     # SIGTERM or SIGHUP from here until serve_forever has its handlers (a stop right after a start) is held, not
     # fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing is spawned before that
