@@ -136,8 +136,24 @@ def check_environment(env: Mapping[str, str]) -> None:
     if env.get("KREX_REGION_TIMEOUT"):
         check_region_timeout(env["KREX_REGION_TIMEOUT"], "KREX_REGION_TIMEOUT")
     wait = env.get("KREX_GATE_LIFECYCLE_WAIT")
-    if wait not in (None, "") and not (re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", wait) and float(wait) <= 3600):
+    if wait not in (None, "") and not (0 <= seconds(wait, -1.0) <= 3600):
         raise KrexCommandError(f"KREX_GATE_LIFECYCLE_WAIT must be a number of seconds (0 to 3600), not {wait!r}", 2)
+
+
+# A number of seconds as the shim reads one (strtod, the whole value): a plain decimal, with an exponent or not.
+# Python's float() takes more ("1_0", " 1 ", "١"), which the shim would ignore with a warning: refused here.
+SECONDS = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+
+
+def seconds(value, bad: float) -> float:
+    """value as a number of seconds when it is a number or a string of SECONDS' form, else bad."""
+    import re
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(SECONDS, value):
+        return float(value)
+    return bad
 
 
 def check_region_timeout(value, what: str = "--region-timeout") -> float:
@@ -146,10 +162,7 @@ def check_region_timeout(value, what: str = "--region-timeout") -> float:
 
     from .errors import KrexCommandError
 
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        t = -1.0
+    t = seconds(value, -1.0)
     if math.isnan(t) or not 0 <= t <= 86400:
         raise KrexCommandError(f"{what} must be a number of seconds (0 to 86400), not {value!r}", 2)
     return t

@@ -484,3 +484,40 @@ def test_gpu_indices_of_the_config_file_are_0_to_63(tmp_path):
         assert e.value.exit_code == 2 and str(e.value) == f"config {f}: {why}"
     f.write_text(json.dumps({"gpus": [0, 63]}))
     assert load(str(f)).gpus == [0, 63]
+
+
+def test_region_timeout_and_lifecycle_wait_are_read_as_the_shim_reads_them():
+    """krex run took KREX_REGION_TIMEOUT=1_0 (Python's float()), which the shim's strtod ignores with a warning (the
+    wait was then unbounded), and refused KREX_GATE_LIFECYCLE_WAIT=1e3, which the shim takes. Every value krex run
+    takes, the shim takes (shim/region.c, shim/gate.c: strtod over the whole value, then the range)."""
+    import ctypes
+
+    from krex_ctl.environ import check_environment, check_region_timeout
+
+    libc = ctypes.CDLL(None)
+    libc.strtod.restype, libc.strtod.argtypes = ctypes.c_double, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+
+    def shim_takes(value: str, high: float) -> bool:
+        raw = value.encode()
+        end = ctypes.c_char_p()
+        s = libc.strtod(raw, ctypes.byref(end))
+        return not end.value and s >= 0 and s <= high      # *end == '\0': the whole value read
+
+    def run_takes(check, value) -> bool:
+        try:
+            check(value)
+            return True
+        except KrexCommandError:
+            return False
+
+    values = ["10", "1.5", ".5", "5.", "1e3", "1E-2", "+3", "0", "-0", "1_0", " 1", "1 ", "inf", "nan", "1e999", "-1",
+              "86401", "3601", "١", "1,5", "e3", "1e", "2e3"]
+    for v in values:
+        took = run_takes(lambda x: check_region_timeout(x, "KREX_REGION_TIMEOUT"), v)
+        assert not took or shim_takes(v, 86400), v
+        waited = run_takes(lambda x: check_environment({"KREX_GATE_LIFECYCLE_WAIT": x}), v)
+        assert not waited or shim_takes(v, 3600), v
+    for v in ("10", "1.5", ".5", "1e3", "1E-2", "0"):      # what the shim takes, written plainly: taken
+        assert run_takes(lambda x: check_region_timeout(x, "KREX_REGION_TIMEOUT"), v), v
+    for v in ("1e3", "3600", ".5"):
+        assert run_takes(lambda x: check_environment({"KREX_GATE_LIFECYCLE_WAIT": x}), v), v
