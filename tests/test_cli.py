@@ -219,6 +219,10 @@ def test_bad_krex_variables_stop_the_run(krex, tmp_path):
         out = krex.run(["touch", marker], env={var: value})
         assert out.returncode == 2 and not marker.exists(), (var, out.stderr)
         assert out.stderr.strip() == f"krex: {out.stderr.strip()[6:]}" and message in out.stderr
+    # --cold uses no warm worker, but KREX_WARM_WAIT was then not checked at all (rc 0)
+    out = krex_cli(krex, "run", "--cold", "--", "touch", str(marker), env_extra={"KREX_WARM_WAIT": "-1"})
+    assert out.returncode == 2 and not marker.exists(), out.stderr
+    assert out.stderr.strip() == "krex: KREX_WARM_WAIT must be a number of seconds (0 to 3600), not '-1'"
 
 
 def test_a_shim_that_is_not_krex_s_is_refused(krex, tmp_path):

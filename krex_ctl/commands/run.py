@@ -162,7 +162,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         raise KrexCommandError("--gpu and --gpus: give one of them", 2)
     gpus = parse_gpus(gpu_spec) if gpu_spec not in (None, "any", "own") else None
     report_file = report.check_path(report_path) if report_path is not None else None
-    wait_s = 0.0 if cold else warm_wait_s(os.environ)
+    wait_s = warm_wait_s(os.environ)      # checked under --cold too, as every variable is
     shim = check_shim()
     helper = paths.exec_helper()
     if not helper.exists():
