@@ -126,8 +126,11 @@ def _start(path: Path, timeout: float) -> Path:
     if len(os.fsencode(str(path))) > 107:
         raise KrexCommandError(f"cannot start a controller at {path}: longer than the 107 bytes a Unix socket path "
                                "may have (set KREX_SOCKET to a shorter path)", 3)
-    from .sockfiles import open_private
+    from .sockfiles import not_a_socket, open_private
 
+    kind = not_a_socket(str(path))       # said before PATH.log (and the controller's PATH.lock) is made next to it
+    if kind is not None:
+        raise KrexCommandError(f"cannot start a controller at {path}: it exists and is {kind}, not a socket", 3)
     log = path.parent / (path.name + ".log")
     try:
         log_fd = open_private(str(log), os.O_WRONLY | os.O_APPEND, "log", flag="KREX_SOCKET")

@@ -101,17 +101,35 @@ def reach(path) -> int:
         s.close()
 
 
-def remove_stale_socket(path: str) -> bool:
-    """Make room for our socket at path: nothing there (False), or a socket nobody answers at (removed: True)."""
+def not_a_socket(path: str) -> Optional[str]:
+    """What is at path (lstat: a link is not followed) when it is something other than a socket: "a regular
+    file", "a directory", "a symbolic link", "not a socket"; None when nothing is there, or a socket."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
-            else "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket"
+    except OSError:                  # nothing there (or nothing we can see: binding there says why)
+        return None
+    if stat.S_ISSOCK(st.st_mode):
+        return None
+    return "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
+        else "a regular file" if stat.S_ISREG(st.st_mode) else "not a socket"
+
+
+def refuse_non_socket(path: str) -> None:
+    """Something other than a socket at path: one line, exit status 2, before anything is made next to it (the
+    lock file, the log): krex never removes it."""
+    kind = not_a_socket(path)
+    if kind is not None:
         raise KrexCommandError(f"--socket {path}: exists and is {kind}, not a socket; krex removes only a stale "
                                "socket: choose another path or move that one away", 2)
+
+
+def remove_stale_socket(path: str) -> bool:
+    """Make room for our socket at path: nothing there (False), or a socket nobody answers at (removed: True)."""
+    refuse_non_socket(path)
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
     if answers(path):
         raise KrexCommandError(f"another krex controller (or another program) answers at {path}", 4)
     try:

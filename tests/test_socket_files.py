@@ -27,11 +27,16 @@ def one_krex_line(stderr: str) -> str:
 
 
 def test_controller_never_unlinks_a_regular_file_at_its_socket_path(krex, tmp_path):
+    """... nor leaves a PATH.lock next to what it refused (`--socket /tmp/rd`, a directory, made /tmp/rd.lock)."""
     f = tmp_path / "data.txt"
     f.write_text("precious\n")
-    r = controller(krex, f)
-    assert r.returncode == 2
-    assert "is a regular file, not a socket" in one_krex_line(r.stderr)
+    d = tmp_path / "dir"
+    d.mkdir()
+    for path, kind in ((f, "a regular file"), (d, "a directory")):
+        r = controller(krex, path)
+        assert r.returncode == 2
+        assert f"is {kind}, not a socket" in one_krex_line(r.stderr)
+        assert not (tmp_path / f"{path.name}.lock").exists()
     assert f.read_text() == "precious\n"
 
 
@@ -41,8 +46,11 @@ def test_krex_run_with_krex_socket_at_a_file_keeps_it_and_says_so_at_once(krex, 
     r = krex.run(["true"], env={"KREX_SOCKET": str(f)})
     assert r.returncode == 0
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
-    assert len(line) == 1 and "exited at once" in line[0] and "not a socket" in line[0], r.stderr
+    assert len(line) == 1, r.stderr
+    assert line[0] == (f"krex: cannot start a controller at {f}: it exists and is a regular file, not a socket; "
+                       "running without region exclusivity")
     assert f.read_text() == "precious\n"
+    assert not (tmp_path / "data.txt.lock").exists() and not (tmp_path / "data.txt.log").exists()   # none made
 
 
 def test_a_stale_socket_is_replaced_and_a_clean_stop_removes_only_its_own(krex, tmp_path):

@@ -6,7 +6,7 @@ import signal
 
 import click
 
-from .. import config, heartbeat, paths, systemd
+from .. import config, heartbeat, paths, sockfiles, systemd
 from ..server import Controller, bind
 
 
@@ -100,6 +100,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     path = cfg.socket = cfg.socket or str(paths.user_socket())
     if path == str(paths.user_socket()):
         paths.ensure_runtime_dir()
+    sockfiles.refuse_non_socket(path)      # before PATH.lock is made next to it (bind)
     if cfg.restart_grace_s is None:
         cfg.restart_grace_s = heartbeat.default_grace(embedded, path)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
