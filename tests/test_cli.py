@@ -98,6 +98,9 @@ def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
     assert out.returncode == 2 and "'3-1' is not a CPU range: it runs backwards" in out.stderr
     out = krex_cli(krex, "status", "--socket", str(tmp_path / "none.sock"))
     assert out.returncode == 3 and out.stderr.startswith("krex: no krex controller answers at")
+    for command in ("controller", "status"):     # an empty --socket fell back to the default socket without a word
+        out = krex_cli(krex, command, "--socket", "")
+        assert out.returncode == 2 and out.stderr.strip() == "krex: --socket: the path is empty (an unset variable?)"
 
 
 def test_status_and_version(krex):

@@ -7,6 +7,7 @@ import signal
 import click
 
 from .. import config, heartbeat, paths, sockfiles, systemd
+from ..errors import KrexCommandError
 from ..server import Controller, bind
 
 
@@ -81,6 +82,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
                settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, warm_workers,
                worker_preload, worker_reuse, metrics, trace_file, restart_grace, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
+    if socket_path == "":      # not the default socket: another one than the one meant, without a word
+        raise KrexCommandError("--socket: the path is empty (an unset variable?)", 2)
     # the socket: --socket, else KREX_SOCKET, else the config file's `socket`, else the per-user one
     # the log level: --log-level, else the config file's log_level, else KREX_LOG_LEVEL, else info
     cfg = config.load(

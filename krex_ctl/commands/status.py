@@ -181,6 +181,8 @@ def watch(socket_path, period: float) -> None:
               metavar="[SECONDS]", help="Redraw a live per-GPU view every SECONDS (2); plain text when not a terminal.")
 def status(as_json: bool, socket_path, watch_s) -> None:
     """Show what a controller is doing."""
+    if socket_path == "":      # not the default socket: another controller than the one meant, without a word
+        raise KrexCommandError("--socket: the path is empty (an unset variable?)", 2)
     if watch_s is not None:
         if as_json:
             raise KrexCommandError("--watch and --json do not go together", 2)
