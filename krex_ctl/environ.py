@@ -180,8 +180,8 @@ def check_overlap(spec: str, what: str = "--overlap") -> str:
     from .errors import KrexCommandError
 
     if not all(re.fullmatch(OVERLAP_CONTROL, c) and int(c.partition("=")[2] or 1) <= 65535 for c in spec.split(",")):
-        raise KrexCommandError(f"{what}: {spec!r} is not a comma list of priority, shape=K (K 1-32), sm_target=N, "
-                               "noguard", 2)
+        raise KrexCommandError(f"{what}: {spec!r} is not a comma list of priority, shape=K (K 1-32), "
+                               "sm_target=N (N 1-65535), noguard", 2)
     return spec
 
 

@@ -211,6 +211,11 @@ def test_unknown_option_is_refused_not_run(krex, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
     out = krex_cli(krex, "run", "--gpu", "x", "--", "true")
     assert out.returncode == 2 and out.stderr.strip().startswith("krex: --gpu: 'x' is not a GPU index")
+    out = krex_cli(krex, "run", "--overlap", "sm_target=70000", "--", "true")   # the limit is said, not just refused
+    assert out.returncode == 2 and out.stderr.strip() == ("krex: --overlap: 'sm_target=70000' is not a comma list of "
+                                                          "priority, shape=K (K 1-32), sm_target=N (N 1-65535), noguard")
+    help_text = " ".join(krex_cli(krex, "run", "--help").stdout.split())
+    assert "sm_target=N, noguard (overrides KREX_OVERLAP" in help_text
 
 
 def test_bad_krex_variables_stop_the_run(krex, tmp_path):

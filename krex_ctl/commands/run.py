@@ -125,8 +125,8 @@ def counters_dirs() -> list:
 @click.option("--hooks", default=None, metavar="NAMES",
               help="Region hooks to switch on, comma-separated or 'all' (overrides KREX_HOOKS).")
 @click.option("--overlap", default=None, metavar="CONTROLS",
-              help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N "
-                   "(overrides KREX_OVERLAP; docs/guide/overlap.md).")
+              help="Overlap controls for the command's kernels: a comma list of priority, shape=K, sm_target=N, "
+                   "noguard (overrides KREX_OVERLAP; docs/guide/overlap.md).")
 @click.option("--region-timeout", default=None, metavar="S",
               help="Wait at most S seconds for each region's grant (KREX_REGION_TIMEOUT): then the request is "
                    "cancelled; krex.region raises RegionTimeout, C's begin returns -3, hooks time unprotected "
