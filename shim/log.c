@@ -9,17 +9,23 @@
 
 static int krex_log_level(void) {
     static int level = -1;
-    if (level < 0) {
-        const char *v = getenv("KREX_LOG_LEVEL");
-        int l = KREX_LOG_WARNING;
-        if (v && *v) {
-            if (!strcasecmp(v, "error")) l = KREX_LOG_ERROR;
-            else if (!strcasecmp(v, "info")) l = KREX_LOG_INFO;
-            else if (!strcasecmp(v, "debug")) l = KREX_LOG_DEBUG;
-        }
-        level = l;
+    int now = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
+    if (now >= 0) return now;
+    const char *v = getenv("KREX_LOG_LEVEL");
+    int l = KREX_LOG_WARNING, bad = 0;
+    if (v && *v) {
+        if (!strcasecmp(v, "error")) l = KREX_LOG_ERROR;
+        else if (!strcasecmp(v, "warning")) l = KREX_LOG_WARNING;
+        else if (!strcasecmp(v, "info")) l = KREX_LOG_INFO;
+        else if (!strcasecmp(v, "debug")) l = KREX_LOG_DEBUG;
+        else bad = 1;
     }
-    return level;
+    int unset = -1;
+    /* the first thread to set it names a bad value, once (the level is set first: krex_log reads it) */
+    if (__atomic_compare_exchange_n(&level, &unset, l, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && bad)
+        krex_log(KREX_LOG_WARNING, "KREX_LOG_LEVEL=%s is not a log level (error, warning, info, debug): warning used",
+                 v);
+    return __atomic_load_n(&level, __ATOMIC_ACQUIRE);
 }
 
 void krex_log(int level, const char *fmt, ...) {

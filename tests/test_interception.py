@@ -78,6 +78,29 @@ def test_shim_alone_without_controller(tmp_path):
     assert out.stderr.count("no controller at") == 1
 
 
+def test_the_shim_names_a_bad_log_level_once(tmp_path):
+    """KREX_LOG_LEVEL=loud (or ERR) was taken as warning without a word, where every other variable the shim
+    cannot read is named in one warning."""
+    import os
+    import subprocess
+
+    from conftest import BUILD
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(LD_PRELOAD=str(BUILD / "libkrex.so"), KREX_SOCKET=str(tmp_path / "none.sock"))
+    for value in ("loud", "ERR"):
+        out = subprocess.run([SNIP / "direct"], env=dict(env, KREX_LOG_LEVEL=value), capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0 and "launched 5" in out.stdout
+        assert out.stderr.count(f"warning: KREX_LOG_LEVEL={value} is not a log level (error, warning, info, debug): "
+                                "warning used") == 1, out.stderr
+        assert out.stderr.count("no controller at") == 1     # the level used: warning
+    for value in ("WARNING", "error"):
+        out = subprocess.run([SNIP / "direct"], env=dict(env, KREX_LOG_LEVEL=value), capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0 and "KREX_LOG_LEVEL" not in out.stderr, out.stderr
+
+
 def test_more_processes_than_counter_slots_are_all_counted(tmp_path):
     """Past the last slot processes share slots; the job's sums stay exact and nothing is printed."""
     import os
