@@ -30,6 +30,7 @@ from krex_ctl.wire.frames import C, ffi, taint_names
 from krex_ctl.wire.report import host_bound
 
 WAIT_SLICE_MS = 100
+MIN_TIMEOUT_S = 0.001               # a bounded wait's least: 0 (or what rounds to 0 ms) would never be granted
 _lock = threading.Lock()
 _open = {"n": 0, "warned": False}   # region() blocks open in this process (an inner one is part of the outer)
 _host_bound_warned: set = set()     # (job, region name) already warned of as host-bound in this process: per job,
@@ -95,14 +96,13 @@ def env_timeout() -> Optional[float]:
     value = os.environ.get("KREX_REGION_TIMEOUT", "")
     if not value:
         return None
-    try:
-        t = float(value)
-    except ValueError:
-        t = -1.0
-    if not 0 <= t <= 86400 or math.isnan(t):
+    from krex_ctl.environ import seconds      # read as krex run and the shim read it (no "1_0", no spaces)
+
+    t = seconds(value, -1.0)
+    if not MIN_TIMEOUT_S <= t <= 86400 or math.isnan(t):
         if not _open.get("warned_timeout"):
             _open["warned_timeout"] = True
-            print(f"krex: KREX_REGION_TIMEOUT={value!r} is not a number of seconds (0 to 86400): ignored",
+            print(f"krex: KREX_REGION_TIMEOUT={value!r} is not a number of seconds (0.001 to 86400): ignored",
                   file=sys.stderr)
         return None
     return t
@@ -135,8 +135,9 @@ def _begin(name: str, gpu, timeout: Optional[float]) -> tuple:
     mask = _gpu_mask(gpu)
     if timeout is None:
         timeout = env_timeout()
-    if timeout is not None and not (0 <= float(timeout) < math.inf):
-        raise ValueError(f"timeout must be a number of seconds (0 or more), not {timeout!r}")
+    if timeout is not None and not (MIN_TIMEOUT_S <= float(timeout) < math.inf):
+        raise ValueError(f"timeout must be a number of seconds (at least {MIN_TIMEOUT_S:g}: a grant takes a round "
+                         f"trip to the controller, so a shorter wait is never granted), not {timeout!r}")
     lib = _shim()
     if lib is None:
         return -1, None

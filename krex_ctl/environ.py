@@ -157,14 +157,16 @@ def seconds(value, bad: float) -> float:
 
 
 def check_region_timeout(value, what: str = "--region-timeout") -> float:
-    """Seconds a region may wait for its grant (0 to 86400); else one line naming `what`, exit status 2."""
+    """Seconds a region may wait for its grant (0.001 to 86400: a grant takes a round trip to the controller, so
+    0 would never be granted, even on an idle GPU); else one line naming `what`, exit status 2."""
     import math
 
     from .errors import KrexCommandError
 
     t = seconds(value, -1.0)
-    if math.isnan(t) or not 0 <= t <= 86400:
-        raise KrexCommandError(f"{what} must be a number of seconds (0 to 86400), not {value!r}", 2)
+    if math.isnan(t) or not 0.001 <= t <= 86400:
+        raise KrexCommandError(f"{what} must be a number of seconds (0.001 to 86400; a grant takes a round trip to "
+                               f"the controller, so 0 would never be granted), not {value!r}", 2)
     return t
 
 

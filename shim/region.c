@@ -262,8 +262,8 @@ static int env_timeout_ms(void) {
     if (!v || !*v) return -1;
     char *end;
     double s = strtod(v, &end);
-    if (*end || !(s >= 0) || s > 86400) {
-        krex_log(KREX_LOG_WARNING, "KREX_REGION_TIMEOUT=%s is not a number of seconds (0 to 86400): ignored", v);
+    if (*end || !(s >= 0.001) || s > 86400) {   /* 0 would never be granted: a grant takes a round trip */
+        krex_log(KREX_LOG_WARNING, "KREX_REGION_TIMEOUT=%s is not a number of seconds (0.001 to 86400): ignored", v);
         return -1;
     }
     return (int)(s * 1000 + 0.5);

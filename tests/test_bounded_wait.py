@@ -242,8 +242,23 @@ def test_a_grant_within_the_timeout_is_an_ordinary_region(krex):
     assert r.returncode == 0 and r.stdout.split() == ["True", "True"], r.stderr
 
 
+def test_a_zero_timeout_is_refused_not_never_granted(krex):
+    """A grant takes a round trip to the controller: timeout=0 would never be granted, even on an idle GPU, so
+    the Python API refuses it (ValueError) and KREX_REGION_TIMEOUT=0 is ignored with a warning (no limit)."""
+    krex.start_controller()
+    r = krex.python("import krex\ntry:\n    krex.region('z', timeout=0).__enter__()\nexcept ValueError as e:\n"
+                    "    print('refused', e)\n")
+    assert r.returncode == 0 and r.stdout.startswith("refused timeout must be a number of seconds (at least 0.001"), \
+        (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-c", "import krex\nwith krex.region('z') as r:\n    pass\nprint(r.granted)\n"],
+                       env=dict(krex.env, KREX_REGION_TIMEOUT="0.0004"), capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["True"] and "KREX_REGION_TIMEOUT='0.0004' is not a number of seconds" in r.stderr, \
+        (r.stdout, r.stderr)
+
+
 def test_bad_region_timeout_is_one_line_exit_2(krex):
-    for args, env in ((["--region-timeout", "soon"], {}), ([], {"KREX_REGION_TIMEOUT": "-1"})):
+    for args, env in ((["--region-timeout", "soon"], {}), ([], {"KREX_REGION_TIMEOUT": "-1"}),
+                      (["--region-timeout", "0"], {}), ([], {"KREX_REGION_TIMEOUT": "0.0004"})):
         r = subprocess.run([sys.executable, "-m", "krex_ctl", "run", *args, "--", "true"],
                            env=dict(krex.env, **env), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
