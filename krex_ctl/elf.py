@@ -1,7 +1,9 @@
 """Whether an ELF shared object exports a symbol, read from the file: nothing of it is loaded or run (`krex run`
 checks KREX_SHIM so, in its own process). Only what the dynamic linker would see counts: a defined, global or
 weak symbol of the dynamic symbol table (.dynsym), in an ELF file of this interpreter's class, byte order and
-machine."""
+machine. Why not a library: dlopen (ctypes, cffi) would run the shim's constructors in `krex run`'s own process
+(it connects to the controller, installs its hooks), a child process to dlopen it would cost `krex run` a
+second interpreter's start, and pyelftools would be a dependency for this one lookup (and ~20 ms of import)."""
 
 import os
 import stat
