@@ -3,7 +3,7 @@ checks KREX_SHIM so, in its own process). Only what the dynamic linker would see
 weak symbol of the dynamic symbol table (.dynsym), in an ELF file of this interpreter's class, byte order and
 machine. Why not a library: dlopen (ctypes, cffi) would run the shim's constructors in `krex run`'s own process
 (it connects to the controller, installs its hooks), a child process to dlopen it would cost `krex run` a
-second interpreter's start, and pyelftools would be a dependency for this one lookup (and ~20 ms of import)."""
+second interpreter's start, and pyelftools would be a new dependency for this one lookup."""
 
 import os
 import stat
