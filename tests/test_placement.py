@@ -39,7 +39,7 @@ def test_idle_warm_workers_draw_a_command():
 def test_want_n_and_bad_requests():
     loads = [GpuLoad(0, 2), GpuLoad(1, 0), GpuLoad(2, 1), GpuLoad(3, 0)]
     assert placement.place(loads, 2) == [1, 3]
-    with pytest.raises(PlacementError, match="this node has 4"):
+    with pytest.raises(PlacementError, match="this node's controller serves 4"):
         placement.place(loads, 5)
     with pytest.raises(PlacementError, match="no such GPU"):
         placement.check_named([0, 1], [5])
@@ -91,7 +91,7 @@ def test_named_gpu_the_node_lacks(krex):
     out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "5", "--", "true"], env=krex.env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == ["krex: --gpu 5: this node has no such GPU (it has 0,1)"], out.stderr
+    assert out.stderr.strip().splitlines() == ["krex: --gpu 5: this node's controller serves no such GPU (it serves 0,1)"], out.stderr
     ok = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "1", "--", sys.executable, "-c",
                          "import os; print(os.environ['KREX_GPU'])"], env=krex.env, capture_output=True, text=True,
                         timeout=60)
@@ -109,7 +109,7 @@ def test_gpus_n_and_callers_devices(krex):
     assert len(cvd.split(",")) == 2 and len(kg.split(",")) == 2
     many = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpus", "5", "--", "true"], env=krex.env,
                           capture_output=True, text=True, timeout=60)
-    assert many.returncode == 2 and many.stderr.startswith("krex: asked for 5 GPUs; this node has 4"), many.stderr
+    assert many.returncode == 2 and many.stderr.startswith("krex: asked for 5 GPUs; this node's controller serves 4"), many.stderr
     # a caller that set its devices (a Ray worker, Slurm) keeps them
     kept = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--"] + show,
                           env=dict(krex.env, CUDA_VISIBLE_DEVICES="3"), capture_output=True, text=True, timeout=60)

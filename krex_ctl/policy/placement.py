@@ -46,13 +46,14 @@ def place(loads: Iterable[GpuLoad], want: int = 1) -> list[int]:
     if want < 1:
         raise PlacementError(f"a command needs at least one GPU, not {want}")
     if want > len(loads):
-        raise PlacementError(f"asked for {want} GPUs; this node has {len(loads)}")
+        raise PlacementError(f"asked for {want} GPUs; this node's controller serves {len(loads)}")
     return sorted(load.gpu for load in sorted(loads, key=_key)[:want])
 
 
 def check_named(node: list[int], named: list[int]) -> None:
-    """`--gpu N[,M]` names GPUs the node has; PlacementError says which it does not."""
+    """`--gpu N[,M]` names GPUs the controller serves (those of the node it manages: its --gpus, else all);
+    PlacementError says which it does not."""
     bad = [g for g in named if g not in node]
     if bad:
         have = ",".join(str(g) for g in node) or "none"
-        raise PlacementError(f"--gpu {','.join(str(g) for g in bad)}: this node has no such GPU (it has {have})")
+        raise PlacementError(f"--gpu {','.join(str(g) for g in bad)}: this node's controller serves no such GPU (it serves {have})")
