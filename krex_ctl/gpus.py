@@ -90,7 +90,8 @@ class GpuTable:
             log.info("GPUs by NVML: %s", ", ".join(f"{i} {nvml.uuid_text(u)}" for i, u in sorted(self.uuids.items())))
             missing = [g for g in cfg.gpus if g not in self.uuids]
             if self.uuids and missing and len(cfg.gpus) < 64:      # --gpus (or the config's gpus) was given
-                log.warning("--gpus names GPU(s) %s, which this node does not have (NVML lists %s): not served",
+                log.warning("gpus (--gpus or the config file) names GPU(s) %s, which this node does not have "
+                            "(NVML lists %s): not served",
                             ",".join(map(str, missing)), ",".join(map(str, sorted(self.uuids))))
 
     def index(self, uuid: Optional[bytes], device: int) -> Optional[int]:
