@@ -114,11 +114,16 @@ int main(int argc, char **argv) {
         sigprocmask(SIG_SETMASK, &none, NULL);
         execvp(argv[2], argv + 2);
         int e = errno;
+        struct stat st;
+        if (e == ENOENT && strchr(argv[2], '/') && stat(argv[2], &st) == 0) {
+            /* the file is there: what is missing is its #! interpreter (or its ELF loader) */
+            fprintf(stderr, "krex: cannot run %s: its interpreter (the #! line) or loader is missing\n", argv[2]);
+            _exit(127);
+        }
         if (e == ENOENT) {
             fprintf(stderr, "krex: command not found: %s\n", argv[2]);
             _exit(127);
         }
-        struct stat st;
         if (e == EACCES && strchr(argv[2], '/') && stat(argv[2], &st) == 0 && S_ISDIR(st.st_mode))
             fprintf(stderr, "krex: is a directory: %s\n", argv[2]);
         else if (e == EACCES || e == EPERM) fprintf(stderr, "krex: permission denied: %s\n", argv[2]);

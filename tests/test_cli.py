@@ -25,6 +25,12 @@ def test_exit_status_passes_through(krex, tmp_path):
     assert out.returncode == 127 and out.stderr.strip() == "krex: command not found: no-such-command-krex"
     out = krex.run([tmp_path])
     assert out.returncode == 126 and out.stderr.strip() == f"krex: is a directory: {tmp_path}"
+    script = tmp_path / "bad-interpreter"
+    script.write_text("#!/no/such/interpreter-krex\n")
+    script.chmod(0o755)
+    out = krex.run([script])        # the file is there: not "command not found"
+    assert out.returncode == 127 and out.stderr.strip() == \
+        f"krex: cannot run {script}: its interpreter (the #! line) or loader is missing", out.stderr
 
 
 def test_report_contract(krex, tmp_path):
