@@ -104,6 +104,13 @@ def test_bad_cli_input_is_one_line_and_nonzero(krex, tmp_path):
     assert out.returncode == 2 and "'3-1' is not a CPU range: it runs backwards" in out.stderr
     out = krex_cli(krex, "status", "--socket", str(tmp_path / "none.sock"))
     assert out.returncode == 3 and out.stderr.startswith("krex: no krex controller answers at")
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    out = krex_cli(krex, "status", "--socket", str(plain))       # said "(Connection refused)"
+    assert out.returncode == 3 and out.stderr.strip() == f"krex: no krex controller answers at {plain} (not a socket)"
+    long = tmp_path / ("x" * 120 + ".sock")
+    out = krex_cli(krex, "status", "--socket", str(long))        # said "(None)"
+    assert out.returncode == 3 and out.stderr.strip().endswith("(AF_UNIX path too long)"), out.stderr
     for command in ("controller", "status"):     # an empty --socket fell back to the default socket without a word
         out = krex_cli(krex, command, "--socket", "")
         assert out.returncode == 2 and out.stderr.strip() == "krex: --socket: the path is empty (an unset variable?)"

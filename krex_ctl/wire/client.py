@@ -5,10 +5,12 @@ One failure rule for every request: a reply comes back as a dict, or the request
 ControllerRefused when the controller answered with an error, ControllerLost when the connection broke or
 no reply came in time. Callers that carry on without a controller catch ControllerError (both)."""
 
+import errno
 import json
 import os
 import queue
 import socket
+import stat
 import struct
 import threading
 import time
@@ -90,7 +92,13 @@ class Connection:
             left = seconds_left(self.path) if e.errno in NOTHING_LISTENS else None
             restarting = f"; it served here until moments ago and may be restarting (its restart grace ends in " \
                 f"{left:.0f} s)" if left else ""
-            raise KrexCommandError(f"no krex controller answers at {self.path} ({e.strerror}){restarting}", 3) from None
+            why = e.strerror or str(e)           # "AF_UNIX path too long" has no strerror
+            try:
+                if e.errno == errno.ECONNREFUSED and not stat.S_ISSOCK(os.stat(self.path).st_mode):
+                    why = "not a socket"
+            except OSError:
+                pass
+            raise KrexCommandError(f"no krex controller answers at {self.path} ({why}){restarting}", 3) from None
         except KrexCommandError:
             self.sock.close()
             raise
