@@ -57,7 +57,13 @@ def main() -> None:
         click.echo(e.ctx.get_help(), err=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        where = f"krex {e.ctx.info_name}: " if getattr(e, "ctx", None) is not None and e.ctx.parent else "krex: "
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None and ctx.parent:
+            where = f"krex {ctx.info_name}: "
+        elif ctx is None and len(sys.argv) > 1 and sys.argv[1] in cli.commands:
+            where = f"krex {sys.argv[1]}: "    # the parser's errors (an option's missing value) come without one
+        else:
+            where = "krex: "
         click.echo(where + e.format_message(), err=True)
         sys.exit(e.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

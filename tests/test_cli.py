@@ -222,6 +222,8 @@ def test_unknown_option_is_refused_not_run(krex, tmp_path):
     out = krex_cli(krex, "run", "--bogus", "true")
     assert out.returncode == 2 and out.stderr.startswith("krex run: No such option") and "--bogus" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    out = krex_cli(krex, "run", "--report")          # the parser's error, which came with a bare "krex:"
+    assert out.returncode == 2 and out.stderr.strip() == "krex run: Option '--report' requires an argument."
     out = krex_cli(krex, "run", "--gpu", "x", "--", "true")
     assert out.returncode == 2 and out.stderr.strip().startswith("krex: --gpu: 'x' is not a GPU index")
     out = krex_cli(krex, "run", "--overlap", "sm_target=70000", "--", "true")   # the limit is said, not just refused
