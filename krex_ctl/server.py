@@ -1091,14 +1091,24 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     if len(os.fsencode(path)) > 107:
         raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
     sockfiles.check_dir(path)
+    made_lock = not os.path.lexists(path + ".lock")
     LOCKS[path] = lock_fd = sockfiles.take_lock(path)
-    stale_socket = sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
-    # a gate file that is not a dead controller's of ours is refused before our socket exists (enforce/gate.py
-    # creates ours)
-    STALE[path] = sockfiles.remove_stale_gate_file(path + ".gate", C.KREX_GATE_MAGIC) or stale_socket
-    if cfg.restart_grace_s:        # before the socket: refused, nothing is bound
-        HEARTBEATS[path] = Heartbeat(path, float(cfg.restart_grace_s))
-    return listen_at(cfg, path), lock_fd
+    try:
+        stale_socket = sockfiles.remove_stale_socket(path)   # only a socket nobody answers at; never a file
+        # a gate file that is not a dead controller's of ours is refused before our socket exists (enforce/gate.py
+        # creates ours)
+        STALE[path] = sockfiles.remove_stale_gate_file(path + ".gate", C.KREX_GATE_MAGIC) or stale_socket
+        if cfg.restart_grace_s:        # before the socket: refused, nothing is bound
+            HEARTBEATS[path] = Heartbeat(path, float(cfg.restart_grace_s))
+        return listen_at(cfg, path), lock_fd
+    except KrexCommandError:
+        if made_lock:                  # refused: the lock file this start made goes with it (still held: ours)
+            try:
+                os.unlink(path + ".lock")
+            except OSError:
+                pass
+        os.close(LOCKS.pop(path))
+        raise
 
 
 def listen_at(cfg: Config, path: str) -> socket.socket:

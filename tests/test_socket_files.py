@@ -84,6 +84,7 @@ def test_the_gate_file_is_ours_alone(krex, tmp_path):
     r = controller(krex, sock)
     assert r.returncode == 2 and "not a krex gate file" in one_krex_line(r.stderr)
     assert gate.read_text() == "precious\n"
+    assert not (d / "krex.sock.lock").exists()        # refused: the lock file its start made is gone with it
     gate.unlink()
     target = tmp_path / "target"
     target.write_text("kept\n")
