@@ -560,24 +560,31 @@ def test_freeze_policy_busy_stops_only_siblings_with_work_in_flight():
 
 
 # ---- on the fake driver -------------------------------------------------------------------------------
-def test_back_to_back_regions_leave_a_sibling_its_share(krex):
-    """One job loops 0.4-s regions back to back while another job's process keeps the GPU busy: the
-    sibling is frozen during each region, yet it gets about its share of the time (before the fair share,
-    the gaps between regions were a few milliseconds and the sibling stayed stopped nearly all the time)."""
-    from conftest import SNIP, report_of
+def granted_beside_a_busy_sibling(krex, cmd, report_name: str, env: dict) -> list:
+    """Run cmd under krex beside another job's busy GPU process (2-ms kernels): its granted regions."""
+    from conftest import report_of
 
-    krex.env["KREX_WARM_WORKERS"] = "0"
-    krex.start_controller("--fair-window", "2")
     hog, _pid = krex.start_sibling(SNIPPET_US="2000", SNIPPET_MS="60000")
     try:
-        rep = krex.dir / "loop.json"
-        r = krex.run([SNIP / "region"], report=rep, timeout=240,
-                     env={"SNIPPET_REGIONS": "12", "SNIPPET_N": "4", "SNIPPET_US": "100000"})
+        rep = krex.dir / report_name
+        r = krex.run(cmd, report=rep, timeout=240, env=env)
         assert r.returncode == 0, r.stderr
     finally:
         hog.kill()
         hog.wait()
-    regions = [x for x in report_of(rep)["regions"] if x.get("granted_ns")]
+    return [x for x in report_of(rep)["regions"] if x.get("granted_ns")]
+
+
+def test_back_to_back_regions_leave_a_sibling_its_share(krex):
+    """One job loops 0.4-s regions back to back while another job's process keeps the GPU busy: the
+    sibling is frozen during each region, yet it gets about its share of the time (before the fair share,
+    the gaps between regions were a few milliseconds and the sibling stayed stopped nearly all the time)."""
+    from conftest import SNIP
+
+    krex.env["KREX_WARM_WORKERS"] = "0"
+    krex.start_controller("--fair-window", "2")
+    regions = granted_beside_a_busy_sibling(krex, [SNIP / "region"], "loop.json",
+                                            {"SNIPPET_REGIONS": "12", "SNIPPET_N": "4", "SNIPPET_US": "100000"})
     assert len(regions) == 12
     start, end = regions[0]["granted_ns"], regions[-1]["ended_ns"]
     held = sum(x["ended_ns"] - x["granted_ns"] for x in regions)
@@ -595,21 +602,13 @@ def test_a_gang_in_lockstep_leaves_a_sibling_its_share(krex):
     another job's busy process: their job's region ends and starts again, the sibling runs between, and none of
     the gang's regions is revoked (before, every request joined one region, which held the sibling stopped
     until the time limit revoked it)."""
-    from conftest import SNIP, report_of
+    from conftest import SNIP
 
     krex.env["KREX_WARM_WORKERS"] = "0"
     krex.start_controller("--fair-window", "2", "--region-time-limit", "8")
-    hog, _pid = krex.start_sibling(SNIPPET_US="2000", SNIPPET_MS="60000")
-    try:
-        rep = krex.dir / "gang.json"
-        ranks = f"{SNIP / 'region'} & sleep 0.05; {SNIP / 'region'} & wait"
-        r = krex.run(["sh", "-c", ranks], report=rep, timeout=240,
-                     env={"SNIPPET_REGIONS": "25", "SNIPPET_N": "1", "SNIPPET_US": "200000"})
-        assert r.returncode == 0, r.stderr
-    finally:
-        hog.kill()
-        hog.wait()
-    regions = [x for x in report_of(rep)["regions"] if x.get("granted_ns")]
+    ranks = f"{SNIP / 'region'} & sleep 0.05; {SNIP / 'region'} & wait"
+    regions = granted_beside_a_busy_sibling(krex, ["sh", "-c", ranks], "gang.json",
+                                            {"SNIPPET_REGIONS": "25", "SNIPPET_N": "1", "SNIPPET_US": "200000"})
     assert regions and not any("revoked" in x["taints"] for x in regions), [x["taints"] for x in regions]
     assert len(regions) >= 5, len(regions)
     start, end = regions[0]["granted_ns"], regions[-1]["ended_ns"]
