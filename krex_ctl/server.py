@@ -1005,6 +1005,7 @@ class Controller(RegionEffects):
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
         gpus = []
+        served = self.book.served_order(time.monotonic())
         for g in self.cfg.gpus:
             bit = 1 << g
             owner = next((r for r in self.book.regions.values() if r.gpu_mask & bit), None)
@@ -1019,8 +1020,10 @@ class Controller(RegionEffects):
                     "uid": owner.owner.uid, "command_argv": owner.job.command,
                     "state": owner.state.value, "frozen": [c.pid for c in owner.frozen],
                     "held_s": (now_ns() - owner.granted_ns) / 1e9 if owner.granted_ns else 0.0},
+                # in the order they will be served; fair_share: waiting for its job's share (it steps aside)
                 "queue": [{"region": r.id, "name": r.name, "pid": r.owner.pid, "uid": r.owner.uid, "gpus": mask_to_list(r.gpu_mask),
-                           "waiting_s": (now_ns() - r.requested_ns) / 1e9} for r in self.book.queue if r.gpu_mask & bit],
+                           "waiting_s": (now_ns() - r.requested_ns) / 1e9, "fair_share": r.id in self.book.deferred}
+                          for r in served if r.gpu_mask & bit],
                 "clients": [c.pid for c in clients],
                 # other jobs' processes with a context here while a region holds it: their GPU work waits at the
                 # gate (the frozen ones are stopped as well)

@@ -542,6 +542,19 @@ def test_a_region_whose_requester_gave_up_is_recorded_as_its_users_and_an_abort_
     assert held.state is State.ENDED and not held.given_up
 
 
+def test_krex_status_says_which_waiting_request_waits_for_its_share():
+    from krex_ctl.commands.status import lines
+
+    st = {"controller": {"pid": 1, "socket": "s", "uptime_s": 1.0, "protocol": 1}, "counters": {}, "jobs": [],
+          "clients": [],
+          "gpus": [{"gpu": 0, "owner": None, "clients": [], "queue": [
+              {"region": 3, "name": "b", "pid": 20, "uid": 0, "waiting_s": 0.1, "fair_share": False},
+              {"region": 2, "name": "a", "pid": 10, "uid": 0, "waiting_s": 0.4, "fair_share": True}]}]}
+    text = "\n".join(lines(st))
+    assert "1. waiting: region 3 'b' of pid 20" in text and "for 0.100 s\n" in text
+    assert "2. waiting: region 2 'a' of pid 10 (root) for 0.400 s (for its job's fair share)" in text
+
+
 def test_freeze_policy_busy_stops_only_siblings_with_work_in_flight():
     w = World(freeze_policy="busy", busy_before_us=1000.0)
     o = w.client(1, Job(1))

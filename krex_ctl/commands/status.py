@@ -77,7 +77,8 @@ def lines(st: dict) -> list[str]:
             out.append(f"    gated (their GPU work waits for the region): pids {', '.join(map(str, g['gated']))}")
         for place, q in enumerate(g["queue"], 1):
             out.append(f"    {place}. waiting: region {q['region']} '{q['name']}' of pid {q['pid']} "
-                       f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s")
+                       f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s"
+                       + (" (for its job's fair share)" if q.get("fair_share") else ""))
     out.append(f"{clients_line(st)}, {len(st['jobs'])} job(s)")
     for j in st["jobs"]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
@@ -128,6 +129,7 @@ def table(st: dict):
     for g in st["gpus"]:
         o = g["owner"]
         queue = "\n".join(f"{i}. '{q['name']}' pid {q['pid']} ({user_name(q.get('uid'))}) {q['waiting_s']:.1f} s"
+                          + (" (fair share)" if q.get("fair_share") else "")
                           for i, q in enumerate(g["queue"], 1)) or "-"
         if o is None:
             t.add_row(str(g["gpu"]), "free", "", "", "", "", "", "", queue)
