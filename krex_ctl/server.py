@@ -1119,12 +1119,14 @@ def listen_at(cfg: Config, path: str) -> socket.socket:
     was removed under us)."""
     import grp
 
-    try:
-        sock = client.bind_private(path)
+    try:   # its mode from the start (the umask at the bind): no chmod by path, which would follow a planted link
+        sock = client.bind_private(path, cfg.socket_mode)
     except OSError as e:
         raise KrexCommandError(f"--socket {path}: cannot bind ({e.strerror})", 2) from None
     made = sockfiles.identity(path)
     try:
+        if made is None:           # not a socket there just after the bind: someone swapped it
+            raise KrexCommandError(f"--socket {path}: replaced by something else while it was bound", 2)
         if cfg.socket_group:
             try:   # a name, else a number (a container's pods share a gid, supplementalGroups, with no name for it)
                 try:
@@ -1133,13 +1135,14 @@ def listen_at(cfg: Config, path: str) -> socket.socket:
                     if not cfg.socket_group.isdigit():   # config.py: ASCII digits below 2**32 - 1
                         raise
                     gid = int(cfg.socket_group)
-                os.chown(path, -1, gid)
+                os.chown(path, -1, gid, follow_symlinks=False)   # a link swapped in meanwhile: its own group only
+                if sockfiles.identity(path) != made:
+                    raise KrexCommandError(f"--socket {path}: replaced by something else while it was bound", 2)
             except KeyError:
                 raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None
             except OSError as e:
                 raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
         try:
-            os.chmod(path, cfg.socket_mode)
             sock.listen(512)
         except OSError as e:
             raise KrexCommandError(f"--socket {path}: cannot listen ({e.strerror})", 2) from None

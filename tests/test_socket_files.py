@@ -181,3 +181,39 @@ def test_a_socket_path_too_long_for_an_embedded_controller_is_said_at_once(krex,
     assert r.returncode == 0
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("krex: ")]
     assert len(line) == 1 and "107 bytes" in line[0] and "does not answer" not in line[0], r.stderr
+
+
+def test_a_link_swapped_in_after_the_bind_is_never_followed(tmp_path, monkeypatch):
+    """The socket's mode comes from the umask at its bind and its group from an lchown: someone who may write the
+    socket's directory and swaps a link to another file in right after the bind changes nothing of that file (a
+    chown and chmod by path made a root-only file the socket group's, 0660); the start is refused instead."""
+    from types import SimpleNamespace
+
+    from krex_ctl import server
+    from krex_ctl.errors import KrexCommandError
+    from krex_ctl.wire import client
+
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    path = tmp_path / "krex.sock"
+    bind = client.bind_private
+
+    def bind_then_swap(p, mode=0o600):
+        sock = bind(p, mode)
+        os.unlink(p)
+        os.symlink(victim, p)            # what a racing writer of the directory does
+        return sock
+
+    monkeypatch.setattr(client, "bind_private", bind_then_swap)
+    with pytest.raises(KrexCommandError, match="replaced by something else"):
+        server.listen_at(SimpleNamespace(socket_group=str(os.getgid() + 1 if os.getuid() == 0 else os.getgid()),
+                                         socket_mode=0o660), str(path))
+    st = victim.stat()
+    assert st.st_mode & 0o777 == 0o600 and st.st_gid == os.getgid() and victim.read_text() == "secret\n"
+    monkeypatch.setattr(client, "bind_private", bind)
+    sock = server.listen_at(SimpleNamespace(socket_group=None, socket_mode=0o660), str(tmp_path / "ok.sock"))
+    try:
+        assert (tmp_path / "ok.sock").stat().st_mode & 0o777 == 0o660
+    finally:
+        sock.close()

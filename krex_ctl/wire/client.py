@@ -46,10 +46,12 @@ def check_server(sock: socket.socket, path: str) -> None:
                                "(someone else's controller, or a trap)", 3)
 
 
-def bind_private(path: str) -> socket.socket:
-    """A Unix stream socket bound at path, created with mode 0600 (no window where others may connect)."""
+def bind_private(path: str, mode: int = 0o600) -> socket.socket:
+    """A Unix stream socket bound at path, created with mode (0600: no window where others may connect). The
+    mode is set by the umask at the bind, never by a chmod of the path afterwards, which would follow a link
+    someone who may write the directory put there meanwhile."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o177)
+    old_umask = os.umask(0o777 & ~mode)
     try:
         sock.bind(path)
     finally:

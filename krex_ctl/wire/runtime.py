@@ -30,11 +30,11 @@ def write_atomic(path: str, text: str, mode: int = 0o600, fsync: bool = False) -
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)    # by the descriptor: the temporary name could be swapped for a link
             f.write(text)
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
