@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import SNIP, proc_state, report_of, wait_for
+from conftest import SNIP, proc_state, report_of, stderr_until, wait_for
 from krex_ctl.wire import client, frames
 from krex_ctl.wire.frames import C, MSG
 
@@ -164,9 +164,15 @@ def test_controller_killed_mid_region_guardians_resume_the_job(krex, tmp_path):
     krex.ctl.kill()
     wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=1.0, interval=0.005, what="guardian resumed hog")
     assert time.monotonic() - t0 < 1.0
+    # and back on every CPU it had: the region had moved it off the reserved one, and the controller that would
+    # have put it back is gone (the wrapper's own mask then was the reduced one, which stayed for good)
+    err = stderr_until(hog, "lost the controller")     # its wrapper's guardian has resumed the job by now
+    assert "lost the controller" in err
+    everything = os.sched_getaffinity(0)
+    time.sleep(1.0)               # unfixed, the reduced mask was there a moment after that line
+    assert all(os.sched_getaffinity(int(t)) == everything for t in os.listdir(f"/proc/{hog_pid}/task"))
     out, err = hog.communicate(timeout=30)
     assert hog.returncode == 0
-    assert "lost the controller" in err
     owner.communicate(timeout=30)
     assert owner.returncode == 0
 

@@ -90,8 +90,15 @@ class Guardian(threading.Thread):
             return None
 
 
+ORIGINAL_CPUS: list = []   # the wrapper's CPUs before krex moved it (set by run): what a lost controller leaves
+
+
 def resume_tree(root: int) -> None:
-    cpus = os.sched_getaffinity(0)
+    """The controller is gone: every process of the job runs again, on the CPUs the wrapper had before krex moved
+    it (the controller kept each thread's own mask and restored it at the region's end; gone, it cannot: the
+    wrapper's mask now is the one that steps off the reserved CPUs, which would stay for good)."""
+    cpus = ORIGINAL_CPUS[0] if ORIGINAL_CPUS else os.sched_getaffinity(0)
+    procs.set_affinity(procs.threads(os.getpid()), lambda old: cpus, {})
     for pid in procs.descendants(root):
         try:
             os.kill(pid, signal.SIGCONT)
@@ -171,6 +178,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     conn: Optional[Connection] = None
     if procs.early_affinity is not None:   # our own mask again: the controller saves it at HELLO, moves us
         os.sched_setaffinity(0, procs.early_affinity)   # off the reserved CPUs and restores it later
+    ORIGINAL_CPUS[:] = [os.sched_getaffinity(0)]
     sock = paths.default_socket()
     fb = feedback.Feedback(quiet or feedback.flag(os.environ, "KREX_QUIET"))
     strict = strict or feedback.flag(os.environ, "KREX_STRICT")
