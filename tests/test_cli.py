@@ -404,6 +404,49 @@ def test_the_config_files_log_level_wins_over_krex_log_level(krex, tmp_path):
                                                           "info, debug, not 'loud'")
 
 
+def test_a_state_file_nobody_can_write_or_another_controller_writes_is_refused(krex, tmp_path):
+    """A --state-file in a missing directory was taken: no freeze could be recorded, so freezing was off for the
+    node with an error in the log alone. One a live controller writes was taken too: the second controller
+    resumed the first one's frozen processes inside its region and removed its record."""
+    from conftest import answers, wait_for
+
+    missing = tmp_path / "nodir" / "k.state"
+    out = krex_cli(krex, "controller", "--socket", str(tmp_path / "a.sock"), "--state-file", str(missing))
+    assert out.returncode == 2 and out.stderr.strip() == \
+        f"krex: --state-file {missing}: the directory {missing.parent} does not exist"
+    assert not (tmp_path / "a.sock").exists() and not (tmp_path / "a.sock.lock").exists()
+    state = tmp_path / "shared.state"
+    sock = tmp_path / "first.sock"
+    p = serve(krex, "--socket", sock, "--state-file", state, log=tmp_path / "first.log")
+    try:
+        wait_for(lambda: answers(sock), what="the first controller")
+        assert krex_cli(krex, "status", "--socket", str(sock)).returncode == 0    # past its start (and its resume)
+        state.write_text(json.dumps({"controller_pid": p.pid, "frozen": [[os.getpid(), None]]}))   # as it writes
+        state.chmod(0o600)
+        out = krex_cli(krex, "controller", "--socket", str(tmp_path / "second.sock"), "--state-file", str(state))
+        assert out.returncode == 2 and out.stderr.strip() == (
+            f"krex: --state-file {state}: the controller pid {p.pid} records its frozen processes there; each "
+            "controller needs a state file of its own"), out.stderr
+        assert json.loads(state.read_text())["controller_pid"] == p.pid      # its record left as it was
+    finally:
+        stop(p)
+
+
+def test_freeze_policy_on_the_command_line_wins_over_freeze_false_in_the_file(krex, tmp_path):
+    from conftest import answers, wait_for
+
+    conf = tmp_path / "c.json"
+    conf.write_text(json.dumps({"freeze": False}))
+    sock = tmp_path / "f.sock"
+    p = serve(krex, "--socket", sock, "--config", conf, "--freeze-policy", "all", log=tmp_path / "f.log")
+    try:
+        wait_for(lambda: answers(sock), what="controller")
+        out = krex_cli(krex, "status", "--socket", str(sock))
+        assert out.returncode == 0 and out.stdout.splitlines()[0].endswith("freeze policy all"), out.stdout
+    finally:
+        stop(p)
+
+
 def test_reserved_cores_of_a_gpu_not_managed_are_named_at_start(krex, tmp_path):
     from conftest import answers, wait_for
 

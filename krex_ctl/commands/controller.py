@@ -9,6 +9,7 @@ import click
 from .. import config, heartbeat, paths, sockfiles, systemd
 from ..errors import KrexCommandError
 from ..server import Controller, bind
+from ..wire import runtime
 
 
 @click.command()
@@ -92,7 +93,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         reserved_cores=reserved_cores, region_time_limit_s=region_time_limit, drain_timeout_s=drain_timeout,
         socket_mode=socket_mode, socket_group=socket_group,
         state_file=state_file, isolate_cpus=False if no_cpu_isolation else None,
-        owner_cpus=owner_cpus, freeze=False if no_freeze else None, freeze_policy=freeze_policy,
+        owner_cpus=owner_cpus, freeze=False if no_freeze else (True if freeze_policy else None), freeze_policy=freeze_policy,
         fair_window_s=fair_window, attest=False if no_attest else None,
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         gate_contexts=gate_contexts, gate_exit=gate_exit,
@@ -104,6 +105,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     if path == str(paths.user_socket()):
         paths.ensure_runtime_dir()
     sockfiles.refuse_non_socket(path)      # before PATH.lock is made next to it (bind)
+    check_state_file(str(cfg.state_file or runtime.state_path(path)))
     if cfg.restart_grace_s is None:
         cfg.restart_grace_s = heartbeat.default_grace(embedded, path)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
@@ -134,6 +136,19 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     finally:
         for o in observers:
             o.close()
+
+
+def check_state_file(state: str) -> None:
+    """Before anything is bound: the state file's directory exists (else no freeze could ever be recorded, and
+    freezing would be off for the node with an error in the log alone), and no live controller writes that file
+    (a second one would resume the first one's frozen processes inside its region and remove its record)."""
+    parent = os.path.dirname(os.path.abspath(state)) or "/"
+    if not os.path.isdir(parent):
+        raise KrexCommandError(f"--state-file {state}: the directory {parent} does not exist", 2)
+    owner = runtime.state_owner(state)
+    if owner is not None:
+        raise KrexCommandError(f"--state-file {state}: the controller pid {owner} records its frozen processes there; "
+                               "each controller needs a state file of its own", 2)
 
 
 def open_observers(cfg) -> tuple:

@@ -121,6 +121,24 @@ def parse_state(text: str) -> Optional[list[tuple[int, Optional[int]]]]:
     return out
 
 
+def state_owner(path: str) -> Optional[int]:
+    """The pid of the controller that wrote the state file at path while it still runs as a krex controller;
+    None when there is no such file, or its writer is gone (a previous controller's file, to resume from)."""
+    try:
+        data = json.loads(read_trusted(path, STATE_MAX_BYTES))
+        pid = int(data.get("controller_pid", 0))
+    except (OSError, ValueError, TypeError, AttributeError, UntrustedFile, UnicodeDecodeError):
+        return None
+    if pid <= 1 or pid == os.getpid():
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    return pid if any(b"krex" in a for a in argv) and b"controller" in argv else None
+
+
 def read_state(path: str) -> Optional[list[tuple[int, Optional[int]]]]:
     """The frozen pairs of a trusted state file ([] when there is none); None when the file is there but not
     a krex state file. UntrustedFile for a file we must not trust (the caller says so and ignores it)."""
