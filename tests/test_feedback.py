@@ -534,6 +534,8 @@ def test_controller_trace_and_metrics(krex, tmp_path):
     s.close()
     ctl_trace = tmp_path / "ctl-trace.json"
     krex.start_controller("--trace", str(ctl_trace), "--metrics", f"127.0.0.1:{port}")
+    wait_for(lambda: ctl_trace.exists() and ctl_trace.read_text() == "[", what="the trace's opening bracket")
+    assert ctl_trace.stat().st_mode & 0o777 == 0o600      # every job's command line: its owner's alone
     out = krex.run([SNIP / "region"])
     assert out.returncode == 0, out.stderr
     events = check_trace_event_format(trace_format.load(str(ctl_trace)))   # readable while the controller runs

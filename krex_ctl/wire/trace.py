@@ -158,6 +158,7 @@ class Sink:
         self.named: set = set()
         self.first = True
         self.f.write("[")
+        self.f.flush()         # line-buffered: a controller killed before its first region left 0 bytes, not "["
 
     @staticmethod
     def create_new(path: str) -> tuple:
@@ -168,7 +169,7 @@ class Sink:
         for n in range(10000):
             name = path if n == 0 else f"{stem}.{n}{ext}"
             try:
-                return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, 0o644), name
+                return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, 0o600), name
             except FileExistsError:
                 continue
         raise FileExistsError(f"{path} and {stem}.1{ext} to {stem}.9999{ext} exist; remove some or name another")
