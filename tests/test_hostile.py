@@ -213,10 +213,14 @@ def test_a_client_cannot_write_the_gate_page(krex):
 
 # ---- 8: no stopped process without a durable record, and none left stopped ---------------------------
 def test_no_freezing_without_a_state_file_but_the_gpu_stays_exclusive(krex, tmp_path):
-    """An unwritable state file: the controller froze anyway, and a restarted one could never resume."""
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    krex.start_controller(state_file=blocker / "state")
+    """A state file that became unwritable after the start (its directory replaced by a file; one that is not
+    a directory at the start is refused then): the controller froze anyway, and a restarted one could never
+    resume."""
+    statedir = tmp_path / "statedir"
+    statedir.mkdir()
+    krex.start_controller(state_file=statedir / "state")
+    statedir.rename(tmp_path / "gone")
+    statedir.write_text("")
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="3000", SNIPPET_STREAMS="2", SNIPPET_US="300")
     owner = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
                        env={"SNIPPET_REGIONS": "3", "SNIPPET_HOLD_US": "300000"})
