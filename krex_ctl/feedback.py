@@ -211,8 +211,16 @@ class Watcher(threading.Thread):
 
 
 # ---- at exit -----------------------------------------------------------------------------------------------
+def unused(r: dict) -> bool:
+    """A region cancelled before its grant (krex.RegionTimeout raised, Ctrl-C in the wait): nothing was timed in
+    it, so it is neither a protected nor an unprotected timing."""
+    return r.get("end") == "cancelled" and not r.get("granted_ns")
+
+
 def summary(rep: dict) -> str:
-    regions = rep.get("regions", [])
+    every = rep.get("regions", [])
+    regions = [r for r in every if not unused(r)]
+    cancelled = len(every) - len(regions)
     n = len(regions)
     ex = sum(bool(r.get("exclusive")) for r in regions)
     clean = sum(bool(r.get("clean")) for r in regions)
@@ -227,7 +235,8 @@ def summary(rep: dict) -> str:
     parts = [f"{n} region{'s' if n != 1 else ''} ({ex} exclusive, {clean} clean"
              + (f", {bound} host-bound" if bound else "")
              + (f", {open_at_exit} still open when its process exited" if open_at_exit else "")
-             + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"]
+             + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"
+             + (f" and {cancelled} cancelled before a grant (nothing timed)" if cancelled else "")]
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
     parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")
     if rep.get("counters_unavailable"):

@@ -172,6 +172,18 @@ def test_the_summary_says_a_region_was_still_open_when_its_process_exited():
     assert "still open" not in feedback.summary({"regions": [died_waiting, ended]})
 
 
+def test_the_summary_counts_a_region_cancelled_before_its_grant_apart():
+    """A region cancelled before its grant (krex.RegionTimeout, Ctrl-C in the wait) timed nothing: the summary
+    counted it as a region that was not exclusive, which reads as an unprotected timing."""
+    granted = {"name": "g", "granted_ns": 2, "exclusive": True, "clean": True, "taints": [], "end": "normal"}
+    cancelled = {"name": "c", "granted_ns": None, "exclusive": False, "clean": False, "taints": ["not_granted"],
+                 "end": "cancelled"}
+    text = feedback.summary({"regions": [granted, cancelled]})
+    assert text.startswith("1 region (1 exclusive, 1 clean) and 1 cancelled before a grant (nothing timed), "), text
+    ran = dict(cancelled, end="normal")          # ran without a grant: counted, not exclusive
+    assert feedback.summary({"regions": [granted, ran]}).startswith("2 regions (1 exclusive, 1 clean, tainted: ")
+
+
 def test_only_a_region_that_ran_without_a_grant_counts_as_an_unprotected_timing():
     """Beside a granted region: one that ended normally with no grant timed something nobody protected; one
     cancelled (RegionTimeout, a hook's strict refusal) or whose process died waiting timed nothing."""
