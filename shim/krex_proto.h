@@ -109,8 +109,10 @@ enum krex_taint {
     KREX_TAINT_CLOCK_LOW = 4096,       /* the SM clock was not back at its peak when the clock settle ran out */
     KREX_TAINT_UNREGISTERED = 8192,    /* a krex process the controller refused (not drained, not frozen) was alive */
     KREX_TAINT_OTHER_CONTROLLER = 16384, /* another krex controller (another user's) served the GPU: its work is not gated */
-    KREX_TAINT_LATE_CONTEXT = 32768    /* a context announced before the gate closed was read only after the drain:
+    KREX_TAINT_LATE_CONTEXT = 32768,   /* a context announced before the gate closed was read only after the drain:
                                         * what that process launched before the close may have run inside */
+    KREX_TAINT_UNGATED_GPU = 65536     /* a member made a context inside the region on a GPU the region does not
+                                        * hold: other jobs' work there was neither gated, drained nor frozen */
 };
 
 /* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not
@@ -120,7 +122,7 @@ enum krex_taint {
 enum krex_taint_sets {
     KREX_TAINTS_NOT_EXCLUSIVE = KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED
                                 | KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS | KREX_TAINT_UNREGISTERED
-                                | KREX_TAINT_OTHER_CONTROLLER | KREX_TAINT_LATE_CONTEXT
+                                | KREX_TAINT_OTHER_CONTROLLER | KREX_TAINT_LATE_CONTEXT | KREX_TAINT_UNGATED_GPU
 };
 
 /* events of struct krex_lifecycle */

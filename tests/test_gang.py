@@ -142,3 +142,39 @@ def test_owners_with_contexts_on_both_gpus_never_freeze_each_other(krex, tmp_pat
     spans = sorted((r["granted_ns"], r["ended_ns"]) for r in regions)
     assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))          # one after the other, never at once
     assert overlaps(krex.trace_lines(), regions) == []
+
+
+GROW = """
+import ctypes, sys
+import krex
+cu = ctypes.CDLL(sys.argv[1])                  # the fake driver (the shim wraps it as it wraps the real one)
+cu.cuInit(0)
+
+def context(dev):
+    ctx = ctypes.c_void_p()
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+    return ctx
+
+context(0)
+with krex.region("timed-on-gpu1") as r:       # its GPUs: those it has contexts on now (GPU 0)
+    context(1)                                 # the second device touched first inside, as torch does lazily
+print(r.info.gpus, r.exclusive, " ".join(r.taints))
+"""
+
+
+def test_a_context_made_inside_a_region_on_a_gpu_it_does_not_hold_makes_it_not_exclusive(krex, tmp_path):
+    """A caller's CUDA_VISIBLE_DEVICES (no GPUs declared): the region holds GPU 0, where the process had its
+    context, and the process touches GPU 1 first inside it. Other jobs' work on GPU 1 was neither gated, drained
+    nor frozen: the region is tainted ungated_gpu, not exclusive (it said exclusive and clean)."""
+    krex.start_controller()
+    script = tmp_path / "grow.py"
+    script.write_text(GROW)
+    from conftest import ROOT
+
+    p = krex.popen([sys.executable, script, ROOT / "build" / "fakes" / "libcuda.so.1"], report=tmp_path / "g.json",
+                   env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.split() == ["[0]", "False", "ungated_gpu"], (out, err)
+    [r] = report_of(tmp_path / "g.json")["regions"]
+    assert r["gpu"] == [0] and "ungated_gpu" in r["taints"] and not r["exclusive"]

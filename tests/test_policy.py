@@ -225,6 +225,20 @@ def test_a_context_told_of_before_the_close_but_read_after_the_drain_taints_the_
     assert w.book.late_contexts == [] and r.taints == C.KREX_TAINT_LATE_CONTEXT
 
 
+def test_a_context_its_member_makes_on_another_gpu_inside_the_region_taints_it_ungated_gpu():
+    """A member touches a second GPU first inside its region (torch makes a device's context lazily): other jobs'
+    work there was neither gated, drained nor frozen, so a timing there was not protected; the region said
+    exclusive and clean (147 kernels of another job ran on that GPU inside one, on the fake driver). A context on
+    the region's own GPU changes nothing."""
+    w = World()
+    a = w.client(10, Job(1), devices=0b01)
+    r = region_of(w.run_to_grant(w.request(a, mask=0b01)))
+    assert w.book.late_context(a, 0b01, w.tick(), w.now) == [] and not r.taints
+    a.devices = 0b11
+    assert w.book.late_context(a, 0b10, w.tick(), w.now) == []
+    assert r.taints == C.KREX_TAINT_UNGATED_GPU and r.taints & C.KREX_TAINTS_NOT_EXCLUSIVE and r.grown & 0b10
+
+
 def test_a_drain_timeout_bounds_the_wait_for_the_read_pass():
     """No read pass came within the drain's time (a stuck loop): the region goes on, tainted drain_timeout."""
     w = World()
