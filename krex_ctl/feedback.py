@@ -237,6 +237,8 @@ def summary(rep: dict) -> str:
              + (f", {open_at_exit} still open when its process exited" if open_at_exit else "")
              + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"
              + (f" and {cancelled} cancelled before a grant (nothing timed)" if cancelled else "")]
+    if rep.get("regions_unrecorded_by_processes"):
+        parts[0] += f", {rep['regions_unrecorded_by_processes']} more whose process record was lost"
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
     parts.append(f"frozen {rep.get('frozen_ns', 0) / 1e9:.2f} s")
     if rep.get("counters_unavailable"):
@@ -288,6 +290,12 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
     if granted and ungranted:
         names = sorted({r.get("name", "") for r in ungranted})
         out.append(f"{len(ungranted)} region(s) ran without a grant ({', '.join(names)[:80]}: not_granted)")
+    lost = rep.get("regions_unrecorded_by_processes", 0)
+    if lost:          # what a process saw of these (a timeout, a refusal, the controller's loss) is unknown
+        from .wire.frames import C
+
+        out.append(f"{lost} region record(s) of its processes lost (over {C.KREX_LOCAL_REGIONS} regions in one "
+                   "job): whether those timings were protected is unknown")
     return out
 
 

@@ -184,6 +184,21 @@ def test_the_summary_counts_a_region_cancelled_before_its_grant_apart():
     assert feedback.summary({"regions": [granted, ran]}).startswith("2 regions (1 exclusive, 1 clean, tainted: ")
 
 
+def test_lost_process_records_are_said_and_fail_strict():
+    """Past KREX_LOCAL_REGIONS regions in one job the processes' own records are lost (only counted): one of them
+    may be a region that ran without a grant, so the run says so and --strict fails, instead of '1030 regions
+    (1030 exclusive)' and exit 0 while the process had been told not_granted."""
+    from krex_ctl.wire.frames import C
+
+    granted = {"name": "g", "granted_ns": 2, "exclusive": True, "clean": True, "taints": [], "end": "normal"}
+    rep = {"regions": [granted], "launches": 3, "regions_unrecorded_by_processes": 7}
+    assert "1 region (1 exclusive, 1 clean), 7 more whose process record was lost" in feedback.summary(rep)
+    assert feedback.unprotected(rep, controller=True) == [
+        f"7 region record(s) of its processes lost (over {C.KREX_LOCAL_REGIONS} regions in one job): whether those "
+        "timings were protected is unknown"]
+    assert feedback.unprotected(dict(rep, regions_unrecorded_by_processes=0), controller=True) == []
+
+
 def test_only_a_region_that_ran_without_a_grant_counts_as_an_unprotected_timing():
     """Beside a granted region: one that ended normally with no grant timed something nobody protected; one
     cancelled (RegionTimeout, a hook's strict refusal) or whose process died waiting timed nothing."""
