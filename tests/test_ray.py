@@ -287,7 +287,8 @@ def test_fleet_on_two_ray_nodes_has_no_foreign_kernel_inside_any_region(ray_flee
     assert any(r["visible_at_start"] != r["visible"] for r in results)
     regions = [reg for r in results for reg in r["regions"]]
     assert len(regions) == tasks * rounds >= 200
-    assert all(reg["granted"] and reg["exclusive"] for reg in regions), [reg for reg in regions if not reg["exclusive"]]
+    assert all(reg["granted"] and reg["exclusive"] for reg in regions), \
+        [(reg["gpus"], reg["taints"]) for reg in regions if not reg["exclusive"]]
 
     violations, kernels = 0, 0
     for n, k in enumerate(nodes):

@@ -604,8 +604,8 @@ class Regions:
         own = self.region_of(client)
         if own is not None:       # made inside its region: no other job's region starts on this GPU while it lives
             own.grown |= bit
-            if bit & ~own.gpu_mask:   # but other jobs' work there was neither gated, drained nor frozen
-                own.taints |= C.KREX_TAINT_UNGATED_GPU
+            if bit & ~own.gpu_mask and own.gates_closed_ns and announced_ns >= own.gates_closed_ns:
+                own.taints |= C.KREX_TAINT_UNGATED_GPU   # made inside it: other jobs' work there was not held off
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
                     or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns
