@@ -33,6 +33,7 @@ WAIT_SLICE_MS = 100
 MIN_TIMEOUT_S = 0.001               # a bounded wait's least: 0 (or what rounds to 0 ms) would never be granted
 _lock = threading.Lock()
 _open = {"n": 0, "warned": False}   # region() blocks open in this process (an inner one is part of the outer)
+_names: dict = {}                   # requested_ns -> name of the last region a krex.region block in this process ended
 _host_bound_warned: set = set()     # (job, region name) already warned of as host-bound in this process: per job,
                                     # so that a reused warm worker's next command is warned again
 
@@ -171,7 +172,8 @@ def last_region() -> Optional[RegionInfo]:
     flags = int(info.flags)
     attested = bool(flags & C.KREX_REGION_ATTESTED)
     checked, late = _last_timings(lib)
-    return RegionInfo(granted=bool(flags & C.KREX_REGION_GRANTED), exclusive=bool(flags & C.KREX_REGION_EXCLUSIVE),
+    return RegionInfo(name=_names.get(int(info.requested_ns), ""),
+                      granted=bool(flags & C.KREX_REGION_GRANTED), exclusive=bool(flags & C.KREX_REGION_EXCLUSIVE),
                       clean=bool(flags & C.KREX_REGION_CLEAN), attested=attested,
                       revoked=info.end_reason == C.KREX_END_TIME_LIMIT or bool(info.taints & C.KREX_TAINT_REVOKED),
                       taints=taint_names(int(info.taints)),
@@ -263,6 +265,9 @@ class region(contextlib.ContextDecorator):
             self.info = last_region()
             if self.info is not None:
                 self.info.name = self.name
+                with _lock:
+                    _names.clear()      # the last one's only: last_region() names it (the shim's record has no name)
+                    _names[self.info.requested_ns] = self.name
                 _warn_host_bound(self.name, self.info)
 
     def _get(self, attr: str):

@@ -237,9 +237,11 @@ def test_a_wait_that_runs_out_while_the_region_drains_is_one_region(krex):
 
 
 def test_a_grant_within_the_timeout_is_an_ordinary_region(krex):
+    """... and krex.last_region() names it, as r.info does (its name was always empty)."""
     krex.start_controller()
-    r = krex.python("import krex\nwith krex.region('quick', timeout=30) as r:\n    pass\nprint(r.granted, r.exclusive)\n")
-    assert r.returncode == 0 and r.stdout.split() == ["True", "True"], r.stderr
+    r = krex.python("import krex\nwith krex.region('quick', timeout=30) as r:\n    pass\n"
+                    "print(r.granted, r.exclusive, krex.last_region().name, r.info.name)\n")
+    assert r.returncode == 0 and r.stdout.split() == ["True", "True", "quick", "quick"], r.stderr
 
 
 def test_a_zero_timeout_is_refused_not_never_granted(krex):
