@@ -1139,9 +1139,11 @@ def listen_at(cfg: Config, path: str) -> socket.socket:
                 if sockfiles.identity(path) != made:
                     raise KrexCommandError(f"--socket {path}: replaced by something else while it was bound", 2)
             except KeyError:
-                raise KrexCommandError(f"--socket-group: no group named {cfg.socket_group!r}", 2) from None
+                raise KrexCommandError(f"socket group (--socket-group or the config's socket_group): no group named "
+                                       f"{cfg.socket_group!r}", 2) from None
             except OSError as e:
-                raise KrexCommandError(f"--socket-group {cfg.socket_group}: {e.strerror}", 2) from None
+                raise KrexCommandError(f"socket group (--socket-group or the config's socket_group) "
+                                       f"{cfg.socket_group}: {e.strerror}", 2) from None
         try:
             sock.listen(512)
         except OSError as e:

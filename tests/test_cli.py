@@ -447,6 +447,14 @@ def test_freeze_policy_on_the_command_line_wins_over_freeze_false_in_the_file(kr
         stop(p)
 
 
+def test_an_unknown_socket_group_from_the_config_file_is_not_blamed_on_a_flag(krex, tmp_path):
+    conf = tmp_path / "g.json"
+    conf.write_text(json.dumps({"socket_group": "no-such-group-krex"}))
+    out = krex_cli(krex, "controller", "--socket", str(tmp_path / "g.sock"), "--config", str(conf))
+    assert out.returncode == 2 and out.stderr.strip() == ("krex: socket group (--socket-group or the config's "
+                                                          "socket_group): no group named 'no-such-group-krex'")
+
+
 def test_reserved_cores_of_a_gpu_not_managed_are_named_at_start(krex, tmp_path):
     from conftest import answers, wait_for
 

@@ -110,8 +110,12 @@ class Freezer:
                 try:
                     p = procs.Pidfd(pid)
                     if p.start_time == st:
+                        stopped = procs.state(pid) in ("T", "t")   # the resumer may have resumed it already
                         p.signal(signal.SIGCONT)
-                        log.warning("resumed pid %d left stopped by a previous controller", pid)
+                        if stopped:
+                            log.warning("resumed pid %d left stopped by a previous controller", pid)
+                        else:
+                            log.info("pid %d, frozen by a previous controller, runs already (its resumer)", pid)
                     p.close()
                 except OSError:
                     pass
