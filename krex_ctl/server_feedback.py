@@ -132,6 +132,10 @@ def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
     cut to STATUS_LIST_MAX entries (`omitted` says how many of each were left out), other users' commands
     hidden, and, if it is still too large, the per-process lists dropped."""
     omitted: dict = {}
+    roles: dict = {}                   # counted before the list is cut: `krex status` says how many of each
+    for c in st.get("clients", []):
+        roles[c.get("role")] = roles.get(c.get("role"), 0) + 1
+    st["client_roles"] = roles
     uid_of_job = {j["job"]: j.get("uid") for j in st.get("jobs", [])}
     for j in st.get("jobs", []):
         j["command"] = visible_command(j.get("command", []), j.get("uid", -1), asker_uid)

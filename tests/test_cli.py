@@ -123,8 +123,9 @@ def test_status_and_version(krex):
     assert ", freeze policy all" in out.stdout.splitlines()[0]        # the fixture's (the default is busy)
     assert "0 client(s), 0 job(s)" in out.stdout                    # its own connection is not a client
     st = json.loads(krex_cli(krex, "status", "--json").stdout)
-    assert set(st) == {"controller", "gpus", "clients", "jobs", "counters", "workers", "zygotes", "zygotes_failed",
-                       "placement", "leaving"}
+    assert set(st) == {"controller", "gpus", "clients", "client_roles", "jobs", "counters", "workers", "zygotes",
+                       "zygotes_failed", "placement", "leaving"}
+    assert st["client_roles"] == {"cli": 1}
     out = krex_cli(krex, "--version")
     assert out.returncode == 0 and out.stdout.startswith("krex, version ")
 

@@ -18,9 +18,14 @@ from ..wire.client import ControllerError, ask_status
 
 def clients_line(st: dict) -> str:
     """The clients that run or wrap commands, not the connections of krex's own commands (this one among them)."""
-    cli = sum(1 for c in st["clients"] if c.get("role") == "cli")
+    roles = st.get("client_roles")     # every client, counted before a long list was cut for the reply
+    if roles is None:
+        roles = {}
+        for c in st["clients"]:
+            roles[c.get("role")] = roles.get(c.get("role"), 0) + 1
+    cli = roles.get("cli", 0)
     others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
-    return f"{len(st['clients']) - cli} client(s){others}"
+    return f"{sum(roles.values()) - cli} client(s){others}"
 
 
 def user_name(uid) -> str:
