@@ -296,6 +296,24 @@ def test_epilog_resumes_and_ends_what_is_left_of_a_job(slurm, tmp_path):
                 p.communicate()
 
 
+def test_epilog_kills_a_controller_of_the_job_that_ignores_its_sigterm(slurm, tmp_path):
+    """A process of the job that looks like its own controller got SIGTERM alone, and the Epilog counted it as
+    ended (exit 0) while it ran on: now it is SIGKILLed once the job's other processes are gone."""
+    conf = slurm.slurm_conf("short.env", KREX_EPILOG_GRACE_S="0.5")
+    p = subprocess.Popen(["bash", "-c", 'trap "" TERM; exec -a "/opt/x/krex controller" sleep 600'],
+                         env=dict(os.environ, SLURM_JOB_ID="205"))
+    try:
+        wait_for(lambda: b"krex controller" in open(f"/proc/{p.pid}/cmdline", "rb").read(), what="its exec")
+        out = slurm.epilog(205, conf)
+        assert out.returncode == 0 and f"controller pid {p.pid} still there after its SIGTERM: SIGKILL" in out.stderr, \
+            out.stderr
+        assert p.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_epilog_reads_slurm_cgroups_and_its_settings(tmp_path):
     loader = SourceFileLoader("krex_epilog", str(EPILOG))
     ep = importlib.util.module_from_spec(importlib.util.spec_from_loader("krex_epilog", loader))
