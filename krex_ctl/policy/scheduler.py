@@ -65,10 +65,11 @@ class FairShare:
       contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
       when it has a request waiting there, holds a region there, had one end there less than GRACE_S ago and
       loops (its last request came within GRACE_S of its region before: else two jobs looping regions would
-      just alternate, one region each whatever its length), or when the last region there held it off (froze it, or found GPU work of
-      its in flight at the drain). Meanwhile it steps aside: the requests behind it may start. One agent with
-      back-to-back regions thus leaves the others at least about their share of every window, and one alone
-      on a GPU is never slowed (one whose last contender has just left waits GRACE_S at most).
+      just alternate, one region each whatever its length), or when the last region there held it off (froze
+      it, or found GPU work of its in flight at the drain). Meanwhile it steps aside: the requests behind it
+      may start. One agent with back-to-back regions thus leaves the others at least about their share of
+      every window, and one alone on a GPU is never slowed (one whose last contender has just left waits
+      GRACE_S at most).
 
     A request waits at most: the region running, plus the regions of every unit below it in usage, each
     bounded by the time limit; and a unit over its share waits at most window_s * ln(usage / share)."""
