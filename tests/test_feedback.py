@@ -406,6 +406,27 @@ def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
     assert p.returncode == 0 and "Traceback" not in err
 
 
+def test_status_watch_goes_on_through_a_controller_restart(krex):
+    """--watch ended (exit 3) at the first poll a restarting controller missed; with its heartbeat fresh it says
+    so and goes on, and shows the controller again once it is back."""
+    krex.start_controller("--restart-grace", "20")
+    p = subprocess.Popen(KREX + ["status", "--watch", "0.2"], env=krex.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        krex.ctl.send_signal(signal.SIGTERM)
+        krex.ctl.wait(timeout=30)
+        time.sleep(1.0)
+        assert p.poll() is None
+        krex.start_controller("--restart-grace", "20")
+        time.sleep(1.0)
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert "may be restarting" in out and out.rstrip().split("---")[-1].strip().startswith("controller pid"), (out, err)
+    assert p.returncode == 0 and "Traceback" not in err
+
+
 def test_status_watch_draws_a_live_table_on_a_terminal(krex, tmp_path):
     """In a pseudo-terminal: rich's table (box drawing), refreshed, with the holder's row."""
     krex.start_controller()

@@ -154,25 +154,40 @@ def fetch(socket_path) -> dict:
 
 
 def watch(socket_path, period: float) -> None:
+    """Redraw every period seconds; while the controller restarts (nothing answers, its heartbeat is fresh: a
+    `systemctl restart`) say so and go on, else end with its error (exit status 3)."""
+    from .. import heartbeat
+
+    path = socket_path or paths.default_socket()
+
     def get():
         try:
-            return fetch(socket_path)
+            return fetch(path)
         except (ControllerError, KrexCommandError) as e:
+            left = heartbeat.seconds_left(str(path))
+            if left:
+                return f"the controller at {path} does not answer; it may be restarting (its restart grace ends " \
+                       f"in {left:.0f} s)"
             raise KrexCommandError(f"{e}", 3) from None
+
+    def shown(st):
+        return st if isinstance(st, str) else table(st)
+
     try:
         if sys.stdout.isatty():
             from rich.live import Live
 
-            with Live(table(get()), refresh_per_second=4, screen=False) as live:
+            with Live(shown(get()), refresh_per_second=4, screen=False) as live:
                 while True:
                     time.sleep(period)
-                    live.update(table(get()))
+                    live.update(shown(get()))
         else:
             first = True
             while True:
                 if not first:
                     click.echo("---")
-                click.echo("\n".join(lines(get())))
+                st = get()
+                click.echo(st if isinstance(st, str) else "\n".join(lines(st)))
                 sys.stdout.flush()
                 first = False
                 time.sleep(period)
