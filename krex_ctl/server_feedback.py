@@ -127,15 +127,20 @@ def bound_list(items: list, what: str, omitted: dict) -> list:
     return items
 
 
+def client_roles(clients: list) -> dict:
+    """role -> how many of the clients have it."""
+    roles: dict = {}
+    for c in clients:
+        roles[c.get("role")] = roles.get(c.get("role"), 0) + 1
+    return roles
+
+
 def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
     """The status reply as the asker may see it, and small enough for one frame (ops.STATUS_MAX_BYTES): lists
     cut to STATUS_LIST_MAX entries (`omitted` says how many of each were left out), other users' commands
     hidden, and, if it is still too large, the per-process lists dropped."""
     omitted: dict = {}
-    roles: dict = {}                   # counted before the list is cut: `krex status` says how many of each
-    for c in st.get("clients", []):
-        roles[c.get("role")] = roles.get(c.get("role"), 0) + 1
-    st["client_roles"] = roles
+    st["client_roles"] = client_roles(st.get("clients", []))   # before the list is cut: `krex status` counts them
     uid_of_job = {j["job"]: j.get("uid") for j in st.get("jobs", [])}
     for j in st.get("jobs", []):
         j["command"] = visible_command(j.get("command", []), j.get("uid", -1), asker_uid)

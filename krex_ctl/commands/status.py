@@ -13,16 +13,15 @@ import click
 
 from .. import paths
 from ..errors import KrexCommandError
+from ..server_feedback import client_roles
 from ..wire.client import ControllerError, ask_status
 
 
 def clients_line(st: dict) -> str:
     """The clients that run or wrap commands, not the connections of krex's own commands (this one among them)."""
     roles = st.get("client_roles")     # every client, counted before a long list was cut for the reply
-    if roles is None:
-        roles = {}
-        for c in st["clients"]:
-            roles[c.get("role")] = roles.get(c.get("role"), 0) + 1
+    if roles is None:                  # a controller from before client_roles
+        roles = client_roles(st["clients"])
     cli = roles.get("cli", 0)
     others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
     return f"{sum(roles.values()) - cli} client(s){others}"

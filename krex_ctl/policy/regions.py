@@ -334,7 +334,7 @@ class Regions:
         (and two such owners would wait for each other). Gates, drains and freezes stay on mask alone."""
         if client.request is not None or self.region_of(client) is not None:
             return [Refuse(client, C.KREX_ERR_LIMIT, "this client already has a region requested or held", seq)]
-        unit = (getattr(client, "uid", None), self.command_job(client))
+        unit = self.unit_of(client)
         for g in mask_to_list(mask or client.devices):
             ended = self.recent.get(g, {}).get(unit)
             if ended is not None and now - ended < FairShare.GRACE_S:
@@ -371,7 +371,7 @@ class Regions:
         mine = jobs.own_jobs(region, self.command_job)
         held_off = self.freezes.by_region(region.id) + region.busy
         others = {g: {u for u in self.contenders(g, now) if u[1] not in mine}
-                  | {(getattr(c, "uid", None), self.command_job(c)) for c in held_off
+                  | {self.unit_of(c) for c in held_off
                      if c.devices >> g & 1 and self.command_job(c) not in mine and c.job not in mine}
                   for g in mask_to_list(region.gpu_mask)}
         if not any(others.values()) or region.req.owner in region.members:
@@ -380,7 +380,7 @@ class Regions:
             return True
         if not self.fair.on or not region.held_since:
             return False
-        unit = (getattr(client, "uid", None), self.command_job(client))
+        unit = self.unit_of(client)
         return now - region.held_since > self.fair.job_share(unit, region.gpu_mask, lambda g: others.get(g, set()))
 
     def _gather(self, region: Region, now: float) -> list:
@@ -421,9 +421,13 @@ class Regions:
                       f"also names {mask_to_list(mask & ~region.gpu_mask)}: declare the job's GPUs (krex run "
                       "--gpus N or --gpu LIST) or name the same GPUs in every rank's region", seq)
 
+    def unit_of(self, client) -> tuple:
+        """The (user, job) a client's regions are charged to: its user, and the job it works for."""
+        return getattr(client, "uid", None), self.command_job(client)
+
     def units(self, req: Request) -> tuple:
         """The (user, job) a request is charged to and ordered by."""
-        return getattr(req.owner, "uid", None), self.command_job(req.owner)
+        return self.unit_of(req.owner)
 
     def contenders(self, gpu: int, now: Optional[float] = None) -> set:
         """(user, job) pairs contending on gpu: a request waiting there, a region held there or ended there less
@@ -798,7 +802,7 @@ class Regions:
             held = now - region.held_since
             self.fair.charge(("user", user), region.gpu_mask, held, now)
             self.fair.charge(("job", job), region.gpu_mask, held, now)
-        off = {(getattr(c, "uid", None), self.command_job(c)) for c in self.freezes.by_region(region.id) + region.busy}
+        off = {self.unit_of(c) for c in self.freezes.by_region(region.id) + region.busy}
         for g in mask_to_list(region.gpu_mask):
             self.held_off[g] = off
             recent = self.recent.setdefault(g, {})
@@ -816,8 +820,8 @@ class Regions:
         if self.freezes.frozen(client):
             out.append(Thaw([client]))       # alive (an exec, a dropped connection) or not: never left stopped
         self.freezes.forget(client)
-        unit = (getattr(client, "uid", None), self.command_job(client))
-        if not any((getattr(c, "uid", None), self.command_job(c)) == unit for c in self.clients() if c is not client):
+        unit = self.unit_of(client)
+        if not any(self.unit_of(c) == unit for c in self.clients() if c is not client):
             for off in self.held_off.values():    # gone with its last process: no longer a contender for a share
                 off.discard(unit)
             for recent in self.recent.values():
