@@ -23,8 +23,8 @@ def world(**kw):
     return w
 
 
-def uclient(w, pid, job, uid):
-    c = UClient(pid, job, uid)
+def uclient(w, pid, job, uid, devices=1):
+    c = UClient(pid, job, uid, devices=devices)
     w.clients.append(c)
     return c
 
@@ -444,12 +444,6 @@ def test_the_queue_is_told_in_the_order_it_is_served():
     assert line.endswith("2nd of 2 in the queue, waiting for its job's fair share of the GPU"), line
 
 
-def dev_client(w, pid, job, uid, devices):
-    c = UClient(pid, job, uid, devices=devices)
-    w.clients.append(c)
-    return c
-
-
 def test_a_child_timing_inside_its_parents_region_joins_it_each_time():
     """The parent holds a region and waits for its child (subprocess.run), whose hooks time two calls, the second
     after the region has been held past the job's share, another job waiting and a frozen sibling: each of the
@@ -476,10 +470,10 @@ def test_a_rank_queued_with_more_gpus_than_its_jobs_new_region_is_refused_at_its
     context on GPU 1 came later, for GPUs 0 and 1. Rank 0's region starts: rank 1 is refused then (it would wait
     for its own job's region), not left queued behind it."""
     w = world()
-    h = dev_client(w, 9, Job(9), 2, 0b11)
+    h = uclient(w, 9, Job(9), 2, 0b11)
     w.run_to_grant(w.request(h, mask=0b11))
     job = Job(1)
-    r0, r1 = dev_client(w, 1, job, 1, 0b01), dev_client(w, 2, job, 1, 0b10)
+    r0, r1 = uclient(w, 1, job, 1, 0b01), uclient(w, 2, job, 1, 0b10)
     assert w.request(r0, mask=0b01) == [] and w.request(r1, mask=0b11) == []
     seen = w.run_to_grant(w.book.leave(w.book.region_of(h), h, 0, 1, w.now))
     assert w.book.region_of(r0) is not None
@@ -492,9 +486,9 @@ def test_a_rank_with_a_stray_context_on_its_jobs_region_gpu_is_not_held_back_by_
     region, which may wait for it)."""
     w = world()
     job = Job(1)
-    r0 = dev_client(w, 1, job, 1, 0b01)
+    r0 = uclient(w, 1, job, 1, 0b01)
     w.run_to_grant(w.request(r0, mask=0b01))
-    r1 = dev_client(w, 2, job, 1, 0b11)
+    r1 = uclient(w, 2, job, 1, 0b11)
     out = w.run_to_grant(w.request(r1, mask=0b10))
     assert any(isinstance(e, P.Grant) and e.region.owner is r1 for e in out), kinds(out)
 
@@ -503,11 +497,11 @@ def test_a_gathered_rank_with_a_context_elsewhere_keeps_other_jobs_regions_off_t
     """Job J's region on GPU 0 takes its waiting rank r1, which also has a context on GPU 1: job M's region on GPU
     1 then waits for J's (r1's launches on GPU 1 would wait at M's gate, M's rank k1's on GPU 0 at J's)."""
     w = world(freeze_policy="busy")
-    h = dev_client(w, 9, Job(9), 3, 0b11)
+    h = uclient(w, 9, Job(9), 3, 0b11)
     w.run_to_grant(w.request(h, mask=0b11))
     J, M = Job(1), Job(2)
-    r0, r1 = dev_client(w, 1, J, 1, 0b01), dev_client(w, 2, J, 1, 0b11)
-    k0, k1 = dev_client(w, 3, M, 2, 0b10), dev_client(w, 4, M, 2, 0b11)
+    r0, r1 = uclient(w, 1, J, 1, 0b01), uclient(w, 2, J, 1, 0b11)
+    k0, k1 = uclient(w, 3, M, 2, 0b10), uclient(w, 4, M, 2, 0b11)
     for c, m in ((r0, 0b01), (r1, 0b01), (k0, 0b10), (k1, 0b10)):
         assert w.request(c, mask=m) == []
     w.run_to_grant(w.book.leave(w.book.region_of(h), h, 0, 1, w.now))
