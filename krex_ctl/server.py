@@ -919,8 +919,12 @@ class Controller(RegionEffects):
                     client.job.command = [str(a) for a in req.get("command", [])][:64]
                     client.job.gpus = list_to_mask(g for g in req.get("gpus", []) or []
                                                    if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
-                # whether a DISPATCH could give this wrapper a warm worker: when not, it asks none
-                reply = {"ok": True, "warm": self.pool.enabled_for(client.uid)}
+                # whether a DISPATCH could give this wrapper a warm worker: when not, it asks none; and the
+                # wrapper's pid as this controller sees it (SO_PEERCRED), which its processes name as their job's
+                # root (KREX_JOB_ROOT) to find the job again after a restart: in a pod's pid namespace the
+                # wrapper's own getpid() is not the pid this controller (host namespace) knows it by
+                reply = {"ok": True, "warm": self.pool.enabled_for(client.uid),
+                         "root_pid": client.job.root_pid if client.job is not None else 0}
             elif op == ops.GPU_UUID:      # wrapper: the UUID of node-wide GPU n (for CUDA_VISIBLE_DEVICES)
                 reply = {"uuid": self.gpus.uuid_text(int(req.get("gpu", -1)))}
             elif op == ops.DISPATCH:      # wrapper: a warm worker for this command, if one fits

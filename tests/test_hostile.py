@@ -863,6 +863,38 @@ def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     os.kill(second, signal.SIGTERM)
 
 
+def test_a_pods_processes_are_one_job_again_after_a_controller_restart(krex, tmp_path):
+    """Kubernetes: the node's controller knows processes by their host pids, a pod's `krex run` itself by its pid
+    in the pod. Its processes named that pid as their job's root (KREX_JOB_ROOT): after a controller restart
+    each became a job of its own, and their regions froze one another. The wrapper now names itself by the pid
+    the controller gave back."""
+    ns = in_namespace("-p", "-f", "--mount-proc")
+    if ns is None:
+        pytest.skip("no pid namespace here (unshare -p), needed to stand in for a pod")
+    krex.start_controller("--restart-grace", "30")   # the DaemonSet's: a restart is waited for, none started
+    idle = {"SNIPPET_STREAMS": "0", "SNIPPET_MS": "60000"}
+    pod = subprocess.Popen(ns + krex.run_cmd(["sh", "-c", f"{SNIP / 'hog'} & {SNIP / 'hog'} & wait"]),
+                           env=dict(krex.env, **idle), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def shim_jobs() -> list:
+            return [c["job"] for c in krex.status()["clients"] if c["role"] == "shim" and c["gpus"]]
+
+        before = wait_for(lambda: len(shim_jobs()) == 2 and shim_jobs(), what="the pod's two GPU processes")
+        assert len(set(before)) == 1, before
+        krex.ctl.kill()
+        krex.ctl.wait()
+        krex.start_controller("--restart-grace", "30")
+        after = wait_for(lambda: len(shim_jobs()) == 2 and shim_jobs(), timeout=30, what="both shims back")
+        jobs = krex.status()["jobs"]
+        assert len(set(after)) == 1, (after, jobs)                     # one job again ...
+        root = next(j["root_pid"] for j in jobs if j["job"] == after[0])
+        assert root != 1 and Path(f"/proc/{root}/cmdline").read_bytes().split(b"\0")[2] == b"krex_ctl"  # ... the wrapper's
+    finally:
+        krex.stop_hogs()
+        out, err = pod.communicate(timeout=60)
+    assert pod.returncode == 0, err
+
+
 # ---- 10: the Python API ------------------------------------------------------------------------------------
 INTERRUPTED = r'''
 import os, signal, sys, time

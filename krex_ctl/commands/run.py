@@ -200,6 +200,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
               "counted", file=sys.stderr)
     uuids = None
     guardian = None
+    job_root = os.getpid()
     if conn:
         def reconnect() -> Optional[Connection]:
             try:
@@ -222,6 +223,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         told = guardian.on_reconnect()   # the controller learns the command now, and again after each reconnection
         if told is not None and told.get("warm") is False:
             cold = True                  # it keeps no warm workers for us: no dispatch request
+        job_root = job_root_of(told)
         if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
     watcher = feedback.Watcher(str(sock), job, fb, str(counters) if counters else None) if conn else None
@@ -230,7 +232,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     run_facts = RunFacts(fb, watcher, strict, started_ns)
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
-        hooks=hooks, job_root=os.getpid(), gpu_uuids=uuids, overlap=overlap,
+        hooks=hooks, job_root=job_root, gpu_uuids=uuids, overlap=overlap,
         region_timeout=region_timeout, strict=strict))
     run_facts.hooks = env.get("KREX_HOOKS")
     if env.get("KREX_OVERLAP"):
@@ -257,6 +259,15 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
 
 
 COMMAND_DESCRIPTION_CHARS = 8192
+
+
+def job_root_of(told: Optional[dict]) -> int:
+    """The pid the command's processes name as their job's root (KREX_JOB_ROOT): this wrapper's pid as the
+    controller knows it (its JOB_COMMAND reply), which differs from os.getpid() where the wrapper runs in a pid
+    namespace the controller is not in (a Kubernetes pod under a node's controller); os.getpid() where the
+    controller does not say (an older one) or cannot see this process (pid 0)."""
+    root = (told or {}).get("root_pid")
+    return root if isinstance(root, int) and not isinstance(root, bool) and root > 0 else os.getpid()
 
 
 def command_description(command: list) -> list:
