@@ -79,6 +79,28 @@ def test_kernelbench_timing_functions_are_regions_after_the_first_call(krex, tmp
         assert last < region["ended_ns"]                                          # the other warm-ups, the trials inside
 
 
+@pytest.mark.parametrize("harness,warmups", [("cupyx", 0), ("cupyx", 2), ("kernelbench", 0), ("kernelbench", 2)])
+def test_no_timed_call_holds_the_regions_wait(krex, tmp_path, harness, warmups):
+    """With no warm-up call (cupyx n_warmup=0, KernelBench num_warmup=0) the function's first call is a timed
+    repetition: the region begun after it put its synchronize and the wait for the grant into that timing (here
+    another job holds the GPU 0.3 s). Every timed call now lies inside the granted region."""
+    krex.start_controller()
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "300000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
+             what="the holder's region")
+    call = {"cupyx": f"from cupyx.profiler import benchmark\nbenchmark(lambda: log('user'), n_repeat=4, n_warmup={warmups})",
+            "kernelbench": "from kernelbench import timing\n"
+                           f"timing.time_execution_with_cuda_event(lambda: log('user'), num_warmup={warmups}, num_trials=4)"}
+    out, rep = run_py(krex, tmp_path, "from _log import log\n" + call[harness], extra_path=[FAKES])
+    holder.communicate(timeout=30)
+    [region] = rep["regions"]
+    assert region["exclusive"], region
+    log = harness_log(tmp_path)
+    timed = list(zip([t for w, t in log if w == "timed-start"], [t for w, t in log if w == "timed-end"]))
+    assert len(timed) == 4
+    assert all(region["granted_ns"] < start and end < region["ended_ns"] for start, end in timed), (region, timed)
+
+
 def test_torch_timer_methods_are_regions_with_nesting(krex, tmp_path):
     pytest.importorskip("torch")
     krex.start_controller()

@@ -12,6 +12,7 @@ KREX_RETRY_TAINTED attempts) raises it instead of returning its result. A call n
 already is that region's; only its grant is checked."""
 
 import functools
+import inspect
 import os
 import sys
 
@@ -98,30 +99,59 @@ def synchronize() -> None:
         pass
 
 
+def in_region(name: str, original, args, kwargs):
+    """original(*args, **kwargs) in one region (nested calls fold into it), taken again while tainted (retries())."""
+    attempt = 0
+    while True:
+        r = begin(name)
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            r.__exit__(None, None, None)
+        if not worth_another(r.info, attempt, name):
+            check_exclusive(r, name)
+            return result
+        attempt += 1
+
+
 def around(name: str, original):
     """original wrapped in one region (nested calls fold into it), taken again while tainted (retries())."""
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        attempt = 0
-        while True:
-            r = begin(name)
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                r.__exit__(None, None, None)
-            if not worth_another(r.info, attempt, name):
-                check_exclusive(r, name)
-                return result
-            attempt += 1
+        return in_region(name, original, args, kwargs)
     wrapper.__krex_original__ = original
     return wrapper
 
 
-def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn"):
+def no_warmup(original, args, kwargs, names: tuple) -> bool:
+    """Whether this call of a harness asks for no warm-up call: its parameter of one of these names (given, or
+    its default) is 0. Then the function's first call is a timed repetition."""
+    if not names:
+        return False
+    try:
+        bound = inspect.signature(original).bind_partial(*args, **kwargs)
+        bound.apply_defaults()
+    except (TypeError, ValueError):          # no signature (a builtin), or arguments it does not take
+        return False
+    for n in names:
+        try:
+            if n in bound.arguments and bound.arguments[n] == 0:
+                return True
+        except Exception:                    # an object whose == raises or is ambiguous (an array)
+            continue
+    return False
+
+
+def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", warmups: tuple = ()):
     """original(fn, ...) with a region from just after fn's first call and a synchronize to the end:
-    JIT compilation and autotuning in that first call stay outside, everything after is inside."""
+    JIT compilation and autotuning in that first call stay outside, everything after is inside.
+    `warmups` names the harness's parameter that counts its untimed warm-up calls: where a call sets it to 0,
+    fn's first call is itself timed, and a region begun after it would put the first call's synchronize and the
+    region's wait for its grant inside that timing; such a call is in one region from its start instead."""
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        if no_warmup(original, args, kwargs, warmups):
+            return in_region(name, original, args, kwargs)
         args = list(args)
         if fn_kw in kwargs:
             fn = kwargs[fn_kw]
