@@ -267,6 +267,7 @@ void krex_exit_gate_arm(void) {
 
 /* os._exit and friends skip atexit: the same wait, then the exit system call glibc's _exit makes */
 KREX_EXPORT void _exit(int status) {
+    krex_region_at_exit();
     krex_exit_gate();
     for (;;) syscall(SYS_exit_group, status);
 }

@@ -29,6 +29,7 @@ static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
 static struct {
     int state, depth, refused, lost, revoked, end_done, settled, gave_up;
     int ran;                                      /* a block left it by krex_region_end: something ran in it */
+    pid_t pid;                                    /* the process that asked (a vfork child shares this memory) */
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
@@ -172,6 +173,7 @@ KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
     }
     memset(&R, 0, sizeof R);
     R.depth = 1;
+    R.pid = getpid();
     __atomic_store_n(&krex_region_open, 1, __ATOMIC_RELAXED);   /* launches from here to the end are inside */
     R.requested_ns = krex_now_ns();
     snprintf(R.name, sizeof R.name, "%s", name && *name ? name : "region");
@@ -310,6 +312,22 @@ KREX_EXPORT int krex_region_cancel(void) {
     pthread_mutex_unlock(&region_lock);
     return 0;
 }
+
+/* The process exits with a region open (no krex_region_end: a C program that returns after a -3, an exit() or
+ * os._exit() inside): its record is kept as the region's end, so that the report lists what ran in it, granted
+ * or not (a held region's end is the controller's too, when the connection closes). Called by the library's
+ * destructor (exit(), after atexit handlers) and by _exit; skipped when another thread holds the lock, and in a
+ * vfork child (its _exit must not end its parent's region). */
+void krex_region_at_exit(void) {
+    if (pthread_mutex_trylock(&region_lock) != 0) return;
+    if (R.depth > 0 && R.state != R_NONE && R.pid == getpid()) {
+        R.depth = 0;
+        finish_locked(KREX_END_OWNER_GONE);
+    }
+    pthread_mutex_unlock(&region_lock);
+}
+
+__attribute__((destructor)) static void region_destructor(void) { krex_region_at_exit(); }
 
 /* 0 ended, 1 the controller had revoked it (time limit), -1 no region was open */
 KREX_EXPORT int krex_region_end(void) {

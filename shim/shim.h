@@ -133,6 +133,7 @@ void krex_drain_request(const struct krex_drain *m);
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+void krex_region_at_exit(void);   /* region.c: keep the record of a region left open at exit */
 
 /* overlap.c: the overlap controls (KREX_OVERLAP) */
 int krex_overlap_parse(const char *spec, int *priority, int *shape, int *sm_target, int *noguard); /* 0, -1: not a list */

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import SNIP, report_of, stderr_until, wait_for
 
 
@@ -96,6 +98,44 @@ def test_c_begin_returns_minus_3_under_region_timeout(krex):
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("how", ["exit", "_exit"])
+def test_a_c_program_that_exits_inside_its_unprotected_region_is_reported(krex, how):
+    """After -3 a C program timed unprotected and exited without krex_end (returned from main, exit(), _exit()):
+    the region was in no record and the report listed no region at all. The shim keeps it at exit."""
+    krex.start_controller()
+    release = krex.dir / "release"
+    holder = hold_gpu(krex, release=release)
+    try:
+        rep = krex.dir / "c.json"
+        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.3", "--report", str(rep), "--",
+                str(SNIP / "region")]
+        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0",
+                                            SNIPPET_EXIT_INSIDE=how),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        told = stderr_until(p, "not granted within its timeout")
+        release.touch()
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and "region 0" not in out, told + err   # it left before printing its region
+        regions = report_of(rep)["regions"]
+        assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and not regions[0]["exclusive"], regions
+        assert regions[0]["end"] == "owner_gone", regions
+        assert "not exclusive" in told + err or "not granted" in told + err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("how", ["exit", "_exit"])
+def test_a_c_program_that_exits_inside_its_granted_region_is_reported_once(krex, how):
+    krex.start_controller()
+    rep = krex.dir / "c.json"
+    r = krex.run([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                                     "SNIPPET_EXIT_INSIDE": how})
+    assert r.returncode == 0, r.stderr
+    regions = report_of(rep)["regions"]
+    assert len(regions) == 1 and regions[0]["granted_ns"] and regions[0]["recorded_by"] == "controller", regions
 
 
 def test_hooks_fall_back_to_an_unprotected_timing(krex):

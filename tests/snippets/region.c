@@ -6,7 +6,8 @@
  * (krex_region_begin_mask) instead of the job's. SNIPPET_PRE_US: before each begin, one kernel that long on the
  * legacy default stream, not waited for; the begin's own time is printed (begin_ms=). SNIPPET_HOLD_FILE: inside
  * each region, after its kernels and SNIPPET_HOLD_US, it waits until that file exists (at most 60 s), so that a
- * test ends the region when it is done with it rather than after a guessed time. */
+ * test ends the region when it is done with it rather than after a guessed time. SNIPPET_EXIT_INSIDE=exit or
+ * _exit: the first region's process exits that way where it would end the region. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <string.h>
@@ -54,6 +55,9 @@ int main(void) {
         if (sleep_us) usleep((useconds_t)sleep_us);
         const char *hold_file = getenv("SNIPPET_HOLD_FILE");
         for (int waited = 0; hold_file && access(hold_file, F_OK) != 0 && waited < 30000; waited++) usleep(2000);
+        const char *exit_inside = getenv("SNIPPET_EXIT_INSIDE");   /* "exit" / "_exit": leave without krex_end */
+        if (exit_inside && !strcmp(exit_inside, "exit")) exit(0);
+        if (exit_inside && !strcmp(exit_inside, "_exit")) _exit(0);
         int e = krex_end();
         if (aff) print_affinity(aff, "after");
         struct krex_region_info info = {0};
