@@ -54,7 +54,7 @@ static struct krex_counter_slot *krex_slot_attach(void) {
             void *m = mmap(NULL, KREX_COUNTERS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
             struct krex_counters_hdr *h = m == MAP_FAILED ? NULL : m;
-            if (h && h->magic == KREX_COUNTERS_MAGIC && h->version == KREX_PROTO_VERSION) {
+            if (h && h->magic == KREX_COUNTERS_MAGIC && h->version == KREX_COUNTERS_VERSION) {
                 /* past the last slot processes share slots: every counter is an atomic sum, so the
                  * job's totals stay exact (a job that runs thousands of GPU processes) */
                 uint32_t i = __atomic_fetch_add(&h->next_slot, 1, __ATOMIC_RELAXED);

@@ -22,6 +22,8 @@
 #define KREX_MAX_PAYLOAD 65536
 #define KREX_GATE_MAGIC 0x4554414b
 #define KREX_COUNTERS_MAGIC 0x544e434b
+#define KREX_COUNTERS_VERSION 4     /* the counters file's layout (struct krex_counters_hdr .version): a shim and a
+                                     * wrapper of different layouts leave each other's file alone */
 #define KREX_COUNTER_SLOTS 1024
 #define KREX_LOCAL_REGIONS 8192
 #define KREX_UUID_BYTES 16
@@ -298,7 +300,7 @@ struct krex_gate {
  * so a SIGKILLed process still leaves its counts behind. */
 struct krex_counters_hdr {
     uint32_t magic;                /* KREX_COUNTERS_MAGIC */
-    uint32_t version;
+    uint32_t version;              /* KREX_COUNTERS_VERSION (3 and before: KREX_PROTO_VERSION) */
     uint32_t slots;
     uint32_t next_slot;            /* atomically incremented to claim a slot */
     uint64_t overflow_submissions; /* processes that found no free slot add here */
@@ -365,4 +367,6 @@ struct krex_local_region {
     char name[64];
     uint32_t timings_checked;      /* KREX_HOST_BOUND: intervals read (cuEventElapsedTime) whose start was checked */
     uint32_t timings_late;         /* of those, ones in which the GPU waited for the host >= 1% of the interval */
+    int64_t wait_ended_ns;         /* not granted: when its wait ended (refused, given up, no controller, lost), so
+                                    * that the unprotected body is not counted as waiting; 0 when granted */
 };

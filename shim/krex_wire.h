@@ -9,7 +9,7 @@ _Static_assert(sizeof(struct krex_gate_page_hdr) == 64, "gate page header size")
 _Static_assert(sizeof(struct krex_gate) == 64, "gate slot is one cache line");
 _Static_assert(sizeof(struct krex_counters_hdr) == 64, "counters header size");
 _Static_assert(sizeof(struct krex_counter_slot) == 256, "counter slot is four cache lines");
-_Static_assert(sizeof(struct krex_local_region) == 136, "local region record size");
+_Static_assert(sizeof(struct krex_local_region) == 144, "local region record size");
 
 #define KREX_GATE_PAGE_BYTES (sizeof(struct krex_gate_page_hdr) + KREX_MAX_GPUS * sizeof(struct krex_gate))
 #define KREX_COUNTERS_BYTES (sizeof(struct krex_counters_hdr) + KREX_COUNTER_SLOTS * sizeof(struct krex_counter_slot) + \

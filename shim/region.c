@@ -34,6 +34,7 @@ static struct {
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
     int64_t grant_seen_ns;                        /* when the grant arrived here */
+    int64_t wait_ended_ns;                        /* not granted: when the wait ended (refused, given up, lost) */
     uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
     char name[KREX_NAME_MAX];
 } R;
@@ -91,7 +92,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
     } else if (type == KREX_MSG_ERROR && len >= sizeof(struct krex_error)) {
         const struct krex_error *e = payload;
         if (R.state == R_WAITING && seq == R.begin_seq) {
-            R.state = R_LOCAL, R.refused = 1, R.taints |= KREX_TAINT_NOT_GRANTED;
+            R.state = R_LOCAL, R.refused = 1, R.taints |= KREX_TAINT_NOT_GRANTED, R.wait_ended_ns = krex_now_ns();
             krex_log(KREX_LOG_ERROR, "region '%s' refused: %.*s", R.name, KREX_ERROR_TEXT, e->text);
         } else if (R.end_seq && seq == R.end_seq) {
             R.end_done = 1;
@@ -122,7 +123,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
 /* the client thread: the connection broke */
 void krex_region_connection_lost(void) {
     lock();
-    if (R.state == R_WAITING) R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    if (R.state == R_WAITING) R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.wait_ended_ns = krex_now_ns();
     else if (R.state == R_HELD) R.lost = 1, R.taints |= KREX_TAINT_CONTROLLER_LOST;
     if (R.end_seq) R.end_done = 1, R.lost = 1;
     pthread_cond_broadcast(&region_cond);
@@ -151,6 +152,7 @@ static void finish_locked(uint32_t reason) {
         rec->taints = taints, rec->end_reason = reason;
         rec->sm_clock_min_mhz = (uint16_t)R.clock_min, rec->sm_clock_max_mhz = (uint16_t)R.clock_max;
         rec->timings_checked = last_checked, rec->timings_late = last_late;
+        rec->wait_ended_ns = R.state == R_HELD ? 0 : R.wait_ended_ns ? R.wait_ended_ns : ended;
         memcpy(rec->name, R.name, sizeof rec->name);
         rec->pid = getpid();
         __atomic_store_n(&rec->ended_ns, ended, __ATOMIC_RELEASE);   /* last: the record is complete */
@@ -187,7 +189,7 @@ KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
         pthread_mutex_unlock(&region_lock);
         return 1;
     }
-    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED;
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.wait_ended_ns = krex_now_ns();
     pthread_mutex_unlock(&region_lock);
     return -1;
 }
@@ -238,7 +240,7 @@ KREX_EXPORT int krex_region_give_up(void) {
     /* given up before the cancel is sent: ask_end_locked lets go of the lock while it waits for the answer, and
      * a grant that crosses the cancel must not be taken by another thread waiting in this region (it is given
      * back at once as one nobody waits for, and the controller's answer to the cancel ends it too) */
-    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1;
+    R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1, R.wait_ended_ns = krex_now_ns();
     krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request is cancelled%s", R.name,
              R.depth > 1 ? " (for every thread in this process's region)" : "");
     pthread_cond_broadcast(&region_cond);   /* other threads waiting in the same region: -3 for them too */

@@ -100,6 +100,33 @@ def test_c_begin_returns_minus_3_under_region_timeout(krex):
         holder.wait()
 
 
+def test_the_wait_of_a_region_not_granted_ends_where_its_wait_did(krex):
+    """A region not granted within its timeout runs unprotected: the report counted its whole body (1.5 s here) as
+    time waited for the region (region_waited_ns, waited_ns). Its wait ends where it was given up."""
+    krex.start_controller()
+    release = krex.dir / "release"
+    holder = hold_gpu(krex, release=release)
+    try:
+        rep = krex.dir / "c.json"
+        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.3", "--report", str(rep), "--",
+                str(SNIP / "region")]
+        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0",
+                                            SNIPPET_HOLD_US="1500000"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stderr_until(p, "not granted within its timeout")
+        release.touch()
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        rep = report_of(rep)
+        [region] = rep["regions"]
+        assert region["ended_ns"] - region["requested_ns"] > 1.5e9, region
+        assert region["requested_ns"] + 0.25e9 < region["wait_ended_ns"] < region["ended_ns"] - 1.4e9, region
+        assert rep["region_waited_ns"] == region["wait_ended_ns"] - region["requested_ns"], rep["region_waited_ns"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.parametrize("how", ["exit", "_exit"])
 def test_a_c_program_that_exits_inside_its_unprotected_region_is_reported(krex, how):
     """After -3 a C program timed unprotected and exited without krex_end (returned from main, exit(), _exit()):

@@ -437,6 +437,25 @@ def test_a_full_runtime_filesystem_costs_the_counts_not_the_benchmark(krex, tmp_
     assert r["direct_rc"] == 0 and "short or not allocated" in r["direct_stderr"], r
 
 
+def test_a_counters_file_of_another_layout_is_left_alone(krex, tmp_path):
+    """A shim and a wrapper of different builds (KREX_SHIM, a pod's shim under a newer node's krex run): records
+    of another size written at this layout's offsets would be read back as garbage regions. The file's layout
+    version differs: the shim says so and counts nothing there."""
+    from krex_ctl.wire.counters import create_counters, read_local_regions
+
+    krex.start_controller()
+    counters = tmp_path / "old.counters"
+    create_counters(counters)
+    with open(counters, "r+b") as f:
+        f.seek(4)
+        f.write((3).to_bytes(4, "little"))        # the version an older layout wrote (KREX_PROTO_VERSION 3)
+    env = dict(krex.env, LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), KREX_COUNTERS=str(counters),
+               SNIPPET_REGIONS="1", SNIPPET_N="1")
+    out = subprocess.run([SNIP / "region"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "has a foreign format; ignored" in out.stderr, out.stderr
+    assert read_local_regions(counters) == ([], 0)
+
+
 # ---- 9: a stalled, restarted or slow controller ------------------------------------------------------------
 def test_a_stalled_controller_is_reconnected_and_its_gap_reported(krex, tmp_path):
     """A controller stalled past the shim's handshake timeout: the shim gave up for good, later regions said

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from .frames import VERSION, C, ffi
+from .frames import C, ffi
 
 SLOTS_OFFSET = ffi.sizeof("struct krex_counters_hdr")
 REGIONS_OFFSET = SLOTS_OFFSET + C.KREX_COUNTER_SLOTS * ffi.sizeof("struct krex_counter_slot")
@@ -20,7 +20,7 @@ COUNTER_FIELDS = ("kernels", "graphs", "copies", "other", "captured", "contexts"
 def _init_counters(fd: int, slots: int) -> None:
     os.posix_fallocate(fd, 0, COUNTERS_BYTES)
     hdr = ffi.new("struct krex_counters_hdr *")
-    hdr.magic, hdr.version, hdr.slots = C.KREX_COUNTERS_MAGIC, VERSION, slots
+    hdr.magic, hdr.version, hdr.slots = C.KREX_COUNTERS_MAGIC, C.KREX_COUNTERS_VERSION, slots
     hdr.regions = C.KREX_LOCAL_REGIONS
     os.pwrite(fd, bytes(ffi.buffer(hdr)), 0)
 
@@ -167,5 +167,6 @@ def read_local_regions(path: Path) -> tuple[list[dict], int]:
                     "controller_pid": int(r.controller_pid), "flags": int(r.flags), "taints": int(r.taints),
                     "end_reason": int(r.end_reason), "sm_clock_mhz": [int(r.sm_clock_min_mhz), int(r.sm_clock_max_mhz)],
                     "name": ffi.string(r.name).decode(errors="replace"),
-                    "timings_checked": int(r.timings_checked), "timings_late": int(r.timings_late)})
+                    "timings_checked": int(r.timings_checked), "timings_late": int(r.timings_late),
+                    "wait_ended_ns": int(r.wait_ended_ns)})
     return out, max(0, int(hdr.next_region) - int(hdr.regions))

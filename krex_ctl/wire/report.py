@@ -142,6 +142,7 @@ def local_record(r: dict) -> dict:
     return {
         "name": r["name"], "gpu": mask_to_list(r["gpu_mask"]), "requested_ns": r["requested_ns"],
         "granted_ns": r["granted_ns"] if granted else None, "ended_ns": r["ended_ns"], "pid": r["pid"],
+        **({"wait_ended_ns": r["wait_ended_ns"]} if not granted and r.get("wait_ended_ns") else {}),
         "pids": [r["pid"]], "end": END_NAMES.get(r["end_reason"], "normal"),
         "region_id": r["region_id"] or None, "controller_pid": r["controller_pid"] or None,
         "exclusive": bool(flags & C.KREX_REGION_EXCLUSIVE), "clean": bool(flags & C.KREX_REGION_CLEAN),
@@ -186,7 +187,8 @@ def merge_regions(controller: list[dict], local: list[dict]) -> list[dict]:
 def build(command: list, exit_code: int, totals: Optional[dict], regions: list, lost_records: int = 0) -> dict:
     totals = totals or {}
     get = lambda k: int(totals.get(k, 0))   # noqa: E731
-    region_wait = sum(max(0, (r.get("granted_ns") or r["ended_ns"]) - r["requested_ns"]) for r in regions)
+    region_wait = sum(max(0, (r.get("granted_ns") or r.get("wait_ended_ns") or r["ended_ns"]) - r["requested_ns"])
+                      for r in regions)
     report = {
         "version": VERSION,
         "command": command,
