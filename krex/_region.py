@@ -164,7 +164,8 @@ def krex_region_end() -> int:
 
 
 def last_region() -> Optional[RegionInfo]:
-    """The last region this process finished, or None."""
+    """The last region this process finished, or None (also inside a region: a block nested in another has no
+    verdict of its own until the outermost one ends)."""
     lib = _shim()
     info = ffi.new("struct krex_region_info *")
     if lib is None or lib.krex_region_last(info) != 0:

@@ -57,7 +57,8 @@ int krex_region_cancel(void) KREX_WEAK;
  * give_up does the same after krex_region_wait returned 1. */
 int krex_region_begin_timeout(const char *name, uint64_t gpu_mask, int timeout_ms) KREX_WEAK;
 int krex_region_give_up(void) KREX_WEAK;
-/* the last finished region: 0 and *info filled; -1 none yet, or krex absent */
+/* the last finished region: 0 and *info filled; -1 none yet, a region of this process is still open (a block
+ * nested in another has no verdict of its own: it comes at the outermost end), or krex absent */
 int krex_region_last(struct krex_region_info *info) KREX_WEAK;
 /* with KREX_HOST_BOUND=1: of the last finished region, the timings read in it (cuEventElapsedTime) whose start
  * event the check saw, and the late ones: the GPU waited for the host (a launch, or the end record) for 1% of the
@@ -75,7 +76,8 @@ static inline int krex_begin_timeout(const char *name, uint64_t gpu_mask, int ti
     return krex_region_begin_timeout ? krex_region_begin_timeout(name, gpu_mask, timeout_ms) : -1;
 }
 static inline int krex_end(void) { return krex_region_end ? krex_region_end() : -1; }
-/* 1: the last region was exclusive and clean (its timing can be trusted); 0: it was not; -1: unknown */
+/* 1: the last region was exclusive and clean (its timing can be trusted); 0: it was not; -1: unknown (none yet,
+ * or still inside a region: after a nested krex_end) */
 static inline int krex_last_clean(void) {
     struct krex_region_info i;
     if (!krex_region_last || krex_region_last(&i) != 0) return -1;

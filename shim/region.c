@@ -363,9 +363,11 @@ KREX_EXPORT int krex_region_end(void) {
 }
 
 /* the last region this process finished: 0 and *out filled, -1 when there is none yet */
+/* -1 while a region of this process is open: a block nested in another (a timing function called inside its
+ * caller's region) has no verdict of its own, and the last finished region is an earlier one, not its own */
 KREX_EXPORT int krex_region_last(struct krex_region_info *out) {
     lock();
-    int r = have_last ? 0 : -1;
+    int r = have_last && R.depth == 0 ? 0 : -1;
     if (have_last && out) *out = last;
     pthread_mutex_unlock(&region_lock);
     return r;
@@ -376,9 +378,9 @@ KREX_EXPORT int krex_region_last(struct krex_region_info *out) {
  * struct is compiled into callers of krex.h, and a larger one would be written past their copy. */
 KREX_EXPORT int krex_region_last_timings(uint32_t *checked, uint32_t *late) {
     lock();
-    int r = have_last ? 0 : -1;
-    if (checked) *checked = have_last ? last_checked : 0;
-    if (late) *late = have_last ? last_late : 0;
+    int r = have_last && R.depth == 0 ? 0 : -1;
+    if (checked) *checked = r == 0 ? last_checked : 0;
+    if (late) *late = r == 0 ? last_late : 0;
     pthread_mutex_unlock(&region_lock);
     return r;
 }

@@ -612,3 +612,25 @@ def test_region_gap_ms_keeps_another_jobs_region_off_the_gpu_for_that_long(krex,
     asked_while_held = [b for a, b in handovers if b["requested_ns"] < a["ended_ns"]]
     assert asked_while_held and all(b["gap_waited_ms"] > 0 for b in asked_while_held)
     assert krex.status()["counters"]["region_gap_waits"] >= 1
+
+
+NESTED_LAST = """
+import krex
+with krex.region("first"):
+    pass
+with krex.region("outer"):
+    with krex.region("inner") as inner:
+        pass
+    print("nested", inner.info, krex.last_region())
+print("after", krex.last_region().name)
+"""
+
+
+def test_the_last_region_is_unknown_inside_a_region(krex):
+    """A timing function that ends a region nested in its caller's and then asks for the last region's verdict
+    (krex_last_clean in C) was given an earlier, finished region's: "clean" for a timing whose own region was
+    still open. Inside a region there is no verdict yet (-1 in C, None in Python)."""
+    krex.start_controller()
+    r = krex.python(NESTED_LAST)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["nested None None", "after outer"], r.stdout
