@@ -241,6 +241,8 @@ class Controller(RegionEffects):
             self.every(1.0, self.pool.reap)
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
+        if self.attest.source is not None:        # the GPUs' process lists while regions are held
+            self.every(attest.SAMPLE_S, self.sample_held_regions)
         self.beat()
         self.every(1.0, self.beat)
         try:
@@ -318,6 +320,11 @@ class Controller(RegionEffects):
             finally:
                 self.after(period, tick)
         self.after(period, tick)
+
+    def sample_held_regions(self) -> None:
+        for region in list(self.book.regions.values()):
+            if region.granted_ns and region.attest_start:
+                self.attest.sample(region)
 
     def rate_log(self, key: str, level: int, msg: str, *args) -> None:
         """At most one line per key every 10 s, with the count of the ones held back."""

@@ -77,6 +77,22 @@ def test_each_disturbance_taints_the_region(krex, tmp_path, stranger, control, t
     assert "clean=0" in line and f"exclusive={int(exclusive)}" in line
 
 
+def test_a_foreign_process_that_came_and_went_inside_the_region_taints_it(krex, tmp_path, stranger):
+    """NVML's process list was read at the region's two ends only: a process outside krex that used the GPU in
+    between (here listed for 0.6 s of a 2-s region) left the region exclusive and clean."""
+    krex.start_controller()
+
+    def visit():
+        krex.nvml.write_text(f"process 0 {stranger} 1073741824\n")
+        time.sleep(0.6)
+        krex.nvml.write_text("")
+
+    line, r = region_of(krex, tmp_path, hold_us=2_000_000, during=visit)
+    assert r["taints"] == ["foreign_process"] and not r["exclusive"], r
+    assert r["attestation"]["gpus"]["0"]["foreign_pids"] == [stranger]
+    assert "exclusive=0" in line
+
+
 def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_path):
     """Capped at the grant: a taint when other jobs' GPU work was still running at the drain (their load lowered
     the clock the region starts at); not when only this job's own history could have (as it would alone).

@@ -1,7 +1,8 @@
 """Per-region attestation: what the controller knows of a region's conditions, as taints.
 
 krex's own taints (a drain that timed out, a revocation) are set by the region mechanics; the GPU's
-counters are read here at the region's boundaries only."""
+counters are read here at the region's boundaries, and its process list also every SAMPLE_S while the region
+is held (a process that came and went between the ends was missed)."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -30,6 +31,9 @@ class Result:
         return out
 
 
+SAMPLE_S = 0.2     # while a region is held, its GPUs' process lists are read this often (server.py)
+
+
 class Attestor:
     """Without a GPU counter source: only krex's own taints."""
 
@@ -37,6 +41,9 @@ class Attestor:
 
     def snapshot(self, gpu_mask: int):
         return None
+
+    def sample(self, region) -> None:
+        pass
 
     def taints_so_far(self, region) -> Result:
         return Result(region.taints)
@@ -53,6 +60,7 @@ class GpuSnapshot:
     temperature: Optional[int]
     pids: dict
     looks: dict = field(default_factory=dict)   # at the grant: pid -> look() of each listed pid not a client
+    seen: dict = field(default_factory=dict)    # listed first while the region was held (sample()): pid -> look()
 
 
 def krex_managed(pid: int) -> bool:
@@ -137,6 +145,21 @@ class NvmlAttestor(Attestor):
             snap.looks = {p: self.look_once(p, looks) for p in set(snap.pids) - known}
         return snaps
 
+    def sample(self, region) -> None:
+        """While the region is held: a process listed on one of its GPUs that is no client and was not listed
+        at the grant is judged now, while it runs (one that exits before the region's end ran in it unseen)."""
+        start = region.attest_start
+        if not start:
+            return
+        known = None
+        for g, s in start.items():
+            for p in self.nv.processes(g):
+                if p in s.looks or p in s.seen:
+                    continue
+                known = self.known_pids() if known is None else known
+                if p not in known:
+                    s.seen[p] = self.look(p)
+
     def look_once(self, pid: int, looks: dict) -> tuple:
         """look(pid), read once per snapshot or judgement however many of its GPUs list the pid."""
         if pid not in looks:
@@ -183,8 +206,9 @@ class NvmlAttestor(Attestor):
             if pct > 0 and clocks and min(clocks) < max(clocks) * (1 - pct / 100) and not reasons & (capped | thermal):
                 taints |= C.KREX_TAINT_CLOCK_DROP
             foreign, leaving = [], []
-            for p in sorted((set(s.pids) | set(e.pids)) - known):
-                looks = [x for x in (s.looks.get(p), self.look_once(p, looks_now)) if x is not None]   # grant, now
+            for p in sorted((set(s.pids) | set(s.seen) | set(e.pids)) - known):
+                looks = [x for x in (s.looks.get(p), s.seen.get(p), self.look_once(p, looks_now))   # grant, held, now
+                         if x is not None]
                 if ("managed", False) in looks:
                     foreign.append(p)
                 elif any(x[0] == "departed" and x[1] == "exiting" and not x[2] & own for x in looks):
