@@ -32,7 +32,7 @@ from krex_ctl.wire.report import host_bound
 WAIT_SLICE_MS = 100
 MIN_TIMEOUT_S = 0.001               # a bounded wait's least: 0 (or what rounds to 0 ms) would never be granted
 _lock = threading.Lock()
-_open = {"n": 0, "warned": False}   # region() blocks open in this process (an inner one is part of the outer)
+_open = {"warned": False}          # warnings said once in this process
 _names: dict = {}                   # requested_ns -> name of the last region a krex.region block in this process ended
 _host_bound_warned: set = set()     # (job, region name) already warned of as host-bound in this process: per job,
                                     # so that a reused warm worker's next command is warned again
@@ -110,11 +110,16 @@ def env_timeout() -> Optional[float]:
 
 
 def _gpu_mask(gpu) -> int:
+    """gpus=: a node-wide GPU index or an iterable of them (a string is neither: "12" is not GPUs 1 and 2)."""
     if gpu is None:
         return 0
+    if isinstance(gpu, (str, bytes, bool)) or not isinstance(gpu, int) and not hasattr(gpu, "__iter__"):
+        raise TypeError(f"gpus must be a GPU index or a list of them, not {gpu!r}")
     gpus = [gpu] if isinstance(gpu, int) else list(gpu)
     m = 0
     for g in gpus:
+        if isinstance(g, bool) or not isinstance(g, int) and not hasattr(g, "__index__"):
+            raise TypeError(f"gpus must be a GPU index or a list of them: {g!r} in {gpu!r} is not an index")
         if not 0 <= int(g) < 64:
             raise ValueError(f"GPU {g} is not an index 0-63")
         m |= 1 << int(g)
@@ -130,9 +135,23 @@ def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] =
     return _begin(name, gpu, timeout)[0]
 
 
-def _begin(name: str, gpu, timeout: Optional[float]) -> tuple:
+def _request(lib, name: bytes, mask: int, opened) -> int:
+    """The shim's request; opened[0] is 1 once it counted the block (set inside the shim, under its lock: an
+    exception raised as the call returns, a signal's, still finds it). A shim without krex_region_request_opened
+    (an older build): set here, right after the call."""
+    try:
+        fn = lib.krex_region_request_opened
+    except cdefs.missing_symbol():
+        r = lib.krex_region_request(name, mask)
+        opened[0] = 1
+        return r
+    return fn(name, mask, opened)
+
+
+def _begin(name: str, gpu, timeout: Optional[float], opened=None) -> tuple:
     """krex_region_begin's status, and the timeout that ran out when it is -3: this call's own (seconds), or
-    None when another thread gave up the wait it shared."""
+    None when another thread gave up the wait it shared. opened (an int[1]): the caller's, set to 1 once the shim
+    counted the block; an exception here cancels the block and clears it."""
     mask = _gpu_mask(gpu)
     if timeout is None:
         timeout = env_timeout()
@@ -143,8 +162,9 @@ def _begin(name: str, gpu, timeout: Optional[float]) -> tuple:
     if lib is None:
         return -1, None
     deadline = None if timeout is None else time.monotonic() + float(timeout)
-    r = lib.krex_region_request(name.encode()[:C.KREX_NAME_MAX - 1], mask)
-    try:
+    opened = ffi.new("int *") if opened is None else opened
+    try:       # the request inside: an exception as it returns (a signal's) finds opened set, and cancels
+        r = _request(lib, name.encode()[:C.KREX_NAME_MAX - 1], mask, opened)
         while r == 1:
             left = WAIT_SLICE_MS if deadline is None else min(WAIT_SLICE_MS, (deadline - time.monotonic()) * 1e3)
             if left <= 0:
@@ -152,9 +172,16 @@ def _begin(name: str, gpu, timeout: Optional[float]) -> tuple:
                 return r, (float(timeout) if r == -3 else None)
             r = lib.krex_region_wait(max(1, int(left)))   # cffi releases the GIL; signals are handled between slices
     except BaseException:
-        lib.krex_region_cancel()
+        _cancel_opened(lib, opened)
         raise
     return r, None
+
+
+def _cancel_opened(lib, opened) -> None:
+    """Leave the block the shim counted for this caller, once (a second call does nothing)."""
+    if opened[0]:
+        opened[0] = 0
+        lib.krex_region_cancel()
 
 
 def krex_region_end() -> int:
@@ -228,48 +255,81 @@ class region(contextlib.ContextDecorator):
         self.status: Optional[int] = None
         self.info: Optional[RegionInfo] = None
 
+    def __call__(self, func):
+        """As a decorator: a generator or coroutine function is refused (the region would cover only the call
+        that makes the generator or coroutine, not the work it does when run)."""
+        import inspect
+
+        if inspect.isgeneratorfunction(func) or inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(f"krex.region cannot decorate {getattr(func, '__qualname__', func)!r}, a generator or "
+                            "coroutine function: the region would end before its work runs; use `with "
+                            "krex.region(...)` inside it (in asyncio, around code run in a thread: waiting for the "
+                            "grant blocks the thread)")
+        return super().__call__(func)
+
     def __enter__(self) -> "region":
         self.info = None
-        with _lock:                    # counted while it waits too: the shim's region is the process's, and a
-            _open["n"] += 1            # block that leaves it while another thread waits in it is not the last
+        # the shim counts the block (its region is the process's: blocks in several threads fold into one, and
+        # only the one that leaves it last has its verdict); `opened` says it did, for any exception below
+        self._opened = opened = ffi.new("int *")
         try:
-            self.status, ran_out = _begin(self.name, self.gpus, self.timeout)   # an exception cancelled the request
+            self.status, ran_out = _begin(self.name, self.gpus, self.timeout, opened)
+            if self.status == -3 and self.on_timeout == "raise":
+                self.close_unused()
+                within = f"within {ran_out:g} s" if ran_out is not None else \
+                    "(another thread of this process in the same region gave up its wait: a region is the process's)"
+                raise RegionTimeout(f"krex: region {self.name!r} not granted {within}; the request was cancelled")
         except BaseException:
-            with _lock:
-                _open["n"] -= 1
+            lib = _shim() if opened[0] else None
+            if lib is not None:
+                _cancel_opened(lib, opened)   # granted as an exception came (a signal's): no region is left held
             raise
-        if self.status == -3 and self.on_timeout == "raise":
-            self.close_unused()
-            within = f"within {ran_out:g} s" if ran_out is not None else \
-                "(another thread of this process in the same region gave up its wait: a region is the process's)"
-            raise RegionTimeout(f"krex: region {self.name!r} not granted {within}; the request was cancelled")
         return self
 
     def __exit__(self, *exc) -> bool:
-        krex_region_end()   # every begin, granted or not, is paired with an end (nesting depth)
+        opened = getattr(self, "_opened", None)
+        if opened is not None and not opened[0]:
+            return False        # left already (close_unused) or never counted
+        krex_region_end()       # every begin, granted or not, is paired with an end (nesting depth) ...
+        if opened is not None:
+            opened[0] = 0       # ... and only one (an exception between the two loses this block's verdict only)
         self._left()
         return False
 
-    def close_unused(self) -> None:
-        """Leave the region without having timed anything in it (RegionTimeout, a hook's strict refusal): if no
-        other block timed in it either, its record says `cancelled`, which no summary counts as a timing."""
+    def _recreate_cm(self) -> "region":
+        """Each call of a decorated function has a block of its own (threads, recursion): read its verdict with
+        krex.last_region()."""
+        return region(self.name, gpus=self.gpus, timeout=self.timeout, on_timeout=self.on_timeout)
+
+    def close_unused(self, refused: bool = False) -> None:
+        """Leave the region without having timed anything in it: if no other block timed in it either, its record
+        says `cancelled` (RegionTimeout), which no summary counts as a timing, or with refused (a hook's strict
+        refusal) `refused`, which `krex run --strict` fails the run for, whether or not the caller's error was
+        caught on the way (an autotuner drops the choice whose benchmark raised, and goes on)."""
         lib = _shim()
-        if lib is not None:
-            lib.krex_region_cancel()
+        opened = getattr(self, "_opened", None)
+        if lib is not None and (opened is None or opened[0]):
+            leave = lib.krex_region_cancel
+            if refused:
+                try:
+                    leave = lib.krex_region_refuse
+                except cdefs.missing_symbol():   # an older shim: recorded as cancelled
+                    pass
+            leave()
+            if opened is not None:
+                opened[0] = 0
         self._left()
 
     def _left(self) -> None:
-        with _lock:
-            _open["n"] -= 1
-            outermost = _open["n"] == 0
-        if outermost:
-            self.info = last_region()
-            if self.info is not None:
-                self.info.name = self.name
-                with _lock:
-                    _names.clear()      # the last one's only: last_region() names it (the shim's record has no name)
-                    _names[self.info.requested_ns] = self.name
-                _warn_host_bound(self.name, self.info)
+        """After this block's end: the region's verdict where it was the last block to leave it (the shim has no
+        verdict while another block, nested or another thread's, is still in the region)."""
+        self.info = last_region()
+        if self.info is not None:
+            self.info.name = self.name
+            with _lock:
+                _names.clear()      # the last one's only: last_region() names it (the shim's record has no name)
+                _names[self.info.requested_ns] = self.name
+            _warn_host_bound(self.name, self.info)
 
     def _get(self, attr: str):
         return getattr(self.info, attr) if self.info is not None else None
@@ -284,10 +344,3 @@ class region(contextlib.ContextDecorator):
     timings_checked = property(lambda self: self._get("timings_checked"))
     timings_late = property(lambda self: self._get("timings_late"))
     host_bound = property(lambda self: self._get("host_bound"))
-
-
-def _forked() -> None:
-    _open["n"] = 0   # the shim resets its own region state in the child (pthread_atfork)
-
-
-os.register_at_fork(after_in_child=_forked)

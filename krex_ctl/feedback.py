@@ -217,10 +217,17 @@ def unused(r: dict) -> bool:
     return r.get("end") == "cancelled" and not r.get("granted_ns")
 
 
+def refused(r: dict) -> bool:
+    """A hooked timing's region that strict mode refused to time without a grant: nothing was timed, but a
+    timing was wanted and krex could not protect it (the caller's StrictError may have been caught)."""
+    return r.get("end") == "refused" and not r.get("granted_ns")
+
+
 def summary(rep: dict) -> str:
     every = rep.get("regions", [])
-    regions = [r for r in every if not unused(r)]
-    cancelled = len(every) - len(regions)
+    regions = [r for r in every if not unused(r) and not refused(r)]
+    n_refused = sum(refused(r) for r in every)
+    cancelled = len(every) - len(regions) - n_refused
     n = len(regions)
     ex = sum(bool(r.get("exclusive")) for r in regions)
     clean = sum(bool(r.get("clean")) for r in regions)
@@ -236,7 +243,8 @@ def summary(rep: dict) -> str:
              + (f", {bound} host-bound" if bound else "")
              + (f", {open_at_exit} still open when its process exited" if open_at_exit else "")
              + (", tainted: " + ", ".join(f"{t} x{c}" for t, c in sorted(taints.items())) if taints else "") + ")"
-             + (f" and {cancelled} cancelled before a grant (nothing timed)" if cancelled else "")]
+             + (f" and {cancelled} cancelled before a grant (nothing timed)" if cancelled else "")
+             + (f", {n_refused} refused by strict mode (not granted, nothing timed)" if n_refused else "")]
     if rep.get("regions_unrecorded_by_processes"):
         parts[0] += f", {rep['regions_unrecorded_by_processes']} more whose process record was lost"
     parts.append(f"waited {rep.get('waited_ns', 0) / 1e9:.2f} s")
@@ -290,6 +298,10 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
     if granted and ungranted:
         names = sorted({r.get("name", "") for r in ungranted})
         out.append(f"{len(ungranted)} region(s) ran without a grant ({', '.join(names)[:80]}: not_granted)")
+    strict_refused = [r for r in regions if refused(r)]
+    if strict_refused:
+        names = sorted({r.get("name", "") for r in strict_refused})
+        out.append(f"{len(strict_refused)} timing(s) refused by strict mode, not granted ({', '.join(names)[:80]})")
     lost = rep.get("regions_unrecorded_by_processes", 0)
     if lost:          # what a process saw of these (a timeout, a refusal, the controller's loss) is unknown
         from .wire.frames import C

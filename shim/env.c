@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 #include "shim.h"
 
@@ -66,4 +68,15 @@ void krex_socket_path(char *out, size_t n) {
         if (krex_dir_is_ours(dir) || !home || !*home) snprintf(out, n, "%s/krex.sock", dir);
         else snprintf(out, n, "%s/.cache/krex/krex.sock", home);
     }
+}
+
+/* a lock taken on the way out of the process (exit, _exit, possibly from a signal handler that interrupted a
+ * thread holding it): wait at most ms, then go on without it (0 locked, else an errno) rather than hang */
+int krex_lock_within(pthread_mutex_t *m, int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    return pthread_mutex_timedlock(m, &t);
 }

@@ -95,6 +95,7 @@ struct krex_local_region *krex_local_region_claim(void) {
 }
 
 void krex_gate_reset_after_fork(void) {
+    pthread_mutex_init(&krex_slot_lock, NULL);   /* a thread of the parent may have held it at the fork */
     krex_memory_reset_after_fork();
     krex_overlap_reset_after_fork();
     krex_slot = NULL;
@@ -253,7 +254,7 @@ static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
     if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, "exiting");
     static int told;
-    if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live());
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live_at_exit());
 }
 
 void krex_exit_gate_arm(void) {

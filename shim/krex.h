@@ -49,8 +49,15 @@ int krex_region_end(void) KREX_WEAK;
 /* the split form of begin: request returns 1 while waiting; wait(ms) returns 1 while still waiting after
  * ms (< 0: no limit), else what begin would; cancel gives up the request (or the region) cleanly */
 int krex_region_request(const char *name, uint64_t gpu_mask) KREX_WEAK;
+/* the same; *opened is set to 1 once the block is counted (a caller interrupted right after the call then knows
+ * it has a block to cancel). A block that joins an open region (nested, or another thread's) has the region's
+ * GPUs: one naming others makes the region not exclusive (ungated_gpu): name every GPU in the first block. */
+int krex_region_request_opened(const char *name, uint64_t gpu_mask, int *opened) KREX_WEAK;
 int krex_region_wait(int timeout_ms) KREX_WEAK;
 int krex_region_cancel(void) KREX_WEAK;
+/* cancel, for a caller that will not time without a grant (strict mode): its record says refused, and
+ * `krex run --strict` fails the run for it */
+int krex_region_refuse(void) KREX_WEAK;
 /* bounded waits: begin waiting at most timeout_ms (< 0: no limit; krex_region_begin waits
  * KREX_REGION_TIMEOUT seconds when it is set). -3: the time ran out; the request was cancelled at the
  * controller and the region goes on unprotected, marked not_granted: end it with krex_region_end as usual.

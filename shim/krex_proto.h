@@ -81,7 +81,8 @@ enum krex_end_reason {
     KREX_END_NORMAL = 0,           /* the owner ended it */
     KREX_END_TIME_LIMIT = 1,       /* revoked: the region ran past the controller's time limit */
     KREX_END_OWNER_GONE = 2,       /* the owner's connection closed */
-    KREX_END_CANCELLED = 3         /* the client cancelled its request (or left the region) */
+    KREX_END_CANCELLED = 3,        /* the client cancelled its request (or left the region) */
+    KREX_END_REFUSED = 4           /* strict mode: the caller would not time without a grant (its own record only) */
 };
 
 /* flags of struct krex_region_ended and struct krex_local_region */
@@ -114,7 +115,8 @@ enum krex_taint {
     KREX_TAINT_LATE_CONTEXT = 32768,   /* a context announced before the gate closed was read only after the drain:
                                         * what that process launched before the close may have run inside */
     KREX_TAINT_UNGATED_GPU = 65536     /* a member made a context inside the region on a GPU the region does not
-                                        * hold: other jobs' work there was neither gated, drained nor frozen */
+                                        * hold, or a block that joined it (nested, another thread's) named one:
+                                        * other jobs' work there was neither gated, drained nor frozen */
 };
 
 /* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not

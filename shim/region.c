@@ -30,6 +30,7 @@ static struct {
     int state, depth, refused, lost, revoked, end_done, settled, gave_up;
     int ran;                                      /* a block left it by krex_region_end: something ran in it */
     pid_t pid;                                    /* the process that asked (a vfork child shares this memory) */
+    uint64_t nested_mask;                         /* GPUs named by blocks that joined it (nested, other threads) */
     uint32_t begin_seq, end_seq;
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
@@ -39,6 +40,7 @@ static struct {
     char name[KREX_NAME_MAX];
 } R;
 static struct krex_region_info last;
+static int exiting;               /* finish_locked called by krex_region_at_exit (region_lock held) */
 static uint32_t last_checked, last_late;     /* the host-bound check's counts of the last region (hostbound.c) */
 static int have_last;
 volatile int krex_region_open;   /* R.depth > 0, for the launch path (krex_count_outside), read without the lock */
@@ -132,9 +134,16 @@ void krex_region_connection_lost(void) {
 
 /* caller holds region_lock: the region is over; keep its record, here and in the job's counters file */
 static void finish_locked(uint32_t reason) {
+    if (R.state == R_HELD && (R.nested_mask & ~R.gpu_mask)) {
+        R.taints |= KREX_TAINT_UNGATED_GPU;
+        krex_log(KREX_LOG_WARNING, "region '%s' holds GPUs 0x%llx; a block that joined it (nested, or another thread's) "
+                 "named GPUs 0x%llx it does not hold: other jobs' work there was not kept out; tainted ungated_gpu "
+                 "(not exclusive). Name every GPU in the first block.", R.name, (unsigned long long)R.gpu_mask,
+                 (unsigned long long)(R.nested_mask & ~R.gpu_mask));
+    }
     uint32_t taints = R.taints;
     uint32_t flags = R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED);
-    if (R.state == R_HELD && !(taints & KREX_TAINTS_NOT_EXCLUSIVE)
+    if (R.state == R_HELD && !(taints & KREX_TAINTS_NOT_EXCLUSIVE) && !exiting
         && (R.flags & KREX_REGION_EXCLUSIVE || !R.end_done))
         flags |= KREX_REGION_EXCLUSIVE;
     if (R.end_done && !R.lost) flags |= KREX_REGION_ENDED_OK | (R.flags & KREX_REGION_ATTESTED);
@@ -143,7 +152,8 @@ static void finish_locked(uint32_t reason) {
     last = (struct krex_region_info){R.state == R_HELD ? R.region_id : 0, R.gpu_mask, R.requested_ns,
                                      R.state == R_HELD ? R.granted_ns : 0, ended, flags, taints, R.clock_min,
                                      R.clock_max, reason, R.state == R_HELD ? R.controller_pid : 0};
-    krex_hostbound_end(&last_checked, &last_late);
+    if (exiting) last_checked = last_late = 0;   /* its lock is held across driver calls: not at exit */
+    else krex_hostbound_end(&last_checked, &last_late);
     have_last = 1;
     struct krex_local_region *rec = krex_local_region_claim();
     if (rec) {
@@ -164,11 +174,17 @@ static void finish_locked(uint32_t reason) {
 }
 
 /* 0 granted (or nested in a held region), 1 asked and waiting (krex_region_wait), -1 no controller, or nested
- * in a region already running unprotected (a given-up wait among them: its block chose to run), -2 refused */
-KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
+ * in a region already running unprotected (a given-up wait among them: its block chose to run), -2 refused.
+ * *opened (when not NULL) is set to 1 under the lock that counts the block: a caller whose own code may be
+ * interrupted right after this returns (Python: a signal's exception) knows it has a block to cancel. */
+KREX_EXPORT int krex_region_request_opened(const char *name, uint64_t gpu_mask, int *opened) {
     krex_settle_prepare();
     lock();
+    if (opened) *opened = 1;
     if (R.depth++ > 0) {
+        /* a block nested in the open region, or another thread's: it joins the region, whose GPUs are those of
+         * the first request; GPUs it names beyond them are not held (judged at the end: ungated_gpu) */
+        if (gpu_mask) R.nested_mask |= gpu_mask;
         int r = R.state == R_HELD ? 0 : R.state == R_WAITING ? 1 : R.refused ? -2 : -1;
         pthread_mutex_unlock(&region_lock);
         return r;
@@ -192,6 +208,10 @@ KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
     R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.wait_ended_ns = krex_now_ns();
     pthread_mutex_unlock(&region_lock);
     return -1;
+}
+
+KREX_EXPORT int krex_region_request(const char *name, uint64_t gpu_mask) {
+    return krex_region_request_opened(name, gpu_mask, NULL);
 }
 
 /* after krex_region_request returned 1: 0 granted, 1 still waiting after timeout_ms (< 0: no limit),
@@ -294,9 +314,18 @@ static void ask_end_locked(int type, const void *msg, uint32_t len) {
     }
 }
 
+static int leave_unused(uint32_t reason);
+
 /* Leave a request that is still waiting (or the region, if it was granted meanwhile): what an interrupted
  * wait must do, so that no region is left behind at the controller. 0, or -1 with no region open. */
-KREX_EXPORT int krex_region_cancel(void) {
+KREX_EXPORT int krex_region_cancel(void) { return leave_unused(KREX_END_CANCELLED); }
+
+/* The same, for a caller that will not time without a grant (strict mode): nothing ran in it, and its record
+ * says refused, which `krex run --strict` counts as a timing krex could not protect even where the caller's
+ * own error is caught and the run goes on (an autotuner that drops a choice whose benchmark raised). */
+KREX_EXPORT int krex_region_refuse(void) { return leave_unused(KREX_END_REFUSED); }
+
+static int leave_unused(uint32_t reason) {
     lock();
     if (R.depth == 0) {
         pthread_mutex_unlock(&region_lock);
@@ -310,21 +339,32 @@ KREX_EXPORT int krex_region_cancel(void) {
         struct krex_region_cancel c = {R.begin_seq, 0};
         ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
     }
-    finish_locked(R.ran ? KREX_END_NORMAL : KREX_END_CANCELLED);   /* cancelled: nothing ran in it */
+    finish_locked(R.ran ? KREX_END_NORMAL : reason);   /* cancelled or refused: nothing ran in it */
     pthread_mutex_unlock(&region_lock);
     return 0;
 }
 
 /* The process exits with a region open (no krex_region_end: a C program that returns after a -3, an exit() or
- * os._exit() inside): its record is kept as the region's end, so that the report lists what ran in it, granted
- * or not (a held region's end is the controller's too, when the connection closes). Called by the library's
- * destructor (exit(), after atexit handlers) and by _exit; skipped when another thread holds the lock, and in a
- * vfork child (its _exit must not end its parent's region). */
+ * os._exit() inside): its record is kept as the region's end, so that the report lists what ran in it. Called
+ * by the library's destructor (exit(), after atexit handlers) and by _exit, maybe from a signal handler that
+ * interrupted a thread holding a lock: every lock here is bounded (krex_lock_within), and the host-bound counts
+ * (their lock is held across driver calls) are left out. Not in a vfork child (its _exit must not end its
+ * parent's region: R is shared memory then, and read here without the lock only to see whose it is). A held
+ * region's record is left unjudged (granted, neither exclusive nor clean: no end was acknowledged; the
+ * controller's record, when there is one, is the verdict), a waiting one says not_granted. */
 void krex_region_at_exit(void) {
-    if (pthread_mutex_trylock(&region_lock) != 0) return;
+    if (__atomic_load_n(&R.pid, __ATOMIC_RELAXED) != getpid()) return;
+    if (krex_lock_within(&region_lock, 200) != 0) {
+        krex_log(KREX_LOG_WARNING, "exiting with region '%.*s' open: its record could not be written (another thread "
+                 "held the region lock); the report may miss it", KREX_NAME_MAX, R.name);
+        return;
+    }
     if (R.depth > 0 && R.state != R_NONE && R.pid == getpid()) {
         R.depth = 0;
-        finish_locked(KREX_END_OWNER_GONE);
+        if (R.state == R_WAITING) R.taints |= KREX_TAINT_NOT_GRANTED, R.wait_ended_ns = krex_now_ns();
+        exiting = 1;   /* one that ran unprotected ended with its process as by an end: it timed, unprotected */
+        finish_locked(R.state == R_LOCAL ? KREX_END_NORMAL : KREX_END_OWNER_GONE);
+        exiting = 0;
     }
     pthread_mutex_unlock(&region_lock);
 }

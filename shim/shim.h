@@ -1,6 +1,7 @@
 /* shim.h: what the parts of libkrex.so share: the hook table, the globals, and each file's functions. */
 #ifndef KREX_SHIM_H
 #define KREX_SHIM_H
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/resource.h>
 #include "krex_wire.h"
@@ -133,6 +134,8 @@ void krex_drain_request(const struct krex_drain *m);
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+int krex_lock_within(pthread_mutex_t *m, int ms);   /* env.c: a bounded lock for exit paths */
+uint64_t krex_memory_live_at_exit(void);   /* memory.c: krex_memory_live with bounded locks */
 void krex_region_at_exit(void);   /* region.c: keep the record of a region left open at exit */
 
 /* overlap.c: the overlap controls (KREX_OVERLAP) */

@@ -147,7 +147,7 @@ def test_a_c_program_that_exits_inside_its_unprotected_region_is_reported(krex, 
         assert p.returncode == 0 and "region 0" not in out, told + err   # it left before printing its region
         regions = report_of(rep)["regions"]
         assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and not regions[0]["exclusive"], regions
-        assert regions[0]["end"] == "owner_gone", regions
+        assert regions[0]["end"] == "normal", regions       # it timed, unprotected: a strict run fails for it
         assert "not exclusive" in told + err or "not granted" in told + err
     finally:
         holder.kill()
@@ -191,6 +191,36 @@ def test_hooks_fall_back_to_an_unprotected_timing(krex):
         regions = report_of(rep)["regions"]
         assert [x["name"] for x in regions] == ["bench"] and "not_granted" in regions[0]["taints"], regions
         assert queued(krex) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_strict_refusal_the_harness_swallows_still_fails_the_run(krex):
+    """An autotuner catches a choice's RuntimeError (krex.StrictError is one), drops that choice and goes on: the
+    run exited 0 under --strict, its refused region recorded as merely cancelled. Now it is recorded refused and
+    `krex run --strict` fails the run for it."""
+    krex.start_controller()
+    holder = hold_gpu(krex)
+    try:
+        rep = krex.dir / "swallow.json"
+        script = krex.dir / "swallow.py"
+        script.write_text(
+            "from krex_hooks._region import around\n"
+            "timings = {}\n"
+            "for choice in ('a', 'b'):\n"
+            "    try:\n"
+            "        timings[choice] = around('autotune', lambda: 1.0)()\n"
+            "    except RuntimeError as e:\n"                   # as an autotuner does with a failed choice
+            "        timings[choice] = float('inf')\n"
+            "print('picked', min(timings, key=timings.get))\n")
+        full = [sys.executable, "-m", "krex_ctl", "run", "--strict", "--region-timeout", "0.3", "--report", str(rep),
+                "--", sys.executable, str(script)]
+        env = dict(krex.env, PYTHONPATH=f"{krex.env['PYTHONPATH']}:{SNIP.parent.parent / 'hooks'}")
+        r = subprocess.run(full, env=env, capture_output=True, text=True, timeout=120)
+        assert "picked a" in r.stdout and r.returncode == 5, (r.returncode, r.stderr)
+        assert "2 timing(s) refused by strict mode, not granted (autotune)" in r.stderr, r.stderr
+        assert [x["end"] for x in report_of(rep)["regions"]] == ["refused", "refused"]
     finally:
         holder.kill()
         holder.wait()

@@ -210,6 +210,18 @@ def test_only_a_region_that_ran_without_a_grant_counts_as_an_unprotected_timing(
         assert feedback.unprotected({"regions": [granted, dict(ran, end=end)]}, True) == [], end
 
 
+def test_a_strict_refusal_is_counted_apart_and_fails_strict():
+    """A hooked timing that strict mode refused (nothing timed, but a timing was wanted and not protected): said
+    apart from the regions, and --strict fails for it even where the caller caught the StrictError."""
+    granted = {"name": "g", "granted_ns": 2, "exclusive": True, "clean": True, "taints": [], "end": "normal"}
+    refused = {"name": "inductor.benchmark_gpu", "granted_ns": None, "exclusive": False, "clean": False,
+               "taints": ["not_granted"], "end": "refused"}
+    rep = {"regions": [granted, refused]}
+    assert feedback.summary(rep).startswith("1 region (1 exclusive, 1 clean), 1 refused by strict mode (not granted, "
+                                            "nothing timed), "), feedback.summary(rep)
+    assert feedback.unprotected(rep, True) == ["1 timing(s) refused by strict mode, not granted (inductor.benchmark_gpu)"]
+
+
 def test_quiet_keeps_only_the_warning(krex):
     krex.start_controller()
     for how in (["--quiet"], ["-q"]):

@@ -79,7 +79,8 @@ def test_kernelbench_timing_functions_are_regions_after_the_first_call(krex, tmp
         assert last < region["ended_ns"]                                          # the other warm-ups, the trials inside
 
 
-@pytest.mark.parametrize("harness,warmups", [("cupyx", 0), ("cupyx", 2), ("kernelbench", 0), ("kernelbench", 2)])
+@pytest.mark.parametrize("harness,warmups", [("cupyx", 0), ("cupyx", 2), ("cupyx", -1), ("kernelbench", 0),
+                                             ("kernelbench", 2)])
 def test_no_timed_call_holds_the_regions_wait(krex, tmp_path, harness, warmups):
     """With no warm-up call (cupyx n_warmup=0, KernelBench num_warmup=0) the function's first call is a timed
     repetition: the region begun after it put its synchronize and the wait for the grant into that timing (here
@@ -88,13 +89,16 @@ def test_no_timed_call_holds_the_regions_wait(krex, tmp_path, harness, warmups):
     holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "300000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
              what="the holder's region")
-    call = {"cupyx": f"from cupyx.profiler import benchmark\nbenchmark(lambda: log('user'), n_repeat=4, n_warmup={warmups})",
+    call = {"cupyx": "from cupyx.profiler import benchmark\ndef user():\n    log('user')\n"
+                     f"print('named', benchmark(user, n_repeat=4, n_warmup={warmups}))",
             "kernelbench": "from kernelbench import timing\n"
                            f"timing.time_execution_with_cuda_event(lambda: log('user'), num_warmup={warmups}, num_trials=4)"}
     out, rep = run_py(krex, tmp_path, "from _log import log\n" + call[harness], extra_path=[FAKES])
     holder.communicate(timeout=30)
     [region] = rep["regions"]
     assert region["exclusive"], region
+    if harness == "cupyx":
+        assert "named user" in out.stdout, out.stdout      # the harness names its result after the function
     log = harness_log(tmp_path)
     timed = list(zip([t for w, t in log if w == "timed-start"], [t for w, t in log if w == "timed-end"]))
     assert len(timed) == 4

@@ -1042,3 +1042,78 @@ def test_a_revoked_region_says_so(krex, tmp_path, preload):
     out = krex.python(REVOKED, preload)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True False ['revoked']"
+
+
+# ---- 12: leaving the process the hard way while the shim is busy -------------------------------------------
+def run_or_hang(krex, cmd, env, timeout, report=None):
+    """krex run CMD: (returncode, stderr), or ("hung", stderr) after timeout (its session killed)."""
+    p = krex.popen(cmd, report=report, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, err
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return "hung", err
+
+
+INTERRUPTER = str(ROOT / "build" / "snippets" / "libinterrupter.so")
+
+
+@pytest.mark.parametrize("path, inside, extra", [("hostbound", "cuEventQuery", {"KREX_HOST_BOUND": "1"}),
+                                                 ("pool", "cuMemPoolGetAttribute", {})])
+def test_exit_from_a_signal_handler_while_the_shim_holds_a_lock_is_not_held_up(krex, tmp_path, path, inside, extra):
+    """A benchmark's timeout handler calls _exit() while the interrupted thread is inside a driver call the shim
+    makes with a lock held (the host-bound check's, the memory pools'): the shim's exit path waited on that lock
+    for ever, its region still held at the controller. Every exit-path lock is bounded now."""
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    rc, err = run_or_hang(krex, [SNIP / "exit_paths"], dict(extra, LD_PRELOAD=INTERRUPTER, SNIPPET_RAISE_IN=inside,
+                                                           SNIPPET_EXIT_PATH=path), 20, report=rep)
+    assert rc == 7, (rc, err)
+    if path == "hostbound":
+        [region] = report_of(rep)["regions"]
+        assert region["end"] == "owner_gone" and region["granted_ns"], region
+
+
+@pytest.mark.parametrize("nested", ["0", "1"])
+def test_an_exit_beside_threads_in_the_region_api_still_records_the_region(krex, tmp_path, nested):
+    """exit(0) inside an unprotected region while other threads call the region API (krex_region_last in a loop, or
+    nested begin/end): the record at exit was skipped whenever one of them held the lock at that moment (3 runs of
+    12 listed no region); it now waits for the lock (bounded)."""
+    krex.start_controller()
+    for i in range(4):
+        rep = tmp_path / f"r{i}.json"
+        rc, err = run_or_hang(krex, [SNIP / "exit_paths"], {"SNIPPET_EXIT_PATH": "threads", "SNIPPET_GPU": "40",
+                                                           "SNIPPET_NESTED": nested}, 60, report=rep)
+        assert rc == 0, (rc, err)
+        regions = report_of(rep)["regions"]
+        assert [r["name"] for r in regions] == ["timed"] and "not_granted" in regions[0]["taints"], (i, regions, err)
+
+
+def test_a_child_forked_during_the_first_counters_attach_does_not_hang(krex):
+    """krex_slot_lock was the one shim lock the fork handler did not reset: a child forked while another thread
+    attached the job's counters file (a slow filesystem here) hung at its first gated call."""
+    krex.start_controller()
+    rc, err = run_or_hang(krex, [SNIP / "exit_paths"], {"LD_PRELOAD": INTERRUPTER, "SNIPPET_SLOW_COUNTERS": "1000",
+                                                       "SNIPPET_EXIT_PATH": "fork"}, 40)
+    assert rc == 0, (rc, err)
+
+
+def test_a_dlclose_of_the_library_with_a_region_open_does_not_crash(krex):
+    """The region API loaded by dlopen (a process without the shim preloaded) and closed again: its client thread,
+    woken by the controller's going away, ran on in unmapped code (SIGSEGV). The library is never unloaded
+    (-z nodelete)."""
+    krex.start_controller()
+    script = krex.dir / "dl.py"
+    script.write_text("import sys, time\nfrom krex_ctl.wire import native\nfrom krex_ctl.wire.frames import ffi\n"
+                      "lib = native.lib()\nprint(lib.krex_region_request(b'x', 0), lib.krex_region_wait(5000))\n"
+                      "ffi.dlclose(lib)\nprint('closed', flush=True)\nsys.stdin.readline()\ntime.sleep(1.0)\n"
+                      "print('alive', flush=True)\n")
+    p = subprocess.Popen([sys.executable, str(script)], env=krex.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().split() == ["1", "0"] and p.stdout.readline().strip() == "closed"
+    krex.ctl.send_signal(signal.SIGTERM)         # the connection closes: the client thread wakes
+    krex.ctl.wait(timeout=30)
+    out, err = p.communicate("go\n", timeout=60)
+    assert p.returncode == 0 and out.strip() == "alive", (p.returncode, out, err)

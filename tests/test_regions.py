@@ -634,3 +634,106 @@ def test_the_last_region_is_unknown_inside_a_region(krex):
     r = krex.python(NESTED_LAST)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["nested None None", "after outer"], r.stdout
+
+
+INTERRUPTED_AT = """
+import os, sys, json, krex, krex._region as kr
+where = sys.argv[1]
+real_request, real_end = kr._request, kr.krex_region_end
+def request_then_interrupt(*a):
+    r = real_request(*a)
+    raise KeyboardInterrupt          # as a signal's exception lands when the native call returns
+def end_then_interrupt():
+    r = real_end()
+    raise KeyboardInterrupt
+if where == "request":
+    kr._request = request_then_interrupt
+else:
+    kr.krex_region_end = end_then_interrupt
+try:
+    with krex.region("interrupted"):
+        pass
+except KeyboardInterrupt:
+    print("interrupted")
+kr._request, kr.krex_region_end = real_request, real_end
+with krex.region("next") as r:
+    pass
+print("next", r.granted, r.info.name)
+"""
+
+
+@pytest.mark.parametrize("where", ["request", "end"])
+def test_an_interrupt_as_a_native_call_returns_leaves_no_region_behind(krex, tmp_path, where):
+    """An exception landing just after the request returned (before the cancelling try) left the region held with
+    no block open: every later region folded into it. One landing just after the end returned left the block
+    count at 1: no later block had a verdict (r.info None), so strict mode and retries stopped for good."""
+    krex.start_controller()
+    script = tmp_path / "i.py"
+    script.write_text(INTERRUPTED_AT)
+    out = krex.run([sys.executable, str(script), where], report=tmp_path / "r.json")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["interrupted", "next", "True", "next"], out.stdout + out.stderr
+    names = [r["name"] for r in report_of(tmp_path / "r.json")["regions"]]
+    assert names[-1] == "next" and len(names) == 2, names
+
+
+FORK_INSIDE = """
+import os, krex
+with krex.region("parent") as p:
+    pid = os.fork()
+if pid == 0:
+    with krex.region("child") as c:
+        pass
+    print("child", c.info is not None and c.info.name, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", p.info is not None)
+"""
+
+
+def test_a_child_forked_inside_a_region_has_verdicts_for_its_own_regions(krex, tmp_path):
+    """The child of a fork inside a region left that block (the shim had no region for it): the Python block count
+    went to -1 there and none of the child's later regions had a verdict."""
+    krex.start_controller()
+    script = tmp_path / "f.py"
+    script.write_text(FORK_INSIDE)
+    out = krex.run([sys.executable, str(script)])
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["child child", "parent True"], out.stdout + out.stderr
+
+
+def test_the_decorator_refuses_generators_and_coroutines(krex, tmp_path):
+    """@krex.region on a generator or coroutine function covered only the call that makes the generator: its
+    work ran outside any region, reported exclusive and clean."""
+    krex.start_controller()
+    r = krex.python("import krex\n"
+                    "for src in ('def g():\\n    yield 1', 'async def g():\\n    pass', 'async def g():\\n    yield 1'):\n"
+                    "    ns = {}\n    exec(src, ns)\n"
+                    "    try:\n        krex.region('x')(ns['g'])\n    except TypeError as e:\n"
+                    "        print('refused', 'generator or coroutine function' in str(e))\n"
+                    "@krex.region('plain')\ndef f():\n    return 3\nprint(f(), krex.last_region().name)\n")
+    assert r.returncode == 0 and r.stdout.split() == ["refused", "True"] * 3 + ["3", "plain"], r.stdout + r.stderr
+
+
+def test_gpus_must_be_indexes(krex):
+    krex.start_controller()
+    r = krex.python("import krex\nfor g in ('12', True, [0, '1'], 1.5):\n    try:\n        krex.region('x', gpus=g).__enter__()\n"
+                    "    except TypeError as e:\n        print('TypeError')\n")
+    assert r.returncode == 0 and r.stdout.split() == ["TypeError"] * 4, r.stdout + r.stderr
+
+
+def test_a_block_that_joins_a_region_naming_other_gpus_makes_it_not_exclusive(krex, tmp_path):
+    """A nested block (or another thread's) naming GPUs the open region does not hold joined it silently: its
+    timing on the other GPU, beside other jobs' kernels there, came back exclusive and clean."""
+    krex.start_controller()
+    script = tmp_path / "n.py"
+    script.write_text("import krex\nwith krex.region('outer', gpus=[0]) as o:\n"
+                      "    with krex.region('inner', gpus=[1]):\n        pass\n"
+                      "with krex.region('within', gpus=[0]) as w:\n    with krex.region('inner', gpus=[0]):\n        pass\n"
+                      "print(o.exclusive, o.taints, w.exclusive, w.taints)\n")
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "['ungated_gpu']", "True", "[]"], out.stdout + out.stderr
+    assert "named GPUs 0x2 it does not hold" in out.stderr
+    outer = report_of(tmp_path / "r.json")["regions"][0]
+    assert outer["name"] == "outer" and "ungated_gpu" in outer["taints"] and not outer["exclusive"], outer

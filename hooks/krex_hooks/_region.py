@@ -38,7 +38,7 @@ def begin(name: str, on_timeout: str = "unprotected") -> krex.region:
     r = krex.region(name, on_timeout=on_timeout)
     r.__enter__()
     if r.status != 0 and strict():
-        r.close_unused()               # nothing is timed: the region's record says cancelled
+        r.close_unused(refused=True)   # nothing is timed: the record says refused (krex run --strict fails)
         if r.status == -3:
             timeout = env_timeout()
             why = f"was not granted within KREX_REGION_TIMEOUT ({timeout:g} s)" if timeout is not None else \
@@ -125,7 +125,7 @@ def around(name: str, original):
 
 def no_warmup(original, args, kwargs, names: tuple) -> bool:
     """Whether this call of a harness asks for no warm-up call: its parameter of one of these names (given, or
-    its default) is 0. Then the function's first call is a timed repetition."""
+    its default) is 0 or less. Then the function's first call is a timed repetition."""
     if not names:
         return False
     try:
@@ -135,7 +135,7 @@ def no_warmup(original, args, kwargs, names: tuple) -> bool:
         return False
     for n in names:
         try:
-            if n in bound.arguments and bound.arguments[n] == 0:
+            if n in bound.arguments and bound.arguments[n] <= 0:      # no warm-up call (range() of <= 0)
                 return True
         except Exception:                    # an object whose == raises or is ambiguous (an array)
             continue
@@ -145,7 +145,7 @@ def no_warmup(original, args, kwargs, names: tuple) -> bool:
 def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", warmups: tuple = ()):
     """original(fn, ...) with a region from just after fn's first call and a synchronize to the end:
     JIT compilation and autotuning in that first call stay outside, everything after is inside.
-    `warmups` names the harness's parameter that counts its untimed warm-up calls: where a call sets it to 0,
+    `warmups` names the harness's parameter that counts its untimed warm-up calls: where a call sets it to 0 (or less),
     fn's first call is itself timed, and a region begun after it would put the first call's synchronize and the
     region's wait for its grant inside that timing; such a call is in one region from its start instead."""
     @functools.wraps(original)
@@ -163,6 +163,7 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", 
         while True:
             state = {"region": None}
 
+            @functools.wraps(fn)        # the harness may name its result after fn (cupyx: func.__name__)
             def first_then_region(*a, **k):
                 if state["region"] is not None:
                     return fn(*a, **k)

@@ -26,8 +26,10 @@ struct krex_region_info {
 };
 int krex_shim_loaded(void);
 int krex_region_request(const char *name, uint64_t gpu_mask);
+int krex_region_request_opened(const char *name, uint64_t gpu_mask, int *opened);
 int krex_region_wait(int timeout_ms);
 int krex_region_cancel(void);
+int krex_region_refuse(void);
 int krex_region_give_up(void);
 int krex_region_end(void);
 int krex_region_last(struct krex_region_info *info);

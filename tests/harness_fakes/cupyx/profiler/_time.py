@@ -13,4 +13,4 @@ def benchmark(func, args=(), kwargs={}, n_repeat=10000, *, name=None, n_warmup=1
         log("timed-start")
         func(*args, **kwargs)
         log("timed-end")
-    return "result"
+    return name if name is not None else func.__name__     # cupyx names its result after the function
