@@ -50,16 +50,21 @@ def test_triton_region_starts_after_the_first_call(krex, tmp_path, fn):
 
 
 def test_cupyx_benchmark_region(krex, tmp_path):
+    """... and in a CuPy process (no torch) the first call's GPU work is synchronized with CuPy's runtime before the
+    region is asked for (the synchronize did nothing there: that work ran into the region)."""
     krex.start_controller()
     out, rep = run_py(krex, tmp_path, """
+        import cupy
         from cupyx.profiler import benchmark
         from _log import log
         print(benchmark(lambda x: log("user"), (1,), n_repeat=5))
     """, extra_path=[FAKES])
     [region] = rep["regions"]
     calls = user_calls(tmp_path)
+    syncs = [t for w, t in harness_log(tmp_path) if w == "sync"]
     assert region["name"] == "cupyx.benchmark"
     assert calls[0] < region["granted_ns"] < calls[1] and calls[-1] < region["ended_ns"]
+    assert len(syncs) == 1 and calls[0] < syncs[0] < region["requested_ns"], (calls[:2], syncs, region)
 
 
 def test_kernelbench_timing_functions_are_regions_after_the_first_call(krex, tmp_path):

@@ -84,13 +84,19 @@ def worth_another(info, attempt: int, name: str) -> bool:
 
 
 def synchronize() -> None:
-    """Wait for the GPU work queued so far (torch if loaded, else Triton's driver, else nothing)."""
-    import sys
-
+    """Wait for the GPU work queued so far (torch if loaded, else CuPy if loaded, else Triton's driver, else
+    nothing): the first call's work must be done before the region is asked for, or it runs into the region."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.synchronize()
         return
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+            return
+        except Exception:
+            pass
     try:
         from triton import runtime
 
