@@ -1087,8 +1087,8 @@ def test_an_exit_beside_threads_in_the_region_api_still_records_the_region(krex,
         rc, err = run_or_hang(krex, [SNIP / "exit_paths"], {"SNIPPET_EXIT_PATH": "threads", "SNIPPET_GPU": "40",
                                                            "SNIPPET_NESTED": nested}, 60, report=rep)
         assert rc == 0, (rc, err)
-        regions = report_of(rep)["regions"]
-        assert [r["name"] for r in regions] == ["timed"] and "not_granted" in regions[0]["taints"], (i, regions, err)
+        regions = report_of(rep)["regions"]    # (a worker may begin a region of its own once "timed" is recorded)
+        assert regions[0]["name"] == "timed" and "not_granted" in regions[0]["taints"], (i, regions, err)
 
 
 def test_a_child_forked_during_the_first_counters_attach_does_not_hang(krex):
