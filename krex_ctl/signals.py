@@ -5,7 +5,9 @@ which says where each came from. A signal the terminal sent (Ctrl-C, Ctrl-\\, ha
 went to the whole foreground process group, the command included, so it is not sent again; one sent to the
 wrapper alone (kill, a job scheduler, a harness's send_signal) is passed to the command. A warm worker runs
 in another process group, so it gets every signal. A signal that arrives before the command has started is
-kept: the wrapper then does not start it."""
+kept: the wrapper then does not start it. A signal the wrapper was started with ignored (nohup's SIGHUP, the
+SIGINT and SIGQUIT a non-interactive shell ignores for `cmd &`) is neither taken nor passed on: it stays ignored,
+for the command too (shim/krex_exec.c), as without krex."""
 
 import os
 import signal
@@ -16,9 +18,15 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 SI_KERNEL = 0x80
 
 
+def taken() -> tuple:
+    """The forwarded signals this process was not started with ignored."""
+    return tuple(s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN)
+
+
 def block() -> None:
-    """Block the forwarded signals in this thread and the threads it starts from now on."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    """Block the forwarded signals in this thread and the threads it starts from now on (not an ignored one: a
+    blocked signal is kept pending even when ignored, and sigwaitinfo would take it)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, taken())
 
 
 class Forwarder(threading.Thread):
@@ -31,9 +39,10 @@ class Forwarder(threading.Thread):
         self.last: Optional[int] = None
 
     def run(self) -> None:
+        waited = taken()
         while True:
             try:
-                info = signal.sigwaitinfo(FORWARDED)
+                info = signal.sigwaitinfo(waited)
             except InterruptedError:
                 continue
             with self.lock:

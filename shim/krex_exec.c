@@ -90,7 +90,14 @@ int main(int argc, char **argv) {
     sa.sa_flags = SA_SIGINFO;
     sigfillset(&sa.sa_mask);
     sigaction(DEATH_SIGNAL, &sa, NULL);
-    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &sa, NULL);
+    /* a signal the wrapper was started with ignored (nohup: SIGHUP; a non-interactive shell's `cmd &`: SIGINT and
+     * SIGQUIT) stays ignored, here and in the command, as it would be without krex */
+    int ignored[sizeof forwarded / sizeof *forwarded];
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) {
+        struct sigaction old;
+        ignored[i] = sigaction(forwarded[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN;
+        if (!ignored[i]) sigaction(forwarded[i], &sa, NULL);
+    }
     if (prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL) != 0) perror("krex-exec: prctl");
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) perror("krex-exec: prctl(PR_SET_CHILD_SUBREAPER)");
     if (getppid() != wrapper) return 128 + SIGKILL;   /* the wrapper died before we could ask */
@@ -108,7 +115,8 @@ int main(int argc, char **argv) {
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         sigaction(DEATH_SIGNAL, &dfl, NULL);
-        for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &dfl, NULL);
+        for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++)
+            if (!ignored[i]) sigaction(forwarded[i], &dfl, NULL);
         prctl(PR_SET_PDEATHSIG, SIGKILL);       /* and if we are SIGKILLed ourselves */
         if (getppid() != wrapper && getppid() == 1) _exit(128 + SIGKILL);
         sigprocmask(SIG_SETMASK, &none, NULL);

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import SNIP, wait_for
 
 from krex_ctl.procs import descendants
@@ -102,6 +104,24 @@ def test_signals_and_exit_status_pass_through_the_supervisor(krex, tmp_path):
     p.send_signal(signal.SIGUSR1)
     p.communicate(timeout=30)
     assert p.returncode == 7
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_ignored_at_the_start_stays_ignored(krex, tmp_path, sig):
+    """`nohup krex run ...` (SIGHUP ignored), or a non-interactive shell's `krex run ... &` (SIGINT ignored): the
+    wrapper took the signal anyway (a blocked signal is kept pending even when ignored) and the helper had reset
+    the command's disposition to the default, so a hang-up killed a command that runs on without krex."""
+    krex.start_controller()
+    script = "import sys, time\nprint('ready', flush=True)\ntime.sleep(2)\nprint('survived', flush=True)\n"
+
+    def ignore():
+        signal.signal(sig, signal.SIG_IGN)
+
+    p = krex.popen([sys.executable, "-c", script], preexec_fn=ignore, start_new_session=True)
+    assert p.stdout.readline().strip() == "ready"
+    os.killpg(p.pid, sig)            # to the whole job, the command included, as a hang-up reaches it
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out.strip() == "survived", (p.returncode, out, err)
 
 
 def test_stale_counters_files_are_removed_at_the_next_start(krex, tmp_path):
