@@ -272,6 +272,7 @@ class region(contextlib.ContextDecorator):
         # the shim counts the block (its region is the process's: blocks in several threads fold into one, and
         # only the one that leaves it last has its verdict); `opened` says it did, for any exception below
         self._opened = opened = ffi.new("int *")
+        self._pid = os.getpid()
         try:
             self.status, ran_out = _begin(self.name, self.gpus, self.timeout, opened)
             if self.status == -3 and self.on_timeout == "raise":
@@ -290,6 +291,9 @@ class region(contextlib.ContextDecorator):
         opened = getattr(self, "_opened", None)
         if opened is not None and not opened[0]:
             return False        # left already (close_unused) or never counted
+        if getattr(self, "_pid", None) not in (None, os.getpid()):
+            opened[0] = 0       # a child forked inside the block: the region is its parent's (the shim has none)
+            return False
         krex_region_end()       # every begin, granted or not, is paired with an end (nesting depth) ...
         if opened is not None:
             opened[0] = 0       # ... and only one (an exception between the two loses this block's verdict only)

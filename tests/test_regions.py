@@ -700,6 +700,7 @@ def test_a_child_forked_inside_a_region_has_verdicts_for_its_own_regions(krex, t
     out = krex.run([sys.executable, str(script)])
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.splitlines()) == ["child child", "parent True"], out.stdout + out.stderr
+    assert "without krex_region_begin" not in out.stderr, out.stderr     # the child ends no region it never had
 
 
 def test_the_decorator_refuses_generators_and_coroutines(krex, tmp_path):
