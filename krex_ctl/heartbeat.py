@@ -44,14 +44,17 @@ DEFAULT_NODE_GRACE_S = 15.0     # RestartSec=1 of packaging/krex-controller.serv
 NOTHING_LISTENS = (errno.ENOENT, errno.ECONNREFUSED)   # the connect errors a restart gives
 
 
-def default_grace(embedded: bool, socket_path: str) -> float:
-    """The node controller's socket (systemd's unit, the Kubernetes DaemonSet) gets one; any other controller
-    none (a per-user one, a test's or a benchmark's: after its stop the next `krex run` starts its own at once,
-    as before)."""
+def default_grace(embedded: bool, socket_path: str, environ=os.environ, pid: Optional[int] = None) -> float:
+    """The node controller gets one: at the node's socket, or at any socket when a service manager runs it (it
+    restarts it there): systemd's unit (SYSTEMD_EXEC_PID is this very process), a container's entrypoint (pid 1
+    in its namespace, as the Kubernetes DaemonSet's). Any other controller none (a per-user one, a test's or a
+    benchmark's started by hand: after its stop the next `krex run` starts its own at once, as before)."""
     if embedded:
         return 0.0
+    pid = os.getpid() if pid is None else pid
     node = os.path.realpath(socket_path) == os.path.realpath(paths.SYSTEM_SOCKET)   # /var/run/krex too
-    return DEFAULT_NODE_GRACE_S if node else 0.0
+    managed = environ.get("SYSTEMD_EXEC_PID", "") == str(pid) or pid == 1
+    return DEFAULT_NODE_GRACE_S if node or managed else 0.0
 
 
 class Heartbeat:

@@ -637,6 +637,22 @@ def test_a_command_begun_while_its_controller_restarts_waits_for_it(krex, tmp_pa
             kill(pid, signal.SIGTERM)
 
 
+def test_a_service_managed_controller_at_any_socket_has_a_restart_grace(krex):
+    """A node controller at a socket of its own run by systemd (or as a container's entrypoint) without
+    --restart-grace had none: a job that lost it started a per-user controller at that very socket, which kept the
+    restarted node controller from binding (exit 4) and from resuming what it had stopped."""
+    from krex_ctl import heartbeat
+
+    assert heartbeat.default_grace(False, "/tmp/x.sock", {"SYSTEMD_EXEC_PID": "42"}, 42) == 15.0
+    assert heartbeat.default_grace(False, "/tmp/x.sock", {"SYSTEMD_EXEC_PID": "41"}, 42) == 0.0   # a service's child
+    assert heartbeat.default_grace(False, "/tmp/x.sock", {}, 1) == 15.0                      # a container's entrypoint
+    assert heartbeat.default_grace(True, "/tmp/x.sock", {"SYSTEMD_EXEC_PID": "42"}, 42) == 0.0    # per-user
+    krex.start_controller(prelude="import os\nos.environ['SYSTEMD_EXEC_PID'] = str(os.getpid())")
+    beat = Path(str(krex.socket) + ".heartbeat")
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
+    assert json.loads(beat.read_text()) == {"pid": krex.ctl.pid, "restart_grace_s": 15.0}
+
+
 def test_a_controller_gone_longer_than_its_grace_is_not_waited_for(krex, tmp_path):
     """Past its grace a dead controller's heartbeat costs nothing: `krex run` starts its own controller at
     once, as on a node without one, and says nothing of waiting. A clean stop leaves the heartbeat, touched at
