@@ -128,13 +128,16 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
     base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_TASK_PID": "4242", "LD_PRELOAD": f"libm.so.6:{SHIM}"}
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf())))
     assert out.returncode == 0 and out.stderr == ""
+    # a job submitted from inside a `krex run` command carries that command's job: dropped, or the task's launches
+    # would count in that command's report (its counters file)
     assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}", f"export LD_PRELOAD={SHIM} libm.so.6",
+                                       "unset KREX_JOB", "unset KREX_COUNTERS", "unset KREX_GPU",
                                        "export KREX_JOB_ROOT=4242"]
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("s.env", KREX_SLURM_MODE="socket"))))
     assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}"]
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("h.env", KREX_SLURM_HOOKS="all", KREX_HOOKS_DIR="/h")),
                       PYTHONPATH="/p"))
-    assert out.stdout.splitlines()[3:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
+    assert out.stdout.splitlines()[6:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
                                            f"export NVTX_INJECTION64_PATH={SHIM}"]
     for settings in ({"KREX_SOCKET": str(tmp_path / "none.sock")}, {"KREX_SHIM": "/none/libkrex.so"},
                      {"KREX_SLURM_MODE": "bogus"}, {"KREX_SLURM_MODE": "off"}):
