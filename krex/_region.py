@@ -177,6 +177,52 @@ def _begin(name: str, gpu, timeout: Optional[float], opened=None) -> tuple:
     return r, None
 
 
+def _remove(entries: list, entry) -> None:
+    try:
+        entries.remove(entry)
+    except ValueError:
+        pass
+
+
+_legacy = {"n": 0}      # blocks open in this process, counted only with an older shim (no verdict rule in it)
+
+
+def _old_shim() -> bool:
+    """A shim without krex_region_request_opened: its krex_region_last gives the last finished region even
+    while a region is open, so a nested block would take an earlier region's verdict for its own."""
+    lib = _shim()
+    if lib is None:
+        return False
+    try:
+        lib.krex_region_request_opened
+        return False
+    except cdefs.missing_symbol():
+        return True
+
+
+def _legacy_enter() -> None:
+    if _old_shim():
+        with _lock:
+            _legacy["n"] += 1
+
+
+def _legacy_leave() -> bool:
+    """After a block left: whether it was the last one open (always True with a current shim, whose
+    krex_region_last says -1 itself while another is open)."""
+    if not _old_shim():
+        return True
+    with _lock:
+        _legacy["n"] = max(0, _legacy["n"] - 1)
+        return _legacy["n"] == 0
+
+
+def _forked() -> None:
+    _legacy["n"] = 0     # the shim resets its region in the child (pthread_atfork)
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _cancel_opened(lib, opened) -> None:
     """Leave the block the shim counted for this caller, once (a second call does nothing)."""
     if opened[0]:
@@ -254,6 +300,7 @@ class region(contextlib.ContextDecorator):
         self.on_timeout = on_timeout
         self.status: Optional[int] = None
         self.info: Optional[RegionInfo] = None
+        self._entries: list = []         # (opened, pid) of each entering not yet left
 
     def __call__(self, func):
         """As a decorator: a generator or coroutine function is refused (the region would cover only the call
@@ -270,13 +317,17 @@ class region(contextlib.ContextDecorator):
     def __enter__(self) -> "region":
         self.info = None
         # the shim counts the block (its region is the process's: blocks in several threads fold into one, and
-        # only the one that leaves it last has its verdict); `opened` says it did, for any exception below
-        self._opened = opened = ffi.new("int *")
-        self._pid = os.getpid()
+        # only the one that leaves it last has its verdict); `opened` says it did, for any exception below. One
+        # entry per entering (an object used again inside itself, or by two threads at once, has several)
+        opened = ffi.new("int *")
+        entry = (opened, os.getpid())
+        self._entries.append(entry)
         try:
             self.status, ran_out = _begin(self.name, self.gpus, self.timeout, opened)
+            if opened[0]:
+                _legacy_enter()
             if self.status == -3 and self.on_timeout == "raise":
-                self.close_unused()
+                self._leave_unused(entry)
                 within = f"within {ran_out:g} s" if ran_out is not None else \
                     "(another thread of this process in the same region gave up its wait: a region is the process's)"
                 raise RegionTimeout(f"krex: region {self.name!r} not granted {within}; the request was cancelled")
@@ -284,35 +335,37 @@ class region(contextlib.ContextDecorator):
             lib = _shim() if opened[0] else None
             if lib is not None:
                 _cancel_opened(lib, opened)   # granted as an exception came (a signal's): no region is left held
+                _legacy_leave()
+            _remove(self._entries, entry)
             raise
         return self
 
     def __exit__(self, *exc) -> bool:
-        opened = getattr(self, "_opened", None)
-        if opened is not None and not opened[0]:
-            return False        # left already (close_unused) or never counted
-        if getattr(self, "_pid", None) not in (None, os.getpid()):
+        entry = self._entries.pop() if self._entries else None
+        if entry is None or not entry[0][0]:
+            return False        # never counted (no shim)
+        opened, pid = entry
+        if pid != os.getpid():
             opened[0] = 0       # a child forked inside the block: the region is its parent's (the shim has none)
             return False
         krex_region_end()       # every begin, granted or not, is paired with an end (nesting depth) ...
-        if opened is not None:
-            opened[0] = 0       # ... and only one (an exception between the two loses this block's verdict only)
-        self._left()
+        opened[0] = 0           # ... and only one (an exception between the two loses this block's verdict only)
+        self._left(_legacy_leave())
         return False
-
-    def _recreate_cm(self) -> "region":
-        """Each call of a decorated function has a block of its own (threads, recursion): read its verdict with
-        krex.last_region()."""
-        return region(self.name, gpus=self.gpus, timeout=self.timeout, on_timeout=self.on_timeout)
 
     def close_unused(self, refused: bool = False) -> None:
         """Leave the region without having timed anything in it: if no other block timed in it either, its record
         says `cancelled` (RegionTimeout), which no summary counts as a timing, or with refused (a hook's strict
         refusal) `refused`, which `krex run --strict` fails the run for, whether or not the caller's error was
         caught on the way (an autotuner drops the choice whose benchmark raised, and goes on)."""
+        self._leave_unused(self._entries.pop() if self._entries else None, refused)
+
+    def _leave_unused(self, entry, refused: bool = False) -> None:
+        if entry is not None:
+            _remove(self._entries, entry)
         lib = _shim()
-        opened = getattr(self, "_opened", None)
-        if lib is not None and (opened is None or opened[0]):
+        opened = entry[0] if entry is not None else None
+        if lib is not None and opened is not None and opened[0]:
             leave = lib.krex_region_cancel
             if refused:
                 try:
@@ -320,20 +373,27 @@ class region(contextlib.ContextDecorator):
                 except cdefs.missing_symbol():   # an older shim: recorded as cancelled
                     pass
             leave()
-            if opened is not None:
-                opened[0] = 0
-        self._left()
+            opened[0] = 0
+            self._left(_legacy_leave())
+        else:
+            self._left(True)
 
-    def _left(self) -> None:
+    def _left(self, outermost: bool = True) -> None:
         """After this block's end: the region's verdict where it was the last block to leave it (the shim has no
-        verdict while another block, nested or another thread's, is still in the region)."""
-        self.info = last_region()
+        verdict while another block, nested or another thread's, is still in the region; with an older shim,
+        which gives the last finished region's, this process's count of open blocks decides)."""
+        self.info = last_region() if outermost else None
         if self.info is not None:
             self.info.name = self.name
             with _lock:
                 _names.clear()      # the last one's only: last_region() names it (the shim's record has no name)
                 _names[self.info.requested_ns] = self.name
             _warn_host_bound(self.name, self.info)
+
+    def _recreate_cm(self) -> "region":
+        """Each call of a decorated function has a block of its own (threads, recursion): read its verdict with
+        krex.last_region()."""
+        return region(self.name, gpus=self.gpus, timeout=self.timeout, on_timeout=self.on_timeout)
 
     def _get(self, attr: str):
         return getattr(self.info, attr) if self.info is not None else None

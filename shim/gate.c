@@ -32,6 +32,12 @@ static int krex_exit_gate_enabled = -2;   /* -2: not read yet; -1: KREX_GATE_EXI
 
 int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST); }
 
+/* The counters file's layout, as an export `krex run` reads from the library file before it preloads it: a shim
+ * of another layout would leave the job's counters file alone (launches uncounted, --strict passing). Renamed
+ * with every layout change. */
+_Static_assert(KREX_COUNTERS_VERSION == 4, "rename krex_counters_layout_N (and libkrex.map, run.py) with the layout");
+KREX_EXPORT const uint32_t krex_counters_layout_4 = KREX_COUNTERS_VERSION;
+
 /* Claim this process's slot in the job's counters file (KREX_COUNTERS), once per process. */
 static struct krex_counter_slot *krex_slot_attach(void) {
     pthread_mutex_lock(&krex_slot_lock);
@@ -92,6 +98,16 @@ struct krex_local_region *krex_local_region_claim(void) {
     if (i >= h->regions || i >= KREX_LOCAL_REGIONS) return NULL;
     char *base = (char *)h + sizeof *h + KREX_COUNTER_SLOTS * sizeof(struct krex_counter_slot);
     return (struct krex_local_region *)base + i;
+}
+
+/* the same on the way out of the process (krex_region_at_exit, maybe in a signal handler that interrupted this
+ * process's first attach of the counters file, krex_slot_lock held): NULL rather than a wait past ms */
+struct krex_local_region *krex_local_region_claim_bounded(int ms) {
+    if (!__atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE)) {
+        if (krex_lock_within(&krex_slot_lock, ms) != 0) return NULL;
+        pthread_mutex_unlock(&krex_slot_lock);    /* free: the attach in krex_counters takes it */
+    }
+    return krex_local_region_claim();
 }
 
 void krex_gate_reset_after_fork(void) {

@@ -155,7 +155,7 @@ static void finish_locked(uint32_t reason) {
     if (exiting) last_checked = last_late = 0;   /* its lock is held across driver calls: not at exit */
     else krex_hostbound_end(&last_checked, &last_late);
     have_last = 1;
-    struct krex_local_region *rec = krex_local_region_claim();
+    struct krex_local_region *rec = exiting ? krex_local_region_claim_bounded(100) : krex_local_region_claim();
     if (rec) {
         rec->region_id = last.region_id, rec->gpu_mask = last.gpu_mask, rec->requested_ns = last.requested_ns;
         rec->granted_ns = last.granted_ns, rec->controller_pid = last.controller_pid, rec->flags = flags;

@@ -134,6 +134,7 @@ void krex_drain_request(const struct krex_drain *m);
 void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len);
 void krex_region_connection_lost(void);
 void krex_region_reset_after_fork(void);
+struct krex_local_region *krex_local_region_claim_bounded(int ms);   /* gate.c: at exit */
 int krex_lock_within(pthread_mutex_t *m, int ms);   /* env.c: a bounded lock for exit paths */
 uint64_t krex_memory_live_at_exit(void);   /* memory.c: krex_memory_live with bounded locks */
 void krex_region_at_exit(void);   /* region.c: keep the record of a region left open at exit */

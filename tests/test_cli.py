@@ -268,6 +268,16 @@ def test_a_shim_that_is_not_krex_s_is_refused(krex, tmp_path):
     out = krex_cli(krex, "run", "--", str(SNIP / "region"), env_extra={"KREX_SHIM": str(BUILD / "libkrex.so"),
                                                                     "SNIPPET_REGIONS": "1"})
     assert out.returncode == 0 and "krex: 1 region (1 exclusive" in out.stderr, out.stderr
+    # a krex shim of another build whose counters file layout differs: it would count nothing in the job's file,
+    # and --strict would pass a run of unprotected launches
+    older = tmp_path / "libkrex-older.c"
+    older.write_text("int krex_shim_loaded(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libkrex-older.so"), str(older)], check=True)
+    out = krex_cli(krex, "run", "--strict", "--", "touch", str(marker),
+                   env_extra={"KREX_SHIM": str(tmp_path / "libkrex-older.so")})
+    assert out.returncode == 2 and not marker.exists(), out.stderr
+    assert out.stderr.startswith(f"krex: KREX_SHIM={tmp_path / 'libkrex-older.so'} is a krex shim of another version: "
+                                 "its counters file layout is not this krex's (4)"), out.stderr
 
 
 def test_non_ascii_digits_are_one_line_not_a_traceback(krex, tmp_path):

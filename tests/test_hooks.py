@@ -313,3 +313,24 @@ def test_strict_hooks_raise_instead_of_timing_unprotected(tmp_path):
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["result", "1.0"], out.stderr
     assert [w for w, _ in harness_log(tmp_path)].count("call") == 3
+
+
+def test_a_warm_up_count_passed_through_kwargs_is_seen():
+    """A timing function that passes its options on (`def bench(fn, **kwargs)`): num_warmup=0 given by name
+    reached it only inside **kwargs, and the no-warm-up rule missed it."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "hooks"))
+    from krex_hooks._region import no_warmup
+
+    def bench(fn, *args, **kwargs):
+        return fn
+
+    def explicit(fn, num_warmup=3):
+        return fn
+
+    names = ("num_warmup",)
+    assert no_warmup(bench, (print,), {"num_warmup": 0}, names)
+    assert not no_warmup(bench, (print,), {"num_warmup": 2}, names) and not no_warmup(bench, (print,), {}, names)
+    assert no_warmup(explicit, (print, 0), {}, names) and not no_warmup(explicit, (print,), {}, names)
+    assert no_warmup(explicit, (print,), {"num_warmup": -1}, names)

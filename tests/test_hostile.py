@@ -1077,11 +1077,13 @@ INTERRUPTER = str(ROOT / "build" / "snippets" / "libinterrupter.so")
 
 
 @pytest.mark.parametrize("path, inside, extra", [("hostbound", "cuEventQuery", {"KREX_HOST_BOUND": "1"}),
-                                                 ("pool", "cuMemPoolGetAttribute", {})])
+                                                 ("pool", "cuMemPoolGetAttribute", {}),
+                                                 ("attach", "", {"SNIPPET_SLOW_COUNTERS": "3000"})])
 def test_exit_from_a_signal_handler_while_the_shim_holds_a_lock_is_not_held_up(krex, tmp_path, path, inside, extra):
     """A benchmark's timeout handler calls _exit() while the interrupted thread is inside a driver call the shim
-    makes with a lock held (the host-bound check's, the memory pools'): the shim's exit path waited on that lock
-    for ever, its region still held at the controller. Every exit-path lock is bounded now."""
+    makes with a lock held (the host-bound check's, the memory pools', the first attach of the counters file's):
+    the shim's exit path waited on that lock for ever, its region still held at the controller. Every exit-path
+    lock is bounded now."""
     krex.start_controller()
     rep = tmp_path / "r.json"
     rc, err = run_or_hang(krex, [SNIP / "exit_paths"], dict(extra, LD_PRELOAD=INTERRUPTER, SNIPPET_RAISE_IN=inside,

@@ -139,9 +139,13 @@ def no_warmup(original, args, kwargs, names: tuple) -> bool:
         bound.apply_defaults()
     except (TypeError, ValueError):          # no signature (a builtin), or arguments it does not take
         return False
+    given = dict(bound.arguments)
+    for p in inspect.signature(original).parameters.values():
+        if p.kind is p.VAR_KEYWORD and isinstance(given.get(p.name), dict):
+            given.update(given[p.name])      # passed on through **kwargs to the function that warms up
     for n in names:
         try:
-            if n in bound.arguments and bound.arguments[n] <= 0:      # no warm-up call (range() of <= 0)
+            if n in given and given[n] <= 0:      # no warm-up call (range() of <= 0)
                 return True
         except Exception:                    # an object whose == raises or is ambiguous (an array)
             continue

@@ -386,8 +386,8 @@ def killed_by(sig: int) -> int:
 
 
 def check_shim() -> Path:
-    """The shim to preload, checked to be one: a file that exports krex_shim_loaded (read from the file, not
-    loaded). Another library, or any other file, would let the command run with nothing counting its launches
+    """The shim to preload, checked to be one of this krex's counters layout: a file that exports
+    krex_counters_layout_N (read from the file, not loaded; an older shim exports krex_shim_loaded only). Another library, or any other file, would let the command run with nothing counting its launches
     and --strict passing: one line naming KREX_SHIM when that variable chose it, exit status 2."""
     from .. import elf
 
@@ -395,14 +395,19 @@ def check_shim() -> Path:
     given = os.environ.get("KREX_SHIM")
     where = f"KREX_SHIM={given}" if given else f"the shim library {shim}"
     fix = "set it to krex's libkrex.so, or unset it" if given else "run `make` (or reinstall krex)"
+    layout = f"krex_counters_layout_{C.KREX_COUNTERS_VERSION}"    # shim/gate.c: the job's counters file's layout
     try:
-        why = elf.missing_export(str(shim), "krex_shim_loaded")
+        why = elf.missing_export(str(shim), layout)
+        if why == f"does not export {layout}" and elf.missing_export(str(shim), "krex_shim_loaded") is None:
+            raise KrexCommandError(f"{where} is a krex shim of another version: its counters file layout is not "
+                                   f"this krex's ({C.KREX_COUNTERS_VERSION}), so the command's launches and regions "
+                                   f"would not be counted; {fix}", 2)
     except FileNotFoundError:
         why = "no such file"
     except OSError as e:
         why = f"cannot be read ({e.strerror})"
     if why is not None:
-        raise KrexCommandError(f"{where} is not a krex shim: {why}; {fix}", 2)
+        raise KrexCommandError(f"{where} is not a krex shim: {why.replace(layout, 'krex_shim_loaded')}; {fix}", 2)
     return shim
 
 

@@ -78,9 +78,9 @@ def krex_managed(pid: int) -> bool:
 
 
 class NvmlAttestor(Attestor):
-    """Reads the GPU's own state at a region's grant and at its end (never in between): clock event reasons,
-    the SM clock (and at the end every SM clock sample NVML took meanwhile), temperature, the processes with a
-    context, XID events. Only the cheap reads (a few microseconds each on the H200; the violation counters
+    """Reads the GPU's own state at a region's grant and at its end: clock event reasons, the SM clock (and at
+    the end every SM clock sample NVML took meanwhile), temperature, the processes with a context (also every
+    SAMPLE_S in between, sample()), XID events. Only the cheap reads (a few microseconds each on the H200; the violation counters
     took 0.6 ms and the energy counter 2.8 ms, bench/results/attest-h200-*.json, so they are not read).
 
     Taints are what other jobs or the machine did to the region, not what the region's own load does to the

@@ -6,7 +6,10 @@
  *              kernels, then SNIPPET_THREADS threads in the region API (SNIPPET_NESTED=1: nested begin/end around
  *              a launch, else krex_region_last in a loop) while the main thread calls exit(0) without krex_end
  *   fork       one thread makes the first context while the main thread forks; the child makes one gated call
- *              (exit 3 when it hangs past 10 s) */
+ *              (exit 3 when it hangs past 10 s)
+ *   attach     a region begun before the process's first counted call; its first context attaches the job's
+ *              counters file (slow: libinterrupter.so's SNIPPET_SLOW_COUNTERS) while a SIGALRM handler calls
+ *              _exit(7) */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -53,6 +56,17 @@ static void *first_context(void *arg) {
 int main(void) {
     const char *path = getenv("SNIPPET_EXIT_PATH");
     path = path ? path : "";
+    if (!strcmp(path, "attach")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sig;
+        sigaction(SIGALRM, &sa, NULL);
+        krex_begin_mask("timed", 1);
+        ualarm(300000, 0);
+        snippet_kernel("timed", NULL);
+        krex_end();
+        return 0;
+    }
     if (!strcmp(path, "fork")) {
         pthread_t t;
         pthread_create(&t, NULL, first_context, NULL);
