@@ -114,6 +114,16 @@ def test_gpus_n_and_callers_devices(krex):
     kept = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--"] + show,
                           env=dict(krex.env, CUDA_VISIBLE_DEVICES="3"), capture_output=True, text=True, timeout=60)
     assert kept.returncode == 0 and kept.stdout.split() == ["3", "None"], (kept.stdout, kept.stderr)
+    # a pod given its GPU by the NVIDIA device plugin (NVIDIA_VISIBLE_DEVICES only): placing it on another GPU
+    # would name a device its container does not have; "all" is no choice (docker --gpus all)
+    base = {k: v for k, v in krex.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    pod = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--cold", "--"] + show,
+                         env=dict(base, NVIDIA_VISIBLE_DEVICES="GPU-6b726578-0000-0000-0000-000000000002"),
+                         capture_output=True, text=True, timeout=60)
+    assert pod.returncode == 0 and pod.stdout.split() == ["None", "None"], (pod.stdout, pod.stderr)
+    every = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--"] + show,
+                           env=dict(base, NVIDIA_VISIBLE_DEVICES="all"), capture_output=True, text=True, timeout=60)
+    assert every.returncode == 0 and every.stdout.split()[0].startswith("GPU-"), (every.stdout, every.stderr)
     anyg = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--gpu", "any", "--"] + show,
                           env=dict(krex.env, CUDA_VISIBLE_DEVICES="3"), capture_output=True, text=True, timeout=60)
     assert anyg.returncode == 0 and anyg.stdout.split()[0].startswith("GPU-"), anyg.stderr

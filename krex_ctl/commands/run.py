@@ -279,13 +279,18 @@ def command_description(command: list) -> list:
 def choose_gpus(guardian: "Guardian", named: Optional[list], want: Optional[int], environ) -> Optional[tuple]:
     """The command's GPUs and their UUIDs, from the controller (ops.PLACE): the named ones, checked against
     the node (a GPU it does not have: one line, exit status 2), or `want` of them placed by load
-    (policy/placement.py). With neither, a caller that chose its devices already (CUDA_VISIBLE_DEVICES or
-    HIP_VISIBLE_DEVICES set, as a Ray worker or Slurm sets them) keeps them: None, nothing changes; else one
-    GPU is placed. None also when the controller gives no answer (an older one): the command runs as named."""
+    (policy/placement.py). With neither, a caller that chose its devices already (CUDA_VISIBLE_DEVICES,
+    HIP_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES set, as a Ray worker or Slurm sets them, or a container's
+    NVIDIA_VISIBLE_DEVICES naming its GPUs, as Kubernetes' device plugin does) keeps them: None, nothing changes;
+    else one GPU is placed. None also when the controller gives no answer (an older one): the command runs as named."""
     if want == 0:                         # --gpu own
         return None
     if named is None and want is None:
-        if any(v in environ for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "KREX_GPU")):
+        if any(v in environ for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                      "KREX_GPU")):
+            return None
+        # a container given its GPUs by the runtime (Kubernetes' NVIDIA device plugin: a pod sees those alone)
+        if environ.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower() not in ("", "all", "void", "none"):
             return None
         want = 1
     try:
