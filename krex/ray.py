@@ -110,26 +110,39 @@ class CommandResult:
     node_id: str = ""
     visible_devices: Optional[str] = None     # CUDA_VISIBLE_DEVICES as Ray gave it to the task
     report: Optional[dict] = None             # `krex run --report`: launches, contexts, regions
+    hooks: Optional[str] = None               # the hooks it ran with
 
     @property
     def regions(self) -> list:
         return (self.report or {}).get("regions", [])
 
     @property
-    def exclusive(self) -> bool:
-        """Every region of the command was granted and exclusive: its timing was taken alone on the GPU (true
-        of a command without regions too; see `regions`). False without a report: `krex run` failed before
-        the command ran, or was killed at the timeout, and nothing says what ran alone."""
+    def unprotected(self) -> list:
+        """Why the command's timings were not protected, as `krex run` says it (its "timings not protected"
+        line, what fails `--strict`): GPU launches with no region granted, regions not exclusive, ... Empty when
+        they were, or when nothing was timed on a GPU."""
         if self.report is None:
-            return False
-        return all(r.get("granted_ns") and r.get("exclusive", True) for r in self.regions)
+            return ["no report: krex run failed before the command ran, or was stopped at its timeout"]
+        from krex_ctl import feedback
+
+        return feedback.unprotected(self.report, True, self.hooks)
+
+    @property
+    def exclusive(self) -> bool:
+        """krex's verdict on the command's timings, the one `krex run --strict` gives: every region granted and
+        exclusive, and nothing in `unprotected` (a command that launched GPU work with no region granted is not
+        exclusive, though it has no region that is not). True of a command that did nothing on a GPU."""
+        return not self.unprotected and all(r.get("granted_ns") and r.get("exclusive", True) for r in self.regions)
 
 
 def run_command(command: Union[str, Sequence[str]], hooks: Optional[str] = None, cwd: Optional[str] = None,
-                env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None) -> CommandResult:
+                env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+                strict: bool = False) -> CommandResult:
     """Run one command under `krex run` here and now (what a `shell` task does on its node): a string goes to
     bash -c, a list is the argv. The command sees this process's CUDA_VISIBLE_DEVICES (Ray's, in a task).
-    timeout: seconds, then SIGTERM (passed on to the command), 10 s later SIGKILL; exit status 124."""
+    timeout: seconds, then SIGTERM (passed on to the command), 10 s later SIGKILL; exit status 124.
+    strict: `krex run --strict` (hooked timings raise rather than run unprotected; exit status 5 for a run whose
+    timings were not protected)."""
     argv = ["bash", "-c", command] if isinstance(command, str) else [str(c) for c in command]
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -139,6 +152,8 @@ def run_command(command: Union[str, Sequence[str]], hooks: Optional[str] = None,
     wrapper = [sys.executable, "-m", "krex_ctl", "run", "--gpu", "own", "--report", report_path]   # Ray's devices
     if hooks:
         wrapper += ["--hooks", hooks]
+    if strict:
+        wrapper += ["--strict"]
     proc = subprocess.Popen(wrapper + ["--"] + argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -162,7 +177,7 @@ def run_command(command: Union[str, Sequence[str]], hooks: Optional[str] = None,
         pass
     return CommandResult(command=command if isinstance(command, str) else list(argv), returncode=rc, stdout=out,
                          stderr=err, node_id=_node_id(), visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                         report=report)
+                         report=report, hooks=hooks)
 
 
 def _node_id() -> str:
@@ -179,7 +194,7 @@ _remote = None
 
 def shell(command: Union[str, Sequence[str]], *, num_gpus: float = 1.0, num_cpus: float = 1.0,
           hooks: Optional[str] = None, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-          timeout: Optional[float] = None, **options):
+          timeout: Optional[float] = None, strict: bool = False, **options):
     """Run a shell command (compile, check, time) as a Ray task under krex; returns the ObjectRef of its
     CommandResult. The task itself is a plain Ray task: the command, not the task's worker, is the krex job
     (one report per command). options: further `.options()` of the task (resources, scheduling_strategy,
@@ -189,4 +204,5 @@ def shell(command: Union[str, Sequence[str]], *, num_gpus: float = 1.0, num_cpus
     global _remote
     if _remote is None:
         _remote = ray.remote(run_command)
-    return _remote.options(num_gpus=num_gpus, num_cpus=num_cpus, **options).remote(command, hooks, cwd, env, timeout)
+    return _remote.options(num_gpus=num_gpus, num_cpus=num_cpus, **options).remote(command, hooks, cwd, env, timeout,
+                                                                                   strict)

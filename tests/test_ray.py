@@ -359,6 +359,12 @@ def test_runtime_env_wraps_the_worker_and_merges():
     spaced = kray.runtime_env(python="/opt/my env/bin/python", krex="krex")
     assert spaced["py_executable"] == "krex run --cold --gpu own -- '/opt/my env/bin/python'"
     assert not kray.CommandResult("true", 2, "", "").exclusive         # no report: nothing says it ran alone
+    # GPU launches and no region at all: not exclusive (all() over no region said True), as krex run says it
+    bare = kray.CommandResult("hog", 0, "", "", report={"regions": [], "launches": 996, "launches_outside_regions": 996},
+                              hooks="triton")
+    assert not bare.exclusive and bare.unprotected[0].startswith("996 GPU launches but no region was granted")
+    idle = kray.CommandResult("true", 0, "", "", report={"regions": [], "launches": 0})
+    assert idle.exclusive and idle.unprotected == []
     # Ray runs py_executable through bash -c "exec PY_EXECUTABLE ARGS": ours starts a krex run wrapper
     out = subprocess.run(["bash", "-c", f"exec {exe} -c 'import os; print(os.environ[\"KREX_HOOKS\"])'"],
                          env={**os.environ, "KREX_SOCKET": "/nonexistent/krex.sock", "PYTHONPATH": str(ROOT)},
