@@ -75,7 +75,7 @@ class RegionEffects:
             self.isolation.join(e.region, e.member.pid)
             self.send_granted(e.region, e.member)
         elif isinstance(e, policy.SendEnded):
-            self.isolation.leave(e.region, e.member.pid)
+            self.isolation.leave(e.region, e.member.pid, self.book.regions.values())
             if e.reason != C.KREX_END_OWNER_GONE and self.connected(e.member.client):
                 self.send_ended(e.member.client, e.region, e.reason, e.seq, now_ns(), self.attest.taints_so_far(e.region))
         elif isinstance(e, policy.Finish):

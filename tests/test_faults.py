@@ -330,3 +330,34 @@ def test_client_limit(krex, tmp_path):
         Connection(krex.socket, C.KREX_ROLE_PYTHON)
     for c in held:
         c.close()
+
+
+def test_a_controller_that_died_holding_cores_has_the_masks_put_back_by_the_next(krex, tmp_path, cpus):
+    """GPU processes with the shim alone (Slurm's preload mode, a pod without krex run): no wrapper repairs their
+    CPU masks. A controller SIGKILLed while a region held a reserved core left the owner confined to it and the
+    others off it for good (the saved masks were only in its memory); the next one puts them back at its start."""
+    import signal as sig
+
+    from conftest import ROOT, SNIP, wait_for
+
+    krex.start_controller("--reserved-cores", str(cpus[-1]), "--no-freeze")   # the other process moved, not stopped
+    shim_only = dict(krex.env, LD_PRELOAD=str(ROOT / "build" / "libkrex.so"))
+    other = subprocess.Popen([SNIP / "hog"], env=dict(shim_only, SNIPPET_STREAMS="0", SNIPPET_MS="60000"))
+    release = tmp_path / "release"
+    owner = subprocess.Popen([SNIP / "region"], env=dict(shim_only, SNIPPET_REGIONS="1", SNIPPET_HOLD_FILE=str(release)),
+                             stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.sched_getaffinity(owner.pid) == {cpus[-1]} and cpus[-1] not in os.sched_getaffinity(other.pid),
+                 timeout=60, what="the region's isolation")
+        krex.ctl.send_signal(sig.SIGKILL)
+        krex.ctl.wait()
+        krex.start_controller("--reserved-cores", str(cpus[-1]), "--no-freeze")
+        wait_for(lambda: os.sched_getaffinity(owner.pid) == set(cpus) == os.sched_getaffinity(other.pid),
+                 timeout=30, what="the masks put back")
+        assert "put back the CPU masks of" in krex.ctl_log.read_text()
+    finally:
+        release.touch()
+        krex.stop_hogs()
+        for p in (owner, other):
+            p.kill()
+            p.wait()

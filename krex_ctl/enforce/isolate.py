@@ -1,6 +1,13 @@
 """CPU isolation: a held region's members on the reserved cores, every other krex-managed process off them;
 afterwards each thread's own mask back. Back-to-back regions on the same cores hand the isolation over
-instead of restoring every thread and walking every job again (~4 ms with 60 clients)."""
+instead of restoring every thread and walking every job again (~4 ms with 60 clients).
+
+Regions held at once on different GPUs never share a core: one reserved_cores list for every GPU (the default)
+gives a region the listed cores no other held region has (none left: its owner keeps its own CPUs, said in the
+log). A thread's saved mask is its own, from before krex moved it (a region that starts while another holds
+cores takes that region's saved mask for the threads it moves again), and a mask goes back less the cores other
+held regions still hold (their members are theirs to restore). The saved masks are also kept in SOCKET.affinity,
+so that a controller that died holding cores has them put back by the next one (or by its own clean stop)."""
 
 import logging
 import os
@@ -10,21 +17,46 @@ from .. import procs
 from ..wire import runtime
 
 
+def live(held_regions, but=None) -> list:
+    """The regions holding reserved cores now, other than `but`."""
+    return [r for r in held_regions if r is not but and r.reserved
+            and getattr(getattr(r, "state", None), "value", None) != "ended"]
+
+
 class Isolation:
     def __init__(self, cfg, socket_path: str, rate_log: Callable[..., None]) -> None:
         self.cfg, self.socket_path, self.rate_log = cfg, socket_path, rate_log
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # (cores, saved masks)
+        self.restore_predecessors()
         if runtime.read_reserved(socket_path):
             # a dead predecessor's (its directory kept over a restart: heartbeat.py): no region holds cores now, and
             # commands started meanwhile would step off them (procs.step_off_reserved)
             self.publish(())
+
+    def restore_predecessors(self) -> None:
+        """The masks a controller that died holding cores left in SOCKET.affinity: each thread still alive (the
+        same start time) gets its own mask back."""
+        saved = runtime.read_affinity(self.socket_path)
+        if not saved:
+            return
+        procs.restore_affinity(saved)
+        logging.getLogger("krex.controller").warning(
+            "put back the CPU masks of %d thread(s) a previous controller had moved for its regions", len(saved))
+        self.write_saved(())
 
     def isolate(self, region, member_pids: list[int], frozen_pids: set[int], managed: Callable[[], set[int]],
                 held_regions) -> None:
         """At the grant. managed(): every krex-managed pid (jobs' trees and registered clients)."""
         if not self.cfg.isolate_cpus:
             return
-        reserved = self.cfg.reserved_for(region.gpu_mask)
+        listed = self.cfg.reserved_for(region.gpu_mask)
+        others_held = live(held_regions, region)
+        taken = set().union(*(r.reserved for r in others_held)) if others_held else set()
+        reserved = listed - taken
+        if listed and not reserved:
+            self.rate_log("cores_taken", logging.WARNING, "region %d: its reserved cores (%s) are all held by another "
+                          "region on other GPUs; its owner keeps its own CPUs (give each GPU cores of its own: "
+                          "reserved_cores per GPU)", region.id, ",".join(map(str, sorted(listed))))
         if self.handover is not None and self.handover[0] != reserved:
             self.release(held_regions)
         if not reserved:
@@ -33,21 +65,52 @@ class Isolation:
         handed_over = self.handover is not None
         if handed_over:
             region.saved_affinity, self.handover = self.handover[1], None
+        # a thread another held region moved already: its own mask is the one that region saved
+        prior = {t: m for r in others_held for t, m in r.saved_affinity.items()}
         # the owner confined to the reserved cores with all its threads, or on its own CPUs and the reserved
         # ones (a torch process confined to two cores launched its small kernels late: bench/trial_modes)
         owner = (lambda old: reserved) if self.cfg.owner_cpus == "reserved" else (lambda old: old | reserved)
         for pid in member_pids:
             tids = procs.threads(pid)
             region.member_tids.update(tids)
+            self.own_masks(tids, prior, region.saved_affinity)
             procs.set_affinity(tids, owner, region.saved_affinity)
-        self.publish(held_regions)
-        if handed_over:
-            # back-to-back regions on the same cores: everyone else is already off them (the last owner and
-            # its frozen siblings were moved at its end, newcomers at their HELLO)
+        if not handed_over:
+            # (back-to-back regions on the same cores: everyone else is already off them, the last owner and its
+            # frozen siblings moved at its end, newcomers at their HELLO)
+            others = managed() - set(member_pids) - {os.getpid()} - frozen_pids
+            for pid in others:
+                tids = procs.threads(pid)
+                self.own_masks(tids, prior, region.saved_affinity)
+                procs.set_affinity(tids, lambda old: old - reserved, region.saved_affinity)
+        self.publish(held_regions, region)
+
+    @staticmethod
+    def own_masks(tids, prior: dict, saved: dict) -> None:
+        """Threads another held region moved: their own masks (that region's saved ones) are what to put back."""
+        for t in tids:
+            if t in prior and t not in saved:
+                saved[t] = prior[t]
+
+    def put_back(self, saved: dict, held_regions, region=None) -> None:
+        """Restore saved masks less the cores other held regions (and a hand-over) still hold; a member of another
+        held region is left as it is (that region puts it back)."""
+        others = [(r.reserved, r.member_tids) for r in live(held_regions, region)]
+        if self.handover is not None:
+            others.append((self.handover[0], set()))
+        if not others:
+            procs.restore_affinity(saved)
             return
-        others = managed() - set(member_pids) - {os.getpid()} - frozen_pids
-        for pid in others:
-            procs.set_affinity(procs.threads(pid), lambda old: old - reserved, region.saved_affinity)
+        kept = {}
+        for tid, cpus in saved.items():
+            if any(tid in members for _, members in others):
+                continue
+            mask = procs.Mask(set(cpus) - set().union(*(r for r, _ in others)))
+            mask.start = getattr(cpus, "start", None)
+            if mask:
+                kept[tid] = mask
+        saved.clear()
+        procs.restore_affinity(kept)
 
     def join(self, region, pid: int) -> None:
         """A gang member joined a held region: onto its cores."""
@@ -56,14 +119,16 @@ class Isolation:
             region.member_tids.update(tids)
             procs.set_affinity(tids, lambda old: region.reserved, region.saved_affinity)
 
-    def leave(self, region, pid: int) -> None:
+    def leave(self, region, pid: int, held_regions=()) -> None:
         """A member left a region that goes on: its CPUs back now."""
         if region.reserved:
             self.unpin_newcomers(region, [pid])
+            mine = {}
             for tid in procs.threads(pid):
                 old = region.saved_affinity.pop(tid, None)
-                if old is not None and procs.same_thread(tid, old):
-                    procs.set_affinity([tid], lambda _o, c=old: c, {})
+                if old is not None:
+                    mine[tid] = old
+            self.put_back(mine, held_regions, region)
 
     def end(self, region, frozen_pids: list[int], others_waiting: bool, held_regions) -> None:
         """At the end: hand the cores over when another request waits on these GPUs, else restore."""
@@ -78,9 +143,9 @@ class Isolation:
                 procs.set_affinity(procs.threads(pid), lambda old: old - region.reserved, saved)
             self.handover = (region.reserved, region.saved_affinity)
         else:
-            procs.restore_affinity(region.saved_affinity)
+            self.put_back(region.saved_affinity, held_regions, region)
         if region.reserved:
-            self.publish(held_regions)
+            self.publish(held_regions, exclude=region)
 
     @staticmethod
     def unpin_newcomers(region, pids, off: bool = False) -> None:
@@ -119,13 +184,15 @@ class Isolation:
         if self.handover is not None:
             saved = self.handover[1]
             self.handover = None
+            self.put_back(saved, held_regions)
             self.publish(held_regions)
-            procs.restore_affinity(saved)
 
-    def publish(self, held_regions) -> None:
-        """SOCKET.reserved: the CPUs region owners hold now (wire/runtime.py)."""
+    def publish(self, held_regions, include=None, exclude=None) -> None:
+        """SOCKET.reserved: the CPUs region owners hold now (wire/runtime.py); SOCKET.affinity: the masks to put
+        back should this controller die holding them."""
+        regions = live(held_regions, exclude) + ([include] if include is not None and include.reserved else [])
         cpus: set[int] = set()
-        for r in held_regions:
+        for r in regions:
             cpus |= r.reserved
         if self.handover is not None:
             cpus |= self.handover[0]
@@ -134,13 +201,35 @@ class Isolation:
         except OSError as e:
             self.rate_log("reserved_file", logging.ERROR, "cannot write %s: %s",
                           runtime.reserved_path(self.socket_path), e)
+        self.write_saved(regions)
+
+    def write_saved(self, regions) -> None:
+        saved: dict = {}
+        for r in regions:
+            for t, m in r.saved_affinity.items():
+                saved.setdefault(t, m)
+        if self.handover is not None:
+            for t, m in self.handover[1].items():
+                saved.setdefault(t, m)
+        try:
+            runtime.write_affinity(self.socket_path, saved)
+        except OSError as e:
+            self.rate_log("affinity_file", logging.ERROR, "cannot write %s: %s",
+                          runtime.affinity_path(self.socket_path), e)
 
     def keep_off(self, client, held_regions) -> None:
         """A process that registers while regions hold reserved cores moves off them at once: commands started
-        during a region (a new `krex run`, its Python importing torch) must not land there."""
-        held = [(r.reserved, r.saved_affinity) for r in held_regions if r.reserved and client not in r.members]
+        during a region (a new `krex run`, its Python importing torch) must not land there. Each reservation
+        saves the thread's own mask (the first one's save, not a mask another has reduced already)."""
+        held = [(r.reserved, r.saved_affinity) for r in live(held_regions) if client not in r.members]
         reservations = held + ([self.handover] if self.handover else [])
-        tids = [t for pid in [client.pid] + procs.descendants(client.pid) for t in procs.threads(pid)] \
-            if reservations else []
+        if not reservations:
+            return
+        tids = [t for pid in [client.pid] + procs.descendants(client.pid) for t in procs.threads(pid)]
+        prior = {t: m for _, saved in reservations for t, m in saved.items()}
         for reserved, saved in reservations:
+            self.own_masks(tids, prior, saved)
+            before = set(saved)
             procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
+            for t in set(saved) - before:
+                prior.setdefault(t, saved[t])

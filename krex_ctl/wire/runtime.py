@@ -88,6 +88,40 @@ def read_reserved(socket_path: str) -> set[int]:
         return set()
 
 
+# ---- SOCKET.affinity --------------------------------------------------------------------------------------
+AFFINITY_MAX_BYTES = 16 << 20
+
+
+def affinity_path(socket_path: str) -> str:
+    return str(socket_path) + ".affinity"
+
+
+def write_affinity(socket_path: str, saved: dict) -> None:
+    """The CPU masks the controller's regions saved (thread id -> its own mask, with the thread's start time):
+    what a successor puts back should this controller die holding reserved cores (enforce/isolate.py)."""
+    text = json.dumps({str(t): [getattr(m, "start", None), sorted(m)] for t, m in saved.items()},
+                      separators=(",", ":"))
+    write_atomic(affinity_path(socket_path), text, 0o600)
+
+
+def read_affinity(socket_path: str) -> dict:
+    """write_affinity's masks as procs.Mask values (with their start times); empty when the file is missing,
+    empty or not to be trusted."""
+    from .. import procs
+
+    try:
+        data = json.loads(read_trusted(affinity_path(socket_path), AFFINITY_MAX_BYTES) or "{}")
+        out = {}
+        for t, (start, cpus) in data.items():
+            m = procs.Mask(int(c) for c in cpus)
+            m.start = None if start is None else int(start)
+            if m and m.start is not None:        # never a mask for a thread not known by its start time
+                out[int(t)] = m
+        return out
+    except (OSError, ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return {}
+
+
 # ---- SOCKET.state -----------------------------------------------------------------------------------------
 def state_path(socket_path: str) -> str:
     return str(socket_path) + ".state"
