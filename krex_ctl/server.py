@@ -245,6 +245,7 @@ class Controller(RegionEffects):
             self.every(attest.SAMPLE_S, self.sample_held_regions)
         self.beat()
         self.every(1.0, self.beat)
+        self.every(1.0, self.isolation.flush_saved)
         try:
             while self.running:
                 timeout = None
@@ -995,6 +996,7 @@ class Controller(RegionEffects):
         keep_gate_file = any(c.role in REGION_ROLES and c.devices for c in self.clients.values())
         self.apply(self.book.shutdown(time.monotonic()))
         self.isolation.release(())
+        self.isolation.flush_saved()     # every mask put back: none left for a successor
         self.pool.shutdown()
         for c in list(self.clients.values()):
             self.drop(c, "controller stopping")

@@ -349,6 +349,9 @@ def test_a_controller_that_died_holding_cores_has_the_masks_put_back_by_the_next
     try:
         wait_for(lambda: os.sched_getaffinity(owner.pid) == {cpus[-1]} and cpus[-1] not in os.sched_getaffinity(other.pid),
                  timeout=60, what="the region's isolation")
+        from krex_ctl.wire import runtime
+
+        wait_for(lambda: len(runtime.read_affinity(str(krex.socket))) >= 2, what="the saved masks written (each second)")
         krex.ctl.send_signal(sig.SIGKILL)
         krex.ctl.wait()
         krex.start_controller("--reserved-cores", str(cpus[-1]), "--no-freeze")

@@ -27,6 +27,8 @@ class Isolation:
     def __init__(self, cfg, socket_path: str, rate_log: Callable[..., None]) -> None:
         self.cfg, self.socket_path, self.rate_log = cfg, socket_path, rate_log
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # (cores, saved masks)
+        self.saved_from: list = []            # the regions whose saved masks SOCKET.affinity is to hold
+        self.saved_dirty = False
         self.restore_predecessors()
         if runtime.read_reserved(socket_path):
             # a dead predecessor's (its directory kept over a restart: heartbeat.py): no region holds cores now, and
@@ -201,7 +203,15 @@ class Isolation:
         except OSError as e:
             self.rate_log("reserved_file", logging.ERROR, "cannot write %s: %s",
                           runtime.reserved_path(self.socket_path), e)
-        self.write_saved(regions)
+        self.saved_from, self.saved_dirty = regions, True    # written by flush_saved, off the grant's path
+
+    def flush_saved(self) -> None:
+        """SOCKET.affinity brought up to date (the server calls it every second): tens of milliseconds for a
+        few thousand threads, so never in a grant or an end; a controller that dies within a second of a change
+        leaves that change's masks to the wrappers (krex run puts its job's back) or to the threads' exit."""
+        if self.saved_dirty:
+            self.saved_dirty = False
+            self.write_saved(self.saved_from)
 
     def write_saved(self, regions) -> None:
         saved: dict = {}

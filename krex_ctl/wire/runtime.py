@@ -99,8 +99,17 @@ def affinity_path(socket_path: str) -> str:
 def write_affinity(socket_path: str, saved: dict) -> None:
     """The CPU masks the controller's regions saved (thread id -> its own mask, with the thread's start time):
     what a successor puts back should this controller die holding reserved cores (enforce/isolate.py)."""
-    text = json.dumps({str(t): [getattr(m, "start", None), sorted(m)] for t, m in saved.items()},
-                      separators=(",", ":"))
+    def bits(m) -> str:      # kept on the mask: a saved mask never changes, and is written every second
+        text = getattr(m, "hexed", None)
+        if text is None:
+            text = format(sum(1 << c for c in m), "x")
+            try:
+                m.hexed = text
+            except AttributeError:       # a plain set
+                pass
+        return text
+
+    text = json.dumps({t: [getattr(m, "start", None), bits(m)] for t, m in saved.items()}, separators=(",", ":"))
     write_atomic(affinity_path(socket_path), text, 0o600)
 
 
@@ -112,8 +121,9 @@ def read_affinity(socket_path: str) -> dict:
     try:
         data = json.loads(read_trusted(affinity_path(socket_path), AFFINITY_MAX_BYTES) or "{}")
         out = {}
-        for t, (start, cpus) in data.items():
-            m = procs.Mask(int(c) for c in cpus)
+        for t, (start, bits) in data.items():
+            n = int(bits, 16)
+            m = procs.Mask(c for c in range(n.bit_length()) if n >> c & 1)
             m.start = None if start is None else int(start)
             if m and m.start is not None:        # never a mask for a thread not known by its start time
                 out[int(t)] = m
