@@ -1,5 +1,6 @@
 """Find a controller that answers, or start an embedded per-user one (no root, no sysadmin needed)."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -99,15 +100,23 @@ def warn_other_users(path: Path) -> None:
 def _ensure_controller(timeout: float, started: list) -> Path:
     """KREX_SOCKET's controller, else the node controller's, else the per-user one; a controller restarting at
     the first of these that has one is waited for (await_restart) before another is started."""
+    from .sockfiles import who_may_not
+
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
         if restarting(path):
             return path
+        if reach(path) == errno.EACCES:
+            raise KrexCommandError(f"the krex controller at {path} refuses this user ({who_may_not(path)})", 3)
         started.append(path)
         return _start(path, timeout)
     node = paths.SYSTEM_SOCKET
     if restarting(node):
         return node
+    if reach(node) == errno.EACCES:
+        print(f"krex: the node's krex controller at {node} refuses this user ({who_may_not(node)}); this command "
+              "uses a per-user controller instead, which keeps no other user's work off the GPU, and whose GPU work "
+              "makes the node controller's regions on the same GPUs not exclusive (other_controller)", file=sys.stderr)
     path = paths.user_socket()
     if answers(path):
         return path

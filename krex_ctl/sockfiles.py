@@ -101,6 +101,27 @@ def reach(path) -> int:
         s.close()
 
 
+def who_may_not(path) -> str:
+    """Why this user may not connect to the socket at path (EACCES), in words an administrator acts on: the
+    socket's group and mode, and this user's name."""
+    import grp
+    import pwd
+
+    try:
+        st = os.stat(path)
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (OSError, KeyError):
+        group = None
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = f"uid {os.getuid()}"
+    if group is None:
+        return f"user {user} may not use it"
+    return (f"user {user} may not use it: its socket is group {group}'s (mode {stat.S_IMODE(st.st_mode):04o}); an "
+            f"administrator adds the user to that group (a new login then has it)")
+
+
 def not_a_socket(path: str) -> Optional[str]:
     """What is at path (lstat: a link is not followed) when it is something other than a socket: "a regular
     file", "a directory", "a symbolic link", "not a socket"; None when nothing is there, or a socket."""

@@ -857,6 +857,58 @@ def test_a_controller_that_refuses_a_user_is_not_waited_for_as_if_restarting(kre
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_user_the_controller_refuses_is_told_why(krex, tmp_path):
+    """A user outside the socket's group: `krex status --socket` said click's "Path ... is not readable" (exit 2),
+    and `krex run` with that KREX_SOCKET "cannot create files in ..." (it went on to start a controller of its
+    own there). Both now name the socket's group and the user: exit status 3, and the run goes on unprotected."""
+    import shutil
+    import tempfile
+
+    from click.testing import CliRunner
+
+    import grp  # noqa: F401   (imported before the fork: the child's user may not read the interpreter's files)
+    import ctypes  # noqa: F401
+    import pwd  # noqa: F401
+
+    from krex_ctl import embedded
+    from krex_ctl.cli import full
+    from krex_ctl.errors import KrexCommandError
+
+    d = Path(tempfile.mkdtemp(prefix="krex-eacces-"))       # a directory every user may enter (tmp_path is not)
+    try:
+        d.chmod(0o755)
+        krex.socket = d / "c.sock"                          # mode 0600, root's
+        krex.start_controller()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                        # as a user outside the socket's group
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                st = CliRunner().invoke(full(), ["status", "--socket", str(krex.socket)])
+                os.environ["KREX_SOCKET"] = str(krex.socket)
+                try:
+                    embedded.ensure_controller()
+                    ran = "no error"
+                except KrexCommandError as e:
+                    ran = f"{e} {e.exit_code}"
+                os.write(w, json.dumps([st.exit_code, st.output, ran]).encode())
+            except BaseException as e:          # noqa: B902 (said, not raised, in the forked child)
+                os.write(w, json.dumps([None, repr(e), ""]).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        code, said, ran = json.loads(os.read(r, 65536))
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert code == 3 and f"no krex controller answers at {krex.socket} (permission denied: user " in said and \
+            "may not use it: its socket is group root's (mode 0600)" in said, (code, said)
+        assert ran.startswith(f"the krex controller at {krex.socket} refuses this user (user ") and ran.endswith(" 3"), ran
+    finally:
+        krex.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_regions_are_exclusive_again_after_a_controller_restart(krex, tmp_path):
     """Killed under load: the wrappers resume their jobs and start a controller again (embedded, on the same
     socket) unless someone else has; the shims reconnect and announce their contexts; regions are exclusive

@@ -196,7 +196,7 @@ def watch(socket_path, period: float) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the full status as JSON.")
-@click.option("--socket", "socket_path", type=click.Path(), default=None,
+@click.option("--socket", "socket_path", type=click.Path(readable=False), default=None,
               help="Controller socket (default: KREX_SOCKET, /run/krex/krex.sock, then the per-user one).")
 @click.option("--watch", "watch_s", type=click.FloatRange(0.1, 3600), default=None, is_flag=False, flag_value=2.0,
               metavar="[SECONDS]", help="Redraw a live per-GPU view every SECONDS (2); plain text when not a terminal.")

@@ -95,6 +95,10 @@ class Connection:
             restarting = f"; it served here until moments ago and may be restarting (its restart grace ends in " \
                 f"{left:.0f} s)" if left else ""
             why = e.strerror or str(e)           # "AF_UNIX path too long" has no strerror
+            if e.errno == errno.EACCES:
+                from ..sockfiles import who_may_not
+
+                why = f"permission denied: {who_may_not(self.path)}"
             try:
                 if e.errno == errno.ECONNREFUSED and not stat.S_ISSOCK(os.stat(self.path).st_mode):
                     why = "not a socket"
