@@ -10,6 +10,8 @@
   krex_frozen_processes{gpu}                 processes stopped now for a region on this GPU
   krex_queue_length{gpu}                     regions waiting for this GPU
   krex_region_held{gpu}                      1 while a region holds this GPU
+  krex_region_held_seconds{gpu}              how long the region holding this GPU has held it (0: none): alert
+                                             on a region stuck toward its time limit
   krex_clients{role}                         connected clients by role
   krex_jobs                                  jobs known
   krex_controller_events_total{event}        the controller's event counters, as `krex status` lists them
@@ -20,6 +22,7 @@ The counters move when a region ends (the controller's loop calls region_finishe
 the loop every second (sample), never read from the HTTP thread, so scraping never touches the controller's
 state: the event counters are a copy the loop makes each second. prometheus-client's own metrics are thread-safe."""
 
+import time
 from typing import Optional
 
 from .errors import KrexCommandError
@@ -85,6 +88,8 @@ class Metrics:
                               registry=r)
         self.queue = p.Gauge("krex_queue_length", "Regions waiting for this GPU", ["gpu"], registry=r)
         self.held = p.Gauge("krex_region_held", "1 while a region holds this GPU", ["gpu"], registry=r)
+        self.held_s = p.Gauge("krex_region_held_seconds", "How long the region holding this GPU has held it (0: none)",
+                              ["gpu"], registry=r)
         self.clients = p.Gauge("krex_clients", "Connected clients by role", ["role"], registry=r)
         self.jobs = p.Gauge("krex_jobs", "Jobs known to the controller", registry=r)
         self.events = EventCounters()
@@ -125,6 +130,8 @@ class Metrics:
             bit, gpu = 1 << g, str(g)
             live = [r for r in ctl.book.regions.values() if r.gpu_mask & bit]
             self.held.labels(gpu).set(1 if live else 0)
+            since = [r.held_since for r in live if r.granted_ns and r.held_since]
+            self.held_s.labels(gpu).set(round(time.monotonic() - min(since), 3) if since else 0)
             self.frozen.labels(gpu).set(sum(len(r.frozen) for r in live))
             self.queue.labels(gpu).set(sum(1 for r in ctl.book.queue if r.gpu_mask & bit))
         roles: dict = {"shim": 0, "python": 0, "wrapper": 0, "cli": 0}

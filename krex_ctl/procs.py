@@ -181,6 +181,30 @@ def _descendants_by_scan(root: int) -> list[int]:
     return out
 
 
+def cmdline(pid: int, words: int = 64) -> list[str]:
+    """A process's command line (at most `words` words), [] when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(8192)
+    except OSError:
+        return []
+    return [w.decode(errors="replace") for w in raw.split(b"\0") if w][:words]
+
+
+def environ_value(pid: int, name: str) -> Optional[str]:
+    """One variable of a process's environment as it started (None: unset, or not readable by us)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return None
+    key = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key):].decode(errors="replace")
+    return None
+
+
 def threads(pid: int) -> list[int]:
     import psutil
     try:

@@ -1053,8 +1053,13 @@ class Controller(RegionEffects):
             # processes whose connection closed on their way out, followed until they exit (Lifecycle.leaving)
             "leaving": [{"pid": c.pid, "uid": c.uid, "gpus": mask_to_list(mask)}
                         for c, (_, _, mask) in self.lifecycle.leaving.items()],
-            "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid, "command": j.command, "regions": len(j.regions),
-                      "gpus": mask_to_list(j.gpus)} for j in self.jobs.values()],
+            # a job without a wrapper (the shim alone: Slurm's preload mode, a pod) is named by its root's command
+            # line; a Slurm job's id, where its root has one
+            "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid,
+                      "command": j.command or procs.cmdline(j.root_pid), "regions": len(j.regions),
+                      "gpus": mask_to_list(j.gpus),
+                      **({"slurm_job": v} if (v := procs.environ_value(j.root_pid, "SLURM_JOB_ID")) else {})}
+                     for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},
             "placement": server_placement.status_section(self),
             "workers": self.pool.describe(),

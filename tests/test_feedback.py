@@ -622,6 +622,17 @@ def test_controller_trace_and_metrics(krex, tmp_path):
                                 timeout=10) as r:            # a scrape of this metric alone finds it
         only = r.read().decode()
     assert 'krex_controller_events_total{event="regions_granted"} 3.0' in only and "krex_queue_length" not in only
+    # a region held now: how long, for an alert on one stuck toward its time limit (0 once it ended)
+    held = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "4000000"})
+    import re
+
+    def held_s():
+        m = re.search(r'krex_region_held_seconds\{gpu="0"\} ([0-9.e+-]+)', scrape())
+        return m and float(m.group(1)) >= 1.0 and float(m.group(1))
+    assert 1.0 <= wait_for(held_s, timeout=30, interval=0.2, what="a region held for a second") < 30
+    held.communicate(timeout=60)
+    assert wait_for(lambda: 'krex_region_held_seconds{gpu="0"} 0.0' in scrape(), timeout=30, interval=0.2,
+                    what="no region held")
     krex.stop()
     data = json.loads(ctl_trace.read_text())     # closed at the end: a complete JSON array
     assert isinstance(data, list)

@@ -223,6 +223,9 @@ def test_jobs_sharing_a_gpu_under_the_prolog_are_fenced_by_gpu_uuid(slurm, tmp_p
         gpus = {c["pid"]: c["gpus"] for c in st["clients"]}
         assert gpus[same.pid] == [1] and gpus[other.pid] == [0]     # device 0 of each, told apart by UUID
         assert all(root[c["job"]] == c["pid"] for c in st["clients"] if c["pid"] in (same.pid, other.pid))
+        # no wrapper: a job is named by its root's command line, and its Slurm job's id (an operator's view)
+        named = {j["root_pid"]: (j.get("slurm_job"), j["command"][:1]) for j in st["jobs"]}
+        assert named[same.pid] == ("102", [str(SNIP / "hog")]) and named[other.pid] == ("103", [str(SNIP / "hog")])
         (tmp_path / "owner.py").write_text(OWNER)
         owner = slurm.task(101, 1, [sys.executable, tmp_path / "owner.py", "8"], conf)
         out, err = owner.communicate(timeout=120)

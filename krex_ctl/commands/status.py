@@ -86,7 +86,8 @@ def lines(st: dict) -> list[str]:
     out.append(f"{clients_line(st)}, {len(st['jobs'])} job(s)")
     for j in st["jobs"]:
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
-        out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}: "
+        slurm = f" (Slurm job {j['slurm_job']})" if j.get("slurm_job") else ""
+        out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}{slurm}: "
                    f"{command_text(j.get('command'))}")
     out += leaving_lines(st) + pool_lines(st)
     if st.get("omitted"):
