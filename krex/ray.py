@@ -68,7 +68,7 @@ def runtime_env(base: Optional[Mapping] = None, *, python: Optional[str] = None,
 
     python: the worker's interpreter on the nodes (default: base's py_executable, else this interpreter, the
         usual case of one image on every node). krex: the command that is `krex` on the nodes (default
-        `PYTHON -m krex_ctl` with this interpreter). hooks: region hooks for the worker (`krex run --hooks`),
+        `PYTHON -m krex_ctl` with the worker's interpreter: krex installed there). hooks: region hooks for the worker (`krex run --hooks`),
         e.g. "triton" to make every `triton.testing.do_bench` a region.
     The node's controller socket is the node's business (KREX_SOCKET in the environment its raylet was
     started with, or the system socket); set env_vars={"KREX_SOCKET": ...} only where every node has it there."""
@@ -83,7 +83,8 @@ def runtime_env(base: Optional[Mapping] = None, *, python: Optional[str] = None,
                              f"python= (or py_executable) instead")
     inner = shlex.quote(python) if python else env.pop("py_executable", None) or shlex.quote(sys.executable)
     env.pop("py_executable", None)
-    launcher = krex or f"{shlex.quote(sys.executable)} -m krex_ctl"
+    # krex from the worker's own interpreter on the nodes (the driver's path need not exist there)
+    launcher = krex or f"{shlex.quote(shlex.split(inner)[0])} -m krex_ctl"
     if _wrapped(inner):
         raise ValueError("krex.ray.runtime_env: py_executable already runs under `krex run`")
     # --gpu own: Ray gives the worker its GPUs per task (CUDA_VISIBLE_DEVICES, set later): nothing is placed

@@ -358,6 +358,13 @@ def test_runtime_env_wraps_the_worker_and_merges():
     assert both["env_vars"] == {"A": "1", "B": "2"}                     # merged, the keywords win
     spaced = kray.runtime_env(python="/opt/my env/bin/python", krex="krex")
     assert spaced["py_executable"] == "krex run --cold --gpu own -- '/opt/my env/bin/python'"
+    # without krex=, krex from the worker's interpreter on the nodes, not from the driver's (a path the nodes
+    # may not have)
+    nodes = kray.runtime_env(python="/opt/my env/bin/python")
+    assert nodes["py_executable"] == ("'/opt/my env/bin/python' -m krex_ctl run --cold --gpu own -- "
+                                      "'/opt/my env/bin/python'")
+    given = kray.runtime_env(py_executable="/opt/py/bin/python -X dev")
+    assert given["py_executable"] == "/opt/py/bin/python -m krex_ctl run --cold --gpu own -- /opt/py/bin/python -X dev"
     assert not kray.CommandResult("true", 2, "", "").exclusive         # no report: nothing says it ran alone
     # GPU launches and no region at all: not exclusive (all() over no region said True), as krex run says it
     bare = kray.CommandResult("hog", 0, "", "", report={"regions": [], "launches": 996, "launches_outside_regions": 996},
