@@ -333,6 +333,11 @@ def test_epilog_reads_slurm_cgroups_and_its_settings(tmp_path):
     conf.write_text("# site\nKREX_SOCKET='/run/k/k.sock'\n\nexport KREX_CLI=\"/opt/krex run\"\nbogus line\n")
     assert ep.read_conf(str(conf)) == {"KREX_SOCKET": "/run/k/k.sock", "KREX_CLI": "/opt/krex run"}
     assert ep.read_conf(str(tmp_path / "none")) == {}
+    # the file wins over slurmd's environment, as in the TaskProlog (which the tasks' socket came from)
+    conf = ep.read_conf(str(conf))
+    assert ep.setting_of(conf, "KREX_SOCKET", "/run/krex/krex.sock", {"KREX_SOCKET": "/elsewhere.sock"}) == "/run/k/k.sock"
+    assert ep.setting_of(conf, "KREX_EPILOG_GRACE_S", "5", {"KREX_EPILOG_GRACE_S": "9"}) == "9"
+    assert ep.setting_of(conf, "KREX_EPILOG_GRACE_S", "5", {}) == "5"
 
 
 def test_the_epilog_runs_on_the_python_of_older_nodes():
