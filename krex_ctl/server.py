@@ -206,7 +206,8 @@ class Controller(RegionEffects):
         self.started = time.time()
         self.idle_since = time.monotonic()
         self.counters = {"clients_total": 0, "owner_deaths": 0, "bad_frames": 0, "refused_connections": 0,
-                         "handshake_timeouts": 0, "clock_settle_waited": 0, "clock_settle_timed_out": 0}
+                         "handshake_timeouts": 0, "clock_settle_waited": 0, "clock_settle_timed_out": 0,
+                         "process_samples": 0, "process_sample_us": 0}
         self.logged: dict[str, list] = {}          # rate_log: key -> [last time, suppressed count]
         self.state_path = str(cfg.state_file or runtime.state_path(socket_path))
         self.freezer = Freezer(self.state_path, self.rate_log)
@@ -323,9 +324,17 @@ class Controller(RegionEffects):
         self.after(period, tick)
 
     def sample_held_regions(self) -> None:
+        """The held regions' GPUs' process lists (attest.SAMPLE_S): what it costs the loop is counted
+        (process_samples, process_sample_us), for a node whose NVML answers slowly."""
+        t0 = time.perf_counter()
+        n = 0
         for region in list(self.book.regions.values()):
             if region.granted_ns and region.attest_start:
                 self.attest.sample(region)
+                n += 1
+        if n:
+            self.counters["process_samples"] += n
+            self.counters["process_sample_us"] += int((time.perf_counter() - t0) * 1e6)
 
     def rate_log(self, key: str, level: int, msg: str, *args) -> None:
         """At most one line per key every 10 s, with the count of the ones held back."""

@@ -91,6 +91,8 @@ def test_a_foreign_process_that_came_and_went_inside_the_region_taints_it(krex, 
     assert r["taints"] == ["foreign_process"] and not r["exclusive"], r
     assert r["attestation"]["gpus"]["0"]["foreign_pids"] == [stranger]
     assert "exclusive=0" in line
+    c = krex.status()["counters"]
+    assert c["process_samples"] >= 5 and c["process_sample_us"] > 0, c      # what the samples cost is counted
 
 
 def test_a_power_cap_left_by_other_jobs_taints_and_ones_own_does_not(krex, tmp_path):
