@@ -28,43 +28,54 @@ def test_a_reused_tid_keeps_its_own_affinity(cpus):
 
 # ---- regions held at once on different GPUs (enforce/isolate.py), on an in-memory CPU table -----------------------
 class Table:
-    """Every thread's CPU mask, kept here instead of the kernel's: pid == tid, one thread each."""
-    def __init__(self, monkeypatch, masks):
+    """The kernel's CPU masks kept here: pid -> its tids (default: one thread, tid == pid), tid -> mask; what
+    SOCKET.affinity would be written with, in `written`."""
+    def __init__(self, monkeypatch, masks, threads=None, kids=None):
         import types
 
         self.masks = {t: set(m) for t, m in masks.items()}
-        monkeypatch.setattr(procs, "threads", lambda pid: [pid] if pid in self.masks else [])
+        self.thr = threads or {}
+        self.kids = kids or {}
+        monkeypatch.setattr(procs, "threads", lambda pid: list(self.thr.get(pid, [pid] if pid in self.masks else [])))
         monkeypatch.setattr(procs, "thread_start", lambda tid: 1)
-        monkeypatch.setattr(procs, "descendants", lambda pid: [])
+        monkeypatch.setattr(procs, "descendants", lambda pid: list(self.kids.get(pid, [])))
         fake_os = types.SimpleNamespace(sched_getaffinity=lambda t: set(self.masks[t]), getpid=lambda: 1,
                                         sched_setaffinity=lambda t, m: self.masks.__setitem__(t, set(m)))
         monkeypatch.setattr(procs, "os", fake_os)
         from krex_ctl.enforce import isolate
         monkeypatch.setattr(isolate, "os", fake_os)
+        self.written = []
         monkeypatch.setattr(isolate.runtime, "write_reserved", lambda *a: None)
-        monkeypatch.setattr(isolate.runtime, "write_affinity", lambda *a: None)
+        monkeypatch.setattr(isolate.runtime, "write_affinity", lambda p, saved: self.written.append(dict(saved)))
         monkeypatch.setattr(isolate.runtime, "read_affinity", lambda *a: {})
         monkeypatch.setattr(isolate.runtime, "read_reserved", lambda *a: set())
 
 
-def region(rid, gpu):
+def region(rid, gpu, pids=(), mask=None):
     from types import SimpleNamespace
 
-    return SimpleNamespace(id=rid, gpu_mask=1 << gpu, reserved=set(), saved_affinity={}, member_tids=set(), pids=[],
-                           state=SimpleNamespace(value="held"))
+    return SimpleNamespace(id=rid, gpu_mask=mask if mask is not None else 1 << gpu, reserved=set(), saved_affinity={},
+                           member_tids=set(), pids=list(pids), members={}, state=SimpleNamespace(value="held"))
 
 
-def isolation(per_gpu):
+def isolation(per_gpu, owner_cpus="reserved"):
     from types import SimpleNamespace
     from krex_ctl.enforce.isolate import Isolation
 
-    cfg = SimpleNamespace(isolate_cpus=True, owner_cpus="reserved",
+    cfg = SimpleNamespace(isolate_cpus=True, owner_cpus=owner_cpus,
                           reserved_for=lambda mask: set().union(*(per_gpu[g] for g in per_gpu if mask >> g & 1)))
     logged = []
     return Isolation(cfg, "/nonexistent/s.sock", lambda *a: logged.append(a)), logged
 
 
+def end(iso, r, held, waiting=False, frozen=()):
+    r.state.value = "ended"
+    held.remove(r)
+    iso.end(r, list(frozen), waiting, held)
+
+
 ALL = set(range(8))
+EVERYONE = lambda: {10, 20, 30, 40}       # noqa: E731   (krex-managed pids: two owners, two others)
 
 
 def test_a_region_that_ends_beside_another_puts_no_one_on_that_regions_cores(monkeypatch):
@@ -100,3 +111,105 @@ def test_one_list_for_every_gpu_is_not_shared_by_regions_held_at_once(monkeypatc
     a.state.value = "ended"
     iso.end(a, [], False, [a, b])
     assert t.masks == {10: ALL, 20: ALL, 30: ALL}
+
+
+def two_regions(t, per_gpu=None, owner_cpus="reserved", frozen=()):
+    iso, _ = isolation(per_gpu or {0: {6}, 1: {7}}, owner_cpus)
+    a, b = region(1, 0, [10]), region(2, 1, [20])
+    held = [a]
+    iso.isolate(a, [10], set(frozen), EVERYONE, held)
+    held.append(b)
+    iso.isolate(b, [20], set(frozen), EVERYONE, held)
+    return iso, a, b, held
+
+
+def test_a_gang_member_that_joined_gets_its_own_mask_back(monkeypatch):
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 40: ALL})
+    iso, a, b, held = two_regions(t)
+    iso.join(b, 30)
+    b.pids.append(30)
+    assert t.masks[30] == {7}
+    end(iso, a, held)
+    end(iso, b, held)
+    assert t.masks == {10: ALL, 20: ALL, 30: ALL, 40: ALL}, t.masks
+
+
+def test_a_member_that_left_is_no_longer_that_regions(monkeypatch):
+    """leave() kept the leaver's threads among the region's members: another region's end took them for that
+    region's and dropped their saved mask; the leaver stayed off the other region's core for good."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 40: ALL})
+    iso, _ = isolation({0: {6}, 1: {7}})
+    a, b = region(1, 0, [10]), region(2, 1, [20, 30])
+    held = [a]
+    iso.isolate(a, [10], set(), EVERYONE, held)
+    held.append(b)
+    iso.isolate(b, [20, 30], set(), EVERYONE, held)
+    b.pids.remove(30)
+    iso.leave(b, 30, held)
+    assert t.masks[30] == ALL - {6}
+    end(iso, a, held)
+    end(iso, b, held)
+    assert t.masks == {10: ALL, 20: ALL, 30: ALL, 40: ALL}, t.masks
+
+
+def test_an_owner_that_keeps_its_cpus_loses_none_for_good(monkeypatch):
+    """--owner-cpus own-and-reserved: A's owner (its mask already covering core 6) was not saved by A; B moved it
+    off core 7 and, ending first, dropped that mask as A's member's: the owner stayed off core 7."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 40: ALL})
+    iso, a, b, held = two_regions(t, owner_cpus="own-and-reserved")
+    assert t.masks[10] == ALL - {7}
+    end(iso, b, held)
+    end(iso, a, held)
+    assert t.masks == {10: ALL, 20: ALL, 30: ALL, 40: ALL}, t.masks
+
+
+def test_a_hand_over_puts_no_member_on_another_regions_cores(monkeypatch):
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 40: ALL})
+    iso, a, b, held = two_regions(t)
+    end(iso, a, held, waiting=True)
+    assert 7 not in t.masks[10], t.masks      # B still holds core 7
+
+
+def test_a_second_hand_over_does_not_lose_the_first(monkeypatch):
+    """A request waiting on both GPUs: both regions ended with a waiter, and the second hand-over replaced the
+    first with its saved masks (A's frozen sibling stayed off core 6 for good)."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 40: ALL})
+    iso, a, b, held = two_regions(t, frozen=[40])
+    end(iso, a, held, waiting=True, frozen=[40])
+    assert t.masks[40] == ALL - {6, 7}           # off the hand-over's core, and off B's: it runs when thawed
+    end(iso, b, held, waiting=True)
+    x = region(3, 0, [30], mask=3)
+    held.append(x)
+    iso.isolate(x, [30], set(), EVERYONE, held)
+    end(iso, x, held)
+    assert t.masks == {10: ALL, 20: ALL, 30: ALL, 40: ALL}, t.masks
+
+
+def test_threads_made_inside_a_region_go_to_no_other_regions_cores(monkeypatch):
+    t = Table(monkeypatch, {10: ALL, 11: ALL, 20: ALL, 30: ALL, 40: ALL}, threads={10: [10]})
+    iso, a, b, held = two_regions(t)
+    t.thr[10] = [10, 11]                       # A's owner starts a thread inside its region: it inherits {6}
+    t.masks[11] = {6}
+    end(iso, a, held)
+    assert 7 not in t.masks[11] and 7 not in t.masks[10], t.masks      # B holds 7
+
+
+def test_masks_saved_for_newcomers_and_joiners_reach_the_affinity_file(monkeypatch):
+    """keep_off (a krex run registering during a region) and join changed saved masks without marking
+    SOCKET.affinity for writing: after a crash the newcomer stayed off the reserved core, the joiner on it."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 40: ALL, 50: ALL})
+    iso, _ = isolation({0: {6}})
+    a = region(1, 0, [10])
+    held = [a]
+    iso.isolate(a, [10], set(), lambda: {10}, held)
+    iso.flush_saved()
+    assert set(t.written[-1]) == {10}
+    class Client:
+        pid = 40
+
+    iso.keep_off(Client(), held)
+    assert t.masks[40] == ALL - {6} and 40 in a.saved_affinity
+    iso.join(a, 50)
+    assert t.masks[50] == {6} and 50 in a.saved_affinity
+    iso.flush_saved()
+    assert {10, 40, 50} <= set(t.written[-1]), t.written

@@ -41,9 +41,10 @@ class Isolation:
         saved = runtime.read_affinity(self.socket_path)
         if not saved:
             return
+        n = len(saved)
         procs.restore_affinity(saved)
         logging.getLogger("krex.controller").warning(
-            "put back the CPU masks of %d thread(s) a previous controller had moved for its regions", len(saved))
+            "put back the CPU masks of %d thread(s) a previous controller had moved for its regions", n)
         self.write_saved(())
 
     def isolate(self, region, member_pids: list[int], frozen_pids: set[int], managed: Callable[[], set[int]],
@@ -94,25 +95,42 @@ class Isolation:
             if t in prior and t not in saved:
                 saved[t] = prior[t]
 
+    def held_elsewhere(self, held_regions, region=None) -> set:
+        """The cores other held regions (and a hand-over) hold now."""
+        cpus = set().union(*(r.reserved for r in live(held_regions, region)))
+        return cpus | (set(self.handover[0]) if self.handover is not None else set())
+
     def put_back(self, saved: dict, held_regions, region=None) -> None:
-        """Restore saved masks less the cores other held regions (and a hand-over) still hold; a member of another
-        held region is left as it is (that region puts it back)."""
-        others = [(r.reserved, r.member_tids) for r in live(held_regions, region)]
-        if self.handover is not None:
-            others.append((self.handover[0], set()))
-        if not others:
+        """Restore saved masks less the cores other held regions (and a hand-over) still hold. A member of another
+        held region is left as it is, its own mask handed to that region, which puts it back at its end."""
+        others = live(held_regions, region)
+        if not others and self.handover is None:
             procs.restore_affinity(saved)
             return
+        taken = self.held_elsewhere(held_regions, region)
         kept = {}
         for tid, cpus in saved.items():
-            if any(tid in members for _, members in others):
+            holder = next((r for r in others if tid in r.member_tids), None)
+            if holder is not None:
+                holder.saved_affinity.setdefault(tid, cpus)
                 continue
-            mask = procs.Mask(set(cpus) - set().union(*(r for r, _ in others)))
+            mask = procs.Mask(set(cpus) - taken)
             mask.start = getattr(cpus, "start", None)
             if mask:
                 kept[tid] = mask
+            if mask != set(cpus):
+                self.owe(tid, cpus, others)    # kept off their cores: theirs to give back whole at their end
         saved.clear()
         procs.restore_affinity(kept)
+
+    def owe(self, tid: int, own, others) -> None:
+        """A thread left off cores other held regions (or the hand-over) hold: each of them keeps its own mask,
+        to put back at its end (a region that saved it first keeps its own saving)."""
+        for r in others:
+            if r.reserved & set(own):
+                r.saved_affinity.setdefault(tid, own)
+        if self.handover is not None and self.handover[0] & set(own):
+            self.handover[1].setdefault(tid, own)
 
     def join(self, region, pid: int) -> None:
         """A gang member joined a held region: onto its cores."""
@@ -120,29 +138,41 @@ class Isolation:
             tids = procs.threads(pid)
             region.member_tids.update(tids)
             procs.set_affinity(tids, lambda old: region.reserved, region.saved_affinity)
+            self.saved_dirty = True
 
     def leave(self, region, pid: int, held_regions=()) -> None:
         """A member left a region that goes on: its CPUs back now."""
         if region.reserved:
-            self.unpin_newcomers(region, [pid])
+            self.unpin_newcomers(region, [pid], taken=self.held_elsewhere(held_regions, region))
             mine = {}
             for tid in procs.threads(pid):
+                region.member_tids.discard(tid)     # no longer the region's: another region's end puts it back
                 old = region.saved_affinity.pop(tid, None)
                 if old is not None:
                     mine[tid] = old
             self.put_back(mine, held_regions, region)
+            self.saved_dirty = True
 
     def end(self, region, frozen_pids: list[int], others_waiting: bool, held_regions) -> None:
         """At the end: hand the cores over when another request waits on these GPUs, else restore."""
+        if region.reserved and others_waiting and self.handover is not None:
+            self.release(held_regions)     # one hand-over at a time: the earlier one's masks go back first
+        taken = self.held_elsewhere(held_regions, region) if region.reserved else set()
         if region.reserved:
-            self.unpin_newcomers(region, region.pids, off=others_waiting)
+            self.unpin_newcomers(region, region.pids, off=others_waiting, taken=taken)
         if region.reserved and others_waiting:
             saved = region.saved_affinity
-            for pid in region.pids:        # the members: from their own masks before the region, less ours
-                for tid in procs.threads(pid):
-                    procs.set_affinity([tid], lambda old, t=tid: saved.get(t, old) - region.reserved, saved)
+            away = region.reserved | taken
+            for pid in region.pids:        # the members: from their own masks before the region, less ours and
+                for tid in procs.threads(pid):     # other held regions'
+                    procs.set_affinity([tid], lambda old, t=tid: saved.get(t, old) - away, saved)
             for pid in frozen_pids:
-                procs.set_affinity(procs.threads(pid), lambda old: old - region.reserved, saved)
+                procs.set_affinity(procs.threads(pid), lambda old: old - away, saved)
+            if taken:
+                others = live(held_regions, region)
+                for tid, own in saved.items():
+                    if own & taken:
+                        self.owe(tid, own, others)
             self.handover = (region.reserved, region.saved_affinity)
         else:
             self.put_back(region.saved_affinity, held_regions, region)
@@ -150,12 +180,12 @@ class Isolation:
             self.publish(held_regions, exclude=region)
 
     @staticmethod
-    def unpin_newcomers(region, pids, off: bool = False) -> None:
+    def unpin_newcomers(region, pids, off: bool = False, taken: frozenset = frozenset()) -> None:
         """Threads and child processes a member made inside the region inherited its confinement and are in no
         saved mask: each on the reserved cores gets the mask its process had before the region (its main
         thread's, saved, or left as it was: --owner-cpus own-and-reserved adds cores only to those lacking
         them). off (the cores are handed over): that mask less the reserved cores now, the mask itself saved for
-        the hand-over's end."""
+        the hand-over's end. Never onto `taken`, the cores other held regions hold."""
         saved = region.saved_affinity
         for pid in pids:
             try:
@@ -170,7 +200,7 @@ class Isolation:
                         cur = os.sched_getaffinity(tid)
                         if not cur & region.reserved:
                             continue
-                        new = base - region.reserved if off else base
+                        new = (base - region.reserved if off else base) - taken   # never onto held cores
                         if new and new != cur:
                             start = procs.thread_start(tid)
                             os.sched_setaffinity(tid, new)
@@ -243,3 +273,4 @@ class Isolation:
             procs.set_affinity(tids, lambda old, r=reserved: old - r, saved)
             for t in set(saved) - before:
                 prior.setdefault(t, saved[t])
+        self.saved_from, self.saved_dirty = live(held_regions), True
