@@ -213,3 +213,19 @@ def test_masks_saved_for_newcomers_and_joiners_reach_the_affinity_file(monkeypat
     assert t.masks[50] == {6} and 50 in a.saved_affinity
     iso.flush_saved()
     assert {10, 40, 50} <= set(t.written[-1]), t.written
+
+
+def test_a_successor_puts_back_only_masks_krex_left(monkeypatch):
+    """The masks a dead controller saved go back only where the thread's mask is one krex could have left: one a
+    user set since (here wider than the thread's own) stays."""
+    from krex_ctl.enforce import isolate
+
+    t = Table(monkeypatch, {10: {6}, 30: ALL - {6}, 31: ALL - {6}})
+    own = {t_: procs.Mask(ALL) for t_ in (10, 30)}
+    own[31] = procs.Mask({0, 1, 2, 3, 4, 5})          # its own mask lacked core 7: now it has it, set since
+    for m in own.values():
+        m.start = 1
+    monkeypatch.setattr(isolate.runtime, "read_affinity", lambda *a: dict(own))
+    monkeypatch.setattr(isolate.runtime, "read_reserved", lambda *a: {6})
+    isolation({0: {6}})
+    assert t.masks == {10: ALL, 30: ALL, 31: ALL - {6}}, t.masks   # the owner and the one moved off: back

@@ -41,10 +41,21 @@ class Isolation:
         saved = runtime.read_affinity(self.socket_path)
         if not saved:
             return
+        # only a mask krex could have left (its own less some cores, or on the cores regions held then): one set
+        # since by someone else (wider than that, or elsewhere) is theirs and stays
+        held_then = runtime.read_reserved(self.socket_path)
+        for tid, own in list(saved.items()):
+            try:
+                now = os.sched_getaffinity(tid)
+            except OSError:
+                now = None
+            if now is None or now == set(own) or not now <= set(own) | held_then:
+                del saved[tid]
         n = len(saved)
         procs.restore_affinity(saved)
-        logging.getLogger("krex.controller").warning(
-            "put back the CPU masks of %d thread(s) a previous controller had moved for its regions", n)
+        if n:
+            logging.getLogger("krex.controller").warning(
+                "put back the CPU masks of %d thread(s) a previous controller had moved for its regions", n)
         self.write_saved(())
 
     def isolate(self, region, member_pids: list[int], frozen_pids: set[int], managed: Callable[[], set[int]],
