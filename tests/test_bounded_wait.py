@@ -42,6 +42,28 @@ def gpu_held_after_its_first_region(krex, p, held):
             holder.wait()
 
 
+def unprotected_c_region(krex, timeout_s: str = "0.3", **env):
+    """The region snippet under `krex run --region-timeout` while another job holds GPU 0: its wait runs out and it
+    runs unprotected (the holder released once the wait is given up; the snippet's context made at once, as the
+    context gate would hold it: a wait at a gate, which --region-timeout does not bound, as it does not bound one at
+    a launch). (returncode, stdout, stderr with what was said before the release, report)."""
+    release = krex.dir / "release"
+    holder = hold_gpu(krex, release=release)
+    try:
+        rep = krex.dir / "c.json"
+        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", timeout_s, "--report", str(rep), "--",
+                str(SNIP / "region")]
+        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0", **env),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        told = stderr_until(p, "not granted within its timeout")      # never silent; said as the wait is given up
+        release.touch()
+        out, err = p.communicate(timeout=120)
+        return p.returncode, out, told + err, report_of(rep)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def queued(krex) -> int:
     return sum(len(g["queue"]) for g in krex.status()["gpus"])
 
@@ -75,56 +97,24 @@ def test_python_timeout_raises_and_cancels(krex):
 
 def test_c_begin_returns_minus_3_under_region_timeout(krex):
     krex.start_controller()
-    release = krex.dir / "release"
-    holder = hold_gpu(krex, release=release)   # its launches after the refusal wait for the holder's region to end
-    try:
-        rep = krex.dir / "c.json"
-        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.5", "--report", str(rep), "--",
-                str(SNIP / "region")]
-        # its context made at once (the context gate, on by default, would hold it until the holder's region
-        # ended: a wait at a gate, which --region-timeout does not bound, as it does not bound one at a launch)
-        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        told = stderr_until(p, "not granted within its timeout")      # never silent; said as the wait is given up
-        release.touch()
-        out, err = p.communicate(timeout=120)
-        r = subprocess.CompletedProcess(full, p.returncode, out, told + err)
-        assert r.returncode == 0, r.stderr
-        assert "begin=-3" in r.stdout and "exclusive=0" in r.stdout, r.stdout
-        assert "not granted within its timeout" in r.stderr
-        assert queued(krex) == 0
-        regions = report_of(rep)["regions"]
-        assert len(regions) == 1 and "not_granted" in regions[0]["taints"], regions
-    finally:
-        holder.kill()
-        holder.wait()
+    rc, out, err, rep = unprotected_c_region(krex, "0.5")
+    assert rc == 0, err
+    assert "begin=-3" in out and "exclusive=0" in out, out
+    assert "not granted within its timeout" in err
+    assert queued(krex) == 0
+    assert len(rep["regions"]) == 1 and "not_granted" in rep["regions"][0]["taints"], rep["regions"]
 
 
 def test_the_wait_of_a_region_not_granted_ends_where_its_wait_did(krex):
     """A region not granted within its timeout runs unprotected: the report counted its whole body (1.5 s here) as
     time waited for the region (region_waited_ns, waited_ns). Its wait ends where it was given up."""
     krex.start_controller()
-    release = krex.dir / "release"
-    holder = hold_gpu(krex, release=release)
-    try:
-        rep = krex.dir / "c.json"
-        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.3", "--report", str(rep), "--",
-                str(SNIP / "region")]
-        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0",
-                                            SNIPPET_HOLD_US="1500000"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stderr_until(p, "not granted within its timeout")
-        release.touch()
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        rep = report_of(rep)
-        [region] = rep["regions"]
-        assert region["ended_ns"] - region["requested_ns"] > 1.5e9, region
-        assert region["requested_ns"] + 0.25e9 < region["wait_ended_ns"] < region["ended_ns"] - 1.4e9, region
-        assert rep["region_waited_ns"] == region["wait_ended_ns"] - region["requested_ns"], rep["region_waited_ns"]
-    finally:
-        holder.kill()
-        holder.wait()
+    rc, out, err, rep = unprotected_c_region(krex, SNIPPET_HOLD_US="1500000")
+    assert rc == 0, err
+    [region] = rep["regions"]
+    assert region["ended_ns"] - region["requested_ns"] > 1.5e9, region
+    assert region["requested_ns"] + 0.25e9 < region["wait_ended_ns"] < region["ended_ns"] - 1.4e9, region
+    assert rep["region_waited_ns"] == region["wait_ended_ns"] - region["requested_ns"], rep["region_waited_ns"]
 
 
 @pytest.mark.parametrize("how", ["exit", "_exit"])
@@ -132,26 +122,12 @@ def test_a_c_program_that_exits_inside_its_unprotected_region_is_reported(krex, 
     """After -3 a C program timed unprotected and exited without krex_end (returned from main, exit(), _exit()):
     the region was in no record and the report listed no region at all. The shim keeps it at exit."""
     krex.start_controller()
-    release = krex.dir / "release"
-    holder = hold_gpu(krex, release=release)
-    try:
-        rep = krex.dir / "c.json"
-        full = [sys.executable, "-m", "krex_ctl", "run", "--region-timeout", "0.3", "--report", str(rep), "--",
-                str(SNIP / "region")]
-        p = subprocess.Popen(full, env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", KREX_GATE_CONTEXTS="0",
-                                            SNIPPET_EXIT_INSIDE=how),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        told = stderr_until(p, "not granted within its timeout")
-        release.touch()
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0 and "region 0" not in out, told + err   # it left before printing its region
-        regions = report_of(rep)["regions"]
-        assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and not regions[0]["exclusive"], regions
-        assert regions[0]["end"] == "normal", regions       # it timed, unprotected: a strict run fails for it
-        assert "not exclusive" in told + err or "not granted" in told + err
-    finally:
-        holder.kill()
-        holder.wait()
+    rc, out, err, rep = unprotected_c_region(krex, SNIPPET_EXIT_INSIDE=how)
+    assert rc == 0 and "region 0" not in out, err            # it left before printing its region
+    regions = rep["regions"]
+    assert len(regions) == 1 and "not_granted" in regions[0]["taints"] and not regions[0]["exclusive"], regions
+    assert regions[0]["end"] == "normal", regions       # it timed, unprotected: a strict run fails for it
+    assert "not granted" in err
 
 
 @pytest.mark.parametrize("how", ["exit", "_exit"])

@@ -256,6 +256,34 @@ def test_a_frozen_daemon_is_resumed_when_the_controller_dies(krex, tmp_path):
 
 # ---- 5: another user's runtime directory ------------------------------------------------------------------
 NOBODY = 65534
+
+
+def as_nobody(fn):
+    """fn() run in a forked child as uid/gid NOBODY; what it returns (JSON), or its exception's repr, comes back.
+    What fn needs must be imported before: that user may not read the interpreter's files."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(w, json.dumps({"ok": fn()}).encode())
+        except BaseException as e:          # noqa: B902 (said, not raised, in the forked child)
+            os.write(w, json.dumps({"error": repr(e)}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    got = json.loads(b"".join(chunks))
+    assert "ok" in got, got["error"]
+    return got["ok"]
 class Trap:
     """A process of another user listening at sock (forked from the test, bound as root, then turned into that
     user before listen(): SO_PEERCRED names the listener as it was then), keeping whatever anyone sends it."""
@@ -835,22 +863,11 @@ def test_a_controller_that_refuses_a_user_is_not_waited_for_as_if_restarting(kre
         krex.socket = d / "c.sock"                          # mode 0600, root's
         krex.start_controller("--restart-grace", "30")
         wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                t0 = time.monotonic()
-                err = embedded.reach(krex.socket)
-                found = embedded.restarting(krex.socket)
-                os.write(w, json.dumps([err, found, time.monotonic() - t0]).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        err, found, took = json.loads(os.read(r, 4096))
-        os.close(r)
-        os.waitpid(pid, 0)
+        def asked():
+            t0 = time.monotonic()
+            err = embedded.reach(krex.socket)
+            return [err, embedded.restarting(krex.socket), time.monotonic() - t0]
+        err, found, took = as_nobody(asked)
         assert err == errno.EACCES and found is False and took < 5, (err, found, took)
     finally:
         krex.stop()
@@ -879,28 +896,16 @@ def test_a_user_the_controller_refuses_is_told_why(krex, tmp_path):
         d.chmod(0o755)
         krex.socket = d / "c.sock"                          # mode 0600, root's
         krex.start_controller()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:                                        # as a user outside the socket's group
+        def asked():                                        # as a user outside the socket's group
+            st = CliRunner().invoke(full(), ["status", "--socket", str(krex.socket)])
+            os.environ["KREX_SOCKET"] = str(krex.socket)
             try:
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                st = CliRunner().invoke(full(), ["status", "--socket", str(krex.socket)])
-                os.environ["KREX_SOCKET"] = str(krex.socket)
-                try:
-                    embedded.ensure_controller()
-                    ran = "no error"
-                except KrexCommandError as e:
-                    ran = f"{e} {e.exit_code}"
-                os.write(w, json.dumps([st.exit_code, st.output, ran]).encode())
-            except BaseException as e:          # noqa: B902 (said, not raised, in the forked child)
-                os.write(w, json.dumps([None, repr(e), ""]).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        code, said, ran = json.loads(os.read(r, 65536))
-        os.close(r)
-        os.waitpid(pid, 0)
+                embedded.ensure_controller()
+                ran = "no error"
+            except KrexCommandError as e:
+                ran = f"{e} {e.exit_code}"
+            return [st.exit_code, st.output, ran]
+        code, said, ran = as_nobody(asked)
         assert code == 3 and f"no krex controller answers at {krex.socket} (permission denied: user " in said and \
             "may not use it: its socket is group root's (mode 0600)" in said, (code, said)
         assert ran.startswith(f"the krex controller at {krex.socket} refuses this user (user ") and ran.endswith(" 3"), ran
