@@ -18,6 +18,7 @@ marks that region not_granted."""
 
 import contextlib
 import math
+import operator
 import os
 import sys
 import time
@@ -113,16 +114,17 @@ def _gpu_mask(gpu) -> int:
     """gpus=: a node-wide GPU index or an iterable of them (a string is neither: "12" is not GPUs 1 and 2)."""
     if gpu is None:
         return 0
-    if isinstance(gpu, (str, bytes, bool)) or not isinstance(gpu, int) and not hasattr(gpu, "__iter__"):
+    if isinstance(gpu, (str, bytes, bool)) or not hasattr(gpu, "__index__") and not hasattr(gpu, "__iter__"):
         raise TypeError(f"gpus must be a GPU index or a list of them, not {gpu!r}")
-    gpus = [gpu] if isinstance(gpu, int) else list(gpu)
+    gpus = [gpu] if hasattr(gpu, "__index__") else list(gpu)      # an int, a numpy integer; or a list of them
     m = 0
     for g in gpus:
-        if isinstance(g, bool) or not isinstance(g, int) and not hasattr(g, "__index__"):
+        if isinstance(g, (bool, str, bytes)) or not hasattr(g, "__index__"):
             raise TypeError(f"gpus must be a GPU index or a list of them: {g!r} in {gpu!r} is not an index")
-        if not 0 <= int(g) < 64:
+        i = operator.index(g)
+        if not 0 <= i < 64:
             raise ValueError(f"GPU {g} is not an index 0-63")
-        m |= 1 << int(g)
+        m |= 1 << i
     return m
 
 

@@ -721,6 +721,10 @@ def test_gpus_must_be_indexes(krex):
     r = krex.python("import krex\nfor g in ('12', True, [0, '1'], 1.5):\n    try:\n        krex.region('x', gpus=g).__enter__()\n"
                     "    except TypeError as e:\n        print('TypeError')\n")
     assert r.returncode == 0 and r.stdout.split() == ["TypeError"] * 4, r.stdout + r.stderr
+    from krex._region import _gpu_mask      # an index is anything with __index__ (numpy integers too)
+    import numpy
+
+    assert _gpu_mask(numpy.int64(1)) == 2 and _gpu_mask([numpy.int32(0), 2]) == 5 and _gpu_mask((1,)) == 2
 
 
 def test_a_block_that_joins_a_region_naming_other_gpus_makes_it_not_exclusive(krex, tmp_path):

@@ -392,8 +392,10 @@ def killed_by(sig: int) -> int:
 
 def check_shim() -> Path:
     """The shim to preload, checked to be one of this krex's counters layout: a file that exports
-    krex_counters_layout_N (read from the file, not loaded; an older shim exports krex_shim_loaded only). Another library, or any other file, would let the command run with nothing counting its launches
-    and --strict passing: one line naming KREX_SHIM when that variable chose it, exit status 2."""
+    krex_counters_layout_N (read from the file, not loaded; an older shim exports krex_shim_loaded only).
+    Another library, any other file, or a shim of another layout would let the command run with nothing
+    counting its launches and --strict passing: one line naming KREX_SHIM when that variable chose it, exit
+    status 2."""
     from .. import elf
 
     shim = paths.shim_library()
