@@ -13,9 +13,10 @@ from .errors import KrexCommandError
 from .sockfiles import answers, reach
 
 
-def restarting(path: Path) -> bool:
-    """The controller at path is answering, or nothing listens there but it may come back: await_restart."""
-    err = reach(path)
+def restarting(path: Path, err: Optional[int] = None) -> bool:
+    """The controller at path is answering, or nothing listens there but it may come back: await_restart.
+    err: what reach(path) said already."""
+    err = reach(path) if err is None else err
     return err == 0 or (err in heartbeat.NOTHING_LISTENS and await_restart(path))
 
 
@@ -104,16 +105,18 @@ def _ensure_controller(timeout: float, started: list) -> Path:
 
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
-        if restarting(path):
+        err = reach(path)
+        if restarting(path, err):
             return path
-        if reach(path) == errno.EACCES:
+        if err == errno.EACCES:
             raise KrexCommandError(f"the krex controller at {path} refuses this user ({who_may_not(path)})", 3)
         started.append(path)
         return _start(path, timeout)
     node = paths.SYSTEM_SOCKET
-    if restarting(node):
+    err = reach(node)
+    if restarting(node, err):
         return node
-    if reach(node) == errno.EACCES:
+    if err == errno.EACCES:
         print(f"krex: the node's krex controller at {node} refuses this user ({who_may_not(node)}); this command "
               "uses a per-user controller instead, which keeps no other user's work off the GPU, and whose GPU work "
               "makes the node controller's regions on the same GPUs not exclusive (other_controller)", file=sys.stderr)

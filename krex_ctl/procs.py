@@ -191,15 +191,20 @@ def cmdline(pid: int, words: int = 64) -> list[str]:
     return [w.decode(errors="replace") for w in raw.split(b"\0") if w][:words]
 
 
-def environ_value(pid: int, name: str) -> Optional[str]:
-    """One variable of a process's environment as it started (None: unset, or not readable by us)."""
+def environ_entries(pid: int) -> Optional[list[bytes]]:
+    """A process's environment as it started, NAME=value entries; None when it cannot be read (gone, or not
+    ours to read)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read(1 << 20)
+            return f.read().split(b"\0")
     except OSError:
         return None
+
+
+def environ_value(pid: int, name: str) -> Optional[str]:
+    """One variable of a process's environment as it started (None: unset, or not readable by us)."""
     key = name.encode() + b"="
-    for item in raw.split(b"\0"):
+    for item in environ_entries(pid) or []:
         if item.startswith(key):
             return item[len(key):].decode(errors="replace")
     return None

@@ -68,10 +68,8 @@ def krex_managed(pid: int) -> bool:
     HELLO, or after its goodbye), or one that has already exited (NVML lists a process until its context is
     torn down: that is lifecycle work, not a foreign process): not foreign. Exited means gone or every thread
     a zombie, not a process whose main thread alone has exited (procs.exit_state)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
+    env = procs.environ_entries(pid)
+    if env is None:
         return procs.exit_state(pid, None) == "exited"
     return any(e.startswith(b"KREX_JOB=") for e in env) and any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e
                                                                  for e in env)

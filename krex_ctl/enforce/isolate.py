@@ -234,11 +234,7 @@ class Isolation:
         """SOCKET.reserved: the CPUs region owners hold now (wire/runtime.py); SOCKET.affinity: the masks to put
         back should this controller die holding them."""
         regions = live(held_regions, exclude) + ([include] if include is not None and include.reserved else [])
-        cpus: set[int] = set()
-        for r in regions:
-            cpus |= r.reserved
-        if self.handover is not None:
-            cpus |= self.handover[0]
+        cpus = self.held_elsewhere(regions)
         try:
             runtime.write_reserved(self.socket_path, cpus)
         except OSError as e:
