@@ -230,6 +230,23 @@ def owned_by(pid: int, user: int) -> bool:
     return uid(pid) == user
 
 
+def comm(pid: int) -> Optional[str]:
+    """A process's command name (/proc/pid/comm: at most 15 bytes, set by exec or prctl(PR_SET_NAME)), None
+    when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read(64).rstrip(b"\n").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def is_slurm_stepd(pid: int, owner: int = 0) -> bool:
+    """Slurm's step daemon: a process of owner's (root's, as slurmd starts it) named slurmstepd. The tasks of a
+    step are its children, run as the job's user; under the TaskProlog's step scope (KREX_SLURM_JOB_SCOPE=step)
+    they name it as their job's root. A user cannot make a process of root's with this name."""
+    return comm(pid) == "slurmstepd" and owned_by(pid, owner)
+
+
 def pidfd_pid(fd: int) -> Optional[int]:
     """The pid a pidfd refers to (from /proc/self/fdinfo), None when that process has exited."""
     try:

@@ -135,6 +135,15 @@ class Job:
         self.regions = RegionLog(SPILL_DIR[0])   # bounded in memory (region_log.py)
         self.command: list[str] = []
         self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
+        self.stepd = False            # rooted at a Slurm step's slurmstepd: not a process of the job
+
+    def slurm_job(self) -> Optional[str]:
+        """The Slurm job's id from the root's environment, or for a slurmstepd root (its environment is slurmd's,
+        which has none) from one member's, the lowest pid's: one environment read either way."""
+        if not self.stepd:
+            return procs.environ_value(self.root_pid, "SLURM_JOB_ID")
+        member = min((c.pid for c in self.clients), default=0)
+        return procs.environ_value(member, "SLURM_JOB_ID") if member else None
 
 
 class Timer:
@@ -801,7 +810,9 @@ class Controller(RegionEffects):
         opened while it was reconnecting). Any other client is placed in the job it claims only if it
         descends from that job's wrapper (or from the warm worker running that job's command) and is of
         the same user; else in the job of the wrapper it names (KREX_JOB_ROOT) if it descends from it,
-        so that after a controller restart a command's processes find each other again; else alone."""
+        so that after a controller restart a command's processes find each other again; else alone. A root
+        named so is the client's user's process, or a Slurm step's slurmstepd of root's (the TaskProlog's step
+        scope names it, so that the tasks of a step are one job); the job is still this user's alone."""
         def ours(job: Optional[Job]) -> bool:
             return job is not None and job.uid == client.uid and (
                 procs.is_descendant(client.pid, job.root_pid) and procs.start_time(job.root_pid) == job.root_start
@@ -812,8 +823,12 @@ class Controller(RegionEffects):
         job = self.jobs.get(claimed) if claimed > 0 else None
         if ours(job):
             return job
-        if root > 1 and procs.is_descendant(client.pid, root) and procs.owned_by(root, client.uid):
-            return self.job_rooted_at(root, client.uid) or self.new_job(root, client.uid)
+        if root > 1 and procs.is_descendant(client.pid, root):
+            own = procs.owned_by(root, client.uid)
+            # Slurm's step daemon: root's, or the user's own where slurmd runs as that user
+            stepd = procs.is_slurm_stepd(root, client.uid if own else 0)
+            if own or stepd:
+                return self.job_rooted_at(root, client.uid) or self.new_job(root, client.uid, stepd)
         return self.new_job(client.pid, client.uid)
 
     def job_rooted_at(self, root: int, uid: int) -> Optional[Job]:
@@ -822,8 +837,9 @@ class Controller(RegionEffects):
         return next((j for j in self.jobs.values() if j.root_pid == root and j.uid == uid and j.root_start == start),
                     None)
 
-    def new_job(self, root: int, uid: int) -> Job:
+    def new_job(self, root: int, uid: int, stepd: bool = False) -> Job:
         job = Job(next(self.job_ids), root, uid)
+        job.stepd = stepd
         self.jobs[job.id] = job
         return job
 
@@ -1063,11 +1079,11 @@ class Controller(RegionEffects):
             "leaving": [{"pid": c.pid, "uid": c.uid, "gpus": mask_to_list(mask)}
                         for c, (_, _, mask) in self.lifecycle.leaving.items()],
             # a job without a wrapper (the shim alone: Slurm's preload mode, a pod) is named by its root's command
-            # line; a Slurm job's id, where its root has one
+            # line (a Slurm step's: slurmstepd's, `slurmstepd: [JOB.STEP]`); a Slurm job's id, where its root or
+            # (a slurmstepd root) a member has one
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid,
                       "command": j.command or procs.cmdline(j.root_pid), "regions": len(j.regions),
-                      "gpus": mask_to_list(j.gpus),
-                      **({"slurm_job": v} if (v := procs.environ_value(j.root_pid, "SLURM_JOB_ID")) else {})}
+                      "gpus": mask_to_list(j.gpus), **({"slurm_job": v} if (v := j.slurm_job()) else {})}
                      for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},
             "placement": server_placement.status_section(self),

@@ -148,9 +148,12 @@ class RegionEffects:
 
     # ---- the grant -----------------------------------------------------------------------------------
     def managed_pids(self) -> set[int]:
+        """Every krex-managed pid: each job's root and its descendants of the job's user, and the GPU clients.
+        A Slurm step's slurmstepd (a job rooted there: KREX_SLURM_JOB_SCOPE=step) is not the job's process, even
+        for a job of root's: its tasks are."""
         managed: set[int] = set()
         for job in self.jobs.values():
-            tree = [job.root_pid] + procs.descendants(job.root_pid) if job.root_pid else []
+            tree = ([] if job.stepd else [job.root_pid]) + procs.descendants(job.root_pid) if job.root_pid else []
             managed.update(p for p in tree if procs.owned_by(p, job.uid))
         managed.update(c.pid for c in self.clients.values() if c.role in (C.KREX_ROLE_SHIM, C.KREX_ROLE_PYTHON))
         return managed

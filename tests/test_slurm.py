@@ -17,6 +17,7 @@ import sys
 import time
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,6 +41,37 @@ for line in out.stdout.splitlines():          # as slurmstepd reads a TaskProlog
     elif line.startswith("unset "):
         os.environ.pop(line[len("unset "):].strip(), None)
 os.execvp(cmd[0], cmd)
+"""
+
+# a step's slurmstepd (its comm set as slurmstepd's, prctl PR_SET_NAME): starts argv[1] tasks (each one STEPD, which
+# runs the TaskProlog), prints their pids and ends them when its stdin closes. Its own environment, like slurmstepd's
+# (slurmd's), holds no SLURM_JOB_ID: the tasks get theirs from STEP_TASK_ENV.
+STEP = r"""
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None).prctl(15, b"slurmstepd", 0, 0, 0) == 0
+n, cmd = int(sys.argv[1]), sys.argv[2:]
+env = json.loads(os.environ.pop("STEP_TASK_ENV"))
+tasks = [subprocess.Popen(cmd, env=dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), stdout=sys.stderr)
+         for i in range(n)]
+print(json.dumps([t.pid for t in tasks]), flush=True)
+sys.stdin.read()
+for t in tasks:
+    t.kill()
+    t.wait()
+"""
+
+# a parent named argv[1] (prctl PR_SET_NAME) with one child, whose own name has spaces and parentheses in it (as a
+# comm may: /proc/PID/stat's second field); prints the child's pid, ends it when its stdin closes
+TREE = r"""
+import ctypes, subprocess, sys
+assert ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0) == 0
+child = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(None).prctl(15, b'x) 7 8 (y', 0, 0, 0);"
+                          " print(flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+sys.stdin.read()
+child.kill()
+child.wait()
 """
 
 OWNER = r"""
@@ -116,8 +148,30 @@ def slurm(krex, tmp_path):
                    PYTHONPATH=str(ROOT))
         return subprocess.run([str(EPILOG)], env=env, capture_output=True, text=True, timeout=120)
 
-    krex.slurm_conf, krex.task, krex.epilog = conf, task, epilog
+    def step(job: int, gpu: int, n: int, cmd, conf_file: Path, **extra) -> tuple:
+        """A step of n tasks on this node under one slurmstepd (STEP): (that process, the tasks' pids)."""
+        (tmp_path / "step.py").write_text(STEP)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KREX_", "SLURM_")) and k != "LD_PRELOAD"}
+        env["STEP_TASK_ENV"] = json.dumps(job_env(job, gpu, conf_file, SLURM_STEP_NUM_TASKS=str(n), **extra))
+        p = subprocess.Popen([sys.executable, str(tmp_path / "step.py"), str(n), sys.executable,
+                              str(tmp_path / "stepd.py"), str(PROLOG)] + [str(c) for c in cmd],
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return p, json.loads(p.stdout.readline())
+
+    krex.slurm_conf, krex.task, krex.epilog, krex.step = conf, task, epilog, step
     return krex
+
+
+def tree(parent_name: str) -> tuple:
+    """TREE: (the parent, named parent_name, and its child's pid)."""
+    p = subprocess.Popen([sys.executable, "-c", TREE, parent_name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    return p, int(p.stdout.readline())
+
+
+def end(p: subprocess.Popen) -> None:
+    p.stdin.close()
+    p.wait(timeout=30)
 
 
 def prolog(env: dict) -> subprocess.CompletedProcess:
@@ -146,6 +200,152 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
         assert "LD_PRELOAD" not in out.stdout, settings
         if settings.get("KREX_SLURM_MODE") != "off":     # said in the task's output (print) and on stderr
             assert "runs without krex" in out.stderr and "print krex-task-prolog: " in out.stdout, settings
+
+
+def test_task_prolog_job_scope(slurm):
+    """KREX_SLURM_JOB_SCOPE: task (the default) roots the krex job at the task, step at its parent, the step's
+    slurmstepd, read from /proc/PID/stat past the command name (which may hold spaces and parentheses). The task's
+    environment may choose it (unlike the other settings); the settings file gives the default. A bad value, or
+    a parent that is not a slurmstepd: a warning, and the task's own pid."""
+    stepd, task = tree("slurmstepd")
+    shell, under_shell = tree("bash")
+    try:
+        def root(pid, conf_scope=None, env_scope=None):
+            settings = {"KREX_SLURM_JOB_SCOPE": conf_scope} if conf_scope else {}
+            env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_TASK_PID": str(pid),
+                   "KREX_SLURM_CONF": str(slurm.slurm_conf("scope.env", **settings))}
+            if env_scope:
+                env["KREX_SLURM_JOB_SCOPE"] = env_scope
+            out = prolog(env)
+            assert out.returncode == 0
+            lines = out.stdout.splitlines()
+            roots = [line.split("=", 1)[1] for line in lines if line.startswith("export KREX_JOB_ROOT=")]
+            assert len(roots) == 1 and "LD_PRELOAD" in out.stdout, out
+            warned = [line for line in lines if line.startswith("print krex-task-prolog: ")]
+            assert [w[len("print "):] for w in warned] == out.stderr.splitlines(), out
+            return int(roots[0]), " ".join(warned)
+
+        assert root(task) == (task, "")                                          # the default: task
+        assert root(task, env_scope="task") == (task, "")
+        assert root(task, env_scope="step") == (stepd.pid, "")
+        assert root(task, conf_scope="step") == (stepd.pid, "")                  # the site's default ...
+        assert root(task, conf_scope="step", env_scope="task") == (task, "")     # ... which the task's env overrides
+        assert root(task, conf_scope="task", env_scope="step") == (stepd.pid, "")
+        for bad in ({"env_scope": "steps"}, {"conf_scope": "job"}):
+            pid, warned = root(task, **bad)
+            assert pid == task and f"KREX_SLURM_JOB_SCOPE={next(iter(bad.values()))} is not task or step" in warned
+        pid, warned = root(under_shell, env_scope="step")             # its parent is no slurmstepd
+        assert pid == under_shell and f"the parent of task pid {under_shell} is not a slurmstepd" in warned
+        gone = subprocess.Popen(["true"])                             # no /proc/PID/stat to read
+        gone.wait()
+        pid, warned = root(gone.pid, env_scope="step")
+        assert pid == gone.pid and "is not a slurmstepd" in warned
+    finally:
+        end(stepd)
+        end(shell)
+
+
+def test_step_scope_makes_the_tasks_of_a_step_one_job(slurm):
+    """srun -n 2 on one node: two tasks, children of the step's slurmstepd. With KREX_SLURM_JOB_SCOPE=step in the
+    task environment they are one krex job rooted at the slurmstepd (whose own environment has no SLURM_JOB_ID:
+    `krex status` takes the job's id from a task); with the default scope, one job each."""
+    conf = slurm.slurm_conf()
+    hog = {"SNIPPET_STREAMS": "1", "SNIPPET_US": "300", "SNIPPET_MS": "60000"}
+    for scope in ("step", None):
+        extra = dict(hog, KREX_SLURM_JOB_SCOPE=scope) if scope else hog
+        stepd, pids = slurm.step(301, 1, 2, [SNIP / "hog"], conf, **extra)
+        try:
+            wait_for(lambda: set(pids) <= {c["pid"] for c in slurm.status()["clients"] if c["gpus"]}, timeout=60,
+                     what="both tasks' contexts")
+            st = slurm.status()
+            job = {c["pid"]: c["job"] for c in st["clients"] if c["pid"] in pids and c["role"] == "shim"}
+            jobs = {j["job"]: j for j in st["jobs"]}
+            if scope == "step":
+                assert job[pids[0]] == job[pids[1]], job
+                j = jobs[job[pids[0]]]
+                assert j["root_pid"] == stepd.pid and j["uid"] == os.getuid() and j.get("slurm_job") == "301", j
+            else:
+                assert job[pids[0]] != job[pids[1]], job
+                assert [jobs[job[p]]["root_pid"] for p in pids] == pids
+                assert all(jobs[job[p]].get("slurm_job") == "301" for p in pids)
+        finally:
+            end(stepd)
+
+
+def placing_controller():
+    """Controller.place's state, no more: no jobs yet, no warm workers."""
+    import itertools
+
+    from krex_ctl.server import Controller
+    from krex_ctl.wire.frames import C
+
+    ctl = SimpleNamespace(jobs={}, job_ids=itertools.count(1), pool=SimpleNamespace(workers=[]), clients={})
+    ctl.job_rooted_at = lambda root, uid: Controller.job_rooted_at(ctl, root, uid)
+    ctl.new_job = lambda root, uid, *stepd: Controller.new_job(ctl, root, uid, *stepd)
+    ctl.place = lambda pid, uid, root: Controller.place(ctl, SimpleNamespace(pid=pid, uid=uid, role=C.KREX_ROLE_SHIM),
+                                                        0, root)
+    return ctl
+
+
+def test_a_task_joins_a_job_rooted_at_its_steps_slurmstepd_of_roots(monkeypatch):
+    """A client naming root R (KREX_JOB_ROOT) joins the job (R, its uid) when it descends from R and R is its own
+    user's, or R is root's slurmstepd (the step scope: slurmstepd runs as root, its tasks as the job's user). The
+    job is still that user's alone; its slurmstepd is not one of its processes (CPU isolation's managed pids).
+    Real processes, their owners made up: no root needed."""
+    from krex_ctl import procs
+    from krex_ctl.server_regions import RegionEffects
+
+    stepd, task = tree("slurmstepd")
+    try:
+        owner = {stepd.pid: 0, task: 1000}
+        monkeypatch.setattr(procs, "uid", lambda pid: owner.get(pid))
+        assert procs.comm(stepd.pid) == "slurmstepd" and procs.comm(task) == "x) 7 8 (y"
+        assert procs.is_slurm_stepd(stepd.pid) and not procs.is_slurm_stepd(task)
+        ctl = placing_controller()
+        job = ctl.place(task, 1000, stepd.pid)
+        assert (job.root_pid, job.uid, job.stepd) == (stepd.pid, 1000, True)
+        assert ctl.place(task, 1000, stepd.pid) is job                    # the step's next task: the same job
+        other = ctl.place(task, 1001, stepd.pid)                          # never another user's
+        assert other is not job and (other.root_pid, other.uid) == (stepd.pid, 1001)
+        assert RegionEffects.managed_pids(SimpleNamespace(jobs={job.id: job}, clients={})) == {task}
+        owner[stepd.pid] = 1000                                           # slurmd run as the user: its own
+        job = placing_controller().place(task, 1000, stepd.pid)
+        assert (job.root_pid, job.stepd) == (stepd.pid, True)
+        owner[stepd.pid] = owner[task] = 0                                # a job of root's: still not its slurmstepd
+        ctl = placing_controller()
+        job = ctl.place(task, 0, stepd.pid)
+        assert job.root_pid == stepd.pid and job.stepd
+        assert RegionEffects.managed_pids(SimpleNamespace(jobs={job.id: job}, clients={})) == {task}
+    finally:
+        end(stepd)
+
+
+def test_a_root_of_roots_not_named_slurmstepd_is_refused(monkeypatch):
+    """Only root's slurmstepd is accepted as another owner's root: a process of root's with another name (slurmd,
+    a shell), another user's process named slurmstepd, and a slurmstepd the client does not descend from are
+    refused (the client is a job alone, as before); the same tree with root's slurmstepd on top is accepted."""
+    from krex_ctl import procs
+
+    trees = [tree(name) for name in ("slurmstepd", "slurmd", "slurmstepd-x", "bash")]
+    try:
+        owner = {p.pid: 0 for p, _ in trees}
+        owner.update({task: 1000 for _, task in trees})
+        monkeypatch.setattr(procs, "uid", lambda pid: owner.get(pid))
+        (stepd, task), refused = trees[0], trees[1:]
+        assert ctl_root(task, stepd.pid) == stepd.pid                     # the control: accepted
+        for p, child in refused:
+            assert not procs.is_slurm_stepd(p.pid) and ctl_root(child, p.pid) == child, procs.comm(p.pid)
+        assert ctl_root(os.getpid(), stepd.pid) == os.getpid()           # not its ancestor
+        owner[stepd.pid] = 1001                                           # another user's slurmstepd
+        assert not procs.is_slurm_stepd(stepd.pid) and ctl_root(task, stepd.pid) == task
+    finally:
+        for p, _ in trees:
+            end(p)
+
+
+def ctl_root(pid: int, root: int) -> int:
+    """The root of the job a fresh controller places a client of uid 1000 with pid and KREX_JOB_ROOT=root in."""
+    return placing_controller().place(pid, 1000, root).root_pid
 
 
 def test_task_prolog_waits_for_a_controller_that_restarts(krex, tmp_path):
