@@ -136,14 +136,18 @@ class Job:
         self.command: list[str] = []
         self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
         self.stepd = False            # rooted at a Slurm step's slurmstepd: not a process of the job
+        self._slurm_job: Optional[str] = None
 
     def slurm_job(self) -> Optional[str]:
         """The Slurm job's id from the root's environment, or for a slurmstepd root (its environment is slurmd's,
-        which has none) from one member's, the lowest pid's: one environment read either way."""
-        if not self.stepd:
-            return procs.environ_value(self.root_pid, "SLURM_JOB_ID")
-        member = min((c.pid for c in self.clients), default=0)
-        return procs.environ_value(member, "SLURM_JOB_ID") if member else None
+        which has none) from one member's, the lowest pid's: one environment read either way, and none once
+        found (a job's id does not change; `krex status` asks at every call)."""
+        if self._slurm_job is None:
+            if not self.stepd:      # "" for none: read once
+                self._slurm_job = procs.environ_value(self.root_pid, "SLURM_JOB_ID") or ""
+            elif (member := min((c.pid for c in self.clients), default=0)):
+                self._slurm_job = procs.environ_value(member, "SLURM_JOB_ID")
+        return self._slurm_job or None
 
 
 class Timer:

@@ -320,6 +320,27 @@ def test_a_task_joins_a_job_rooted_at_its_steps_slurmstepd_of_roots(monkeypatch)
         end(stepd)
 
 
+def test_a_jobs_slurm_id_is_read_once(monkeypatch):
+    """`krex status` names each job's Slurm id at every call: the root's environment (up to 1 MB) is read once,
+    whether it has one or not; a slurmstepd root's job reads a member's until one has it."""
+    from types import SimpleNamespace as NS
+
+    from krex_ctl import procs
+    from krex_ctl.server import Job
+
+    reads, env = [], {11: "301", 12: None, 13: "302"}
+    monkeypatch.setattr(procs, "environ_value", lambda pid, name: reads.append(pid) or env.get(pid))
+    monkeypatch.setattr(procs, "start_time", lambda pid: 1)
+    job, plain = Job(1, 11, 1000), Job(2, 12, 1000)
+    assert [job.slurm_job() for _ in range(3)] == ["301"] * 3 and [plain.slurm_job() for _ in range(3)] == [None] * 3
+    assert reads == [11, 12]
+    step = Job(3, 10, 1000)
+    step.stepd, step.clients = True, []
+    assert step.slurm_job() is None and reads == [11, 12]                 # no member yet: nothing read
+    step.clients = [NS(pid=13)]
+    assert step.slurm_job() == "302" and step.slurm_job() == "302" and reads == [11, 12, 13]
+
+
 def test_a_root_of_roots_not_named_slurmstepd_is_refused(monkeypatch):
     """Only root's slurmstepd is accepted as another owner's root: a process of root's with another name (slurmd,
     a shell), another user's process named slurmstepd, and a slurmstepd the client does not descend from are
