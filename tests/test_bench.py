@@ -934,3 +934,43 @@ def test_startup_bench_times_each_mode_and_says_which_declarations_it_had(tmp_pa
         assert v["wall_ms"]["n"] == v["before_ms"]["n"] == 3
         assert 0 < v["before_ms"]["median"] < v["wall_ms"]["median"], (m, v)
     assert all(data["modes"][m]["added_before_ms"] > 0 for m in ("krex", "krex+hooks")), data
+
+
+def test_freeze_policy_reanalysis_splits_a_cut_plans_one_reference_pass(tmp_path):
+    """A plan cut before its last isolated pass has no floor (one pass: no kernel is stable, nothing is judged).
+    `--reanalyse --split-reference` makes the one pass two, by process (each kernel's commands in turn), and the
+    table says so; the split result reanalyses to the same table without the option, and a result with two passes
+    is refused."""
+    def row(size, ms, clean=None):
+        r = {"op": "sum", "size": size, "variant": 0, "exit": 0, "candidate_all_ms": ms, "reference_all_ms": ms}
+        return {**r, **({"regions_clean": [clean]} if clean is not None else {})}
+
+    ref_rows = [row(128, [0.05, 0.0501]), row(128, [0.0502, 0.0501]), row(128, [0.0501, 0.05]),
+                row(128, [0.0502, 0.0502]), row(8192, [2.0, 2.001]), row(8192, [2.002, 2.001])]
+    busy_rows = [row(128, [0.0503, 0.0501], True), row(8192, [2.003, 2.0], True)]
+    run = lambda mode, agents, rows: {"mode": mode, "agents": agents, "wall_s": 10.0, "commands": len(rows),  # noqa
+                                      "failed": 0, "commands_per_min": 6.0 * len(rows), "rows": rows,
+                                      "started_unix": 1.0, "ended_unix": 11.0}
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({"partial": True, "argv": ["freeze_policy.py", "--reference", "solo-busy"],
+                               "runs": [run("krexsolobusy", 1, ref_rows), run("krexbusy", 16, busy_rows)]}))
+    fp = [sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reanalyse"]
+    plain = subprocess.run(fp + [str(cut), "--out", str(tmp_path / "plain.json")], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0 and json.loads((tmp_path / "plain.json").read_text())["floor_timings"]["<0.1ms"] == 0
+    split = subprocess.run(fp + [str(cut), "--split-reference", "--out", str(tmp_path / "split.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert split.returncode == 0, split.stderr
+    made = json.loads((tmp_path / "split.json").read_text())
+    passes = [r for r in made["runs"] if r["mode"] == "krexsolobusy"]
+    assert made["reference_split"] and [r["commands"] for r in passes] == [3, 3]
+    assert [[x["candidate_all_ms"] for x in p["rows"]] for p in passes] == [
+        [[0.05, 0.0501], [0.0501, 0.05], [2.0, 2.001]], [[0.0502, 0.0501], [0.0502, 0.0502], [2.002, 2.001]]]
+    assert made["floor_timings"]["<0.1ms"] == 16 and made["rows"][0]["kernels"]["<0.1ms"] > 0
+    assert "one pass split by process" in split.stdout
+    again = subprocess.run(fp + [str(tmp_path / "split.json"), "--out", str(tmp_path / "again.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == split.stdout
+    twice = subprocess.run(fp + [str(tmp_path / "split.json"), "--split-reference", "--out", str(tmp_path / "x.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert twice.returncode == 2 and "2 passes of krexsolobusy, not one" in twice.stderr
