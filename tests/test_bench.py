@@ -974,3 +974,20 @@ def test_freeze_policy_reanalysis_splits_a_cut_plans_one_reference_pass(tmp_path
     twice = subprocess.run(fp + [str(tmp_path / "split.json"), "--split-reference", "--out", str(tmp_path / "x.json")],
                            capture_output=True, text=True, timeout=60)
     assert twice.returncode == 2 and "2 passes of krexsolobusy, not one" in twice.stderr
+
+
+def test_freeze_policy_deadline_foresees_a_gpu_bound_modes_tail():
+    """--deadline shrinks a shared mode's budget by the time its commands in flight take after it: one command's
+    wall time alone, or where the GPU is the limit agents x its regions' hold (run 29 ran 77 s past a 240-s budget
+    at 16 agents, which the fixed 20 s allowed for did not foresee, and the last reference pass was cut)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    ref = [{"rows": [{"exit": 0, "wall_s": 10.0, "region_held_s": 3.0}, {"exit": 0, "wall_s": 12.0, "region_held_s": 3.2},
+                     {"exit": 1, "wall_s": 500.0, "region_held_s": 90.0}]}]
+    assert fp.expected_tail(ref, 16) == pytest.approx(16 * 3.1 * fp.HELD_SHARED)
+    assert fp.expected_tail(ref, 1) == pytest.approx(max(fp.TAIL_S, 11.0))
+    assert fp.expected_tail([{"rows": [{"exit": 0, "wall_s": 40.0, "region_held_s": 0.5}]}], 4) == 40.0
+    assert fp.expected_tail([], 16) == fp.TAIL_S
