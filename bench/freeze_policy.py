@@ -180,7 +180,7 @@ def power_by_mode(runs: list, samples: list) -> dict:
     the shared mode and its floor ran in the same power state."""
     out, seen = {}, {}
     for r in runs:
-        if "started_unix" not in r:
+        if "started_unix" not in r or r.get("split_from_one_pass") == 2:   # the same pass as its first half
             continue
         key = f"{r['mode']}:{r['agents']}"
         seen[key] = seen.get(key, 0) + 1
@@ -194,14 +194,16 @@ def power_by_mode(runs: list, samples: list) -> dict:
 def split_pass(runs: list, ref: dict) -> list:
     """runs with the one isolated pass ref made two, by process: each kernel's commands taken in turn (the
     first, third, ... to one, the others to the other); the second comes after every other run, where a
-    finished plan's last pass stands. A floor so made compares processes of one pass, not passes apart in time."""
+    finished plan's last pass stands. A floor so made compares processes of one pass, not passes apart in time.
+    Each half says which it is (split_from_one_pass: 1 or 2); power_by_mode counts the pass once."""
     seen: dict = {}
     halves: tuple = ([], [])
     for row in ref["rows"]:
         k = T.kernel_of(row)
         halves[seen.get(k, 0) % 2].append(row)
         seen[k] = seen.get(k, 0) + 1
-    made = [{**ref, "rows": rows, "commands": len(rows), "split_from_one_pass": True} for rows in halves]
+    made = [{**ref, "rows": rows, "commands": len(rows), "split_from_one_pass": half}
+            for half, rows in enumerate(halves, 1)]
     return [made[0] if r is ref else r for r in runs] + [made[1]]
 
 

@@ -963,7 +963,7 @@ def test_freeze_policy_reanalysis_splits_a_cut_plans_one_reference_pass(tmp_path
     assert split.returncode == 0, split.stderr
     made = json.loads((tmp_path / "split.json").read_text())
     passes = [r for r in made["runs"] if r["mode"] == "krexsolobusy"]
-    assert made["reference_split"] and [r["commands"] for r in passes] == [3, 3]
+    assert made["reference_split"] and [(r["commands"], r["split_from_one_pass"]) for r in passes] == [(3, 1), (3, 2)]
     assert [[x["candidate_all_ms"] for x in p["rows"]] for p in passes] == [
         [[0.05, 0.0501], [0.0501, 0.05], [2.0, 2.001]], [[0.0502, 0.0501], [0.0502, 0.0502], [2.002, 2.001]]]
     assert made["floor_timings"]["<0.1ms"] == 16 and made["rows"][0]["kernels"]["<0.1ms"] > 0
