@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import resource
 import selectors
 import signal
@@ -140,14 +141,25 @@ class Job:
 
     def slurm_job(self) -> Optional[str]:
         """The Slurm job's id from the root's environment, or for a slurmstepd root (its environment is slurmd's,
-        which has none) from one member's, the lowest pid's: one environment read either way, and none once
-        found (a job's id does not change; `krex status` asks at every call)."""
+        which has none) from its command line, `slurmstepd: [JOB.STEP]` (slurmstepd's own title: root's, where
+        a member's environment is the user's to set), else from the first member, by pid, that has one; none
+        read again once found (a job's id does not change; `krex status` asks at every call)."""
         if self._slurm_job is None:
             if not self.stepd:      # "" for none: read once
                 self._slurm_job = procs.environ_value(self.root_pid, "SLURM_JOB_ID") or ""
-            elif (member := min((c.pid for c in self.clients), default=0)):
-                self._slurm_job = procs.environ_value(member, "SLURM_JOB_ID")
+            elif procs.start_time(self.root_pid) == self.root_start and (
+                    m := STEPD_TITLE.match(" ".join(procs.cmdline(self.root_pid, 4)))):
+                self._slurm_job = m.group(1)
+            else:
+                for member in sorted(c.pid for c in self.clients)[:4]:
+                    if (v := procs.environ_value(member, "SLURM_JOB_ID")):
+                        self._slurm_job = v
+                        break
         return self._slurm_job or None
+
+
+# slurmstepd's title (setproctitle): [JOB.STEP], [JOB.batch], [JOB+COMPONENT.STEP] (a heterogeneous job's)
+STEPD_TITLE = re.compile(r"slurmstepd: \[(\d+)[.+\]]")
 
 
 class Timer:
