@@ -841,11 +841,26 @@ class Controller(RegionEffects):
             return job
         if root > 1 and procs.is_descendant(client.pid, root):
             own = procs.owned_by(root, client.uid)
-            # Slurm's step daemon: root's, or the user's own where slurmd runs as that user
+            step = own and self.step_of(client, root)
+            if step:
+                return self.job_rooted_at(step, client.uid) or self.new_job(step, client.uid, True)
+            # Slurm's step daemon named directly: root's, or the user's own where slurmd runs as that user
             stepd = procs.is_slurm_stepd(root, client.uid if own else 0)
             if own or stepd:
                 return self.job_rooted_at(root, client.uid) or self.new_job(root, client.uid, stepd)
         return self.new_job(client.pid, client.uid)
+
+    @staticmethod
+    def step_of(client: Client, task: int) -> Optional[int]:
+        """Under the TaskProlog's step scope: the slurmstepd whose task `task` (the client's KREX_JOB_ROOT, its
+        Slurm task's pid) is, when the client's environment asks for it (KREX_SLURM_JOB_SCOPE=step); else None.
+        The controller finds the task's parent itself: under `hidepid` the task cannot (Slurm makes it
+        non-dumpable before its TaskProlog runs, so not even its own /proc/PID/stat is readable to it). Only
+        for a root whose parent is a slurmstepd is the client's environment read (up to 1 MB, once a client)."""
+        stepd = procs.parent(task)
+        if not stepd or stepd <= 1 or not (procs.is_slurm_stepd(stepd, 0) or procs.is_slurm_stepd(stepd, client.uid)):
+            return None
+        return stepd if procs.environ_value(client.pid, "KREX_SLURM_JOB_SCOPE") == "step" else None
 
     def job_rooted_at(self, root: int, uid: int) -> Optional[Job]:
         """The job whose wrapper is this very process (same pid and start time) of this user, if any."""

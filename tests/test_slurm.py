@@ -186,12 +186,12 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
     # would count in that command's report (its counters file)
     assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}", f"export LD_PRELOAD={SHIM} libm.so.6",
                                        "unset KREX_JOB", "unset KREX_COUNTERS", "unset KREX_GPU",
-                                       "export KREX_JOB_ROOT=4242"]
+                                       "export KREX_SLURM_JOB_SCOPE=task", "export KREX_JOB_ROOT=4242"]
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("s.env", KREX_SLURM_MODE="socket"))))
     assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}"]
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("h.env", KREX_SLURM_HOOKS="all", KREX_HOOKS_DIR="/h")),
                       PYTHONPATH="/p"))
-    assert out.stdout.splitlines()[6:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
+    assert out.stdout.splitlines()[7:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
                                            f"export NVTX_INJECTION64_PATH={SHIM}"]
     for settings in ({"KREX_SOCKET": str(tmp_path / "none.sock")}, {"KREX_SHIM": "/none/libkrex.so"},
                      {"KREX_SLURM_MODE": "bogus"}, {"KREX_SLURM_MODE": "off"}):
@@ -203,46 +203,38 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
 
 
 def test_task_prolog_job_scope(slurm):
-    """KREX_SLURM_JOB_SCOPE: task (the default) roots the krex job at the task, step at its parent, the step's
-    slurmstepd, read from /proc/PID/stat past the command name (which may hold spaces and parentheses). The task's
-    environment may choose it (unlike the other settings); the settings file gives the default. A bad value, or
-    a parent that is not a slurmstepd: a warning, and the task's own pid."""
-    stepd, task = tree("slurmstepd")
-    shell, under_shell = tree("bash")
-    try:
-        def root(pid, conf_scope=None, env_scope=None):
-            settings = {"KREX_SLURM_JOB_SCOPE": conf_scope} if conf_scope else {}
-            env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_TASK_PID": str(pid),
-                   "KREX_SLURM_CONF": str(slurm.slurm_conf("scope.env", **settings))}
-            if env_scope:
-                env["KREX_SLURM_JOB_SCOPE"] = env_scope
-            out = prolog(env)
-            assert out.returncode == 0
-            lines = out.stdout.splitlines()
-            roots = [line.split("=", 1)[1] for line in lines if line.startswith("export KREX_JOB_ROOT=")]
-            assert len(roots) == 1 and "LD_PRELOAD" in out.stdout, out
-            warned = [line for line in lines if line.startswith("print krex-task-prolog: ")]
-            assert [w[len("print "):] for w in warned] == out.stderr.splitlines(), out
-            return int(roots[0]), " ".join(warned)
+    """KREX_SLURM_JOB_SCOPE: the prolog exports the scope it chose and the task's pid as KREX_JOB_ROOT; the
+    controller applies a step scope (it finds the task's slurmstepd, which the task may not read under a
+    hidepid /proc). The task's environment may choose it (unlike the other settings); the settings file gives
+    the default, task without one. A bad value: a warning, and task."""
+    def scope(conf_scope=None, env_scope=None, task_pid="4242"):
+        settings = {"KREX_SLURM_JOB_SCOPE": conf_scope} if conf_scope else {}
+        env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7",
+               "KREX_SLURM_CONF": str(slurm.slurm_conf("scope.env", **settings))}
+        if task_pid:
+            env["SLURM_TASK_PID"] = task_pid
+        if env_scope:
+            env["KREX_SLURM_JOB_SCOPE"] = env_scope
+        out = prolog(env)
+        assert out.returncode == 0 and "LD_PRELOAD" in out.stdout, out
+        lines = out.stdout.splitlines()
+        exported = dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
+        warned = [line for line in lines if line.startswith("print krex-task-prolog: ")]
+        assert [w[len("print "):] for w in warned] == out.stderr.splitlines(), out
+        assert exported.get("KREX_JOB_ROOT", "") == task_pid and ("unset KREX_JOB_ROOT" in lines) == (not task_pid)
+        return exported["KREX_SLURM_JOB_SCOPE"], " ".join(warned)
 
-        assert root(task) == (task, "")                                          # the default: task
-        assert root(task, env_scope="task") == (task, "")
-        assert root(task, env_scope="step") == (stepd.pid, "")
-        assert root(task, conf_scope="step") == (stepd.pid, "")                  # the site's default ...
-        assert root(task, conf_scope="step", env_scope="task") == (task, "")     # ... which the task's env overrides
-        assert root(task, conf_scope="task", env_scope="step") == (stepd.pid, "")
-        for bad in ({"env_scope": "steps"}, {"conf_scope": "job"}):
-            pid, warned = root(task, **bad)
-            assert pid == task and f"KREX_SLURM_JOB_SCOPE={next(iter(bad.values()))} is not task or step" in warned
-        pid, warned = root(under_shell, env_scope="step")             # its parent is no slurmstepd
-        assert pid == under_shell and f"the parent of task pid {under_shell} is not a slurmstepd" in warned
-        gone = subprocess.Popen(["true"])                             # no /proc/PID/stat to read
-        gone.wait()
-        pid, warned = root(gone.pid, env_scope="step")
-        assert pid == gone.pid and "is not a slurmstepd" in warned
-    finally:
-        end(stepd)
-        end(shell)
+    assert scope() == ("task", "")                                            # the default: task
+    assert scope(env_scope="task") == ("task", "")
+    assert scope(env_scope="step") == ("step", "")
+    assert scope(conf_scope="step") == ("step", "")                           # the site's default ...
+    assert scope(conf_scope="step", env_scope="task") == ("task", "")         # ... which the task's env overrides
+    assert scope(conf_scope="task", env_scope="step") == ("step", "")
+    for bad in ({"env_scope": "steps"}, {"conf_scope": "job"}):
+        chosen, warned = scope(**bad)
+        assert chosen == "task" and f"KREX_SLURM_JOB_SCOPE={next(iter(bad.values()))} is not task or step" in warned
+    chosen, warned = scope(env_scope="step", task_pid="")                      # no task pid: nothing to root at
+    assert chosen == "step" and "no SLURM_TASK_PID" in warned
 
 
 def test_step_scope_makes_the_tasks_of_a_step_one_job(slurm):
@@ -281,6 +273,7 @@ def placing_controller():
 
     ctl = SimpleNamespace(jobs={}, job_ids=itertools.count(1), pool=SimpleNamespace(workers=[]), clients={})
     ctl.job_rooted_at = lambda root, uid: Controller.job_rooted_at(ctl, root, uid)
+    ctl.step_of = Controller.step_of
     ctl.new_job = lambda root, uid, *stepd: Controller.new_job(ctl, root, uid, *stepd)
     ctl.place = lambda pid, uid, root: Controller.place(ctl, SimpleNamespace(pid=pid, uid=uid, role=C.KREX_ROLE_SHIM),
                                                         0, root)
@@ -339,6 +332,43 @@ def test_a_jobs_slurm_id_is_read_once(monkeypatch):
     assert step.slurm_job() is None and reads == [11, 12]                 # no member yet: nothing read
     step.clients = [NS(pid=13)]
     assert step.slurm_job() == "302" and step.slurm_job() == "302" and reads == [11, 12, 13]
+
+
+def test_the_controller_roots_a_step_scoped_task_at_its_slurmstepd(monkeypatch):
+    """The prolog exports the task's pid and the scope; the controller, which can read any /proc (the task may
+    not, under hidepid), takes the task's parent when it is a slurmstepd (root's, or the user's own) and the
+    client's environment says KREX_SLURM_JOB_SCOPE=step. Task scope, another parent, another user's task: the
+    task's own job. Real processes, their owners and environments made up: no root needed."""
+    from krex_ctl import procs
+
+    stepd, task = tree("slurmstepd")
+    shell, under_shell = tree("bash")
+    try:
+        owner = {stepd.pid: 0, task: 1000, shell.pid: 0, under_shell: 1000}
+        scope = {}
+        monkeypatch.setattr(procs, "uid", lambda pid: owner.get(pid))
+        monkeypatch.setattr(procs, "environ_value",
+                            lambda pid, name: scope.get(pid) if name == "KREX_SLURM_JOB_SCOPE" else None)
+        ctl = placing_controller()
+        scope[task] = "step"
+        job = ctl.place(task, 1000, task)
+        assert (job.root_pid, job.uid, job.stepd) == (stepd.pid, 1000, True)
+        assert ctl.place(task, 1000, task) is job                                # the step's next task
+        scope[task] = "task"
+        plain = ctl.place(task, 1000, task)
+        assert (plain.root_pid, plain.stepd) == (task, False)
+        scope[under_shell] = "step"                                              # a parent that is no slurmstepd
+        assert ctl.place(under_shell, 1000, under_shell).root_pid == under_shell
+        scope[task] = "step"
+        owner[task] = 1001                                                       # not the client's own task
+        assert ctl.place(task, 1000, task).root_pid == task
+        owner[task], owner[stepd.pid] = 1000, 1000                               # slurmd run as the user
+        assert placing_controller().place(task, 1000, task).root_pid == stepd.pid
+        owner[stepd.pid] = 1002                                                  # another user's slurmstepd
+        assert placing_controller().place(task, 1000, task).root_pid == task
+    finally:
+        end(stepd)
+        end(shell)
 
 
 def test_a_root_of_roots_not_named_slurmstepd_is_refused(monkeypatch):
