@@ -856,11 +856,16 @@ class Controller(RegionEffects):
         Slurm task's pid) is, when the client's environment asks for it (KREX_SLURM_JOB_SCOPE=step); else None.
         The controller finds the task's parent itself: under `hidepid` the task cannot (Slurm makes it
         non-dumpable before its TaskProlog runs, so not even its own /proc/PID/stat is readable to it). Only
-        for a root whose parent is a slurmstepd is the client's environment read (up to 1 MB, once a client)."""
+        for a root whose parent is a slurmstepd is the client's environment read (up to 1 MB, once a client). A
+        client under a `krex run` wrapper (KREX_JOB in its environment: it reconnects after a controller restart
+        naming the wrapper as its root) stays in the wrapper's job, which opens its own."""
         stepd = procs.parent(task)
         if not stepd or stepd <= 1 or not (procs.is_slurm_stepd(stepd, 0) or procs.is_slurm_stepd(stepd, client.uid)):
             return None
-        return stepd if procs.environ_value(client.pid, "KREX_SLURM_JOB_SCOPE") == "step" else None
+        env = procs.environ_entries(client.pid) or []
+        if b"KREX_SLURM_JOB_SCOPE=step" not in env or any(e.startswith(b"KREX_JOB=") for e in env):
+            return None
+        return stepd
 
     def job_rooted_at(self, root: int, uid: int) -> Optional[Job]:
         """The job whose wrapper is this very process (same pid and start time) of this user, if any."""

@@ -347,8 +347,10 @@ def test_the_controller_roots_a_step_scoped_task_at_its_slurmstepd(monkeypatch):
         owner = {stepd.pid: 0, task: 1000, shell.pid: 0, under_shell: 1000}
         scope = {}
         monkeypatch.setattr(procs, "uid", lambda pid: owner.get(pid))
-        monkeypatch.setattr(procs, "environ_value",
-                            lambda pid, name: scope.get(pid) if name == "KREX_SLURM_JOB_SCOPE" else None)
+        wrapped = set()
+        monkeypatch.setattr(procs, "environ_entries", lambda pid: [b"PATH=/bin"] + (
+            [b"KREX_SLURM_JOB_SCOPE=" + scope[pid].encode()] if pid in scope else []) + (
+            [b"KREX_JOB=3"] if pid in wrapped else []))
         ctl = placing_controller()
         scope[task] = "step"
         job = ctl.place(task, 1000, task)
@@ -357,6 +359,10 @@ def test_the_controller_roots_a_step_scoped_task_at_its_slurmstepd(monkeypatch):
         scope[task] = "task"
         plain = ctl.place(task, 1000, task)
         assert (plain.root_pid, plain.stepd) == (task, False)
+        scope[task] = "step"
+        wrapped.add(task)                                                        # under a krex run: its own job
+        assert placing_controller().place(task, 1000, task).root_pid == task
+        wrapped.clear()
         scope[under_shell] = "step"                                              # a parent that is no slurmstepd
         assert ctl.place(under_shell, 1000, under_shell).root_pid == under_shell
         scope[task] = "step"
