@@ -99,6 +99,8 @@ class Config:
     busy_before_us: float = 1000.0             # other jobs' GPU work this long at the drain: they loaded the GPU
     region_gap_ms: float = 0.0                 # a region starts at least this long after another job's region
                                                # ended on its GPUs, other jobs still gated (0: off)
+    lifecycle_prewait_ms: float = 0.0          # a request waits up to this long, gates open, for other jobs'
+                                               # lifecycle work on its GPUs to end before its drain (0: off)
     warm_workers: int = 0                      # warm Python workers kept ready per GPU and environment (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)
@@ -132,7 +134,7 @@ FLAGS = {
     "settle_ms_per_gib": "--settle-ms-per-gib", "clock_settle_ms": "--clock-settle-ms",
     "clock_settle_pct": "--clock-settle-pct", "metrics": "--metrics", "trace": "--trace",
     "freeze_policy": "--freeze-policy", "fair_window_s": "--fair-window", "gate_contexts": "--gate-contexts",
-    "gate_exit": "--gate-exit", "region_gap_ms": "--region-gap-ms", "restart_grace_s": "--restart-grace",
+    "gate_exit": "--gate-exit", "region_gap_ms": "--region-gap-ms", "lifecycle_prewait_ms": "--lifecycle-prewait-ms", "restart_grace_s": "--restart-grace",
 }
 
 # bounds of the numeric settings: (low, high, low is exclusive)
@@ -142,7 +144,7 @@ _SECONDS = {"region_time_limit_s": (0, 86400.0, True), "drain_timeout_s": (0, 36
             "settle_ms_per_gib": (0, 10000.0, False), "clock_drop_pct": (0, 100.0, False),
             "busy_before_us": (0, 1e7, False), "clock_settle_ms": (0, 10000.0, False),
             "clock_settle_pct": (0, 100.0, True), "fair_window_s": (0, 3600.0, False),
-            "region_gap_ms": (0, 10000.0, False)}
+            "region_gap_ms": (0, 10000.0, False), "lifecycle_prewait_ms": (0, 10000.0, False)}
 _COUNTS = {"max_clients": (1, 1 << 20), "max_clients_per_uid": (1, 1 << 20), "max_handshakes_per_uid": (1, 1 << 16),
            "max_queued_per_client": (1, 1), "warm_workers": (0, 64), "worker_reuse": (1, 100000)}
 OWNER_CPUS = ("reserved", "own-and-reserved")

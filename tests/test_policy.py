@@ -311,6 +311,60 @@ def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
     assert r.taints & C.KREX_TAINT_LIFECYCLE and r.state is State.FREEZING
 
 
+def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context_is_made_bounded():
+    """lifecycle_prewait_ms: a request whose GPU has another job's context creation (or exit) under way waits,
+    its gates still open (no CloseGates: other jobs' GPU work runs meanwhile), until that ends or the prewait's
+    time is up; then it starts and the barrier behaves as before. Its own job's lifecycle work does not hold
+    it; one on another GPU does not; a request behind it on its GPU waits behind it; 0 turns it off."""
+    ev = lambda e, dev=0: SimpleNamespace(event=e, device=dev, bytes=0)   # noqa: E731
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    out = w.request(a)
+    assert kinds(out) == ["Recheck"] and not w.book.regions and out[0].delay <= 0.002
+    assert w.book.counters["lifecycle_prewaits"] == 1
+    out = w.book.request(c, 1, "behind", 0, 1, w.now)                  # behind it on its GPU: waits too
+    assert "CloseGates" not in kinds(out) and not w.book.regions
+    w.now += 0.03
+    assert "CloseGates" not in kinds(w.book.recheck(w.now))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now)           # made: the request starts, first in line
+    w.now += 0.002
+    out = w.closed(w.book.recheck(w.now))
+    assert kinds(out)[0] == "CloseGates" and region_of(out).owner is a
+    assert w.book.counters["lifecycle_prewait_ms"] == 32 and w.book.counters["lifecycle_prewaits"] == 1
+    assert not w.book.prewait_since
+
+    # bounded: lifecycle work that goes on past the prewait's time does not hold the request longer
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_EXIT_BEGIN), w.now)
+    assert kinds(w.request(a)) == ["Recheck"]
+    w.now += 0.1
+    r = region_of(w.closed(w.book.recheck(w.now)))
+    w.read_pass()
+    assert w.book.drained(r, b, 0, w.now) and r.state is State.SETTLING     # the barrier waits as before
+
+    # its own job's lifecycle work, or another GPU's, does not hold it; off: never
+    for kw, who, dev in (({"lifecycle_prewait_ms": 100.0}, "own", 0), ({"lifecycle_prewait_ms": 100.0}, "other", 1),
+                         ({"lifecycle_prewait_ms": 0.0}, "other", 0)):
+        w = World(**kw)
+        job = Job(1)
+        a = w.client(10, job)
+        b = w.client(20, job if who == "own" else Job(2), devices=1 << dev)
+        w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN, dev), w.now)
+        assert kinds(w.request(a))[0] == "CloseGates", (kw, who, dev)
+        assert w.book.counters["lifecycle_prewaits"] == 0
+
+    # a request cancelled while it waits leaves nothing behind
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    w.request(a)
+    w.book.cancel(a, 1, w.now)
+    w.book.recheck(w.now + 0.002)
+    assert not w.book.prewait_since and not w.book.queue
+
+
 def test_a_freeze_that_does_not_take_in_time_still_grants_and_says_who():
     w = World()
     a, b = w.client(10, Job(1)), w.client(20, Job(2))

@@ -75,12 +75,17 @@ from ..wire import runtime
                    "starts a controller of its own (15 at /run/krex/krex.sock, the node controller's socket, else 0: no "
                    "wait).")
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
+@click.option("--lifecycle-prewait-ms", default=None, metavar="MS",
+              help="A region's request waits up to this long, its GPUs' gates still open, for another job's context "
+                   "creation, teardown or exit there to end, before its drain (0: off; an experiment, not measured "
+                   "on a GPU yet).")
 @click.option("--log-level", default=None, metavar="LEVEL",
               help="error, warning, info or debug (default: the config file's log_level, else KREX_LOG_LEVEL, else info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,
                socket_group, state_file, no_cpu_isolation, owner_cpus, no_freeze, freeze_policy,
                fair_window, no_attest, no_lifecycle_barrier, gate_contexts, gate_exit,
-               settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, warm_workers,
+               settle_ms, settle_ms_per_gib, clock_settle_ms, clock_settle_pct, region_gap_ms, lifecycle_prewait_ms,
+               warm_workers,
                worker_preload, worker_reuse, metrics, trace_file, restart_grace, embedded, log_level) -> None:
     """Serve region requests for this node's GPUs."""
     if socket_path == "":      # not the default socket: another one than the one meant, without a word
@@ -98,7 +103,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
         lifecycle_barrier=False if no_lifecycle_barrier else None, settle_ms=settle_ms,
         gate_contexts=gate_contexts, gate_exit=gate_exit,
         settle_ms_per_gib=settle_ms_per_gib, clock_settle_ms=clock_settle_ms, clock_settle_pct=clock_settle_pct,
-        region_gap_ms=region_gap_ms, warm_workers=warm_workers, worker_preload=worker_preload,
+        region_gap_ms=region_gap_ms, lifecycle_prewait_ms=lifecycle_prewait_ms, warm_workers=warm_workers, worker_preload=worker_preload,
         worker_reuse=worker_reuse, idle_exit_s=30.0 if embedded else None, log_level=log_level, metrics=metrics,
         trace=trace_file, restart_grace_s=0.0 if embedded else restart_grace)
     path = cfg.socket = cfg.socket or str(paths.user_socket())

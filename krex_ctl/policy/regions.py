@@ -34,6 +34,7 @@ TRANSITIONS is the whole table: a (state, event) pair that is not in it is a bug
 socket or process."""
 
 import enum
+from types import SimpleNamespace
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -295,7 +296,7 @@ class Regions:
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
-                         "region_gap_waits": 0}
+                         "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
@@ -305,6 +306,8 @@ class Regions:
         self.deferred: set = set()              # ids of the requests waiting for their fair share now
         self.last_end: dict[int, tuple] = {}    # gpu -> (monotonic end, the jobs it worked for) of the last granted
                                                 # region there (region_gap_ms)
+        self.prewait_since: dict[int, float] = {}   # request id -> when it first waited, gates open, for other
+                                                    # jobs' lifecycle work (lifecycle_prewait_ms)
 
     # ---- the table ----------------------------------------------------------------------------------
     def _to(self, region: Region, event: Event, now: float) -> State:
@@ -511,24 +514,62 @@ class Regions:
         for rid in delays.keys() - self.deferred:
             self.counters["fair_share_waits"] += 1
         self.deferred = set(delays)
+        prewaits: dict = {}
+
+        def held_or_prewaiting(req) -> bool:
+            if held(req):
+                return True
+            wait = self._prewait(req, now)
+            if wait > 0:
+                prewaits[req.id] = wait
+            return wait > 0
+
         # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
-        # may start now); once within its share it keeps its place again
+        # may start now); once within its share it keeps its place again. One waiting for other jobs' lifecycle
+        # work to end (lifecycle_prewait_ms) keeps its place and holds back those behind it on its GPUs.
         for req in startable([q for q in order if q.id not in delays], 0,
-                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q), held=held):
+                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q),
+                             held=held_or_prewaiting):
             if req not in self.queue:
                 continue                       # gathered into a region started in this pass
             self.queue.remove(req)
             req.owner.request = None
+            since = self.prewait_since.pop(req.id, None)
+            if since is not None:
+                self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
             out += self._start(req, now)
             region = self.regions[req.id]
             live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
             out += self._gather(region, now)
-        if delays:
-            at = now + min(delays.values())
+        queued = {q.id for q in self.queue}
+        for rid in [r for r in self.prewait_since if r not in queued]:   # cancelled while it waited
+            del self.prewait_since[rid]
+        if delays or prewaits:
+            at = now + min(list(delays.values()) + list(prewaits.values()))
             if self.recheck_at is None or at < self.recheck_at - 1e-3 or self.recheck_at < now:
                 self.recheck_at = at
                 out.append(Recheck(at - now))
         return out
+
+    def _prewait(self, req: Request, now: float) -> float:
+        """lifecycle_prewait_ms: seconds until req looks again whether another job's context creation, teardown
+        or exit is under way on its GPUs, its gates still open (0: start it now). The lifecycle barrier waits
+        such work out after the drain, gates closed, when no GPU work of other jobs runs; waiting before the
+        gates close lets theirs run meanwhile. Bounded: once lifecycle_prewait_ms have passed since it first
+        waited, the request starts and the barrier waits as before."""
+        limit = float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
+        if limit <= 0 or not self.cfg.lifecycle_barrier or self.lifecycle is None:
+            return 0.0
+        since = self.prewait_since.get(req.id, now)
+        if now - since >= limit:
+            return 0.0
+        probe = SimpleNamespace(job=req.owner.job, members={req.owner: None}, gpu_mask=req.gpu_mask)
+        if not self.lifecycle.busy(probe):
+            return 0.0
+        if req.id not in self.prewait_since:
+            self.prewait_since[req.id] = now
+            self.counters["lifecycle_prewaits"] += 1
+        return min(0.002, since + limit - now)
 
     def _grown_over(self, req: Request) -> bool:
         """A live region of another job grew onto one of req's GPUs (its member made a context there inside it)."""
