@@ -18,6 +18,8 @@ torch.mm) work through the same list of candidate specs in each mode:
   krexbusy  as krex, with `krex controller --freeze-policy busy`: only the siblings whose GPU work was in
             flight at the drain are stopped
   krexwarmbusy  krexwarm's warm workers under krexbusy's freeze policy
+  krexprewait  krexbusy with `--lifecycle-prewait-ms 100`: a request waits, its gates open, for other jobs'
+           context creations, teardowns and exits on its GPU to end before its drain
 Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
 16384 (> 10 ms), drawn 15/15/25/30/15 %.
@@ -38,12 +40,14 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
-MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexwarmbusy", "krexsolo",
-         "krexsolobusy")
+MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexwarmbusy", "krexprewait",
+         "krexsolo", "krexsolobusy")
 WARM_MODES = ("krexwarm", "krexwarmbusy")   # commands run in the controller's warm workers
 # each krex mode's freeze policy, always named (the controller's default changed from all to busy)
+PREWAIT_MS = 100   # krexprewait's --lifecycle-prewait-ms
 FREEZE_ARGS = {"krexnofreeze": ["--no-freeze"], "krexbusy": ["--freeze-policy", "busy"],
                "krexwarmbusy": ["--freeze-policy", "busy"],
+               "krexprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
                **{m: ["--freeze-policy", "all"] for m in ("krex", "krexwarm", "krexsolo", "krexsolobusy")}}
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
 # neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
