@@ -827,3 +827,40 @@ def test_with_an_older_shim_a_nested_block_has_no_verdict(monkeypatch):
             pass
         assert inner.info is None
     assert outer.info is not None and outer.info.region_id == 2 and outer.info.name == "outer"
+
+
+MAKER = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+print("making", flush=True)
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cuda.cuCtxSetCurrent(ctx) == 0
+print("made", time.monotonic_ns(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_lifecycle_prewait_lets_another_jobs_context_creation_finish_with_the_gates_open(krex, tmp_path):
+    """--lifecycle-prewait-ms: a region asked for while another job makes its context (1.5 s here) waits for that
+    before its gates close, so the other job is not held at a closed gate meanwhile (its GPU work would run), and
+    the region starts after it with nothing left for the lifecycle barrier; `krex status` counts the wait."""
+    krex.start_controller("--lifecycle-prewait-ms", "5000")
+    script = tmp_path / "maker.py"
+    script.write_text(MAKER)
+    maker = krex.popen([sys.executable, script], env={"KREX_FAKE_CTX_MS": "1500",
+                                                      "LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")},
+                       report=tmp_path / "maker.json", stdin=subprocess.PIPE)
+    assert maker.stdout.readline().strip() == "making", maker.stderr.read()
+    time.sleep(0.3)                              # its creation announced and under way
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1000"})
+    made = int(maker.stdout.readline().split()[1])
+    owner.communicate(timeout=30)
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    counters = krex.status()["counters"]
+    maker.communicate("", timeout=30)
+    assert counters["lifecycle_prewaits"] == 1 and counters["lifecycle_prewait_ms"] >= 900, counters
+    assert region["granted_ns"] > made and "lifecycle" not in region["taints"], region
+    assert region.get("settle_ns", 0) < 100e6, region
+    assert report_of(tmp_path / "maker.json")["gate_waited_ns"] == 0    # its creation never met a closed gate
