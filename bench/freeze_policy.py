@@ -330,12 +330,16 @@ def metrics_summary(text: str) -> dict:
             elif s.name in ("krex_region_wait_seconds_count", "krex_region_wait_seconds_sum",
                             "krex_region_hold_seconds_count", "krex_region_hold_seconds_sum"):
                 out[s.name] = round(out.get(s.name, 0) + s.value, 3)
+            elif s.name == "krex_region_handover_seconds_total":      # the gates closed before each grant
+                key = f"handover:{s.labels.get('phase')}"
+                out[key] = round(out.get(key, 0) + s.value, 3)
             elif s.name == "krex_controller_events_total" and s.labels.get("event") in SUMMARY_EVENTS:
                 out[f"events:{s.labels['event']}"] = s.value    # the fair share's waits, the loop's NVML samples
     return out
 
 
-SUMMARY_EVENTS = ("fair_share_waits", "process_samples", "process_sample_us", "drain_timeouts", "frozen_total")
+SUMMARY_EVENTS = ("fair_share_waits", "process_samples", "process_sample_us", "drain_timeouts", "frozen_total",
+                  "lifecycle_prewaits", "lifecycle_prewait_ms")
 
 
 def main() -> None:

@@ -7,6 +7,9 @@
   krex_regions_not_exclusive_total{gpu}      regions whose taints say other work may have reached the GPU
   krex_region_wait_seconds{gpu}              histogram: request to grant
   krex_region_hold_seconds{gpu}              histogram: grant to end
+  krex_region_handover_seconds_total{gpu,phase}  the hand-offs' time, the gates closed before a grant: drain,
+                                             settle (the lifecycle barrier), freeze, isolate, attest; with the
+                                             hold's sum, how long the gates kept other jobs' GPU work waiting
   krex_frozen_processes{gpu}                 processes stopped now for a region on this GPU
   krex_queue_length{gpu}                     regions waiting for this GPU
   krex_region_held{gpu}                      1 while a region holds this GPU
@@ -29,6 +32,7 @@ from .errors import KrexCommandError
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60)
+HANDOVER_PHASES = ("drain", "settle", "freeze", "isolate", "attest")   # a region's record: PHASE_ns, before its grant
 
 
 def parse_address(text) -> tuple[str, int]:
@@ -84,6 +88,8 @@ class Metrics:
         self.wait = p.Histogram("krex_region_wait_seconds", "Request to grant", ["gpu"], buckets=WAIT_BUCKETS,
                                 registry=r)
         self.hold = p.Histogram("krex_region_hold_seconds", "Grant to end", ["gpu"], buckets=HOLD_BUCKETS, registry=r)
+        self.handover = p.Counter("krex_region_handover_seconds", "Time of the hand-offs before the grants, gates closed",
+                                  ["gpu", "phase"], registry=r)
         self.frozen = p.Gauge("krex_frozen_processes", "Processes stopped for a region on this GPU", ["gpu"],
                               registry=r)
         self.queue = p.Gauge("krex_queue_length", "Regions waiting for this GPU", ["gpu"], registry=r)
@@ -113,6 +119,9 @@ class Metrics:
                 self.granted.labels(gpu).inc()
                 self.wait.labels(gpu).observe(max(0, record["granted_ns"] - record["requested_ns"]) / 1e9)
                 self.hold.labels(gpu).observe(max(0, record["ended_ns"] - record["granted_ns"]) / 1e9)
+                for phase in HANDOVER_PHASES:
+                    if record.get(f"{phase}_ns"):
+                        self.handover.labels(gpu, phase).inc(max(0, record[f"{phase}_ns"]) / 1e9)
             for t in record.get("taints", []):
                 self.tainted.labels(gpu, t).inc()
             if not record.get("exclusive", True):

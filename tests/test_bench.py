@@ -322,6 +322,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
         assert m["krex_regions_granted_total"] == n + sum(r["regions"] for r in run["rows"]), m
         assert m["krex_region_hold_seconds_count"] == m["krex_regions_granted_total"], m
         assert "events:fair_share_waits" in m and "events:process_sample_us" in m, m   # what the loop did
+        assert m["handover:drain"] > 0 and "events:lifecycle_prewaits" in m, m    # the gates closed before grants
         assert m.get("krex_regions_not_exclusive_total", 0) == 0, m
         assert (tmp_path / f"metrics-{run['mode']}-{run['agents']}.prom").exists()
     # --smi: nvidia-smi's samples (UTC, as the device script runs it), split by the modes' times: two in krexbusy's

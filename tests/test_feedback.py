@@ -4,6 +4,7 @@ controller --trace, --metrics, readiness. Real processes, sockets and signals on
 
 import json
 import os
+import re
 import pty
 import select
 import signal
@@ -613,6 +614,9 @@ def test_controller_trace_and_metrics(krex, tmp_path):
     assert 'krex_regions_granted_total{gpu="0"} 3.0' in text
     assert 'krex_region_wait_seconds_count{gpu="0"} 3.0' in text and "krex_region_hold_seconds_bucket" in text
     assert 'krex_queue_length{gpu="0"}' in text and 'krex_frozen_processes{gpu="0"}' in text
+    # the hand-offs before the grants, per phase (each region waits for a read pass in its drain: never 0)
+    drain = re.search(r'krex_region_handover_seconds_total\{gpu="0",phase="drain"\} ([0-9.e+-]+)', text)
+    assert drain and float(drain.group(1)) > 0, text
     # the event counters krex status lists, e.g. a region waiting for its fair share (none here)
     text = wait_for(lambda: (lambda t: t if 'krex_controller_events_total{event="regions_granted"} 3.0' in t
                              else None)(scrape()), timeout=30, interval=0.2, what="event counters sampled")
@@ -624,7 +628,6 @@ def test_controller_trace_and_metrics(krex, tmp_path):
     assert 'krex_controller_events_total{event="regions_granted"} 3.0' in only and "krex_queue_length" not in only
     # a region held now: how long, for an alert on one stuck toward its time limit (0 once it ended)
     held = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "4000000"})
-    import re
 
     def held_s():
         m = re.search(r'krex_region_held_seconds\{gpu="0"\} ([0-9.e+-]+)', scrape())
