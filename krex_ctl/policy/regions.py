@@ -527,20 +527,15 @@ class Regions:
         # a request waiting for its share steps aside (it does not hold back the GPUs of those behind it, who
         # may start now); once within its share it keeps its place again. One waiting for other jobs' lifecycle
         # work to end (lifecycle_prewait_ms) keeps its place and holds back those behind it on its GPUs.
-        for req in startable([q for q in order if q.id not in delays], 0,
-                             waiting=lambda q: self.freezes.frozen(q.owner) or self._grown_over(q),
-                             held=held_or_prewaiting):
+        waiting = lambda q: self.freezes.frozen(q.owner) or self._grown_over(q)     # noqa: E731
+        for req in startable([q for q in order if q.id not in delays], 0, waiting=waiting, held=held_or_prewaiting):
             if req not in self.queue:
                 continue                       # gathered into a region started in this pass
-            self.queue.remove(req)
-            req.owner.request = None
-            since = self.prewait_since.pop(req.id, None)
-            if since is not None:
-                self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
-            out += self._start(req, now)
-            region = self.regions[req.id]
-            live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
-            out += self._gather(region, now)
+            out += self._start_queued(req, live, now)
+        for req in self._unused_shares(order, delays, waiting, held_or_prewaiting, now):
+            del delays[req.id]
+            self.deferred.discard(req.id)
+            out += self._start_queued(req, live, now)
         queued = {q.id for q in self.queue}
         for rid in [r for r in self.prewait_since if r not in queued]:   # cancelled while it waited
             del self.prewait_since[rid]
@@ -570,6 +565,44 @@ class Regions:
             self.prewait_since[req.id] = now
             self.counters["lifecycle_prewaits"] += 1
         return min(0.002, since + limit - now)
+
+    def _start_queued(self, req: Request, live: list, now: float) -> list:
+        self.queue.remove(req)
+        req.owner.request = None
+        since = self.prewait_since.pop(req.id, None)
+        if since is not None:
+            self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
+        out = self._start(req, now)
+        region = self.regions[req.id]
+        live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
+        return out + self._gather(region, now)
+
+    def _unused_shares(self, order: list, delays: dict, waiting, held, now: float) -> list:
+        """The requests waiting for their share (delays) that start all the same: work-conserving. One goes when
+        its GPUs are free, no request that keeps its place wants them, and every other contender there is a
+        request waiting for its own share too (no region held there, none that ended a moment ago by a unit that
+        loops, no process the last region held off: those would use the time the wait leaves): waiting, each for
+        the other, they would leave the GPU idle for nobody. By the least delay (then the order), FIFO per GPU
+        as startable() is: a request that cannot start keeps its GPUs from those with longer delays."""
+        if not delays:
+            return []
+        busy = 0
+        for r in self.regions.values():
+            busy |= r.holds
+        for q in order:                      # those keeping their place hold back their GPUs (FIFO)
+            if q.id not in delays and q in self.queue:
+                busy |= q.holds
+        deferred_units = {self.units(q) for q in self.queue if q.id in delays}
+        out = []
+        for req in sorted((q for q in order if q.id in delays), key=lambda q: delays[q.id]):
+            own = self.units(req)
+            if not (req.holds & busy or waiting(req) or held(req)
+                    or any(self.contenders(g, now) - {own} - deferred_units for g in mask_to_list(req.gpu_mask))):
+                out.append(req)
+            # started or not, it is nearer its share than those after it: they do not take its GPUs (a request
+            # kept waiting for its user's share by its own user's other jobs would wait for ever behind them)
+            busy |= req.holds
+        return out
 
     def _grown_over(self, req: Request) -> bool:
         """A live region of another job grew onto one of req's GPUs (its member made a context there inside it)."""

@@ -69,7 +69,8 @@ class FairShare:
       it, or found GPU work of its in flight at the drain). Meanwhile it steps aside: the requests behind it
       may start. One agent with back-to-back regions thus leaves the others at least about their share of
       every window, and one alone on a GPU is never slowed (one whose last contender has just left waits
-      GRACE_S at most).
+      GRACE_S at most). Where every contender on a request's GPUs is itself a request waiting for its share,
+      the one with the least wait starts (Regions._unused_shares): the GPU does not idle for nobody.
 
     A request waits at most: the region running, plus the regions of every unit below it in usage, each
     bounded by the time limit; and a unit over its share waits at most window_s * ln(usage / share)."""
