@@ -651,3 +651,21 @@ def test_the_gpu_does_not_idle_while_every_waiting_job_waits_for_its_share():
         assert busy >= 0.97 * (w.now - start), (policy, busy, w.now - start)
         assert 0.2 <= loops.held[b] / (loops.held[a] + loops.held[b]) <= 0.5, loops.held      # B keeps its turns
 
+
+def test_a_gang_is_not_starved_by_its_users_single_gpu_loops():
+    """One user (one uid: every agent of an account) loops 0.2-s regions on GPU 0 and on GPU 1 from two jobs
+    and asks for a region on both GPUs from a third: the gang starts within the regions running when it asked.
+    Before, the order keyed the gang by its user's usage on the busier of its GPUs, which was always the GPU
+    whose region had just ended: the single-GPU request waiting for the other GPU went first at every hand-over,
+    the gang kept the GPU it waited for idle meanwhile, and it was never granted (the two loops alternated)."""
+    for offset in (0.01, 0.05, 0.13):
+        w = world(freeze_policy="busy")
+        l0, l1 = uclient(w, 1, Job(1), 1, devices=1), uclient(w, 2, Job(2), 1, devices=2)
+        gang = uclient(w, 3, Job(3), 1, devices=3)
+        loops = Loops(w)
+        loops.add(l0, hold=0.2, think=0.001, mask=1)
+        loops.add(l1, hold=0.2, think=0.001, mask=2, start=offset)
+        loops.add(gang, hold=0.005, think=0.5, mask=3, start=1.0)
+        loops.run(30)
+        assert len(loops.waits[gang]) >= 10 and loops.longest_wait(gang) <= 0.5, (offset, loops.waits[gang][:5],
+                                                                               loops.longest_wait(gang))

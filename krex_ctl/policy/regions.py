@@ -308,6 +308,8 @@ class Regions:
                                                 # region there (region_gap_ms)
         self.prewait_since: dict[int, float] = {}   # request id -> when it first waited, gates open, for other
                                                     # jobs' lifecycle work (lifecycle_prewait_ms)
+        self.pinned: dict[int, None] = {}       # ids of waiting requests that kept a free GPU idle for their turn,
+                                                # in the order they did: first in the order until they start (_order)
 
     # ---- the table ----------------------------------------------------------------------------------
     def _to(self, region: Region, event: Event, now: float) -> State:
@@ -461,8 +463,38 @@ class Regions:
     def served_order(self, now: float) -> list:
         """The waiting requests in the order they would be served: by the fair share's order, those waiting for
         their share (deferred) after the others (they step aside)."""
-        order = self.fair.order(self.queue, self.units, now)
+        order = self._order(now)
         return [q for q in order if q.id not in self.deferred] + [q for q in order if q.id in self.deferred]
+
+    def _order(self, now: float) -> list:
+        """The queue in the order it is served: the requests pinned (each kept a free GPU idle for its turn) first,
+        in the order they were pinned, then the fair share's order. The fair order is computed again at every pass
+        and a user's usage moves with every region of any of its jobs: a request for several GPUs, keyed by its
+        user's usage on the busier of them, could lose its place at each hand-over to a request of its own user
+        waiting for its other GPU, while keeping the GPU it had idle for nothing, and never start."""
+        order = self.fair.order(self.queue, self.units, now)
+        if not self.pinned:
+            return order
+        waiting = {q.id for q in self.queue}
+        for rid in [r for r in self.pinned if r not in waiting]:
+            del self.pinned[rid]
+        rank = {rid: i for i, rid in enumerate(self.pinned)}
+        return sorted((q for q in order if q.id in rank), key=lambda q: rank[q.id]) + \
+            [q for q in order if q.id not in rank]
+
+    def _pin(self, order: list, delays: dict) -> None:
+        """After a pass: each request still waiting that keeps its place and holds back a GPU no region holds and no
+        request before it wants (it waits for another of its GPUs, or for its owner) is pinned: it keeps its place
+        ahead of those it held back until it starts (_order), so the idle time it cost them is not for nothing."""
+        busy = 0
+        for r in self.regions.values():
+            busy |= r.holds
+        for q in order:
+            if q.id in delays or q not in self.queue:
+                continue
+            if q.holds & ~busy and q.id not in self.pinned:
+                self.pinned[q.id] = None
+            busy |= q.holds
 
     def recheck(self, now: float) -> list:
         """A Recheck's time came."""
@@ -503,7 +535,7 @@ class Regions:
             mine = {req.owner.job, self.command_job(req.owner)}
             return any((r.gpu_mask & req.gpu_mask) if own & mine else (holds & req.holds) for r, own, holds in live)
 
-        order = self.fair.order(self.queue, self.units, now)
+        order = self._order(now)
         delays = {}
         if self.fair.on:
             for req in order:
@@ -539,6 +571,7 @@ class Regions:
         queued = {q.id for q in self.queue}
         for rid in [r for r in self.prewait_since if r not in queued]:   # cancelled while it waited
             del self.prewait_since[rid]
+        self._pin(order, delays)
         if delays or prewaits:
             at = now + min(list(delays.values()) + list(prewaits.values()))
             if self.recheck_at is None or at < self.recheck_at - 1e-3 or self.recheck_at < now:

@@ -59,7 +59,9 @@ class FairShare:
     - order: waiting requests go by the usage of their user on their GPUs, then of their job, then first
       come first served; so a user who starts more commands does not get more turns, and a job that had
       the GPU a lot waits behind one that had it little. The order is total and the FIFO-per-GPU rule of
-      startable() runs over it, so the multi-GPU requests stay deadlock-free.
+      startable() runs over it, so the multi-GPU requests stay deadlock-free; and a request that keeps a free
+      GPU idle for its turn (it waits for another of its GPUs) keeps its place ahead of the fair order until it
+      starts (Regions._order), so none is starved by the order moving at every hand-over.
     - share: on a GPU where other users (or other jobs of the same user) contend, a request whose user is
       over its share (1 / users contending) or whose job is over its share of its user's (1 / its user's jobs
       contending) waits until its usage decays to the share: the delay it returns. A unit contends on a GPU
