@@ -72,6 +72,11 @@ def describe_holder(h: Optional[dict]) -> str:
 
 def wait_line(w: dict) -> str:
     held = f"held by {describe_holder(w.get('holder'))}"
+    if w.get("kind") == "region" and not w.get("holder") and w.get("waits_for"):
+        other = w["waits_for"]        # this GPU is free, kept for this region until its other GPU is
+        held = f"free, kept for it while it waits for GPU {other['gpu']}, held by {describe_holder(other.get('holder'))}"
+    elif w.get("kind") == "region" and not w.get("holder") and w.get("fair_share"):
+        held = "free"
     if w.get("kind") == "region":
         where = f"{ordinal(w['place'])} of {w['queued']} in the queue" + (
             ", waiting for its job's fair share of the GPU" if w.get("fair_share") else "")

@@ -55,7 +55,8 @@ def job_wait(ctl, client, req: dict) -> dict:
                 waits.append({"gpu": g, "kind": "region", "name": r.name, "pid": r.owner.pid, "place": place,
                               "queued": len(queue), "since_s": (now_ns() - r.requested_ns) / 1e9,
                               "holder": holder(held, client.uid) if held is not None else None,
-                              **({"fair_share": True} if r.id in ctl.book.deferred else {})})
+                              **({"fair_share": True} if r.id in ctl.book.deferred else {}),
+                              **({} if held is not None else waits_for(ctl, r, g, client.uid))})
         if any(w["gpu"] == g for w in waits):
             continue      # its region waits in the queue: that is the line to say, not the gate
         if held is not None and held.job is not job and any(c.job is job and c.devices & bit
@@ -76,6 +77,17 @@ def job_wait(ctl, client, req: dict) -> dict:
     held = {str(g): holder(r, client.uid) for g in mine
             if (r := owner_on(ctl, 1 << g)) is not None and r.job is not job}
     return {"waits": waits, "frozen": frozen, "frozen_ns": frozen_ns(ctl, job), "held": held}
+
+
+def waits_for(ctl, request, gpu: int, asker_uid) -> dict:
+    """What a request waits for at a GPU no region holds: another GPU it needs (a region for several GPUs, or one
+    whose process has a context on a GPU another job's region holds), whose holder it names; {} where none is held
+    (a region being handed over, or one waiting for its share: the wait line says so)."""
+    for g in [x for x in ctl.cfg.gpus if request.holds >> x & 1 and x != gpu]:
+        held = owner_on(ctl, 1 << g)
+        if held is not None and held.job is not request.owner.job:
+            return {"waits_for": {"gpu": g, "holder": holder(held, asker_uid)}}
+    return {}
 
 
 def frozen_ns(ctl, job) -> dict:

@@ -267,6 +267,36 @@ def test_waiting_and_frozen_commands_are_told_why(krex, tmp_path):
     assert "frozen " in [line for line in krex_lines(sib_err) if "regions (" in line][0]
 
 
+def test_a_region_for_two_gpus_waiting_for_one_is_told_what_it_waits_for(krex, tmp_path):
+    """A region for GPUs 0 and 1 waits while another job holds GPU 1: at GPU 0, which no region holds (kept free
+    for it), the line names GPU 1 and its holder. Before, it said GPU 0 was "held by a region being handed over",
+    which nothing was, for as long as the wait lasted."""
+    krex.env.pop("CUDA_VISIBLE_DEVICES", None)
+    krex.env["KREX_FAKE_GPUS"] = "2"
+    krex.env["KREX_WARM_WORKERS"] = "0"
+    krex.start_controller()
+    release = tmp_path / "release"
+    proc = subprocess.Popen(KREX + ["run", "--gpu", "1", "--", str(SNIP / "region")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", SNIPPET_US="100",
+                                     SNIPPET_HOLD_FILE=str(release)))
+    owner_pid = wait_for(lambda: next((g["owner"]["pid"] for g in krex.status()["gpus"]
+                                       if g["owner"] and g["owner"]["state"] == "held"), None), timeout=60,
+                         what="GPU 1 held")
+    gang = subprocess.Popen(KREX + ["run", "--gpu", "0,1", "--", str(SNIP / "region")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(krex.env, SNIPPET_REGIONS="1", SNIPPET_N="1", SNIPPET_US="100"))
+    told = stderr_until(gang, "for GPU 0")
+    release.touch()
+    out, err = gang.communicate(timeout=120)
+    proc.communicate(timeout=60)
+    line = next(x for x in krex_lines(told + err) if x.startswith("krex: waiting") and "for GPU 0" in x)
+    assert "handed over" not in line and f"waits for GPU 1, held by pid {owner_pid} (" in line, line
+    assert feedback.wait_line({"kind": "region", "gpu": 0, "name": "r", "place": 1, "queued": 1, "since_s": 2.0,
+                               "holder": None, "fair_share": True}) == \
+        "waiting 2.0 s for GPU 0 (region 'r'): free; 1st of 1 in the queue, waiting for its job's fair share of the GPU"
+
+
 def test_each_freeze_is_told_with_its_own_holder():
     """Two regions that froze a process one after the other between two polls of the watcher (the second
     region started as the first ended) were one entry per pid: the 8 s freeze by the first region was told as
