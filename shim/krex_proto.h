@@ -114,9 +114,12 @@ enum krex_taint {
     KREX_TAINT_OTHER_CONTROLLER = 16384, /* another krex controller (another user's) served the GPU: its work is not gated */
     KREX_TAINT_LATE_CONTEXT = 32768,   /* a context announced before the gate closed was read only after the drain:
                                         * what that process launched before the close may have run inside */
-    KREX_TAINT_UNGATED_GPU = 65536     /* a member made a context inside the region on a GPU the region does not
+    KREX_TAINT_UNGATED_GPU = 65536,    /* a member made a context inside the region on a GPU the region does not
                                         * hold, or a block that joined it (nested, another thread's) named one:
                                         * other jobs' work there was neither gated, drained nor frozen */
+    KREX_TAINT_SHARED_GPU = 131072     /* two processes of the job were inside the region at once, each with a
+                                        * context on one of its GPUs: each one's work could run beside the other's
+                                        * timing (a job's processes never gate each other) */
 };
 
 /* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not
@@ -127,6 +130,7 @@ enum krex_taint_sets {
     KREX_TAINTS_NOT_EXCLUSIVE = KREX_TAINT_NOT_GRANTED | KREX_TAINT_CONTROLLER_LOST | KREX_TAINT_REVOKED
                                 | KREX_TAINT_DRAIN_TIMEOUT | KREX_TAINT_FOREIGN_PROCESS | KREX_TAINT_UNREGISTERED
                                 | KREX_TAINT_OTHER_CONTROLLER | KREX_TAINT_LATE_CONTEXT | KREX_TAINT_UNGATED_GPU
+                                | KREX_TAINT_SHARED_GPU
 };
 
 /* events of struct krex_lifecycle */

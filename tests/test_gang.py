@@ -178,3 +178,21 @@ def test_a_context_made_inside_a_region_on_a_gpu_it_does_not_hold_makes_it_not_e
     assert out.split() == ["[0]", "False", "ungated_gpu"], (out, err)
     [r] = report_of(tmp_path / "g.json")["regions"]
     assert r["gpu"] == [0] and "ungated_gpu" in r["taints"] and not r["exclusive"]
+
+
+def test_two_processes_of_one_job_timing_on_one_gpu_at_once_are_not_exclusive(krex):
+    """A harness that times candidates in parallel processes of one `krex run`: the processes of a job never gate
+    each other, so the other's kernels ran inside each region (the fake driver's trace says so); the regions they
+    shared are tainted shared_gpu, not exclusive (they were reported exclusive and clean)."""
+    krex.start_controller()
+    rep = krex.dir / "r.json"
+    r = krex.run(["sh", "-c", f"{SNIP / 'region'} & {SNIP / 'region'} & wait"], report=rep, timeout=120,
+                 env={"SNIPPET_REGIONS": "3", "SNIPPET_N": "2", "SNIPPET_US": "50000"})
+    assert r.returncode == 0, r.stderr
+    regs = report_of(rep)["regions"]
+    trace = krex.trace_lines()
+    overlapped = [x for x in regs if x.get("granted_ns") and any(
+        t[0] != x["pid"] and t[2] < x["ended_ns"] and t[3] > x["granted_ns"] for t in trace)]
+    assert overlapped, regs                               # the other process's kernels ran inside some regions
+    for x in overlapped:
+        assert "shared_gpu" in x["taints"] and not x["exclusive"], x

@@ -476,6 +476,40 @@ def test_a_gang_member_joins_the_held_region_and_the_last_to_leave_ends_it():
     assert "Finish" in kinds(w.book.leave(r, b, C.KREX_END_NORMAL, 5, w.now))
 
 
+def test_two_processes_of_a_job_inside_its_region_on_one_gpu_make_it_shared_not_exclusive():
+    """A job's processes never gate, drain or freeze each other: two of them inside its region at once, each with a
+    context on one of its GPUs (parallel candidates of one harness, two ranks on one GPU), could each run work
+    beside the other's timing: shared_gpu, not exclusive. Ranks on GPUs of their own do not share one; one that
+    joins after the other left does not; a member that makes a context inside on the other's GPU does."""
+    def shared(r):
+        return bool(r.taints & C.KREX_TAINT_SHARED_GPU)
+
+    w = World()
+    job = Job(1)
+    a, b = w.client(10, job), w.client(11, job)
+    r = region_of(w.run_to_grant(w.request(a)))
+    w.request(b, seq=3)
+    assert b in r.members and shared(r) and C.KREX_TAINT_SHARED_GPU & C.KREX_TAINTS_NOT_EXCLUSIVE
+
+    w = World()
+    job = Job(1)
+    a, b = w.client(10, job, devices=0b01), w.client(11, job, devices=0b10)     # a gang: a GPU each
+    r = region_of(w.run_to_grant(w.request(a, mask=0b11)))
+    w.request(b, mask=0b11, seq=3)
+    assert b in r.members and not shared(r)
+    b.devices |= 0b01                                                           # b's context on a's GPU, inside
+    w.book.late_context(b, 0b01, w.tick(), w.now)
+    assert shared(r)
+
+    w = World()
+    job = Job(1)
+    a, b = w.client(10, job), w.client(11, job, devices=0)                     # b has no context there yet
+    r = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
+    w.request(b, seq=3)
+    assert not shared(r) and not any(shared(x) for x in w.book.regions.values())
+
+
 def test_processes_of_the_same_job_are_never_siblings():
     w = World()
     job = Job(1)

@@ -507,7 +507,19 @@ class Regions:
         region.members[client] = m
         region.every_member.append(m)
         region.pids.append(client.pid)
+        self._shared_check(region)
         return [GrantMember(region, m)] if region.state is S.HELD else []
+
+    @staticmethod
+    def _shared_check(region: Region) -> None:
+        """Two processes inside the region at once, each with a context on one of its GPUs (a harness timing
+        candidates in parallel processes of one `krex run`; two ranks on one GPU): a job's processes never gate,
+        drain or freeze each other, so each one's work could run beside the other's timing: shared_gpu, not
+        exclusive. Ranks on GPUs of their own (a gang) do not share one."""
+        for g in mask_to_list(region.gpu_mask):
+            if len({c.pid for c in region.members if c.devices >> g & 1}) > 1:
+                region.taints |= C.KREX_TAINT_SHARED_GPU
+                return
 
     def cancel(self, client, seq: int, now: float) -> list:
         """REGION_CANCEL: give up the waiting request, or leave the region it is in."""
@@ -715,6 +727,7 @@ class Regions:
         own = self.region_of(client)
         if own is not None:       # made inside its region: no other job's region starts on this GPU while it lives
             own.grown |= bit
+            self._shared_check(own)
             if bit & ~own.gpu_mask and own.gates_closed_ns and announced_ns >= own.gates_closed_ns:
                 own.taints |= C.KREX_TAINT_UNGATED_GPU   # made inside it: other jobs' work there was not held off
         for region in list(self.regions.values()):
