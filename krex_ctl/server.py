@@ -208,6 +208,7 @@ class Controller(RegionEffects):
         self.lifecycle = Lifecycle(cfg)
         self.lifecycle.forget = self.forget_pidfd
         self.book = Regions(cfg, lambda: self.clients.values(), self.command_job, self.lifecycle)
+        self.book.lineal = procs.is_descendant
         self.lifecycle.regions_of = lambda mask: [r for r in self.book.regions.values() if r.gpu_mask & mask]
         self.lifecycle.outsider = lambda region, c: job_rules.outsider(region, c, self.command_job)
         self.clients: dict[int, Client] = {}

@@ -501,6 +501,18 @@ def test_two_processes_of_a_job_inside_its_region_on_one_gpu_make_it_shared_not_
     w.book.late_context(b, 0b01, w.tick(), w.now)
     assert shared(r)
 
+    w = World()                                                                 # a process and the child it times
+    job = Job(1)
+    a, b = w.client(10, job), w.client(11, job)
+    w.book.lineal = lambda x, y: (x, y) == (11, 10)
+    r = region_of(w.run_to_grant(w.request(a)))
+    w.request(b, seq=3)
+    assert b in r.members and not shared(r)
+    c = w.client(12, job)                                                       # and a sibling of that child
+    w.book.lineal = lambda x, y: (x, y) in ((11, 10), (12, 10))
+    w.request(c, seq=4)
+    assert c in r.members and shared(r)
+
     w = World()
     job = Job(1)
     a, b = w.client(10, job), w.client(11, job, devices=0)                     # b has no context there yet

@@ -288,6 +288,7 @@ class Regions:
         self.clients = clients
         self.command_job = command_job
         self.lifecycle = lifecycle
+        self.lineal = lambda a, b: False   # set by the controller: pid a descends from pid b (shared_gpu's exception)
         self.regions: dict[int, Region] = {}
         self.queue: list[Request] = []
         self.freezes = Freezes()
@@ -510,14 +511,16 @@ class Regions:
         self._shared_check(region)
         return [GrantMember(region, m)] if region.state is S.HELD else []
 
-    @staticmethod
-    def _shared_check(region: Region) -> None:
+    def _shared_check(self, region: Region) -> None:
         """Two processes inside the region at once, each with a context on one of its GPUs (a harness timing
         candidates in parallel processes of one `krex run`; two ranks on one GPU): a job's processes never gate,
         drain or freeze each other, so each one's work could run beside the other's timing: shared_gpu, not
-        exclusive. Ranks on GPUs of their own (a gang) do not share one."""
+        exclusive. Ranks on GPUs of their own (a gang) do not share one; nor does a process with the child it
+        times inside its region (one descends from the other: the documented gang of a process and its
+        children, the parent waiting for the child)."""
         for g in mask_to_list(region.gpu_mask):
-            if len({c.pid for c in region.members if c.devices >> g & 1}) > 1:
+            pids = sorted({c.pid for c in region.members if c.devices >> g & 1})
+            if any(not (self.lineal(a, b) or self.lineal(b, a)) for i, a in enumerate(pids) for b in pids[i + 1:]):
                 region.taints |= C.KREX_TAINT_SHARED_GPU
                 return
 

@@ -54,7 +54,9 @@ class FairShare:
     """The fairness rule: shares of region time per GPU, by user first, then by job within a user.
 
     Every region charges the time it held its GPUs to its owner's user and job, decayed exponentially over
-    window_s (the usage of a unit that held a GPU all the time tends to window_s). Two rules follow:
+    window_s (the usage of a unit that held a GPU all the time in regions shorter than the window tends to window_s;
+    a region is charged whole at its end, so one longer than the window leaves its unit's usage above window_s,
+    and the unit waits window_s * ln(usage / share) before its next region where others contend). Two rules follow:
 
     - order: waiting requests go by the usage of their user on their GPUs, then of their job, then first
       come first served; so a user who starts more commands does not get more turns, and a job that had
