@@ -133,7 +133,7 @@ def test_taint_names_come_from_the_header_enum():
     assert frames.NOT_EXCLUSIVE == (C.KREX_TAINT_NOT_GRANTED | C.KREX_TAINT_CONTROLLER_LOST | C.KREX_TAINT_REVOKED
                                     | C.KREX_TAINT_DRAIN_TIMEOUT | C.KREX_TAINT_FOREIGN_PROCESS
                                     | C.KREX_TAINT_UNREGISTERED | C.KREX_TAINT_OTHER_CONTROLLER
-                                    | C.KREX_TAINT_LATE_CONTEXT | C.KREX_TAINT_UNGATED_GPU)
+                                    | C.KREX_TAINT_LATE_CONTEXT | C.KREX_TAINT_UNGATED_GPU | C.KREX_TAINT_SHARED_GPU)
 
 
 def test_the_compiled_declarations_are_the_parsed_ones_and_a_stale_module_is_not_used(tmp_path):
