@@ -34,9 +34,9 @@ TRANSITIONS is the whole table: a (state, event) pair that is not in it is a bug
 socket or process."""
 
 import enum
-from types import SimpleNamespace
 import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from ..wire.frames import C
