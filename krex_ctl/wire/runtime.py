@@ -175,12 +175,10 @@ def state_owner(path: str) -> Optional[int]:
         return None
     if pid <= 1 or pid == os.getpid():
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return None
-    return pid if any(b"krex" in a for a in argv) and b"controller" in argv else None
+    from .. import procs      # procs imports this module
+
+    argv = procs.cmdline(pid)
+    return pid if any("krex" in a for a in argv) and "controller" in argv else None
 
 
 def read_state(path: str) -> Optional[list[tuple[int, Optional[int]]]]:
