@@ -382,6 +382,8 @@ def main() -> None:
                     help="no naive sharing step (no throughput against naive): for a fidelity-only run")
     ap.add_argument("--controller-args", default="",
                     help="more options for every krex controller of the plan, one string (e.g. \"--region-gap-ms 200\")")
+    ap.add_argument("--prewait-ms", type=float, default=T.PREWAIT_MS, metavar="MS",
+                    help="busy+prewait's --lifecycle-prewait-ms (default %(default)s)")
     ap.add_argument("--gate-lifecycle", choices=("on", "off"), default="on",
                     help="on: the krex controllers run with --gate-contexts --gate-exit (the default of krex "
                          "controller: a context is created, and a process with contexts exits, only while no other "
@@ -463,6 +465,9 @@ def main() -> None:
         plan = [(m, 1) for m in refs] + [(m, n) for n in scales for m in modes] + [(m, 1) for m in refs[::-1]]
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
+        if not args.prewait_ms > 0:
+            ap.error("--prewait-ms: more than 0 (busy+prewait without a prewait is busy)")
+        T.set_prewait_ms(args.prewait_ms)
         with tempfile.TemporaryDirectory() as td:
             ctls = T.Controllers(Path(td), plan, Path(args.logs or td), metrics_port=args.metrics_port,
                                  extra=(("--gate-contexts", "--gate-exit") if args.gate_lifecycle == "on"

@@ -49,6 +49,14 @@ FREEZE_ARGS = {"krexnofreeze": ["--no-freeze"], "krexbusy": ["--freeze-policy", 
                "krexwarmbusy": ["--freeze-policy", "busy"],
                "krexprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
                **{m: ["--freeze-policy", "all"] for m in ("krex", "krexwarm", "krexsolo", "krexsolobusy")}}
+
+
+def set_prewait_ms(ms: float) -> None:
+    """krexprewait's --lifecycle-prewait-ms (bench/freeze_policy.py --prewait-ms); each controller's command line
+    is in the result (controller_argv)."""
+    FREEZE_ARGS["krexprewait"] = ["--freeze-policy", "busy", "--lifecycle-prewait-ms", f"{ms:g}"]
+
+
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU
 # neighbour under the same controller (frozen in every region), so the GPU is busy between the commands
 REFERENCE_MODES = ("isolated", "krexsolo", "krexsolobusy")

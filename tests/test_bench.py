@@ -992,3 +992,27 @@ def test_freeze_policy_deadline_foresees_a_gpu_bound_modes_tail():
     assert fp.expected_tail(ref, 1) == pytest.approx(max(fp.TAIL_S, 11.0))
     assert fp.expected_tail([{"rows": [{"exit": 0, "wall_s": 40.0, "region_held_s": 0.5}]}], 4) == 40.0
     assert fp.expected_tail([], 16) == fp.TAIL_S
+
+
+def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
+    """--prewait-ms is what busy+prewait's controller gets as --lifecycle-prewait-ms (the other modes keep
+    theirs); 0 or less is one line and exit status 2 (that mode would be busy under another name)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import throughput as T
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    before = {m: list(a) for m, a in T.FREEZE_ARGS.items()}
+    try:
+        T.set_prewait_ms(400)
+        assert T.FREEZE_ARGS["krexprewait"] == ["--freeze-policy", "busy", "--lifecycle-prewait-ms", "400"]
+        assert {m: a for m, a in T.FREEZE_ARGS.items() if m != "krexprewait"} == \
+            {m: a for m, a in before.items() if m != "krexprewait"}
+    finally:
+        T.FREEZE_ARGS.clear()
+        T.FREEZE_ARGS.update(before)
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--prewait-ms", "0",
+                        "--policies", "busy+prewait", "--out", str(tmp_path / "x.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--prewait-ms: more than 0" in p.stderr.strip().splitlines()[-1], p.stderr
+    assert not (tmp_path / "x.json").exists()
