@@ -767,6 +767,7 @@ class Controller(RegionEffects):
             "DRAINED": self.on_drained,          # shim
             "LIFECYCLE": self.on_lifecycle,      # shim
             "REGION_SETTLED": self.on_region_settled,  # shim
+            "BESIDE": self.on_beside,            # shim
             "REGION_BEGIN": self.on_region_begin,    # shim or python client
             "REGION_END": self.on_region_end,        # shim or python client
             "REGION_CANCEL": self.on_region_cancel,  # shim or python client
@@ -913,6 +914,11 @@ class Controller(RegionEffects):
     def on_lifecycle(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: a context is being created or destroyed, the process is exiting, or it freed memory"""
         self.lifecycle.event(client, frames.decode("struct krex_lifecycle", payload), time.monotonic())
+
+    def on_beside(self, client: Client, payload: bytes, seq: int) -> None:
+        """shim: it launched, in no block of its own, on a GPU a region of its own job held (Regions.beside)"""
+        b = frames.decode("struct krex_beside", payload)
+        self.book.beside(client, int(b.region_id), int(b.device))
 
     def on_region_settled(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: how its clock settle after the grant went (shim/settle.c); a member's report of a region it is in"""

@@ -101,6 +101,16 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
     }
 }
 
+/* this process, in no block of its own, launched on `device` while region_id of its own job held it (gate.c): on
+ * a launch path, so never waits for the connection's lock (a later launch says it then); 0 when sent */
+int krex_beside(uint64_t region_id, int device) {
+    if (conn_state != CONN_UP || pthread_mutex_trylock(&conn_lock) != 0) return -1;
+    struct krex_beside m = {region_id, device, 0, krex_now_ns()};
+    int r = krex_send_locked(KREX_MSG_BESIDE, &m, sizeof m, NULL);
+    pthread_mutex_unlock(&conn_lock);
+    return r;
+}
+
 static int refused_logged;   /* "refused us" is said once per refusal streak */
 static int unreachable_logged;   /* "cannot connect" is said once per streak */
 

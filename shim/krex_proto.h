@@ -15,7 +15,7 @@
  * taken for the answer to the next one. */
 
 #define KREX_MAGIC 0x5845524b
-#define KREX_PROTO_VERSION 3
+#define KREX_PROTO_VERSION 4   /* 4: KREX_MSG_BESIDE */
 #define KREX_MAX_GPUS 64
 #define KREX_NAME_MAX 64
 #define KREX_ERROR_TEXT 240
@@ -43,7 +43,8 @@ enum krex_msg_type {
     KREX_MSG_JSON_REPLY = 12,      /* controller -> Python client: UTF-8 JSON reply */
     KREX_MSG_REGION_CANCEL = 13,   /* client -> controller: struct krex_region_cancel */
     KREX_MSG_LIFECYCLE = 14,       /* shim -> controller: struct krex_lifecycle */
-    KREX_MSG_REGION_SETTLED = 15   /* shim -> controller: struct krex_region_settled */
+    KREX_MSG_REGION_SETTLED = 15,  /* shim -> controller: struct krex_region_settled */
+    KREX_MSG_BESIDE = 16           /* shim -> controller: struct krex_beside */
 };
 
 enum krex_role {
@@ -118,8 +119,9 @@ enum krex_taint {
                                         * hold, or a block that joined it (nested, another thread's) named one:
                                         * other jobs' work there was neither gated, drained nor frozen */
     KREX_TAINT_SHARED_GPU = 131072     /* two processes of the job were inside the region at once, each with a
-                                        * context on one of its GPUs: each one's work could run beside the other's
-                                        * timing (a job's processes never gate each other) */
+                                        * context on one of its GPUs, or a process of the job in no block launched
+                                        * on a GPU of the region where a member works (KREX_MSG_BESIDE): that work
+                                        * could run beside the timing (a job's processes never gate each other) */
 };
 
 /* The one rule of exclusivity: a region with any of these taints may have had other work on its GPUs (not
@@ -247,6 +249,17 @@ struct krex_region_settled {
     uint32_t last_mhz;             /* ... and the last */
     uint32_t target_mhz;           /* what counted as back at the peak */
     uint32_t spins;                /* canary launches */
+};
+
+/* A launch of this process, in no block of its own, on a GPU that a region of its own job held (gate page:
+ * owner_job is ours): said once a region and GPU (shim/gate.c). A job's processes never gate, drain or freeze
+ * each other, so the controller taints the region shared_gpu unless the sender is a member, descends from one
+ * (a child the member times) or launched on a GPU where no member works. */
+struct krex_beside {
+    uint64_t region_id;
+    int32_t device;                /* node-wide GPU */
+    uint32_t reserved;
+    int64_t t_ns;                  /* CLOCK_MONOTONIC */
 };
 
 struct krex_drain {

@@ -75,6 +75,7 @@ void krex_submit_leave(int entered);
 void krex_count_context(int vendor);
 int krex_inflight(void);
 void krex_gate_reset_after_fork(void);
+void krex_beside_check(void);   /* a launch outside any block: a region of our own job holding one of our GPUs is told */
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
@@ -85,8 +86,10 @@ struct krex_counter_slot *krex_counter_slot(void);         /* this process's cou
  * (entered) while this process had no region open is also counted in outside_regions. A relaxed load and,
  * outside regions, a relaxed add to the process's own slot: no lock, no system call. */
 static inline void krex_count_outside(int entered) {
-    if (entered && !__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED))
+    if (entered && !__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED)) {
         __atomic_fetch_add(&krex_counter_slot()->outside_regions, 1, __ATOMIC_RELAXED);
+        krex_beside_check();
+    }
 }
 
 /* env.c: the environment, checked */
@@ -102,6 +105,7 @@ int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out);  
 int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out); /* the same, lock held */
 void krex_announce(void);                      /* registered contexts to the controller, if connected */
 void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
+int krex_beside(uint64_t region_id, int device);  /* KREX_MSG_BESIDE, if connected and the lock is free: 0 sent */
 
 /* gatefile.c: the controller's gate page as a file (SOCKET.gate), for a process that cannot connect */
 const struct krex_gate_page_hdr *krex_gatefile_open(const char *socket_path);  /* mapped, or NULL */

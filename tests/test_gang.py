@@ -196,3 +196,53 @@ def test_two_processes_of_one_job_timing_on_one_gpu_at_once_are_not_exclusive(kr
     assert overlapped, regs                               # the other process's kernels ran inside some regions
     for x in overlapped:
         assert "shared_gpu" in x["taints"] and not x["exclusive"], x
+
+
+def test_a_process_of_the_job_launching_in_no_block_during_its_region_makes_it_not_exclusive(krex):
+    """A harness's other process (a compile or autotune subprocess benchmarking, a second harness process) that
+    launches outside any block while the job's region holds its GPU: the job's processes never gate each other,
+    so its kernels run inside the region (the fake driver's trace says so). The regions they ran in are tainted
+    shared_gpu, not exclusive (they were reported exclusive and clean): its shim tells the controller (BESIDE)."""
+    krex.start_controller()
+    rep = krex.dir / "r.json"
+    r = krex.run(["sh", "-c", f"SNIPPET_STREAMS=1 SNIPPET_MS=2500 SNIPPET_US=2000 {SNIP / 'hog'} & {SNIP / 'region'}; wait"],
+                 report=rep, timeout=120,
+                 env={"SNIPPET_REGIONS": "4", "SNIPPET_N": "2", "SNIPPET_US": "50000", "SNIPPET_GAP_US": "200000"})
+    assert r.returncode == 0, r.stderr
+    regs = report_of(rep)["regions"]
+    hog = {t[0] for t in krex.trace_lines() if t[4] == "hog"}
+    overlapped = [x for x in regs if x.get("granted_ns") and any(
+        t[0] in hog and t[2] < x["ended_ns"] and t[3] > x["granted_ns"] for t in krex.trace_lines())]
+    assert overlapped, regs                               # the hog's kernels ran inside some regions
+    for x in overlapped:
+        assert "shared_gpu" in x["taints"] and not x["exclusive"], x
+    assert krex.status()["counters"]["beside_launches"] >= len(overlapped)
+
+
+TIMES_CHILD = """
+import ctypes, subprocess, sys
+import krex
+cu = ctypes.CDLL(sys.argv[2])                  # the parent works on the GPU too: a context there
+cu.cuInit(0)
+ctx = ctypes.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+with krex.region("parent-times-child") as r:
+    subprocess.run([sys.argv[1]], check=True, env=dict(__import__("os").environ, SNIPPET_STREAMS="1",
+                                                       SNIPPET_MS="300", SNIPPET_US="2000"))
+print(r.exclusive, " ".join(r.taints) or "-")
+"""
+
+
+def test_a_child_launching_inside_its_parents_region_keeps_it_exclusive(krex, tmp_path):
+    """The documented gang of a process and the child it times: the child, in no block of its own, launches on
+    the GPU the parent's region holds; it descends from a member, so the region stays exclusive."""
+    krex.start_controller()
+    script = tmp_path / "times_child.py"
+    script.write_text(TIMES_CHILD)
+    from conftest import ROOT
+    r = krex.run([sys.executable, script, SNIP / "hog", ROOT / "build" / "fakes" / "libcuda.so.1"],
+                 report=tmp_path / "c.json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2].split() == ["True", "-"], (r.stdout, r.stderr)   # after the hog's line
+    [x] = report_of(tmp_path / "c.json")["regions"]
+    assert x["exclusive"] and "shared_gpu" not in x["taints"], x

@@ -522,6 +522,42 @@ def test_two_processes_of_a_job_inside_its_region_on_one_gpu_make_it_shared_not_
     assert not shared(r) and not any(shared(x) for x in w.book.regions.values())
 
 
+def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_shared_not_exclusive():
+    """BESIDE (shim/gate.c): a process of the region's job, in no block of its own, launched on one of the region's
+    GPUs while the region held it (a compile or autotune subprocess benchmarking while its parent times: a job's
+    processes never gate each other): shared_gpu, not exclusive, counted once a region. Not for a member, a child
+    a member times (it descends from one), a GPU where no member works (another rank's, in a step-scoped job),
+    another job's process (the shim tells only of its own job's regions; the controller checks) or a region that
+    ended."""
+    def shared(r):
+        return bool(r.taints & C.KREX_TAINT_SHARED_GPU)
+
+    w = World()
+    job, other = Job(1), Job(2)
+    a = w.client(10, job, devices=0b01)
+    child, sib, rank = w.client(11, job), w.client(12, job), w.client(14, job, devices=0b10)
+    stranger = w.client(13, other)
+    w.book.lineal = lambda x, y: (x, y) == (11, 10)
+    r = region_of(w.run_to_grant(w.request(a, mask=0b11)))
+    for c, dev in ((a, 0), (child, 0), (stranger, 0), (rank, 1), (sib, 2)):
+        w.book.beside(c, r.id, dev)
+        assert not shared(r), (c, dev)
+    w.book.beside(sib, r.id + 1, 0)                     # no such region
+    assert not shared(r)
+    w.book.beside(sib, r.id, 0)
+    w.book.beside(sib, r.id, 0)
+    assert shared(r) and C.KREX_TAINT_SHARED_GPU & C.KREX_TAINTS_NOT_EXCLUSIVE
+    assert w.book.counters["beside_launches"] == 1
+
+    w = World()                                         # told after the region ended: its record stays as it was
+    job = Job(1)
+    a, sib = w.client(10, job), w.client(12, job)
+    r = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
+    w.book.beside(sib, r.id, 0)
+    assert not shared(r) and w.book.counters["beside_launches"] == 0
+
+
 def test_processes_of_the_same_job_are_never_siblings():
     w = World()
     job = Job(1)
