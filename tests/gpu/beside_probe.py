@@ -1,0 +1,89 @@
+"""A process of the job launching outside any block beside the job's region, on a real GPU (KREX_MSG_BESIDE).
+
+    python3 tests/gpu/beside_probe.py --out beside.json          (on the GPU machine, after `make shim`)
+
+Three `krex run` commands, each with a report: `alone`, a timing process alone (its regions: exclusive);
+`sibling`, the same timing process beside a sibling process of the same command (`sh -c "SIBLING & TIMER;
+wait"`) that runs torch matmuls outside any block the whole time (its regions: shared_gpu, not exclusive);
+`child`, the timing process starting that load as its own child inside each region (the documented pattern of a
+process and the child it times: exclusive). Prints one line per case and writes every region's taints."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LOAD = """
+import sys, time, torch
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:
+    for _ in range(8):
+        a @ a
+    torch.cuda.synchronize()
+    n += 8
+print("load", n, "matmuls", flush=True)
+"""
+
+TIMER = """
+import json, subprocess, sys, time, torch, krex
+mode, load = sys.argv[1], sys.argv[2]
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(5):
+    a @ a
+torch.cuda.synchronize()
+time.sleep(1.5)                      # the sibling's load is under way by now
+out = []
+for i in range(4):
+    with krex.region(f"t{i}") as r:
+        child = subprocess.Popen([sys.executable, load, "0.3"]) if mode == "child" else None
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(20):
+            a @ a
+        e.record()
+        torch.cuda.synchronize()
+        if child:
+            child.wait()
+    out.append({"ms": s.elapsed_time(e) / 20, "exclusive": r.exclusive, "taints": r.taints})
+    time.sleep(0.2)
+print("REGIONS " + json.dumps(out), flush=True)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    td = Path(tempfile.mkdtemp(prefix="beside-"))
+    (td / "load.py").write_text(LOAD)
+    (td / "timer.py").write_text(TIMER)
+    py, load, timer = sys.executable, str(td / "load.py"), str(td / "timer.py")
+    cases = {"alone": [py, timer, "alone", load],
+             "sibling": ["sh", "-c", f"'{py}' '{load}' 12 & '{py}' '{timer}' sibling '{load}'; wait"],
+             "child": [py, timer, "child", load]}
+    result = {}
+    for name, cmd in cases.items():
+        rep = td / f"{name}.json"
+        p = subprocess.run([py, "-m", "krex_ctl", "run", "--report", str(rep), "--"] + cmd, capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+        lines = [x for x in p.stdout.splitlines() if x.startswith("REGIONS ")]
+        regions = json.loads(lines[-1][8:]) if lines else []
+        report = json.loads(rep.read_text()) if rep.exists() else {}
+        result[name] = {"exit": p.returncode, "regions": regions, "stderr_tail": p.stderr[-1500:],
+                        "report_regions": [{k: r.get(k) for k in ("name", "exclusive", "taints", "pids")}
+                                           for r in report.get("regions", [])]}
+        print(f"{name}: exit {p.returncode}; regions (exclusive, taints, ms): "
+              + "; ".join(f"{r['exclusive']} {','.join(r['taints']) or '-'} {r['ms']:.3f}" for r in regions))
+        print("  " + (p.stderr.strip().splitlines() or [""])[-1])
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
