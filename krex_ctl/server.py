@@ -327,8 +327,12 @@ class Controller(RegionEffects):
             if mask & selectors.EVENT_WRITE and self.connected(client):
                 self.flush(client)
         elif kind == "leaving":           # a process whose connection closed on its way out has exited
-            for gone in self.lifecycle.reap(time.monotonic()):
+            now = time.monotonic()
+            reaped = self.lifecycle.reap(now)
+            for gone in reaped:
                 log.debug("client %d (pid %d), followed since its connection closed, has exited", gone.id, gone.pid)
+            if reaped:
+                self.apply(self.book.lifecycle_ended(now))
         elif kind == "pidfd":
             assert client is not None
             if self.connected(client):
@@ -913,7 +917,11 @@ class Controller(RegionEffects):
 
     def on_lifecycle(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: a context is being created or destroyed, the process is exiting, or it freed memory"""
-        self.lifecycle.event(client, frames.decode("struct krex_lifecycle", payload), time.monotonic())
+        ev = frames.decode("struct krex_lifecycle", payload)
+        now = time.monotonic()
+        self.lifecycle.event(client, ev, now)
+        if int(ev.event) in (C.KREX_LIFE_CTX_CREATE_END, C.KREX_LIFE_CTX_DESTROY_END):
+            self.apply(self.book.lifecycle_ended(now))
 
     def on_beside(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: it launched, in no block of its own, on a GPU a region of its own job held (Regions.beside)"""

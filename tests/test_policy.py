@@ -314,22 +314,25 @@ def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
 def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context_is_made_bounded():
     """lifecycle_prewait_ms: a request whose GPU has another job's context creation (or exit) under way waits,
     its gates still open (no CloseGates: other jobs' GPU work runs meanwhile), until that ends or the prewait's
-    time is up; then it starts and the barrier behaves as before. Its own job's lifecycle work does not hold
-    it; one on another GPU does not; a request behind it on its GPU waits behind it; 0 turns it off."""
+    time is up; then it starts and the barrier behaves as before. Not polled: the one Recheck asked for is at the
+    bound, and the end of the lifecycle work (lifecycle_ended, which the controller calls on it) starts it. Its
+    own job's lifecycle work does not hold it; one on another GPU does not; a request behind it on its GPU waits
+    behind it; 0 turns it off."""
     ev = lambda e, dev=0: SimpleNamespace(event=e, device=dev, bytes=0)   # noqa: E731
     w = World(lifecycle_prewait_ms=100.0)
     a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
     out = w.request(a)
-    assert kinds(out) == ["Recheck"] and not w.book.regions and out[0].delay <= 0.002
+    assert kinds(out) == ["Recheck"] and not w.book.regions and out[0].delay == pytest.approx(0.1)
     assert w.book.counters["lifecycle_prewaits"] == 1
     out = w.book.request(c, 1, "behind", 0, 1, w.now)                  # behind it on its GPU: waits too
     assert "CloseGates" not in kinds(out) and not w.book.regions
     w.now += 0.03
     assert "CloseGates" not in kinds(w.book.recheck(w.now))
+    assert w.book.lifecycle_ended(w.now) == [] or "CloseGates" not in kinds(w.book.lifecycle_ended(w.now))
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now)           # made: the request starts, first in line
     w.now += 0.002
-    out = w.closed(w.book.recheck(w.now))
+    out = w.closed(w.book.lifecycle_ended(w.now))
     assert kinds(out)[0] == "CloseGates" and region_of(out).owner is a
     assert w.book.counters["lifecycle_prewait_ms"] == 32 and w.book.counters["lifecycle_prewaits"] == 1
     assert not w.book.prewait_since

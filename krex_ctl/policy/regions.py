@@ -618,12 +618,14 @@ class Regions:
         or exit is under way on its GPUs, its gates still open (0: start it now). The lifecycle barrier waits
         such work out after the drain, gates closed, when no GPU work of other jobs runs; waiting before the
         gates close lets theirs run meanwhile. Bounded: once lifecycle_prewait_ms have passed since it first
-        waited, the request starts and the barrier waits as before."""
+        waited, the request starts and the barrier waits as before. Not polled: the controller schedules again when
+        lifecycle work ends (lifecycle_ended), and a Recheck comes when the bound is reached."""
         limit = float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
         if limit <= 0 or not self.cfg.lifecycle_barrier or self.lifecycle is None:
             return 0.0
         since = self.prewait_since.get(req.id, now)
-        if now - since >= limit:
+        left = since + limit - now
+        if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
         probe = SimpleNamespace(job=req.owner.job, members={req.owner: None}, gpu_mask=req.gpu_mask)
         if not self.lifecycle.busy(probe):
@@ -631,7 +633,13 @@ class Regions:
         if req.id not in self.prewait_since:
             self.prewait_since[req.id] = now
             self.counters["lifecycle_prewaits"] += 1
-        return min(0.002, since + limit - now)
+        return left
+
+    def lifecycle_ended(self, now: float) -> list:
+        """Another process's context creation or teardown ended, or a process followed after its connection
+        closed has exited: a request waiting for that with its gates open (lifecycle_prewait_ms) may start now.
+        (A process that drops is scheduled for anyway.)"""
+        return self.schedule(now) if self.prewait_since else []
 
     def _start_queued(self, req: Request, live: list, now: float) -> list:
         self.queue.remove(req)
