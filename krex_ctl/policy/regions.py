@@ -36,7 +36,6 @@ socket or process."""
 import enum
 import itertools
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from ..wire.frames import C
@@ -627,8 +626,7 @@ class Regions:
         left = since + limit - now
         if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
-        probe = SimpleNamespace(job=req.owner.job, members={req.owner: None}, gpu_mask=req.gpu_mask)
-        if not self.lifecycle.busy(probe):
+        if not self.lifecycle.busy(req):       # the request stands for its region: its owner, job and GPUs
             return 0.0
         if req.id not in self.prewait_since:
             self.prewait_since[req.id] = now

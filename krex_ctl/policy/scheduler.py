@@ -25,6 +25,15 @@ class Request:
     def holds(self) -> int:
         return self.hold_mask | self.gpu_mask
 
+    # what the region it asks for will be, as far as whose work is whose goes (jobs.outsider, Lifecycle.busy)
+    @property
+    def job(self) -> Any:
+        return self.owner.job
+
+    @property
+    def members(self) -> dict:
+        return {self.owner: None}
+
 
 def startable(queue: list[Request], busy_mask: int, waiting=lambda req: False, held=lambda req: False) -> list[Request]:
     """The requests that may start now, in queue order. waiting(req): it may not start yet (its owner is
