@@ -841,7 +841,8 @@ class Controller(RegionEffects):
                 or any(w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers))
 
         if client.role == C.KREX_ROLE_WRAPPER:
-            return self.job_rooted_at(client.pid, client.uid) or self.new_job(client.pid, client.uid)
+            return (self.job_rooted_at(client.pid, client.uid) or self.wrapper_step_job(client)
+                    or self.new_job(client.pid, client.uid))
         job = self.jobs.get(claimed) if claimed > 0 else None
         if ours(job):
             return job
@@ -853,8 +854,22 @@ class Controller(RegionEffects):
             # Slurm's step daemon named directly: root's, or the user's own where slurmd runs as that user
             stepd = procs.is_slurm_stepd(root, client.uid if own else 0)
             if own or stepd:
-                return self.job_rooted_at(root, client.uid) or self.new_job(root, client.uid, stepd)
+                return (self.job_rooted_at(root, client.uid) or (own and self.job_of_wrapper(root, client.uid))
+                        or self.new_job(root, client.uid, stepd))
         return self.new_job(client.pid, client.uid)
+
+    def wrapper_step_job(self, client: Client) -> Optional[Job]:
+        """A `krex run` that is (or runs inside) a Slurm task under step scope joins the step's job, as the task's
+        processes do without a wrapper (its environment names the task, KREX_JOB_ROOT from the TaskProlog, and
+        step_of finds the task's slurmstepd): the ranks of `srun -n 2 krex run -- python train.py` are one job,
+        so a collective inside one rank's region does not wait on a gated peer. Such a job has several wrappers:
+        the GPUs each declares add up, and each one's report keeps the regions its own processes were in."""
+        task = procs.environ_value(client.pid, "KREX_JOB_ROOT") or ""
+        if not task.isdigit() or int(task) <= 1 or not procs.is_descendant(client.pid, int(task)) \
+                or not procs.owned_by(int(task), client.uid):
+            return None
+        step = self.step_of(client, int(task))
+        return (self.job_rooted_at(step, client.uid) or self.new_job(step, client.uid, True)) if step else None
 
     @staticmethod
     def step_of(client: Client, task: int) -> Optional[int]:
@@ -877,6 +892,14 @@ class Controller(RegionEffects):
         """The job whose wrapper is this very process (same pid and start time) of this user, if any."""
         start = procs.start_time(root)
         return next((j for j in self.jobs.values() if j.root_pid == root and j.uid == uid and j.root_start == start),
+                    None)
+
+    def job_of_wrapper(self, pid: int, uid: int) -> Optional[Job]:
+        """The job of the connected `krex run` wrapper that is this process (a wrapper that joined a Slurm step's
+        job is not its root: after a controller restart its command's processes name it, KREX_JOB_ROOT)."""
+        start = procs.start_time(pid)
+        return next((c.job for c in getattr(self, "clients", {}).values() if c.role == C.KREX_ROLE_WRAPPER
+                     and c.pid == pid and c.uid == uid and c.job is not None and procs.start_time(c.pid) == start),
                     None)
 
     def new_job(self, root: int, uid: int, stepd: bool = False) -> Job:
@@ -998,11 +1021,15 @@ class Controller(RegionEffects):
                 reply = server_feedback.job_wait(self, client, req)
             elif op == ops.JOB_REPORT:
                 reply = job_report_page(client.job, int(req.get("offset", 0)))
+                reply["shared"] = bool(client.job is not None and client.job.stepd)   # several wrappers: keep yours
             elif op == ops.JOB_COMMAND:
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:
-                    client.job.command = [str(a) for a in req.get("command", [])][:64]
-                    client.job.gpus = list_to_mask(g for g in req.get("gpus", []) or []
-                                                   if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
+                    job = client.job
+                    if not (job.stepd and job.command):       # a step's job: its first wrapper's command names it
+                        job.command = [str(a) for a in req.get("command", [])][:64]
+                    gpus = list_to_mask(g for g in req.get("gpus", []) or []
+                                        if isinstance(g, int) and 0 <= g < C.KREX_MAX_GPUS)
+                    job.gpus = (job.gpus | gpus) if job.stepd else gpus   # a step's wrappers' GPUs add up
                 # whether a DISPATCH could give this wrapper a warm worker: when not, it asks none; and the
                 # wrapper's pid as this controller sees it (SO_PEERCRED), which its processes name as their job's
                 # root (KREX_JOB_ROOT) to find the job again after a restart: in a pod's pid namespace the

@@ -48,7 +48,7 @@ def place_reply(ctl, client, req: dict) -> dict:
     except (placement.PlacementError, TypeError, ValueError) as e:
         return {"error": str(e)}
     gpus = [g for i, g in enumerate(gpus) if 0 <= g < C.KREX_MAX_GPUS and g not in gpus[:i]]
-    client.job.gpus = list_to_mask(gpus)
+    client.job.gpus = (client.job.gpus | list_to_mask(gpus)) if getattr(client.job, "stepd", False) else list_to_mask(gpus)
     return {"gpus": gpus, "uuids": [ctl.gpus.uuid_text(g) for g in gpus]}   # in the order named
 
 

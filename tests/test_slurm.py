@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import BUILD, ROOT, SNIP, proc_state, wait_for
+from conftest import BUILD, ROOT, SNIP, proc_state, report_of, wait_for
 
 SLURM = ROOT / "packaging" / "slurm"
 PROLOG, EPILOG = SLURM / "krex-task-prolog", SLURM / "krex-epilog"
@@ -189,6 +189,11 @@ def test_task_prolog_prints_the_krex_environment(slurm, tmp_path):
                                        "export KREX_SLURM_JOB_SCOPE=task", "export KREX_JOB_ROOT=4242"]
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("s.env", KREX_SLURM_MODE="socket"))))
     assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}"]
+    # socket mode's step scope: each task's krex run joins the step's job (the controller finds its slurmstepd)
+    out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("s.env", KREX_SLURM_MODE="socket")),
+                      KREX_SLURM_JOB_SCOPE="step"))
+    assert out.stdout.splitlines() == [f"export KREX_SOCKET={slurm.socket}", "unset KREX_JOB",
+                                       "export KREX_SLURM_JOB_SCOPE=step", "export KREX_JOB_ROOT=4242"], out
     out = prolog(dict(base, KREX_SLURM_CONF=str(slurm.slurm_conf("h.env", KREX_SLURM_HOOKS="all", KREX_HOOKS_DIR="/h")),
                       PYTHONPATH="/p"))
     assert out.stdout.splitlines()[7:] == ["export KREX_HOOKS=all", "export PYTHONPATH=/h:/p",
@@ -264,6 +269,46 @@ def test_step_scope_makes_the_tasks_of_a_step_one_job(slurm):
             end(stepd)
 
 
+def test_krex_run_in_a_step_scoped_task_joins_the_steps_job(slurm, tmp_path):
+    """`srun -n 2 krex run -- CMD` under step scope (socket mode: a wrapper per task; preload mode alike): both
+    wrappers and their commands are one krex job rooted at the step's slurmstepd, as the tasks are without a
+    wrapper, so the ranks never gate each other; each wrapper's report has the regions its own processes were
+    in, not its peer's. Task scope: a job each, as before."""
+    for mode in ("socket", "preload"):
+        conf = slurm.slurm_conf(f"{mode}.env", KREX_SLURM_MODE=mode)
+        for scope in ("step", "task"):
+            rep = tmp_path / f"{mode}-{scope}"
+            # rank i on GPU i, its regions on that GPU alone (gpus=): no region of one joins the other's
+            cmd = ["sh", "-c", f'if [ "$SLURM_PROCID" = 0 ]; then U={UUID[0]}; else U={UUID[1]}; fi; '
+                               f'CUDA_VISIBLE_DEVICES=$U SNIPPET_GPUS=$SLURM_PROCID exec "{sys.executable}" -m krex_ctl '
+                               f'run --report "{rep}-$SLURM_PROCID.json" -- "{SNIP / "region"}"']
+            stepd, pids = slurm.step(311, 1, 2, cmd, conf, KREX_SLURM_JOB_SCOPE=scope, SNIPPET_REGIONS="3",
+                                     SNIPPET_N="1", SNIPPET_HOLD_US="400000", SNIPPET_GAP_US="100000")
+            try:
+                wait_for(lambda: len({c["pid"] for c in slurm.status()["clients"]
+                                      if c["role"] == "shim" and c["gpus"]} - set(pids)) >= 2, timeout=60,
+                         what="both commands' contexts")
+                st = slurm.status()
+                wrappers = {c["pid"]: c["job"] for c in st["clients"] if c["role"] == "wrapper" and c["pid"] in pids}
+                shims = {c["pid"]: c["job"] for c in st["clients"] if c["role"] == "shim" and c["gpus"]}
+                jobs = {j["job"]: j for j in st["jobs"]}
+                assert set(wrappers) == set(pids), (mode, scope, st["clients"])
+                if scope == "step":
+                    assert set(wrappers.values()) == set(shims.values()) and len(set(shims.values())) == 1, st
+                    assert jobs[wrappers[pids[0]]]["root_pid"] == stepd.pid
+                else:
+                    assert len(set(wrappers.values())) == 2 and set(shims.values()) == set(wrappers.values()), st
+                    assert sorted(jobs[j]["root_pid"] for j in wrappers.values()) == sorted(pids)
+                wait_for(lambda: all((rep.parent / f"{rep.name}-{i}.json").exists() for i in (0, 1)), timeout=60,
+                         what="both reports")
+            finally:
+                end(stepd)
+            mine = [report_of(rep.parent / f"{rep.name}-{i}.json")["regions"] for i in (0, 1)]
+            assert all(len(r) == 3 for r in mine), (mode, scope, mine)        # its own three, not its peer's
+            assert [{x["gpu"][0] for x in r} for r in mine] == [{0}, {1}], mine
+            assert all(x["exclusive"] for r in mine for x in r), mine
+
+
 def placing_controller():
     """Controller.place's state, no more: no jobs yet, no warm workers."""
     import itertools
@@ -274,6 +319,7 @@ def placing_controller():
     ctl = SimpleNamespace(jobs={}, job_ids=itertools.count(1), pool=SimpleNamespace(workers=[]), clients={})
     ctl.job_rooted_at = lambda root, uid: Controller.job_rooted_at(ctl, root, uid)
     ctl.step_of = Controller.step_of
+    ctl.job_of_wrapper = lambda pid, uid: Controller.job_of_wrapper(ctl, pid, uid)
     ctl.new_job = lambda root, uid, *stepd: Controller.new_job(ctl, root, uid, *stepd)
     ctl.place = lambda pid, uid, root: Controller.place(ctl, SimpleNamespace(pid=pid, uid=uid, role=C.KREX_ROLE_SHIM),
                                                         0, root)

@@ -329,7 +329,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
            extra: dict, extra_regions: list, overlap: Optional[str] = None, facts: Optional[RunFacts] = None):
     """Collect the job's regions and counters, write the report, say the summary, exit with the command's
     status (or --strict's)."""
-    regions, dropped = [], 0
+    regions, dropped, shared = [], 0, False
     frozen = facts.watcher.stop() if facts and facts.watcher else {}
     if guardian:
         offset: Optional[int] = 0
@@ -338,6 +338,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
             if reply is None:
                 break
             regions += reply["regions"]
+            shared = shared or bool(reply.get("shared"))
             offset = reply.get("next")
             dropped = int(reply.get("dropped", 0))   # records the controller could not keep
         guardian.done.set()
@@ -353,6 +354,9 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
             local += mine
         except OSError:
             pass
+    if shared:      # a Slurm step's job, one wrapper per task: the regions this command's processes were in
+        mine = {(r["controller_pid"], r["region_id"]) for r in local if r["region_id"]}
+        regions = [r for r in regions if (r.get("controller_pid"), r.get("region_id")) in mine]
     for k, v in extra.items():        # a warm worker's submissions for this command
         totals[k] = totals.get(k, 0) + v
     cleanup(counters)
