@@ -339,7 +339,7 @@ def metrics_summary(text: str) -> dict:
 
 
 SUMMARY_EVENTS = ("fair_share_waits", "process_samples", "process_sample_us", "drain_timeouts", "frozen_total",
-                  "lifecycle_prewaits", "lifecycle_prewait_ms")
+                  "lifecycle_prewaits", "lifecycle_prewait_ms", "lifecycle_prewait_bounded")
 
 
 def main() -> None:

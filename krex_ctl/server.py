@@ -949,7 +949,11 @@ class Controller(RegionEffects):
     def on_beside(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: it launched, in no block of its own, on a GPU a region of its own job held (Regions.beside)"""
         b = frames.decode("struct krex_beside", payload)
+        if client.role != C.KREX_ROLE_SHIM or not 0 <= int(b.device) < C.KREX_MAX_GPUS:
+            raise frames.ProtocolError(f"BESIDE from a {client.role_name} client, or for GPU {int(b.device)}")
         self.book.beside(client, int(b.region_id), int(b.device))
+        log.debug("pid %d launched beside region %d of its job on GPU %d (t %d ns)", client.pid, int(b.region_id),
+                  int(b.device), int(b.t_ns))
 
     def on_region_settled(self, client: Client, payload: bytes, seq: int) -> None:
         """shim: how its clock settle after the grant went (shim/settle.c); a member's report of a region it is in"""

@@ -68,8 +68,9 @@ static int read_full(int fd, void *buf, size_t n) {
     return 0;
 }
 
-/* caller holds conn_lock; the frame's seq goes to *seq_out */
-int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
+/* caller holds conn_lock; the frame's seq goes to *seq_out. nowait: nothing is sent (-1) when the socket's buffer
+ * has no room now, rather than waiting up to its send timeout (a frame begun is still sent whole) */
+static int send_frame_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out, int nowait) {
     if (conn_fd < 0 || conn_state != CONN_UP) return -1;
     char buf[sizeof(struct krex_frame_hdr) + 512];
     if (len > sizeof buf - sizeof(struct krex_frame_hdr)) return -1;
@@ -79,7 +80,18 @@ int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_
     memcpy(buf, &h, sizeof h);
     memcpy(buf + sizeof h, payload, len);
     if (seq_out) *seq_out = seq;
-    return write_full(conn_fd, buf, sizeof h + len);
+    size_t n = sizeof h + len, done = 0;
+    if (nowait) {
+        ssize_t w;
+        do w = send(conn_fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT); while (w < 0 && errno == EINTR);
+        if (w <= 0) return -1;             /* nothing of it written: the stream is as it was */
+        done = (size_t)w;
+    }
+    return done == n ? 0 : write_full(conn_fd, buf + done, n - done);
+}
+
+int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
+    return send_frame_locked(type, payload, len, seq_out, 0);
 }
 
 int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
@@ -102,11 +114,12 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
 }
 
 /* this process, in no block of its own, launched on `device` while region_id of its own job held it (gate.c): on
- * a launch path, so never waits for the connection's lock (a later launch says it then); 0 when sent */
+ * a launch path, so it waits neither for the connection's lock nor for room in the socket (a later launch says it
+ * then); 0 when sent */
 int krex_beside(uint64_t region_id, int device) {
     if (conn_state != CONN_UP || pthread_mutex_trylock(&conn_lock) != 0) return -1;
     struct krex_beside m = {region_id, device, 0, krex_now_ns()};
-    int r = krex_send_locked(KREX_MSG_BESIDE, &m, sizeof m, NULL);
+    int r = send_frame_locked(KREX_MSG_BESIDE, &m, sizeof m, NULL, 1);
     pthread_mutex_unlock(&conn_lock);
     return r;
 }
@@ -251,6 +264,7 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     conn_state = CONN_UP;
     krex_job = w->job;
     krex_controller_pid = w->controller_pid;
+    krex_beside_reset();                   /* a controller started again numbers its regions from 1 again */
     __atomic_store_n(&krex_gate_hdr, (const struct krex_gate_page_hdr *)((const char *)gates - w->gate_offset),
                      __ATOMIC_RELEASE);
     __atomic_store_n(&krex_gates, gates, __ATOMIC_RELEASE);   /* an old page stays mapped: a reader may hold it */

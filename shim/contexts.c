@@ -176,5 +176,22 @@ void krex_register_current_device(int vendor) {
     }
 }
 
+int krex_current_gpu(int vendor) {
+    if (vendor == KREX_VENDOR_CUDA) {
+        CUresult (*get_ctx)(CUcontext *) = krex_real(KREX_H_cuCtxGetCurrent);
+        CUcontext c = NULL;
+        if (!get_ctx || get_ctx(&c) != CUDA_SUCCESS || !c) return -1;
+        int dev = -1;
+        pthread_mutex_lock(&ctx_lock);
+        for (int i = 0; i < nctxs && dev < 0; i++)
+            if (ctxs[i].vendor == vendor && ctxs[i].ctx == c) dev = ctxs[i].device;
+        pthread_mutex_unlock(&ctx_lock);
+        return dev;
+    }
+    hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
+    int d;
+    return get_dev && get_dev(&d) == hipSuccess ? krex_physical_device(vendor, d) : -1;
+}
+
 /* GPUs a region of this process is on when the caller names none: those it has contexts on */
 uint64_t krex_own_gpus(void) { return krex_dev_mask; }

@@ -113,6 +113,8 @@ struct krex_local_region *krex_local_region_claim_bounded(int ms) {
 /* per GPU, the region of our own job we last told the controller we launched beside (0: none) */
 static uint64_t beside_told[KREX_MAX_GPUS];
 
+void krex_beside_reset(void) { memset(beside_told, 0, sizeof beside_told); }
+
 void krex_gate_reset_after_fork(void) {
     pthread_mutex_init(&krex_slot_lock, NULL);   /* a thread of the parent may have held it at the fork */
     krex_memory_reset_after_fork();
@@ -123,7 +125,7 @@ void krex_gate_reset_after_fork(void) {
     krex_captures_active = 0;
     krex_exit_gate_pid = 0;
     memset(&krex_local_slot, 0, sizeof krex_local_slot);
-    memset(beside_told, 0, sizeof beside_told);   /* the child tells of its own launches */
+    krex_beside_reset();                           /* the child tells of its own launches */
 }
 
 void krex_count_context(int vendor) {
@@ -151,17 +153,22 @@ static const struct krex_gate *krex_closed_gate(void) { return krex_closed_gate_
 /* A launch outside any block of ours (krex_count_outside): our own job's regions do not hold us at the gate, so
  * one of them holding a GPU of ours now has our work running beside its timing. The controller is told once a
  * region and GPU (KREX_MSG_BESIDE) and decides: shared_gpu unless we are a member, a child a member times, or on
- * a GPU where no member works. One load per GPU of ours when no gate is ours; a message once a region. */
-void krex_beside_check(void) {
+ * a GPU where no member works. One load per GPU of ours when no gate is ours; a message once a region. A process
+ * with contexts on several GPUs tells only of a launch whose current context is on the region's GPU (a launch on a
+ * stream of another context is taken for the current one's). */
+void krex_beside_check(int vendor) {
     const struct krex_gate *g = krex_gates;
     uint32_t job = (uint32_t)krex_job;
+    uint64_t all = krex_dev_mask;
     if (!g || !job) return;
-    for (uint64_t m = krex_dev_mask; m; m &= m - 1) {
+    for (uint64_t m = all; m; m &= m - 1) {
         int d = __builtin_ctzll(m);
         if (!KREX_UNLIKELY(__atomic_load_n(&g[d].owner_job, __ATOMIC_ACQUIRE) == job)) continue;
         uint64_t rid = __atomic_load_n(&g[d].region_id, __ATOMIC_RELAXED);
-        if (rid && rid != __atomic_load_n(&beside_told[d], __ATOMIC_RELAXED) && krex_beside(rid, d) == 0)
-            __atomic_store_n(&beside_told[d], rid, __ATOMIC_RELAXED);
+        if (!rid || rid == __atomic_load_n(&beside_told[d], __ATOMIC_RELAXED)) continue;
+        /* contexts on several GPUs: only a launch on that GPU itself (the calling thread's current one) */
+        if ((all & (all - 1)) && krex_current_gpu(vendor) != d) continue;
+        if (krex_beside(rid, d) == 0) __atomic_store_n(&beside_told[d], rid, __ATOMIC_RELAXED);
     }
 }
 

@@ -142,7 +142,7 @@ static CUresult instantiate(instantiate_fn real, int upload_id, CUgraphExec *e, 
     }
     /* the upload (or, without cuGraphUpload in this driver, the whole call) at the gate */
     int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_OTHER, p->hUploadStream, upload_id);
-    krex_count_outside(entered);
+    krex_count_outside(entered, KREX_VENDOR_CUDA);
     r = upload ? upload(*e, p->hUploadStream) : real(e, g, p);
     krex_submit_leave(entered);
     return r;

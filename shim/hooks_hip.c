@@ -105,7 +105,7 @@ KREX_EXPORT hipError_t hipGraphInstantiateWithParams(hipGraphExec_t *e, hipGraph
         if (r != hipSuccess || !e) return r;
     }
     int entered = krex_submit_enter(KREX_VENDOR_HIP, KREX_KIND_OTHER, p->uploadStream, KREX_H_hipGraphUpload);
-    krex_count_outside(entered);
+    krex_count_outside(entered, KREX_VENDOR_HIP);
     r = upload ? upload(*e, p->uploadStream) : REAL(hipGraphInstantiateWithParams)(e, g, p);
     krex_submit_leave(entered);
     return r;

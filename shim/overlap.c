@@ -602,7 +602,7 @@ static inline int overlap_on(void) { return config_ready() && cfg.any; }
         launch_fn real = (launch_fn)krex_real(KREX_H_##name);                                                    \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, s, KREX_H_##name);                  \
-        krex_count_outside(entered);                                                                             \
+        krex_count_outside(entered, KREX_VENDOR_CUDA);                                                           \
         CUresult r;                                                                                              \
         if (KREX_UNLIKELY(overlap_on())) {                                                                       \
             struct launch l = {KREX_H_##name, 0, f, gx, gy, gz, bx, by, bz, smem, s, kp, ex, NULL};             \
@@ -621,7 +621,7 @@ KREX_LAUNCH_WRAPPER(cuLaunchKernel_ptsz)
         launch_ex_fn real = (launch_ex_fn)krex_real(KREX_H_##name);                                              \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, c ? c->hStream : NULL, KREX_H_##name); \
-        krex_count_outside(entered);                                                                             \
+        krex_count_outside(entered, KREX_VENDOR_CUDA);                                                           \
         CUresult r;                                                                                              \
         if (KREX_UNLIKELY(overlap_on()) && c) {                                                                  \
             struct launch l = {KREX_H_##name, 1, f, 0, 0, 0, 0, 0, 0, 0, c->hStream, kp, ex, c};                \
@@ -644,7 +644,7 @@ typedef CUresult (*launch_coop_fn)(CUfunction, unsigned, unsigned, unsigned, uns
         launch_coop_fn real = (launch_coop_fn)krex_real(KREX_H_##name);                                          \
         if (KREX_UNLIKELY(!real)) return CUDA_ERROR_INVALID_VALUE;                                               \
         int entered = krex_submit_enter(KREX_VENDOR_CUDA, KREX_KIND_KERNEL, s, KREX_H_##name);                  \
-        krex_count_outside(entered);                                                                             \
+        krex_count_outside(entered, KREX_VENDOR_CUDA);                                                           \
         if (KREX_UNLIKELY(overlap_on()) && cfg.shape && krex_guard_arm()) COUNT(overlap_skip_cooperative);       \
         CUresult r = real(f, gx, gy, gz, bx, by, bz, smem, s, kp);                                               \
         krex_submit_leave(entered);                                                                              \

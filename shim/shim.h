@@ -75,7 +75,8 @@ void krex_submit_leave(int entered);
 void krex_count_context(int vendor);
 int krex_inflight(void);
 void krex_gate_reset_after_fork(void);
-void krex_beside_check(void);   /* a launch outside any block: a region of our own job holding one of our GPUs is told */
+void krex_beside_check(int vendor);   /* a launch outside any block: a region of our own job holding its GPU is told */
+void krex_beside_reset(void);         /* forget what was told (a new connection, a forked child) */
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
@@ -85,10 +86,10 @@ struct krex_counter_slot *krex_counter_slot(void);         /* this process's cou
 /* after krex_submit_enter of a kernel, graph, copy or other submission (not MEMORY): one that was counted
  * (entered) while this process had no region open is also counted in outside_regions. A relaxed load and,
  * outside regions, a relaxed add to the process's own slot: no lock, no system call. */
-static inline void krex_count_outside(int entered) {
+static inline void krex_count_outside(int entered, int vendor) {
     if (entered && !__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED)) {
         __atomic_fetch_add(&krex_counter_slot()->outside_regions, 1, __ATOMIC_RELAXED);
-        krex_beside_check();
+        krex_beside_check(vendor);
     }
 }
 
@@ -124,6 +125,7 @@ struct krex_ctx_ref { int vendor; void *ctx; };   /* a context to synchronize (H
 void krex_register_context(int vendor, int local_device, void *ctx);
 int krex_forget_context(void *ctx);
 void krex_register_current_device(int vendor);
+int krex_current_gpu(int vendor);   /* the node-wide GPU of the calling thread's current context, -1: unknown */
 int krex_physical_device(int vendor, int local_device);
 uint64_t krex_own_gpus(void);
 int krex_contexts_on(uint64_t mask, struct krex_ctx_ref *out, int max);

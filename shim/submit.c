@@ -8,7 +8,7 @@
         krex_fn_t real = (krex_fn_t)krex_real(KREX_H_##n);                                 \
         if (KREX_UNLIKELY(!real)) return 1; /* CUDA_ERROR_INVALID_VALUE / hipErrorInvalidValue */ \
         int entered = krex_submit_enter(KREX_VENDOR_##V, KREX_KIND_##K, (void *)(S), KREX_H_##n); \
-        if (KREX_KIND_##K < KREX_KIND_MEMORY) krex_count_outside(entered); /* not allocations */ \
+        if (KREX_KIND_##K < KREX_KIND_MEMORY) krex_count_outside(entered, KREX_VENDOR_##V); /* not allocations */ \
         int r = real A;                                                                    \
         krex_submit_leave(entered);                                                        \
         return r;                                                                          \

@@ -199,7 +199,7 @@ def test_two_processes_of_one_job_timing_on_one_gpu_at_once_are_not_exclusive(kr
 
 
 def test_a_process_of_the_job_launching_in_no_block_during_its_region_makes_it_not_exclusive(krex):
-    """A harness's other process (a compile or autotune subprocess benchmarking, a second harness process) that
+    """A harness's other process (a pool worker checking a candidate, a second harness process) that
     launches outside any block while the job's region holds its GPU: the job's processes never gate each other,
     so its kernels run inside the region (the fake driver's trace says so). The regions they ran in are tainted
     shared_gpu, not exclusive (they were reported exclusive and clean): its shim tells the controller (BESIDE)."""
@@ -246,3 +246,44 @@ def test_a_child_launching_inside_its_parents_region_keeps_it_exclusive(krex, tm
     assert r.stdout.split("\n")[-2].split() == ["True", "-"], (r.stdout, r.stderr)   # after the hog's line
     [x] = report_of(tmp_path / "c.json")["regions"]
     assert x["exclusive"] and "shared_gpu" not in x["taints"], x
+
+
+def test_a_launch_on_another_gpu_of_a_process_with_contexts_on_two_does_not_taint(krex, tmp_path):
+    """A process of the job with contexts on GPUs 0 and 1 that launches only on GPU 1, beside the job's region on
+    GPU 0: none of its kernels ran on GPU 0, so that region stays exclusive (the shim tells only of a launch whose
+    current context is on the region's GPU)."""
+    krex.start_controller()
+    cmd = (f"SNIPPET_DEVICE=1 SNIPPET_ALSO_DEVICE=0 SNIPPET_STREAMS=1 SNIPPET_MS=2500 SNIPPET_US=2000 {SNIP / 'hog'} & "
+           f"sleep 0.5; SNIPPET_DEVICE=0 SNIPPET_GPUS=0 {SNIP / 'region'}; wait")
+    job = run_gpu(krex, "0,1", ["sh", "-c", cmd], report=tmp_path / "r.json",
+                  env={"SNIPPET_REGIONS": "3", "SNIPPET_N": "2", "SNIPPET_US": "50000", "SNIPPET_GAP_US": "200000"})
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    regs = report_of(tmp_path / "r.json")["regions"]
+    assert len(regs) == 3 and all(r["gpu"] == [0] for r in regs), regs
+    assert all(r["exclusive"] and "shared_gpu" not in r["taints"] for r in regs), regs
+
+
+def test_a_beside_for_a_gpu_out_of_range_or_from_a_python_client_is_a_protocol_error(krex, tmp_path):
+    """BESIDE is a shim's: one naming a GPU outside 0-63 (or from another kind of client) drops that client with
+    a protocol error, before any region is looked at; the region it named goes on, not shared_gpu."""
+    from krex_ctl.wire.client import Connection
+    from krex_ctl.wire.frames import MSG, C, encode
+
+    krex.start_controller()
+    hold = tmp_path / "hold"
+    job = krex.popen([SNIP / "region"], report=tmp_path / "r.json",
+                     env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(hold)})
+    wait_for(lambda: any(g["owner"] for g in krex.status()["gpus"]), what="the region held")
+    for role, device in ((C.KREX_ROLE_SHIM, -1), (C.KREX_ROLE_SHIM, 64), (C.KREX_ROLE_PYTHON, 0)):
+        conn = Connection(str(krex.socket), role)
+        conn.send(MSG["BESIDE"], encode("struct krex_beside", region_id=1, device=device))
+        while conn.sock.recv(4096):     # what it was sent (an error), then the end: dropped
+            pass
+        conn.close()
+    hold.touch()
+    assert job.wait(timeout=30) == 0
+    assert krex.status()["counters"]["bad_frames"] == 3          # each one refused as a bad frame, nothing raised
+    [r] = report_of(tmp_path / "r.json")["regions"]
+    # not shared_gpu; unregistered, as for any live krex process the controller dropped (this test's own)
+    assert r["taints"] == ["unregistered"], r

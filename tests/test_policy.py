@@ -335,7 +335,7 @@ def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context
     out = w.closed(w.book.lifecycle_ended(w.now))
     assert kinds(out)[0] == "CloseGates" and region_of(out).owner is a
     assert w.book.counters["lifecycle_prewait_ms"] == 32 and w.book.counters["lifecycle_prewaits"] == 1
-    assert not w.book.prewait_since
+    assert not w.book.prewait_since and w.book.counters["lifecycle_prewait_bounded"] == 0
 
     # bounded: lifecycle work that goes on past the prewait's time does not hold the request longer
     w = World(lifecycle_prewait_ms=100.0)
@@ -344,6 +344,7 @@ def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context
     assert kinds(w.request(a)) == ["Recheck"]
     w.now += 0.1
     r = region_of(w.closed(w.book.recheck(w.now)))
+    assert w.book.counters["lifecycle_prewait_bounded"] == 1            # started at the bound, the exit not over
     w.read_pass()
     assert w.book.drained(r, b, 0, w.now) and r.state is State.SETTLING     # the barrier waits as before
 
@@ -527,7 +528,7 @@ def test_two_processes_of_a_job_inside_its_region_on_one_gpu_make_it_shared_not_
 
 def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_shared_not_exclusive():
     """BESIDE (shim/gate.c): a process of the region's job, in no block of its own, launched on one of the region's
-    GPUs while the region held it (a compile or autotune subprocess benchmarking while its parent times: a job's
+    GPUs while the region held it (a pool worker or a second harness process beside the timing one: a job's
     processes never gate each other): shared_gpu, not exclusive, counted once a region. Not for a member, a child
     a member times (it descends from one), a GPU where no member works (another rank's, in a step-scoped job),
     another job's process (the shim tells only of its own job's regions; the controller checks) or a region that

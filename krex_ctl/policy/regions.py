@@ -297,7 +297,7 @@ class Regions:
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
                          "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0,
-                         "beside_launches": 0}
+                         "lifecycle_prewait_bounded": 0, "beside_launches": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
@@ -526,20 +526,20 @@ class Regions:
 
     def beside(self, client, region_id: int, device: int) -> None:
         """BESIDE (shim/gate.c): client, in no block of its own, launched on `device` while a region of its own
-        job held it. A job's processes never gate, drain or freeze each other, so that work (a compile or autotune
-        subprocess benchmarking while its parent times, a second harness process) could run beside the timing:
+        job held it. A job's processes never gate, drain or freeze each other, so that work (a pool worker checking a
+        candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), and never for a member or a child a
         member times (it descends from one). A region that ended meanwhile is left as it was."""
         region = self.regions.get(region_id)
-        if region is None or region.state is S.ENDED or not region.gpu_mask >> device & 1 or client in region.members:
+        if region is None or region.state is S.ENDED or region.taints & C.KREX_TAINT_SHARED_GPU \
+                or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1 or client in region.members:
             return
         if not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
                 or not any(c.devices >> device & 1 for c in region.members) \
                 or any(self.lineal(client.pid, pid) for pid in region.pids):
             return
-        if not region.taints & C.KREX_TAINT_SHARED_GPU:
-            self.counters["beside_launches"] += 1
+        self.counters["beside_launches"] += 1
         region.taints |= C.KREX_TAINT_SHARED_GPU
 
     def cancel(self, client, seq: int, now: float) -> list:
@@ -645,6 +645,9 @@ class Regions:
         since = self.prewait_since.pop(req.id, None)
         if since is not None:
             self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
+            limit = float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
+            if now - since >= limit - 1e-6 and self.lifecycle.busy(req):
+                self.counters["lifecycle_prewait_bounded"] += 1    # the bound ran out, the work still under way
         out = self._start(req, now)
         region = self.regions[req.id]
         live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
