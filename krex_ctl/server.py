@@ -1004,7 +1004,9 @@ class Controller(RegionEffects):
             self.send(client, MSG["REGION_ENDED"], frames.encode(
                 "struct krex_region_ended", region_id=e.region_id, ended_ns=now_ns(), reason=reason), seq=seq)
             return
-        self.apply(self.book.leave(region, client, C.KREX_END_NORMAL, seq, time.monotonic()))
+        counted = int(e.flags) & C.KREX_END_KERNELS_COUNTED
+        self.apply(self.book.leave(region, client, C.KREX_END_NORMAL, seq, time.monotonic(),
+                                   int(e.kernels) if counted else None))
 
     def on_region_cancel(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: it stops waiting (Ctrl-C) or leaves whatever region it is in"""

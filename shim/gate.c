@@ -89,6 +89,13 @@ static inline struct krex_counter_slot *krex_counters(void) {
 
 struct krex_counter_slot *krex_counter_slot(void) { return krex_counters(); }
 
+/* kernel and graph launches of this process so far, without attaching its counter slot (none yet: nothing was
+ * launched), so that the client thread never waits for a first attach (region.c, under its lock) */
+uint64_t krex_kernels_launched(void) {
+    struct krex_counter_slot *s = __atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE);
+    return s ? __atomic_load_n(&s->kernels, __ATOMIC_RELAXED) + __atomic_load_n(&s->graphs, __ATOMIC_RELAXED) : 0;
+}
+
 /* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
 struct krex_local_region *krex_local_region_claim(void) {
     krex_counters();

@@ -35,6 +35,7 @@ static struct {
     uint64_t region_id, gpu_mask;
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
     int64_t grant_seen_ns;                        /* when the grant arrived here */
+    uint64_t kernels_at_grant;                    /* this process's kernel and graph launches then (REGION_END) */
     int64_t wait_ended_ns;                        /* not granted: when the wait ended (refused, given up, lost) */
     uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
     char name[KREX_NAME_MAX];
@@ -86,6 +87,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
         if (R.state == R_WAITING && seq == R.begin_seq) {
             R.state = R_HELD, R.region_id = g->region_id, R.gpu_mask = g->gpu_mask, R.granted_ns = g->granted_ns;
             R.grant_seen_ns = krex_now_ns();
+            R.kernels_at_grant = krex_kernels_launched();
             R.flags |= g->flags;
             R.controller_pid = krex_controller_pid;
         } else {
@@ -117,7 +119,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
     pthread_cond_broadcast(&region_cond);
     pthread_mutex_unlock(&region_lock);
     if (stale) {
-        struct krex_region_end e = {stale, krex_now_ns()};
+        struct krex_region_end e = {stale, krex_now_ns(), 0, 0};
         krex_send(KREX_MSG_REGION_END, &e, sizeof e, NULL);
     }
 }
@@ -392,7 +394,8 @@ KREX_EXPORT int krex_region_end(void) {
         return 0;
     }
     if (R.state == R_HELD && !R.revoked) {
-        struct krex_region_end e = {R.region_id, krex_now_ns()};
+        struct krex_region_end e = {R.region_id, krex_now_ns(), (uint32_t)(krex_kernels_launched() - R.kernels_at_grant),
+                                    KREX_END_KERNELS_COUNTED};
         ask_end_locked(KREX_MSG_REGION_END, &e, sizeof e);
     }
     int revoked = R.revoked;

@@ -553,6 +553,25 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     assert shared(r) and C.KREX_TAINT_SHARED_GPU & C.KREX_TAINTS_NOT_EXCLUSIVE
     assert w.book.counters["beside_launches"] == 1
 
+    # a child a member times is spared while the member launches no kernel inside itself; a member that did
+    # (an autotune subprocess benchmarking while its parent times) was not waiting for it: at its end, or after
+    for kernels, child_first, want in ((0, True, False), (None, True, False), (5, True, True), (5, False, True)):
+        w = World()
+        job = Job(1)
+        a, other = w.client(10, job), w.client(20, job)                 # other: a second member, so it outlives a
+        child = w.client(11, job)
+        w.book.lineal = lambda x, y: (x, y) == (11, 10)
+        r = region_of(w.run_to_grant(w.request(a)))
+        w.request(other, seq=3)
+        r.taints &= ~C.KREX_TAINT_SHARED_GPU                             # (two members on one GPU: not the point)
+        if child_first:
+            w.book.beside(child, r.id, 0)
+            assert not shared(r)
+        w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now, kernels)
+        if not child_first:
+            w.book.beside(child, r.id, 0)
+        assert shared(r) == want, (kernels, child_first)
+
     w = World()                                         # told after the region ended: its record stays as it was
     job = Job(1)
     a, sib = w.client(10, job), w.client(12, job)

@@ -135,6 +135,8 @@ class Region:
                                                      # this region's drain and stopped again at its freeze
     grown: int = 0                                   # GPUs its members made contexts on inside it: no other job's
                                                      # region starts there while it is live
+    launched: dict = field(default_factory=dict)     # member pid -> its kernel launches inside, told at its end
+    lineal_beside: set = field(default_factory=set)  # pids, each a member's descendant, that launched beside it
     used: bool = False                               # a member left it other than by a cancel (REGION_END, or its
                                                      # connection closed): its grant was taken. A region only
                                                      # cancelled was never used (given_up)
@@ -536,11 +538,29 @@ class Regions:
                 or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1 or client in region.members:
             return
         if not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
-                or not any(c.devices >> device & 1 for c in region.members) \
-                or any(self.lineal(client.pid, pid) for pid in region.pids):
+                or not any(c.devices >> device & 1 for c in region.members):
             return
+        ancestors = [pid for pid in region.pids if self.lineal(client.pid, pid)]
+        if ancestors:       # the child a member times, unless that member launched kernels inside itself (_timed_too)
+            region.lineal_beside.add(client.pid)
+            if not any(region.launched.get(pid, 0) for pid in ancestors):
+                return
+        self._taint_beside(region)
+
+    def _taint_beside(self, region: Region) -> None:
         self.counters["beside_launches"] += 1
         region.taints |= C.KREX_TAINT_SHARED_GPU
+
+    def _timed_too(self, region: Region, client, kernels: Optional[int]) -> None:
+        """A member's end told how many kernels it launched inside (the shim counts them; None: not counted). A
+        member that launched kernels itself while a process it started launched beside it (an autotune or compile
+        subprocess benchmarking while its parent times) was not waiting for that child: shared_gpu. A member that
+        launched none was (the documented pattern of a process and the child it times)."""
+        if kernels is None or region.taints & C.KREX_TAINT_SHARED_GPU:
+            return
+        region.launched[client.pid] = kernels
+        if kernels and any(self.lineal(pid, client.pid) for pid in region.lineal_beside):
+            self._taint_beside(region)
 
     def cancel(self, client, seq: int, now: float) -> list:
         """REGION_CANCEL: give up the waiting request, or leave the region it is in."""
@@ -908,8 +928,11 @@ class Regions:
             del self.revoked_ids[next(iter(self.revoked_ids))]
         return self._end(region, E.TIME_LIMIT, C.KREX_END_TIME_LIMIT, None, now)
 
-    def leave(self, region: Region, client, reason: int, seq: int, now: float) -> list:
-        """A member is done (REGION_END, cancel, or its connection closed); the region ends with the last."""
+    def leave(self, region: Region, client, reason: int, seq: int, now: float, kernels: Optional[int] = None) -> list:
+        """A member is done (REGION_END, cancel, or its connection closed); the region ends with the last.
+        kernels: what its REGION_END counted of its own launches inside (_timed_too)."""
+        if client in region.members:
+            self._timed_too(region, client, kernels)
         m = region.members.pop(client, None)
         if m is not None and reason != C.KREX_END_CANCELLED:
             region.used = True
