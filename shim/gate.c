@@ -38,6 +38,8 @@ int krex_inflight(void) { return __atomic_load_n(&krex_inflight_count, __ATOMIC_
 _Static_assert(KREX_COUNTERS_VERSION == 4, "rename krex_counters_layout_N (and libkrex.map, run.py) with the layout");
 KREX_EXPORT const uint32_t krex_counters_layout_4 = KREX_COUNTERS_VERSION;
 
+static uint32_t krex_slot_index, krex_slot_count;   /* which claim of the file's slots ours was, of how many */
+
 /* Claim this process's slot in the job's counters file (KREX_COUNTERS), once per process. */
 static struct krex_counter_slot *krex_slot_attach(void) {
     pthread_mutex_lock(&krex_slot_lock);
@@ -68,6 +70,7 @@ static struct krex_counter_slot *krex_slot_attach(void) {
                 if (n) {
                     slot = (struct krex_counter_slot *)(h + 1) + i % n;
                     if (i < n) slot->pid = getpid();
+                    krex_slot_index = i, krex_slot_count = n;   /* shared once a later claim wraps onto it */
                 }
                 __atomic_store_n(&krex_counters_file, h, __ATOMIC_RELEASE);
             } else if (h) {
@@ -89,11 +92,18 @@ static inline struct krex_counter_slot *krex_counters(void) {
 
 struct krex_counter_slot *krex_counter_slot(void) { return krex_counters(); }
 
-/* kernel and graph launches of this process so far, without attaching its counter slot (none yet: nothing was
- * launched), so that the client thread never waits for a first attach (region.c, under its lock) */
-uint64_t krex_kernels_launched(void) {
+/* kernel and graph launches of this process so far into *n, without attaching its counter slot (none yet:
+ * nothing was launched), so that the client thread never waits for a first attach (region.c, under its lock);
+ * -1 when the slot is shared with other processes (its counts are not this process's) */
+int krex_kernels_launched(uint64_t *n) {
     struct krex_counter_slot *s = __atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE);
-    return s ? __atomic_load_n(&s->kernels, __ATOMIC_RELAXED) + __atomic_load_n(&s->graphs, __ATOMIC_RELAXED) : 0;
+    *n = s ? __atomic_load_n(&s->kernels, __ATOMIC_RELAXED) + __atomic_load_n(&s->graphs, __ATOMIC_RELAXED) : 0;
+    const struct krex_counters_hdr *h = __atomic_load_n(&krex_counters_file, __ATOMIC_ACQUIRE);
+    if (s && h && krex_slot_count &&   /* another process's claim landed on our slot (or ours on another's) */
+        (krex_slot_index >= krex_slot_count ||
+         __atomic_load_n(&h->next_slot, __ATOMIC_RELAXED) > krex_slot_index + krex_slot_count))
+        return -1;
+    return 0;
 }
 
 /* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
@@ -127,6 +137,7 @@ void krex_gate_reset_after_fork(void) {
     krex_memory_reset_after_fork();
     krex_overlap_reset_after_fork();
     krex_slot = NULL;
+    krex_slot_index = krex_slot_count = 0;
     krex_counters_file = NULL;
     krex_inflight_count = 0;
     krex_captures_active = 0;

@@ -36,6 +36,7 @@ static struct {
     int64_t requested_ns, granted_ns, ended_ns;   /* ended_ns: the controller's, when it acknowledged */
     int64_t grant_seen_ns;                        /* when the grant arrived here */
     uint64_t kernels_at_grant;                    /* this process's kernel and graph launches then (REGION_END) */
+    int kernels_counted;                          /* ... counted (its counter slot is its own) */
     int64_t wait_ended_ns;                        /* not granted: when the wait ended (refused, given up, lost) */
     uint32_t flags, taints, clock_min, clock_max, reason, controller_pid;
     char name[KREX_NAME_MAX];
@@ -87,7 +88,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
         if (R.state == R_WAITING && seq == R.begin_seq) {
             R.state = R_HELD, R.region_id = g->region_id, R.gpu_mask = g->gpu_mask, R.granted_ns = g->granted_ns;
             R.grant_seen_ns = krex_now_ns();
-            R.kernels_at_grant = krex_kernels_launched();
+            R.kernels_counted = krex_kernels_launched(&R.kernels_at_grant) == 0;
             R.flags |= g->flags;
             R.controller_pid = krex_controller_pid;
         } else {
@@ -394,8 +395,11 @@ KREX_EXPORT int krex_region_end(void) {
         return 0;
     }
     if (R.state == R_HELD && !R.revoked) {
-        struct krex_region_end e = {R.region_id, krex_now_ns(), (uint32_t)(krex_kernels_launched() - R.kernels_at_grant),
-                                    KREX_END_KERNELS_COUNTED};
+        uint64_t now_kernels;
+        int counted = R.kernels_counted && krex_kernels_launched(&now_kernels) == 0;
+        struct krex_region_end e = {R.region_id, krex_now_ns(),
+                                    counted ? (uint32_t)(now_kernels - R.kernels_at_grant) : 0,
+                                    counted ? KREX_END_KERNELS_COUNTED : 0};
         ask_end_locked(KREX_MSG_REGION_END, &e, sizeof e);
     }
     int revoked = R.revoked;

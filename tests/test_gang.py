@@ -326,3 +326,83 @@ def test_a_member_timing_its_own_kernels_beside_a_child_benchmarking_is_not_excl
     assert any(t[2] < x["ended_ns"] and t[3] > x["granted_ns"] for t in hog), x   # the child's kernels ran inside
     assert "shared_gpu" in x["taints"] and not x["exclusive"], x
     assert r.stdout.split("\n")[-2].split() == ["False", "shared_gpu"], r.stdout
+
+
+PARENT = """
+import ctypes, os, subprocess, sys
+import krex
+if os.environ.get("ONE_SLOT"):                  # a job past KREX_COUNTER_SLOTS GPU processes: slots shared
+    from pathlib import Path
+    from krex_ctl.wire.counters import create_counters
+    p = Path(sys.argv[3]) / "one-slot.counters"
+    create_counters(p, slots=1)
+    os.environ["KREX_COUNTERS"] = str(p)
+cu = ctypes.CDLL(sys.argv[2])                   # the parent has a context on the GPU (a torch parent)
+cu.cuInit(0)
+ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"parent") == 0
+child_env = dict(os.environ, **dict(kv.split("=", 1) for kv in os.environ.get("CHILD_ENV", "").split() if kv))
+with krex.region("parent") as r:
+    c = subprocess.Popen([sys.argv[1]], env=child_env)
+    for _ in range(int(os.environ.get("PARENT_N", "0"))):
+        assert cu.cuLaunchKernel(f, 40000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+    cu.cuCtxSynchronize()
+    __import__("time").sleep(float(os.environ.get("PARENT_SLEEP", "0")))
+    if not os.environ.get("CHILD_OUTLIVES"):
+        assert c.wait() == 0
+assert c.wait() == 0
+print("PARENT", r.exclusive, " ".join(r.taints) or "-")
+"""
+
+
+def parent_region(krex, tmp_path, child, env) -> tuple:
+    """PARENT under krex run: a region in which it starts `child` (and launches PARENT_N kernels of its own);
+    what the parent's region said, the report's regions and the fake driver's trace."""
+    from conftest import ROOT
+    krex.start_controller()
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    r = krex.run([sys.executable, script, child, ROOT / "build" / "fakes" / "libcuda.so.1", tmp_path],
+                 report=tmp_path / "r.json", timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    said = next(x for x in r.stdout.splitlines() if x.startswith("PARENT "))
+    return said, report_of(tmp_path / "r.json")["regions"], krex.trace_lines()
+
+
+def test_a_child_timing_in_a_block_of_its_own_after_a_launch_outside_it_keeps_its_parents_region(krex, tmp_path):
+    """The documented pattern: the parent waits, launching nothing; the child times in a block of its own (which
+    joins the parent's region) after a first call outside it, as the harness hooks run it. The child is not its
+    own ancestor: exclusive."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "region",
+                                  {"CHILD_ENV": "SNIPPET_REGIONS=1 SNIPPET_N=3 SNIPPET_US=2000 SNIPPET_PRE_US=500"})
+    assert said == "PARENT True -", (said, regs)
+
+
+def test_a_child_timing_in_its_own_block_while_its_parent_times_kernels_of_its_own_is_shared(krex, tmp_path):
+    """An autotune subprocess benchmarking in a block of its own (a hooked do_bench) joins its parent's region
+    while the parent times kernels of its own: both launched inside, so neither waited for the other."""
+    said, regs, trace = parent_region(krex, tmp_path, SNIP / "region",
+                                      {"PARENT_N": "10", "CHILD_ENV": "SNIPPET_REGIONS=1 SNIPPET_N=20 SNIPPET_US=20000"})
+    [p] = [x for x in regs if any(t[0] == x["pid"] and t[4] == "parent" for t in trace)]
+    assert any(t[4] == "timed" and t[2] < p["ended_ns"] and t[3] > p["granted_ns"] for t in trace)
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
+
+
+def test_a_child_that_benchmarked_and_exited_inside_its_timing_parents_region_is_still_seen(krex, tmp_path):
+    """The usual autotune shape: the parent times kernels of its own and waits for its subprocess inside the
+    region; the child has exited by the parent's end, so its ancestry is taken when it launched (BESIDE)."""
+    said, regs, trace = parent_region(krex, tmp_path, SNIP / "hog",
+                                      {"PARENT_N": "10", "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000"})
+    [p] = regs
+    assert any(t[4] == "hog" and t[2] < p["ended_ns"] and t[3] > p["granted_ns"] for t in trace)
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
+
+
+def test_a_parent_sharing_its_counter_slot_with_its_child_is_not_taken_for_launching(krex, tmp_path):
+    """Past the counters file's slots a job's processes share them: a parent that launched nothing itself (its
+    slot's count is its child's) does not say it counted, so the child it times keeps its region exclusive."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "hog",
+                                  {"ONE_SLOT": "1", "CHILD_OUTLIVES": "1", "PARENT_SLEEP": "0.5",
+                                   "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=1500 SNIPPET_US=2000"})
+    assert said == "PARENT True -", (said, regs)

@@ -136,7 +136,9 @@ class Region:
     grown: int = 0                                   # GPUs its members made contexts on inside it: no other job's
                                                      # region starts there while it is live
     launched: dict = field(default_factory=dict)     # member pid -> its kernel launches inside, told at its end
-    lineal_beside: set = field(default_factory=set)  # pids, each a member's descendant, that launched beside it
+    lineal_beside: dict = field(default_factory=dict)  # pid that launched beside it -> the members (pids) it
+                                                       # descends from, taken then (it may exit before their end)
+    lineal_pairs: set = field(default_factory=set)   # (ancestor pid, descendant pid): members _shared_check spared
     used: bool = False                               # a member left it other than by a cancel (REGION_END, or its
                                                      # connection closed): its grant was taken. A region only
                                                      # cancelled was never used (given_up)
@@ -522,9 +524,13 @@ class Regions:
         children, the parent waiting for the child)."""
         for g in mask_to_list(region.gpu_mask):
             pids = sorted({c.pid for c in region.members if c.devices >> g & 1})
-            if any(not (self.lineal(a, b) or self.lineal(b, a)) for i, a in enumerate(pids) for b in pids[i + 1:]):
-                region.taints |= C.KREX_TAINT_SHARED_GPU
-                return
+            for i, a in enumerate(pids):
+                for b in pids[i + 1:]:
+                    if self.lineal(b, a) or self.lineal(a, b):
+                        region.lineal_pairs.add((a, b))   # both launching kernels inside: _timed_too
+                    else:
+                        region.taints |= C.KREX_TAINT_SHARED_GPU
+                        return
 
     def beside(self, client, region_id: int, device: int) -> None:
         """BESIDE (shim/gate.c): client, in no block of its own, launched on `device` while a region of its own
@@ -540,9 +546,9 @@ class Regions:
         if not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
                 or not any(c.devices >> device & 1 for c in region.members):
             return
-        ancestors = [pid for pid in region.pids if self.lineal(client.pid, pid)]
+        ancestors = {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
         if ancestors:       # the child a member times, unless that member launched kernels inside itself (_timed_too)
-            region.lineal_beside.add(client.pid)
+            region.lineal_beside[client.pid] = ancestors
             if not any(region.launched.get(pid, 0) for pid in ancestors):
                 return
         self._taint_beside(region)
@@ -554,12 +560,17 @@ class Regions:
     def _timed_too(self, region: Region, client, kernels: Optional[int]) -> None:
         """A member's end told how many kernels it launched inside (the shim counts them; None: not counted). A
         member that launched kernels itself while a process it started launched beside it (an autotune or compile
-        subprocess benchmarking while its parent times) was not waiting for that child: shared_gpu. A member that
-        launched none was (the documented pattern of a process and the child it times)."""
+        subprocess benchmarking while its parent times), or while such a process timed kernels in a block of its
+        own in the same region, was not waiting for that child: shared_gpu. A member that launched none was (the
+        documented pattern of a process and the child it times)."""
         if kernels is None or region.taints & C.KREX_TAINT_SHARED_GPU:
             return
         region.launched[client.pid] = kernels
-        if kernels and any(self.lineal(pid, client.pid) for pid in region.lineal_beside):
+        if not kernels:
+            return
+        if any(client.pid in ancestors for ancestors in region.lineal_beside.values()) or any(
+                region.launched.get(b if a == client.pid else a, 0)
+                for a, b in region.lineal_pairs if client.pid in (a, b)):   # a child timing in a block of its own
             self._taint_beside(region)
 
     def cancel(self, client, seq: int, now: float) -> list:
