@@ -219,33 +219,14 @@ def test_a_process_of_the_job_launching_in_no_block_during_its_region_makes_it_n
     assert krex.status()["counters"]["beside_launches"] >= len(overlapped)
 
 
-TIMES_CHILD = """
-import ctypes, subprocess, sys
-import krex
-cu = ctypes.CDLL(sys.argv[2])                  # the parent works on the GPU too: a context there
-cu.cuInit(0)
-ctx = ctypes.c_void_p()
-assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
-with krex.region("parent-times-child") as r:
-    subprocess.run([sys.argv[1]], check=True, env=dict(__import__("os").environ, SNIPPET_STREAMS="1",
-                                                       SNIPPET_MS="300", SNIPPET_US="2000"))
-print(r.exclusive, " ".join(r.taints) or "-")
-"""
-
-
 def test_a_child_launching_inside_its_parents_region_keeps_it_exclusive(krex, tmp_path):
     """The documented gang of a process and the child it times: the child, in no block of its own, launches on
-    the GPU the parent's region holds; it descends from a member, so the region stays exclusive."""
-    krex.start_controller()
-    script = tmp_path / "times_child.py"
-    script.write_text(TIMES_CHILD)
-    from conftest import ROOT
-    r = krex.run([sys.executable, script, SNIP / "hog", ROOT / "build" / "fakes" / "libcuda.so.1"],
-                 report=tmp_path / "c.json", timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[-2].split() == ["True", "-"], (r.stdout, r.stderr)   # after the hog's line
-    [x] = report_of(tmp_path / "c.json")["regions"]
-    assert x["exclusive"] and "shared_gpu" not in x["taints"], x
+    the GPU the parent's region holds while the parent launches nothing; it descends from a member, so the region
+    stays exclusive."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "hog",
+                                  {"CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000"})
+    [x] = regs
+    assert said == "PARENT True -" and x["exclusive"] and "shared_gpu" not in x["taints"], (said, x)
 
 
 def test_a_launch_on_another_gpu_of_a_process_with_contexts_on_two_does_not_taint(krex, tmp_path):
@@ -289,43 +270,17 @@ def test_a_beside_for_a_gpu_out_of_range_or_from_a_python_client_is_a_protocol_e
     assert r["taints"] == ["unregistered"], r
 
 
-PARENT_TIMES_ITSELF = """
-import ctypes, subprocess, sys, os
-import krex
-cu = ctypes.CDLL(sys.argv[2])
-cu.cuInit(0)
-ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
-assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
-assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"timed") == 0
-# an autotune or compile subprocess benchmarking on the GPU while the parent times its own kernels
-child = subprocess.Popen([sys.argv[1]], env=dict(os.environ, SNIPPET_STREAMS="1", SNIPPET_MS="1500", SNIPPET_US="2000"))
-import time; time.sleep(0.3)
-with krex.region("parent-times-itself") as r:
-    for _ in range(10):
-        assert cu.cuLaunchKernel(f, 50000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
-    cu.cuCtxSynchronize()
-child.wait()
-print(r.exclusive, " ".join(r.taints) or "-")
-"""
-
-
 def test_a_member_timing_its_own_kernels_beside_a_child_benchmarking_is_not_exclusive(krex, tmp_path):
     """An autotune or compile subprocess benchmarking while its parent times kernels of its own: the child
     descends from the member, but the member launched kernels inside itself (its REGION_END counts them), so it
     was not waiting for that child: shared_gpu, not exclusive. (A member that launches nothing inside keeps the
     child it times: test_a_child_launching_inside_its_parents_region_keeps_it_exclusive.)"""
-    krex.start_controller()
-    script = tmp_path / "p.py"
-    script.write_text(PARENT_TIMES_ITSELF)
-    from conftest import ROOT
-    r = krex.run([sys.executable, script, SNIP / "hog", ROOT / "build" / "fakes" / "libcuda.so.1"],
-                 report=tmp_path / "c.json", timeout=120)
-    assert r.returncode == 0, r.stderr
-    [x] = report_of(tmp_path / "c.json")["regions"]
-    hog = [t for t in krex.trace_lines() if t[4] == "hog"]
-    assert any(t[2] < x["ended_ns"] and t[3] > x["granted_ns"] for t in hog), x   # the child's kernels ran inside
-    assert "shared_gpu" in x["taints"] and not x["exclusive"], x
-    assert r.stdout.split("\n")[-2].split() == ["False", "shared_gpu"], r.stdout
+    said, regs, trace = parent_region(krex, tmp_path, SNIP / "hog",
+                                      {"PARENT_N": "10", "CHILD_OUTLIVES": "1", "PARENT_SLEEP": "0.2",
+                                       "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=1500 SNIPPET_US=2000"})
+    [x] = regs
+    assert any(t[4] == "hog" and t[2] < x["ended_ns"] and t[3] > x["granted_ns"] for t in trace), x
+    assert said == "PARENT False shared_gpu" and not x["exclusive"], (said, x)
 
 
 PARENT = """

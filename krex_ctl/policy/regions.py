@@ -138,7 +138,8 @@ class Region:
     launched: dict = field(default_factory=dict)     # member pid -> its kernel launches inside, told at its end
     lineal_beside: dict = field(default_factory=dict)  # pid that launched beside it -> the members (pids) it
                                                        # descends from, taken then (it may exit before their end)
-    lineal_pairs: set = field(default_factory=set)   # (ancestor pid, descendant pid): members _shared_check spared
+    lineal_pairs: set = field(default_factory=set)   # (pid, pid): members on one GPU, one descending from the other,
+                                                     # that _shared_check spared (_timed_too: both launched?)
     used: bool = False                               # a member left it other than by a cancel (REGION_END, or its
                                                      # connection closed): its grant was taken. A region only
                                                      # cancelled was never used (given_up)
@@ -537,8 +538,9 @@ class Regions:
         job held it. A job's processes never gate, drain or freeze each other, so that work (a pool worker checking a
         candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
-        works (the ranks of a step-scoped job each launch on their own), and never for a member or a child a
-        member times (it descends from one). A region that ended meanwhile is left as it was."""
+        works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
+        member times (it descends from one) only if that member launched kernels inside itself (_timed_too). A
+        region that ended meanwhile is left as it was."""
         region = self.regions.get(region_id)
         if region is None or region.state is S.ENDED or region.taints & C.KREX_TAINT_SHARED_GPU \
                 or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1 or client in region.members:
