@@ -488,13 +488,18 @@ class Regions:
         return sorted((q for q in order if q.id in rank), key=lambda q: rank[q.id]) + \
             [q for q in order if q.id not in rank]
 
+    def _held_mask(self) -> int:
+        """The GPUs live regions hold."""
+        busy = 0
+        for r in self.regions.values():
+            busy |= r.holds
+        return busy
+
     def _pin(self, order: list, delays: dict) -> None:
         """After a pass: each request still waiting that keeps its place and holds back a GPU no region holds and no
         request before it wants (it waits for another of its GPUs, or for its owner) is pinned: it keeps its place
         ahead of those it held back until it starts (_order), so the idle time it cost them is not for nothing."""
-        busy = 0
-        for r in self.regions.values():
-            busy |= r.holds
+        busy = self._held_mask()
         for q in order:
             if q.id in delays or q not in self.queue:
                 continue
@@ -652,7 +657,7 @@ class Regions:
         gates close lets theirs run meanwhile. Bounded: once lifecycle_prewait_ms have passed since it first
         waited, the request starts and the barrier waits as before. Not polled: the controller schedules again when
         lifecycle work ends (lifecycle_ended), and a Recheck comes when the bound is reached."""
-        limit = float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
+        limit = self._prewait_limit()
         if limit <= 0 or not self.cfg.lifecycle_barrier or self.lifecycle is None:
             return 0.0
         since = self.prewait_since.get(req.id, now)
@@ -666,6 +671,10 @@ class Regions:
             self.counters["lifecycle_prewaits"] += 1
         return left
 
+    def _prewait_limit(self) -> float:
+        """lifecycle_prewait_ms in seconds (0: off)."""
+        return float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
+
     def lifecycle_ended(self, now: float) -> list:
         """Another process's context creation or teardown ended, or a process followed after its connection
         closed has exited: a request waiting for that with its gates open (lifecycle_prewait_ms) may start now.
@@ -678,8 +687,7 @@ class Regions:
         since = self.prewait_since.pop(req.id, None)
         if since is not None:
             self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
-            limit = float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
-            if now - since >= limit - 1e-6 and self.lifecycle.busy(req):
+            if now - since >= self._prewait_limit() - 1e-6 and self.lifecycle.busy(req):
                 self.counters["lifecycle_prewait_bounded"] += 1    # the bound ran out, the work still under way
         out = self._start(req, now)
         region = self.regions[req.id]
@@ -695,9 +703,7 @@ class Regions:
         as startable() is: a request that cannot start keeps its GPUs from those with longer delays."""
         if not delays:
             return []
-        busy = 0
-        for r in self.regions.values():
-            busy |= r.holds
+        busy = self._held_mask()
         for q in order:                      # those keeping their place hold back their GPUs (FIFO)
             if q.id not in delays and q in self.queue:
                 busy |= q.holds
