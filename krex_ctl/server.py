@@ -706,6 +706,7 @@ class Controller(RegionEffects):
         now = time.monotonic()
         self.apply(self.book.gone(client, now))
         kept = self.lifecycle.gone(client, now, leaving_pidfd(client, why))
+        self.apply(self.book.lifecycle_ended(now))    # its context work or exit, under way, is over (or followed)
         if kept:                      # watched until the process has exited (Lifecycle.reap)
             self.sel.register(client.pidfd.fd, selectors.EVENT_READ, ("leaving", client))
             log.debug("client %d (pid %d) closed its connection on its way out: followed until it exits",

@@ -2,6 +2,7 @@
 
 Clients and jobs are plain objects; time is passed in; effects are read back as values."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -305,10 +306,31 @@ def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
     r = region_of(w.request(a))
     w.read_pass()
     polls = w.book.drained(r, b, 0, w.now)
+    # not polled: the one Arm is the barrier's time-out; a look before it asks for none
     assert r.state is State.SETTLING and kinds(polls) == ["Arm"] and polls[0].event is Event.SETTLED
-    assert kinds(w.book.settle_poll(r, w.now + 0.5)) == ["Arm"]
+    assert polls[0].delay == pytest.approx(w.book.cfg.lifecycle_timeout_s)
+    assert w.book.settle_poll(r, w.now + 0.5) == [] and w.book.lifecycle_ended(w.now + 0.5) == []
     w.book.settle_poll(r, w.now + 1.5)
     assert r.taints & C.KREX_TAINT_LIFECYCLE and r.state is State.FREEZING
+
+
+def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_poll():
+    """Another job's context creation under way holds a settling region until its end, which the controller
+    reports (Regions.lifecycle_ended on CTX_CREATE_END, a dropped client, a followed exit); then the settle time
+    after a freed GiB is one Arm at its end, not polls."""
+    w = World(settle_ms_per_gib=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    ev = lambda e: SimpleNamespace(event=e, device=0, bytes=0)   # noqa: E731
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    assert kinds(w.book.drained(r, b, 0, w.now)) == ["Arm"] and r.state is State.SETTLING
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
+    out = w.book.lifecycle_ended(w.now + 0.2)
+    assert r.state is State.FREEZING and not r.taints & C.KREX_TAINT_LIFECYCLE and kinds(out) == ["Freeze"]
+    # a freed GiB on its GPU: the next region's settle is one Arm at its end
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_FREED, device=-1, bytes=1 << 30), w.now + 0.3)
+    assert w.life.wait_s(r, w.now + 0.3) == pytest.approx(0.1)
 
 
 def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context_is_made_bounded():
@@ -872,7 +894,7 @@ def test_a_sibling_whose_connection_closed_on_its_way_out_holds_the_barrier_unti
     b2.devices = 2                             # its other connection had a context on GPU 1
     assert w.life.gone(b, w.now, p) is True and w.life.gone(b2, w.now, p2) is False   # one pidfd a process
     region, on_1 = SimpleNamespace(gpu_mask=1, job=Job(1)), SimpleNamespace(gpu_mask=2, job=Job(1))
-    assert w.life.busy(region) and w.life.busy(on_1) and w.life.wait_s(region, w.now + 1.0) == 0.002
+    assert w.life.busy(region) and w.life.busy(on_1) and w.life.wait_s(region, w.now + 1.0) == math.inf
     p.done = True
     w.life.reap(w.now + 1.5)                  # the pidfd's event
     assert p.closed and not w.life.leaving and not w.life.busy(region)

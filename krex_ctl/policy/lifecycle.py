@@ -15,6 +15,7 @@ frozen, the region waits (at most lifecycle_timeout_s, then it is tainted "lifec
 A sibling that starts such work while the region is held taints it "lifecycle" too."""
 
 
+import math
 from typing import Optional
 
 from ..wire.frames import C
@@ -121,11 +122,12 @@ class Lifecycle:
                 for c, (_, pidfd, mask) in self.leaving.items())
 
     def wait_s(self, region, now: float) -> float:
-        """Seconds the region should still wait before other jobs' lifecycle work is over (0: go)."""
+        """Seconds the region should still wait before other jobs' lifecycle work is over (0: go; math.inf: work
+        under way, whose end is not known in advance)."""
         if not self.cfg.lifecycle_barrier:
             return 0.0
         if self.busy(region):
-            return 0.002
+            return math.inf                    # until it ends: the controller says when (Regions.lifecycle_ended)
         until: Optional[float] = max((self.settle_until.get(g, 0.0) for g in mask_to_list(region.gpu_mask)),
                                      default=0.0)
         return max(0.0, until - now)

@@ -123,6 +123,7 @@ class Region:
     attest_start: Any = None
     previous: Any = None                             # what held its GPUs last before its grant (set by the server)
     gap_from: float = 0.0                            # monotonic start of its wait for region_gap_ms (0: none)
+    settle_arm: float = 0.0                          # when the settle's pending Arm fires (0: none)
     own: frozenset = frozenset()                     # the jobs it worked for at its grant (jobs.own_jobs: warm
                                                      # workers' commands too): "another job" for the gap
     gap_waited_ms: float = 0.0                       # how long that wait took
@@ -678,8 +679,11 @@ class Regions:
     def lifecycle_ended(self, now: float) -> list:
         """Another process's context creation or teardown ended, or a process followed after its connection
         closed has exited: a request waiting for that with its gates open (lifecycle_prewait_ms) may start now.
-        (A process that drops is scheduled for anyway.)"""
-        return self.schedule(now) if self.prewait_since else []
+        (A process that drops is scheduled for anyway.) A region whose lifecycle barrier waits for it looks again."""
+        out = self.schedule(now) if self.prewait_since else []
+        for region in [r for r in self.regions.values() if r.state is S.SETTLING]:
+            out += self.settle_poll(region, now)
+        return out
 
     def _start_queued(self, req: Request, live: list, now: float) -> list:
         self.queue.remove(req)
@@ -877,7 +881,13 @@ class Regions:
             # the lifecycle barrier's time starts when the gap is over: the gap does not use it up
             region.deadline = now + float(self.cfg.lifecycle_timeout_s)
         if wait > 0 and now < region.deadline:
-            return [Arm(region, E.SETTLED, min(wait, 0.005))]
+            # not polled: the end of the lifecycle work under way calls again (lifecycle_ended); the Arm is the
+            # end of the settle time, or the barrier's time-out
+            at = min(now + wait, region.deadline)
+            if now < region.settle_arm <= at + 1e-6:
+                return []                      # an Arm comes by then already
+            region.settle_arm = at
+            return [Arm(region, E.SETTLED, at - now)]
         if wait > 0:
             region.taints |= C.KREX_TAINT_LIFECYCLE
             self._to(region, E.SETTLE_TIMEOUT, now)
