@@ -842,49 +842,53 @@ class Controller(RegionEffects):
                 or any(w.serving is job and procs.is_descendant(client.pid, w.pid) for w in self.pool.workers))
 
         if client.role == C.KREX_ROLE_WRAPPER:
-            return (self.job_rooted_at(client.pid, client.uid) or self.wrapper_step_job(client)
+            return (self.job_rooted_at(client.pid, client.uid) or self.wrapper_step_job(client.pid, client.uid)
                     or self.new_job(client.pid, client.uid))
         job = self.jobs.get(claimed) if claimed > 0 else None
         if ours(job):
             return job
         if root > 1 and procs.is_descendant(client.pid, root):
             own = procs.owned_by(root, client.uid)
-            step = own and self.step_of(client, root)
+            step = own and self.step_of(client.pid, client.uid, root)
             if step:
                 return self.job_rooted_at(step, client.uid) or self.new_job(step, client.uid, True)
             # Slurm's step daemon named directly: root's, or the user's own where slurmd runs as that user
             stepd = procs.is_slurm_stepd(root, client.uid if own else 0)
             if own or stepd:
-                return (self.job_rooted_at(root, client.uid) or (own and self.job_of_wrapper(root, client.uid))
+                # a wrapper that joined a Slurm step's job and has not reconnected yet after a controller restart:
+                # its command's processes join that job too, not one of their own the wrapper would then take
+                return (self.job_rooted_at(root, client.uid)
+                        or (own and (self.job_of_wrapper(root, client.uid) or self.wrapper_step_job(root, client.uid)))
                         or self.new_job(root, client.uid, stepd))
         return self.new_job(client.pid, client.uid)
 
-    def wrapper_step_job(self, client: Client) -> Optional[Job]:
+    def wrapper_step_job(self, pid: int, uid: int) -> Optional[Job]:
         """A `krex run` that is (or runs inside) a Slurm task under step scope joins the step's job, as the task's
         processes do without a wrapper (its environment names the task, KREX_JOB_ROOT from the TaskProlog, and
         step_of finds the task's slurmstepd): the ranks of `srun -n 2 krex run -- python train.py` are one job,
         so a collective inside one rank's region does not wait on a gated peer. Such a job has several wrappers:
-        the GPUs each declares add up, and each one's report keeps the regions its own processes were in."""
-        task = procs.environ_value(client.pid, "KREX_JOB_ROOT") or ""
-        if not task.isdigit() or int(task) <= 1 or not procs.is_descendant(client.pid, int(task)) \
-                or not procs.owned_by(int(task), client.uid):
+        the GPUs each declares add up, and each one's report keeps the regions its own processes were in. pid: the
+        wrapper (at its HELLO), or the wrapper its command's processes name (reconnecting before it, Controller.place)."""
+        task = procs.environ_value(pid, "KREX_JOB_ROOT") or ""
+        if not task.isdigit() or int(task) <= 1 or not procs.is_descendant(pid, int(task)) \
+                or not procs.owned_by(int(task), uid):
             return None
-        step = self.step_of(client, int(task))
-        return (self.job_rooted_at(step, client.uid) or self.new_job(step, client.uid, True)) if step else None
+        step = self.step_of(pid, uid, int(task))
+        return (self.job_rooted_at(step, uid) or self.new_job(step, uid, True)) if step else None
 
     @staticmethod
-    def step_of(client: Client, task: int) -> Optional[int]:
-        """Under the TaskProlog's step scope: the slurmstepd whose task `task` (the client's KREX_JOB_ROOT, its
-        Slurm task's pid) is, when the client's environment asks for it (KREX_SLURM_JOB_SCOPE=step); else None.
+    def step_of(pid: int, uid: int, task: int) -> Optional[int]:
+        """Under the TaskProlog's step scope: the slurmstepd whose task `task` (process pid's KREX_JOB_ROOT, its
+        Slurm task's pid) is, when pid's environment asks for it (KREX_SLURM_JOB_SCOPE=step); else None.
         The controller finds the task's parent itself: under `hidepid` the task cannot (Slurm makes it
         non-dumpable before its TaskProlog runs, so not even its own /proc/PID/stat is readable to it). Only
-        for a root whose parent is a slurmstepd is the client's environment read (up to 1 MB, once a client). A
-        client under a `krex run` wrapper (KREX_JOB in its environment: it reconnects after a controller restart
+        for a root whose parent is a slurmstepd is pid's environment read (up to 1 MB, once a client). A
+        process under a `krex run` wrapper (KREX_JOB in its environment: it reconnects after a controller restart
         naming the wrapper as its root) stays in the wrapper's job, which opens its own."""
         stepd = procs.parent(task)
-        if not stepd or stepd <= 1 or not (procs.is_slurm_stepd(stepd, 0) or procs.is_slurm_stepd(stepd, client.uid)):
+        if not stepd or stepd <= 1 or not (procs.is_slurm_stepd(stepd, 0) or procs.is_slurm_stepd(stepd, uid)):
             return None
-        env = procs.environ_entries(client.pid) or []
+        env = procs.environ_entries(pid) or []
         if b"KREX_SLURM_JOB_SCOPE=step" not in env or any(e.startswith(b"KREX_JOB=") for e in env):
             return None
         return stepd
@@ -899,7 +903,7 @@ class Controller(RegionEffects):
         """The job of the connected `krex run` wrapper that is this process (a wrapper that joined a Slurm step's
         job is not its root: after a controller restart its command's processes name it, KREX_JOB_ROOT)."""
         start = procs.start_time(pid)
-        return next((c.job for c in getattr(self, "clients", {}).values() if c.role == C.KREX_ROLE_WRAPPER
+        return next((c.job for c in self.clients.values() if c.role == C.KREX_ROLE_WRAPPER
                      and c.pid == pid and c.uid == uid and c.job is not None and procs.start_time(c.pid) == start),
                     None)
 

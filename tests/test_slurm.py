@@ -320,6 +320,7 @@ def placing_controller():
     ctl.job_rooted_at = lambda root, uid: Controller.job_rooted_at(ctl, root, uid)
     ctl.step_of = Controller.step_of
     ctl.job_of_wrapper = lambda pid, uid: Controller.job_of_wrapper(ctl, pid, uid)
+    ctl.wrapper_step_job = lambda pid, uid: Controller.wrapper_step_job(ctl, pid, uid)
     ctl.new_job = lambda root, uid, *stepd: Controller.new_job(ctl, root, uid, *stepd)
     ctl.place = lambda pid, uid, root: Controller.place(ctl, SimpleNamespace(pid=pid, uid=uid, role=C.KREX_ROLE_SHIM),
                                                         0, root)
@@ -421,6 +422,63 @@ def test_the_controller_roots_a_step_scoped_task_at_its_slurmstepd(monkeypatch):
     finally:
         end(stepd)
         end(shell)
+
+
+CHAIN = r"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', "
+                          "'import sys; print(flush=True); sys.stdin.read()'], stdin=subprocess.PIPE, stdout=subprocess.PIPE);"
+                          " g.stdout.readline(); print(g.pid, flush=True); sys.stdin.read(); g.kill()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+print(child.pid, child.stdout.readline().strip(), flush=True)
+sys.stdin.read()
+child.kill()
+"""
+
+
+def test_a_step_joined_wrappers_command_reconnecting_first_joins_the_steps_job(monkeypatch):
+    """After a controller restart, the processes of `srun krex run -- CMD` under step scope may reconnect before
+    their wrapper: they name the wrapper (KREX_JOB_ROOT) and carry its KREX_JOB, so they would open a job rooted
+    at the wrapper, which the wrapper then took, and the ranks gated each other again. They join the step's job
+    (the one the wrapper joins from its own environment), and so does the wrapper when it reconnects; a wrapper in
+    task scope keeps a job of its own with its command. Real processes (slurmstepd, the task that is the wrapper,
+    the command), owners and environments made up."""
+    from krex_ctl import procs
+    from krex_ctl.wire.frames import C
+
+    p = subprocess.Popen([sys.executable, "-c", TREE, "slurmstepd"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    stepd = p
+    task = int(p.stdout.readline())
+    chain = subprocess.Popen([sys.executable, "-c", CHAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        wrapper, cmd = (int(x) for x in chain.stdout.readline().split())
+        # the wrapper made the task's child: its parent is the slurmstepd's task process
+        parents = {wrapper: task}
+        real_parent = procs.parent
+        monkeypatch.setattr(procs, "parent", lambda pid: parents.get(pid) or real_parent(pid))
+        monkeypatch.setattr(procs, "uid", lambda pid: 0 if pid == stepd.pid else 1000)
+        scope = {"value": "step"}
+        env = lambda pid: [b"KREX_SLURM_JOB_SCOPE=" + scope["value"].encode(), b"KREX_JOB_ROOT=%d" % (  # noqa: E731
+            task if pid in (task, wrapper) else wrapper)] + ([b"KREX_JOB=5"] if pid == cmd else [])
+        monkeypatch.setattr(procs, "environ_entries", env)
+        monkeypatch.setattr(procs, "environ_value", lambda pid, name: next(
+            (e.split(b"=", 1)[1].decode() for e in env(pid) if e.startswith(name.encode() + b"=")), None))
+        ctl = placing_controller()
+        job = ctl.place(cmd, 1000, wrapper)                     # the command first, its wrapper not connected
+        assert (job.root_pid, job.stepd) == (stepd.pid, True)
+        from krex_ctl.server import Controller
+        wrapped = Controller.place(ctl, SimpleNamespace(pid=wrapper, uid=1000, role=C.KREX_ROLE_WRAPPER), 0, 0)
+        assert wrapped is job                                   # the wrapper reconnects: the same job
+        scope["value"] = "task"                                 # task scope: the wrapper's own job, as before
+        ctl = placing_controller()
+        job = ctl.place(cmd, 1000, wrapper)
+        assert (job.root_pid, job.stepd) == (wrapper, False)
+        assert Controller.place(ctl, SimpleNamespace(pid=wrapper, uid=1000, role=C.KREX_ROLE_WRAPPER), 0, 0) is job
+    finally:
+        chain.stdin.close()
+        chain.wait(timeout=30)
+        end(stepd)
 
 
 def test_a_root_of_roots_not_named_slurmstepd_is_refused(monkeypatch):
