@@ -250,7 +250,8 @@ class RegionEffects:
                     "unstopped": region.unstopped, "unregistered_pids": unregistered,
                     "other_controllers": [{"pid": p, "uid": u, "socket": s} for p, u, s in sorted(others)],
                     "clock_settle": region.clock_settle, "previous_region": region.previous,
-                    "gap_waited_ms": region.gap_waited_ms, "end_step_failed": failed}
+                    "gap_waited_ms": region.gap_waited_ms, "end_step_failed": failed,
+                    "kin_busy_us": region.kin_busy_us}
         extra.update({k: v for k, v in optional.items() if v})    # each only where there is something to say
         record = report.region_record(name=named.name, gpu_mask=region.gpu_mask,
                                       requested_ns=named.requested_ns, granted_ns=region.granted_ns,

@@ -219,6 +219,26 @@ def test_a_process_of_the_job_launching_in_no_block_during_its_region_makes_it_n
     assert krex.status()["counters"]["beside_launches"] >= len(overlapped)
 
 
+def test_work_a_process_of_the_job_queued_before_its_region_finishes_before_the_grant(krex):
+    """A harness's other process queues 1.6 s of kernels (4 of 400 ms) just before the job's region starts and
+    launches nothing after: no gate holds the job's own processes and its shim tells only of launches inside the
+    region, so those kernels ran inside it, reported exclusive. The region's start drains it (as it drains other
+    jobs' processes, never gating or freezing it): its kernels end before the grant, and the record says how long
+    that wait was (kin_busy_us)."""
+    krex.start_controller()
+    rep = krex.dir / "r.json"
+    r = krex.run(["sh", "-c", f"SNIPPET_STREAMS=1 SNIPPET_MS=50 SNIPPET_US=400000 {SNIP / 'hog'} & sleep 0.3; "
+                              f"{SNIP / 'region'}; wait"],
+                 report=rep, timeout=120, env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_US": "50000"})
+    assert r.returncode == 0, r.stderr
+    [x] = report_of(rep)["regions"]
+    hog = [t for t in krex.trace_lines() if t[4] == "hog"]
+    assert len(hog) == 4 and x["granted_ns"], (hog, x)
+    assert max(t[3] for t in hog) <= x["granted_ns"], (hog, x)       # none ran inside the region
+    assert x["exclusive"] and x["kin_busy_us"] > 500000, x
+    assert krex.status()["counters"]["kin_drains_busy"] >= 1
+
+
 def test_a_child_launching_inside_its_parents_region_keeps_it_exclusive(krex, tmp_path):
     """The documented gang of a process and the child it times: the child, in no block of its own, launches on
     the GPU the parent's region holds while the parent launches nothing; it descends from a member, so the region

@@ -603,12 +603,33 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     assert not shared(r) and w.book.counters["beside_launches"] == 0
 
 
-def test_processes_of_the_same_job_are_never_siblings():
+def test_processes_of_the_same_job_are_never_siblings_but_are_drained_at_the_start():
+    """A process of the region's own job with a context on its GPU (a compile or autotune subprocess of the
+    harness) is never gated, frozen or counted busy for the region (a collective of its may wait on a member),
+    but it is drained at the start: work it queued before would run inside the region. Its wait is the record's
+    kin_busy_us; one that does not answer taints the region drain_timeout as a sibling would. A process of the job
+    on another GPU is not drained."""
+    for policy in ("all", "busy"):
+        w = World(freeze_policy=policy)
+        job = Job(1)
+        a, b, c = w.client(10, job), w.client(11, job), w.client(12, job, devices=2)
+        effects = w.request(a)
+        drains = [e for e in effects if isinstance(e, P.SendDrain)]
+        assert [d.clients for d in drains] == [[b]] and "Freeze" not in kinds(effects)
+        r = region_of(effects)
+        assert r.kin == {b} and w.book.counters["kin_drains"] == 1
+        w.read_pass()
+        out = w.book.drained(r, b, 5000, w.now)                   # 5 ms of its work waited for
+        assert r.kin_busy_us == 5000 and not r.busy and w.book.counters["kin_drains_busy"] == 1
+        assert "Freeze" not in kinds(w.run_to_grant(out, timed=True)) and r.state is State.HELD
+        assert not w.book.freezes.frozen(b) and not r.taints
     w = World()
     job = Job(1)
     a, b = w.client(10, job), w.client(11, job)
-    effects = w.request(a)
-    assert "SendDrain" not in kinds(effects)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drain_timed_out(r, w.now + 3)                           # it did not answer
+    assert r.taints & C.KREX_TAINT_DRAIN_TIMEOUT and r.drain_timeouts == 1 and not r.busy
 
 
 # ---- across GPUs: the mutual freeze and the deadlock of the reliability report -------------------------

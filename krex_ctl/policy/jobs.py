@@ -26,6 +26,15 @@ def siblings(region, clients, command_job) -> list:
             and outsider(region, c, command_job, mine)]
 
 
+def kin(region, clients, command_job) -> list:
+    """The GPU processes of the region's own jobs with a context on its GPUs that are not inside it: never gated
+    or frozen for it (a collective of theirs may wait on a member), but drained at its start, so that work they
+    queued before it (a compile or autotune subprocess's benchmarks) does not run inside it."""
+    mine = own_jobs(region, command_job) - {None}
+    return [c for c in clients if c.role == C.KREX_ROLE_SHIM and c.devices & region.gpu_mask
+            and c not in region.members and ({c.job, command_job(c)} & mine)]
+
+
 def job_gpus(client, command_job) -> int:
     """A region's GPUs when its requester names none: every GPU its job declared or holds contexts on (a
     gang: all ranks' GPUs at once), else its own."""

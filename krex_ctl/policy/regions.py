@@ -116,6 +116,8 @@ class Region:
     freeze_skipped: str = ""                         # why nobody was frozen although siblings exist
     unstopped: list = field(default_factory=list)    # pids still running when the freeze's time ran out
     others_busy_us: int = 0                          # the longest a sibling's GPU work took to finish at the drain
+    kin: set = field(default_factory=set)            # its own jobs' processes drained at its start (jobs.kin)
+    kin_busy_us: int = 0                             # the longest their GPU work took to finish at the drain
     clock_settle: list = field(default_factory=list)
     reserved: set = field(default_factory=set)       # cores given to the members while held (set by the server)
     saved_affinity: dict = field(default_factory=dict)
@@ -303,7 +305,7 @@ class Regions:
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
                          "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0,
-                         "lifecycle_prewait_bounded": 0, "beside_launches": 0}
+                         "lifecycle_prewait_bounded": 0, "beside_launches": 0, "kin_drains": 0, "kin_drains_busy": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
@@ -754,6 +756,11 @@ class Regions:
         # region; its work here may predate this region's gate, from a context it made inside its own region),
         # and one another live region stopped, woken to answer (stopped again at this region's freeze)
         sibs = self.siblings(region)
+        # and its own jobs' processes outside it (not in another live region: that one's work is its own) that
+        # have a context here: their work queued before the start would run inside it (no gate holds them)
+        region.kin = {c for c in jobs.kin(region, self.clients(), self.command_job) if self.region_of(c) is None}
+        sibs += sorted(region.kin, key=lambda c: c.pid)
+        self.counters["kin_drains"] += len(region.kin)
         region.woken = [c for c in sibs if self.freezes.frozen(c)]
         region.pending_drain = set(sibs)
         region.drain_sent = set(sibs)
@@ -806,9 +813,16 @@ class Regions:
                 own.taints |= C.KREX_TAINT_UNGATED_GPU   # made inside it: other jobs' work there was not held off
         for region in list(self.regions.values()):
             if (not self.live(region) or not region.gpu_mask & bit or client in region.members
-                    or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns
-                    or client not in self.siblings(region)):
+                    or not region.gates_closed_ns or announced_ns >= region.gates_closed_ns):
                 continue
+            if client not in self.siblings(region):
+                # its own job's (jobs.kin): drained while the region drains; no gate held it off, so what it
+                # launches later is the shim's to tell (BESIDE), not a late context
+                if region.state is not S.DRAINING or own is not None \
+                        or not jobs.kin(region, [client], self.command_job):
+                    continue
+                region.kin.add(client)
+                self.counters["kin_drains"] += client not in region.drain_sent
             if region.state is S.DRAINING:
                 # one already sent this drain synchronizes every context it has on the region's GPUs when it
                 # answers; one another live region stopped is woken to answer, as _start does
@@ -832,7 +846,11 @@ class Regions:
             return []
         region.pending_drain.discard(client)
         region.others_busy_us = max(region.others_busy_us, int(busy_us))
-        if busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0)):
+        loaded = busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0))
+        if client in region.kin:              # its own job's: waited for, never frozen
+            region.kin_busy_us = max(region.kin_busy_us, int(busy_us))
+            self.counters["kin_drains_busy"] += loaded
+        elif loaded:
             region.busy.append(client)
         return self._drain_done(region, E.DRAINED, now)
 
@@ -844,7 +862,7 @@ class Regions:
         region.drain_timeouts = len(region.pending_drain)
         if not region.pending_drain and not region.read_after_close:
             self.counters["read_pass_timeouts"] += 1    # no sibling late: the read pass after the close never came
-        region.busy += list(region.pending_drain)       # not answering: maybe running, counted as busy
+        region.busy += [c for c in region.pending_drain if c not in region.kin]   # not answering: maybe running
         region.taints |= C.KREX_TAINT_DRAIN_TIMEOUT
         self.counters["drain_timeouts"] += region.drain_timeouts
         region.pending_drain.clear()
