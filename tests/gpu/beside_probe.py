@@ -1,12 +1,16 @@
-"""A process of the job launching outside any block beside the job's region, on a real GPU (KREX_MSG_BESIDE).
+"""Processes of the job outside any block beside the job's region, on a real GPU (KREX_MSG_BESIDE, the kin drain).
 
     python3 tests/gpu/beside_probe.py --out beside.json          (on the GPU machine, after `make shim`)
 
-Three `krex run` commands, each with a report: `alone`, a timing process alone (its regions: exclusive);
+`krex run` commands, each with a report: `alone`, a timing process alone (its regions: exclusive);
 `sibling`, the same timing process beside a sibling process of the same command (`sh -c "SIBLING & TIMER;
 wait"`) that runs torch matmuls outside any block the whole time (its regions: shared_gpu, not exclusive);
-`child`, the timing process starting that load as its own child inside each region (the documented pattern of a
-process and the child it times: exclusive). Prints one line per case and writes every region's taints."""
+`child`, the timing process starting that load as its own child inside each region while it times matmuls of
+its own (a parent timing beside a child's kernels: shared_gpu); `waits`, the parent starting the load as its
+child inside each region and launching nothing itself (the documented pattern of a process and the child it
+times: exclusive); `queued`, a sibling that queues ~200 matmuls just before each region and launches nothing
+during it (drained at the region's start: exclusive, the timing as alone's, the record's kin_busy_us the wait).
+Prints one line per case and writes every region's taints."""
 
 import argparse
 import json
@@ -31,9 +35,25 @@ while time.monotonic() < end:
 print("load", n, "matmuls", flush=True)
 """
 
+QUEUE = """
+import pathlib, sys, time, torch
+flag = sys.argv[1]
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+a @ a
+torch.cuda.synchronize()
+for i in range(4):
+    while not pathlib.Path(f"{flag}.go{i}").exists():
+        time.sleep(0.002)
+    for _ in range(200):
+        a @ a                        # queued in a few ms, hundreds of ms of GPU work
+    pathlib.Path(f"{flag}.q{i}").touch()
+    torch.cuda.synchronize()
+print("queued 4 x 200 matmuls", flush=True)
+"""
+
 TIMER = """
-import json, subprocess, sys, time, torch, krex
-mode, load = sys.argv[1], sys.argv[2]
+import json, pathlib, subprocess, sys, time, torch, krex
+mode, load, flag = sys.argv[1], sys.argv[2], sys.argv[3]
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 for _ in range(5):
     a @ a
@@ -41,17 +61,24 @@ torch.cuda.synchronize()
 time.sleep(1.5)                      # the sibling's load is under way by now
 out = []
 for i in range(4):
+    if mode == "queued":             # the sibling queues its work, then the region starts at once
+        pathlib.Path(f"{flag}.go{i}").touch()
+        while not pathlib.Path(f"{flag}.q{i}").exists():
+            time.sleep(0.001)
+    t0 = time.monotonic()
     with krex.region(f"t{i}") as r:
-        child = subprocess.Popen([sys.executable, load, "0.3"]) if mode == "child" else None
+        waited = time.monotonic() - t0
+        child = subprocess.Popen([sys.executable, load, "0.3"]) if mode in ("child", "waits") else None
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        for _ in range(20):
+        for _ in range(20 if mode != "waits" else 0):
             a @ a
         e.record()
         torch.cuda.synchronize()
         if child:
             child.wait()
-    out.append({"ms": s.elapsed_time(e) / 20, "exclusive": r.exclusive, "taints": r.taints})
+    out.append({"ms": s.elapsed_time(e) / 20, "exclusive": r.exclusive, "taints": r.taints,
+                "grant_wait_s": round(waited, 4)})
     time.sleep(0.2)
 print("REGIONS " + json.dumps(out), flush=True)
 """
@@ -64,10 +91,14 @@ def main() -> None:
     td = Path(tempfile.mkdtemp(prefix="beside-"))
     (td / "load.py").write_text(LOAD)
     (td / "timer.py").write_text(TIMER)
-    py, load, timer = sys.executable, str(td / "load.py"), str(td / "timer.py")
-    cases = {"alone": [py, timer, "alone", load],
-             "sibling": ["sh", "-c", f"'{py}' '{load}' 12 & '{py}' '{timer}' sibling '{load}'; wait"],
-             "child": [py, timer, "child", load]}
+    (td / "queue.py").write_text(QUEUE)
+    py, load, timer, queue, flag = (sys.executable, str(td / "load.py"), str(td / "timer.py"), str(td / "queue.py"),
+                                    str(td / "flag"))
+    cases = {"alone": [py, timer, "alone", load, flag],
+             "sibling": ["sh", "-c", f"'{py}' '{load}' 12 & '{py}' '{timer}' sibling '{load}' '{flag}'; wait"],
+             "child": [py, timer, "child", load, flag],
+             "waits": [py, timer, "waits", load, flag],
+             "queued": ["sh", "-c", f"'{py}' '{queue}' '{flag}' & '{py}' '{timer}' queued '{load}' '{flag}'; wait"]}
     result = {}
     for name, cmd in cases.items():
         rep = td / f"{name}.json"
@@ -77,10 +108,13 @@ def main() -> None:
         regions = json.loads(lines[-1][8:]) if lines else []
         report = json.loads(rep.read_text()) if rep.exists() else {}
         result[name] = {"exit": p.returncode, "regions": regions, "stderr_tail": p.stderr[-1500:],
-                        "report_regions": [{k: r.get(k) for k in ("name", "exclusive", "taints", "pids")}
+                        "report_regions": [{k: r.get(k) for k in ("name", "exclusive", "taints", "pids", "kin_busy_us",
+                                                                  "others_busy_us", "drain_ns")}
                                            for r in report.get("regions", [])]}
-        print(f"{name}: exit {p.returncode}; regions (exclusive, taints, ms): "
-              + "; ".join(f"{r['exclusive']} {','.join(r['taints']) or '-'} {r['ms']:.3f}" for r in regions))
+        kin = [r.get("kin_busy_us") or 0 for r in result[name]["report_regions"]]
+        print(f"{name}: exit {p.returncode}; regions (exclusive, taints, ms, grant wait s): "
+              + "; ".join(f"{r['exclusive']} {','.join(r['taints']) or '-'} {r['ms']:.3f} {r['grant_wait_s']}"
+                          for r in regions) + f"; kin_busy_us {kin}")
         print("  " + (p.stderr.strip().splitlines() or [""])[-1])
     Path(args.out).write_text(json.dumps(result, indent=1))
 
