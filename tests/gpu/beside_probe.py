@@ -10,7 +10,8 @@ its own (a parent timing beside a child's kernels: shared_gpu); `waits`, the par
 child inside each region and launching nothing itself (the documented pattern of a process and the child it
 times: exclusive); `queued`, a sibling that queues ~200 matmuls just before each region and launches nothing
 during it (drained at the region's start: exclusive, the timing as alone's, the record's kin_busy_us the wait).
-Prints one line per case and writes every region's taints."""
+Prints one line per case and writes every region's taints. CASES=queued,waits: only those.
+The timer's matmuls run with and without the queued load in the same call: `alone` is the reference."""
 
 import argparse
 import json
@@ -94,11 +95,13 @@ def main() -> None:
     (td / "queue.py").write_text(QUEUE)
     py, load, timer, queue, flag = (sys.executable, str(td / "load.py"), str(td / "timer.py"), str(td / "queue.py"),
                                     str(td / "flag"))
-    cases = {"alone": [py, timer, "alone", load, flag],
-             "sibling": ["sh", "-c", f"'{py}' '{load}' 12 & '{py}' '{timer}' sibling '{load}' '{flag}'; wait"],
-             "child": [py, timer, "child", load, flag],
+    cases = {"queued": ["sh", "-c", f"'{py}' '{queue}' '{flag}' & '{py}' '{timer}' queued '{load}' '{flag}'; wait"],
              "waits": [py, timer, "waits", load, flag],
-             "queued": ["sh", "-c", f"'{py}' '{queue}' '{flag}' & '{py}' '{timer}' queued '{load}' '{flag}'; wait"]}
+             "alone": [py, timer, "alone", load, flag],
+             "sibling": ["sh", "-c", f"'{py}' '{load}' 12 & '{py}' '{timer}' sibling '{load}' '{flag}'; wait"],
+             "child": [py, timer, "child", load, flag]}
+    only = [c for c in os.environ.get("CASES", "").split(",") if c]
+    cases = {k: v for k, v in cases.items() if not only or k in only}
     result = {}
     for name, cmd in cases.items():
         rep = td / f"{name}.json"
