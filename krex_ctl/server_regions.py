@@ -54,7 +54,7 @@ class RegionEffects:
             # after the close: a process honouring the gate file from now on sees it closed (unregistered.py)
             e.region.unconnected = set(self.unregistered.unconnected())
         elif isinstance(e, policy.SendDrain):
-            drain = encode("struct krex_drain", drain_id=e.region.id, gpu_mask=e.region.gpu_mask)
+            drain = encode("struct krex_drain", drain_id=e.region.id, gpu_mask=e.mask or e.region.gpu_mask)
             for c in e.clients:
                 self.send(c, MSG["DRAIN"], drain)
         elif isinstance(e, policy.Arm):

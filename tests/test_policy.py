@@ -328,9 +328,46 @@ def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_po
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
     out = w.book.lifecycle_ended(w.now + 0.2)
     assert r.state is State.FREEZING and not r.taints & C.KREX_TAINT_LIFECYCLE and kinds(out) == ["Freeze"]
-    # a freed GiB on its GPU: the next region's settle is one Arm at its end
-    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_FREED, device=-1, bytes=1 << 30), w.now + 0.3)
-    assert w.life.wait_s(r, w.now + 0.3) == pytest.approx(0.1)
+
+    # the creation ends after the creator freed a GiB: one Arm at the settle's end (100 ms), then it goes
+    w = World(settle_ms_per_gib=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drained(r, b, 0, w.now)
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_FREED, device=-1, bytes=1 << 30), w.now + 0.2)
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
+    out = w.book.lifecycle_ended(w.now + 0.2)
+    assert kinds(out) == ["Arm"] and out[0].delay == pytest.approx(0.1) and r.state is State.SETTLING
+    assert w.book.lifecycle_ended(w.now + 0.25) == []                  # an Arm comes by then already
+    assert kinds(w.book.settle_poll(r, w.now + 0.3)) == ["Freeze"] and r.state is State.FREEZING
+
+    # a client that drops in the middle of its creation: the controller calls lifecycle_ended after gone()
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drained(r, b, 0, w.now)
+    w.life.gone(b, w.now + 0.1)
+    assert kinds(w.book.lifecycle_ended(w.now + 0.1)) == ["Freeze"] and r.state is State.FREEZING
+
+
+def test_lifecycle_work_ending_during_region_gap_ms_adds_no_timer():
+    """A region waiting out region_gap_ms has one Arm at the gap's end; lifecycle work ending meanwhile (which
+    looks at every settling region again) asks for no other."""
+    w = World(region_gap_ms=200.0)
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
+    ra = region_of(w.run_to_grant(w.request(a)))
+    w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
+    out = w.request(b, seq=3)
+    rb = region_of(out)
+    seen = w.run_to_grant(out)
+    arms = [e for e in seen if isinstance(e, P.Arm) and e.event is Event.SETTLED]
+    assert rb.state is State.SETTLING and len(arms) == 1 and arms[0].delay == pytest.approx(0.2)
+    for i in range(10):
+        assert w.book.lifecycle_ended(w.now + 0.01 * i) == []
 
 
 def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context_is_made_bounded():
@@ -630,6 +667,53 @@ def test_processes_of_the_same_job_are_never_siblings_but_are_drained_at_the_sta
     w.read_pass()
     w.book.drain_timed_out(r, w.now + 3)                           # it did not answer
     assert r.taints & C.KREX_TAINT_DRAIN_TIMEOUT and r.drain_timeouts == 1 and not r.busy
+
+
+def test_the_kin_drain_covers_only_the_gpus_where_a_member_works():
+    """A region that holds two GPUs (a region without gpus= under Slurm's step scope: every rank's GPU) while its
+    member works on GPU 0: a peer rank of the job on GPU 1 alone is not drained (its kernels may wait in a
+    collective on the timing rank); one with contexts on both is drained on GPU 0 alone."""
+    w = World()
+    job = Job(1)
+    a = w.client(10, job, devices=0b01)
+    peer, both = w.client(11, job, devices=0b10), w.client(12, job, devices=0b11)
+    out = w.request(a, mask=0b11)
+    drains = [e for e in out if isinstance(e, P.SendDrain)]
+    assert [(d.clients, d.mask) for d in drains] == [([both], 0b01)] and region_of(out).kin == {both}
+
+
+def test_a_rank_gathered_into_the_region_is_not_its_kin():
+    """A rank of the job that asked while another job held the GPU joins the region when it starts (_gather): a
+    member, so neither drained as the job's process outside it nor counted in kin_drains."""
+    w = World()
+    job = Job(1)
+    o, a, b = w.client(5, Job(9)), w.client(10, job), w.client(11, job)
+    ro = region_of(w.run_to_grant(w.request(o)))
+    assert w.request(a) == [] and w.request(b, seq=2) == []             # both queued behind job 9's region
+    out = w.book.leave(ro, o, C.KREX_END_NORMAL, 2, w.now)
+    r = next(e.region for e in out if isinstance(e, P.CloseGates))
+    assert set(r.members) == {a, b} and not r.kin and w.book.counters["kin_drains"] == 0
+    assert not any(isinstance(e, P.SendDrain) and b in e.clients for e in out)
+
+
+def test_a_kin_another_jobs_region_froze_is_woken_to_drain_and_stopped_again_for_that_region_alone():
+    """c, of job 1, has contexts on GPUs 0 and 1; job 2's region on GPU 0 froze it. Job 1's region on GPU 1
+    wakes it to drain its work there, then stops it again for job 2's region (Restop), never taking it: when job
+    2's region ends, c runs, though job 1's region still holds GPU 1 (a member may wait on it)."""
+    w = World(freeze_policy="all")
+    j1 = Job(1)
+    q, c = w.client(20, Job(2), devices=0b01), w.client(11, j1, devices=0b11)
+    a = w.client(10, j1, devices=0b10)
+    rq = region_of(w.run_to_grant(w.request(q, mask=0b01)))
+    assert rq.state is State.HELD and w.book.freezes.frozen(c)
+    seen = w.run_to_grant(w.request(a, mask=0b10, seq=2))
+    r = region_of(seen)
+    assert r.state is State.HELD and r.kin == {c}
+    assert any(isinstance(e, P.Wake) and c in e.clients for e in seen)
+    assert any(isinstance(e, P.Restop) and e.clients == [c] for e in seen)
+    assert not any(isinstance(e, P.Freeze) and c in e.clients for e in seen)
+    fin = next(e for e in w.book.leave(rq, q, C.KREX_END_NORMAL, 2, w.now) if isinstance(e, P.Finish))
+    assert c in fin.thaw and not w.book.freezes.frozen(c) and r.state is State.HELD
 
 
 # ---- across GPUs: the mutual freeze and the deadlock of the reliability report -------------------------

@@ -26,12 +26,23 @@ def siblings(region, clients, command_job) -> list:
             and outsider(region, c, command_job, mine)]
 
 
+def worked(region) -> int:
+    """The region's GPUs where a member has a context (where its timing runs); all of them while no member has
+    one there yet (it makes its context inside)."""
+    mask = 0
+    for c in region.members:
+        mask |= c.devices
+    return mask & region.gpu_mask or region.gpu_mask
+
+
 def kin(region, clients, command_job) -> list:
-    """The GPU processes of the region's own jobs with a context on its GPUs that are not inside it: never gated
-    or frozen for it (a collective of theirs may wait on a member), but drained at its start, so that work they
-    queued before it (a compile or autotune subprocess's benchmarks) does not run inside it."""
-    mine = own_jobs(region, command_job) - {None}
-    return [c for c in clients if c.role == C.KREX_ROLE_SHIM and c.devices & region.gpu_mask
+    """The GPU processes of the region's own jobs that are not inside it, with a context on a GPU of the region
+    where a member works: never gated or frozen for it (a collective of theirs may wait on a member), but drained
+    there at its start, so that work they queued before it (a compile or autotune subprocess's benchmarks) does
+    not run inside it. A peer rank on a GPU of its own that the region also holds (a region without gpus= under
+    Slurm's step scope) is not: its kernels there may wait in a collective on the timing rank."""
+    mine, mask = own_jobs(region, command_job) - {None}, worked(region)
+    return [c for c in clients if c.role == C.KREX_ROLE_SHIM and c.devices & mask
             and c not in region.members and ({c.job, command_job(c)} & mine)]
 
 

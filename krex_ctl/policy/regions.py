@@ -193,6 +193,7 @@ class CloseGates:
 class SendDrain:
     region: Region
     clients: list
+    mask: int = 0                     # the GPUs to drain (0: the region's)
 
 
 @dataclass
@@ -526,8 +527,8 @@ class Regions:
 
     def _shared_check(self, region: Region) -> None:
         """Two processes inside the region at once, each with a context on one of its GPUs (a harness timing
-        candidates in parallel processes of one `krex run`; two ranks on one GPU): a job's processes never gate,
-        drain or freeze each other, so each one's work could run beside the other's timing: shared_gpu, not
+        candidates in parallel processes of one `krex run`; two ranks on one GPU): a job's processes never gate
+        or freeze each other, so each one's work could run beside the other's timing: shared_gpu, not
         exclusive. Ranks on GPUs of their own (a gang) do not share one; nor does a process with the child it
         times inside its region (one descends from the other: the documented gang of a process and its
         children, the parent waiting for the child)."""
@@ -543,7 +544,7 @@ class Regions:
 
     def beside(self, client, region_id: int, device: int) -> None:
         """BESIDE (shim/gate.c): client, in no block of its own, launched on `device` while a region of its own
-        job held it. A job's processes never gate, drain or freeze each other, so that work (a pool worker checking a
+        job held it. A job's processes never gate or freeze each other, so that work (a pool worker checking a
         candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
@@ -698,7 +699,24 @@ class Regions:
         out = self._start(req, now)
         region = self.regions[req.id]
         live.append((region, jobs.own_jobs(region, self.command_job), region.holds))
-        return out + self._gather(region, now)
+        out += self._gather(region, now)
+        return out + self._drain_kin(region, jobs.kin(region, self.clients(), self.command_job))
+
+    def _drain_kin(self, region: Region, kin: list) -> list:
+        """Its own jobs' processes outside it (jobs.kin; not in another live region: that one's work is its own)
+        are drained on the GPUs where its members work: their work queued before the start would run inside it
+        (no gate holds them). One another live region stopped is woken to answer and stopped again for that
+        region (never frozen for this one: Restop at the freeze, not taken)."""
+        new = sorted((c for c in kin if self.region_of(c) is None and c not in region.drain_sent), key=lambda c: c.pid)
+        if not new:
+            return []
+        region.kin.update(new)
+        self.counters["kin_drains"] += len(new)
+        woken = [c for c in new if self.freezes.frozen(c) and c not in region.woken]
+        region.woken += woken
+        region.pending_drain.update(new)
+        region.drain_sent.update(new)
+        return ([Wake(region, woken)] if woken else []) + [SendDrain(region, new, jobs.worked(region))]
 
     def _unused_shares(self, order: list, delays: dict, waiting, held, now: float) -> list:
         """The requests waiting for their share (delays) that start all the same: work-conserving. One goes when
@@ -756,11 +774,6 @@ class Regions:
         # region; its work here may predate this region's gate, from a context it made inside its own region),
         # and one another live region stopped, woken to answer (stopped again at this region's freeze)
         sibs = self.siblings(region)
-        # and its own jobs' processes outside it (not in another live region: that one's work is its own) that
-        # have a context here: their work queued before the start would run inside it (no gate holds them)
-        region.kin = {c for c in jobs.kin(region, self.clients(), self.command_job) if self.region_of(c) is None}
-        sibs += sorted(region.kin, key=lambda c: c.pid)
-        self.counters["kin_drains"] += len(region.kin)
         region.woken = [c for c in sibs if self.freezes.frozen(c)]
         region.pending_drain = set(sibs)
         region.drain_sent = set(sibs)
@@ -818,11 +831,9 @@ class Regions:
             if client not in self.siblings(region):
                 # its own job's (jobs.kin): drained while the region drains; no gate held it off, so what it
                 # launches later is the shim's to tell (BESIDE), not a late context
-                if region.state is not S.DRAINING or own is not None \
-                        or not jobs.kin(region, [client], self.command_job):
-                    continue
-                region.kin.add(client)
-                self.counters["kin_drains"] += client not in region.drain_sent
+                if region.state is S.DRAINING:
+                    out += self._drain_kin(region, jobs.kin(region, [client], self.command_job))
+                continue
             if region.state is S.DRAINING:
                 # one already sent this drain synchronizes every context it has on the region's GPUs when it
                 # answers; one another live region stopped is woken to answer, as _start does
@@ -845,13 +856,17 @@ class Regions:
         if not self.live(region) or region.state is not S.DRAINING or client not in region.pending_drain:
             return []
         region.pending_drain.discard(client)
-        region.others_busy_us = max(region.others_busy_us, int(busy_us))
         loaded = busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0))
-        if client in region.kin:              # its own job's: waited for, never frozen
+        if client in region.members:          # drained before it joined (a rank gathered): its own work
+            pass
+        elif client in region.kin:            # its own job's, outside it: waited for, never frozen
+            region.others_busy_us = max(region.others_busy_us, int(busy_us))
             region.kin_busy_us = max(region.kin_busy_us, int(busy_us))
             self.counters["kin_drains_busy"] += loaded
-        elif loaded:
-            region.busy.append(client)
+        else:
+            region.others_busy_us = max(region.others_busy_us, int(busy_us))
+            if loaded:
+                region.busy.append(client)
         return self._drain_done(region, E.DRAINED, now)
 
     def drain_timed_out(self, region: Region, now: float) -> list:
@@ -862,7 +877,7 @@ class Regions:
         region.drain_timeouts = len(region.pending_drain)
         if not region.pending_drain and not region.read_after_close:
             self.counters["read_pass_timeouts"] += 1    # no sibling late: the read pass after the close never came
-        region.busy += [c for c in region.pending_drain if c not in region.kin]   # not answering: maybe running
+        region.busy += [c for c in region.pending_drain if c not in region.kin and c not in region.members]
         region.taints |= C.KREX_TAINT_DRAIN_TIMEOUT
         self.counters["drain_timeouts"] += region.drain_timeouts
         region.pending_drain.clear()
@@ -893,7 +908,10 @@ class Regions:
             if not region.gap_from:
                 region.gap_from = now
                 self.counters["region_gap_waits"] += 1
-            return [Arm(region, E.SETTLED, min(gap, 0.005))]
+            if now < region.settle_arm <= now + gap + 1e-6:
+                return []                      # an Arm comes by then already (lifecycle_ended looks too)
+            region.settle_arm = now + gap
+            return [Arm(region, E.SETTLED, gap)]
         if region.gap_from and not region.gap_waited_ms:
             region.gap_waited_ms = round((now - region.gap_from) * 1e3, 3)
             # the lifecycle barrier's time starts when the gap is over: the gap does not use it up
@@ -922,10 +940,15 @@ class Regions:
             if skipped and not targets:
                 region.freeze_skipped = "freeze policy busy: no sibling had GPU work in flight"
         # those woken for the drain are stopped again whatever the policy: another live region holds them stopped
-        targets += [c for c in region.woken if c not in targets and self._restop_here(region, c)]
+        # (its own job's, for that region alone: not taken by this one, which would keep them stopped)
+        again = [c for c in region.woken if c not in targets and self._restop_here(region, c)]
+        targets += [c for c in again if c not in region.kin]
+        restop = [c for c in again if c in region.kin]
+        region.woken = [c for c in region.woken if c not in restop]
+        out: list = [Restop(restop)] if restop else []
         if not targets:
-            return self._stopped(region, E.STOPPED, now)
-        return [Freeze(region, targets)]
+            return out + self._stopped(region, E.STOPPED, now)
+        return out + [Freeze(region, targets)]
 
     def frozen(self, region: Region, stopped: list, skipped: str, now: float) -> list:
         """The server froze `stopped` (or could not: skipped says why); poll until they are seen stopped."""
