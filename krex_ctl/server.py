@@ -956,7 +956,7 @@ class Controller(RegionEffects):
         b = frames.decode("struct krex_beside", payload)
         if client.role != C.KREX_ROLE_SHIM or not 0 <= int(b.device) < C.KREX_MAX_GPUS:
             raise frames.ProtocolError(f"BESIDE from a {client.role_name} client, or for GPU {int(b.device)}")
-        self.book.beside(client, int(b.region_id), int(b.device))
+        self.book.beside(client, int(b.region_id), int(b.device), int(b.t_ns))
         log.debug("pid %d launched beside region %d of its job on GPU %d (t %d ns)", client.pid, int(b.region_id),
                   int(b.device), int(b.t_ns))
 

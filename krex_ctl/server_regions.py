@@ -253,13 +253,14 @@ class RegionEffects:
                     "gap_waited_ms": region.gap_waited_ms, "end_step_failed": failed,
                     "kin_busy_us": region.kin_busy_us}
         extra.update({k: v for k, v in optional.items() if v})    # each only where there is something to say
+        taints = att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED)
         record = report.region_record(name=named.name, gpu_mask=region.gpu_mask,
                                       requested_ns=named.requested_ns, granted_ns=region.granted_ns,
                                       ended_ns=ended, pid=named.pid,
                                       pids=[p for p in region.pids if p not in region.cancelled_pids] or region.pids,
-                                      end_reason=reason,
-                                      taints=att.taints | (0 if region.granted_ns else C.KREX_TAINT_NOT_GRANTED),
-                                      **extra)
+                                      end_reason=reason, taints=taints, **extra)
+        if not region.given_up:       # what a launch beside it read after its end amends (Regions.beside)
+            region.ended_ns, region.record, region.record_taints = ended, record, taints
         # a region given up (its requester's wait ran out or was interrupted) is in that process's own record
         # alone (not_granted): a second record would count it and its wait twice, and say exclusive where the
         # grant crossed the cancel

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import SNIP, overlaps, report_of, wait_for
+from conftest import ROOT, SNIP, overlaps, report_of, wait_for
 
 UUID = ["GPU-6b726578-0000-0000-0000-000000000000", "GPU-6b726578-0000-0000-0000-000000000001"]
 
@@ -169,7 +169,6 @@ def test_a_context_made_inside_a_region_on_a_gpu_it_does_not_hold_makes_it_not_e
     krex.start_controller()
     script = tmp_path / "grow.py"
     script.write_text(GROW)
-    from conftest import ROOT
 
     p = krex.popen([sys.executable, script, ROOT / "build" / "fakes" / "libcuda.so.1"], report=tmp_path / "g.json",
                    env={"CUDA_VISIBLE_DEVICES": "0,1"})
@@ -237,6 +236,41 @@ def test_work_a_process_of_the_job_queued_before_its_region_finishes_before_the_
     assert max(t[3] for t in hog) <= x["granted_ns"], (hog, x)       # none ran inside the region
     assert x["exclusive"] and x["kin_busy_us"] > 500000, x
     assert krex.status()["counters"]["kin_drains_busy"] >= 1
+
+
+BESIDE_LATE = """
+import os, time
+from krex_ctl.wire.client import Connection
+from krex_ctl.wire.frames import MSG, C, encode
+conn = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_SHIM, job=int(os.environ["KREX_JOB"]),
+                  job_root=int(os.environ["KREX_JOB_ROOT"]))
+# a launch at t_ns 1 (before the region's end), told only now: read after the region ended
+conn.send(MSG["BESIDE"], encode("struct krex_beside", region_id=int(os.environ["REGION"]), device=0, t_ns=int(os.environ["T_NS"])))
+time.sleep(1.0)
+conn.close()
+"""
+
+
+def test_a_launch_beside_a_region_read_after_its_end_taints_its_record(krex, tmp_path):
+    """The shim tells of a launch beside its job's region without waiting (BESIDE, sent at the launch); the
+    controller reads its clients in turn, so the frame can come after the region's end. A launch from before
+    the end still taints the region's record, which the report and krex run's summary give (tainted_after_end
+    names it); one from after its end does not. A raw client of the job stands in for a shim whose frame was
+    read late."""
+    krex.start_controller()
+    (tmp_path / "late.py").write_text(BESIDE_LATE)
+    for t_ns, want in (("1", ["shared_gpu"]), ("9" * 18, [])):
+        rep = tmp_path / f"r{len(t_ns)}.json"
+        r = krex.run(["sh", "-c", f'{SNIP / "region"} && "{sys.executable}" "{tmp_path / "late.py"}"'],
+                     report=rep, timeout=120, env={"SNIPPET_REGIONS": "1", "SNIPPET_US": "20000", "T_NS": t_ns,
+                                                   "REGION": str(1 if want else 2), "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 0, r.stderr
+        [x] = report_of(rep)["regions"]
+        assert x["region_id"] == (1 if want else 2), x
+        assert x["taints"] == want and x["exclusive"] == (not want) and x.get("tainted_after_end", []) == want, x
+        if want:
+            assert "not protected" in r.stderr, r.stderr
+    assert krex.status()["counters"]["beside_after_end"] == 1
 
 
 def test_a_child_launching_inside_its_parents_region_keeps_it_exclusive(krex, tmp_path):
@@ -334,7 +368,6 @@ print("PARENT", r.exclusive, " ".join(r.taints) or "-")
 def parent_region(krex, tmp_path, child, env) -> tuple:
     """PARENT under krex run: a region in which it starts `child` (and launches PARENT_N kernels of its own);
     what the parent's region said, the report's regions and the fake driver's trace."""
-    from conftest import ROOT
     krex.start_controller()
     script = tmp_path / "parent.py"
     script.write_text(PARENT)

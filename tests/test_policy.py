@@ -590,8 +590,9 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     GPUs while the region held it (a pool worker or a second harness process beside the timing one: a job's
     processes never gate each other): shared_gpu, not exclusive, counted once a region. Not for a member, a child
     a member times (it descends from one), a GPU where no member works (another rank's, in a step-scoped job),
-    another job's process (the shim tells only of its own job's regions; the controller checks) or a region that
-    ended."""
+    another job's process (the shim tells only of its own job's regions; the controller checks). Read after the
+    region ended, a launch from before its end taints the region's record (the job's report, krex run's summary),
+    named in tainted_after_end; one from after its end does not."""
     def shared(r):
         return bool(r.taints & C.KREX_TAINT_SHARED_GPU)
 
@@ -631,13 +632,26 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
             w.book.beside(child, r.id, 0)
         assert shared(r) == want, (kernels, child_first)
 
-    w = World()                                         # told after the region ended: its record stays as it was
+    from krex_ctl.wire import report
+    w = World()                                         # read after the region ended
     job = Job(1)
     a, sib = w.client(10, job), w.client(12, job)
     r = region_of(w.run_to_grant(w.request(a)))
     w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
-    w.book.beside(sib, r.id, 0)
+    w.book.beside(sib, r.id, 0, 5_000)                  # no record made yet (the server's Finish makes it)
     assert not shared(r) and w.book.counters["beside_launches"] == 0
+    # what the server's Finish sets: the end's time and the record the job's report gives
+    r.ended_ns, r.record_taints = 10_000, 0
+    r.record = report.region_record(name="r", gpu_mask=1, requested_ns=0, granted_ns=1, ended_ns=10_000, pid=10,
+                                    pids=[10], end_reason=C.KREX_END_NORMAL, taints=0)
+    assert r.record["exclusive"] and r.record["clean"]
+    w.book.beside(sib, r.id, 0, 10_000)                 # launched at the end or after it: not inside
+    assert r.record["exclusive"] and w.book.counters["beside_launches"] == 0
+    w.book.beside(sib, r.id, 0, 9_000)
+    assert not r.record["exclusive"] and not r.record["clean"] and r.record["taints"] == ["shared_gpu"]
+    assert r.record["tainted_after_end"] == ["shared_gpu"] and w.book.counters["beside_after_end"] == 1
+    w.book.beside(sib, r.id, 0, 9_500)                  # counted once a region
+    assert w.book.counters["beside_launches"] == 1
 
 
 def test_processes_of_the_same_job_are_never_siblings_but_are_drained_at_the_start():

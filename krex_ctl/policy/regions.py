@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..wire.frames import C
+from ..wire.report import verdict
 from . import jobs
 from .freezes import Freezes
 from .scheduler import FairShare, Request, mask_to_list, startable
@@ -126,6 +127,9 @@ class Region:
     previous: Any = None                             # what held its GPUs last before its grant (set by the server)
     gap_from: float = 0.0                            # monotonic start of its wait for region_gap_ms (0: none)
     settle_arm: float = 0.0                          # when the settle's pending Arm fires (0: none)
+    ended_ns: int = 0                                # CLOCK_MONOTONIC of its end (set by the server at the Finish)
+    record: Any = None                               # its record, as the job's report will give it (set then too)
+    record_taints: int = 0                           # the taints that record says
     own: frozenset = frozenset()                     # the jobs it worked for at its grant (jobs.own_jobs: warm
                                                      # workers' commands too): "another job" for the gap
     gap_waited_ms: float = 0.0                       # how long that wait took
@@ -265,6 +269,9 @@ class Thaw:
     clients: list
 
 
+ENDED_KEPT = 256                      # granted regions kept after their end for a BESIDE read late (Regions.ended)
+
+
 @dataclass
 class Recheck:
     """Run the scheduler again after delay seconds: a request waits for its fair share (scheduler.FairShare)."""
@@ -301,12 +308,14 @@ class Regions:
         self.queue: list[Request] = []
         self.freezes = Freezes()
         self.revoked_ids: dict[int, bool] = {}
+        self.ended: dict[int, Region] = {}   # the last granted regions to end, for a BESIDE read after the end
         self.ids = itertools.count(1)
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
                          "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0,
-                         "lifecycle_prewait_bounded": 0, "beside_launches": 0, "kin_drains": 0, "kin_drains_busy": 0}
+                         "lifecycle_prewait_bounded": 0, "beside_launches": 0, "beside_after_end": 0, "kin_drains": 0,
+                         "kin_drains_busy": 0}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
@@ -542,27 +551,49 @@ class Regions:
                         region.taints |= C.KREX_TAINT_SHARED_GPU
                         return
 
-    def beside(self, client, region_id: int, device: int) -> None:
+    def beside(self, client, region_id: int, device: int, t_ns: int = 0) -> None:
         """BESIDE (shim/gate.c): client, in no block of its own, launched on `device` while a region of its own
         job held it. A job's processes never gate or freeze each other, so that work (a pool worker checking a
         candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
-        member times (it descends from one) only if that member launched kernels inside itself (_timed_too). A
-        region that ended meanwhile is left as it was."""
+        member times (it descends from one) only if that member launched kernels inside itself (_timed_too). Read
+        after the region ended (the shim sends it at the launch, t_ns, without waiting; the controller reads its
+        clients in turn), a launch from before the end still taints the region's record, which the job's report
+        and `krex run`'s summary give: not the verdict its members already got at their end (_taint_late)."""
         region = self.regions.get(region_id)
-        if region is None or region.state is S.ENDED or region.taints & C.KREX_TAINT_SHARED_GPU \
-                or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1 or client in region.members:
+        late = region is None or region.state is S.ENDED
+        if late:
+            region = self.ended.get(region_id)
+            if region is None or region.record is None or not 0 < t_ns < region.ended_ns:
+                return
+        taints = region.record_taints if late else region.taints
+        if taints & C.KREX_TAINT_SHARED_GPU or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1:
             return
-        if not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
-                or not any(c.devices >> device & 1 for c in region.members):
+        members = [m.client for m in region.every_member] if late else list(region.members)
+        if client in members or not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
+                or not any(c.devices >> device & 1 for c in members):
             return
         ancestors = {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
         if ancestors:       # the child a member times, unless that member launched kernels inside itself (_timed_too)
             region.lineal_beside[client.pid] = ancestors
             if not any(region.launched.get(pid, 0) for pid in ancestors):
                 return
-        self._taint_beside(region)
+        if late:
+            self._taint_late(region, C.KREX_TAINT_SHARED_GPU)
+        else:
+            self._taint_beside(region)
+
+    def _taint_late(self, region: Region, taint: int) -> None:
+        """A region's record, already made, gets a taint learnt after its end (the record's tainted_after_end
+        names it)."""
+        self.counters["beside_launches"] += 1
+        self.counters["beside_after_end"] += 1
+        region.taints |= taint
+        region.record_taints |= taint
+        region.record.update(verdict(region.record_taints))
+        late = set(region.record.get("tainted_after_end", ())) | set(verdict(taint)["taints"])
+        region.record["tainted_after_end"] = sorted(late)
 
     def _taint_beside(self, region: Region) -> None:
         self.counters["beside_launches"] += 1
@@ -1028,6 +1059,10 @@ class Regions:
         self._to(region, event, now)
         region.end_reason = reason
         del self.regions[region.id]
+        if region.held_since:
+            self.ended[region.id] = region
+            while len(self.ended) > ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
         if region.held_since:       # granted: the next job's region on these GPUs keeps region_gap_ms from now
             for g in mask_to_list(region.gpu_mask):
                 self.last_end[g] = (now, region.own | {region.job})
