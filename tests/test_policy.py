@@ -354,6 +354,29 @@ def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_po
     assert kinds(w.book.lifecycle_ended(w.now + 0.1)) == ["Freeze"] and r.state is State.FREEZING
 
 
+def test_a_member_joining_a_settling_region_has_the_barrier_look_again():
+    """A warm worker running job 2's command joins job 1's region while its barrier waits for job 2's context
+    creation: that creation is now the region's own job's work, so the region goes on at the join, not at the
+    barrier's time-out."""
+    from krex_ctl.policy import jobs as job_rules
+
+    w = World()
+    j1, j2 = Job(1), Job(2)
+    a, b = w.client(10, j1), w.client(20, j2)
+    worker = w.client(30, j1)
+    serves = {worker: j2}
+    w.book.command_job = lambda c: serves.get(c, c.job)
+    w.life.outsider = lambda region, c: job_rules.outsider(region, c, w.book.command_job)
+    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    assert w.book.drained(r, worker, 0, w.now) == [] and r.kin == {worker}    # its job's: drained
+    assert kinds(w.book.drained(r, b, 0, w.now)) == ["Arm"] and r.state is State.SETTLING
+    out = w.book.request(worker, 1, "r", 0, 2, w.now + 0.1)          # joins: same job
+    assert worker in r.members and r.state is State.HELD and "Grant" in kinds(out), kinds(out)
+    assert not r.taints & C.KREX_TAINT_LIFECYCLE
+
+
 def test_lifecycle_work_ending_during_region_gap_ms_adds_no_timer():
     """A region waiting out region_gap_ms has one Arm at the gap's end; lifecycle work ending meanwhile (which
     looks at every settling region again) asks for no other."""

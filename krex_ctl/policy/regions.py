@@ -375,7 +375,7 @@ class Regions:
             if mask & ~r.gpu_mask == 0:
                 if self._join_waits(r, client, now):
                     break
-                return self._join(r, client, seq, name, requested_ns)
+                return self._join(r, client, seq, name, requested_ns, now)
         req = Request(next(self.ids), mask, name, requested_ns, client, seq, hold_mask=client.devices)
         client.request = req
         self.queue.append(req)
@@ -434,7 +434,7 @@ class Regions:
                 self.queue.remove(q)
                 q.owner.request = None
                 region.ungathered.discard(q.id)
-                out += self._join(region, q.owner, q.seq, q.name, q.requested_ns)
+                out += self._join(region, q.owner, q.seq, q.name, q.requested_ns, now)
         return out
 
     def _beyond(self, region: Region, client, mask: int, seq: int) -> "Refuse":
@@ -526,12 +526,14 @@ class Regions:
             self.recheck_at = None
         return self.schedule(now)
 
-    def _join(self, region: Region, client, seq: int, name: str, requested_ns: int) -> list:
+    def _join(self, region: Region, client, seq: int, name: str, requested_ns: int, now: float) -> list:
         m = Member(client, seq, name, requested_ns, joined=True)
         region.members[client] = m
         region.every_member.append(m)
         region.pids.append(client.pid)
         self._shared_check(region)
+        if region.state is S.SETTLING:      # a warm worker's command joined: its lifecycle work may be the region's now
+            return self.settle_poll(region, now)
         return [GrantMember(region, m)] if region.state is S.HELD else []
 
     def _shared_check(self, region: Region) -> None:
