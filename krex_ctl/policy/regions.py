@@ -1061,13 +1061,12 @@ class Regions:
         self._to(region, event, now)
         region.end_reason = reason
         del self.regions[region.id]
-        if region.held_since:
-            self.ended[region.id] = region
-            while len(self.ended) > ENDED_KEPT:
-                del self.ended[next(iter(self.ended))]
         if region.held_since:       # granted: the next job's region on these GPUs keeps region_gap_ms from now
             for g in mask_to_list(region.gpu_mask):
                 self.last_end[g] = (now, region.own | {region.job})
+            self.ended[region.id] = region          # a BESIDE read after the end may still taint its record
+            while len(self.ended) > ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
         self._charge(region, now)
         thaw = self.freezes.release(region.id)
         # woken for its drain, not stopped again by it (it ended first), still held stopped by another region
