@@ -10,8 +10,8 @@ its own (a parent timing beside a child's kernels: shared_gpu); `waits`, the par
 child inside each region and launching nothing itself (the documented pattern of a process and the child it
 times: exclusive); `queued`, a sibling that queues ~200 matmuls just before each region and launches nothing
 during it (drained at the region's start: exclusive, the timing as alone's, the record's kin_busy_us the wait).
-Prints one line per case and writes every region's taints. CASES=queued,waits: only those.
-The timer's matmuls run with and without the queued load in the same call: `alone` is the reference."""
+Prints one line per case and writes every region's taints. CASES=queued,waits,alone: only those (`alone` is the
+reference for `queued`'s timings: keep it in the same call)."""
 
 import argparse
 import json
