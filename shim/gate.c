@@ -92,12 +92,14 @@ static inline struct krex_counter_slot *krex_counters(void) {
 
 struct krex_counter_slot *krex_counter_slot(void) { return krex_counters(); }
 
-/* kernel and graph launches of this process so far into *n, without attaching its counter slot (none yet:
+/* kernel, graph, copy and memset launches of this process so far into *n (GPU work it submitted: a member's own,
+ * against which a child's launches beside it count, Regions._timed_too), without attaching its counter slot (none yet:
  * nothing was launched), so that the client thread never waits for a first attach (region.c, under its lock);
  * -1 when the slot is shared with other processes (its counts are not this process's) */
 int krex_kernels_launched(uint64_t *n) {
     struct krex_counter_slot *s = __atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE);
-    *n = s ? __atomic_load_n(&s->kernels, __ATOMIC_RELAXED) + __atomic_load_n(&s->graphs, __ATOMIC_RELAXED) : 0;
+    *n = s ? __atomic_load_n(&s->kernels, __ATOMIC_RELAXED) + __atomic_load_n(&s->graphs, __ATOMIC_RELAXED) +
+                 __atomic_load_n(&s->copies, __ATOMIC_RELAXED) : 0;
     const struct krex_counters_hdr *h = __atomic_load_n(&krex_counters_file, __ATOMIC_ACQUIRE);
     if (s && h && krex_slot_count &&   /* another process's claim landed on our slot (or ours on another's) */
         (krex_slot_index >= krex_slot_count ||

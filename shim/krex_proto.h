@@ -213,7 +213,7 @@ struct krex_region_granted {
 struct krex_region_end {
     uint64_t region_id;
     int64_t ended_ns;
-    uint32_t kernels;              /* kernel and graph launches of this process from the grant to the end ... */
+    uint32_t kernels;              /* kernel, graph, copy and memset launches of this process from the grant to the end ... */
     uint32_t flags;                /* ... when KREX_END_KERNELS_COUNTED is set (a shim's end; 0: not counted) */
 };
 

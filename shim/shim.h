@@ -77,7 +77,7 @@ int krex_inflight(void);
 void krex_gate_reset_after_fork(void);
 void krex_beside_check(int vendor);   /* a launch outside any block: a region of our own job holding its GPU is told */
 void krex_beside_reset(void);
-int krex_kernels_launched(uint64_t *n);   /* kernel and graph launches so far; -1: not this process's alone */         /* forget what was told (a new connection, a forked child) */
+int krex_kernels_launched(uint64_t *n);   /* kernel, graph, copy and memset launches so far; -1: not this process's alone */         /* forget what was told (a new connection, a forked child) */
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 

@@ -356,6 +356,11 @@ with krex.region("parent") as r:
     c = subprocess.Popen([sys.argv[1]], env=child_env)
     for _ in range(int(os.environ.get("PARENT_N", "0"))):
         assert cu.cuLaunchKernel(f, 40000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+    if os.environ.get("PARENT_MEMSETS"):        # a copy or memset benchmark of its own: GPU work, no kernel
+        buf = ctypes.c_uint64()
+        assert cu.cuMemAlloc_v2(ctypes.byref(buf), 1 << 20) == 0
+        for _ in range(int(os.environ["PARENT_MEMSETS"])):
+            assert cu.cuMemsetD8_v2(buf, 1, 1 << 20) == 0
     cu.cuCtxSynchronize()
     __import__("time").sleep(float(os.environ.get("PARENT_SLEEP", "0")))
     if not os.environ.get("CHILD_OUTLIVES"):
@@ -376,6 +381,16 @@ def parent_region(krex, tmp_path, child, env) -> tuple:
     assert r.returncode == 0, r.stderr
     said = next(x for x in r.stdout.splitlines() if x.startswith("PARENT "))
     return said, report_of(tmp_path / "r.json")["regions"], krex.trace_lines()
+
+
+def test_a_member_timing_memsets_of_its_own_beside_a_child_benchmarking_is_not_exclusive(krex, tmp_path):
+    """A parent that times memsets (or copies) of its own, not kernels, while a child it started launches beside it:
+    its GPU work counts as its own launches, so the region is shared_gpu, as with kernels."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "hog",
+                                  {"CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000",
+                                   "PARENT_MEMSETS": "20"})
+    [x] = regs
+    assert said == "PARENT False shared_gpu" and "shared_gpu" in x["taints"], (said, x)
 
 
 def test_a_child_timing_in_a_block_of_its_own_after_a_launch_outside_it_keeps_its_parents_region(krex, tmp_path):

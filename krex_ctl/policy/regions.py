@@ -559,7 +559,7 @@ class Regions:
         candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
-        member times (it descends from one) only if that member launched kernels inside itself (_timed_too). Read
+        member times (it descends from one) only if that member launched GPU work inside itself (_timed_too). Read
         after the region ended (the shim sends it at the launch, t_ns, without waiting; the controller reads its
         clients in turn), a launch from before the end still taints the region's record, which the job's report
         and `krex run`'s summary give: not the verdict its members already got at their end (_taint_late)."""
@@ -602,8 +602,8 @@ class Regions:
         region.taints |= C.KREX_TAINT_SHARED_GPU
 
     def _timed_too(self, region: Region, client, kernels: Optional[int]) -> None:
-        """A member's end told how many kernels it launched inside (the shim counts them; None: not counted). A
-        member that launched kernels itself while a process it started launched beside it (an autotune or compile
+        """A member's end told how many kernels, graphs, copies and memsets it launched inside (the shim counts
+        them; None: not counted). A member that launched such work itself while a process it started launched beside it (an autotune or compile
         subprocess benchmarking while its parent times), or while such a process timed kernels in a block of its
         own in the same region, was not waiting for that child: shared_gpu. A member that launched none was (the
         documented pattern of a process and the child it times)."""
