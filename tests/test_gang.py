@@ -246,7 +246,7 @@ conn = Connection(os.environ["KREX_SOCKET"], C.KREX_ROLE_SHIM, job=int(os.enviro
                   job_root=int(os.environ["KREX_JOB_ROOT"]))
 # a launch at t_ns 1 (before the region's end), told only now: read after the region ended
 conn.send(MSG["BESIDE"], encode("struct krex_beside", region_id=int(os.environ["REGION"]), device=0, t_ns=int(os.environ["T_NS"])))
-time.sleep(1.0)
+time.sleep(1.0)                 # the controller reads it before the wrapper asks for its report
 conn.close()
 """
 
