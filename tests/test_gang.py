@@ -218,24 +218,39 @@ def test_a_process_of_the_job_launching_in_no_block_during_its_region_makes_it_n
     assert krex.status()["counters"]["beside_launches"] >= len(overlapped)
 
 
-def test_work_a_process_of_the_job_queued_before_its_region_finishes_before_the_grant(krex):
-    """A harness's other process queues 1.6 s of kernels (4 of 400 ms) just before the job's region starts and
+QUEUER = """
+import ctypes, os, pathlib, sys, time
+cu = ctypes.CDLL(sys.argv[1])
+cu.cuInit(0)
+ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"queued") == 0
+for _ in range(4):                       # 4 x 500 ms queued at once, then nothing more launched
+    assert cu.cuLaunchKernel(f, 500000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+pathlib.Path(sys.argv[2]).touch()
+cu.cuCtxSynchronize()
+"""
+
+
+def test_work_a_process_of_the_job_queued_before_its_region_finishes_before_the_grant(krex, tmp_path):
+    """A harness's other process queues 2 s of kernels (4 of 500 ms) just before the job's region starts and
     launches nothing after: no gate holds the job's own processes and its shim tells only of launches inside the
     region, so those kernels ran inside it, reported exclusive. The region's start drains it (as it drains other
     jobs' processes, never gating or freezing it): its kernels end before the grant, and the record says how long
-    that wait was (kin_busy_us)."""
-    krex.start_controller()
-    rep = krex.dir / "r.json"
-    r = krex.run(["sh", "-c", f"SNIPPET_STREAMS=1 SNIPPET_MS=50 SNIPPET_US=400000 {SNIP / 'hog'} & sleep 0.3; "
-                              f"{SNIP / 'region'}; wait"],
+    that wait was (kin_busy_us). The region starts once the kernels are queued (a marker file)."""
+    krex.start_controller("--drain-timeout", "10")
+    rep, marker = krex.dir / "r.json", tmp_path / "queued"
+    (tmp_path / "queuer.py").write_text(QUEUER)
+    r = krex.run(["sh", "-c", f'"{sys.executable}" "{tmp_path / "queuer.py"}" "{ROOT / "build" / "fakes" / "libcuda.so.1"}" '
+                              f'"{marker}" & while [ ! -e "{marker}" ]; do sleep 0.01; done; {SNIP / "region"}; wait'],
                  report=rep, timeout=120, env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_US": "50000"})
     assert r.returncode == 0, r.stderr
     [x] = report_of(rep)["regions"]
-    hog = [t for t in krex.trace_lines() if t[4] == "hog"]
-    assert len(hog) == 4 and x["granted_ns"], (hog, x)
-    assert max(t[3] for t in hog) <= x["granted_ns"], (hog, x)       # none ran inside the region
-    assert x["exclusive"] and x["kin_busy_us"] > 500000, x
-    assert krex.status()["counters"]["kin_drains_busy"] >= 1
+    queued = [t for t in krex.trace_lines() if t[4] == "queued"]
+    assert len(queued) == 4 and x["granted_ns"], (queued, x)
+    assert max(t[3] for t in queued) <= x["granted_ns"], (queued, x)      # none ran inside the region
+    assert x["exclusive"] and x.get("kin_busy_us", 0) > 0, x
+    assert krex.status()["counters"]["kin_drains"] >= 1
 
 
 BESIDE_LATE = """
