@@ -890,15 +890,12 @@ class Regions:
             return []
         region.pending_drain.discard(client)
         loaded = busy_us >= float(getattr(self.cfg, "busy_before_us", 1000.0))
-        if client in region.members:          # drained before it joined (a rank gathered): its own work
-            pass
-        elif client in region.kin:            # its own job's, outside it: waited for, never frozen
+        if client not in region.members:      # (one drained before it joined, a rank gathered: its own work)
             region.others_busy_us = max(region.others_busy_us, int(busy_us))
-            region.kin_busy_us = max(region.kin_busy_us, int(busy_us))
-            self.counters["kin_drains_busy"] += loaded
-        else:
-            region.others_busy_us = max(region.others_busy_us, int(busy_us))
-            if loaded:
+            if client in region.kin:          # its own job's, outside it: waited for, never frozen
+                region.kin_busy_us = max(region.kin_busy_us, int(busy_us))
+                self.counters["kin_drains_busy"] += loaded
+            elif loaded:
                 region.busy.append(client)
         return self._drain_done(region, E.DRAINED, now)
 
@@ -941,10 +938,7 @@ class Regions:
             if not region.gap_from:
                 region.gap_from = now
                 self.counters["region_gap_waits"] += 1
-            if now < region.settle_arm <= now + gap + 1e-6:
-                return []                      # an Arm comes by then already (lifecycle_ended looks too)
-            region.settle_arm = now + gap
-            return [Arm(region, E.SETTLED, gap)]
+            return self._arm_settle(region, now + gap, now)
         if region.gap_from and not region.gap_waited_ms:
             region.gap_waited_ms = round((now - region.gap_from) * 1e3, 3)
             # the lifecycle barrier's time starts when the gap is over: the gap does not use it up
@@ -952,11 +946,7 @@ class Regions:
         if wait > 0 and now < region.deadline:
             # not polled: the end of the lifecycle work under way calls again (lifecycle_ended); the Arm is the
             # end of the settle time, or the barrier's time-out
-            at = min(now + wait, region.deadline)
-            if now < region.settle_arm <= at + 1e-6:
-                return []                      # an Arm comes by then already
-            region.settle_arm = at
-            return [Arm(region, E.SETTLED, at - now)]
+            return self._arm_settle(region, min(now + wait, region.deadline), now)
         if wait > 0:
             region.taints |= C.KREX_TAINT_LIFECYCLE
             self._to(region, E.SETTLE_TIMEOUT, now)
@@ -982,6 +972,15 @@ class Regions:
         if not targets:
             return out + self._stopped(region, E.STOPPED, now)
         return out + [Freeze(region, targets)]
+
+    @staticmethod
+    def _arm_settle(region: Region, at: float, now: float) -> list:
+        """The settle's one pending Arm, at `at`: none asked for when one comes by then already (settle_poll is
+        called again by lifecycle_ended, a join and each Arm, not only when the last Arm fires)."""
+        if now < region.settle_arm <= at + 1e-6:
+            return []
+        region.settle_arm = at
+        return [Arm(region, E.SETTLED, at - now)]
 
     def frozen(self, region: Region, stopped: list, skipped: str, now: float) -> list:
         """The server froze `stopped` (or could not: skipped says why); poll until they are seen stopped."""
