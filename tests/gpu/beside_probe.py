@@ -92,8 +92,8 @@ def main() -> None:
     td = Path(tempfile.mkdtemp(prefix="beside-"))
     (td / "load.py").write_text(LOAD)
     (td / "timer.py").write_text(TIMER)
-    (td / "queue.py").write_text(QUEUE)
-    py, load, timer, queue, flag = (sys.executable, str(td / "load.py"), str(td / "timer.py"), str(td / "queue.py"),
+    (td / "queuer.py").write_text(QUEUE)   # not queue.py: it would shadow the stdlib's queue (sys.path[0])
+    py, load, timer, queue, flag = (sys.executable, str(td / "load.py"), str(td / "timer.py"), str(td / "queuer.py"),
                                     str(td / "flag"))
     cases = {"queued": ["sh", "-c", f"'{py}' '{queue}' '{flag}' & '{py}' '{timer}' queued '{load}' '{flag}'; wait"],
              "waits": [py, timer, "waits", load, flag],
