@@ -1011,7 +1011,7 @@ class Controller(RegionEffects):
             return
         counted = int(e.flags) & C.KREX_END_KERNELS_COUNTED
         self.apply(self.book.leave(region, client, C.KREX_END_NORMAL, seq, time.monotonic(),
-                                   int(e.kernels) if counted else None))
+                                   int(e.kernels) if counted else None, int(e.quiet_ns) if counted else 0))
 
     def on_region_cancel(self, client: Client, payload: bytes, seq: int) -> None:
         """shim or python client: it stops waiting (Ctrl-C) or leaves whatever region it is in"""

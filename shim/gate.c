@@ -108,6 +108,48 @@ int krex_kernels_launched(uint64_t *n) {
     return 0;
 }
 
+/* Quiet points (krex_region_end.quiet_ns): a context-wide synchronize (cuCtxSynchronize[_v2],
+ * hipDeviceSynchronize) that succeeded with no launch of this process counted between its call and its return
+ * leaves every GPU work of the process done when it returned, as long as the process has one context: one GPU
+ * (krex_dev_mask) and no context but the primary one (cuCtxCreate, hipCtxCreate: none since the process began).
+ * The point holds while the launch count is still the one it was taken at: at a region's end that says the
+ * member's own work was all over before then, so a child's launch beside the region after it cannot have run
+ * beside that work (Regions._timed_too). One lock for the pair: syncs are rare, the reader is the region's end. */
+static pthread_mutex_t quiet_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t quiet_count = UINT64_MAX;
+static int64_t quiet_ns;
+static int other_contexts;
+
+void krex_context_created(void) { __atomic_store_n(&other_contexts, 1, __ATOMIC_RELAXED); }
+
+uint64_t krex_quiet_begin(void) {
+    uint64_t n;
+    return krex_kernels_launched(&n) == 0 ? n : UINT64_MAX;
+}
+
+void krex_quiet_end(uint64_t before, int ok) {
+    uint64_t n;
+    if (!ok || before == UINT64_MAX || krex_kernels_launched(&n) != 0 || n != before) return;
+    int64_t t = krex_now_ns();
+    pthread_mutex_lock(&quiet_lock);
+    if (quiet_count == UINT64_MAX || n > quiet_count)    /* a later sync's point, never an older one's */
+        quiet_count = n, quiet_ns = t;
+    else if (n == quiet_count && t > quiet_ns)
+        quiet_ns = t;
+    pthread_mutex_unlock(&quiet_lock);
+}
+
+int64_t krex_quiet_since(void) {
+    uint64_t n, mask = __atomic_load_n(&krex_dev_mask, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&other_contexts, __ATOMIC_RELAXED) || !mask || (mask & (mask - 1)) ||
+        krex_kernels_launched(&n) != 0)
+        return 0;
+    pthread_mutex_lock(&quiet_lock);
+    int64_t t = quiet_count == n ? quiet_ns : 0;
+    pthread_mutex_unlock(&quiet_lock);
+    return t;
+}
+
 /* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
 struct krex_local_region *krex_local_region_claim(void) {
     krex_counters();
@@ -146,6 +188,8 @@ void krex_gate_reset_after_fork(void) {
     krex_exit_gate_pid = 0;
     memset(&krex_local_slot, 0, sizeof krex_local_slot);
     krex_beside_reset();                           /* the child tells of its own launches */
+    pthread_mutex_init(&quiet_lock, NULL);
+    quiet_count = UINT64_MAX, quiet_ns = 0, other_contexts = 0;   /* no context of the parent's is the child's */
 }
 
 void krex_count_context(int vendor) {

@@ -24,27 +24,33 @@ static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
     return r;
 }
 
+/* a context that is not a GPU's primary one: a context-wide synchronize no longer covers all the process's work */
+static CUresult created(CUresult r) {
+    if (r == CUDA_SUCCESS) krex_context_created();
+    return r;
+}
+
 KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl) : NO_DRIVER; }
 
 KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(cuCtxCreate)(c, fl, d), c, d);
+    return created(after_context(REAL(cuCtxCreate)(c, fl, d), c, d));
 }
 KREX_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v2)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d);
+    return created(after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d));
 }
 KREX_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v3)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d);
+    return created(after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d));
 }
 KREX_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v4)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d);
+    return created(after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d));
 }
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!REAL(cuDevicePrimaryCtxRetain)) return NO_DRIVER;
@@ -204,14 +210,23 @@ static CUresult host_resumed(CUresult r) {
 }
 /* each synchronize: the followed pools read before it too, so that what they grew by since is not missed */
 #define SYNCED(call) (krex_pools_sync_begin(), krex_pools_sync_end(host_resumed(call)))   /* the check's time first */
+/* a context-wide one may leave a quiet point (gate.c: the process's GPU work all done when it returned) */
+static CUresult quiet(uint64_t before, CUresult r) {
+    krex_quiet_end(before, r == CUDA_SUCCESS);
+    return r;
+}
 KREX_EXPORT CUresult cuCtxSynchronize(void) {
-    return REAL(cuCtxSynchronize) ? SYNCED(REAL(cuCtxSynchronize)()) : NO_DRIVER;
+    if (!REAL(cuCtxSynchronize)) return NO_DRIVER;
+    uint64_t before = krex_quiet_begin();
+    return quiet(before, SYNCED(REAL(cuCtxSynchronize)()));
 }
 /* CUDA 13: a different function, not an alias (a context argument, NULL for the current one); cudart 13's
  * cudaDeviceSynchronize reaches it through cuGetProcAddress, so a hook of cuCtxSynchronize alone never sees
  * torch.cuda.synchronize() (H200, bench/results/hostbound-h200-run4.json: synclong late 16 of 16) */
 KREX_EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) {
-    return REAL(cuCtxSynchronize_v2) ? SYNCED(REAL(cuCtxSynchronize_v2)(c)) : NO_DRIVER;
+    if (!REAL(cuCtxSynchronize_v2)) return NO_DRIVER;
+    uint64_t before = krex_quiet_begin();
+    return quiet(before, SYNCED(REAL(cuCtxSynchronize_v2)(c)));
 }
 KREX_EXPORT CUresult cuStreamSynchronize(CUstream s) {
     return REAL(cuStreamSynchronize) ? SYNCED(REAL(cuStreamSynchronize)(s)) : NO_DRIVER;

@@ -42,7 +42,9 @@ KREX_EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
 KREX_EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
     if (!REAL(hipCtxCreate)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(hipCtxCreate)(c, fl, d), d);
+    hipError_t r = after_context(REAL(hipCtxCreate)(c, fl, d), d);
+    if (r == hipSuccess) krex_context_created();   /* not the primary one: no quiet points (gate.c) */
+    return r;
 }
 
 static hipError_t capture_began(hipError_t r) {
@@ -74,7 +76,11 @@ KREX_EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) {
     return krex_pools_sync_end(call)
 KREX_EXPORT hipError_t hipDeviceSynchronize(void) {
     if (!REAL(hipDeviceSynchronize)) return NO_DRIVER;
-    SYNCED(REAL(hipDeviceSynchronize)());
+    uint64_t before = krex_quiet_begin();   /* a quiet point where nothing was launched meanwhile (gate.c) */
+    krex_pools_sync_begin();
+    hipError_t r = krex_pools_sync_end(REAL(hipDeviceSynchronize)());
+    krex_quiet_end(before, r == hipSuccess);
+    return r;
 }
 KREX_EXPORT hipError_t hipStreamSynchronize(hipStream_t s) {
     if (!REAL(hipStreamSynchronize)) return NO_DRIVER;

@@ -15,7 +15,7 @@
  * taken for the answer to the next one. */
 
 #define KREX_MAGIC 0x5845524b
-#define KREX_PROTO_VERSION 4   /* 4: KREX_MSG_BESIDE */
+#define KREX_PROTO_VERSION 5   /* 4: KREX_MSG_BESIDE; 5: krex_region_end.quiet_ns */
 #define KREX_MAX_GPUS 64
 #define KREX_NAME_MAX 64
 #define KREX_ERROR_TEXT 240
@@ -215,6 +215,8 @@ struct krex_region_end {
     int64_t ended_ns;
     uint32_t kernels;              /* kernel, graph, copy and memset launches of this process from the grant to the end ... */
     uint32_t flags;                /* ... when KREX_END_KERNELS_COUNTED is set (a shim's end; 0: not counted) */
+    int64_t quiet_ns;              /* when the process's last context-wide synchronize after its last launch returned: all
+                                    * its GPU work done by then (one GPU, its primary context; 0: none, or not known) */
 };
 
 enum krex_region_end_flags {

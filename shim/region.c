@@ -120,7 +120,7 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
     pthread_cond_broadcast(&region_cond);
     pthread_mutex_unlock(&region_lock);
     if (stale) {
-        struct krex_region_end e = {stale, krex_now_ns(), 0, 0};
+        struct krex_region_end e = {stale, krex_now_ns(), 0, 0, 0};
         krex_send(KREX_MSG_REGION_END, &e, sizeof e, NULL);
     }
 }
@@ -399,7 +399,7 @@ KREX_EXPORT int krex_region_end(void) {
         int counted = R.kernels_counted && krex_kernels_launched(&now_kernels) == 0;
         struct krex_region_end e = {R.region_id, krex_now_ns(),
                                     counted ? (uint32_t)(now_kernels - R.kernels_at_grant) : 0,
-                                    counted ? KREX_END_KERNELS_COUNTED : 0};
+                                    counted ? KREX_END_KERNELS_COUNTED : 0, counted ? krex_quiet_since() : 0};
         ask_end_locked(KREX_MSG_REGION_END, &e, sizeof e);
     }
     int revoked = R.revoked;

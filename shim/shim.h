@@ -76,8 +76,12 @@ void krex_count_context(int vendor);
 int krex_inflight(void);
 void krex_gate_reset_after_fork(void);
 void krex_beside_check(int vendor);   /* a launch outside any block: a region of our own job holding its GPU is told */
-void krex_beside_reset(void);
-int krex_kernels_launched(uint64_t *n);   /* kernel, graph, copy and memset launches so far; -1: not this process's alone */         /* forget what was told (a new connection, a forked child) */
+void krex_beside_reset(void);          /* forget what was told (a new connection, a forked child) */
+int krex_kernels_launched(uint64_t *n);   /* kernel, graph, copy and memset launches so far; -1: not this process's alone */
+uint64_t krex_quiet_begin(void);          /* before a context-wide synchronize: the launches so far (or UINT64_MAX) */
+void krex_quiet_end(uint64_t before, int ok);   /* after it: a quiet point if it succeeded with no launch meanwhile */
+int64_t krex_quiet_since(void);           /* the last quiet point with no launch since (0: none or not known) */
+void krex_context_created(void);          /* a context other than a GPU's primary one (no quiet points from then) */
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 

@@ -367,8 +367,9 @@ ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
 assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
 assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"parent") == 0
 child_env = dict(os.environ, **dict(kv.split("=", 1) for kv in os.environ.get("CHILD_ENV", "").split() if kv))
+after = os.environ.get("CHILD_AFTER_SYNC")       # time, synchronize, then start the child (a check after a timing)
 with krex.region("parent") as r:
-    c = subprocess.Popen([sys.argv[1]], env=child_env)
+    c = None if after else subprocess.Popen([sys.argv[1]], env=child_env)
     for _ in range(int(os.environ.get("PARENT_N", "0"))):
         assert cu.cuLaunchKernel(f, 40000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
     if os.environ.get("PARENT_MEMSETS"):        # a copy or memset benchmark of its own: GPU work, no kernel
@@ -377,6 +378,11 @@ with krex.region("parent") as r:
         for _ in range(int(os.environ["PARENT_MEMSETS"])):
             assert cu.cuMemsetD8_v2(buf, 1, 1 << 20) == 0
     cu.cuCtxSynchronize()
+    if after:
+        c = subprocess.Popen([sys.argv[1]], env=child_env)
+        if after == "launch":                   # and launch again while it runs: its work may run beside the child's
+            __import__("time").sleep(0.1)
+            assert cu.cuLaunchKernel(f, 20000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
     __import__("time").sleep(float(os.environ.get("PARENT_SLEEP", "0")))
     if not os.environ.get("CHILD_OUTLIVES"):
         assert c.wait() == 0
@@ -406,6 +412,31 @@ def test_a_member_timing_memsets_of_its_own_beside_a_child_benchmarking_is_not_e
                                    "PARENT_MEMSETS": "20"})
     [x] = regs
     assert said == "PARENT False shared_gpu" and "shared_gpu" in x["taints"], (said, x)
+
+
+def test_a_parent_that_timed_and_synchronized_before_its_child_launched_keeps_its_region(krex, tmp_path):
+    """A parent times kernels of its own, synchronizes its context, then starts a child (a correctness check) and
+    waits for it inside the region: its work had all ended (its quiet point, REGION_END's quiet_ns) before the
+    child's first launch (BESIDE's t_ns), so nothing of the child ran beside it: exclusive."""
+    said, regs, trace = parent_region(krex, tmp_path, SNIP / "hog",
+                                      {"PARENT_N": "5", "CHILD_AFTER_SYNC": "1",
+                                       "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000"})
+    [p] = regs
+    parent = [t for t in trace if t[4] == "parent"]
+    hog = [t for t in trace if t[4] == "hog" and t[2] < p["ended_ns"] and t[3] > p["granted_ns"]]
+    assert len(parent) == 5 and hog and max(t[3] for t in parent) < min(t[2] for t in hog), (parent, hog)
+    assert said == "PARENT True -" and p["exclusive"], (said, p)
+
+
+def test_a_parent_launching_again_while_the_child_it_started_runs_is_shared(krex, tmp_path):
+    """The same parent launching once more after starting its child, with no synchronize after it: that kernel
+    may run beside the child's, and the quiet point before the child no longer holds (a launch came after it):
+    shared_gpu."""
+    said, regs, trace = parent_region(krex, tmp_path, SNIP / "hog",
+                                      {"PARENT_N": "5", "CHILD_AFTER_SYNC": "launch",
+                                       "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=400 SNIPPET_US=2000"})
+    [p] = regs
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
 
 
 def test_a_child_timing_in_a_block_of_its_own_after_a_launch_outside_it_keeps_its_parents_region(krex, tmp_path):

@@ -49,7 +49,8 @@ def test_c_encoded_messages_decode_in_python():
     b = frames.decode("struct krex_region_begin", got["REGION_BEGIN"][0])
     assert (b.gpu_mask, b.requested_ns, frames.cstr(b.name), b.fallback_mask) == (5, 123456789, "matmul", 2)
     e = frames.decode("struct krex_region_end", got["REGION_END"][0])
-    assert (e.region_id, e.ended_ns, e.kernels, e.flags) == (77, 987654321, 12, C.KREX_END_KERNELS_COUNTED)
+    assert (e.region_id, e.ended_ns, e.kernels, e.flags, e.quiet_ns) == (77, 987654321, 12, C.KREX_END_KERNELS_COUNTED,
+                                                                        24680)
     bs = frames.decode("struct krex_beside", got["BESIDE"][0])
     assert (bs.region_id, bs.device, bs.t_ns) == (78, 3, 4321)
     d = frames.decode("struct krex_drained", got["DRAINED"][0])

@@ -655,6 +655,30 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
             w.book.beside(child, r.id, 0)
         assert shared(r) == want, (kernels, child_first)
 
+    # a member whose own work had all ended (its quiet point: a context-wide synchronize after its last launch)
+    # before its child's first launch beside the region (a parent that times, synchronizes, then checks in a
+    # child) was not timing beside it; a child launching before that point, or at an unknown time, was
+    for child_first, quiet, first, then, want in ((True, 1000, 2000, None, False), (False, 1000, 2000, None, False),
+                                                  (True, 3000, 2000, None, True), (False, 3000, 2000, None, True),
+                                                  (True, 0, 2000, None, True), (True, 1000, 0, None, True),
+                                                  (True, 1000, 500, 2000, True), (False, 1000, 500, 2000, True)):
+        w = World()
+        job = Job(1)
+        a, other, child = w.client(10, job), w.client(20, job), w.client(11, job)
+        w.book.lineal = lambda x, y: (x, y) == (11, 10)
+        r = region_of(w.run_to_grant(w.request(a)))
+        w.request(other, seq=3)
+        r.taints &= ~C.KREX_TAINT_SHARED_GPU
+        told = [first] + ([then] if then else [])                        # its first launch, then another GPU's
+        if child_first:
+            for t in told:
+                w.book.beside(child, r.id, 0, t)
+        w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now, 5, quiet)
+        if not child_first:
+            for t in told:
+                w.book.beside(child, r.id, 0, t)
+        assert shared(r) == want, (child_first, quiet, first, then)
+
     from krex_ctl.wire import report
     w = World()                                         # read after the region ended
     job = Job(1)

@@ -145,6 +145,9 @@ class Region:
     launched: dict = field(default_factory=dict)     # member pid -> its kernel launches inside, told at its end
     lineal_beside: dict = field(default_factory=dict)  # pid that launched beside it -> the members (pids) it
                                                        # descends from, taken then (it may exit before their end)
+    beside_ns: dict = field(default_factory=dict)    # that pid -> when it first launched beside it (BESIDE's t_ns)
+    quiet: dict = field(default_factory=dict)        # member pid -> its quiet point at its end (0: none): its own
+                                                     # GPU work all done by then (REGION_END's quiet_ns)
     lineal_pairs: set = field(default_factory=set)   # (pid, pid): members on one GPU, one descending from the other,
                                                      # that _shared_check spared (_timed_too: both launched?)
     used: bool = False                               # a member left it other than by a cancel (REGION_END, or its
@@ -559,7 +562,8 @@ class Regions:
         candidate, a second harness process, beside the timing process and not started by it) could run beside it:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
-        member times (it descends from one) only if that member launched GPU work inside itself (_timed_too). Read
+        member times (it descends from one) only if that member launched GPU work inside itself that had not all
+        ended before the child's first launch (_ran_beside, _timed_too). Read
         after the region ended (the shim sends it at the launch, t_ns, without waiting; the controller reads its
         clients in turn), a launch from before the end still taints the region's record, which the job's report
         and `krex run`'s summary give: not the verdict its members already got at their end (_taint_late)."""
@@ -579,7 +583,8 @@ class Regions:
         ancestors = {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
         if ancestors:       # the child a member times, unless that member launched kernels inside itself (_timed_too)
             region.lineal_beside[client.pid] = ancestors
-            if not any(region.launched.get(pid, 0) for pid in ancestors):
+            region.beside_ns.setdefault(client.pid, t_ns)   # its first launch beside the region (told once a GPU)
+            if not any(self._ran_beside(region, pid, client.pid) for pid in ancestors):
                 return
         if late:
             self._taint_late(region, C.KREX_TAINT_SHARED_GPU)
@@ -601,18 +606,33 @@ class Regions:
         self.counters["beside_launches"] += 1
         region.taints |= C.KREX_TAINT_SHARED_GPU
 
-    def _timed_too(self, region: Region, client, kernels: Optional[int]) -> None:
+    @staticmethod
+    def _ran_beside(region: Region, member: int, child: int) -> bool:
+        """The GPU work a member launched inside the region may have run beside what its descendant child launched
+        beside it: the member launched some (its end counted them; unknown before its end: no), and it had not all
+        ended before the child's first launch (the member's quiet point, a context-wide synchronize after its last
+        launch, came before that launch or is not known)."""
+        if not region.launched.get(member, 0):
+            return False
+        quiet, first = region.quiet.get(member, 0), region.beside_ns.get(child, 0)
+        return not (quiet > 0 and first > quiet)
+
+    def _timed_too(self, region: Region, client, kernels: Optional[int], quiet_ns: int = 0) -> None:
         """A member's end told how many kernels, graphs, copies and memsets it launched inside (the shim counts
-        them; None: not counted). A member that launched such work itself while a process it started launched beside it (an autotune or compile
-        subprocess benchmarking while its parent times), or while such a process timed kernels in a block of its
-        own in the same region, was not waiting for that child: shared_gpu. A member that launched none was (the
-        documented pattern of a process and the child it times)."""
+        them; None: not counted). A member that launched such work itself while a process it started launched
+        beside it (an autotune or compile subprocess benchmarking while its parent times), or while such a process
+        timed kernels in a block of its own in the same region, was not waiting for that child: shared_gpu. A member
+        that launched none was (the documented pattern of a process and the child it times); so was one whose own
+        work had all ended (quiet_ns: its last context-wide synchronize after its last launch returned then) before
+        the child's first launch beside the region (a parent that times, synchronizes, then checks in a child)."""
         if kernels is None or region.taints & C.KREX_TAINT_SHARED_GPU:
             return
         region.launched[client.pid] = kernels
+        region.quiet[client.pid] = quiet_ns
         if not kernels:
             return
-        if any(client.pid in ancestors for ancestors in region.lineal_beside.values()) or any(
+        if any(client.pid in ancestors and self._ran_beside(region, client.pid, child)
+               for child, ancestors in region.lineal_beside.items()) or any(
                 region.launched.get(b if a == client.pid else a, 0)
                 for a, b in region.lineal_pairs if client.pid in (a, b)):   # a child timing in a block of its own
             self._taint_beside(region)
@@ -1030,11 +1050,12 @@ class Regions:
             del self.revoked_ids[next(iter(self.revoked_ids))]
         return self._end(region, E.TIME_LIMIT, C.KREX_END_TIME_LIMIT, None, now)
 
-    def leave(self, region: Region, client, reason: int, seq: int, now: float, kernels: Optional[int] = None) -> list:
+    def leave(self, region: Region, client, reason: int, seq: int, now: float, kernels: Optional[int] = None,
+              quiet_ns: int = 0) -> list:
         """A member is done (REGION_END, cancel, or its connection closed); the region ends with the last.
-        kernels: what its REGION_END counted of its own launches inside (_timed_too)."""
+        kernels: what its REGION_END counted of its own launches inside, quiet_ns its quiet point (_timed_too)."""
         if client in region.members:
-            self._timed_too(region, client, kernels)
+            self._timed_too(region, client, kernels, quiet_ns)
         m = region.members.pop(client, None)
         if m is not None and reason != C.KREX_END_CANCELLED:
             region.used = True

@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
         struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, 42, 4242, KREX_HELLO_RECONNECT};
         struct krex_context ctx = {KREX_VENDOR_HIP, 3, KREX_CONTEXT_HAS_UUID, 1, {0x6b, 0x72, 0x65, 0x78}, 31337};
         struct krex_region_begin b = {0x5, 123456789, "matmul", 0x2};
-        struct krex_region_end e = {77, 987654321, 12, KREX_END_KERNELS_COUNTED};
+        struct krex_region_end e = {77, 987654321, 12, KREX_END_KERNELS_COUNTED, 24680};
         struct krex_beside bs = {78, 3, 0, 4321};
         struct krex_drained d = {9, -3, 250, 1ull << 33, 55, 1200, 0};
         struct krex_region_cancel c = {12, 0};
