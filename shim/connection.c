@@ -116,9 +116,9 @@ void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
 /* this process, in no block of its own, launched on `device` while region_id of its own job held it (gate.c): on
  * a launch path, so it waits neither for the connection's lock nor for room in the socket (a later launch says it
  * then); 0 when sent */
-int krex_beside(uint64_t region_id, int device) {
+int krex_beside(uint64_t region_id, int device, int64_t t_ns) {
     if (conn_state != CONN_UP || pthread_mutex_trylock(&conn_lock) != 0) return -1;
-    struct krex_beside m = {region_id, device, 0, krex_now_ns()};
+    struct krex_beside m = {region_id, device, 0, t_ns};
     int r = send_frame_locked(KREX_MSG_BESIDE, &m, sizeof m, NULL, 1);
     pthread_mutex_unlock(&conn_lock);
     return r;

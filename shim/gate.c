@@ -109,27 +109,47 @@ int krex_kernels_launched(uint64_t *n) {
 }
 
 /* Quiet points (krex_region_end.quiet_ns): a context-wide synchronize (cuCtxSynchronize[_v2],
- * hipDeviceSynchronize) that succeeded with no launch of this process counted between its call and its return
- * leaves every GPU work of the process done when it returned, as long as the process has one context: one GPU
- * (krex_dev_mask) and no context but the primary one (cuCtxCreate, hipCtxCreate: none since the process began).
- * The point holds while the launch count is still the one it was taken at: at a region's end that says the
- * member's own work was all over before then, so a child's launch beside the region after it cannot have run
- * beside that work (Regions._timed_too). One lock for the pair: syncs are rare, the reader is the region's end. */
+ * hipDeviceSynchronize) that succeeded with no submission of this process in flight when it was called and none
+ * counted between its call and its return leaves every GPU work of the process done when it returned, as long as
+ * the process has one context: contexts on one local device only and none but its primary one (cuCtxCreate,
+ * hipCtxCreate: none since the process began; green contexts are not seen). The point holds while the count of
+ * submissions (kernels, graphs, copies, memsets and the other kinds) is still the one it was taken at: at a
+ * region's end that says the member's own work was all over before then, so a child's first GPU activity after it
+ * cannot have run beside that work (Regions._ran_beside). One lock for the pair: syncs are rare, the reader is the
+ * region's end. */
 static pthread_mutex_t quiet_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t quiet_count = UINT64_MAX;
 static int64_t quiet_ns;
-static int other_contexts;
+static uint64_t context_devices;   /* local devices this process made or retained a context on */
+static int other_contexts;         /* a context not a device's primary one, or on a device past 63 */
 
-void krex_context_created(void) { __atomic_store_n(&other_contexts, 1, __ATOMIC_RELAXED); }
+void krex_context_made(int local_device, int primary) {
+    if (!primary || local_device < 0 || local_device > 63)
+        __atomic_store_n(&other_contexts, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_or(&context_devices, 1ull << local_device, __ATOMIC_RELAXED);
+}
+
+/* every submission so far, of every kind (-1: the counter slot is not this process's alone) */
+static int submissions(uint64_t *n) {
+    if (krex_kernels_launched(n) != 0) return -1;
+    struct krex_counter_slot *s = __atomic_load_n(&krex_slot, __ATOMIC_ACQUIRE);
+    if (s) *n += __atomic_load_n(&s->other, __ATOMIC_RELAXED);
+    return 0;
+}
 
 uint64_t krex_quiet_begin(void) {
     uint64_t n;
-    return krex_kernels_launched(&n) == 0 ? n : UINT64_MAX;
+    if (submissions(&n) != 0) return UINT64_MAX;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    /* a submission counted on another thread but not yet handed to the driver (krex_submit_enter counts it
+     * inside its in-flight window) may reach the GPU after this synchronize began: no quiet point */
+    return __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST) ? UINT64_MAX : n;
 }
 
 void krex_quiet_end(uint64_t before, int ok) {
     uint64_t n;
-    if (!ok || before == UINT64_MAX || krex_kernels_launched(&n) != 0 || n != before) return;
+    if (!ok || before == UINT64_MAX || submissions(&n) != 0 || n != before) return;
     int64_t t = krex_now_ns();
     pthread_mutex_lock(&quiet_lock);
     if (quiet_count == UINT64_MAX || n > quiet_count)    /* a later sync's point, never an older one's */
@@ -140,9 +160,8 @@ void krex_quiet_end(uint64_t before, int ok) {
 }
 
 int64_t krex_quiet_since(void) {
-    uint64_t n, mask = __atomic_load_n(&krex_dev_mask, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&other_contexts, __ATOMIC_RELAXED) || !mask || (mask & (mask - 1)) ||
-        krex_kernels_launched(&n) != 0)
+    uint64_t n, devs = __atomic_load_n(&context_devices, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&other_contexts, __ATOMIC_RELAXED) || !devs || (devs & (devs - 1)) || submissions(&n) != 0)
         return 0;
     pthread_mutex_lock(&quiet_lock);
     int64_t t = quiet_count == n ? quiet_ns : 0;
@@ -171,10 +190,18 @@ struct krex_local_region *krex_local_region_claim_bounded(int ms) {
     return krex_local_region_claim();
 }
 
-/* per GPU, the region of our own job we last told the controller we launched beside (0: none) */
+/* per GPU, the region of our own job we last told the controller we launched beside (0: none), and the region
+ * and time of the first launch beside one not told yet: a send that failed (the connection's lock busy, its
+ * socket full) is tried again at a later launch with that first launch's time, which the controller weighs
+ * against a member's quiet point (Regions._ran_beside) */
 static uint64_t beside_told[KREX_MAX_GPUS];
+static uint64_t beside_first_rid[KREX_MAX_GPUS];
+static int64_t beside_first_ns[KREX_MAX_GPUS];
 
-void krex_beside_reset(void) { memset(beside_told, 0, sizeof beside_told); }
+void krex_beside_reset(void) {
+    memset(beside_told, 0, sizeof beside_told);
+    memset(beside_first_rid, 0, sizeof beside_first_rid);
+}
 
 void krex_gate_reset_after_fork(void) {
     pthread_mutex_init(&krex_slot_lock, NULL);   /* a thread of the parent may have held it at the fork */
@@ -190,6 +217,7 @@ void krex_gate_reset_after_fork(void) {
     krex_beside_reset();                           /* the child tells of its own launches */
     pthread_mutex_init(&quiet_lock, NULL);
     quiet_count = UINT64_MAX, quiet_ns = 0, other_contexts = 0;   /* no context of the parent's is the child's */
+    context_devices = 0;
 }
 
 void krex_count_context(int vendor) {
@@ -232,7 +260,12 @@ void krex_beside_check(int vendor) {
         if (!rid || rid == __atomic_load_n(&beside_told[d], __ATOMIC_RELAXED)) continue;
         /* contexts on several GPUs: only a launch on that GPU itself (the calling thread's current one) */
         if ((all & (all - 1)) && krex_current_gpu(vendor) != d) continue;
-        if (krex_beside(rid, d) == 0) __atomic_store_n(&beside_told[d], rid, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&beside_first_rid[d], __ATOMIC_RELAXED) != rid) {   /* threads: the earliest is kept */
+            __atomic_store_n(&beside_first_ns[d], krex_now_ns(), __ATOMIC_RELAXED);
+            __atomic_store_n(&beside_first_rid[d], rid, __ATOMIC_RELEASE);
+        }
+        if (krex_beside(rid, d, __atomic_load_n(&beside_first_ns[d], __ATOMIC_RELAXED)) == 0)
+            __atomic_store_n(&beside_told[d], rid, __ATOMIC_RELAXED);
     }
 }
 

@@ -15,18 +15,13 @@ static void before_context(CUdevice d) {
     krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_CUDA, d), 0);
 }
 
-static CUresult after_context(CUresult r, CUcontext *c, CUdevice d) {
+static CUresult after_context(CUresult r, CUcontext *c, CUdevice d, int primary) {
     if (r == CUDA_SUCCESS && c) {
         krex_count_context(KREX_VENDOR_CUDA);
+        krex_context_made(d, primary);            /* gate.c: quiet points only with one primary context */
         krex_register_context(KREX_VENDOR_CUDA, d, *c);
     }
     krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_CUDA, d), 0);
-    return r;
-}
-
-/* a context that is not a GPU's primary one: a context-wide synchronize no longer covers all the process's work */
-static CUresult created(CUresult r) {
-    if (r == CUDA_SUCCESS) krex_context_created();
     return r;
 }
 
@@ -35,27 +30,27 @@ KREX_EXPORT CUresult cuInit(unsigned fl) { return REAL(cuInit) ? REAL(cuInit)(fl
 KREX_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate)) return NO_DRIVER;
     before_context(d);
-    return created(after_context(REAL(cuCtxCreate)(c, fl, d), c, d));
+    return after_context(REAL(cuCtxCreate)(c, fl, d), c, d, 0);
 }
 KREX_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v2)) return NO_DRIVER;
     before_context(d);
-    return created(after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d));
+    return after_context(REAL(cuCtxCreate_v2)(c, fl, d), c, d, 0);
 }
 KREX_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int np, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v3)) return NO_DRIVER;
     before_context(d);
-    return created(after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d));
+    return after_context(REAL(cuCtxCreate_v3)(c, p, np, fl, d), c, d, 0);
 }
 KREX_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned fl, CUdevice d) {
     if (!REAL(cuCtxCreate_v4)) return NO_DRIVER;
     before_context(d);
-    return created(after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d));
+    return after_context(REAL(cuCtxCreate_v4)(c, p, fl, d), c, d, 0);
 }
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!REAL(cuDevicePrimaryCtxRetain)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d);
+    return after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d, 1);
 }
 KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;

@@ -23,12 +23,14 @@ KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     hipError_t r = REAL(hipSetDevice)(d);
     if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
+    if (r == hipSuccess) krex_context_made(d, 1);   /* the device's primary context (gate.c: quiet points) */
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     return r;
 }
-static hipError_t after_context(hipError_t r, hipDevice_t d) {
+static hipError_t after_context(hipError_t r, hipDevice_t d, int primary) {
     if (r == hipSuccess) {
         krex_count_context(KREX_VENDOR_HIP);
+        krex_context_made(d, primary);
         krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
     }
     krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
@@ -37,14 +39,12 @@ static hipError_t after_context(hipError_t r, hipDevice_t d) {
 KREX_EXPORT hipError_t hipDevicePrimaryCtxRetain(hipCtx_t *c, hipDevice_t d) {
     if (!REAL(hipDevicePrimaryCtxRetain)) return NO_DRIVER;
     before_context(d);
-    return after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d);
+    return after_context(REAL(hipDevicePrimaryCtxRetain)(c, d), d, 1);
 }
 KREX_EXPORT hipError_t hipCtxCreate(hipCtx_t *c, unsigned fl, hipDevice_t d) {
     if (!REAL(hipCtxCreate)) return NO_DRIVER;
     before_context(d);
-    hipError_t r = after_context(REAL(hipCtxCreate)(c, fl, d), d);
-    if (r == hipSuccess) krex_context_created();   /* not the primary one: no quiet points (gate.c) */
-    return r;
+    return after_context(REAL(hipCtxCreate)(c, fl, d), d, 0);
 }
 
 static hipError_t capture_began(hipError_t r) {

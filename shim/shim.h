@@ -81,7 +81,7 @@ int krex_kernels_launched(uint64_t *n);   /* kernel, graph, copy and memset laun
 uint64_t krex_quiet_begin(void);          /* before a context-wide synchronize: the launches so far (or UINT64_MAX) */
 void krex_quiet_end(uint64_t before, int ok);   /* after it: a quiet point if it succeeded with no launch meanwhile */
 int64_t krex_quiet_since(void);           /* the last quiet point with no launch since (0: none or not known) */
-void krex_context_created(void);          /* a context other than a GPU's primary one (no quiet points from then) */
+void krex_context_made(int local_device, int primary);   /* a context (primary: a device's primary one) */
 void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
@@ -111,7 +111,7 @@ int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out);  
 int krex_send_locked(int type, const void *payload, uint32_t len, uint32_t *seq_out); /* the same, lock held */
 void krex_announce(void);                      /* registered contexts to the controller, if connected */
 void krex_lifecycle(uint32_t event, int device, uint64_t bytes);   /* tell the controller, if connected */
-int krex_beside(uint64_t region_id, int device);  /* KREX_MSG_BESIDE, if connected and the lock is free: 0 sent */
+int krex_beside(uint64_t region_id, int device, int64_t t_ns);  /* KREX_MSG_BESIDE, if connected and the lock is free: 0 sent */
 
 /* gatefile.c: the controller's gate page as a file (SOCKET.gate), for a process that cannot connect */
 const struct krex_gate_page_hdr *krex_gatefile_open(const char *socket_path);  /* mapped, or NULL */

@@ -365,11 +365,15 @@ cu = ctypes.CDLL(sys.argv[2])                   # the parent has a context on th
 cu.cuInit(0)
 ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
 assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+if os.environ.get("PARENT_CTX_CREATE"):        # and a context of its own, not the primary one, made current
+    assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
 assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"parent") == 0
 child_env = dict(os.environ, **dict(kv.split("=", 1) for kv in os.environ.get("CHILD_ENV", "").split() if kv))
 after = os.environ.get("CHILD_AFTER_SYNC")       # time, synchronize, then start the child (a check after a timing)
 with krex.region("parent") as r:
     c = None if after else subprocess.Popen([sys.argv[1]], env=child_env)
+    while os.environ.get("CHILD_MARK") and not os.path.exists(os.environ["CHILD_MARK"] + ".ctx"):
+        __import__("time").sleep(0.005)
     for _ in range(int(os.environ.get("PARENT_N", "0"))):
         assert cu.cuLaunchKernel(f, 40000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
     if os.environ.get("PARENT_MEMSETS"):        # a copy or memset benchmark of its own: GPU work, no kernel
@@ -378,6 +382,8 @@ with krex.region("parent") as r:
         for _ in range(int(os.environ["PARENT_MEMSETS"])):
             assert cu.cuMemsetD8_v2(buf, 1, 1 << 20) == 0
     cu.cuCtxSynchronize()
+    if os.environ.get("CHILD_MARK"):            # the child made its context before the timing; it launches now
+        __import__("pathlib").Path(os.environ["CHILD_MARK"] + ".go").touch()
     if after:
         c = subprocess.Popen([sys.argv[1]], env=child_env)
         if after == "launch":                   # and launch again while it runs: its work may run beside the child's
@@ -426,6 +432,52 @@ def test_a_parent_that_timed_and_synchronized_before_its_child_launched_keeps_it
     hog = [t for t in trace if t[4] == "hog" and t[2] < p["ended_ns"] and t[3] > p["granted_ns"]]
     assert len(parent) == 5 and hog and max(t[3] for t in parent) < min(t[2] for t in hog), (parent, hog)
     assert said == "PARENT True -" and p["exclusive"], (said, p)
+
+
+def test_a_parent_with_a_context_of_its_own_has_no_quiet_point(krex, tmp_path):
+    """The same timing, synchronize and child, from a parent that made a context of its own beside the GPU's
+    primary one (cuCtxCreate): a context-wide synchronize covers one of them, not all its work, so no quiet point
+    is taken: shared_gpu, as before quiet points."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "hog",
+                                  {"PARENT_N": "5", "CHILD_AFTER_SYNC": "1", "PARENT_CTX_CREATE": "1",
+                                   "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000"})
+    [p] = regs
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
+
+
+CTX_FIRST = """#!{python}
+import ctypes, os, pathlib, time
+cu = ctypes.CDLL({lib!r})
+cu.cuInit(0)
+ctx = ctypes.c_void_p(); mod = ctypes.c_void_p(); f = ctypes.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+mark = os.environ["CHILD_MARK"]
+pathlib.Path(mark + ".ctx").touch()             # its context is made (beside the parent's timing to come)
+while not os.path.exists(mark + ".go"):         # its first launch after the parent's synchronize
+    time.sleep(0.005)
+assert cu.cuModuleLoadData(ctypes.byref(mod), b"image") == 0 and cu.cuModuleGetFunction(ctypes.byref(f), mod, b"check") == 0
+for _ in range(3):
+    assert cu.cuLaunchKernel(f, 2000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+assert cu.cuCtxSynchronize() == 0
+"""
+
+
+def test_a_child_that_made_its_context_beside_its_parents_timing_is_shared(krex, tmp_path):
+    """A child started before its parent's timing makes its context while the parent times (a context's creation
+    moves a kernel timed beside it by 14-30% on the H200), then launches only after the parent's synchronize:
+    its first activity beside the region is the context's creation (LIFECYCLE), before the parent's quiet point:
+    shared_gpu, not exclusive."""
+    child = tmp_path / "ctx_first.py"
+    child.write_text(CTX_FIRST.format(python=sys.executable, lib=str(ROOT / "build" / "fakes" / "libcuda.so.1")))
+    child.chmod(0o755)
+    mark = str(tmp_path / "child")
+    said, regs, trace = parent_region(krex, tmp_path, child, {"PARENT_N": "5", "CHILD_MARK": mark,
+                                                              "CHILD_ENV": f"CHILD_MARK={mark}"})
+    [p] = regs
+    parent = [t for t in trace if t[4] == "parent"]
+    checks = [t for t in trace if t[4] == "check"]
+    assert len(parent) == 5 and len(checks) == 3 and max(t[3] for t in parent) < min(t[2] for t in checks)
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
 
 
 def test_a_parent_launching_again_while_the_child_it_started_runs_is_shared(krex, tmp_path):

@@ -641,12 +641,12 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     for kernels, child_first, want in ((0, True, False), (None, True, False), (5, True, True), (5, False, True)):
         w = World()
         job = Job(1)
-        a, other = w.client(10, job), w.client(20, job)                 # other: a second member, so it outlives a
-        child = w.client(11, job)
-        w.book.lineal = lambda x, y: (x, y) == (11, 10)
+        # other: a second member, a's parent (the harness a worker of which times), so that the region outlives a
+        a, other, child = w.client(10, job), w.client(20, job), w.client(11, job)
+        w.book.lineal = lambda x, y: (x, y) in ((11, 10), (11, 20), (10, 20))
         r = region_of(w.run_to_grant(w.request(a)))
         w.request(other, seq=3)
-        r.taints &= ~C.KREX_TAINT_SHARED_GPU                             # (two members on one GPU: not the point)
+        assert other in r.members and not shared(r)
         if child_first:
             w.book.beside(child, r.id, 0)
             assert not shared(r)
@@ -658,18 +658,24 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     # a member whose own work had all ended (its quiet point: a context-wide synchronize after its last launch)
     # before its child's first launch beside the region (a parent that times, synchronizes, then checks in a
     # child) was not timing beside it; a child launching before that point, or at an unknown time, was
-    for child_first, quiet, first, then, want in ((True, 1000, 2000, None, False), (False, 1000, 2000, None, False),
-                                                  (True, 3000, 2000, None, True), (False, 3000, 2000, None, True),
-                                                  (True, 0, 2000, None, True), (True, 1000, 0, None, True),
-                                                  (True, 1000, 500, 2000, True), (False, 1000, 500, 2000, True)):
+    # (ctx: its context made beside the region, LIFECYCLE, before its first launch: that is its first activity)
+    for child_first, quiet, first, then, ctx, want in (
+            (True, 1000, 2000, None, None, False), (False, 1000, 2000, None, None, False),
+            (True, 3000, 2000, None, None, True), (False, 3000, 2000, None, None, True),
+            (True, 0, 2000, None, None, True), (True, 1000, 0, None, None, True),
+            (True, 1000, 500, 2000, None, True), (False, 1000, 500, 2000, None, True),
+            (True, 1000, 2000, None, 500, True), (False, 1000, 2000, None, 500, True),
+            (True, 1000, 2000, None, 1500, False)):
         w = World()
         job = Job(1)
         a, other, child = w.client(10, job), w.client(20, job), w.client(11, job)
-        w.book.lineal = lambda x, y: (x, y) == (11, 10)
+        w.book.lineal = lambda x, y: (x, y) in ((11, 10), (11, 20), (10, 20))
         r = region_of(w.run_to_grant(w.request(a)))
         w.request(other, seq=3)
-        r.taints &= ~C.KREX_TAINT_SHARED_GPU
-        told = [first] + ([then] if then else [])                        # its first launch, then another GPU's
+        assert other in r.members and not shared(r)
+        told = [first] + ([then] if then else [])                        # its first launch told, then a later one
+        if ctx:
+            w.book.kin_activity(child, ctx)
         if child_first:
             for t in told:
                 w.book.beside(child, r.id, 0, t)
@@ -677,7 +683,17 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
         if not child_first:
             for t in told:
                 w.book.beside(child, r.id, 0, t)
-        assert shared(r) == want, (child_first, quiet, first, then)
+        assert shared(r) == want, (child_first, quiet, first, then, ctx)
+
+    w = World()          # a child of the parent beside its sibling that times in a block of its own (a member)
+    job = Job(1)
+    a, timer, other_child = w.client(10, job), w.client(11, job), w.client(12, job)
+    w.book.lineal = lambda x, y: (x, y) in ((11, 10), (12, 10))
+    r = region_of(w.run_to_grant(w.request(a)))
+    w.request(timer, seq=3)
+    assert timer in r.members and not shared(r)
+    w.book.beside(other_child, r.id, 0, 2000)            # not a descendant of the member timing beside it
+    assert shared(r)
 
     from krex_ctl.wire import report
     w = World()                                         # read after the region ended

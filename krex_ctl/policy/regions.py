@@ -581,9 +581,11 @@ class Regions:
                 or not any(c.devices >> device & 1 for c in members):
             return
         ancestors = {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
-        if ancestors:       # the child a member times, unless that member launched kernels inside itself (_timed_too)
+        # the child a member times, unless that member launched kernels inside itself (_timed_too); only where
+        # every member on that GPU is its ancestor (a sibling of a child timing in a block of its own is not timed)
+        if ancestors and all(c.pid in ancestors for c in members if c.devices >> device & 1):
             region.lineal_beside[client.pid] = ancestors
-            region.beside_ns.setdefault(client.pid, t_ns)   # its first launch beside the region (told once a GPU)
+            self._first_beside(region, client.pid, t_ns)    # its first launch beside the region (told once a GPU)
             if not any(self._ran_beside(region, pid, client.pid) for pid in ancestors):
                 return
         if late:
@@ -607,11 +609,35 @@ class Regions:
         region.taints |= C.KREX_TAINT_SHARED_GPU
 
     @staticmethod
+    def _first_beside(region: Region, pid: int, t_ns: int) -> None:
+        """The earliest GPU activity of a member's descendant beside the region that the controller was told of
+        (a launch, BESIDE; a context made or torn down, LIFECYCLE); 0 (not known) stays 0."""
+        had = region.beside_ns.get(pid)
+        if had is None:
+            region.beside_ns[pid] = t_ns
+        elif had and t_ns:
+            region.beside_ns[pid] = min(had, t_ns)
+        else:
+            region.beside_ns[pid] = 0
+
+    def kin_activity(self, client, t_ns: int) -> None:
+        """LIFECYCLE from a process (its context made, torn down, or its exit): where a live region of its own job
+        has a member it descends from, that is GPU activity beside the region too, which a context's creation
+        (14-30% on a kernel timed beside it) makes before the process's first launch: the child's first activity is
+        the earlier of the two (_ran_beside)."""
+        for region in self.regions.values():
+            if region.state is S.ENDED or client in region.members or \
+                    not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)}:
+                continue
+            if any(pid != client.pid and self.lineal(client.pid, pid) for pid in region.pids):
+                self._first_beside(region, client.pid, t_ns)
+
+    @staticmethod
     def _ran_beside(region: Region, member: int, child: int) -> bool:
         """The GPU work a member launched inside the region may have run beside what its descendant child launched
         beside it: the member launched some (its end counted them; unknown before its end: no), and it had not all
-        ended before the child's first launch (the member's quiet point, a context-wide synchronize after its last
-        launch, came before that launch or is not known)."""
+        ended before the child's first activity (the member's quiet point, a context-wide synchronize after its last
+        launch, came before the child's first launch or context creation beside the region, or is not known)."""
         if not region.launched.get(member, 0):
             return False
         quiet, first = region.quiet.get(member, 0), region.beside_ns.get(child, 0)

@@ -6,8 +6,8 @@
 `sibling`, the same timing process beside a sibling process of the same command (`sh -c "SIBLING & TIMER;
 wait"`) that runs torch matmuls outside any block the whole time (its regions: shared_gpu, not exclusive);
 `child`, the timing process starting that load as its own child inside each region while it times matmuls of
-its own (a parent timing beside a child's kernels: shared_gpu, unless the child's first launch came after the
-parent's synchronize ended its timing, as it does here while the child imports torch: exclusive since protocol 5); `waits`, the parent starting the load as its
+its own (a parent timing beside a child's kernels: shared_gpu, unless the child's first GPU activity, its context's
+creation, came after the parent's synchronize ended its timing: exclusive then, since protocol 5); `waits`, the parent starting the load as its
 child inside each region and launching nothing itself (the documented pattern of a process and the child it
 times: exclusive); `queued`, a sibling that queues ~200 matmuls just before each region and launches nothing
 during it (drained at the region's start: exclusive, the timing as alone's, the record's kin_busy_us the wait).
