@@ -246,6 +246,14 @@ def table(result) -> str:
                        f"{x} [{c[0]:+.2f}, {c[1]:+.2f}]" for x in b if (c := r["excess_ci_points"].get(x)))
                                for r in cis))
         out.append("")
+    tails = [r for r in result["rows"] if any((r.get("signed_p5_p95_pct") or {}).values())]
+    if tails:   # which side each p95 of |inflation| comes from (throughput.judge)
+        out.append("signed inflation, 5th and 95th percentiles in % (negative: faster than in the reference passes; "
+                   "a p95 of |inflation| set by the 5th percentile is a level the reference passes had, not a "
+                   "slowdown under krex): " + "; ".join(f"{r['policy']}:{r['agents']} " + " ".join(
+                       f"{x} [{t[0]:+.2f}, {t[1]:+.2f}]" for x in b if (t := r["signed_p5_p95_pct"].get(x)))
+                       for r in tails))
+        out.append("")
     for r in result["rows"]:
         if r.get("metrics"):
             out.append(f"controller metrics after {r['policy']}:{r['agents']} (cumulative over the plan): "

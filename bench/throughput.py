@@ -541,9 +541,14 @@ def bucket(ms: float) -> str:
     return next(name for name, lo, hi in BUCKETS if lo <= ms < hi)
 
 
-def p95(xs: list) -> float:
+def quantile(xs: list, q: float) -> float:
+    """The q-quantile of xs by nearest rank (nan for none)."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))] if xs else float("nan")
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def p95(xs: list) -> float:
+    return quantile(xs, 0.95)
 
 
 def timings(row: dict, kind: str) -> list:
@@ -734,8 +739,12 @@ def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 5
     """The fidelity goal of rows against reference_passes' result: every timing of a stable kernel (in the rows
     clean accepts) against each pass's median in turn, |timing / median - 1| in percent, the floor's own
     statistic; the p95 of those against the floor + points, with at least need timings in every bucket.
-    excess_ci_points: per bucket, excess_interval's 90% interval of how far the p95 is past the floor + points."""
+    excess_ci_points: per bucket, excess_interval's 90% interval of how far the p95 is past the floor + points.
+    signed_p5_p95_pct: per bucket, the 5th and 95th percentiles of the same values signed (timing / median - 1;
+    negative: faster than the reference passes): which side a p95 of |inflation| comes from (a kernel slowed by
+    its neighbours, or one the reference passes ran slower than krex did)."""
     vals: dict = {b: [] for b, _, _ in BUCKETS}
+    signed: dict = {b: [] for b, _, _ in BUCKETS}
     groups: dict = {b: [] for b, _, _ in BUCKETS}
     counts: dict = {b: 0 for b, _, _ in BUCKETS}
     for key, median, t in stable_timings(rows, ref["stable"], clean, skip_host_bound):
@@ -743,14 +752,16 @@ def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 5
         counts[b] += 1
         groups[b].append([abs(t / m - 1) * 100 for m in ref["pass_medians"][key]])
         vals[b] += groups[b][-1]
+        signed[b] += [(t / m - 1) * 100 for m in ref["pass_medians"][key]]
     p = {b: (p95(v) if v else None) for b, v in vals.items()}
     floors = ref["floors_pct"]
     met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)
     floor_values = ref.get("floor_values") or {}
     ci = {b: (excess_interval(groups[b], floor_values[b], points) if groups[b] and floor_values.get(b) else None)
           for b in groups}
+    tails = {b: ([round(quantile(v, 0.05), 2), round(quantile(v, 0.95), 2)] if v else None) for b, v in signed.items()}
     return {"p95_abs_inflation_pct": p, "kernels": counts, "enough_kernels": all(n >= need for n in counts.values()),
-            "fidelity_goal": met, "excess_ci_points": ci}
+            "fidelity_goal": met, "excess_ci_points": ci, "signed_p5_p95_pct": tails}
 
 
 def analyse(runs: list) -> dict:

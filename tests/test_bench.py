@@ -257,6 +257,11 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert [r["variant"] for r in rows if r.get("op")] == [0], rows
     busy = next(r for r in data["rows"] if r["policy"] == "busy")
     assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
+    # which side each p95 of |inflation| comes from: the signed 5th and 95th percentiles, in the table too
+    tails = {b: t for b, t in busy["signed_p5_p95_pct"].items() if t}
+    assert tails and all(lo <= hi and max(-lo, hi) <= busy["p95_abs_inflation_pct"][b] + 1e-9
+                         for b, (lo, hi) in tails.items()), (tails, busy["p95_abs_inflation_pct"])
+    assert "signed inflation, 5th and 95th percentiles" in md.read_text()
     refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
     assert refs and all(len(r["candidate_all_ms"]) == 3 for r in refs), refs   # --reference-repeat
     for run in (r for r in data["runs"] if r["mode"] in ("krexsolo", "krexsolobusy")):   # --reference-processes-for
