@@ -638,15 +638,20 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
 
     # a child a member times is spared while the member launches no kernel inside itself; a member that did
     # (an autotune subprocess benchmarking while its parent times) was not waiting for it: at its end, or after
-    for kernels, child_first, want in ((0, True, False), (None, True, False), (5, True, True), (5, False, True)):
+    def timing_parent():
+        """A region of a (pid 10) and of its parent (20, the harness one worker of which times: a second member,
+        so that the region outlives a), and a's child (11), in no block: (world, a, child, region)."""
         w = World()
         job = Job(1)
-        # other: a second member, a's parent (the harness a worker of which times), so that the region outlives a
         a, other, child = w.client(10, job), w.client(20, job), w.client(11, job)
         w.book.lineal = lambda x, y: (x, y) in ((11, 10), (11, 20), (10, 20))
         r = region_of(w.run_to_grant(w.request(a)))
         w.request(other, seq=3)
         assert other in r.members and not shared(r)
+        return w, a, child, r
+
+    for kernels, child_first, want in ((0, True, False), (None, True, False), (5, True, True), (5, False, True)):
+        w, a, child, r = timing_parent()
         if child_first:
             w.book.beside(child, r.id, 0)
             assert not shared(r)
@@ -666,13 +671,7 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
             (True, 1000, 500, 2000, None, True), (False, 1000, 500, 2000, None, True),
             (True, 1000, 2000, None, 500, True), (False, 1000, 2000, None, 500, True),
             (True, 1000, 2000, None, 1500, False)):
-        w = World()
-        job = Job(1)
-        a, other, child = w.client(10, job), w.client(20, job), w.client(11, job)
-        w.book.lineal = lambda x, y: (x, y) in ((11, 10), (11, 20), (10, 20))
-        r = region_of(w.run_to_grant(w.request(a)))
-        w.request(other, seq=3)
-        assert other in r.members and not shared(r)
+        w, a, child, r = timing_parent()
         told = [first] + ([then] if then else [])                        # its first launch told, then a later one
         if ctx:
             w.book.kin_activity(child, ctx)
