@@ -695,6 +695,18 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
     assert shared(r)
 
     from krex_ctl.wire import report
+    # the child's context made before its parent's quiet point, read after the region ended (then its launch, after
+    # that point): the record is tainted, as it would be had both been read while the region was live
+    w, a, child, r = timing_parent()
+    w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now, 5, 1000)
+    w.book.leave(r, next(iter(r.members)), C.KREX_END_NORMAL, 3, w.now)
+    r.ended_ns, r.record_taints = 10_000, 0
+    r.record = report.region_record(name="r", gpu_mask=1, requested_ns=0, granted_ns=1, ended_ns=10_000, pid=10,
+                                    pids=[10, 20], end_reason=C.KREX_END_NORMAL, taints=0)
+    w.book.kin_activity(child, 500)
+    w.book.beside(child, r.id, 0, 2000)
+    assert r.record["tainted_after_end"] == ["shared_gpu"] and not r.record["exclusive"], r.record
+
     w = World()                                         # read after the region ended
     job = Job(1)
     a, sib = w.client(10, job), w.client(12, job)

@@ -145,7 +145,8 @@ class Region:
     launched: dict = field(default_factory=dict)     # member pid -> its kernel launches inside, told at its end
     lineal_beside: dict = field(default_factory=dict)  # pid that launched beside it -> the members (pids) it
                                                        # descends from, taken then (it may exit before their end)
-    beside_ns: dict = field(default_factory=dict)    # that pid -> when it first launched beside it (BESIDE's t_ns)
+    beside_ns: dict = field(default_factory=dict)    # a member's descendant -> its first GPU activity beside it:
+                                                     # its first launch (BESIDE) or context made (LIFECYCLE)
     quiet: dict = field(default_factory=dict)        # member pid -> its quiet point at its end (0: none): its own
                                                      # GPU work all done by then (REGION_END's quiet_ns)
     lineal_pairs: set = field(default_factory=set)   # (pid, pid): members on one GPU, one descending from the other,
@@ -563,7 +564,7 @@ class Regions:
         shared_gpu, not exclusive; as for two members on one GPU (_shared_check), only on a GPU where a member
         works (the ranks of a step-scoped job each launch on their own), never for a member, and for a child a
         member times (it descends from one) only if that member launched GPU work inside itself that had not all
-        ended before the child's first launch (_ran_beside, _timed_too). Read
+        ended before the child's first GPU activity (_ran_beside, _timed_too). Read
         after the region ended (the shim sends it at the launch, t_ns, without waiting; the controller reads its
         clients in turn), a launch from before the end still taints the region's record, which the job's report
         and `krex run`'s summary give: not the verdict its members already got at their end (_taint_late)."""
@@ -624,9 +625,11 @@ class Regions:
         """LIFECYCLE from a process (its context made, torn down, or its exit): where a live region of its own job
         has a member it descends from, that is GPU activity beside the region too, which a context's creation
         (14-30% on a kernel timed beside it) makes before the process's first launch: the child's first activity is
-        the earlier of the two (_ran_beside)."""
-        for region in self.regions.values():
-            if region.state is S.ENDED or client in region.members or \
+        the earlier of the two (_ran_beside). A region that ended since, read late, still gets what came before
+        its end (its launch, read later still, taints the record)."""
+        live = [r for r in self.regions.values() if r.state is not S.ENDED]
+        for region in live + [r for r in self.ended.values() if 0 < t_ns < r.ended_ns]:
+            if client.pid in region.pids or \
                     not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)}:
                 continue
             if any(pid != client.pid and self.lineal(client.pid, pid) for pid in region.pids):
@@ -650,7 +653,8 @@ class Regions:
         timed kernels in a block of its own in the same region, was not waiting for that child: shared_gpu. A member
         that launched none was (the documented pattern of a process and the child it times); so was one whose own
         work had all ended (quiet_ns: its last context-wide synchronize after its last launch returned then) before
-        the child's first launch beside the region (a parent that times, synchronizes, then checks in a child)."""
+        the child's first GPU activity beside the region, its context's creation or first launch (a parent that
+        times, synchronizes, then starts the child that checks)."""
         if kernels is None or region.taints & C.KREX_TAINT_SHARED_GPU:
             return
         region.launched[client.pid] = kernels
