@@ -259,7 +259,7 @@ def test_freeze_policy_harness_end_to_end(tmp_path):
     assert {"sum@1024/0/candidate", "sum@1024/0/reference"} <= set(busy["per_kernel"]), busy["per_kernel"]
     # which side each p95 of |inflation| comes from: the signed 5th and 95th percentiles, in the table too
     tails = {b: t for b, t in busy["signed_p5_p95_pct"].items() if t}
-    assert tails and all(lo <= hi and max(-lo, hi) <= busy["p95_abs_inflation_pct"][b] + 1e-9
+    assert tails and all(lo <= hi and max(-lo, hi) <= busy["p95_abs_inflation_pct"][b] + 0.005 + 1e-9  # rounded
                          for b, (lo, hi) in tails.items()), (tails, busy["p95_abs_inflation_pct"])
     assert "signed inflation, 5th and 95th percentiles" in md.read_text()
     refs = [r for run in data["runs"] if run["mode"] == "krexsolo" for r in run["rows"]]
