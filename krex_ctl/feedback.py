@@ -296,10 +296,10 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
         names = sorted({r.get("name", "") for r in bad})
         taints = sorted({t for r in bad for t in r.get("taints", [])})
         why = ""
-        if "shared_gpu" in taints:   # the one a harness fixes itself (docs/guide/marking-regions.md, Processes)
-            why = ("; shared_gpu: another process of this command ran GPU work on the region's GPU while it was held "
-                   "(time in one process at a time; end the region, or synchronize, before starting a child that "
-                   "checks)")
+        if "shared_gpu" in taints:   # the one a harness fixes itself (docs/guide/marking-regions.md: processes)
+            why = (" - shared_gpu: another process of this command had GPU work on the region's GPU while it was "
+                   "held: keep the command's other processes off it while one times, and end the region, or call "
+                   "torch.cuda.synchronize(), before starting a child that checks")
         out.append(f"{len(bad)} region(s) not exclusive ({', '.join(names)[:80]}: {', '.join(taints)}){why}")
     # regions that ran with no grant beside granted ones (a timeout with on_timeout="unprotected", a hook's
     # fallback, a refusal): each ended normally, having timed something nobody protected. One cancelled before

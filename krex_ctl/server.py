@@ -948,7 +948,7 @@ class Controller(RegionEffects):
         ev = frames.decode("struct krex_lifecycle", payload)
         now = time.monotonic()
         self.lifecycle.event(client, ev, now)
-        self.book.kin_activity(client, int(ev.t_ns))   # a member's child making its context beside the region
+        self.book.kin_activity(client, int(ev.t_ns), int(ev.device))   # a member's child making its context beside the region
         if int(ev.event) in (C.KREX_LIFE_CTX_CREATE_END, C.KREX_LIFE_CTX_DESTROY_END):
             self.apply(self.book.lifecycle_ended(now))
 

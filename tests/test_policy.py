@@ -670,11 +670,12 @@ def test_a_launch_of_the_jobs_process_in_no_block_beside_its_region_makes_it_sha
             (True, 0, 2000, None, None, True), (True, 1000, 0, None, None, True),
             (True, 1000, 500, 2000, None, True), (False, 1000, 500, 2000, None, True),
             (True, 1000, 2000, None, 500, True), (False, 1000, 2000, None, 500, True),
-            (True, 1000, 2000, None, 1500, False)):
+            (True, 1000, 2000, None, 1500, False), (True, 1000, 2000, None, (500, 1), False),
+            (True, 1000, 2000, None, (500, 0), True), (True, 1000, 2000, None, (500, -1), True)):
         w, a, child, r = timing_parent()
         told = [first] + ([then] if then else [])                        # its first launch told, then a later one
-        if ctx:
-            w.book.kin_activity(child, ctx)
+        if ctx:       # (time, GPU): a context on a GPU the region does not hold is not beside it
+            w.book.kin_activity(child, *(ctx if isinstance(ctx, tuple) else (ctx,)))
         if child_first:
             for t in told:
                 w.book.beside(child, r.id, 0, t)

@@ -621,15 +621,16 @@ class Regions:
         else:
             region.beside_ns[pid] = 0
 
-    def kin_activity(self, client, t_ns: int) -> None:
-        """LIFECYCLE from a process (its context made, torn down, or its exit): where a live region of its own job
-        has a member it descends from, that is GPU activity beside the region too, which a context's creation
-        (14-30% on a kernel timed beside it) makes before the process's first launch: the child's first activity is
-        the earlier of the two (_ran_beside). A region that ended since, read late, still gets what came before
-        its end (its launch, read later still, taints the record)."""
+    def kin_activity(self, client, t_ns: int, device: int = -1) -> None:
+        """LIFECYCLE from a process (its context made, torn down, or its exit) on `device` (-1: the process's, an
+        exit): where a live region of its own job on that GPU has a member it descends from, that is GPU activity
+        beside the region too, which a context's creation (14-30% on a kernel timed beside it) makes before the
+        process's first launch: the child's first activity is the earlier of the two (_ran_beside). A region that
+        ended since, read late, still gets what came before its end (its launch, read later still, taints the
+        record). One begun before the region's grant counts as well: a context's creation may last into it."""
         live = [r for r in self.regions.values() if r.state is not S.ENDED]
         for region in live + [r for r in self.ended.values() if 0 < t_ns < r.ended_ns]:
-            if client.pid in region.pids or \
+            if (device >= 0 and not region.gpu_mask >> device & 1) or client.pid in region.pids or \
                     not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)}:
                 continue
             if any(pid != client.pid and self.lineal(client.pid, pid) for pid in region.pids):
