@@ -578,10 +578,10 @@ class Regions:
         if taints & C.KREX_TAINT_SHARED_GPU or not 0 <= device < C.KREX_MAX_GPUS or not region.gpu_mask >> device & 1:
             return
         members = [m.client for m in region.every_member] if late else list(region.members)
-        if client in members or not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)} \
+        if client in members or not self._of_its_job(region, client) \
                 or not any(c.devices >> device & 1 for c in members):
             return
-        ancestors = {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
+        ancestors = self._ancestors(region, client)
         # the child a member times, unless that member launched kernels inside itself (_timed_too); only where
         # every member on that GPU is its ancestor (a sibling of a child timing in a block of its own is not timed)
         if ancestors and all(c.pid in ancestors for c in members if c.devices >> device & 1):
@@ -631,10 +631,18 @@ class Regions:
         live = [r for r in self.regions.values() if r.state is not S.ENDED]
         for region in live + [r for r in self.ended.values() if 0 < t_ns < r.ended_ns]:
             if (device >= 0 and not region.gpu_mask >> device & 1) or client.pid in region.pids or \
-                    not jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)}:
+                    not self._of_its_job(region, client):
                 continue
-            if any(pid != client.pid and self.lineal(client.pid, pid) for pid in region.pids):
+            if self._ancestors(region, client):
                 self._first_beside(region, client.pid, t_ns)
+
+    def _of_its_job(self, region: Region, client) -> bool:
+        """The region works for client's job (or the command a warm worker runs for it): client is no sibling."""
+        return bool(jobs.own_jobs(region, self.command_job) & {client.job, self.command_job(client)})
+
+    def _ancestors(self, region: Region, client) -> set:
+        """The region's members (pids, those that left too) client descends from."""
+        return {pid for pid in region.pids if pid != client.pid and self.lineal(client.pid, pid)}
 
     @staticmethod
     def _ran_beside(region: Region, member: int, child: int) -> bool:
