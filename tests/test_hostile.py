@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ROOT, SNIP, in_namespace, kill, overlaps, proc_state, report_of, start_fake_controller,
-                      wait_for)
+                      stderr_until, wait_for)
 from krex_ctl.wire import client, frames
 from krex_ctl.wire.frames import C, MSG
 from krex_ctl.wire.client import Connection
@@ -1091,8 +1091,11 @@ def test_controller_death_mid_wait_does_not_make_later_regions_look_granted(krex
     assert p.stdout.readline().split() == ["first", "-1"]
     assert p.stdout.readline().split() == ["second", "-1"]     # not 0: there is no controller
     krex.start_controller()
-    # the region API is the shim's: its client thread reconnects in the background (within a second)
-    wait_for(lambda: any(c["pid"] == p.pid for c in krex.status()["clients"]), what="the shim reconnected")
+    # the region API is the shim's: its client thread reconnects in the background (within a second). The
+    # controller lists the client once it has answered the handshake, a moment before the shim has taken the
+    # new connection into use: the shim's own line says it has
+    err = stderr_until(p, "connected to the controller again")
+    assert "connected to the controller again" in err, err
     p.stdin.write("\n")
     p.stdin.flush()
     assert p.stdout.readline().split() == ["third", "0"]
