@@ -383,7 +383,19 @@ with krex.region("parent") as r:
         assert cu.cuMemAlloc_v2(ctypes.byref(buf), 1 << 20) == 0
         for _ in range(int(os.environ["PARENT_MEMSETS"])):
             assert cu.cuMemsetD8_v2(buf, 1, 1 << 20) == 0
+    launcher = None
+    if os.environ.get("PARENT_THREAD_LAUNCH"):  # another thread launches while this one's synchronize waits
+        import threading, time
+
+        def launch():
+            assert cu.cuCtxSetCurrent(ctx) == 0
+            time.sleep(float(os.environ["PARENT_THREAD_LAUNCH"]))
+            assert cu.cuLaunchKernel(f, 20000, 1, 1, 1, 1, 1, 0, None, None, None) == 0
+        launcher = threading.Thread(target=launch)
+        launcher.start()
     cu.cuCtxSynchronize()
+    if launcher:
+        launcher.join()
     if os.environ.get("CHILD_MARK"):            # the child made its context before the timing; it launches now
         __import__("pathlib").Path(os.environ["CHILD_MARK"] + ".go").touch()
     if after:
@@ -489,6 +501,18 @@ def test_a_parent_launching_again_while_the_child_it_started_runs_is_shared(krex
     said, regs, trace = parent_region(krex, tmp_path, SNIP / "hog",
                                       {"PARENT_N": "5", "CHILD_AFTER_SYNC": "launch",
                                        "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=400 SNIPPET_US=2000"})
+    [p] = regs
+    assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
+
+
+def test_a_launch_on_another_thread_during_the_synchronize_leaves_no_quiet_point(krex, tmp_path):
+    """The parent's synchronize waits for its 200 ms of kernels while another of its threads launches one more
+    (50 ms into it): a submission counted between the synchronize's call and its return may reach the GPU after
+    the synchronize began (the CUDA driver waits for the work submitted before the call), so that synchronize is
+    no quiet point, and the child started after it makes the region shared_gpu."""
+    said, regs, _ = parent_region(krex, tmp_path, SNIP / "hog",
+                                  {"PARENT_N": "5", "CHILD_AFTER_SYNC": "1", "PARENT_THREAD_LAUNCH": "0.05",
+                                   "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=300 SNIPPET_US=2000"})
     [p] = regs
     assert said == "PARENT False shared_gpu" and not p["exclusive"], (said, p)
 
