@@ -288,8 +288,15 @@ def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Threa
                     os.kill(os.getpid(), signal.SIGKILL)
                 done.wait(0.1)
 
-    t = threading.Thread(target=watch, daemon=True, name="krex-wrapper-watch")
-    t.start()
+    # started with the command's signals blocked (a thread inherits its starter's mask): a signal sent to the
+    # worker (the wrapper passes the command's on) must reach the thread running the command, not this one,
+    # which would take it with the command's main thread left asleep in a long call until that returns
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+    try:
+        t = threading.Thread(target=watch, daemon=True, name="krex-wrapper-watch")
+        t.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return t
 
 
