@@ -61,12 +61,18 @@ demo:  ## run several benchmark commands at once under krex: on the GPU if there
 	  $(MAKE) -s --no-print-directory demo-venv && $(DEMO_PY) examples/demo.py; \
 	fi
 
+# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them (--dist loadfile: a file's
+# tests keep their order); the tests wait on processes, sockets and signals far more than they compute, so two
+# halve the time on two cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: venv shim fakes  ## run the whole test suite (import contracts, unit, integration on fake drivers, native snippets)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -ra
+	$(PYTEST)
 
 test-fast: venv shim fakes  ## the suite without the slow stress tests
-	$(PY) -m pytest -q -ra -m 'not slow'
+	$(PYTEST) -m 'not slow'
 
 bench-overhead: venv shim fakes  ## per-launch cost of the shim on the fake driver -> build/overhead-fake.json
 	$(PY) bench/launch_overhead.py --bin $(BUILD)/snippets/spin_bench --out $(BUILD)/overhead-fake.json
