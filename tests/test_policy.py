@@ -354,6 +354,44 @@ def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_po
     assert kinds(w.book.lifecycle_ended(w.now + 0.1)) == ["Freeze"] and r.state is State.FREEZING
 
 
+def test_the_barriers_time_is_counted_by_what_it_waited_for():
+    """barrier_ms_CAUSE: what the lifecycle barrier waited for, gates closed (the cost the prewait and the gates
+    are weighed by). Another job's context creation and a third's announced exit hold the region together (200 ms,
+    in both), then the exit alone (300 ms), then the settle time after the GiB it left behind (100 ms: scrub)."""
+    w = World(settle_ms_per_gib=100.0)
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
+    ev = lambda e, n=0: SimpleNamespace(event=e, device=0, bytes=n)   # noqa: E731
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    w.life.event(c, ev(C.KREX_LIFE_EXIT_BEGIN, 1 << 30), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drained(r, b, 0, w.now)
+    w.book.drained(r, c, 0, w.now)
+    assert r.state is State.SETTLING
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
+    assert w.book.lifecycle_ended(w.now + 0.2) == [] and r.state is State.SETTLING
+    w.life.gone(c, w.now + 0.5)
+    out = w.book.lifecycle_ended(w.now + 0.5)
+    assert kinds(out) == ["Arm"] and out[0].delay == pytest.approx(0.1)
+    w.book.settle_poll(r, w.now + 0.6)
+    assert r.state is State.FREEZING and not r.taints & C.KREX_TAINT_LIFECYCLE
+    got = {k: v for k, v in w.book.counters.items() if k.startswith("barrier_ms_")}
+    assert got == pytest.approx({"barrier_ms_create": 200.0, "barrier_ms_destroy": 0.0, "barrier_ms_exit": 500.0,
+                                 "barrier_ms_leaving": 0.0, "barrier_ms_scrub": 100.0}), got
+
+    # a teardown that outlasts the barrier's time: counted up to the time-out, then the region goes on tainted
+    w = World()
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_DESTROY_BEGIN), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drained(r, b, 0, w.now)
+    w.book.settle_poll(r, w.now + w.book.cfg.lifecycle_timeout_s)
+    assert r.taints & C.KREX_TAINT_LIFECYCLE
+    assert w.book.counters["barrier_ms_destroy"] == pytest.approx(w.book.cfg.lifecycle_timeout_s * 1e3)
+    assert w.book.counters["barrier_ms_create"] == 0.0
+
+
 def test_a_member_joining_a_settling_region_has_the_barrier_look_again():
     """A warm worker running job 2's command joins job 1's region while its barrier waits for job 2's context
     creation: that creation is now the region's own job's work, so the region goes on at the join, not at the

@@ -28,7 +28,7 @@ GIB = float(1 << 30)
 class Lifecycle:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.inflight: dict = {}           # client -> {gpu mask: creations/teardowns under way there}
+        self.inflight: dict = {}           # client -> {(gpu mask, "create" or "destroy"): how many under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
         self.leaving: dict = {}            # client -> [bytes, its pidfd, GPU mask]: connection closed, not yet exited
         self.forget = lambda pidfd: pidfd.close()   # set by the controller: it also stops watching the pidfd
@@ -55,16 +55,17 @@ class Lifecycle:
         e = int(ev.event)
         # a process's first context is announced before the controller knows its GPUs: the event names it
         mask = (1 << int(ev.device)) if 0 <= int(ev.device) < 64 else client.devices
+        kind = "create" if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_CREATE_END) else "destroy"
         if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN):
             ops = self.inflight.setdefault(client, {})
-            ops[mask] = ops.get(mask, 0) + 1
+            ops[mask, kind] = ops.get((mask, kind), 0) + 1
             self._taint_held(mask, client)
         elif e in (C.KREX_LIFE_CTX_CREATE_END, C.KREX_LIFE_CTX_DESTROY_END):
             ops = self.inflight.get(client, {})
-            if ops.get(mask, 0) > 1:
-                ops[mask] -= 1
+            if ops.get((mask, kind), 0) > 1:
+                ops[mask, kind] -= 1
             else:
-                ops.pop(mask, None)
+                ops.pop((mask, kind), None)
             if not ops:
                 self.inflight.pop(client, None)
             if e == C.KREX_LIFE_CTX_DESTROY_END:
@@ -115,11 +116,23 @@ class Lifecycle:
 
     def busy(self, region) -> bool:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""
-        return any(self.outsider(region, c) and any(m & region.gpu_mask for m in ops)
-                   for c, ops in self.inflight.items()) or \
-            any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting) or \
-            any(self.outsider(region, c) and mask & region.gpu_mask and not pidfd.exited()
-                for c, (_, pidfd, mask) in self.leaving.items())
+        return bool(self.causes(region, None))
+
+    def causes(self, region, now: Optional[float]) -> set:
+        """What of other jobs' lifecycle work holds the region now: "create" and "destroy" (a context's creation or
+        teardown under way), "exit" (a process that announced its exit, still connected), "leaving" (one whose
+        connection closed on its way out, not yet exited), and with now, "scrub" (the settle time after memory
+        freed or left behind: settle_ms, settle_ms_per_gib)."""
+        out = {kind for c, ops in self.inflight.items() if self.outsider(region, c)
+               for (m, kind) in ops if m & region.gpu_mask}
+        if any(self.outsider(region, c) and c.devices & region.gpu_mask for c in self.exiting):
+            out.add("exit")
+        if any(self.outsider(region, c) and mask & region.gpu_mask and not pidfd.exited()
+               for c, (_, pidfd, mask) in self.leaving.items()):
+            out.add("leaving")
+        if now is not None and any(self.settle_until.get(g, 0.0) > now for g in mask_to_list(region.gpu_mask)):
+            out.add("scrub")
+        return out
 
     def wait_s(self, region, now: float) -> float:
         """Seconds the region should still wait before other jobs' lifecycle work is over (0: go; math.inf: work

@@ -45,6 +45,9 @@ from .freezes import Freezes
 from .scheduler import FairShare, Request, mask_to_list, startable
 
 
+BARRIER_CAUSES = ("create", "destroy", "exit", "leaving", "scrub")   # Lifecycle.causes: barrier_ms_CAUSE counters
+
+
 class State(enum.Enum):
     DRAINING = "draining"
     SETTLING = "settling"
@@ -126,6 +129,7 @@ class Region:
     attest_start: Any = None
     previous: Any = None                             # what held its GPUs last before its grant (set by the server)
     gap_from: float = 0.0                            # monotonic start of its wait for region_gap_ms (0: none)
+    barrier_mark: tuple = ()                         # (monotonic time, what held it then) at its barrier's last look
     settle_arm: float = 0.0                          # when the settle's pending Arm fires (0: none)
     ended_ns: int = 0                                # CLOCK_MONOTONIC of its end (set by the server at the Finish)
     record: Any = None                               # its record, as the job's report will give it (set then too)
@@ -319,7 +323,7 @@ class Regions:
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
                          "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0,
                          "lifecycle_prewait_bounded": 0, "beside_launches": 0, "beside_after_end": 0, "kin_drains": 0,
-                         "kin_drains_busy": 0}
+                         "kin_drains_busy": 0, **{f"barrier_ms_{c}": 0.0 for c in BARRIER_CAUSES}}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
         self.held_off: dict[int, set] = {}      # gpu -> (user, job) the last region there froze or found busy
         self.recent: dict[int, dict] = {}       # gpu -> {(user, job): monotonic end of its last region there}
@@ -767,6 +771,18 @@ class Regions:
             self.counters["lifecycle_prewaits"] += 1
         return left
 
+    def _barrier_causes(self, region: Region, now: float, causes: set) -> None:
+        """The lifecycle barrier's time by what it waited for (barrier_ms_CAUSE, Lifecycle.causes): the time since
+        its last look goes to each cause that held it then (a look comes whenever lifecycle work ends, and work
+        that begins meanwhile waits at the closed gates: the causes change at the looks). Time two causes held it
+        together counts in both."""
+        if region.barrier_mark:
+            since, held_by = region.barrier_mark
+            for cause in held_by:
+                key = f"barrier_ms_{cause}"
+                self.counters[key] = round(self.counters.get(key, 0.0) + (now - since) * 1e3, 3)
+        region.barrier_mark = (now, causes) if causes else ()
+
     def _prewait_limit(self) -> float:
         """lifecycle_prewait_ms in seconds (0: off)."""
         return float(getattr(self.cfg, "lifecycle_prewait_ms", 0.0) or 0.0) / 1e3
@@ -1002,6 +1018,8 @@ class Regions:
             region.gap_waited_ms = round((now - region.gap_from) * 1e3, 3)
             # the lifecycle barrier's time starts when the gap is over: the gap does not use it up
             region.deadline = now + float(self.cfg.lifecycle_timeout_s)
+        self._barrier_causes(region, now, self.lifecycle.causes(region, now) if wait > 0 and now < region.deadline
+                             else set())
         if wait > 0 and now < region.deadline:
             # not polled: the end of the lifecycle work under way calls again (lifecycle_ended); the Arm is the
             # end of the settle time, or the barrier's time-out
