@@ -303,6 +303,8 @@ def test_a_region_waits_for_another_jobs_context_creation(krex, tmp_path):
     maker = making_a_context(krex)
     _, r = region_of(krex, tmp_path)
     assert r["settle_ns"] > 0.4e9 and r["clean"]   # it waited, so nothing of that creation was in it
+    counters = krex.status()["counters"]           # and says what for (barrier_ms_CAUSE)
+    assert counters["barrier_ms_create"] >= 0.4e3 and counters["barrier_ms_exit"] == 0, counters
     maker.communicate(timeout=30)
 
 

@@ -379,6 +379,25 @@ def test_the_barriers_time_is_counted_by_what_it_waited_for():
     assert got == pytest.approx({"barrier_ms_create": 200.0, "barrier_ms_destroy": 0.0, "barrier_ms_exit": 500.0,
                                  "barrier_ms_leaving": 0.0, "barrier_ms_scrub": 100.0}), got
 
+    # a teardown that begins while the barrier waits for a creation (a context made before the gates closed, torn
+    # down at once): counted to the teardown from its beginning, not from the next look
+    w = World()
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2)), w.client(30, Job(3))
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    r = region_of(w.request(a))
+    w.read_pass()
+    w.book.drained(r, b, 0, w.now)
+    w.book.drained(r, c, 0, w.now)
+    w.life.event(c, ev(C.KREX_LIFE_CTX_DESTROY_BEGIN), w.now + 0.1)
+    w.book.lifecycle_began(w.now + 0.1)
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.3)
+    w.book.lifecycle_ended(w.now + 0.3)
+    w.life.event(c, ev(C.KREX_LIFE_CTX_DESTROY_END), w.now + 0.4)
+    w.book.lifecycle_ended(w.now + 0.4)
+    assert r.state is State.FREEZING
+    assert w.book.counters["barrier_ms_create"] == pytest.approx(300.0)
+    assert w.book.counters["barrier_ms_destroy"] == pytest.approx(300.0)
+
     # a teardown that outlasts the barrier's time: counted up to the time-out, then the region goes on tainted
     w = World()
     a, b = w.client(10, Job(1)), w.client(20, Job(2))

@@ -771,6 +771,15 @@ class Regions:
             self.counters["lifecycle_prewaits"] += 1
         return left
 
+    def lifecycle_began(self, now: float) -> None:
+        """Another process began lifecycle work (a context's creation or teardown, an announced exit): a settling
+        region it holds too counts its barrier's time to it from now (barrier_ms_CAUSE), not from the next look."""
+        for region in self.regions.values():
+            if region.state is S.SETTLING and region.barrier_mark:
+                causes = self.lifecycle.causes(region, now)
+                if causes and causes != region.barrier_mark[1]:
+                    self._barrier_causes(region, now, causes)
+
     def _barrier_causes(self, region: Region, now: float, causes: set) -> None:
         """The lifecycle barrier's time by what it waited for (barrier_ms_CAUSE, Lifecycle.causes): the time since
         its last look goes to each cause that held it then (a look comes whenever lifecycle work ends, and work
