@@ -299,13 +299,19 @@ def test_a_drain_that_times_out_taints_and_goes_on():
     assert w.book.drain_timed_out(r, w.now) == []        # a second timer: no longer applies
 
 
-def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
-    w = World()
+def settling_behind(event, **cfg):
+    """A World where job 2's client b has lifecycle work (event) under way on GPU 0 when job 1's client a asks
+    for a region, drained: (the world, a, b, the region, what the drain's end gave)."""
+    w = World(**cfg)
     a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_CTX_CREATE_BEGIN, device=0, bytes=0), w.now)
+    w.life.event(b, SimpleNamespace(event=event, device=0, bytes=0), w.now)
     r = region_of(w.request(a))
     w.read_pass()
-    polls = w.book.drained(r, b, 0, w.now)
+    return w, a, b, r, w.book.drained(r, b, 0, w.now)
+
+
+def test_the_lifecycle_barrier_holds_the_region_then_taints_at_its_limit():
+    w, a, b, r, polls = settling_behind(C.KREX_LIFE_CTX_CREATE_BEGIN)
     # not polled: the one Arm is the barrier's time-out; a look before it asks for none
     assert r.state is State.SETTLING and kinds(polls) == ["Arm"] and polls[0].event is Event.SETTLED
     assert polls[0].delay == pytest.approx(w.book.cfg.lifecycle_timeout_s)
@@ -318,24 +324,15 @@ def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_po
     """Another job's context creation under way holds a settling region until its end, which the controller
     reports (Regions.lifecycle_ended on CTX_CREATE_END, a dropped client, a followed exit); then the settle time
     after a freed GiB is one Arm at its end, not polls."""
-    w = World(settle_ms_per_gib=100.0)
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
     ev = lambda e: SimpleNamespace(event=e, device=0, bytes=0)   # noqa: E731
-    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
-    r = region_of(w.request(a))
-    w.read_pass()
-    assert kinds(w.book.drained(r, b, 0, w.now)) == ["Arm"] and r.state is State.SETTLING
+    w, a, b, r, out = settling_behind(C.KREX_LIFE_CTX_CREATE_BEGIN, settle_ms_per_gib=100.0)
+    assert kinds(out) == ["Arm"] and r.state is State.SETTLING
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
     out = w.book.lifecycle_ended(w.now + 0.2)
     assert r.state is State.FREEZING and not r.taints & C.KREX_TAINT_LIFECYCLE and kinds(out) == ["Freeze"]
 
     # the creation ends after the creator freed a GiB: one Arm at the settle's end (100 ms), then it goes
-    w = World(settle_ms_per_gib=100.0)
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
-    r = region_of(w.request(a))
-    w.read_pass()
-    w.book.drained(r, b, 0, w.now)
+    w, a, b, r, _ = settling_behind(C.KREX_LIFE_CTX_CREATE_BEGIN, settle_ms_per_gib=100.0)
     w.life.event(b, SimpleNamespace(event=C.KREX_LIFE_FREED, device=-1, bytes=1 << 30), w.now + 0.2)
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now + 0.2)
     out = w.book.lifecycle_ended(w.now + 0.2)
@@ -344,12 +341,7 @@ def test_the_lifecycle_barrier_lets_the_region_go_when_the_work_ends_not_at_a_po
     assert kinds(w.book.settle_poll(r, w.now + 0.3)) == ["Freeze"] and r.state is State.FREEZING
 
     # a client that drops in the middle of its creation: the controller calls lifecycle_ended after gone()
-    w = World()
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
-    r = region_of(w.request(a))
-    w.read_pass()
-    w.book.drained(r, b, 0, w.now)
+    w, a, b, r, _ = settling_behind(C.KREX_LIFE_CTX_CREATE_BEGIN)
     w.life.gone(b, w.now + 0.1)
     assert kinds(w.book.lifecycle_ended(w.now + 0.1)) == ["Freeze"] and r.state is State.FREEZING
 
@@ -399,12 +391,7 @@ def test_the_barriers_time_is_counted_by_what_it_waited_for():
     assert w.book.counters["barrier_ms_destroy"] == pytest.approx(300.0)
 
     # a teardown that outlasts the barrier's time: counted up to the time-out, then the region goes on tainted
-    w = World()
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, ev(C.KREX_LIFE_CTX_DESTROY_BEGIN), w.now)
-    r = region_of(w.request(a))
-    w.read_pass()
-    w.book.drained(r, b, 0, w.now)
+    w, a, b, r, _ = settling_behind(C.KREX_LIFE_CTX_DESTROY_BEGIN)
     w.book.settle_poll(r, w.now + w.book.cfg.lifecycle_timeout_s)
     assert r.taints & C.KREX_TAINT_LIFECYCLE
     assert w.book.counters["barrier_ms_destroy"] == pytest.approx(w.book.cfg.lifecycle_timeout_s * 1e3)
