@@ -951,7 +951,8 @@ class Controller(RegionEffects):
         self.book.kin_activity(client, int(ev.t_ns), int(ev.device))   # a member's child making its context beside the region
         if int(ev.event) in (C.KREX_LIFE_CTX_CREATE_END, C.KREX_LIFE_CTX_DESTROY_END):
             self.apply(self.book.lifecycle_ended(now))
-        elif int(ev.event) in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN, C.KREX_LIFE_EXIT_BEGIN):
+        elif int(ev.event) in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN, C.KREX_LIFE_EXIT_BEGIN,
+                               C.KREX_LIFE_FREED):
             self.book.lifecycle_began(now)     # what a settling region's barrier waits for, counted from now
 
     def on_beside(self, client: Client, payload: bytes, seq: int) -> None:

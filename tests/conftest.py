@@ -39,11 +39,17 @@ def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def stderr_until(proc, text: str) -> str:
-    """proc's stderr up to its first whole line with text in it (all of it, if none comes), read from the
-    descriptor (nothing is buffered: proc.communicate() returns the rest)."""
-    data = b""
+def stderr_until(proc, text: str, timeout: float = 60.0) -> str:
+    """proc's stderr up to its first whole line with text in it (all of it, if none comes before the stream ends
+    or timeout seconds have passed), read from the descriptor (nothing is buffered: proc.communicate() returns the
+    rest)."""
+    import select
+
+    data, deadline = b"", time.monotonic() + timeout
     while not any(text.encode() in line and line.endswith(b"\n") for line in data.splitlines(True)):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stderr.fileno()], [], [], left)[0]:
+            break
         chunk = os.read(proc.stderr.fileno(), 65536)
         if not chunk:
             break

@@ -390,6 +390,11 @@ def test_the_barriers_time_is_counted_by_what_it_waited_for():
     assert w.book.counters["barrier_ms_create"] == pytest.approx(300.0)
     assert w.book.counters["barrier_ms_destroy"] == pytest.approx(300.0)
 
+    # the owner gives up while the barrier waits (a cancel; a death or a leave the same): counted up to then
+    w, a, b, r, _ = settling_behind(C.KREX_LIFE_CTX_DESTROY_BEGIN)
+    w.book.cancel(a, 2, w.now + 0.5)
+    assert r.state is State.ENDED and w.book.counters["barrier_ms_destroy"] == pytest.approx(500.0)
+
     # a teardown that outlasts the barrier's time: counted up to the time-out, then the region goes on tainted
     w, a, b, r, _ = settling_behind(C.KREX_LIFE_CTX_DESTROY_BEGIN)
     w.book.settle_poll(r, w.now + w.book.cfg.lifecycle_timeout_s)

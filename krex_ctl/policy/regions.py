@@ -772,8 +772,10 @@ class Regions:
         return left
 
     def lifecycle_began(self, now: float) -> None:
-        """Another process began lifecycle work (a context's creation or teardown, an announced exit): a settling
-        region it holds too counts its barrier's time to it from now (barrier_ms_CAUSE), not from the next look."""
+        """Another process began lifecycle work (a context's creation or teardown, an announced exit, a free that
+        starts a settle time): a settling region it holds too counts its barrier's time to it from now
+        (barrier_ms_CAUSE), not from the next look. (Gated work does not begin while the gates are closed, but a
+        teardown is never gated, nor anything with the context or exit gate off.)"""
         for region in self.regions.values():
             if region.state is S.SETTLING and region.barrier_mark:
                 causes = self.lifecycle.causes(region, now)
@@ -783,8 +785,7 @@ class Regions:
     def _barrier_causes(self, region: Region, now: float, causes: set) -> None:
         """The lifecycle barrier's time by what it waited for (barrier_ms_CAUSE, Lifecycle.causes): the time since
         its last look goes to each cause that held it then (a look comes whenever lifecycle work ends, and work
-        that begins meanwhile waits at the closed gates: the causes change at the looks). Time two causes held it
-        together counts in both."""
+        that begins meanwhile has lifecycle_began look too). Time two causes held it together counts in both."""
         if region.barrier_mark:
             since, held_by = region.barrier_mark
             for cause in held_by:
@@ -1144,6 +1145,8 @@ class Regions:
     def _end(self, region: Region, event: Event, reason: int, leaver, now: float) -> list:
         if not self.live(region):
             return []
+        if region.state is S.SETTLING:      # cancelled or left while its barrier waited: that time counts too
+            self._barrier_causes(region, now, set())
         self._to(region, event, now)
         region.end_reason = reason
         del self.regions[region.id]
