@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -36,6 +37,7 @@ from .wire.client import Connection, bind_private
 
 COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
+INTERRUPT = (signal.SIGINT,)   # blocked while the worker takes a command (serve, run_command)
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
                    signal.SIGPIPE)   # SIGPIPE: a command's SIG_DFL would let a later write to a gone zygote kill the worker
 
@@ -272,7 +274,6 @@ def local_regions() -> list[dict]:
 def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Thread:
     """While a command runs: if its `krex run` wrapper dies (SIGKILL: the connection closes), the command
     dies with it, as a cold one does (krex-exec), instead of running on as an orphan."""
-    import select
 
     def watch() -> None:
         p = select.poll()
@@ -300,8 +301,10 @@ def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Threa
     return t
 
 
-def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
-    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
+def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupted: bool = False) -> dict:
+    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would. SIGINT comes
+    blocked (serve): one that came while the command was being taken is raised at its start, as is one that
+    came before (interrupted)."""
     before = counters()
     regions_before = len(local_regions())
     snapshot_modules = set(sys.modules)
@@ -326,6 +329,9 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     exit_code, sig, retire = 0, None, False
     me = os.getpid()
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPT)   # a SIGINT that came meanwhile is raised here
+        if interrupted:
+            raise KeyboardInterrupt
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
@@ -359,6 +365,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         traceback.print_exc()
         exit_code = 1
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT)     # one that comes now is not the next command's
         os._exit = real_exit
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -435,33 +442,51 @@ def serve(ready_fd: Optional[int] = None) -> None:
     sel.register(ctl.sock, selectors.EVENT_READ, "controller")
     try:
         while True:
-            events = [key.data for key, _ in sel.select()]
+            interrupted = False
+            try:
+                events = [key.data for key, _ in sel.select()]
+            except KeyboardInterrupt:
+                # a SIGINT while idle: a wrapper passes its signals on here once it has sent its command, so with
+                # a command waiting to be taken it is that command's (raised at its start, as a cold command dies
+                # of one before its first line); with none, a late one of the last command's: dropped
+                if not select.select([listener], [], [], 0)[0]:
+                    continue
+                events, interrupted = ["command"], True
             if "command" not in events:
                 if not ctl.sock.recv(4096, socket.MSG_PEEK):
                     break                    # the controller went away: no more commands will come
                 continue
-            conn, _ = listener.accept()
-            with conn:
-                try:
-                    req, fds = recv_request(conn)
-                except (OSError, ValueError, ConnectionError):
-                    continue
-                if len(fds) != 3:
-                    conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
-                    continue
-                tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
-                done = threading.Event()
-                watcher = watch_wrapper(conn, done)
-                try:
-                    result = run_command(req["argv"], req["env"], req["cwd"], fds)
-                finally:
-                    done.set()
-                    watcher.join()
-                    for fd in fds:
-                        os.close(fd)
-                runs += 1
-                result["retire"] = result["retire"] or runs >= reuse_limit
-                conn.sendall(json.dumps(result).encode() + b"\n")
+            # from the accept to the command's start a SIGINT waits (run_command raises it there): raised while
+            # the worker took the command, it would end the worker instead, and the wrapper would say status 1
+            signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT)
+            result = None
+            try:
+                conn, _ = listener.accept()
+                with conn:
+                    try:
+                        req, fds = recv_request(conn)
+                    except (OSError, ValueError, ConnectionError):
+                        continue
+                    if len(fds) != 3:
+                        conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
+                        continue
+                    tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
+                    done = threading.Event()
+                    watcher = watch_wrapper(conn, done)
+                    try:
+                        result = run_command(req["argv"], req["env"], req["cwd"], fds, interrupted)
+                    finally:
+                        done.set()
+                        watcher.join()
+                        for fd in fds:
+                            os.close(fd)
+                    runs += 1
+                    result["retire"] = result["retire"] or runs >= reuse_limit
+                    conn.sendall(json.dumps(result).encode() + b"\n")
+            finally:
+                while signal.SIGINT in signal.sigpending():    # late ones of this command's: not the next one's
+                    signal.sigtimedwait(INTERRUPT, 0)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPT)
             if result["retire"]:
                 break
             try:

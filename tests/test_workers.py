@@ -178,6 +178,51 @@ def test_only_the_commands_own_threads_take_its_signals(warm, tmp_path):
         assert blocked & mask == (0 if tid == pid else mask), (tid, pid, hex(blocked))
 
 
+def test_a_sigint_to_an_idle_worker_is_dropped(warm, tmp_path):
+    """A late SIGINT (the wrapper passes its signals on until it has the command's answer) reaching a worker once
+    its command is over belongs to no command: the worker stays and runs the next one."""
+    worker = idle_worker(warm)["pid"]
+    os.kill(worker, signal.SIGINT)
+    time.sleep(0.3)
+    assert proc_state(worker) not in (None, "Z")
+    out = run_py(warm, tmp_path, "import os; print(os.getpid())")
+    assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
+
+
+def test_a_sigint_while_the_worker_takes_a_command_is_the_commands(warm, tmp_path):
+    """A wrapper passes its signals to the worker once it has sent its command: a SIGINT that reaches the worker
+    before the command has started is the command's (KeyboardInterrupt at its start: 130, as a cold command
+    killed by SIGINT before its first line), not the end of the worker (which the wrapper reported as status 1)."""
+    import array
+    import socket as sk
+
+    worker = idle_worker(warm)["pid"]
+    [path] = (warm.dir / "krex").glob("worker-*.sock")
+    s = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    s.connect(str(path))
+    time.sleep(0.3)                          # accepted: the worker waits for the command
+    os.kill(worker, signal.SIGINT)
+    time.sleep(0.1)
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    request = json.dumps({"argv": ["-c", "print('ran')"], "env": dict(warm.env), "cwd": str(tmp_path)}).encode()
+    s.sendmsg([request + b"\n"], [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [0, w_out, w_err]).tobytes())])
+    os.close(w_out)
+    os.close(w_err)
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = s.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    s.close()
+    result = json.loads(reply)
+    out, err = os.read(r_out, 65536), os.read(r_err, 65536)
+    for fd in (r_out, r_err):
+        os.close(fd)
+    assert result["signal"] == signal.SIGINT and out == b"" and b"KeyboardInterrupt" in err, (result, out, err)
+    assert proc_state(worker) not in (None, "Z")      # the worker took it for the command, and lives on
+
+
 def test_ineligible_commands_and_cold_run_cold(warm, tmp_path):
     worker = idle_worker(warm)["pid"]
     for cmd, env in (([sys.executable, "-O", "-c", "import os; print(os.getpid())"], None),
