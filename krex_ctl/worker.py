@@ -37,7 +37,6 @@ from .wire.client import Connection, bind_private
 
 COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
-INTERRUPT = (signal.SIGINT,)   # blocked while the worker takes a command (serve, run_command)
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
                    signal.SIGPIPE)   # SIGPIPE: a command's SIG_DFL would let a later write to a gone zygote kill the worker
 
@@ -301,10 +300,46 @@ def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Threa
     return t
 
 
-def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupted: bool = False) -> dict:
-    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would. SIGINT comes
-    blocked (serve): one that came while the command was being taken is raised at its start, as is one that
-    came before (interrupted)."""
+class Interrupts:
+    """SIGINT outside a command. The wrapper passes its signals on to the worker from the moment it has sent its
+    command until it has the answer, so a Ctrl-C may reach the worker before the command has started or after it
+    has ended: there the worker's own handler notes it instead of raising KeyboardInterrupt in the worker's loop
+    (which ended the worker, and the wrapper said status 1). Python runs a handler in the main thread whichever
+    thread the signal reached, so no signal mask is needed (a native thread of a preloaded module or of an earlier
+    command takes signals too). Noted while a command is being taken, or while idle with one waiting to be taken,
+    it is that command's, raised at its start; noted while idle with none waiting, it is a late one of the last
+    command's: dropped."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener, self.taking, self.noted = listener, False, False
+        self.command_handler = signal.getsignal(signal.SIGINT)   # what a command runs with (a cold one's)
+        signal.signal(signal.SIGINT, self.note)
+
+    def note(self, signum, frame) -> None:
+        if self.taking or select.select([self.listener], [], [], 0)[0]:
+            self.noted = True
+
+    def command_starts(self) -> None:
+        """In the command's try: the command's handler, and a Ctrl-C noted for it raised now."""
+        signal.signal(signal.SIGINT, self.command_handler)
+        if self.noted and self.command_handler is signal.default_int_handler:
+            raise KeyboardInterrupt
+        if self.noted and self.command_handler == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
+
+    def command_ended(self) -> None:
+        signal.signal(signal.SIGINT, self.note)
+
+    def idle(self) -> None:
+        """A command's answer is sent (or it was not taken): the next Ctrl-C is the next command's."""
+        self.taking = self.noted = False
+
+
+INTERRUPTS: Optional[Interrupts] = None   # set by serve
+
+
+def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
+    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
     before = counters()
     regions_before = len(local_regions())
     snapshot_modules = set(sys.modules)
@@ -316,6 +351,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupte
     snapshot = (list(sys.path), dict(os.environ), os.getcwd(), list(sys.argv),
                 {s: signal.getsignal(s) for s in HANDLED_SIGNALS}, torch_state())
     threads_before = set(threading.enumerate())
+    mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, [])   # a command that blocks signals leaves none blocked
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved_fds = [os.dup(i) for i in range(3)]
@@ -329,9 +365,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupte
     exit_code, sig, retire = 0, None, False
     me = os.getpid()
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPT)   # a SIGINT that came meanwhile is raised here
-        if interrupted:
-            raise KeyboardInterrupt
+        if INTERRUPTS is not None:
+            INTERRUPTS.command_starts()
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
@@ -365,17 +400,23 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupte
         traceback.print_exc()
         exit_code = 1
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT)     # one that comes now is not the next command's
+        if os.getpid() != me:
+            # a child the command forked (os.fork) reached the end of the script: it ends there, as in a cold
+            # process, and never returns into the worker's loop (to answer the wrapper, or to tell the zygote)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            real_exit(exit_code if sig is None else 128 + int(sig))
+        if INTERRUPTS is not None:
+            INTERRUPTS.command_ended()
         os._exit = real_exit
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        if os.getpid() != me:
-            # a child the command forked (os.fork) reached the end of the script: it ends there, as in a cold
-            # process, and never returns into the worker's loop (to answer the wrapper, or to tell the zygote)
-            real_exit(exit_code if sig is None else 128 + int(sig))
         for i, fd in enumerate(saved_fds):
             os.dup2(fd, i)
             os.close(fd)
@@ -385,6 +426,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], interrupte
         os.chdir(cwd_before)
         for s, h in handlers.items():
             signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
         restored = restore_module_globals(globals_before, sys_before, filters_before)
         reseed_global_rngs()
         try:                  # before the command's modules go: resetting torch may need them
@@ -440,25 +482,16 @@ def serve(ready_fd: Optional[int] = None) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "command")
     sel.register(ctl.sock, selectors.EVENT_READ, "controller")
+    global INTERRUPTS
+    INTERRUPTS = Interrupts(listener)
     try:
         while True:
-            interrupted = False
-            try:
-                events = [key.data for key, _ in sel.select()]
-            except KeyboardInterrupt:
-                # a SIGINT while idle: a wrapper passes its signals on here once it has sent its command, so with
-                # a command waiting to be taken it is that command's (raised at its start, as a cold command dies
-                # of one before its first line); with none, a late one of the last command's: dropped
-                if not select.select([listener], [], [], 0)[0]:
-                    continue
-                events, interrupted = ["command"], True
+            events = [key.data for key, _ in sel.select()]
             if "command" not in events:
                 if not ctl.sock.recv(4096, socket.MSG_PEEK):
                     break                    # the controller went away: no more commands will come
                 continue
-            # from the accept to the command's start a SIGINT waits (run_command raises it there): raised while
-            # the worker took the command, it would end the worker instead, and the wrapper would say status 1
-            signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPT)
+            INTERRUPTS.taking = True
             result = None
             try:
                 conn, _ = listener.accept()
@@ -474,7 +507,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     done = threading.Event()
                     watcher = watch_wrapper(conn, done)
                     try:
-                        result = run_command(req["argv"], req["env"], req["cwd"], fds, interrupted)
+                        result = run_command(req["argv"], req["env"], req["cwd"], fds)
                     finally:
                         done.set()
                         watcher.join()
@@ -484,9 +517,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     result["retire"] = result["retire"] or runs >= reuse_limit
                     conn.sendall(json.dumps(result).encode() + b"\n")
             finally:
-                while signal.SIGINT in signal.sigpending():    # late ones of this command's: not the next one's
-                    signal.sigtimedwait(INTERRUPT, 0)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPT)
+                INTERRUPTS.idle()            # a Ctrl-C from here on with no command waiting is a late one: dropped
             if result["retire"]:
                 break
             try:
@@ -682,8 +713,8 @@ class Zygote:
             reseed_global_rngs()
             serve(ready_w)
         except BaseException:  # noqa: B902 (a forked child must never return into the zygote's loop)
+            code = 1                         # first: a signal while the traceback prints must not make it 0
             traceback.print_exc()
-            code = 1
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -784,10 +815,12 @@ def main() -> None:
     if ready:
         os.set_inheritable(int(ready), False)   # nothing the preload runs inherits the zygote's pipe
     preload()
+    code = 1                                 # a worker that ends by an exception says so (the wrapper's worker_died)
     try:
         serve(int(ready) if ready else None)
+        code = 0
     finally:
-        os._exit(0)
+        os._exit(code)
 
 
 if __name__ == "__main__":

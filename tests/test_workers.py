@@ -178,6 +178,19 @@ def test_only_the_commands_own_threads_take_its_signals(warm, tmp_path):
         assert blocked & mask == (0 if tid == pid else mask), (tid, pid, hex(blocked))
 
 
+def test_a_commands_signal_mask_is_not_the_next_ones(warm, tmp_path):
+    """A command that blocks SIGTERM (and leaves it so) must not leave the next command in the same worker deaf to
+    the SIGTERM its wrapper passes on: the mask is put back with the handlers."""
+    worker = idle_worker(warm)["pid"]
+    first = run_py(warm, tmp_path, "import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+                                   "print(os.getpid())")
+    second = run_py(warm, tmp_path, "import os, signal\nprint(os.getpid(), sorted(signal.pthread_sigmask("
+                                    "signal.SIG_BLOCK, [])))")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert int(first.stdout) == worker and second.stdout.split()[0] == str(worker)
+    assert "Signals.SIGTERM" not in second.stdout and "15" not in second.stdout.split(None, 1)[1], second.stdout
+
+
 def test_a_sigint_to_an_idle_worker_is_dropped(warm, tmp_path):
     """A late SIGINT (the wrapper passes its signals on until it has the command's answer) reaching a worker once
     its command is over belongs to no command: the worker stays and runs the next one."""
@@ -185,6 +198,11 @@ def test_a_sigint_to_an_idle_worker_is_dropped(warm, tmp_path):
     os.kill(worker, signal.SIGINT)
     time.sleep(0.3)
     assert proc_state(worker) not in (None, "Z")
+    for _ in range(5):               # and at once after a command's answer, while it tells the controller it is idle
+        out = run_py(warm, tmp_path, "import os; print(os.getpid())")
+        assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
+        os.kill(worker, signal.SIGINT)
+    time.sleep(0.3)
     out = run_py(warm, tmp_path, "import os; print(os.getpid())")
     assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
 
@@ -197,6 +215,10 @@ def test_a_sigint_while_the_worker_takes_a_command_is_the_commands(warm, tmp_pat
     import socket as sk
 
     worker = idle_worker(warm)["pid"]
+    # an earlier command's BLAS leaves native threads in the worker that do not block SIGINT: the kernel may hand
+    # the signal to one of them (a mask on the worker's own thread would not keep it from the worker's loop)
+    out = run_py(warm, tmp_path, "import numpy\na = numpy.ones((512, 512))\nprint((a @ a)[0, 0])")
+    assert out.returncode == 0 and idle_worker(warm)["pid"] == worker, out.stderr
     [path] = (warm.dir / "krex").glob("worker-*.sock")
     s = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
     s.connect(str(path))

@@ -507,7 +507,7 @@ def worker_died(guardian: Guardian, pid: int, wait_s: float = 5.0) -> int:
                 return killed_by(-rc)
             print(f"krex: the warm worker running the command exited with status {rc} without finishing it",
                   file=sys.stderr)
-            return rc
+            return rc or 1                   # never 0: the command did not finish
         if reply.get("state") != "running" or time.monotonic() > deadline:
             print("krex: the warm worker running the command died", file=sys.stderr)
             return 1
