@@ -316,8 +316,11 @@ class Interrupts:
         signal.signal(signal.SIGINT, self.note)
 
     def note(self, signum, frame) -> None:
-        if self.taking or select.select([self.listener], [], [], 0)[0]:
-            self.noted = True
+        try:
+            if self.taking or select.select([self.listener], [], [], 0)[0]:
+                self.noted = True
+        except (OSError, ValueError):      # the listener is closed: the worker is on its way out
+            pass
 
     def command_starts(self) -> None:
         """In the command's try: the command's handler, and a Ctrl-C noted for it raised now."""
@@ -336,6 +339,13 @@ class Interrupts:
 
 
 INTERRUPTS: Optional[Interrupts] = None   # set by serve
+
+
+def drop_pending(signals) -> None:
+    """Signals a command blocked and left pending: a cold process would have ended with them never delivered; put
+    back unblocked, the worker would take them (a SIGTERM would end it)."""
+    while signals and set(signals) & signal.sigpending():
+        signal.sigtimedwait(signals, 0)
 
 
 def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
@@ -394,11 +404,11 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     except WorkerExit as e:
         exit_code, retire = e.code & 0xFF, True
     except KeyboardInterrupt:
+        sig = signal.SIGINT             # first: a second Ctrl-C while the traceback prints escapes (serve answers it)
         traceback.print_exc()
-        sig = signal.SIGINT
     except BaseException:  # noqa: B902 (a command's uncaught exception, printed as Python would)
-        traceback.print_exc()
         exit_code = 1
+        traceback.print_exc()
     finally:
         if os.getpid() != me:
             # a child the command forked (os.fork) reached the end of the script: it ends there, as in a cold
@@ -426,6 +436,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
         os.chdir(cwd_before)
         for s, h in handlers.items():
             signal.signal(s, h)
+        drop_pending(signal.pthread_sigmask(signal.SIG_BLOCK, []) - mask_before)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
         restored = restore_module_globals(globals_before, sys_before, filters_before)
         reseed_global_rngs()
@@ -508,6 +519,12 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     watcher = watch_wrapper(conn, done)
                     try:
                         result = run_command(req["argv"], req["env"], req["cwd"], fds)
+                    except KeyboardInterrupt:
+                        # a second Ctrl-C while the command's first was being reported: the command's still, and
+                        # the worker, whose restore it may have cut short, retires
+                        INTERRUPTS.command_ended()
+                        result = {"exit_code": 130, "signal": int(signal.SIGINT), "retire": True, "counters": {},
+                                  "regions": []}
                     finally:
                         done.set()
                         watcher.join()

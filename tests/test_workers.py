@@ -183,12 +183,52 @@ def test_a_commands_signal_mask_is_not_the_next_ones(warm, tmp_path):
     the SIGTERM its wrapper passes on: the mask is put back with the handlers."""
     worker = idle_worker(warm)["pid"]
     first = run_py(warm, tmp_path, "import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
-                                   "print(os.getpid())")
+                                   "os.kill(os.getpid(), signal.SIGTERM)\nprint(os.getpid())")   # left pending
+    idle_worker(warm)
     second = run_py(warm, tmp_path, "import os, signal\nprint(os.getpid(), sorted(signal.pthread_sigmask("
                                     "signal.SIG_BLOCK, [])))")
     assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
     assert int(first.stdout) == worker and second.stdout.split()[0] == str(worker)
     assert "Signals.SIGTERM" not in second.stdout and "15" not in second.stdout.split(None, 1)[1], second.stdout
+
+
+def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
+    """The worker's SIGINT handler outside commands (worker.Interrupts), in this process: idle with no command
+    waiting, dropped; while a command is taken, or idle with one waiting to be taken, noted for it; cleared when
+    the worker is idle again; once the listener is closed, dropped without an error."""
+    import socket as sk
+    from krex_ctl.worker import Interrupts
+
+    def sigint():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.02)                           # the handler runs in this thread at its next instruction
+
+    before = signal.getsignal(signal.SIGINT)
+    listener = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    listener.bind(str(tmp_path / "w.sock"))
+    listener.listen(1)
+    try:
+        it = Interrupts(listener)
+        assert it.command_handler is before
+        sigint()
+        assert not it.noted                        # a late one: dropped
+        it.taking = True
+        sigint()
+        assert it.noted                            # the command being taken gets it at its start
+        it.idle()
+        assert not it.noted and not it.taking
+        waiting = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+        waiting.connect(str(tmp_path / "w.sock"))
+        sigint()
+        assert it.noted                            # a command waiting to be taken: its own
+        it.idle()
+        waiting.close()
+        listener.close()
+        sigint()
+        assert not it.noted
+    finally:
+        signal.signal(signal.SIGINT, before)
+        listener.close()
 
 
 def test_a_sigint_to_an_idle_worker_is_dropped(warm, tmp_path):
@@ -202,7 +242,7 @@ def test_a_sigint_to_an_idle_worker_is_dropped(warm, tmp_path):
         out = run_py(warm, tmp_path, "import os; print(os.getpid())")
         assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
         os.kill(worker, signal.SIGINT)
-    time.sleep(0.3)
+        idle_worker(warm)
     out = run_py(warm, tmp_path, "import os; print(os.getpid())")
     assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
 
