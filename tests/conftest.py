@@ -57,6 +57,16 @@ def stderr_until(proc, text: str, timeout: float = 60.0) -> str:
     return data.decode(errors="replace")
 
 
+def new_user_env(tmp_path: Path) -> dict:
+    """This environment as a new user's shell has it (no krex variables, no LD_PRELOAD), with krex importable and
+    a node registry of the test's own: a controller another test runs beside it (make test runs two at once), or
+    anyone's on this machine, must not taint its regions other_controller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
+    (tmp_path / "registry").mkdir(exist_ok=True)
+    env.update(PYTHONPATH=str(ROOT), KREX_REGISTRY_DIR=str(tmp_path / "registry"))
+    return env
+
+
 def stopped_processes_under(marker: str) -> list[int]:
     """Processes in state T whose command line mentions marker (a test's private directory)."""
     out = []

@@ -14,15 +14,11 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, new_user_env
 
 
 def bench_env(tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
-    # a registry of its own: another test's (or anyone's) controller on this machine must not taint its regions
-    (tmp_path / "registry").mkdir(exist_ok=True)
-    env.update(PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp_path), KREX_REGISTRY_DIR=str(tmp_path / "registry"))
-    return env
+    return dict(new_user_env(tmp_path), XDG_RUNTIME_DIR=str(tmp_path))
 
 
 def test_throughput_harness_runs_every_kind_of_mode(tmp_path):

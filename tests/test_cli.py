@@ -131,13 +131,9 @@ def test_status_and_version(krex):
 
 
 def test_embedded_controller_starts_on_demand_with_private_socket(tmp_path):
-    from conftest import ROOT
+    from conftest import new_user_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-    # a registry of its own: another test's controller running beside it (make test runs two at once) must not
-    # taint its region other_controller
-    (tmp_path / "registry").mkdir()
-    env.update(XDG_RUNTIME_DIR=str(tmp_path), PYTHONPATH=str(ROOT), KREX_REGISTRY_DIR=str(tmp_path / "registry"))
+    env = dict(new_user_env(tmp_path), XDG_RUNTIME_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--", str(SNIP / "region")],
                          env=dict(env, SNIPPET_REGIONS="1"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

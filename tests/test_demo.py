@@ -1,28 +1,17 @@
 """`make demo`'s program on the fake driver: its benchmarks share one GPU with busy neighbours, every region
 is exclusive, and no neighbour kernel ran inside one (the demo checks the fake driver's trace itself)."""
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
-
-
-def demo_env(tmp_path) -> dict:
-    """A new user's environment (no krex variables), with a node registry of the test's own: the demo's
-    controller must not see another test's controller running beside it (make test runs two at once), whose
-    regions would taint the demo's other_controller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "LD_PRELOAD"}
-    (tmp_path / "registry").mkdir(exist_ok=True)
-    env.update(PYTHONPATH=str(ROOT), KREX_REGISTRY_DIR=str(tmp_path / "registry"))
-    return env
+from conftest import ROOT, new_user_env
 
 
 def test_the_demo_runs_on_the_fake_driver_with_no_neighbour_kernel_inside_a_region(tmp_path):
-    env = demo_env(tmp_path)
+    env = new_user_env(tmp_path)
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--fake"], env=env,
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -40,7 +29,7 @@ def test_the_demo_with_the_lifecycle_gates_on_never_has_a_neighbour_kernel_insid
     region closes the gate. A region leaves its drain only after a read pass begun after its close, so the
     announcement is read and the process drained first; none is read past the drain (the region would be tainted
     late_context), and no neighbour kernel runs inside a region reported exclusive. Six runs, about 20 s."""
-    env = dict(demo_env(tmp_path), KREX_GATE_CONTEXTS="1", KREX_GATE_EXIT="1", TMPDIR=str(tmp_path))
+    env = dict(new_user_env(tmp_path), KREX_GATE_CONTEXTS="1", KREX_GATE_EXIT="1", TMPDIR=str(tmp_path))
     for run in range(6):
         out = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--fake"], env=env,
                              capture_output=True, text=True, timeout=120)
