@@ -260,9 +260,14 @@ void krex_beside_check(int vendor) {
         if (!rid || rid == __atomic_load_n(&beside_told[d], __ATOMIC_RELAXED)) continue;
         /* contexts on several GPUs: only a launch on that GPU itself (the calling thread's current one) */
         if ((all & (all - 1)) && krex_current_gpu(vendor) != d) continue;
-        if (__atomic_load_n(&beside_first_rid[d], __ATOMIC_RELAXED) != rid) {   /* threads: the earliest is kept */
-            __atomic_store_n(&beside_first_ns[d], krex_now_ns(), __ATOMIC_RELAXED);
-            __atomic_store_n(&beside_first_rid[d], rid, __ATOMIC_RELEASE);
+        uint64_t seen = __atomic_load_n(&beside_first_rid[d], __ATOMIC_ACQUIRE);
+        if (seen != rid) {
+            /* threads: the first to claim the region stamps it (a later one would have overwritten an earlier
+             * launch's time); one that reads the stamp before it is written sends an earlier region's, earlier
+             * still: the side that makes the region shared_gpu, never falsely exclusive */
+            int64_t t = krex_now_ns();
+            if (__atomic_compare_exchange_n(&beside_first_rid[d], &seen, rid, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                __atomic_store_n(&beside_first_ns[d], t, __ATOMIC_RELEASE);
         }
         if (krex_beside(rid, d, __atomic_load_n(&beside_first_ns[d], __ATOMIC_RELAXED)) == 0)
             __atomic_store_n(&beside_told[d], rid, __ATOMIC_RELAXED);
