@@ -750,9 +750,10 @@ def judge(rows: list, ref: dict, clean=None, points: float = 0.25, need: int = 5
     for key, median, t in stable_timings(rows, ref["stable"], clean, skip_host_bound):
         b = bucket(median)
         counts[b] += 1
-        groups[b].append([abs(t / m - 1) * 100 for m in ref["pass_medians"][key]])
+        off = [(t / m - 1) * 100 for m in ref["pass_medians"][key]]
+        signed[b] += off
+        groups[b].append([abs(x) for x in off])
         vals[b] += groups[b][-1]
-        signed[b] += [(t / m - 1) * 100 for m in ref["pass_medians"][key]]
     p = {b: (p95(v) if v else None) for b, v in vals.items()}
     floors = ref["floors_pct"]
     met = all(p[b] is not None and floors.get(b) is not None and p[b] <= floors[b] + points for b in p)

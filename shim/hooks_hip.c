@@ -22,8 +22,10 @@ KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (first && !krex_connected() && !krex_failopen) krex_connect();
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     hipError_t r = REAL(hipSetDevice)(d);
-    if (r == hipSuccess) krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
-    if (r == hipSuccess) krex_context_made(d, 1);   /* the device's primary context (gate.c: quiet points) */
+    if (r == hipSuccess) {
+        krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
+        krex_context_made(d, 1);   /* the device's primary context (gate.c: quiet points) */
+    }
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     return r;
 }
