@@ -18,8 +18,8 @@ torch.mm) work through the same list of candidate specs in each mode:
   krexbusy  as krex, with `krex controller --freeze-policy busy`: only the siblings whose GPU work was in
             flight at the drain are stopped
   krexwarmbusy  krexwarm's warm workers under krexbusy's freeze policy
-  krexprewait  krexbusy with `--lifecycle-prewait-ms 100` (the controller's default since run 31; every other
-           krex mode runs with `--lifecycle-prewait-ms 0`, as before it): a request waits, its gates open, for other jobs'
+  krexprewait  krexbusy with `--lifecycle-prewait-ms 400` (the controller's default: 100 since run 31, 400 since
+           run 38; every other krex mode runs with `--lifecycle-prewait-ms 0`, as before it): a request waits, its gates open, for other jobs'
            context creations, teardowns and exits on its GPU to end before its drain
 Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
@@ -45,7 +45,7 @@ MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "kr
          "krexsolo", "krexsolobusy")
 WARM_MODES = ("krexwarm", "krexwarmbusy")   # commands run in the controller's warm workers
 # each krex mode's freeze policy, always named (the controller's default changed from all to busy)
-PREWAIT_MS = 100   # krexprewait's --lifecycle-prewait-ms
+PREWAIT_MS = 400   # krexprewait's --lifecycle-prewait-ms (the controller's default)
 # and its lifecycle prewait (the default became 100 ms after run 31; every other mode keeps the runs before it's 0)
 NO_PREWAIT = ["--lifecycle-prewait-ms", "0"]
 FREEZE_ARGS = {"krexnofreeze": ["--no-freeze", *NO_PREWAIT], "krexbusy": ["--freeze-policy", "busy", *NO_PREWAIT],

@@ -99,7 +99,7 @@ class Config:
     busy_before_us: float = 1000.0             # other jobs' GPU work this long at the drain: they loaded the GPU
     region_gap_ms: float = 0.0                 # a region starts at least this long after another job's region
                                                # ended on its GPUs, other jobs still gated (0: off)
-    lifecycle_prewait_ms: float = 100.0        # a request waits up to this long, gates open, for other jobs'
+    lifecycle_prewait_ms: float = 400.0        # a request waits up to this long, gates open, for other jobs'
                                                # lifecycle work on its GPUs to end before its drain (0: off)
     warm_workers: int = 0                      # warm Python workers kept ready per GPU and environment (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command

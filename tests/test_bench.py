@@ -1007,8 +1007,8 @@ def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
         sys.path.remove(str(ROOT / "bench"))
     before = {m: list(a) for m, a in T.FREEZE_ARGS.items()}
     try:
-        T.set_prewait_ms(400)
-        assert T.FREEZE_ARGS["krexprewait"] == ["--freeze-policy", "busy", "--lifecycle-prewait-ms", "400"]
+        T.set_prewait_ms(250)
+        assert T.FREEZE_ARGS["krexprewait"] == ["--freeze-policy", "busy", "--lifecycle-prewait-ms", "250"]
         assert {m: a for m, a in T.FREEZE_ARGS.items() if m != "krexprewait"} == \
             {m: a for m, a in before.items() if m != "krexprewait"}
     finally:

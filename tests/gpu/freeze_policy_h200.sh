@@ -12,7 +12,7 @@
 # warm workers); SKIP_NAIVE=1: no naive sharing step (a fidelity-only run); GATES (1) 1: the krex controllers with
 # --gate-contexts --gate-exit (the controller's default, run 3), 0 with --no-gate-contexts --no-gate-exit (run 4).
 # CTL_ARGS: more options for every krex controller, e.g. CTL_ARGS="--region-gap-ms 200".
-# PREWAIT_MS (100): busy+prewait's --lifecycle-prewait-ms.
+# PREWAIT_MS (400, the controller's default): busy+prewait's --lifecycle-prewait-ms.
 # HOST_BOUND=1: KREX_HOST_BOUND=1 in the krex commands (each timing says whether its region was host-bound).
 # TIMER (events): the candidates' timer, events (do_bench) or graph (do_bench_cudagraph: no host launches in it).
 # REF_HOLDER_GIB (0): bench/freeze_policy.py --reference-holder-gib, each reference command beside a seeded holder.
@@ -37,7 +37,7 @@ cpu_topology | tee -a $OUT/freeze-policy.log
 TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!   # UTC: bench/freeze_policy.py --smi reads its times so
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-100} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-400} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
