@@ -501,7 +501,9 @@ def main() -> None:
                     if mode in T.WARM_MODES:   # its idle workers' contexts would taint the next steps' regions
                         ctls.stop(mode)        # (other_controller); the next scale starts and fills it again
                     Path(args.out).write_text(json.dumps({"partial": True, "runs": runs, "argv": sys.argv}, indent=1))
-                    print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s", flush=True)
+                    cut = (f" (its budget cut from {args.budget:g} to {budget:.0f} s by --deadline: fewer timings)"
+                           if budget < args.budget else "")
+                    print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s{cut}", flush=True)
             finally:
                 ctls.stop()
     ref_mode = refs[0]
