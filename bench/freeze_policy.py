@@ -7,7 +7,7 @@ The workload is bench/throughput.py's: agents running compile-heavy Triton candi
 0.1-1 ms, 8192: 1-10 ms, 16384: > 10 ms on an H200) and --repeat R timings per kernel per command, so that
 each bucket gets enough kernels. Plan, per scale N: naive:N (unless --skip-naive), then one mode per policy of
 --policies (all: krex:N, none: krexnofreeze:N, busy: krexbusy:N, all+warm: krexwarm:N, busy+warm:
-krexwarmbusy:N, busy+prewait: krexprewait:N; the +warm ones run each command in a warm worker of the controller, its pool filled before the
+krexwarmbusy:N, busy+prewait: krexprewait:N, busy+warm+prewait: krexwarmprewait:N; the +warm ones run each command in a warm worker of the controller, its pool filled before the
 mode's clock starts); one
 reference pass first and one last (--reference solo, the default: each command alone under a krex controller
 of its own, krexsolo; --reference isolated: alone without krex). A solo reference times each kernel as every
@@ -53,7 +53,10 @@ POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy",
             "krexwarm": "all+warm", "krexwarmbusy": "busy+warm",
             # busy with --lifecycle-prewait-ms (throughput.PREWAIT_MS): other jobs' lifecycle work waited for with the
             # gates still open
-            "krexprewait": "busy+prewait"}
+            "krexprewait": "busy+prewait",
+            # warm workers with the controller's defaults (busy, the prewait): the pool's spares make their contexts
+            # while regions wait for them (run 40), which the prewait waits for with the gates open
+            "krexwarmprewait": "busy+warm+prewait"}
 COLD = ("all", "none", "busy")   # the default --policies
 REFERENCES = {"solo": "krexsolo", "isolated": "isolated", "solo-busy": "krexsolobusy"}
 TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it started (about one command's time)

@@ -18,6 +18,7 @@ torch.mm) work through the same list of candidate specs in each mode:
   krexbusy  as krex, with `krex controller --freeze-policy busy`: only the siblings whose GPU work was in
             flight at the drain are stopped
   krexwarmbusy  krexwarm's warm workers under krexbusy's freeze policy
+  krexwarmprewait  krexwarm's warm workers under krexprewait's settings (the controller's defaults)
   krexprewait  krexbusy with `--lifecycle-prewait-ms 400` (the controller's default: 100 since run 31, 400 since
            run 38; every other krex mode runs with `--lifecycle-prewait-ms 0`, as before it): a request waits, its gates open, for other jobs'
            context creations, teardowns and exits on its GPU to end before its drain
@@ -42,8 +43,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATE = str(ROOT / "bench" / "candidate.py")
 MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "krexbusy", "krexwarmbusy", "krexprewait",
-         "krexsolo", "krexsolobusy")
-WARM_MODES = ("krexwarm", "krexwarmbusy")   # commands run in the controller's warm workers
+         "krexwarmprewait", "krexsolo", "krexsolobusy")
+WARM_MODES = ("krexwarm", "krexwarmbusy", "krexwarmprewait")   # commands run in the controller's warm workers
 # each krex mode's freeze policy, always named (the controller's default changed from all to busy)
 PREWAIT_MS = 400   # krexprewait's --lifecycle-prewait-ms (the controller's default)
 # and its lifecycle prewait (the default became 100 ms after run 31; every other mode keeps the runs before it's 0)
@@ -51,13 +52,15 @@ NO_PREWAIT = ["--lifecycle-prewait-ms", "0"]
 FREEZE_ARGS = {"krexnofreeze": ["--no-freeze", *NO_PREWAIT], "krexbusy": ["--freeze-policy", "busy", *NO_PREWAIT],
                "krexwarmbusy": ["--freeze-policy", "busy", *NO_PREWAIT],
                "krexprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
+               "krexwarmprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
                **{m: ["--freeze-policy", "all", *NO_PREWAIT] for m in ("krex", "krexwarm", "krexsolo", "krexsolobusy")}}
 
 
 def set_prewait_ms(ms: float) -> None:
-    """krexprewait's --lifecycle-prewait-ms (bench/freeze_policy.py --prewait-ms); each controller's command line
-    is in the result (controller_argv)."""
-    FREEZE_ARGS["krexprewait"] = ["--freeze-policy", "busy", "--lifecycle-prewait-ms", f"{ms:g}"]
+    """krexprewait's and krexwarmprewait's --lifecycle-prewait-ms (bench/freeze_policy.py --prewait-ms); each
+    controller's command line is in the result (controller_argv)."""
+    for mode in ("krexprewait", "krexwarmprewait"):
+        FREEZE_ARGS[mode] = ["--freeze-policy", "busy", "--lifecycle-prewait-ms", f"{ms:g}"]
 
 
 # one command at a time, every distinct spec once, no budget; krexsolobusy: the same as krexsolo beside a GPU

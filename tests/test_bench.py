@@ -1008,9 +1008,12 @@ def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
     before = {m: list(a) for m, a in T.FREEZE_ARGS.items()}
     try:
         T.set_prewait_ms(250)
-        assert T.FREEZE_ARGS["krexprewait"] == ["--freeze-policy", "busy", "--lifecycle-prewait-ms", "250"]
-        assert {m: a for m, a in T.FREEZE_ARGS.items() if m != "krexprewait"} == \
-            {m: a for m, a in before.items() if m != "krexprewait"}
+        prewaiting = ("krexprewait", "krexwarmprewait")    # the second in the warm workers
+        for mode in prewaiting:
+            assert T.FREEZE_ARGS[mode] == ["--freeze-policy", "busy", "--lifecycle-prewait-ms", "250"], mode
+        assert "krexwarmprewait" in T.WARM_MODES and "krexprewait" not in T.WARM_MODES
+        assert {m: a for m, a in T.FREEZE_ARGS.items() if m not in prewaiting} == \
+            {m: a for m, a in before.items() if m not in prewaiting}
     finally:
         T.FREEZE_ARGS.clear()
         T.FREEZE_ARGS.update(before)

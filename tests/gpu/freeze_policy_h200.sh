@@ -9,7 +9,7 @@
 #   SCALES=8 BUDGET=75 bash tests/gpu/freeze_policy_h200.sh     then   SCALES=16 BUDGET=55 ...
 # REFERENCE (solo) the reference passes: solo, isolated, solo-busy or a comma list (solo,solo-busy: both, the
 # first judging). POLICIES (all,none,busy) the krex policies (also all+warm, busy+warm: commands in the controller's
-# warm workers); SKIP_NAIVE=1: no naive sharing step (a fidelity-only run); GATES (1) 1: the krex controllers with
+# warm workers; busy+prewait, busy+warm+prewait: with PREWAIT_MS); SKIP_NAIVE=1: no naive sharing step (a fidelity-only run); GATES (1) 1: the krex controllers with
 # --gate-contexts --gate-exit (the controller's default, run 3), 0 with --no-gate-contexts --no-gate-exit (run 4).
 # CTL_ARGS: more options for every krex controller, e.g. CTL_ARGS="--region-gap-ms 200".
 # PREWAIT_MS (400, the controller's default): busy+prewait's --lifecycle-prewait-ms.
