@@ -28,7 +28,7 @@ import threading
 import traceback
 from typing import Optional
 
-from . import paths, procs
+from . import paths, procs, signals
 from .wire import counters as counters_file, native, ops
 from .wire import worker as worker_env
 from .errors import KrexCommandError
@@ -37,8 +37,12 @@ from .wire.client import Connection, bind_private
 
 COUNTERS: Optional[str] = None   # this worker's own counters file (its zygote made it), set by serve()
 
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
-                   signal.SIGPIPE)   # SIGPIPE: a command's SIG_DFL would let a later write to a gone zygote kill the worker
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGALRM, signal.SIGPIPE)   # SIGPIPE: a command's SIG_DFL would let a later write to a gone
+                                                     # zygote kill the worker
+# the signals a wrapper started with ignored and a command of it starts ignored, as a cold one inherits them
+# (krex_ctl.signals.FORWARDED: the wrapper neither takes nor passes them on)
+IGNORABLE = frozenset(signals.FORWARDED)
 
 
 class WorkerExit(BaseException):
@@ -322,12 +326,14 @@ class Interrupts:
         except (OSError, ValueError):      # the listener is closed: the worker is on its way out
             pass
 
-    def command_starts(self) -> None:
-        """In the command's try: the command's handler, and a Ctrl-C noted for it raised now."""
-        signal.signal(signal.SIGINT, self.command_handler)
-        if self.noted and self.command_handler is signal.default_int_handler:
+    def command_starts(self, ignored: bool = False) -> None:
+        """In the command's try: the command's handler (SIG_IGN where its wrapper was started with SIGINT
+        ignored), and a Ctrl-C noted for it raised now."""
+        handler = signal.SIG_IGN if ignored else self.command_handler
+        signal.signal(signal.SIGINT, handler)
+        if self.noted and handler is signal.default_int_handler:
             raise KeyboardInterrupt
-        if self.noted and self.command_handler == signal.SIG_DFL:
+        if self.noted and handler == signal.SIG_DFL:
             signal.raise_signal(signal.SIGINT)
 
     def command_ended(self) -> None:
@@ -348,8 +354,10 @@ def drop_pending(signals) -> None:
         signal.sigtimedwait(signals, 0)
 
 
-def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
-    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would."""
+def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()) -> dict:
+    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would: with the signals
+    of `ignored` (numbers; those of IGNORABLE count) ignored, as its wrapper was started."""
+    ignored = {signal.Signals(s) for s in ignored if isinstance(s, int) and s in IGNORABLE}
     before = counters()
     regions_before = len(local_regions())
     snapshot_modules = set(sys.modules)
@@ -376,7 +384,9 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int]) -> dict:
     me = os.getpid()
     try:
         if INTERRUPTS is not None:
-            INTERRUPTS.command_starts()
+            INTERRUPTS.command_starts(signal.SIGINT in ignored)
+        for s in ignored:
+            signal.signal(s, signal.SIG_IGN)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
@@ -518,7 +528,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     done = threading.Event()
                     watcher = watch_wrapper(conn, done)
                     try:
-                        result = run_command(req["argv"], req["env"], req["cwd"], fds)
+                        result = run_command(req["argv"], req["env"], req["cwd"], fds, req.get("ignored") or ())
                     except KeyboardInterrupt:
                         # a second Ctrl-C while the command's first was being reported: the command's still, and
                         # the worker, whose restore it may have cut short, retires

@@ -192,6 +192,26 @@ def test_a_commands_signal_mask_is_not_the_next_ones(warm, tmp_path):
     assert "Signals.SIGTERM" not in second.stdout and "15" not in second.stdout.split(None, 1)[1], second.stdout
 
 
+def test_signals_the_wrapper_ignored_are_ignored_in_the_warm_command_and_not_the_next(warm, tmp_path):
+    """A wrapper started with SIGINT and SIGQUIT ignored (what a non-interactive shell does for `cmd &`) starts a
+    cold command with them ignored; a warm command too, and the worker's next command has them back."""
+    show = ("import os, signal\n"
+            "print(os.getpid(), *(signal.getsignal(s) is signal.SIG_IGN for s in (signal.SIGINT, signal.SIGQUIT,\n"
+            "                                                                     signal.SIGTERM)))\n")
+
+    def ignoring():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+    worker = idle_worker(warm)["pid"]
+    first = run_py(warm, tmp_path, show, preexec_fn=ignoring)
+    idle_worker(warm)
+    second = run_py(warm, tmp_path, show)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert first.stdout.split() == [str(worker), "True", "True", "False"], first.stdout
+    assert second.stdout.split() == [str(worker), "False", "False", "False"], second.stdout
+
+
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
     """The worker's SIGINT handler outside commands (worker.Interrupts), in this process: idle with no command
     waiting, dropped; while a command is taken, or idle with one waiting to be taken, noted for it; cleared when

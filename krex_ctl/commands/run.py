@@ -32,7 +32,7 @@ from ..errors import KrexCommandError
 from ..wire.frames import C
 from ..wire import ops
 from ..wire.client import Connection, ControllerError, ControllerRefused, peer_uid
-from ..signals import Forwarder, block
+from ..signals import FORWARDED, Forwarder, block, taken
 
 
 class Guardian(threading.Thread):
@@ -464,7 +464,9 @@ def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict,
             raise OSError("the warm worker does not run as this user")
         if forwarder.first_pending() is not None:
             raise OSError("interrupted")
-        request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+        # the signals this wrapper was started with ignored: the command starts with them ignored, as a cold one
+        ignored = sorted(int(sig) for sig in set(FORWARDED) - set(taken()))
+        request = json.dumps({"argv": args, "env": env, "cwd": os.getcwd(), "ignored": ignored}).encode() + b"\n"
         s.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
     except OSError:
         s.close()
