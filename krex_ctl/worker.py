@@ -316,7 +316,9 @@ class Interrupts:
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener, self.taking, self.noted = listener, False, False
-        self.command_handler = signal.getsignal(signal.SIGINT)   # what a command runs with (a cold one's)
+        # what a command runs with: a cold Python's, whatever the worker inherited (a controller started with SIGINT
+        # ignored passes that on to its zygotes); SIG_IGN where the command's own wrapper ignored it
+        self.command_handler = signal.default_int_handler
         signal.signal(signal.SIGINT, self.note)
 
     def note(self, signum, frame) -> None:
@@ -333,8 +335,6 @@ class Interrupts:
         signal.signal(signal.SIGINT, handler)
         if self.noted and handler is signal.default_int_handler:
             raise KeyboardInterrupt
-        if self.noted and handler == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)
 
     def command_ended(self) -> None:
         signal.signal(signal.SIGINT, self.note)
@@ -355,8 +355,9 @@ def drop_pending(signals) -> None:
 
 
 def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()) -> dict:
-    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would: with the signals
-    of `ignored` (numbers; those of IGNORABLE count) ignored, as its wrapper was started."""
+    """Run `python ARGS...` (argv without the interpreter) here, as a fresh interpreter would: the signals of
+    `ignored` (numbers; those of IGNORABLE count) ignored, as its wrapper was started, the other IGNORABLE ones at
+    a fresh interpreter's dispositions (whatever the worker inherited)."""
     ignored = {signal.Signals(s) for s in ignored if isinstance(s, int) and s in IGNORABLE}
     before = counters()
     regions_before = len(local_regions())
@@ -383,10 +384,12 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
     exit_code, sig, retire = 0, None, False
     me = os.getpid()
     try:
+        for s in IGNORABLE:
+            if s != signal.SIGINT or INTERRUPTS is None:
+                signal.signal(s, signal.SIG_IGN if s in ignored else
+                              signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
         if INTERRUPTS is not None:
             INTERRUPTS.command_starts(signal.SIGINT in ignored)
-        for s in ignored:
-            signal.signal(s, signal.SIG_IGN)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)

@@ -212,6 +212,26 @@ def test_signals_the_wrapper_ignored_are_ignored_in_the_warm_command_and_not_the
     assert second.stdout.split() == [str(worker), "False", "False", "False"], second.stdout
 
 
+def test_a_warm_command_does_not_inherit_signals_its_controller_ignored(krex, tmp_path):
+    """A controller started with SIGINT and SIGQUIT ignored passes that on to its zygotes and workers; a command
+    whose wrapper did not ignore them gets a fresh Python's dispositions (Ctrl-C raises KeyboardInterrupt)."""
+    def ignoring():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json", preexec_fn=ignoring)
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    with open(f"/proc/{worker}/status") as f:
+        ign = int(next(x for x in f if x.startswith("SigIgn:")).split()[1], 16)
+    assert ign & (1 << (signal.SIGQUIT - 1)), hex(ign)         # the worker did inherit SIGQUIT ignored
+    out = run_py(krex, tmp_path, "import os, signal\n"
+                                 "print(os.getpid(), signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
+                                 "      signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL)\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(worker), "True", "True"], out.stdout
+
+
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
     """The worker's SIGINT handler outside commands (worker.Interrupts), in this process: idle with no command
     waiting, dropped; while a command is taken, or idle with one waiting to be taken, noted for it; cleared when
@@ -229,7 +249,7 @@ def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_on
     listener.listen(1)
     try:
         it = Interrupts(listener)
-        assert it.command_handler is before
+        assert it.command_handler is signal.default_int_handler     # a cold Python's, whatever the worker's was
         sigint()
         assert not it.noted                        # a late one: dropped
         it.taking = True
