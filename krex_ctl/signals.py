@@ -45,20 +45,20 @@ class Forwarder(threading.Thread):
                 info = signal.sigwaitinfo(waited)
             except InterruptedError:
                 continue
-            with self.lock:
+            with self.lock:   # sent under the lock: once aim(None) has returned, nothing more goes to the old pid
                 self.last = info.si_signo
                 target = self.target
                 if target is None:
                     self.pending.append(info.si_signo)
                     self.arrived.set()
                     continue
-            pid, skip_tty = target
-            if skip_tty and info.si_code == SI_KERNEL:
-                continue
-            try:
-                os.kill(pid, info.si_signo)
-            except OSError:
-                pass
+                pid, skip_tty = target
+                if skip_tty and info.si_code == SI_KERNEL:
+                    continue
+                try:
+                    os.kill(pid, info.si_signo)
+                except OSError:
+                    pass
 
     def aim(self, pid: Optional[int], skip_tty: bool = False) -> None:
         """Forward to pid from now on (None: keep what arrives); what was kept so far goes to pid now."""

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from typing import Optional
 
@@ -485,6 +486,23 @@ def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
+WRAPPER_CLOSE_S = 5.0   # how long a worker that stays waits for a wrapper to close its connection after the answer
+
+
+def wrapper_closed(conn: socket.socket, timeout: float = WRAPPER_CLOSE_S) -> None:
+    """Wait for the wrapper to close its connection after it has the answer: it stops passing signals on to this
+    worker first, so a Ctrl-C it passes on late is noted (and dropped) here, never raised in the next command. A
+    wrapper that keeps it open longer than `timeout` (stopped, say) is not waited for."""
+    deadline = time.monotonic() + timeout
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if not conn.recv(4096):
+                return
+    except OSError:          # a timeout, or a connection reset: gone either way
+        pass
+
+
 def serve(ready_fd: Optional[int] = None) -> None:
     """A worker: take the context, register, run commands until it retires; then exit."""
     global COUNTERS
@@ -546,6 +564,8 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     runs += 1
                     result["retire"] = result["retire"] or runs >= reuse_limit
                     conn.sendall(json.dumps(result).encode() + b"\n")
+                    if not result["retire"]:
+                        wrapper_closed(conn)
             finally:
                 INTERRUPTS.idle()            # a Ctrl-C from here on with no command waiting is a late one: dropped
             if result["retire"]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +231,45 @@ def test_a_warm_command_does_not_inherit_signals_its_controller_ignored(krex, tm
                                  "      signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL)\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(worker), "True", "True"], out.stdout
+
+
+def test_a_late_ctrl_c_of_one_command_never_reaches_the_next_in_the_same_worker(warm, tmp_path):
+    """A worker that stays (--worker-reuse above 1) takes its next command only once the last one's wrapper has
+    closed its connection, which the wrapper does after it has stopped passing signals on: a SIGINT passed on in
+    between is dropped, not raised in the next command. Here the test is the first command's wrapper, and keeps
+    its connection open after the answer while a second `krex run` waits for the same worker."""
+    import array
+    import select
+    import socket as sk
+
+    worker = idle_worker(warm)["pid"]
+    socks = list((Path(warm.env["XDG_RUNTIME_DIR"]) / "krex").glob("worker-*.sock"))
+    assert len(socks) == 1, socks
+    first = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    first.connect(str(socks[0]))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    request = json.dumps({"argv": ["-c", "pass"], "env": dict(warm.env), "cwd": str(tmp_path)}).encode() + b"\n"
+    first.sendmsg([request], [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [devnull] * 3).tobytes())])
+    os.close(devnull)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = first.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    assert json.loads(answer)["exit_code"] == 0 and not json.loads(answer)["retire"]
+    script = tmp_path / "next.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(0.5)\nprint('done', flush=True)\n")
+    second = warm.popen([sys.executable, str(script)])
+    try:
+        started = select.select([second.stdout], [], [], 2.0)[0]
+        assert not started, second.stdout.readline()        # the worker waits for the first wrapper's close
+        os.kill(worker, signal.SIGINT)                     # passed on late by the first command's wrapper
+        time.sleep(0.2)
+    finally:
+        first.close()
+    out, err = second.communicate(timeout=30)
+    assert second.returncode == 0, err
+    assert out.split() == [str(worker), "done"], (out, err)                 # the same worker, not interrupted
 
 
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):

@@ -483,8 +483,9 @@ def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict,
         if not chunk:
             break
         data += chunk
-    s.close()
     forwarder.aim(None)
+    s.close()                             # after aim(None): the worker takes its next command only once this closes,
+                                          # so no signal meant for this one can reach the next (worker.serve)
     if not data.endswith(b"\n"):
         sig = forwarder.last
         if sig is not None and sig != signal.SIGINT:
