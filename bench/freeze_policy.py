@@ -104,7 +104,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
-                     "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 3) if naive.get(r["agents"]) else None,
+                     "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 4) if naive.get(r["agents"]) else None,
                      **fid, "metrics": r.get("metrics")})
     best = None
     for policy in POLICIES.values():

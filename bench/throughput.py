@@ -20,7 +20,7 @@ torch.mm) work through the same list of candidate specs in each mode:
   krexwarmbusy  krexwarm's warm workers under krexbusy's freeze policy
   krexwarmprewait  krexwarm's warm workers under krexprewait's settings (the controller's defaults)
   krexprewait  krexbusy with `--lifecycle-prewait-ms 400` (the controller's default: 100 since run 31, 400 since
-           run 38; every other krex mode runs with `--lifecycle-prewait-ms 0`, as before it): a request waits, its gates open, for other jobs'
+           run 38; every other krex mode but krexwarmprewait runs with `--lifecycle-prewait-ms 0`, as before it): a request waits, its gates open, for other jobs'
            context creations, teardowns and exits on its GPU to end before its drain
 Each kind of krex mode gets its own controller (socket in a temporary directory), kept for the whole plan.
 Kernel mix (matmul sizes, fp16): 1024 and 2048 (< 0.1 ms), 4096 (0.1-1 ms), 8192 (1-10 ms),
@@ -47,7 +47,8 @@ MODES = ("isolated", "naive", "cmdlock", "krex", "krexwarm", "krexnofreeze", "kr
 WARM_MODES = ("krexwarm", "krexwarmbusy", "krexwarmprewait")   # commands run in the controller's warm workers
 # each krex mode's freeze policy, always named (the controller's default changed from all to busy)
 PREWAIT_MS = 400   # krexprewait's --lifecycle-prewait-ms (the controller's default)
-# and its lifecycle prewait (the default became 100 ms after run 31; every other mode keeps the runs before it's 0)
+# and its lifecycle prewait (the default became 100 ms after run 31, 400 after run 38; the modes but krexprewait and
+# krexwarmprewait keep the 0 of the runs before it)
 NO_PREWAIT = ["--lifecycle-prewait-ms", "0"]
 FREEZE_ARGS = {"krexnofreeze": ["--no-freeze", *NO_PREWAIT], "krexbusy": ["--freeze-policy", "busy", *NO_PREWAIT],
                "krexwarmbusy": ["--freeze-policy", "busy", *NO_PREWAIT],

@@ -41,7 +41,7 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
     assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
     assert "--no-freeze" in argv["krexnofreeze"] and "--freeze-policy" not in argv["krexnofreeze"]
-    # every mode names its lifecycle prewait: the controller's default became 100 ms, these modes keep 0
+    # every mode names its lifecycle prewait: the controller's default is 400 ms (100 from run 31), these modes keep 0
     assert all("--lifecycle-prewait-ms 0" in " ".join(a) for a in argv.values() if a), argv
     for mode in ("krex", "krexwarm", "krexwarmbusy", "krexnofreeze"):
         run = next(r for r in data["runs"] if r["mode"] == mode)
