@@ -26,23 +26,26 @@ def test_throughput_harness_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "result.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--candidate",
                         str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--plan",
-                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexnofreeze:2,isolated:1", "--specs", "3",
+                        "isolated:1,cmdlock:2,krex:2,krexwarm:2,krexwarmbusy:2,krexwarmprewait:2,krexnofreeze:2,isolated:1",
+                        "--specs", "3",
                         "--budget", "60",
                         "--logs", str(tmp_path), "--out", str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     summary = {(s["mode"], s["agents"]): s for s in data["summary"]}
-    assert [r["failed"] for r in data["runs"]] == [0] * 7
+    assert [r["failed"] for r in data["runs"]] == [0] * 8
     assert summary[("krex", 2)]["commands"] == summary[("krexwarm", 2)]["commands"] == 3
-    for mode in ("krexwarm", "krexwarmbusy"):
+    for mode in ("krexwarm", "krexwarmbusy", "krexwarmprewait"):
         assert summary[(mode, 2)]["warm_commands"] == 3             # the pool served every command, the third on a refill
     argv = {r["mode"]: r.get("controller_argv", []) for r in data["runs"]}
     assert "--warm-workers" in argv["krexwarmbusy"] and "--freeze-policy busy" in " ".join(argv["krexwarmbusy"])
     assert "--freeze-policy all" in " ".join(argv["krexwarm"]) and "--freeze-policy all" in " ".join(argv["krex"])
     assert "--no-freeze" in argv["krexnofreeze"] and "--freeze-policy" not in argv["krexnofreeze"]
     # every mode names its lifecycle prewait: the controller's default is 400 ms (100 from run 31), these modes keep 0
-    assert all("--lifecycle-prewait-ms 0" in " ".join(a) for a in argv.values() if a), argv
+    assert all("--lifecycle-prewait-ms 0" in " ".join(a) for m, a in argv.items() if a and m != "krexwarmprewait"), argv
+    assert "--warm-workers" in argv["krexwarmprewait"] and \
+        "--freeze-policy busy --lifecycle-prewait-ms 400" in " ".join(argv["krexwarmprewait"])
     for mode in ("krex", "krexwarm", "krexwarmbusy", "krexnofreeze"):
         run = next(r for r in data["runs"] if r["mode"] == mode)
         assert all(r["regions"] == 2 and r["region_held_s"] > 0 for r in run["rows"]), run["rows"]
