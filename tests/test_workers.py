@@ -2,14 +2,16 @@
 and behaves as a cold run does (exit codes, exceptions, stdio, environment, signals); state does not leak
 from one command to the next; a worker that cannot vouch for its state retires and is replaced."""
 
+import array
 import json
 import os
+import select
 import signal
+import socket as sk
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,30 @@ from conftest import ROOT, proc_state, report_of, wait_for
 def idle_worker(krex):
     return wait_for(lambda: next((w for w in krex.status()["workers"] if w["state"] == "idle"), None), timeout=60,
                     what="an idle warm worker")
+
+
+def worker_connection(krex):
+    """A connection to the one warm worker's socket, as `krex run` makes it (the test standing in for the wrapper)."""
+    [path] = (krex.dir / "krex").glob("worker-*.sock")
+    s = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    s.connect(str(path))
+    return s
+
+
+def send_command(s, krex, cwd, code: str, fds: list) -> None:
+    """`python -c CODE` sent on a worker connection with fds as its stdin, stdout and stderr."""
+    request = json.dumps({"argv": ["-c", code], "env": dict(krex.env), "cwd": str(cwd)}).encode() + b"\n"
+    s.sendmsg([request], [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", fds).tobytes())])
+
+
+def answer_of(s) -> dict:
+    """The worker's answer on its connection."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    return json.loads(data)
 
 
 def ready_pool(krex, tmp_path) -> dict:
@@ -238,25 +264,14 @@ def test_a_late_ctrl_c_of_one_command_never_reaches_the_next_in_the_same_worker(
     closed its connection, which the wrapper does after it has stopped passing signals on: a SIGINT passed on in
     between is dropped, not raised in the next command. Here the test is the first command's wrapper, and keeps
     its connection open after the answer while a second `krex run` waits for the same worker."""
-    import array
-    import select
-    import socket as sk
 
     worker = idle_worker(warm)["pid"]
-    socks = list((Path(warm.env["XDG_RUNTIME_DIR"]) / "krex").glob("worker-*.sock"))
-    assert len(socks) == 1, socks
-    first = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
-    first.connect(str(socks[0]))
+    first = worker_connection(warm)
     devnull = os.open(os.devnull, os.O_RDWR)
-    request = json.dumps({"argv": ["-c", "pass"], "env": dict(warm.env), "cwd": str(tmp_path)}).encode() + b"\n"
-    first.sendmsg([request], [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [devnull] * 3).tobytes())])
+    send_command(first, warm, tmp_path, "pass", [devnull] * 3)
     os.close(devnull)
-    answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = first.recv(65536)
-        assert chunk, answer
-        answer += chunk
-    assert json.loads(answer)["exit_code"] == 0 and not json.loads(answer)["retire"]
+    answer = answer_of(first)
+    assert answer["exit_code"] == 0 and not answer["retire"], answer
     script = tmp_path / "next.py"
     script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(0.5)\nprint('done', flush=True)\n")
     second = warm.popen([sys.executable, str(script)])
@@ -276,7 +291,6 @@ def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_on
     """The worker's SIGINT handler outside commands (worker.Interrupts), in this process: idle with no command
     waiting, dropped; while a command is taken, or idle with one waiting to be taken, noted for it; cleared when
     the worker is idle again; once the listener is closed, dropped without an error."""
-    import socket as sk
     from krex_ctl.worker import Interrupts
 
     def sigint():
@@ -331,33 +345,23 @@ def test_a_sigint_while_the_worker_takes_a_command_is_the_commands(warm, tmp_pat
     """A wrapper passes its signals to the worker once it has sent its command: a SIGINT that reaches the worker
     before the command has started is the command's (KeyboardInterrupt at its start: 130, as a cold command
     killed by SIGINT before its first line), not the end of the worker (which the wrapper reported as status 1)."""
-    import array
-    import socket as sk
 
     worker = idle_worker(warm)["pid"]
     # an earlier command's BLAS leaves native threads in the worker that do not block SIGINT: the kernel may hand
     # the signal to one of them (a mask on the worker's own thread would not keep it from the worker's loop)
     out = run_py(warm, tmp_path, "import numpy\na = numpy.ones((512, 512))\nprint((a @ a)[0, 0])")
     assert out.returncode == 0 and idle_worker(warm)["pid"] == worker, out.stderr
-    [path] = (warm.dir / "krex").glob("worker-*.sock")
-    s = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
-    s.connect(str(path))
+    s = worker_connection(warm)
     time.sleep(0.3)                          # accepted: the worker waits for the command
     os.kill(worker, signal.SIGINT)
     time.sleep(0.1)
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
-    request = json.dumps({"argv": ["-c", "print('ran')"], "env": dict(warm.env), "cwd": str(tmp_path)}).encode()
-    s.sendmsg([request + b"\n"], [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [0, w_out, w_err]).tobytes())])
+    send_command(s, warm, tmp_path, "print('ran')", [0, w_out, w_err])
     os.close(w_out)
     os.close(w_err)
-    reply = b""
-    while not reply.endswith(b"\n"):
-        chunk = s.recv(65536)
-        assert chunk, reply
-        reply += chunk
+    result = answer_of(s)
     s.close()
-    result = json.loads(reply)
     out, err = os.read(r_out, 65536), os.read(r_err, 65536)
     for fd in (r_out, r_err):
         os.close(fd)
