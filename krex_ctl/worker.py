@@ -14,6 +14,7 @@ retires early when it cannot vouch for a clean state: a leaked thread or child p
 error."""
 
 import ctypes
+import faulthandler
 import itertools
 import json
 import os
@@ -449,7 +450,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
         os.environ.update(env_before)
         os.chdir(cwd_before)
         for s, h in handlers.items():
-            signal.signal(s, h)
+            faulthandler.unregister(s)   # a command's faulthandler.register(s): set in C, unseen by getsignal, and
+            signal.signal(s, h)          # faulthandler would skip the next command's register of s
         drop_pending(signal.pthread_sigmask(signal.SIG_BLOCK, []) - mask_before)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
         restored = restore_module_globals(globals_before, sys_before, filters_before)
@@ -524,8 +526,37 @@ def serve(ready_fd: Optional[int] = None) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "command")
     sel.register(ctl.sock, selectors.EVENT_READ, "controller")
+    for s in IGNORABLE - {signal.SIGINT}:
+        # a fresh Python's dispositions from here on, not what the controller passed on (a SIGQUIT it ignored): a
+        # signal a wrapper passes on before the command's own are set acts as it would on a cold one (SIGINT: the
+        # Interrupts below)
+        signal.signal(s, signal.SIG_DFL)
     global INTERRUPTS
     INTERRUPTS = Interrupts(listener)
+
+    def take(conn: socket.socket, req: dict, fds: list[int], last: bool) -> dict:
+        """Run the command a wrapper sent and answer it; a worker that stays waits for the wrapper's close."""
+        tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
+        done = threading.Event()
+        watcher = watch_wrapper(conn, done)
+        try:
+            result = run_command(req["argv"], req["env"], req["cwd"], fds, req.get("ignored") or ())
+        except KeyboardInterrupt:
+            # a second Ctrl-C while the command's first was being reported: the command's still, and the worker,
+            # whose restore it may have cut short, retires
+            INTERRUPTS.command_ended()
+            result = {"exit_code": 130, "signal": int(signal.SIGINT), "retire": True, "counters": {}, "regions": []}
+        finally:
+            done.set()
+            watcher.join()
+            for fd in fds:
+                os.close(fd)
+        result["retire"] = result["retire"] or last
+        conn.sendall(json.dumps(result).encode() + b"\n")
+        if not result["retire"]:
+            wrapper_closed(conn)
+        return result
+
     try:
         while True:
             events = [key.data for key, _ in sel.select()]
@@ -541,31 +572,20 @@ def serve(ready_fd: Optional[int] = None) -> None:
                     try:
                         req, fds = recv_request(conn)
                     except (OSError, ValueError, ConnectionError):
-                        continue
-                    if len(fds) != 3:
-                        conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
-                        continue
-                    tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
-                    done = threading.Event()
-                    watcher = watch_wrapper(conn, done)
-                    try:
-                        result = run_command(req["argv"], req["env"], req["cwd"], fds, req.get("ignored") or ())
-                    except KeyboardInterrupt:
-                        # a second Ctrl-C while the command's first was being reported: the command's still, and
-                        # the worker, whose restore it may have cut short, retires
-                        INTERRUPTS.command_ended()
-                        result = {"exit_code": 130, "signal": int(signal.SIGINT), "retire": True, "counters": {},
-                                  "regions": []}
-                    finally:
-                        done.set()
-                        watcher.join()
+                        req, fds = None, []      # the wrapper left before its request (interrupted before it)
+                    if req is not None and len(fds) != 3:
                         for fd in fds:
                             os.close(fd)
-                    runs += 1
-                    result["retire"] = result["retire"] or runs >= reuse_limit
-                    conn.sendall(json.dumps(result).encode() + b"\n")
-                    if not result["retire"]:
-                        wrapper_closed(conn)
+                        try:
+                            conn.sendall(json.dumps({"error": "expected stdin, stdout and stderr"}).encode() + b"\n")
+                        except OSError:
+                            pass
+                        req = None
+                    if req is None:              # no command taken: idle again (the controller checked it out)
+                        result = {"retire": False}
+                    else:
+                        runs += 1
+                        result = take(conn, req, fds, runs >= reuse_limit)
             finally:
                 INTERRUPTS.idle()            # a Ctrl-C from here on with no command waiting is a late one: dropped
             if result["retire"]:

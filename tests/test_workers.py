@@ -249,9 +249,10 @@ def test_a_warm_command_does_not_inherit_signals_its_controller_ignored(krex, tm
     krex.start_controller("--warm-workers", "1", "--worker-preload", "json", preexec_fn=ignoring)
     assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
     worker = idle_worker(krex)["pid"]
-    with open(f"/proc/{worker}/status") as f:
+    [zygote] = [z["pid"] for z in krex.status()["zygotes"]]
+    with open(f"/proc/{zygote}/status") as f:
         ign = int(next(x for x in f if x.startswith("SigIgn:")).split()[1], 16)
-    assert ign & (1 << (signal.SIGQUIT - 1)), hex(ign)         # the worker did inherit SIGQUIT ignored
+    assert ign & (1 << (signal.SIGQUIT - 1)), hex(ign)         # the pool did inherit SIGQUIT ignored
     out = run_py(krex, tmp_path, "import os, signal\n"
                                  "print(os.getpid(), signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
                                  "      signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL)\n")
@@ -285,6 +286,71 @@ def test_a_late_ctrl_c_of_one_command_never_reaches_the_next_in_the_same_worker(
     out, err = second.communicate(timeout=30)
     assert second.returncode == 0, err
     assert out.split() == [str(worker), "done"], (out, err)                 # the same worker, not interrupted
+
+
+def test_faulthandler_registered_by_one_command_works_in_the_next(warm, tmp_path):
+    """faulthandler.register(sig) sets its handler in C, which signal.getsignal does not see: the worker's put-back
+    of its handlers must unregister it, or the next command's register of the same signal does nothing (faulthandler
+    thinks it is still registered) and the signal kills that command."""
+    code = ("import faulthandler, os, signal, sys, time\n"
+            "faulthandler.register(signal.SIGUSR1, file=open(os.devnull, 'w'))\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "time.sleep(0.1)\n"
+            "print(os.getpid(), 'survived')\n")
+    worker = idle_worker(warm)["pid"]
+    first = run_py(warm, tmp_path, code)
+    idle_worker(warm)
+    second = run_py(warm, tmp_path, code)
+    assert first.stdout.split() == [str(worker), "survived"], (first.returncode, first.stderr)
+    assert second.returncode == 0 and second.stdout.split() == [str(worker), "survived"], \
+        (second.returncode, second.stderr)
+
+
+def test_a_signal_passed_on_before_the_command_starts_acts_as_on_a_cold_one(krex, tmp_path):
+    """The wrapper passes signals on from the moment its request is sent; a worker that inherited SIGUSR1 ignored
+    from its controller must not drop one that comes before the command has its dispositions: a cold command
+    would have died of it."""
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json",
+                          preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    s = worker_connection(krex)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    send_command(s, krex, tmp_path, "import time; time.sleep(1); print('ran')", [devnull] * 3)
+    os.close(devnull)
+    os.kill(worker, signal.SIGUSR1)
+    try:
+        data = s.recv(65536)
+    except ConnectionResetError:      # the worker died with the request unread
+        data = b""
+    s.close()
+    assert data == b"" or json.loads(data).get("signal") == signal.SIGUSR1, data
+    wait_for(lambda: proc_state(worker) in (None, "Z"), what="the worker ended by SIGUSR1")
+
+
+def test_a_wrapper_interrupted_before_its_request_leaves_the_worker_idle(warm, tmp_path):
+    """A `krex run` that has a signal pending once it has connected to its worker leaves without sending its
+    command (exit 128+N, nothing run); the worker, which the controller had checked out for it, is idle again and
+    takes the next command."""
+    worker = idle_worker(warm)["pid"]
+    script = tmp_path / "s.py"
+    script.write_text("import os; print(os.getpid())\n")
+    interrupted_there = ("import os, signal, time\n"
+                         "import krex_ctl.commands.run as r\n"
+                         "real = r.peer_uid\n"
+                         "def peer_uid(s):\n"
+                         "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                         "    time.sleep(0.3)\n"       # its signal thread has it before the request would go
+                         "    return real(s)\n"
+                         "r.peer_uid = peer_uid\n"
+                         "from krex_ctl.cli import main\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", interrupted_there, "run", "--", sys.executable, str(script)],
+                       env=warm.env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM and p.stdout == "" and "before the command started" in p.stderr, \
+        (p.returncode, p.stdout, p.stderr)
+    assert idle_worker(warm)["pid"] == worker
+    out = run_py(warm, tmp_path, "import os; print(os.getpid())", env={"KREX_WARM_WAIT": "0"})
+    assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
 
 
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
