@@ -349,11 +349,11 @@ class Interrupts:
 INTERRUPTS: Optional[Interrupts] = None   # set by serve
 
 
-def drop_pending(signals) -> None:
+def drop_pending(sigs) -> None:
     """Signals a command blocked and left pending: a cold process would have ended with them never delivered; put
     back unblocked, the worker would take them (a SIGTERM would end it)."""
-    while signals and set(signals) & signal.sigpending():
-        signal.sigtimedwait(signals, 0)
+    while sigs and set(sigs) & signal.sigpending():
+        signal.sigtimedwait(sigs, 0)
 
 
 def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()) -> dict:
@@ -479,13 +479,19 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
 
 
 def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A wrapper's command and the descriptors that came with it; none is left open when there is no command."""
     data, fds = b"", []
-    while not data.endswith(b"\n"):
-        chunk = recv_with_fds(conn, 1 << 20, 3, fds)
-        if not chunk:
-            raise ConnectionError("wrapper went away")
-        data += chunk
-    return json.loads(data), fds
+    try:
+        while not data.endswith(b"\n"):
+            chunk = recv_with_fds(conn, 1 << 20, 3, fds)
+            if not chunk:
+                raise ConnectionError("wrapper went away")
+            data += chunk
+        return json.loads(data), fds
+    except (OSError, ValueError):     # ConnectionError is an OSError
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 WRAPPER_CLOSE_S = 5.0   # how long a worker that stays waits for a wrapper to close its connection after the answer

@@ -21,12 +21,16 @@ from krex_ctl.commands.status import fetch as fetch_status  # noqa: E402
 from krex_ctl.embedded import answers  # noqa: E402
 from krex_ctl.procs import state as proc_state  # noqa: E402,F401  (tests import it from here)
 
-# A suite started in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
-# and so would every process a test starts: a Python child then never gets KeyboardInterrupt, and the tests of
-# Ctrl-C (status --watch, a wrapper interrupted while waiting) hang until their timeout. A handler here is reset
-# to the default in each exec'd child.
+# A suite started in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT and SIGQUIT
+# (nohup: SIGHUP) ignored, and so would every process a test starts: a Python child then never gets
+# KeyboardInterrupt, the tests of Ctrl-C (status --watch, a wrapper interrupted while waiting) hang until their
+# timeout, and a wrapper passes on to its warm command that it was started with them ignored. A handler here is
+# reset to the default in each exec'd child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+for _sig in (signal.SIGQUIT, signal.SIGHUP):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, signal.SIG_DFL)
 
 
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):

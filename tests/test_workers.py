@@ -23,6 +23,13 @@ def idle_worker(krex):
                     what="an idle warm worker")
 
 
+def not_ignoring() -> None:
+    """A wrapper's start with the forwarded signals at their defaults, whatever the test runner was started with
+    (a suite started in the background of a script runs with SIGINT and SIGQUIT ignored)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def worker_connection(krex):
     """A connection to the one warm worker's socket, as `krex run` makes it (the test standing in for the wrapper)."""
     [path] = (krex.dir / "krex").glob("worker-*.sock")
@@ -233,7 +240,7 @@ def test_signals_the_wrapper_ignored_are_ignored_in_the_warm_command_and_not_the
     worker = idle_worker(warm)["pid"]
     first = run_py(warm, tmp_path, show, preexec_fn=ignoring)
     idle_worker(warm)
-    second = run_py(warm, tmp_path, show)
+    second = run_py(warm, tmp_path, show, preexec_fn=not_ignoring)
     assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
     assert first.stdout.split() == [str(worker), "True", "True", "False"], first.stdout
     assert second.stdout.split() == [str(worker), "False", "False", "False"], second.stdout
@@ -255,7 +262,7 @@ def test_a_warm_command_does_not_inherit_signals_its_controller_ignored(krex, tm
     assert ign & (1 << (signal.SIGQUIT - 1)), hex(ign)         # the pool did inherit SIGQUIT ignored
     out = run_py(krex, tmp_path, "import os, signal\n"
                                  "print(os.getpid(), signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
-                                 "      signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL)\n")
+                                 "      signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL)\n", preexec_fn=not_ignoring)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(worker), "True", "True"], out.stdout
 
