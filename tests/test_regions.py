@@ -426,10 +426,13 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
     for p in procs.values():
         assert p.stdout.readline().strip() == "ready"
     owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1200000"})
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "2500000"})
     wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
     procs["ctx"] = krex.popen([sys.executable, script, "ctx", go], env=env, report=tmp_path / "ctx.json")
-    time.sleep(0.3)                      # the new command is under way, its context not yet made
+    # the new command is under way, its context not yet made (it makes it at go: on a loaded machine its start
+    # took more than the 0.9 s a 0.3-s sleep left it in a 1.2-s region, and its context never met the gate)
+    assert procs["ctx"].stdout.readline().strip() == "ready"
+    assert any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), "the region ended first"
     t_go = time.monotonic_ns()
     go.write_text("")
     exited = {}
