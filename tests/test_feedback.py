@@ -452,22 +452,36 @@ def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
 def test_status_watch_goes_on_through_a_controller_restart(krex):
     """--watch ended (exit 3) at the first poll a restarting controller missed; with its heartbeat fresh it says
     so and goes on, and shows the controller again once it is back."""
-    krex.start_controller("--restart-grace", "20")
+    first = krex.start_controller("--restart-grace", "20").pid
     p = subprocess.Popen(KREX + ["status", "--watch", "0.2"], env=krex.env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
+    seen = []
+
+    def shows(pred, timeout=30.0) -> bool:
+        """Read the watch's lines until one matches (each step waits for what it shows, not for a set time: on a
+        loaded machine its first frame came after a fixed 1-s sleep had passed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                return False
+            seen.append(line)
+            if pred(line):
+                return True
+        return False
+
     try:
-        time.sleep(1.0)
+        assert shows(lambda line: line.startswith(f"controller pid {first} ")), seen
         krex.ctl.send_signal(signal.SIGTERM)
         krex.ctl.wait(timeout=30)
-        time.sleep(1.0)
+        assert shows(lambda line: "may be restarting" in line), seen
         assert p.poll() is None
-        krex.start_controller("--restart-grace", "20")
-        time.sleep(1.0)
+        second = krex.start_controller("--restart-grace", "20").pid
+        assert shows(lambda line: line.startswith(f"controller pid {second} ")), seen
     finally:
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
-    assert "may be restarting" in out and out.rstrip().split("---")[-1].strip().startswith("controller pid"), (out, err)
-    assert p.returncode == 0 and "Traceback" not in err
+    assert p.returncode == 0 and "Traceback" not in err, (seen, out, err)
 
 
 def test_status_watch_draws_a_live_table_on_a_terminal(krex, tmp_path):
