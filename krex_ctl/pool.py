@@ -24,6 +24,11 @@ from .wire import worker as worker_env
 
 log = logging.getLogger("krex.controller")
 
+# a worker checked out for a job that has ended, and neither idle nor gone after this long, never got the command:
+# its wrapper died between the dispatch and its connect (a worker whose wrapper dies mid-command kills itself, and
+# one whose command ended tells it is idle within milliseconds of the wrapper's close)
+ORPHAN_S = 10.0
+
 
 def trim(d: dict, keep: int = 64) -> None:
     """Forget the oldest entries of a per-pid record beyond keep."""
@@ -39,6 +44,7 @@ class Worker:
     client: Any = None              # its Python (control) connection
     state: str = "idle"             # idle, busy
     serving: Any = None             # the Job whose command it runs
+    orphaned_at: Optional[float] = None   # when the job it was checked out for was first seen ended
 
 
 @dataclass
@@ -73,8 +79,21 @@ class WorkerPool:
     def checkout(self, key: tuple, job) -> Optional[Worker]:
         w = next((w for w in self.workers if w.key == key and w.state == "idle"), None)
         if w is not None:
-            w.state, w.serving = "busy", job
+            w.state, w.serving, w.orphaned_at = "busy", job, None
         return w
+
+    def release_orphans(self, jobs: dict, now: float) -> None:
+        """Workers checked out for a job that ended ORPHAN_S ago without their going idle or away: idle again (else
+        the controller never offers them, while their zygote counts them as spares and readies no other)."""
+        for w in self.workers:
+            if w.state != "busy" or w.serving is None or jobs.get(w.serving.id) is w.serving:
+                w.orphaned_at = None
+            elif w.orphaned_at is None:
+                w.orphaned_at = now
+            elif now - w.orphaned_at >= ORPHAN_S:
+                log.warning("warm worker %d was handed to job %d, which ended without sending it a command: idle again",
+                            w.pid, w.serving.id)
+                w.state, w.serving, w.orphaned_at = "idle", None, None
 
     def coming(self, key: tuple) -> bool:
         """No worker is idle, but the key's zygote is up: one will be (it forks as workers leave)."""

@@ -266,6 +266,7 @@ class Controller(RegionEffects):
             self.every(1.0, self.check_idle)
         if int(self.cfg.warm_workers) > 0:
             self.every(1.0, self.pool.reap)
+            self.every(1.0, lambda: self.pool.release_orphans(self.jobs, time.monotonic()))
         self.every(min(1.0, float(self.cfg.handshake_timeout_s) / 2), self.expire_handshakes)
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
         if self.attest.source is not None:        # the GPUs' process lists while regions are held

@@ -360,6 +360,36 @@ def test_a_wrapper_interrupted_before_its_request_leaves_the_worker_idle(warm, t
     assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
 
 
+def test_a_worker_whose_wrapper_died_before_connecting_is_offered_again(krex, tmp_path):
+    """A `krex run` killed (SIGKILL) between the controller's answer naming a worker and its connect to that worker:
+    its job ends with the worker checked out for it and never sent a command. The controller makes it idle again
+    (here after 1 s, pool.ORPHAN_S), and the next command runs warm in it."""
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json",
+                          prelude="import krex_ctl.pool as pool\npool.ORPHAN_S = 1.0")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    script = tmp_path / "s.py"
+    script.write_text("import os; print(os.getpid())\n")
+    killed_there = ("import os, signal\n"
+                    "import krex_ctl.commands.run as r\n"
+                    "real = r.Guardian.request\n"
+                    "def request(self, op, *a, **kw):\n"
+                    "    reply = real(self, op, *a, **kw)\n"
+                    "    if op == 'dispatch' and reply and reply.get('socket'):\n"
+                    "        os.kill(os.getpid(), signal.SIGKILL)\n"
+                    "    return reply\n"
+                    "r.Guardian.request = request\n"
+                    "from krex_ctl.cli import main\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", killed_there, "run", "--", sys.executable, str(script)],
+                       env=krex.env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert [w["state"] for w in krex.status()["workers"] if w["pid"] == worker] == ["busy"]
+    assert idle_worker(krex)["pid"] == worker
+    assert "which ended without sending it a command" in krex.ctl_log.read_text()
+    out = run_py(krex, tmp_path, "import os; print(os.getpid())", env={"KREX_WARM_WAIT": "0"})
+    assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
+
+
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
     """The worker's SIGINT handler outside commands (worker.Interrupts), in this process: idle with no command
     waiting, dropped; while a command is taken, or idle with one waiting to be taken, noted for it; cleared when
