@@ -30,6 +30,17 @@ def not_ignoring() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def patched_wrapper(krex, tmp_path, patch: str) -> subprocess.CompletedProcess:
+    """`krex run -- python S.py` (S.py prints its pid) in a wrapper whose run module (`r`, with os and signal
+    imported) PATCH changes first: a wrapper stopped at a chosen point of its way to a warm worker."""
+    script = tmp_path / "s.py"
+    script.write_text("import os; print(os.getpid())\n")
+    code = ("import os, signal\nimport krex_ctl.commands.run as r\n" + patch +
+            "from krex_ctl.cli import main\nmain()\n")
+    return subprocess.run([sys.executable, "-c", code, "run", "--", sys.executable, str(script)], env=krex.env,
+                          capture_output=True, text=True, timeout=60)
+
+
 def worker_connection(krex):
     """A connection to the one warm worker's socket, as `krex run` makes it (the test standing in for the wrapper)."""
     [path] = (krex.dir / "krex").glob("worker-*.sock")
@@ -340,19 +351,13 @@ def test_a_wrapper_interrupted_before_its_request_leaves_the_worker_idle(warm, t
     command (exit 128+N, nothing run); the worker, which the controller had checked out for it, is idle again and
     takes the next command."""
     worker = idle_worker(warm)["pid"]
-    script = tmp_path / "s.py"
-    script.write_text("import os; print(os.getpid())\n")
-    interrupted_there = ("import os, signal, time\n"
-                         "import krex_ctl.commands.run as r\n"
-                         "real = r.peer_uid\n"
-                         "def peer_uid(s):\n"
-                         "    os.kill(os.getpid(), signal.SIGTERM)\n"
-                         "    time.sleep(0.3)\n"       # its signal thread has it before the request would go
-                         "    return real(s)\n"
-                         "r.peer_uid = peer_uid\n"
-                         "from krex_ctl.cli import main\nmain()\n")
-    p = subprocess.run([sys.executable, "-c", interrupted_there, "run", "--", sys.executable, str(script)],
-                       env=warm.env, capture_output=True, text=True, timeout=60)
+    p = patched_wrapper(warm, tmp_path, "import time\n"
+                                        "real = r.peer_uid\n"
+                                        "def peer_uid(s):\n"
+                                        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                                        "    time.sleep(0.3)\n"   # its signal thread has it before the request goes
+                                        "    return real(s)\n"
+                                        "r.peer_uid = peer_uid\n")
     assert p.returncode == 128 + signal.SIGTERM and p.stdout == "" and "before the command started" in p.stderr, \
         (p.returncode, p.stdout, p.stderr)
     assert idle_worker(warm)["pid"] == worker
@@ -368,20 +373,13 @@ def test_a_worker_whose_wrapper_died_before_connecting_is_offered_again(krex, tm
                           prelude="import krex_ctl.pool as pool\npool.ORPHAN_S = 1.0")
     assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
     worker = idle_worker(krex)["pid"]
-    script = tmp_path / "s.py"
-    script.write_text("import os; print(os.getpid())\n")
-    killed_there = ("import os, signal\n"
-                    "import krex_ctl.commands.run as r\n"
-                    "real = r.Guardian.request\n"
-                    "def request(self, op, *a, **kw):\n"
-                    "    reply = real(self, op, *a, **kw)\n"
-                    "    if op == 'dispatch' and reply and reply.get('socket'):\n"
-                    "        os.kill(os.getpid(), signal.SIGKILL)\n"
-                    "    return reply\n"
-                    "r.Guardian.request = request\n"
-                    "from krex_ctl.cli import main\nmain()\n")
-    p = subprocess.run([sys.executable, "-c", killed_there, "run", "--", sys.executable, str(script)],
-                       env=krex.env, capture_output=True, text=True, timeout=60)
+    p = patched_wrapper(krex, tmp_path, "real = r.Guardian.request\n"
+                                        "def request(self, op, *a, **kw):\n"
+                                        "    reply = real(self, op, *a, **kw)\n"
+                                        "    if op == 'dispatch' and reply and reply.get('socket'):\n"
+                                        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+                                        "    return reply\n"
+                                        "r.Guardian.request = request\n")
     assert p.returncode == -signal.SIGKILL and p.stdout == "", (p.returncode, p.stdout, p.stderr)
     assert [w["state"] for w in krex.status()["workers"] if w["pid"] == worker] == ["busy"]
     assert idle_worker(krex)["pid"] == worker
