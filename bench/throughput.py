@@ -50,17 +50,17 @@ PREWAIT_MS = 400   # krexprewait's --lifecycle-prewait-ms (the controller's defa
 # and its lifecycle prewait (the default became 100 ms after run 31, 400 after run 38; the modes but krexprewait and
 # krexwarmprewait keep the 0 of the runs before it)
 NO_PREWAIT = ["--lifecycle-prewait-ms", "0"]
+PREWAIT_MODES = ("krexprewait", "krexwarmprewait")   # busy with PREWAIT_MS (set_prewait_ms), cold and warm
 FREEZE_ARGS = {"krexnofreeze": ["--no-freeze", *NO_PREWAIT], "krexbusy": ["--freeze-policy", "busy", *NO_PREWAIT],
                "krexwarmbusy": ["--freeze-policy", "busy", *NO_PREWAIT],
-               "krexprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
-               "krexwarmprewait": ["--freeze-policy", "busy", "--lifecycle-prewait-ms", str(PREWAIT_MS)],
+               **{m: ["--freeze-policy", "busy", "--lifecycle-prewait-ms", f"{PREWAIT_MS:g}"] for m in PREWAIT_MODES},
                **{m: ["--freeze-policy", "all", *NO_PREWAIT] for m in ("krex", "krexwarm", "krexsolo", "krexsolobusy")}}
 
 
 def set_prewait_ms(ms: float) -> None:
     """krexprewait's and krexwarmprewait's --lifecycle-prewait-ms (bench/freeze_policy.py --prewait-ms); each
     controller's command line is in the result (controller_argv)."""
-    for mode in ("krexprewait", "krexwarmprewait"):
+    for mode in PREWAIT_MODES:
         FREEZE_ARGS[mode] = ["--freeze-policy", "busy", "--lifecycle-prewait-ms", f"{ms:g}"]
 
 
