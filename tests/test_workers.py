@@ -30,14 +30,19 @@ def not_ignoring() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def patched_wrapper(krex, tmp_path, patch: str) -> subprocess.CompletedProcess:
-    """`krex run -- python S.py` (S.py prints its pid) in a wrapper whose run module (`r`, with os and signal
-    imported) PATCH changes first: a wrapper stopped at a chosen point of its way to a warm worker."""
-    script = tmp_path / "s.py"
-    script.write_text("import os; print(os.getpid())\n")
+def patched_wrapper_cmd(patch: str, command: list) -> list:
+    """`krex run -- COMMAND` in a wrapper whose run module (`r`, with os and signal imported) PATCH changes first."""
     code = ("import os, signal\nimport krex_ctl.commands.run as r\n" + patch +
             "from krex_ctl.cli import main\nmain()\n")
-    return subprocess.run([sys.executable, "-c", code, "run", "--", sys.executable, str(script)], env=krex.env,
+    return [sys.executable, "-c", code, "run", "--"] + [str(c) for c in command]
+
+
+def patched_wrapper(krex, tmp_path, patch: str) -> subprocess.CompletedProcess:
+    """`krex run -- python S.py` (S.py prints its pid) in a wrapper whose run module PATCH changes first
+    (patched_wrapper_cmd): a wrapper stopped at a chosen point of its way to a warm worker."""
+    script = tmp_path / "s.py"
+    script.write_text("import os; print(os.getpid())\n")
+    return subprocess.run(patched_wrapper_cmd(patch, [sys.executable, script]), env=krex.env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -306,6 +311,50 @@ def test_a_late_ctrl_c_of_one_command_never_reaches_the_next_in_the_same_worker(
     assert out.split() == [str(worker), "done"], (out, err)                 # the same worker, not interrupted
 
 
+def test_a_signal_for_a_command_whose_wrapper_was_stopped_never_reaches_the_next(warm, tmp_path):
+    """A wrapper stopped (SIGSTOP, Ctrl-Z) as its command ends holds its connection past the worker's wait for its
+    close (worker.WRAPPER_CLOSE_S): the worker answers and takes its next command, another wrapper's. Continued
+    with a SIGINT and a SIGTERM pending, and slow to take the answer (here its aim(None) waits 1 s), the stopped
+    wrapper still passes them on while it has no answer: they belong to its own command, over, and must not reach
+    the next one, which finishes undisturbed in the same worker."""
+    worker = idle_worker(warm)["pid"]
+    (tmp_path / "held.py").write_text("import os, sys\nprint(os.getpid(), flush=True)\nsys.stdin.readline()\n"
+                                      "print('done', flush=True)\n")
+    slow = ("import time\n"
+            "real = r.Forwarder.aim\n"
+            "def aim(self, target, *a, **kw):\n"
+            "    if target is None:\n"
+            "        time.sleep(1.0)\n"      # the answer is read: the signals pending at SIGCONT are taken first
+            "    return real(self, target, *a, **kw)\n"
+            "r.Forwarder.aim = aim\n")
+    first = subprocess.Popen(patched_wrapper_cmd(slow, [sys.executable, tmp_path / "held.py"]), env=warm.env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=not_ignoring)
+    second = None
+    try:
+        assert int(first.stdout.readline()) == worker                    # the first command runs warm
+        os.kill(first.pid, signal.SIGSTOP)
+        wait_for(lambda: proc_state(first.pid) in ("T", "t"), timeout=30, what="the first wrapper stopped")
+        first.stdin.write("go\n")                                      # its command ends; no one reads the answer
+        first.stdin.flush()
+        assert idle_worker(warm)["pid"] == worker                       # the worker gave up waiting for the close
+        second = warm.popen([sys.executable, tmp_path / "held.py"], stdin=subprocess.PIPE, preexec_fn=not_ignoring)
+        assert int(second.stdout.readline()) == worker, second.stderr   # the next command, in the same worker
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCONT):
+            os.kill(first.pid, sig)
+        out, err = first.communicate(timeout=30)
+        assert first.returncode == 0 and out == "done\n", (first.returncode, out, err)   # its command's own status
+        out, err = second.communicate("go\n", timeout=30)
+        assert second.returncode == 0 and out == "done\n", (second.returncode, out, err)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.communicate()
+    assert idle_worker(warm)["pid"] == worker                           # and the worker lives on
+
+
 def test_faulthandler_registered_by_one_command_works_in_the_next(warm, tmp_path):
     """faulthandler.register(sig) sets its handler in C, which signal.getsignal does not see: the worker's put-back
     of its handlers must unregister it, or the next command's register of the same signal does nothing (faulthandler
@@ -468,6 +517,28 @@ def test_a_sigint_while_the_worker_takes_a_command_is_the_commands(warm, tmp_pat
         os.close(fd)
     assert result["signal"] == signal.SIGINT and out == b"" and b"KeyboardInterrupt" in err, (result, out, err)
     assert proc_state(worker) not in (None, "Z")      # the worker took it for the command, and lives on
+
+
+def test_a_signal_that_comes_with_the_request_is_the_commands(warm, tmp_path):
+    """The wrapper passes its signals on over the command's connection from the moment its request is sent: one
+    the worker reads in the same read as the request is delivered to the command (KeyboardInterrupt: 130), and
+    the worker lives on."""
+    worker = idle_worker(warm)["pid"]
+    s = worker_connection(warm)
+    r_err, w_err = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    request = json.dumps({"argv": ["-c", "import time; time.sleep(30)"], "env": dict(warm.env),
+                          "cwd": str(tmp_path)}).encode() + b"\n"
+    s.sendmsg([request + json.dumps({"signal": int(signal.SIGINT)}).encode() + b"\n"],
+              [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [devnull, devnull, w_err]).tobytes())])
+    os.close(devnull)
+    os.close(w_err)
+    result = answer_of(s)
+    s.close()
+    err = os.read(r_err, 65536)
+    os.close(r_err)
+    assert result["signal"] == signal.SIGINT and b"KeyboardInterrupt" in err, (result, err)
+    assert idle_worker(warm)["pid"] == worker
 
 
 def test_ineligible_commands_and_cold_run_cold(warm, tmp_path):
