@@ -100,7 +100,8 @@ class Config:
     region_gap_ms: float = 0.0                 # a region starts at least this long after another job's region
                                                # ended on its GPUs, other jobs still gated (0: off)
     lifecycle_prewait_ms: float = 400.0        # a request waits up to this long, gates open, for other jobs'
-                                               # lifecycle work on its GPUs to end before its drain (0: off)
+                                               # lifecycle work on its GPUs (under way, or held at a closed
+                                               # gate) to end before its drain (0: off)
     warm_workers: int = 0                      # warm Python workers kept ready per GPU and environment (0: off)
     worker_preload: str = "torch,triton"       # modules a worker imports before its first command
     worker_reuse: int = 1                      # commands a worker runs before it retires (1: a fresh process each)

@@ -105,9 +105,9 @@ int krex_send(int type, const void *payload, uint32_t len, uint32_t *seq_out) {
 void krex_lifecycle(uint32_t event, int device, uint64_t bytes) {
     if (conn_state != CONN_UP) return;
     struct krex_lifecycle m = {event, device, bytes, krex_now_ns()};
-    if (event != KREX_LIFE_EXIT_BEGIN) {
+    if (event != KREX_LIFE_EXIT_BEGIN && event != KREX_LIFE_GATE_WAIT) {
         krex_send(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
-    } else if (pthread_mutex_trylock(&conn_lock) == 0) {   /* exit (maybe from a signal handler): never wait */
+    } else if (pthread_mutex_trylock(&conn_lock) == 0) {   /* exit (maybe from a signal handler), or a hint: never wait */
         krex_send_locked(KREX_MSG_LIFECYCLE, &m, sizeof m, NULL);
         pthread_mutex_unlock(&conn_lock);
     }

@@ -336,9 +336,12 @@ static int64_t krex_lifecycle_wait_ns(void) {
 /* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; the
  * time is counted as blocked at a closed gate (waited_ns), and apart as a lifecycle wait (lifecycle_waited_ns: an
  * exit's wait lies after the command's own end, where the job's report is the only place that shows it) */
-static void krex_lifecycle_gate_wait(uint64_t mask, const char *what) {
+static void krex_lifecycle_gate_wait(uint64_t mask, int device, const char *what) {
     if (!krex_closed_gate_in(mask) || krex_failopen) return;
     int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
+    /* the controller's next region on these GPUs waits for this work with its gates open (lifecycle_prewait_ms)
+     * rather than granting at once and then holding its closed gates while the work runs (the barrier) */
+    if (max) krex_lifecycle(KREX_LIFE_GATE_WAIT, device, 0);
     int late = max ? krex_sleep_on_gates_until(mask, 0, t0 + max) : 1;   /* 0: no wait at all */
     int64_t waited = max ? krex_now_ns() - t0 : 0;
     if (waited > 0) {
@@ -389,7 +392,7 @@ void krex_context_gate(int vendor, int local_device) {
     if (!gate_flag(env, KREX_GATE_PAGE_CONTEXTS)) return;
     int dev = krex_physical_device(vendor, local_device);
     if (dev < 0 || dev >= KREX_MAX_GPUS) return;
-    krex_lifecycle_gate_wait(1ull << dev, "creating a context");
+    krex_lifecycle_gate_wait(1ull << dev, dev, "creating a context");
 }
 
 /* Exit: with KREX_GATE_EXIT=1, first wait for other jobs' regions on our GPUs to end; then tell the
@@ -398,7 +401,7 @@ void krex_context_gate(int vendor, int local_device) {
  * told of, so an exit must not be told of and then wait for that region. */
 static void krex_exit_gate(void) {
     if (krex_exit_gate_pid != getpid() || !krex_dev_mask) return;
-    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, "exiting");
+    if (gate_flag(krex_exit_gate_enabled, KREX_GATE_PAGE_EXIT)) krex_lifecycle_gate_wait(krex_dev_mask, -1, "exiting");
     static int told;
     if (!__atomic_exchange_n(&told, 1, __ATOMIC_ACQ_REL)) krex_lifecycle(KREX_LIFE_EXIT_BEGIN, -1, krex_memory_live_at_exit());
 }

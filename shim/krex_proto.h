@@ -142,7 +142,9 @@ enum krex_lifecycle_event {
     KREX_LIFE_CTX_DESTROY_BEGIN = 3,
     KREX_LIFE_CTX_DESTROY_END = 4,
     KREX_LIFE_EXIT_BEGIN = 5,
-    KREX_LIFE_FREED = 6            /* bytes of device memory freed (outside a drain) */
+    KREX_LIFE_FREED = 6,           /* bytes of device memory freed (outside a drain) */
+    KREX_LIFE_GATE_WAIT = 7        /* about to wait at another job's closed gate to create a context on device (or,
+                                    * device -1, to exit); its CTX_CREATE_BEGIN or EXIT_BEGIN follows the wait */
 };
 
 struct krex_frame_hdr {

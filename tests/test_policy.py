@@ -500,6 +500,73 @@ def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context
     assert not w.book.prewait_since and not w.book.queue
 
 
+def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_does_not():
+    """A process about to wait at another job's closed gate to make a context (or exit) says so (GATE_WAIT): its
+    work starts when that gate opens, as the region holding it ends. A request that could start then waits for it
+    with its gates open (lifecycle_prewait_ms, counted in lifecycle_prewaits_gated) through its creation's begin
+    (which clears the wait) to its end, instead of granting at once and leaving the creation to the barrier with
+    the gates closed. The barrier never waits for a process held at a gate (its own region's gate holds it), its
+    own job's does not hold a request, one on another GPU does not, a process gone leaves nothing, and 0 is off."""
+    ev = lambda e, dev=0: SimpleNamespace(event=e, device=dev, bytes=0)   # noqa: E731
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)                  # held at the gate of a region just ended
+    out = w.request(a)
+    assert kinds(out) == ["Recheck"] and not w.book.regions and out[0].delay == pytest.approx(0.1)
+    assert w.book.counters["lifecycle_prewaits"] == 1 and w.book.counters["lifecycle_prewaits_gated"] == 1
+    w.now += 0.01
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)           # the gate opened: its creation begins
+    assert not w.life.gated and "CloseGates" not in kinds(w.book.recheck(w.now))
+    w.now += 0.02
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END), w.now)
+    out = w.closed(w.book.lifecycle_ended(w.now))
+    assert kinds(out)[0] == "CloseGates" and region_of(out).owner is a
+    assert w.book.counters["lifecycle_prewait_ms"] == 30 and w.book.counters["lifecycle_prewait_bounded"] == 0
+
+    # held at the gate past the bound: the request starts then, counted as bounded
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)
+    assert kinds(w.request(a)) == ["Recheck"]
+    w.now += 0.1
+    r = region_of(w.closed(w.book.recheck(w.now)))
+    assert w.book.counters["lifecycle_prewait_bounded"] == 1
+
+    # the barrier does not wait for it: a region already set up goes through its settle
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    effects = w.request(a)
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)                  # meets this region's closed gate
+    t0 = w.now
+    seen = w.run_to_grant(effects, timed=True)
+    assert "Grant" in kinds(seen) and not region_of(seen).taints & C.KREX_TAINT_LIFECYCLE and w.now == t0
+
+    # its own job's, another GPU's, a process gone, or the prewait off: no wait
+    for kw, who, dev, gone in (({"lifecycle_prewait_ms": 100.0}, "own", 0, False),
+                               ({"lifecycle_prewait_ms": 100.0}, "other", 1, False),
+                               ({"lifecycle_prewait_ms": 100.0}, "other", 0, True),
+                               ({"lifecycle_prewait_ms": 0.0}, "other", 0, False)):
+        w = World(**kw)
+        job = Job(1)
+        a = w.client(10, job)
+        b = w.client(20, job if who == "own" else Job(2), devices=1 << dev)
+        w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, dev), w.now)
+        if gone:
+            w.life.gone(b, w.now)
+        assert kinds(w.request(a))[0] == "CloseGates", (kw, who, dev, gone)
+        assert w.book.counters["lifecycle_prewaits"] == 0
+
+    # an exit held at the gate (device -1: the process's GPUs) holds the request until the process has exited
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, -1), w.now)
+    assert kinds(w.request(a)) == ["Recheck"]
+    w.life.event(b, ev(C.KREX_LIFE_EXIT_BEGIN, -1), w.now + 0.01)      # announced: still held, now as an exit
+    assert not w.life.gated and "CloseGates" not in kinds(w.book.recheck(w.now + 0.01))
+    w.life.gone(b, w.now + 0.02)
+    assert kinds(w.closed(w.book.lifecycle_ended(w.now + 0.02)))[0] == "CloseGates"
+
+
 def test_a_freeze_that_does_not_take_in_time_still_grants_and_says_who():
     w = World()
     a, b = w.client(10, Job(1)), w.client(20, Job(2))

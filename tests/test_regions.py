@@ -873,3 +873,46 @@ def test_lifecycle_prewait_lets_another_jobs_context_creation_finish_with_the_ga
         (region, made)
     assert region.get("settle_ns", 0) < 100e6, region
     assert report_of(tmp_path / "maker.json")["gate_waited_ns"] == 0    # its creation never met a closed gate
+
+
+def test_a_context_creation_held_at_a_closed_gate_goes_through_before_the_next_region(krex, tmp_path):
+    """A context creation that met another job's closed gate starts when that region ends. The region queued next
+    waits for it with its gates open (--lifecycle-prewait-ms: the shim said it was waiting, GATE_WAIT) instead of
+    closing the gate again at once, which kept the creation waiting through that region too, and the next, up to
+    KREX_GATE_LIFECYCLE_WAIT; the barrier then has nothing to wait for."""
+    from pathlib import Path
+
+    from krex_ctl.wire import counters as counters_file
+
+    krex.start_controller("--lifecycle-prewait-ms", "5000")
+    release = tmp_path / "release"
+    # the holder stays 4 s after its region (its exit would hold the next region too, for its own reason)
+    holder = krex.popen([SNIP / "region"], report=tmp_path / "holder.json",
+                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(release),
+                             "SNIPPET_GAP_US": "4000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    script = tmp_path / "maker.py"
+    script.write_text(MAKER.replace('print("making"', 'print("counters", __import__("os").environ["KREX_COUNTERS"])\n'
+                                                      'print("making"'))
+    maker = krex.popen([sys.executable, script], env={"KREX_FAKE_CTX_MS": "1000", "KREX_GATE_LIFECYCLE_WAIT": "60",
+                                                      "LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")},
+                       report=tmp_path / "maker.json", stdin=subprocess.PIPE)
+    counters = maker.stdout.readline().split()[1]
+    assert maker.stdout.readline().split()[0] == "making"
+    pid = wait_for(lambda: next((w["pid"] for w in counters_file.gate_waits(Path(counters)) if w["gpus"] == [0]),
+                                None), what="the creation held at the closed gate")
+    nxt = krex.popen([SNIP / "region"], report=tmp_path / "next.json",
+                     env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1000000"})
+    wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == 1, what="the next region queued")
+    release.touch()
+    made = int(maker.stdout.readline().split()[1])
+    nxt.communicate(timeout=30)
+    status = krex.status()["counters"]
+    holder.communicate(timeout=30)
+    maker.communicate("", timeout=30)
+    [held] = report_of(tmp_path / "holder.json")["regions"]
+    [region] = report_of(tmp_path / "next.json")["regions"]
+    assert status["lifecycle_prewaits"] == status["lifecycle_prewaits_gated"] == 1, (status, pid)
+    # the creation (1 s) went through between the two regions, not after the second (held 1 s itself)
+    assert made < region["ended_ns"] and region["granted_ns"] > held["ended_ns"] + 900_000_000, (held, region, made)
+    assert "lifecycle" not in region["taints"] and region.get("settle_ns", 0) < 100e6, region

@@ -77,7 +77,8 @@ from ..wire import runtime
 @click.option("--embedded", is_flag=True, help="Per-user mode: exit after 30 s without clients.")
 @click.option("--lifecycle-prewait-ms", default=None, metavar="MS",
               help="A region's request waits up to this long, its GPUs' gates still open, for another job's context "
-                   "creation, teardown or exit there to end, before its drain (default 400; 0: off).")
+                   "creation, teardown or exit there to end (or one held at a closed gate there to start and end), before "
+                   "its drain (default 400; 0: off).")
 @click.option("--log-level", default=None, metavar="LEVEL",
               help="error, warning, info or debug (default: the config file's log_level, else KREX_LOG_LEVEL, else info).")
 def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit, drain_timeout, socket_mode,

@@ -12,7 +12,13 @@ frozen, the region waits (at most lifecycle_timeout_s, then it is tainted "lifec
     (docs/measurements/exit-window.md),
   - until settle_ms + settle_ms_per_gib x GiB after a sibling freed memory (the bytes come with its drain
     acknowledgement) or exited (the bytes it still held), on those GPUs.
-A sibling that starts such work while the region is held taints it "lifecycle" too."""
+A sibling that starts such work while the region is held taints it "lifecycle" too.
+
+A process about to wait at another job's closed gate to create a context or exit says so (GATE_WAIT): the gate
+opens when that region ends, and the work starts then. A request that could start at that moment waits for it
+with its gates open (lifecycle_prewait_ms, Regions._prewait: Lifecycle.prewait_busy) instead of granting at once and
+leaving it to the barrier, gates closed. The barrier itself never waits for such a process: it is held by the
+very gate the barrier's region closes."""
 
 
 import math
@@ -31,6 +37,7 @@ class Lifecycle:
         self.inflight: dict = {}           # client -> {(gpu mask, "create" or "destroy"): how many under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
         self.leaving: dict = {}            # client -> [bytes, its pidfd, GPU mask]: connection closed, not yet exited
+        self.gated: dict = {}              # client -> GPU mask: waiting at a closed gate to create a context or exit
         self.forget = lambda pidfd: pidfd.close()   # set by the controller: it also stops watching the pidfd
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
@@ -56,6 +63,12 @@ class Lifecycle:
         # a process's first context is announced before the controller knows its GPUs: the event names it
         mask = (1 << int(ev.device)) if 0 <= int(ev.device) < 64 else client.devices
         kind = "create" if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_CREATE_END) else "destroy"
+        if e == C.KREX_LIFE_GATE_WAIT:
+            if mask:
+                self.gated[client] = mask
+            return
+        if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_EXIT_BEGIN):
+            self.gated.pop(client, None)       # its wait is over: the work it waited for is under way
         if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN):
             ops = self.inflight.setdefault(client, {})
             ops[mask, kind] = ops.get((mask, kind), 0) + 1
@@ -87,6 +100,7 @@ class Lifecycle:
         exited (its files, a GPU context among them, still being closed): it counts as exiting until the pidfd
         says it exited. True: the pidfd is kept (closed by reap once it has)."""
         self.inflight.pop(client, None)
+        self.gated.pop(client, None)
         held = self.exiting.pop(client, None)
         if client.devices and held is None:
             self._taint_held(client.devices, client)   # died unannounced (a signal): torn down now
@@ -117,6 +131,15 @@ class Lifecycle:
     def busy(self, region) -> bool:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""
         return bool(self.causes(region, None))
+
+    def prewait_busy(self, region) -> bool:
+        """What a request waits for before its gates close (lifecycle_prewait_ms): busy(), or another job's process
+        waiting at a closed gate on its GPUs to create a context or exit, whose work starts when that gate opens."""
+        return self.busy(region) or self.gated_busy(region)
+
+    def gated_busy(self, region) -> bool:
+        """Another job's process waits at a closed gate on the region's GPUs to create a context or exit."""
+        return any(mask & region.gpu_mask and self.outsider(region, c) for c, mask in self.gated.items())
 
     def causes(self, region, now: Optional[float]) -> set:
         """What of other jobs' lifecycle work holds the region now: "create" and "destroy" (a context's creation or

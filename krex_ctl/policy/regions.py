@@ -321,7 +321,7 @@ class Regions:
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
-                         "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewait_ms": 0,
+                         "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewaits_gated": 0, "lifecycle_prewait_ms": 0,
                          "lifecycle_prewait_bounded": 0, "beside_launches": 0, "beside_after_end": 0, "kin_drains": 0,
                          "kin_drains_busy": 0, **{f"barrier_ms_{c}": 0.0 for c in BARRIER_CAUSES}}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
@@ -764,11 +764,13 @@ class Regions:
         left = since + limit - now
         if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
-        if not self.lifecycle.busy(req):       # the request stands for its region: its owner, job and GPUs
+        if not self.lifecycle.prewait_busy(req):   # the request stands for its region: its owner, job and GPUs
             return 0.0
         if req.id not in self.prewait_since:
             self.prewait_since[req.id] = now
             self.counters["lifecycle_prewaits"] += 1
+            if not self.lifecycle.busy(req):   # only for work waiting at a gate, to start as it opens
+                self.counters["lifecycle_prewaits_gated"] += 1
         return left
 
     def lifecycle_began(self, now: float) -> None:
@@ -812,7 +814,7 @@ class Regions:
         since = self.prewait_since.pop(req.id, None)
         if since is not None:
             self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
-            if now - since >= self._prewait_limit() - 1e-6 and self.lifecycle.busy(req):
+            if now - since >= self._prewait_limit() - 1e-6 and self.lifecycle.prewait_busy(req):
                 self.counters["lifecycle_prewait_bounded"] += 1    # the bound ran out, the work still under way
         out = self._start(req, now)
         region = self.regions[req.id]
