@@ -350,7 +350,7 @@ def metrics_summary(text: str) -> dict:
 
 
 SUMMARY_EVENTS = ("fair_share_waits", "process_samples", "process_sample_us", "drain_timeouts", "frozen_total",
-                  "lifecycle_prewaits", "lifecycle_prewaits_gated", "lifecycle_prewait_ms", "lifecycle_prewait_bounded", "barrier_ms_create",
+                  "lifecycle_prewaits", "lifecycle_prewaits_at_gate", "lifecycle_prewait_ms", "lifecycle_prewait_bounded", "barrier_ms_create",
                   "barrier_ms_destroy", "barrier_ms_exit", "barrier_ms_leaving", "barrier_ms_scrub")
 
 

@@ -503,7 +503,7 @@ def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context
 def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_does_not():
     """A process about to wait at another job's closed gate to make a context (or exit) says so (GATE_WAIT): its
     work starts when that gate opens, as the region holding it ends. A request that could start then waits for it
-    with its gates open (lifecycle_prewait_ms, counted in lifecycle_prewaits_gated) through its creation's begin
+    with its gates open (lifecycle_prewait_ms, counted in lifecycle_prewaits_at_gate) through its creation's begin
     (which clears the wait) to its end, instead of granting at once and leaving the creation to the barrier with
     the gates closed. The barrier never waits for a process held at a gate (its own region's gate holds it), its
     own job's does not hold a request, one on another GPU does not, a process gone leaves nothing, and 0 is off."""
@@ -513,7 +513,7 @@ def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_
     w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)                  # held at the gate of a region just ended
     out = w.request(a)
     assert kinds(out) == ["Recheck"] and not w.book.regions and out[0].delay == pytest.approx(0.1)
-    assert w.book.counters["lifecycle_prewaits"] == 1 and w.book.counters["lifecycle_prewaits_gated"] == 1
+    assert w.book.counters["lifecycle_prewaits"] == 1 and w.book.counters["lifecycle_prewaits_at_gate"] == 1
     w.now += 0.01
     w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)           # the gate opened: its creation begins
     assert not w.life.gated and "CloseGates" not in kinds(w.book.recheck(w.now))

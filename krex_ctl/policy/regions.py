@@ -321,7 +321,7 @@ class Regions:
         self.late_contexts: list = []     # (region id, pid): late_context tainted a region past its drain (logged)
         self.counters = {"regions_granted": 0, "regions_revoked": 0, "drain_timeouts": 0, "frozen_total": 0,
                          "fair_share_waits": 0, "late_contexts_drained": 0, "late_contexts_tainted": 0, "read_pass_timeouts": 0,
-                         "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewaits_gated": 0, "lifecycle_prewait_ms": 0,
+                         "region_gap_waits": 0, "lifecycle_prewaits": 0, "lifecycle_prewaits_at_gate": 0, "lifecycle_prewait_ms": 0,
                          "lifecycle_prewait_bounded": 0, "beside_launches": 0, "beside_after_end": 0, "kin_drains": 0,
                          "kin_drains_busy": 0, **{f"barrier_ms_{c}": 0.0 for c in BARRIER_CAUSES}}
         self.fair = FairShare(float(getattr(cfg, "fair_window_s", 0.0) or 0.0))
@@ -770,7 +770,7 @@ class Regions:
             self.prewait_since[req.id] = now
             self.counters["lifecycle_prewaits"] += 1
             if not self.lifecycle.busy(req):   # only for work waiting at a gate, to start as it opens
-                self.counters["lifecycle_prewaits_gated"] += 1
+                self.counters["lifecycle_prewaits_at_gate"] += 1
         return left
 
     def lifecycle_began(self, now: float) -> None:
