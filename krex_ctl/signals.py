@@ -4,20 +4,21 @@ The wrapper blocks the forwarded signals in every thread and takes them in one t
 which says where each came from. A signal the terminal sent (Ctrl-C, Ctrl-\\, hang-up: si_code SI_KERNEL)
 went to the whole foreground process group, the command included, so it is not sent again; one sent to the
 wrapper alone (kill, a job scheduler, a harness's send_signal) is passed to the command. A warm worker runs
-in another process group, so it gets every signal, as a line {"signal": N} on the connection that carried the
-command, never by kill() on the worker's pid: the worker delivers it only while that command runs, so one the
-wrapper passes on late (stopped past the worker's wait for its close, say) cannot reach the worker's next
-command, another wrapper's (worker.watch_wrapper). A signal that arrives before the command has started is
+in another process group, so it gets every signal, by kill() on its pid (the kernel acts on it at once, even
+while the command holds the interpreter in C code), but only while the worker's connection has nothing for the
+wrapper to read: once the worker has answered (the command is over) or closed it, a signal is dropped, so one
+the wrapper passes on late (stopped past the worker's wait for its close, say) does not reach the worker's next
+command, another wrapper's. A signal that arrives before the command has started is
 kept: the wrapper then does not start it. A signal the wrapper was started with ignored (nohup's SIGHUP, the
 SIGINT and SIGQUIT a non-interactive shell ignores for `cmd &`) is neither taken nor passed on: it stays ignored,
 for the command too (shim/krex_exec.c), as without krex."""
 
-import json
 import os
+import select
 import signal
 import socket
 import threading
-from typing import Optional, Union
+from typing import Optional
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SI_KERNEL = 0x80
@@ -34,17 +35,25 @@ def block() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, taken())
 
 
-Target = Union[int, socket.socket]   # a process, or the connection a warm worker took the command on
-
-
-def send(target: Target, sig: int) -> None:
-    """sig passed on to target; dropped where it cannot go (a process gone, a connection the worker has closed,
-    or one too full to take it without waiting)."""
+def answered(conn: Optional[socket.socket]) -> bool:
+    """Whether conn, a warm worker's connection, has something to read or has been closed (its answer, or its end):
+    the command it ran is over."""
+    if conn is None:
+        return False
+    p = select.poll()
+    p.register(conn.fileno(), select.POLLIN | select.POLLRDHUP)
     try:
-        if isinstance(target, socket.socket):
-            target.send(json.dumps({"signal": int(sig)}).encode() + b"\n", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-        else:
-            os.kill(target, sig)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+def send(pid: int, sig: int, over: Optional[socket.socket]) -> None:
+    """sig to pid, unless over says the command is over (answered); dropped where pid is gone."""
+    if answered(over):
+        return
+    try:
+        os.kill(pid, sig)
     except OSError:
         pass
 
@@ -53,7 +62,8 @@ class Forwarder(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True, name="krex-signals")
         self.lock = threading.Lock()
-        self.target: Optional[tuple[Target, bool]] = None  # (where to, skip signals from the terminal)
+        # (pid, skip signals from the terminal, a warm worker's connection: nothing goes once it has an answer)
+        self.target: Optional[tuple[int, bool, Optional[socket.socket]]] = None
         self.pending: list[int] = []                       # arrived while there was no target
         self.arrived = threading.Event()
         self.last: Optional[int] = None
@@ -65,26 +75,26 @@ class Forwarder(threading.Thread):
                 info = signal.sigwaitinfo(waited)
             except InterruptedError:
                 continue
-            with self.lock:   # sent under the lock: once aim(None) has returned, nothing more goes to the old target
+            with self.lock:   # sent under the lock: once aim(None) has returned, nothing more goes to the old pid
                 self.last = info.si_signo
                 target = self.target
                 if target is None:
                     self.pending.append(info.si_signo)
                     self.arrived.set()
                     continue
-                to, skip_tty = target
+                pid, skip_tty, over = target
                 if skip_tty and info.si_code == SI_KERNEL:
                     continue
-                send(to, info.si_signo)
+                send(pid, info.si_signo, over)
 
-    def aim(self, target: Optional[Target], skip_tty: bool = False) -> None:
-        """Forward to target from now on, a pid or a warm worker's connection (None: keep what arrives); what was
-        kept so far goes to it now."""
+    def aim(self, pid: Optional[int], skip_tty: bool = False, over: Optional[socket.socket] = None) -> None:
+        """Forward to pid from now on (None: keep what arrives); what was kept so far goes to pid now. over: the
+        warm worker's connection the command was sent on; a signal goes only while it has nothing to read."""
         with self.lock:
-            self.target = (target, skip_tty) if target else None
-            early, self.pending = (self.pending, []) if target else ([], self.pending)
+            self.target = (pid, skip_tty, over) if pid else None
+            early, self.pending = (self.pending, []) if pid else ([], self.pending)
         for sig in early:
-            send(target, sig)
+            send(pid, sig, over)
 
     def first_pending(self) -> Optional[int]:
         with self.lock:

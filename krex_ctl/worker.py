@@ -6,12 +6,12 @@ The controller (`warm_workers` setting, pool.py) starts one *zygote* per GPU and
 (KREX_WORKER_MODE=zygote): it imports the modules once, holds no context, and forks the workers one at a
 time (or, where forking is unsafe, starts them as new interpreters). A worker creates its context under the
 shim, registers, and listens on its own socket; a `krex run` wrapper sends one JSON request {argv, env,
-cwd} with its stdin, stdout and stderr as SCM_RIGHTS descriptors, then the signals it passes on ({signal}
-lines, for this command alone), and gets back {exit_code, signal, retire, counters}. A worker runs
-KREX_WORKER_REUSE commands (default 1) and exits; the zygote reaps it, reports how it ended and forks the
-next. With reuse above 1, between commands the worker restores sys.modules, sys.path, os.environ, the cwd,
-signal handlers, sys.argv, module globals and torch's global state, and retires early when it cannot vouch
-for a clean state: a leaked thread or child process, os._exit, a CUDA error."""
+cwd} with its stdin, stdout and stderr as SCM_RIGHTS descriptors and gets back {exit_code, signal, retire,
+counters}. A worker runs KREX_WORKER_REUSE commands (default 1) and exits; the zygote reaps it, reports
+how it ended and forks the next. With reuse above 1, between commands the worker restores sys.modules,
+sys.path, os.environ, the cwd, signal handlers, sys.argv, module globals and torch's global state, and
+retires early when it cannot vouch for a clean state: a leaked thread or child process, os._exit, a CUDA
+error."""
 
 import ctypes
 import faulthandler
@@ -276,40 +276,23 @@ def local_regions() -> list[dict]:
         return []
 
 
-def watch_wrapper(conn: socket.socket, done: threading.Event, early: bytes = b"") -> threading.Thread:
-    """While a command runs: the signals its `krex run` wrapper passes on come on the command's connection, a
-    line {"signal": N} each (early: what came after the request), and are sent to this process; only until the
-    command ends (done), so a signal for this command never reaches the next one, whenever the wrapper sends it
-    (krex_ctl.signals). If the wrapper dies (SIGKILL: the connection closes), the command dies with it, as a cold
-    one does (krex-exec), instead of running on as an orphan."""
-
-    def deliver(data: bytes) -> bytes:
-        """The whole lines of data delivered; the rest, kept for more."""
-        *lines, rest = data.split(b"\n")
-        for line in lines:
-            try:
-                sig = json.loads(line).get("signal")
-            except (ValueError, AttributeError):
-                continue
-            if type(sig) is int and sig in IGNORABLE and not done.is_set():
-                os.kill(os.getpid(), sig)
-        return rest[-4096:]
+def watch_wrapper(conn: socket.socket, done: threading.Event) -> threading.Thread:
+    """While a command runs: if its `krex run` wrapper dies (SIGKILL: the connection closes), the command
+    dies with it, as a cold one does (krex-exec), instead of running on as an orphan."""
 
     def watch() -> None:
-        rest = deliver(early)
         p = select.poll()
         p.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLRDHUP)
         while not done.is_set():
             if p.poll(100) and not done.is_set():
                 try:
-                    data = conn.recv(4096, socket.MSG_DONTWAIT)
+                    if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        os.kill(os.getpid(), signal.SIGKILL)
                 except BlockingIOError:
                     continue
                 except OSError:
-                    data = b""
-                if not data:
                     os.kill(os.getpid(), signal.SIGKILL)
-                rest = deliver(rest + data)
+                done.wait(0.1)
 
     # started with the command's signals blocked (a thread inherits its starter's mask): a signal sent to the
     # worker (the wrapper passes the command's on) must reach the thread running the command, not this one,
@@ -495,18 +478,16 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
             "regions": local_regions()[regions_before:]}
 
 
-def recv_request(conn: socket.socket) -> tuple[dict, list[int], bytes]:
-    """A wrapper's command, the descriptors that came with it, and what came after it in the same reads (signals
-    the wrapper passed on at once: watch_wrapper); none is left open when there is no command."""
+def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A wrapper's command and the descriptors that came with it; none is left open when there is no command."""
     data, fds = b"", []
     try:
-        while b"\n" not in data:
+        while not data.endswith(b"\n"):
             chunk = recv_with_fds(conn, 1 << 20, 3, fds)
             if not chunk:
                 raise ConnectionError("wrapper went away")
             data += chunk
-        request, _, rest = data.partition(b"\n")
-        return json.loads(request), fds, rest
+        return json.loads(data), fds
     except (OSError, ValueError):     # ConnectionError is an OSError
         for fd in fds:
             os.close(fd)
@@ -517,10 +498,9 @@ WRAPPER_CLOSE_S = 5.0   # how long a worker that stays waits for a wrapper to cl
 
 
 def wrapper_closed(conn: socket.socket, timeout: float = WRAPPER_CLOSE_S) -> None:
-    """Wait for the wrapper to close its connection after it has the answer: a signal it passes on late comes on
-    this connection and is read and dropped here. A wrapper that keeps it open longer than `timeout` (stopped,
-    say) is not waited for: the connection closes with the next command's start, and what it sends later goes
-    nowhere (never to that command: watch_wrapper)."""
+    """Wait for the wrapper to close its connection after it has the answer: it stops passing signals on to this
+    worker first, so a Ctrl-C it passes on late is noted (and dropped) here, never raised in the next command. A
+    wrapper that keeps it open longer than `timeout` (stopped, say) is not waited for."""
     deadline = time.monotonic() + timeout
     try:
         while (left := deadline - time.monotonic()) > 0:
@@ -560,11 +540,11 @@ def serve(ready_fd: Optional[int] = None) -> None:
     global INTERRUPTS
     INTERRUPTS = Interrupts(listener)
 
-    def take(conn: socket.socket, req: dict, fds: list[int], last: bool, early: bytes) -> dict:
+    def take(conn: socket.socket, req: dict, fds: list[int], last: bool) -> dict:
         """Run the command a wrapper sent and answer it; a worker that stays waits for the wrapper's close."""
         tell(b"b")                   # busy: with one command per worker, the zygote readies a spare
         done = threading.Event()
-        watcher = watch_wrapper(conn, done, early)
+        watcher = watch_wrapper(conn, done)
         try:
             result = run_command(req["argv"], req["env"], req["cwd"], fds, req.get("ignored") or ())
         except KeyboardInterrupt:
@@ -596,9 +576,9 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 conn, _ = listener.accept()
                 with conn:
                     try:
-                        req, fds, early = recv_request(conn)
+                        req, fds = recv_request(conn)
                     except (OSError, ValueError, ConnectionError):
-                        req, fds, early = None, [], b""   # the wrapper left before its request (interrupted before it)
+                        req, fds = None, []      # the wrapper left before its request (interrupted before it)
                     if req is not None and len(fds) != 3:
                         for fd in fds:
                             os.close(fd)
@@ -611,7 +591,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                         result = {"retire": False}
                     else:
                         runs += 1
-                        result = take(conn, req, fds, runs >= reuse_limit, early)
+                        result = take(conn, req, fds, runs >= reuse_limit)
             finally:
                 INTERRUPTS.idle()            # a Ctrl-C from here on with no command waiting is a late one: dropped
             if result["retire"]:

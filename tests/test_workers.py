@@ -355,6 +355,29 @@ def test_a_signal_for_a_command_whose_wrapper_was_stopped_never_reaches_the_next
     assert idle_worker(warm)["pid"] == worker                           # and the worker lives on
 
 
+def test_a_signal_reaches_a_warm_command_busy_in_c_code_at_once(warm, tmp_path):
+    """A SIGTERM sent to `krex run` ends a warm command that runs C code holding the interpreter (a regular
+    expression that backtracks for hours) at once, as a cold one: the wrapper kill()s the worker, and the kernel
+    acts on a signal left at its default whatever the interpreter does; a thread of the worker that had to run
+    Python to deliver it would wait for the interpreter."""
+    worker = idle_worker(warm)["pid"]
+    (tmp_path / "stuck.py").write_text("import os, re\nprint(os.getpid(), flush=True)\n"
+                                       "re.match(r'(a+)+$', 'a' * 40 + 'b')\nprint('done')\n")
+    p = warm.popen([sys.executable, tmp_path / "stuck.py"], preexec_fn=not_ignoring)
+    try:
+        assert int(p.stdout.readline()) == worker
+        time.sleep(0.5)                                                  # inside the match
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + signal.SIGTERM and "done" not in out, (p.returncode, out, err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        if proc_state(worker) not in (None, "Z"):
+            os.kill(worker, signal.SIGKILL)
+
+
 def test_faulthandler_registered_by_one_command_works_in_the_next(warm, tmp_path):
     """faulthandler.register(sig) sets its handler in C, which signal.getsignal does not see: the worker's put-back
     of its handlers must unregister it, or the next command's register of the same signal does nothing (faulthandler
@@ -517,28 +540,6 @@ def test_a_sigint_while_the_worker_takes_a_command_is_the_commands(warm, tmp_pat
         os.close(fd)
     assert result["signal"] == signal.SIGINT and out == b"" and b"KeyboardInterrupt" in err, (result, out, err)
     assert proc_state(worker) not in (None, "Z")      # the worker took it for the command, and lives on
-
-
-def test_a_signal_that_comes_with_the_request_is_the_commands(warm, tmp_path):
-    """The wrapper passes its signals on over the command's connection from the moment its request is sent: one
-    the worker reads in the same read as the request is delivered to the command (KeyboardInterrupt: 130), and
-    the worker lives on."""
-    worker = idle_worker(warm)["pid"]
-    s = worker_connection(warm)
-    r_err, w_err = os.pipe()
-    devnull = os.open(os.devnull, os.O_RDWR)
-    request = json.dumps({"argv": ["-c", "import time; time.sleep(30)"], "env": dict(warm.env),
-                          "cwd": str(tmp_path)}).encode() + b"\n"
-    s.sendmsg([request + json.dumps({"signal": int(signal.SIGINT)}).encode() + b"\n"],
-              [(sk.SOL_SOCKET, sk.SCM_RIGHTS, array.array("i", [devnull, devnull, w_err]).tobytes())])
-    os.close(devnull)
-    os.close(w_err)
-    result = answer_of(s)
-    s.close()
-    err = os.read(r_err, 65536)
-    os.close(r_err)
-    assert result["signal"] == signal.SIGINT and b"KeyboardInterrupt" in err, (result, err)
-    assert idle_worker(warm)["pid"] == worker
 
 
 def test_ineligible_commands_and_cold_run_cold(warm, tmp_path):

@@ -471,7 +471,7 @@ def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict,
     except OSError:
         s.close()
         return None                       # the worker went away before it took the command: run cold
-    forwarder.aim(s)                      # every signal (another process group), on this command's connection
+    forwarder.aim(worker_pid, over=s)     # another process group: every signal goes to it, until the answer
     data = b""
     while not data.endswith(b"\n"):
         try:
@@ -484,9 +484,9 @@ def run_warm(guardian: Guardian, forwarder: Forwarder, command: list, env: dict,
             break
         data += chunk
     forwarder.aim(None)
-    s.close()                             # after aim(None). A signal sent on it after the answer is dropped, even
-                                          # once the worker has stopped waiting for this close (WRAPPER_CLOSE_S) and
-                                          # runs its next command: it reaches this command alone (worker.watch_wrapper)
+    s.close()                             # after aim(None): the worker takes its next command once this closes (or
+                                          # after 5 s: worker.serve); a signal after its answer is dropped
+                                          # (signals.answered), so none meant for this one reaches the next
     if not data.endswith(b"\n"):
         sig = forwarder.last
         if sig is not None and sig != signal.SIGINT:
