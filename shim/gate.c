@@ -333,7 +333,9 @@ static int64_t krex_lifecycle_wait_ns(void) {
     return ns;
 }
 
-/* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; the
+/* a context's creation or an exit at closed gates: bounded (above), and said when the bound is reached; told to the
+ * controller before the wait (GATE_WAIT; device: the creation's GPU, -1 for an exit, -2 not told: no CTX_CREATE_BEGIN
+ * follows); the
  * time is counted as blocked at a closed gate (waited_ns), and apart as a lifecycle wait (lifecycle_waited_ns: an
  * exit's wait lies after the command's own end, where the job's report is the only place that shows it) */
 static void krex_lifecycle_gate_wait(uint64_t mask, int device, const char *what) {
@@ -341,7 +343,7 @@ static void krex_lifecycle_gate_wait(uint64_t mask, int device, const char *what
     int64_t t0 = krex_now_ns(), max = krex_lifecycle_wait_ns();
     /* the controller's next region on these GPUs waits for this work with its gates open (lifecycle_prewait_ms)
      * rather than granting at once and then holding its closed gates while the work runs (the barrier) */
-    if (max) krex_lifecycle(KREX_LIFE_GATE_WAIT, device, 0);
+    if (max && device != -2) krex_lifecycle(KREX_LIFE_GATE_WAIT, device, 0);
     int late = max ? krex_sleep_on_gates_until(mask, 0, t0 + max) : 1;   /* 0: no wait at all */
     int64_t waited = max ? krex_now_ns() - t0 : 0;
     if (waited > 0) {
@@ -384,7 +386,7 @@ static int gate_flag(int env, unsigned page_flag) {
     return h && (h->flags & page_flag);
 }
 
-void krex_context_gate(int vendor, int local_device) {
+void krex_context_gate(int vendor, int local_device, int announced) {
     static int env = -2;
     if (env == -2) env = getenv("KREX_GATE_CONTEXTS") ? krex_env_flag("KREX_GATE_CONTEXTS", 0) : -1;
     if (env == 0 || krex_failopen) return;
@@ -392,7 +394,8 @@ void krex_context_gate(int vendor, int local_device) {
     if (!gate_flag(env, KREX_GATE_PAGE_CONTEXTS)) return;
     int dev = krex_physical_device(vendor, local_device);
     if (dev < 0 || dev >= KREX_MAX_GPUS) return;
-    krex_lifecycle_gate_wait(1ull << dev, dev, "creating a context");
+    /* GATE_WAIT only where CTX_CREATE_BEGIN follows the wait (hipSetDevice gates every call, announces its first) */
+    krex_lifecycle_gate_wait(1ull << dev, announced ? dev : -2, "creating a context");
 }
 
 /* Exit: with KREX_GATE_EXIT=1, first wait for other jobs' regions on our GPUs to end; then tell the

@@ -10,7 +10,7 @@
  * (its lifecycle barrier holds the next region until they are over) and, with KREX_GATE_CONTEXTS=1, a
  * creation waits while another job's region holds the GPU. */
 static void before_context(CUdevice d) {
-    krex_context_gate(KREX_VENDOR_CUDA, d);
+    krex_context_gate(KREX_VENDOR_CUDA, d, 1);
     if (!krex_connected() && !krex_failopen) krex_connect();   /* a first context is announced too */
     krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_CUDA, d), 0);
 }

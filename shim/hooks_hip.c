@@ -9,7 +9,7 @@ KREX_EXPORT hipError_t hipInit(unsigned fl) { return REAL(hipInit) ? REAL(hipIni
 
 /* context creation is announced to the controller (its lifecycle barrier) and may wait at the context gate */
 static void before_context(hipDevice_t d) {
-    krex_context_gate(KREX_VENDOR_HIP, d);
+    krex_context_gate(KREX_VENDOR_HIP, d, 1);
     if (!krex_connected() && !krex_failopen) krex_connect();   /* a first context is announced too */
     krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
 }
@@ -18,7 +18,7 @@ static void before_context(hipDevice_t d) {
 KREX_EXPORT hipError_t hipSetDevice(int d) {
     if (!REAL(hipSetDevice)) return NO_DRIVER;
     int first = !krex_device_known;           /* HIP creates the device's context here, lazily */
-    krex_context_gate(KREX_VENDOR_HIP, d);
+    krex_context_gate(KREX_VENDOR_HIP, d, first);
     if (first && !krex_connected() && !krex_failopen) krex_connect();
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_BEGIN, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     hipError_t r = REAL(hipSetDevice)(d);

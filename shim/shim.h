@@ -82,7 +82,8 @@ uint64_t krex_quiet_begin(void);          /* before a context-wide synchronize: 
 void krex_quiet_end(uint64_t before, int ok);   /* after it: a quiet point if it succeeded with no launch meanwhile */
 int64_t krex_quiet_since(void);           /* the last quiet point with no launch since (0: none or not known) */
 void krex_context_made(int local_device, int primary);   /* a context (primary: a device's primary one) */
-void krex_context_gate(int vendor, int local_device); /* before a context is created on that GPU */
+void krex_context_gate(int vendor, int local_device, int announced); /* before a context is created on that GPU;
+                                                                       * announced: its CTX_CREATE_BEGIN follows */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */
 
 struct krex_local_region *krex_local_region_claim(void);   /* a record in the job's counters file, or NULL */

@@ -9,6 +9,7 @@ import pytest
 
 from krex_ctl.policy import regions as P
 from krex_ctl.policy.freezes import Freezes
+from krex_ctl.policy import lifecycle
 from krex_ctl.policy.lifecycle import Lifecycle
 from krex_ctl.policy.regions import TRANSITIONS, BadTransition, Event, Regions, State
 from krex_ctl.policy.scheduler import Request, startable
@@ -555,6 +556,36 @@ def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_
             w.life.gone(b, w.now)
         assert kinds(w.request(a))[0] == "CloseGates", (kw, who, dev, gone)
         assert w.book.counters["lifecycle_prewaits"] == 0
+
+    # an exit held at the gates of two GPUs, one of them still held by another job's region: a request on the other
+    # GPU does not wait for it (it stays held there), nor, once that region has ended, one on its GPU while the
+    # first request's region holds the other
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2), devices=0b11), w.client(30, Job(3), devices=0b10)
+    r1 = region_of(w.run_to_grant(w.request(c, mask=0b10)))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, -1), w.now)
+    assert kinds(w.request(a, mask=0b01))[0] == "CloseGates" and w.book.counters["lifecycle_prewaits"] == 0
+    w.book.leave(r1, c, C.KREX_END_NORMAL, 2, w.now)
+    d = w.client(40, Job(4), devices=0b10)
+    assert kinds(w.request(d, mask=0b10))[0] == "CloseGates" and w.book.counters["lifecycle_prewaits"] == 0
+    # two threads held at the gates of GPUs 0 and 1: the creation on GPU 1 begins, GPU 0's still waits
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2), devices=0b11)
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, 0), w.now)
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, 1), w.now)
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_BEGIN, 1), w.now)
+    w.life.event(b, ev(C.KREX_LIFE_CTX_CREATE_END, 1), w.now)
+    assert kinds(w.request(a, mask=0b01)) == ["Recheck"]
+    # one that never says more (its announcement lost) is forgotten once its gates have been open GATED_STALE_S
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)
+    assert kinds(w.request(a)) == ["Recheck"]
+    w.now += 0.1
+    r = region_of(w.closed(w.book.recheck(w.now)))                     # at the bound
+    w.now += lifecycle.GATED_STALE_S
+    w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
+    assert kinds(w.request(a, seq=3))[0] == "CloseGates" and not w.life.gated
 
     # an exit held at the gate (device -1: the process's GPUs) holds the request until the process has exited
     w = World(lifecycle_prewait_ms=100.0)

@@ -916,3 +916,49 @@ def test_a_context_creation_held_at_a_closed_gate_goes_through_before_the_next_r
     # the creation (1 s) went through between the two regions, not after the second (held 1 s itself)
     assert made < region["ended_ns"] and region["granted_ns"] > held["ended_ns"] + 900_000_000, (held, region, made)
     assert "lifecycle" not in region["taints"] and region.get("settle_ns", 0) < 100e6, region
+
+
+HIP_AGAIN = r"""
+import ctypes, os, sys
+lib = ctypes.CDLL("libamdhip64.so")
+assert lib.hipSetDevice(0) == 0
+print("ready", os.environ["KREX_COUNTERS"], flush=True)
+sys.stdin.readline()
+assert lib.hipSetDevice(0) == 0         # again: its context is made, nothing to make
+print("again", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_hipsetdevice_that_makes_no_context_holds_no_region_at_the_gate(krex, tmp_path):
+    """hipSetDevice waits at another job's closed gate on every call, but only its first makes a context: a later
+    one is not announced as lifecycle work to come (no GATE_WAIT), so the region queued next does not wait for it
+    (--lifecycle-prewait-ms: it would wait to its bound for a creation that never begins)."""
+    from pathlib import Path
+
+    from krex_ctl.wire import counters as counters_file
+
+    krex.start_controller("--lifecycle-prewait-ms", "5000", "--freeze-policy", "busy")   # idle: not stopped
+    script = tmp_path / "hip.py"
+    script.write_text(HIP_AGAIN)
+    hip = krex.popen([sys.executable, script], env={"KREX_GATE_LIFECYCLE_WAIT": "60", "HIP_VISIBLE_DEVICES": "0",
+                                                    "LD_LIBRARY_PATH": str(ROOT / "build" / "fakes")},
+                     stdin=subprocess.PIPE)
+    ready = hip.stdout.readline().split()
+    assert ready[0] == "ready", hip.stderr.read()
+    release = tmp_path / "release"
+    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                                "SNIPPET_HOLD_FILE": str(release), "SNIPPET_GAP_US": "4000000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    hip.stdin.write("go\n")
+    hip.stdin.flush()
+    wait_for(lambda: counters_file.gate_waits(Path(ready[1])), what="hipSetDevice held at the closed gate")
+    nxt = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1"})
+    wait_for(lambda: sum(len(g["queue"]) for g in krex.status()["gpus"]) == 1, what="the next region queued")
+    release.touch()
+    assert hip.stdout.readline().strip() == "again"
+    nxt.communicate(timeout=30)
+    status = krex.status()["counters"]
+    hip.communicate("", timeout=30)
+    holder.communicate(timeout=30)
+    assert nxt.returncode == 0 and status["lifecycle_prewaits"] == 0, status

@@ -29,6 +29,7 @@ from .regions import State
 from .scheduler import mask_to_list
 
 GIB = float(1 << 30)
+GATED_STALE_S = 2.0   # a process said it waits at a closed gate; its gates open this long, no word of its work: gone on
 
 
 class Lifecycle:
@@ -37,7 +38,9 @@ class Lifecycle:
         self.inflight: dict = {}           # client -> {(gpu mask, "create" or "destroy"): how many under way there}
         self.exiting: dict = {}            # client -> bytes it held when it announced its exit
         self.leaving: dict = {}            # client -> [bytes, its pidfd, GPU mask]: connection closed, not yet exited
-        self.gated: dict = {}              # client -> GPU mask: waiting at a closed gate to create a context or exit
+        # client -> [GPU mask, when its gates were first seen open]: waiting at a closed gate to create a context or
+        # exit; the mask of each wait, together
+        self.gated: dict = {}
         self.forget = lambda pidfd: pidfd.close()   # set by the controller: it also stops watching the pidfd
         self.settle_until: dict[int, float] = {}   # gpu -> monotonic time before which no region starts
         self.regions_of = None             # set by the controller: gpu mask -> regions held there
@@ -65,10 +68,16 @@ class Lifecycle:
         kind = "create" if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_CREATE_END) else "destroy"
         if e == C.KREX_LIFE_GATE_WAIT:
             if mask:
-                self.gated[client] = mask
+                entry = self.gated.setdefault(client, [0, None])
+                entry[0] |= mask
+                entry[1] = None
             return
-        if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_EXIT_BEGIN):
-            self.gated.pop(client, None)       # its wait is over: the work it waited for is under way
+        if e == C.KREX_LIFE_EXIT_BEGIN:
+            self.gated.pop(client, None)       # its wait is over: the exit it waited for is under way
+        elif e == C.KREX_LIFE_CTX_CREATE_BEGIN and client in self.gated:
+            self.gated[client][0] &= ~mask     # that creation's wait is over (another thread's may not be)
+            if not self.gated[client][0]:
+                del self.gated[client]
         if e in (C.KREX_LIFE_CTX_CREATE_BEGIN, C.KREX_LIFE_CTX_DESTROY_BEGIN):
             ops = self.inflight.setdefault(client, {})
             ops[mask, kind] = ops.get((mask, kind), 0) + 1
@@ -132,14 +141,32 @@ class Lifecycle:
         """Another job's context creation, teardown or exit is under way on the region's GPUs."""
         return bool(self.causes(region, None))
 
-    def prewait_busy(self, region) -> bool:
+    def prewait_busy(self, region, now: float) -> bool:
         """What a request waits for before its gates close (lifecycle_prewait_ms): busy(), or another job's process
         waiting at a closed gate on its GPUs to create a context or exit, whose work starts when that gate opens."""
-        return self.busy(region) or self.gated_busy(region)
+        return self.busy(region) or self.gated_busy(region, now)
 
-    def gated_busy(self, region) -> bool:
-        """Another job's process waits at a closed gate on the region's GPUs to create a context or exit."""
-        return any(mask & region.gpu_mask and self.outsider(region, c) for c, mask in self.gated.items())
+    def gated_busy(self, region, now: float) -> bool:
+        """Another job's process waits at a closed gate on the region's GPUs to make a context or exit, and no
+        other job's region holds a GPU it waits for (where one does, it does not go on when this region's gate
+        stays open). One whose gates have been open for GATED_STALE_S with no word of the work is forgotten: it
+        went on without (its shim lost the announcement) and must not hold every request there."""
+        found = False
+        for c, entry in list(self.gated.items()):
+            mask, open_since = entry
+            if not mask & region.gpu_mask or not self.outsider(region, c):
+                continue
+            held = self.regions_of(mask) if self.regions_of is not None else []
+            if any(self.outsider(r, c) for r in held):
+                entry[1] = None
+                continue
+            if open_since is None:
+                entry[1] = now
+            elif now - open_since > GATED_STALE_S:
+                del self.gated[c]
+                continue
+            found = True
+        return found
 
     def causes(self, region, now: Optional[float]) -> set:
         """What of other jobs' lifecycle work holds the region now: "create" and "destroy" (a context's creation or

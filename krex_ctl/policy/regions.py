@@ -764,7 +764,7 @@ class Regions:
         left = since + limit - now
         if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
-        if not self.lifecycle.prewait_busy(req):   # the request stands for its region: its owner, job and GPUs
+        if not self.lifecycle.prewait_busy(req, now):   # the request stands for its region: owner, job and GPUs
             return 0.0
         if req.id not in self.prewait_since:
             self.prewait_since[req.id] = now
@@ -814,7 +814,7 @@ class Regions:
         since = self.prewait_since.pop(req.id, None)
         if since is not None:
             self.counters["lifecycle_prewait_ms"] += int(round((now - since) * 1e3))
-            if now - since >= self._prewait_limit() - 1e-6 and self.lifecycle.prewait_busy(req):
+            if now - since >= self._prewait_limit() - 1e-6 and self.lifecycle.prewait_busy(req, now):
                 self.counters["lifecycle_prewait_bounded"] += 1    # the bound ran out, the work still under way
         out = self._start(req, now)
         region = self.regions[req.id]
