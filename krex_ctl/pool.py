@@ -15,6 +15,7 @@ zygote starts each worker as a new interpreter instead. Only a controller runnin
 import itertools
 import logging
 import os
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -24,9 +25,10 @@ from .wire import worker as worker_env
 
 log = logging.getLogger("krex.controller")
 
-# a worker checked out for a job that has ended, and neither idle nor gone after this long, never got the command:
-# its wrapper died between the dispatch and its connect (a worker whose wrapper dies mid-command kills itself, and
-# one whose command ended tells it is idle within milliseconds of the wrapper's close)
+# a worker checked out for a job that has ended, and neither idle nor gone after this long, is killed: either its
+# wrapper died between the dispatch and its connect (it never got the command), or it runs a command whose wrapper
+# died and could not notice (its thread that watches the wrapper needs the interpreter, which a command busy in C
+# code holds). One whose command ended says it is idle within 5 s of the job's end (its wait for the wrapper's close)
 ORPHAN_S = 10.0
 
 
@@ -83,17 +85,23 @@ class WorkerPool:
         return w
 
     def release_orphans(self, jobs: dict, now: float) -> None:
-        """Workers checked out for a job that ended ORPHAN_S ago without their going idle or away: idle again (else
-        the controller never offers them, while their zygote counts them as spares and readies no other)."""
+        """Workers checked out for a job that ended ORPHAN_S ago without their going idle or away: killed (the
+        zygote readies another). Left, one would never be offered again while its zygote counted it as a spare and
+        readied no other, and one running a command whose wrapper died would run on, an orphan, as a cold command
+        does not (krex-exec dies with its wrapper)."""
         for w in self.workers:
             if w.state != "busy" or w.serving is None or jobs.get(w.serving.id) is w.serving:
                 w.orphaned_at = None
             elif w.orphaned_at is None:
                 w.orphaned_at = now
             elif now - w.orphaned_at >= ORPHAN_S:
-                log.warning("warm worker %d was handed to job %d, which ended without sending it a command: idle again",
-                            w.pid, w.serving.id)
-                w.state, w.serving, w.orphaned_at = "idle", None, None
+                log.warning("warm worker %d was handed to job %d, which ended %.0f s ago, and is neither idle nor gone "
+                            "(its krex run died before sending the command, or during one the worker could not stop): "
+                            "killed", w.pid, w.serving.id, now - w.orphaned_at)
+                pidfd = getattr(w.client, "pidfd", None)
+                if pidfd is None or not pidfd.signal(signal.SIGKILL):
+                    log.warning("warm worker %d: cannot signal it", w.pid)
+                w.orphaned_at = float("inf")   # killed once: its zygote reports its end (worker_exited, gone)
 
     def coming(self, key: tuple) -> bool:
         """No worker is idle, but the key's zygote is up: one will be (it forks as workers leave)."""

@@ -437,10 +437,10 @@ def test_a_wrapper_interrupted_before_its_request_leaves_the_worker_idle(warm, t
     assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
 
 
-def test_a_worker_whose_wrapper_died_before_connecting_is_offered_again(krex, tmp_path):
+def test_a_worker_whose_wrapper_died_before_connecting_is_replaced(krex, tmp_path):
     """A `krex run` killed (SIGKILL) between the controller's answer naming a worker and its connect to that worker:
-    its job ends with the worker checked out for it and never sent a command. The controller makes it idle again
-    (here after 1 s, pool.ORPHAN_S), and the next command runs warm in it."""
+    its job ends with the worker checked out for it and never sent a command. The controller kills it (here after
+    1 s, pool.ORPHAN_S), its zygote readies another, and the next command runs warm in that one."""
     krex.start_controller("--warm-workers", "1", "--worker-preload", "json",
                           prelude="import krex_ctl.pool as pool\npool.ORPHAN_S = 1.0")
     assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
@@ -454,10 +454,34 @@ def test_a_worker_whose_wrapper_died_before_connecting_is_offered_again(krex, tm
                                         "r.Guardian.request = request\n")
     assert p.returncode == -signal.SIGKILL and p.stdout == "", (p.returncode, p.stdout, p.stderr)
     assert [w["state"] for w in krex.status()["workers"] if w["pid"] == worker] == ["busy"]
-    assert idle_worker(krex)["pid"] == worker
-    assert "which ended without sending it a command" in krex.ctl_log.read_text()
-    out = run_py(krex, tmp_path, "import os; print(os.getpid())", env={"KREX_WARM_WAIT": "0"})
-    assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
+    wait_for(lambda: proc_state(worker) in (None, "Z"), timeout=30, what="the orphaned worker killed")
+    fresh = idle_worker(krex)["pid"]
+    assert fresh != worker and "neither idle nor gone" in krex.ctl_log.read_text()
+    out = run_py(krex, tmp_path, "import os; print(os.getpid())", env={"KREX_WARM_WAIT": "5"})
+    assert out.returncode == 0 and int(out.stdout) == fresh, (out.stdout, out.stderr)
+
+
+def test_a_warm_command_that_cannot_see_its_wrapper_die_is_killed(krex, tmp_path):
+    """A warm command busy in C code that holds the interpreter (a regular expression that backtracks for hours)
+    whose `krex run` is killed (SIGKILL): the worker's thread that watches the wrapper cannot run, so the controller
+    kills the worker once the job has been over pool.ORPHAN_S (1 s here), as a cold command dies with its wrapper;
+    nothing of it is left running."""
+    krex.start_controller("--warm-workers", "1", "--worker-preload", "json",
+                          prelude="import krex_ctl.pool as pool\npool.ORPHAN_S = 1.0")
+    assert run_py(krex, tmp_path, "pass", name="first.py").returncode == 0
+    worker = idle_worker(krex)["pid"]
+    (tmp_path / "stuck.py").write_text("import os, re\nprint(os.getpid(), flush=True)\n"
+                                       "re.match(r'(a+)+$', 'a' * 40 + 'b')\n")
+    p = krex.popen([sys.executable, tmp_path / "stuck.py"])
+    try:
+        assert int(p.stdout.readline()) == worker
+        p.kill()
+        p.communicate()
+        wait_for(lambda: proc_state(worker) in (None, "Z"), timeout=30, what="the orphaned worker killed")
+        assert "neither idle nor gone" in krex.ctl_log.read_text()
+    finally:
+        if proc_state(worker) not in (None, "Z"):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_interrupts_note_a_sigint_for_the_command_being_taken_and_drop_a_late_one(tmp_path):
