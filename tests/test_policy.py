@@ -443,6 +443,17 @@ def test_lifecycle_work_ending_during_region_gap_ms_adds_no_timer():
         assert w.book.lifecycle_ended(w.now + 0.01 * i) == []
 
 
+def prewaited_to_its_bound(event):
+    """A request of job 1 waiting (lifecycle_prewait_ms, 100) for event of job 2's client on its GPU until the bound:
+    the world, the two clients and the region started at the bound."""
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b = w.client(10, Job(1)), w.client(20, Job(2))
+    w.life.event(b, SimpleNamespace(event=event, device=0, bytes=0), w.now)
+    assert kinds(w.request(a)) == ["Recheck"]
+    w.now += 0.1
+    return w, a, b, region_of(w.closed(w.book.recheck(w.now)))
+
+
 def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context_is_made_bounded():
     """lifecycle_prewait_ms: a request whose GPU has another job's context creation (or exit) under way waits,
     its gates still open (no CloseGates: other jobs' GPU work runs meanwhile), until that ends or the prewait's
@@ -470,12 +481,7 @@ def test_lifecycle_prewait_holds_a_request_gates_open_while_another_jobs_context
     assert not w.book.prewait_since and w.book.counters["lifecycle_prewait_bounded"] == 0
 
     # bounded: lifecycle work that goes on past the prewait's time does not hold the request longer
-    w = World(lifecycle_prewait_ms=100.0)
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, ev(C.KREX_LIFE_EXIT_BEGIN), w.now)
-    assert kinds(w.request(a)) == ["Recheck"]
-    w.now += 0.1
-    r = region_of(w.closed(w.book.recheck(w.now)))
+    w, a, b, r = prewaited_to_its_bound(C.KREX_LIFE_EXIT_BEGIN)
     assert w.book.counters["lifecycle_prewait_bounded"] == 1            # started at the bound, the exit not over
     w.read_pass()
     assert w.book.drained(r, b, 0, w.now) and r.state is State.SETTLING     # the barrier waits as before
@@ -525,12 +531,7 @@ def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_
     assert w.book.counters["lifecycle_prewait_ms"] == 30 and w.book.counters["lifecycle_prewait_bounded"] == 0
 
     # held at the gate past the bound: the request starts then, counted as bounded
-    w = World(lifecycle_prewait_ms=100.0)
-    a, b = w.client(10, Job(1)), w.client(20, Job(2))
-    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT), w.now)
-    assert kinds(w.request(a)) == ["Recheck"]
-    w.now += 0.1
-    r = region_of(w.closed(w.book.recheck(w.now)))
+    w, a, b, r = prewaited_to_its_bound(C.KREX_LIFE_GATE_WAIT)
     assert w.book.counters["lifecycle_prewait_bounded"] == 1
 
     # the barrier does not wait for it: a region already set up goes through its settle
