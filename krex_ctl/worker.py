@@ -45,6 +45,16 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 # the signals a wrapper started with ignored and a command of it starts ignored, as a cold one inherits them
 # (krex_ctl.signals.FORWARDED: the wrapper neither takes nor passes them on)
 IGNORABLE = frozenset(signals.FORWARDED)
+# the signals a wrapper passes on by kill() that a worker would die of at SIG_DFL (SIGINT has Interrupts): ignored from
+# a command's end until its answer is sent (one then is late, and the command's status is what it ended with), at a
+# fresh Python's default otherwise (fresh_dispositions)
+LATE = IGNORABLE - {signal.SIGINT}
+
+
+def fresh_dispositions() -> None:
+    """LATE at a fresh Python's dispositions (SIG_DFL), whatever the worker inherited or a command's end set."""
+    for s in LATE:
+        signal.signal(s, signal.SIG_DFL)
 
 
 class WorkerExit(BaseException):
@@ -434,6 +444,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
                 except (OSError, ValueError):
                     pass
             real_exit(exit_code if sig is None else 128 + int(sig))
+        for s in LATE:                   # until the answer is sent: one now is late (and one pending is dropped)
+            signal.signal(s, signal.SIG_IGN)
         if INTERRUPTS is not None:
             INTERRUPTS.command_ended()
         os._exit = real_exit
@@ -451,7 +463,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
         os.chdir(cwd_before)
         for s, h in handlers.items():
             faulthandler.unregister(s)   # a command's faulthandler.register(s): set in C, unseen by getsignal, and
-            signal.signal(s, h)          # faulthandler would skip the next command's register of s
+            signal.signal(s, signal.SIG_IGN if s in LATE else h)   # faulthandler would skip the next's register
         drop_pending(signal.pthread_sigmask(signal.SIG_BLOCK, []) - mask_before)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
         restored = restore_module_globals(globals_before, sys_before, filters_before)
@@ -532,11 +544,9 @@ def serve(ready_fd: Optional[int] = None) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "command")
     sel.register(ctl.sock, selectors.EVENT_READ, "controller")
-    for s in IGNORABLE - {signal.SIGINT}:
-        # a fresh Python's dispositions from here on, not what the controller passed on (a SIGQUIT it ignored): a
-        # signal a wrapper passes on before the command's own are set acts as it would on a cold one (SIGINT: the
-        # Interrupts below)
-        signal.signal(s, signal.SIG_DFL)
+    # a fresh Python's dispositions from here on, not what the controller passed on (a SIGQUIT it ignored): a signal a
+    # wrapper passes on before the command's own are set acts as it would on a cold one (SIGINT: the Interrupts below)
+    fresh_dispositions()
     global INTERRUPTS
     INTERRUPTS = Interrupts(listener)
 
@@ -559,6 +569,10 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 os.close(fd)
         result["retire"] = result["retire"] or last
         conn.sendall(json.dumps(result).encode() + b"\n")
+        try:
+            conn.shutdown(socket.SHUT_WR)    # the wrapper sees the end once it has read the answer: it passes no
+        except OSError:                      # signal on from then (signals.answered)
+            pass
         if not result["retire"]:
             wrapper_closed(conn)
         return result
@@ -596,6 +610,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
                 INTERRUPTS.idle()            # a Ctrl-C from here on with no command waiting is a late one: dropped
             if result["retire"]:
                 break
+            fresh_dispositions()             # the answer is sent: a signal now is for the next command
             try:
                 ctl.request(ops.WORKER_IDLE)
             except (OSError, ConnectionError, KrexCommandError):

@@ -569,6 +569,14 @@ def test_lifecycle_prewait_waits_for_work_held_at_a_closed_gate_and_the_barrier_
     w.book.leave(r1, c, C.KREX_END_NORMAL, 2, w.now)
     d = w.client(40, Job(4), devices=0b10)
     assert kinds(w.request(d, mask=0b10))[0] == "CloseGates" and w.book.counters["lifecycle_prewaits"] == 0
+    # the gates' own rule, a region's job against the process's: a warm worker's region (job 1) holds at its gate a
+    # process of the job its command serves (job 2), which the controller otherwise counts as the region's own
+    w = World(lifecycle_prewait_ms=100.0)
+    a, b, c = w.client(10, Job(1)), w.client(20, Job(2), devices=0b11), w.client(30, Job(3), devices=0b10)
+    w.life.outsider = lambda region, cl: cl.job not in {region.job, b.job}   # job 2 served by job 1's member
+    region_of(w.run_to_grant(w.request(a, mask=0b01)))
+    w.life.event(b, ev(C.KREX_LIFE_GATE_WAIT, -1), w.now)                  # its exit, held by a's region on GPU 0
+    assert kinds(w.request(c, mask=0b10))[0] == "CloseGates" and w.book.counters["lifecycle_prewaits"] == 0
     # two threads held at the gates of GPUs 0 and 1: the creation on GPU 1 begins, GPU 0's still waits
     w = World(lifecycle_prewait_ms=100.0)
     a, b = w.client(10, Job(1)), w.client(20, Job(2), devices=0b11)

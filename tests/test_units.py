@@ -1,6 +1,7 @@
 """Pure logic: the preload environment, the FIFO scheduler, CPU lists and config."""
 
 import json
+import signal
 
 import pytest
 
@@ -521,3 +522,37 @@ def test_region_timeout_and_lifecycle_wait_are_read_as_the_shim_reads_them():
         assert run_takes(lambda x: check_region_timeout(x, "KREX_REGION_TIMEOUT"), v), v
     for v in ("1e3", "3600", ".5"):
         assert run_takes(lambda x: check_environment({"KREX_GATE_LIFECYCLE_WAIT": x}), v), v
+
+
+def test_an_orphaned_warm_worker_is_killed_unless_its_wrapper_came_back_as_a_new_job():
+    """pool.release_orphans: a worker checked out for a job that has been gone ORPHAN_S is killed once (through its
+    control connection's pidfd); one whose wrapper the controller dropped and which reconnected (a new job with the
+    same root process: pid and start time) serves that job now and is left alone."""
+    from types import SimpleNamespace
+
+    from krex_ctl import pool
+
+    signalled = []
+
+    class Pidfd:
+        def signal(self, sig):
+            signalled.append(sig)
+            return True
+
+    def job(jid, root=(500, 7)):
+        return SimpleNamespace(id=jid, root_pid=root[0], root_start=root[1])
+
+    p = pool.WorkerPool(SimpleNamespace(warm_workers=1), "/nonexistent.sock")
+    old, new = job(1), job(2)
+    w = pool.Worker(pid=900, key=(0, "python", "fp"), client=SimpleNamespace(pidfd=Pidfd()), state="busy",
+                    serving=old)
+    p.workers.append(w)
+    for t in (0.0, pool.ORPHAN_S + 1):
+        p.release_orphans({2: new}, 100.0 + t)              # the same root, reconnected as job 2
+    assert w.serving is new and not signalled and w.orphaned_at is None
+    for t in (0.0, pool.ORPHAN_S - 1):
+        p.release_orphans({3: job(3, root=(501, 7))}, 200.0 + t)
+    assert not signalled                                     # gone, but not for long enough yet
+    for t in (pool.ORPHAN_S, pool.ORPHAN_S + 5):
+        p.release_orphans({3: job(3, root=(501, 7))}, 200.0 + t)
+    assert signalled == [signal.SIGKILL]                     # killed once

@@ -378,6 +378,38 @@ def test_a_signal_reaches_a_warm_command_busy_in_c_code_at_once(warm, tmp_path):
             os.kill(worker, signal.SIGKILL)
 
 
+def ignored_signals(pid: int) -> set:
+    """The signals pid ignores now (/proc/PID/status SigIgn)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
+
+
+def test_a_signal_after_a_commands_end_is_dropped_and_its_answer_ends_the_connection(warm, tmp_path):
+    """From a command's end until its answer has been taken (the wrapper's close) the worker ignores the signals a
+    wrapper passes on by kill() (SIGINT has its own handler, worker.Interrupts): one then is late, and killed the
+    worker, whose wrapper reported the command killed though it had ended. The answer comes with the end of the
+    worker's side of the connection, so a wrapper that has read it sees the end and passes nothing more on
+    (signals.answered). Once the wrapper has closed, the idle worker is back at a fresh Python's dispositions."""
+    from krex_ctl.worker import LATE
+
+    worker = idle_worker(warm)["pid"]
+    s = worker_connection(warm)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    send_command(s, warm, tmp_path, "pass", [devnull, devnull, devnull])
+    os.close(devnull)
+    assert answer_of(s)["exit_code"] == 0
+    s.settimeout(3.0)                                       # not the worker's close, 5 s later (WRAPPER_CLOSE_S)
+    assert s.recv(1) == b""                                 # the worker's side ended with the answer
+    assert LATE <= ignored_signals(worker)                  # until the wrapper's close: late signals dropped
+    os.kill(worker, signal.SIGTERM)
+    s.close()
+    assert idle_worker(warm)["pid"] == worker               # it lives on
+    assert not LATE & ignored_signals(worker)               # and takes the next command's as a fresh Python would
+    out = run_py(warm, tmp_path, "import os; print(os.getpid())")
+    assert out.returncode == 0 and int(out.stdout) == worker, (out.stdout, out.stderr)
+
+
 def test_faulthandler_registered_by_one_command_works_in_the_next(warm, tmp_path):
     """faulthandler.register(sig) sets its handler in C, which signal.getsignal does not see: the worker's put-back
     of its handlers must unregister it, or the next command's register of the same signal does nothing (faulthandler

@@ -154,10 +154,11 @@ class Lifecycle:
         found = False
         for c, entry in list(self.gated.items()):
             mask, open_since = entry
-            if not mask & region.gpu_mask or not self.outsider(region, c):
+            # the gates' own rule (shim/gate.c): a region's gate holds every process not of its job
+            if not mask & region.gpu_mask or region.job is c.job:
                 continue
             held = self.regions_of(mask) if self.regions_of is not None else []
-            if any(self.outsider(r, c) for r in held):
+            if any(r.job is not c.job for r in held):
                 entry[1] = None
                 continue
             if open_since is None:
