@@ -547,6 +547,7 @@ def serve(ready_fd: Optional[int] = None) -> None:
     # a fresh Python's dispositions from here on, not what the controller passed on (a SIGQUIT it ignored): a signal a
     # wrapper passes on before the command's own are set acts as it would on a cold one (SIGINT: the Interrupts below)
     fresh_dispositions()
+    zygote = os.getppid()           # its death is a SIGTERM here (parent_death_signal), which LATE ignores for a while
     global INTERRUPTS
     INTERRUPTS = Interrupts(listener)
 
@@ -611,6 +612,8 @@ def serve(ready_fd: Optional[int] = None) -> None:
             if result["retire"]:
                 break
             fresh_dispositions()             # the answer is sent: a signal now is for the next command
+            if os.getppid() != zygote:       # its zygote died while LATE was ignored: its SIGTERM was lost
+                break
             try:
                 ctl.request(ops.WORKER_IDLE)
             except (OSError, ConnectionError, KrexCommandError):
