@@ -46,8 +46,8 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 # (krex_ctl.signals.FORWARDED: the wrapper neither takes nor passes them on)
 IGNORABLE = frozenset(signals.FORWARDED)
 # the signals a wrapper passes on by kill() that a worker would die of at SIG_DFL (SIGINT has Interrupts): ignored from
-# a command's end until its answer is sent (one then is late, and the command's status is what it ended with), at a
-# fresh Python's default otherwise (fresh_dispositions)
+# a command's end until its wrapper has the answer and has closed (one then is late, and the command's status is what
+# it ended with), at a fresh Python's default otherwise (fresh_dispositions)
 LATE = IGNORABLE - {signal.SIGINT}
 
 
@@ -444,7 +444,7 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
                 except (OSError, ValueError):
                     pass
             real_exit(exit_code if sig is None else 128 + int(sig))
-        for s in LATE:                   # until the answer is sent: one now is late (and one pending is dropped)
+        for s in LATE:                   # until the wrapper has the answer: one now is late (one pending: dropped)
             signal.signal(s, signal.SIG_IGN)
         if INTERRUPTS is not None:
             INTERRUPTS.command_ended()
