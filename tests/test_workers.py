@@ -507,10 +507,11 @@ def test_a_warm_command_that_cannot_see_its_wrapper_die_is_killed(krex, tmp_path
     p = krex.popen([sys.executable, tmp_path / "stuck.py"])
     try:
         assert int(p.stdout.readline()) == worker
+        time.sleep(0.5)                      # inside the match (killed before it, the worker's own watch would act)
         p.kill()
         p.communicate()
+        wait_for(lambda: "neither idle nor gone" in krex.ctl_log.read_text(), timeout=30, what="the controller's kill")
         wait_for(lambda: proc_state(worker) in (None, "Z"), timeout=30, what="the orphaned worker killed")
-        assert "neither idle nor gone" in krex.ctl_log.read_text()
     finally:
         if proc_state(worker) not in (None, "Z"):
             os.kill(worker, signal.SIGKILL)
