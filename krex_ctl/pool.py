@@ -35,11 +35,7 @@ ORPHAN_S = 10.0
 def same_root(job, jobs: dict):
     """The live job with job's root process (its pid and start time), if any: a wrapper the controller dropped
     (a bad frame, not reading its messages) reconnects as a new job while its warm command runs on."""
-    root = (getattr(job, "root_pid", None), getattr(job, "root_start", None))
-    if root[0] is None:
-        return None
-    return next((j for j in jobs.values() if (getattr(j, "root_pid", None), getattr(j, "root_start", None)) == root),
-                None)
+    return next((j for j in jobs.values() if (j.root_pid, j.root_start) == (job.root_pid, job.root_start)), None)
 
 
 def trim(d: dict, keep: int = 64) -> None:
@@ -100,10 +96,12 @@ class WorkerPool:
         readied no other, and one running a command whose wrapper died would run on, an orphan, as a cold command
         does not (krex-exec dies with its wrapper)."""
         for w in self.workers:
-            if w.state == "busy" and w.serving is not None and jobs.get(w.serving.id) is not w.serving:
-                w.serving = same_root(w.serving, jobs) or w.serving   # its wrapper, dropped, came back as a new job
-            if w.state != "busy" or w.serving is None or jobs.get(w.serving.id) is w.serving:
+            if w.state != "busy" or w.serving is None:
                 w.orphaned_at = None
+                continue
+            live = w.serving if jobs.get(w.serving.id) is w.serving else same_root(w.serving, jobs)
+            if live is not None:               # its job, or its wrapper, dropped, come back as a new job
+                w.serving, w.orphaned_at = live, None
             elif w.orphaned_at is None:
                 w.orphaned_at = now
             elif now - w.orphaned_at >= ORPHAN_S:

@@ -463,7 +463,8 @@ def run_command(argv: list[str], env: dict, cwd: str, fds: list[int], ignored=()
         os.chdir(cwd_before)
         for s, h in handlers.items():
             faulthandler.unregister(s)   # a command's faulthandler.register(s): set in C, unseen by getsignal, and
-            signal.signal(s, signal.SIG_IGN if s in LATE else h)   # faulthandler would skip the next's register
+            signal.signal(s, signal.SIG_IGN if s in LATE else h)   # faulthandler would skip the next's register;
+                                                                    # LATE again: unregister put its own handler back
         drop_pending(signal.pthread_sigmask(signal.SIG_BLOCK, []) - mask_before)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
         restored = restore_module_globals(globals_before, sys_before, filters_before)

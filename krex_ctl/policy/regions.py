@@ -764,12 +764,13 @@ class Regions:
         left = since + limit - now
         if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
-        if not self.lifecycle.prewait_busy(req, now):   # the request stands for its region: owner, job and GPUs
+        busy = self.lifecycle.busy(req)        # the request stands for its region: its owner, job and GPUs
+        if not busy and not self.lifecycle.gated_busy(req, now):
             return 0.0
         if req.id not in self.prewait_since:
             self.prewait_since[req.id] = now
             self.counters["lifecycle_prewaits"] += 1
-            if not self.lifecycle.busy(req):   # only for work waiting at a gate, to start as it opens
+            if not busy:                       # only for work waiting at a gate, to start as it opens
                 self.counters["lifecycle_prewaits_at_gate"] += 1
         return left
 
