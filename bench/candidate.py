@@ -3,7 +3,8 @@ Triton matmul kernel variant (real JIT compilation on the CPU), checks it agains
 then times candidate and reference with triton.testing.do_bench. Prints one JSON line.
     python bench/candidate.py --size 8192 --variant 2 --nonce 17 [--region]
 --op sum instead generates a memory-bound kernel (row sums of an fp16 matrix, read from HBM; --size is the MiB read
-per call) checked against and timed beside torch.sum.
+per call) checked against and timed beside torch.sum; with --compiler cuda that kernel is CUDA C++ built by
+torch.utils.cpp_extension.load_inline (nvcc), as KernelBench builds a custom-CUDA candidate.
 --region marks each do_bench with krex.region explicitly (otherwise KREX_HOOKS=triton does it)."""
 
 import argparse
@@ -27,6 +28,11 @@ ap.add_argument("--op", choices=("matmul", "sum"), default="matmul",
                      "of 4096 columns, against torch.sum: memory-bound, SIZE MiB read per call from an input of "
                      "min(SIZE, 2048) MiB (above 2048, SIZE a multiple of 2048: the input read SIZE / 2048 times "
                      "over, by one persistent kernel; the reference makes as many torch.sum calls)")
+ap.add_argument("--compiler", choices=("triton", "cuda"), default="triton",
+                help="triton: the candidate is a Triton kernel, JIT-compiled at its first call (about 1.4 s on the H100 "
+                     "machine); cuda (--op sum only): the same row sums in CUDA C++, built at the first call by "
+                     "torch.utils.cpp_extension.load_inline with nvcc, g++ and ninja, as KernelBench builds a "
+                     "custom-CUDA candidate: tens of seconds of CPU per command (a compile-heavy mix)")
 ap.add_argument("--repeat", type=int, default=1,
                 help="time candidate and reference this many times each (one do_bench, one region, each); the "
                      "JSON line gets every timing in candidate_all_ms / reference_all_ms")
@@ -106,6 +112,8 @@ if args.op == "sum":
         ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
     if args.pads or args.seeds or args.history or args.fixed_out or args.probe:
         ap.error("--op sum: --pads, --seeds, --history, --fixed-out and --probe are for --op matmul")
+elif args.compiler == "cuda":
+    ap.error("--compiler cuda: for --op sum (the matmul candidate is Triton's)")
 
 
 def mib_list(text: str, what: str) -> list:
@@ -308,6 +316,70 @@ def rowsum(x):
     return out
 '''
 
+# --compiler cuda: THREADS a block, blocks per SM (a persistent grid, one warp per row at a time)
+CUDA_SUM_VARIANTS = [(256, 8), (512, 4), (128, 16), (1024, 2)]
+CUDA_SUM = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_fp16.h>
+
+// NONCE @NONCE@: a new candidate, a new source, a new build
+
+__global__ void rowsum_kernel(const __half2* __restrict__ x, float* __restrict__ out, long long rows,
+                              int half2_cols, int passes) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (int p = 0; p < passes; ++p) {            // each pass reads the whole input once, as the Triton one
+        for (long long r = warp; r < rows; r += warps) {
+            const __half2* row = x + r * half2_cols;
+            float acc = 0.f;
+            for (int c = lane; c < half2_cols; c += 32) {
+                float2 v = __half22float2(row[c]);
+                acc += v.x + v.y;
+            }
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+            if (lane == 0) out[r] = (p > 0 ? out[r] : 0.f) + acc;
+        }
+    }
+}
+
+torch::Tensor rowsum(torch::Tensor x, int64_t blocks, int64_t threads, int64_t passes) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kHalf && x.is_contiguous() && x.dim() == 2
+                && x.size(1) % 2 == 0, "rowsum: a contiguous fp16 CUDA matrix with an even number of columns");
+    auto out = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
+    rowsum_kernel<<<(unsigned)blocks, (unsigned)threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<const __half2*>(x.data_ptr<at::Half>()), out.data_ptr<float>(), x.size(0),
+        (int)(x.size(1) / 2), (int)passes);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+"""
+if args.op == "sum" and args.compiler == "cuda":
+    THREADS, BPS = CUDA_SUM_VARIANTS[args.variant % len(CUDA_SUM_VARIANTS)]
+    SOURCE = f'''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+NONCE = {args.nonce}  # a new candidate: a new source, a new build
+CUDA_SRC = {CUDA_SUM.replace("@NONCE@", str(args.nonce))!r}
+CPP_SRC = "torch::Tensor rowsum(torch::Tensor x, int64_t blocks, int64_t threads, int64_t passes);"
+EXT, LAST, GRID = None, None, None
+PROGRAMS = {BPS} * torch.cuda.get_device_properties(0).multi_processor_count
+
+def rowsum(x):
+    """Built at the first call (nvcc and g++ through ninja), in BUILD (set by the caller)."""
+    global EXT, GRID, LAST_OUT
+    if EXT is None:
+        EXT = load_inline(name="krex_cand_{args.nonce}", cpp_sources=CPP_SRC, cuda_sources=CUDA_SRC,
+                          functions=["rowsum"], build_directory=BUILD, extra_cuda_cflags=["-O3"])
+    GRID = min(PROGRAMS, -(-x.shape[0] * 32 // {THREADS}))
+    out = EXT.rowsum(x, GRID, {THREADS}, {SUM_PASSES})
+    LAST_OUT = out.data_ptr()
+    return out
+'''
+
 with tempfile.TemporaryDirectory() as td:
     os.environ["TRITON_CACHE_DIR"] = os.path.join(td, "cache")
     path = os.path.join(td, f"cand_{args.nonce}.py")
@@ -315,6 +387,8 @@ with tempfile.TemporaryDirectory() as td:
         f.write(SOURCE)
     spec = importlib.util.spec_from_file_location(f"cand_{args.nonce}", path)
     mod = importlib.util.module_from_spec(spec)
+    mod.BUILD = os.path.join(td, "build")      # --compiler cuda: the extension's build directory
+    os.makedirs(mod.BUILD)
     spec.loader.exec_module(mod)
     if args.churn:
         junk = [torch.empty(int(s) << 20, dtype=torch.uint8, device="cuda") for s in (96, 32, 256, 64, 128, 48)]
@@ -537,7 +611,8 @@ with tempfile.TemporaryDirectory() as td:
         import triton
         probe["triton_cache_dir"] = str(getattr(getattr(triton, "knobs", None), "cache", None) and triton.knobs.cache.dir)
 if args.op == "sum":   # the persistent grid, and the registers that decide how many of its programs fit at once
-    probe.update(grid=min(mod.PROGRAMS, -(-x.shape[0] // BR)), n_regs=getattr(mod.LAST, "n_regs", None))
+    probe.update(grid=mod.GRID if args.compiler == "cuda" else min(mod.PROGRAMS, -(-x.shape[0] // BR)),
+                 n_regs=getattr(mod.LAST, "n_regs", None))
 close_holder()                         # its memory back before this process's line
 print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} if args.op == "sum" else {}),
                   "nonce": args.nonce, "correct": ok, **probe, **({"scatter_mib": scatter_mib} if scatter_mib else {}),
@@ -548,7 +623,8 @@ print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} i
                   "candidate_out_ptrs": out_ptrs, **({"fixed_out": True} if args.fixed_out else {}),
                   **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
                      if last_region is not None else {}),
-                  "timer": args.timer, "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3),
+                  "timer": args.timer, **({"compiler": "cuda"} if args.compiler == "cuda" else {}),
+                  "compile_s": round(compile_s, 3), "import_s": round(IMPORT_S, 3), "total_s": round(time.monotonic() - T0, 3),
                   # CLOCK_MONOTONIC is the node's: the harness splits its wall time into before, inside, after
                   "t0_mono": round(T0, 4), "t_end_mono": round(time.monotonic(), 4)}), flush=True)
 sys.exit(0 if ok else 1)

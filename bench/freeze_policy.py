@@ -464,6 +464,7 @@ def main() -> None:
         T.REFERENCE_ARGS[:] = T.reference_args(args)
         T.REFERENCE_PROCESSES[0] = args.reference_processes
         T.MIX[:] = T.parse_mix(args.mix, ap)
+        T.check_compiler(ap, args, T.MIX)
         T.REFERENCE_PROCESSES_FOR.clear()
         T.REFERENCE_PROCESSES_FOR.update(T.parse_kernel_counts(args.reference_processes_for, ap,
                                                                "--reference-processes-for", T.MIX, args.variants))

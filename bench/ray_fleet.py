@@ -328,6 +328,7 @@ def main() -> None:
                  "pergpubusy")
     if args.mix:
         MIX[:] = parse_mix(args.mix, ap)
+    T.check_compiler(ap, args, MIX)
     specs = make_specs(args.specs, args.seed, max(1, min(4, args.variants)))
     candidate = os.path.abspath(args.candidate)
     logs = Path(args.logs or tempfile.mkdtemp(prefix="ray-fleet-logs-"))

@@ -245,6 +245,11 @@ def add_timing_options(ap, unit: str) -> None:
     ap.add_argument("--timer", choices=("events", "graph"), default="events",
                     help=f"each {unit}'s timer (bench/candidate.py --timer): events, do_bench; graph, "
                          "do_bench_cudagraph, without the host's launches in the timing")
+    ap.add_argument("--compiler", choices=("triton", "cuda"), default="triton",
+                    help=f"each {unit}'s candidate kernel (bench/candidate.py --compiler): triton, JIT-compiled at its "
+                         "first call; cuda, the sum candidate in CUDA C++ built by torch.utils.cpp_extension.load_inline "
+                         "(nvcc, g++, ninja) as KernelBench builds one: tens of seconds of CPU per command, a "
+                         "compile-heavy mix (sum@ kernels only)")
     ap.add_argument("--scatter-gib", type=gib, default=0,
                     help=f"each {unit} first takes this much GPU memory in pieces and gives a random half back "
                          "(bench/candidate.py --scatter-gib, seeded by its nonce), in every mode: its inputs land "
@@ -264,7 +269,15 @@ def timing_args(ap, args) -> list:
     if not 0 <= args.nonce_offset < 1 << 40:
         ap.error(f"--nonce-offset: 0 or more, not {args.nonce_offset}")
     return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
-        (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else [])
+        (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else []) + \
+        (["--compiler", args.compiler] if args.compiler != "triton" else [])
+
+
+def check_compiler(ap, args, mix: list) -> None:
+    """One line and exit 2 for --compiler cuda with a kernel other than sum@ in the mix (parse_mix's list)."""
+    sizes = [k[0] if isinstance(k, tuple) else k for k, _ in mix]
+    if args.compiler == "cuda" and any(spec_of(size, 0).get("op") != "sum" for size in sizes):
+        ap.error("--compiler cuda: the mix's kernels must all be sum@SIZE (the matmul candidate is Triton's)")
 
 
 def check_reference_options(ap, args) -> None:

@@ -451,6 +451,18 @@ def test_reference_processes_put_a_per_process_level_into_the_floor():
             p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *bad, "--out", "/nonexistent/never.json"],
                                capture_output=True, text=True, timeout=60)
             assert p.returncode == 2 and says in p.stderr.strip().splitlines()[-1], (bench, bad, p.stderr)
+    # --compiler cuda builds the sum candidate with nvcc: a mix with a matmul is refused (ray_fleet's default mix too)
+    for bench, mix in (("freeze_policy.py", ["--mix", "2048:0.5,sum@128/0:0.5"]), ("ray_fleet.py", [])):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--compiler", "cuda", *mix,
+                            "--out", "/nonexistent/never.json"], capture_output=True, text=True, timeout=60)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and last.endswith("--compiler cuda: the mix's kernels must all be sum@SIZE (the "
+                                                   "matmul candidate is Triton's)"), (bench, last)
+    ap = argparse.ArgumentParser()
+    T.add_timing_options(ap, "command")
+    assert T.timing_args(ap, ap.parse_args([]))[-2:] == ["--timer", "events"]        # triton: nothing added
+    assert T.timing_args(ap, ap.parse_args(["--compiler", "cuda"]))[-2:] == ["--compiler", "cuda"]
+    T.check_compiler(ap, ap.parse_args(["--compiler", "cuda"]), T.parse_mix("sum@128/0:0.5,sum@8192:0.5", ap))
     for bad, says in (("sum@128/0=0", "K 1 or more, not 'sum@128/0=0'"), ("sum@128=2", "not 'sum@128=2'"),
                       ("4096/0=2", "4096/0 is not a kernel of the mix"), ("2048/2=2", "2048/2 is not a kernel of the mix"),
                       ("2048/0=2,2048/0=3", "2048/0 named twice"), ("sum@x/0=2", "not 'sum@x/0=2'")):
@@ -572,7 +584,9 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
                         (["--op", "sum", "--size", "1024", "--fixed-out"], "are for --op matmul"),
                         (["--holder-gib", "-1"], "--holder-gib: GiB, 0 or more, not -1.0"),
                         (["--scatter-gib", "-2"], "--scatter-gib: GiB, 0 or more, not -2.0"),
-                        (["--scatter-gib", "nan"], "--scatter-gib: GiB, 0 or more, not nan")):
+                        (["--scatter-gib", "nan"], "--scatter-gib: GiB, 0 or more, not nan"),
+                        (["--compiler", "cuda"], "--compiler cuda: for --op sum"),
+                        (["--compiler", "nvcc"], "invalid choice: 'nvcc'")):
         argv = ["--variant", "0", "--nonce", "1", "--size", "1"] + extra     # the last --size wins
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "candidate.py")] + argv, capture_output=True,
                            text=True, timeout=60)

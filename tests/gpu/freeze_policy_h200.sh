@@ -15,6 +15,9 @@
 # PREWAIT_MS (400, the controller's default): busy+prewait's --lifecycle-prewait-ms.
 # HOST_BOUND=1: KREX_HOST_BOUND=1 in the krex commands (each timing says whether its region was host-bound).
 # TIMER (events): the candidates' timer, events (do_bench) or graph (do_bench_cudagraph: no host launches in it).
+# COMPILER (triton): the candidates' compiler, triton or cuda (the sum candidate in CUDA C++ built by nvcc through
+# torch's load_inline, as KernelBench builds one: a compile-heavy mix; MIX must name sum@ kernels only). With cuda,
+# one candidate is built and timed alone first: a build that fails ends the call with its output.
 # REF_HOLDER_GIB (0): bench/freeze_policy.py --reference-holder-gib, each reference command beside a seeded holder.
 # NONCE_OFFSET (0): bench/freeze_policy.py --nonce-offset (other nonces: other holder patterns, other placements).
 # SCATTER_GIB (0): bench/freeze_policy.py --scatter-gib, each command's inputs placed between memory of its own (every mode).
@@ -34,10 +37,16 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/freeze-policy.log
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log
 cpu_topology | tee -a $OUT/freeze-policy.log
+if [ "${COMPILER:-triton}" = cuda ]; then
+  timeout 300 python3 bench/candidate.py --op sum --size 128 --variant 0 --nonce $(( ${NONCE_OFFSET:-0} + 999 )) \
+    --compiler cuda > $L/smoke.txt 2>&1
+  rc=$?; tail -3 $L/smoke.txt | tee -a $OUT/freeze-policy.log
+  [ $rc -eq 0 ] || { echo "freeze_policy: the cuda candidate alone failed (rc=$rc)" | tee -a $OUT/freeze-policy.log; tail -40 $L/smoke.txt; exit 1; }
+fi
 TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!   # UTC: bench/freeze_policy.py --smi reads its times so
 timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-400} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --compiler ${COMPILER:-triton} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-400} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log

@@ -19,6 +19,7 @@ ap.add_argument("--repeat", type=int, default=1)   # as bench/candidate.py: ever
 ap.add_argument("--warmup-ms", type=float, default=25.0)   # as bench/candidate.py; echoed in the JSON line
 ap.add_argument("--min-reps", type=int, default=0)
 ap.add_argument("--timer", choices=("events", "graph"), default="events")   # as bench/candidate.py; echoed
+ap.add_argument("--compiler", choices=("triton", "cuda"), default="triton")   # as bench/candidate.py; echoed
 ap.add_argument("--scatter-gib", type=float, default=0)   # as bench/candidate.py; echoed in "harness"
 ap.add_argument("--holder-gib", type=float, default=0)
 args = ap.parse_args()
@@ -52,6 +53,7 @@ print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} i
                   "argv_op": args.op,          # what the command line said (a row's "op" also comes from its spec)
                   "nonce": args.nonce, "correct": True, **timings,
                   "harness": {"warmup_ms": args.warmup_ms, "min_reps": args.min_reps, "timer": args.timer,
+                              **({"compiler": args.compiler} if args.compiler != "triton" else {}),
                               **({"scatter_gib": args.scatter_gib} if args.scatter_gib else {}),
                               **({"holder_gib": args.holder_gib} if args.holder_gib else {})},
                   "pid": os.getpid(), "ppid": os.getppid(),
