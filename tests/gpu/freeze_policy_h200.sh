@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log
 cpu_topology | tee -a $OUT/freeze-policy.log
 if [ "${COMPILER:-triton}" = cuda ]; then
-  timeout 300 python3 bench/candidate.py --op sum --size 128 --variant 0 --nonce $(( ${NONCE_OFFSET:-0} + 999 )) \
+  timeout 120 python3 bench/candidate.py --op sum --size 128 --variant 0 --nonce $(( ${NONCE_OFFSET:-0} + 999 )) \
     --compiler cuda > $L/smoke.txt 2>&1
   rc=$?; tail -3 $L/smoke.txt | tee -a $OUT/freeze-policy.log
   [ $rc -eq 0 ] || { echo "freeze_policy: the cuda candidate alone failed (rc=$rc)" | tee -a $OUT/freeze-policy.log; tail -40 $L/smoke.txt; exit 1; }
