@@ -86,6 +86,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
     ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == reference], stable_pct, leave_out)
     floors = ref["floors_pct"]
     naive = {r["agents"]: r["commands_per_min"] for r in runs if r["mode"] == "naive"}
+    alone = T.command_levels([row for r in runs if r["mode"] == reference for row in r["rows"]], ref["stable"])
     rows = []
     for r in runs:
         if r["mode"] not in POLICIES and r["mode"] != "naive":
@@ -94,6 +95,11 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
         fid = T.judge(r["rows"], ref, clean)
         fid["median_signed_pct"] = T.signed_medians(r["rows"], ref["stable"], clean)
         fid["per_kernel"] = T.per_kernel(r["rows"], ref["stable"], clean)
+        shared = T.command_levels(r["rows"], ref["stable"], clean)
+        levels = {f"{k[0]}/{k[1]}/{k[2]}": w for k in sorted(shared, key=str)
+                  if (w := T.wider_levels(shared[k], alone.get(k, [])))}
+        if levels:   # per kernel: its commands' levels against the reference processes' (T.wider_levels)
+            fid["levels"] = levels
         flagged = sum(k["host_bound"] for k in fid["per_kernel"].values())   # of the stable kernels, as judged
         checked = any(f"{k}_host_bound" in row for row in r["rows"] for k in ("candidate", "reference"))
         if checked:   # --host-bound-check: the same judgement without the timings whose region was host-bound
@@ -304,6 +310,14 @@ def table(result) -> str:
                              + (f" host-bound={x['host_bound']}" if x.get("host_bound") else "")
                              + (f" in/across {x['within_pct']:.1f}/{x['between_pct']:.1f}" if "within_pct" in x else ""))
             out.append(f"| {k} | " + " | ".join(cells) + " |")
+    wide = [f"{r['policy']}:{r['agents']} {k} {x['sd_pct']:.2f} against {x['reference_sd_pct']:.2f} "
+            f"({x['commands']}/{x['reference_processes']}), median {x['median_shift_pct']:+.2f}, p={x['p_wider']:.3f}"
+            for r in result["rows"] for k, x in (r.get("levels") or {}).items() if x["p_wider"] < 0.05]
+    if any(r.get("levels") for r in result["rows"]):
+        out += ["", "per-process levels (each command's median inflation of a kernel it timed more than once): "
+                "spread wider than in the reference processes, p < 0.05 by a permutation test of the ratio of "
+                "standard deviations (sd in points, shared against alone, commands/processes, the shift of the "
+                "medians): " + ("; ".join(wide) if wide else "none")]
     for ref, other in (result.get("also") or {}).items():   # the same runs against another reference
         out += ["", f"against the {ref} reference:", ""] + table({**other, "also": None}).splitlines()
     return "\n".join(out) + "\n"

@@ -728,6 +728,45 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
 FLOOR_PRIVATE = ("floor_values",)   # reference_passes' keys that stay out of results
 
 
+def command_levels(rows: list, stable: dict, clean=None) -> dict:
+    """Per stable kernel (size, variant, kind): the median inflation (percent) of each command that timed it more
+    than once, in the rows clean accepts: the level a process's placement or history set for it. (A median of as
+    many timings as the command took: --repeat in the shared modes, --reference-repeat in the reference passes;
+    of 2 or 3 normal timings, as noisy within a few percent.)"""
+    by_command: dict = {}
+    for row in rows:
+        mine: dict = {}
+        for key, ref, t, _ in flagged_timings([row], stable, clean):
+            mine.setdefault(key, []).append((t / ref - 1) * 100)
+        for key, xs in mine.items():
+            if len(xs) >= 2:
+                by_command.setdefault(key, []).append(statistics.median(xs))
+    return by_command
+
+
+def wider_levels(shared: list, alone: list, n: int = 20000, seed: int = 7) -> Optional[dict]:
+    """Are the commands' levels of a kernel spread wider when shared than in the reference processes? Each
+    list: per command or process, its median inflation (command_levels). The standard deviations (points), each
+    median's shift from the other's and p_wider: a permutation test of the ratio of standard deviations (each
+    list centred on its own median first, so a shift of the levels does not count as a spread; one-sided,
+    seeded). None with fewer than three on either side."""
+    import numpy as np
+
+    if len(shared) < 3 or len(alone) < 3:
+        return None
+    a = np.asarray(shared, dtype=float) - np.median(shared)
+    b = np.asarray(alone, dtype=float) - np.median(alone)
+    observed = a.std(ddof=1) / max(b.std(ddof=1), 1e-12)
+    pool, rng, hits = np.concatenate([a, b]), np.random.default_rng(seed), 0
+    for done in range(0, n, 2000):       # 2000 permutations at a time, as index rows
+        perm = pool[rng.random((min(2000, n - done), len(pool))).argsort(axis=1)]
+        ratio = perm[:, :len(a)].std(axis=1, ddof=1) / np.maximum(perm[:, len(a):].std(axis=1, ddof=1), 1e-12)
+        hits += int((ratio >= observed * (1 - 1e-9)).sum())
+    return {"sd_pct": round(float(np.std(shared, ddof=1)), 2), "reference_sd_pct": round(float(np.std(alone, ddof=1)), 2),
+            "commands": len(shared), "reference_processes": len(alone),
+            "median_shift_pct": round(float(np.median(shared) - np.median(alone)), 2), "p_wider": round(hits / n, 3)}
+
+
 def excess_interval(groups: list, floor: list, points: float = 0.25, n: int = 2000, seed: int = 7) -> list:
     """A 90% bootstrap interval of p95(judged) - (p95(floor) + points), in points: how far past the goal a
     bucket is, with the sampling noise of both p95s. groups: per judged timing its values (one per pass

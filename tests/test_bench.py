@@ -1039,3 +1039,55 @@ def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--prewait-ms: more than 0" in p.stderr.strip().splitlines()[-1], p.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_levels_wider_under_sharing_are_told_from_a_shift_and_from_chance():
+    """Each command's median inflation of a kernel it timed more than once is its level (where its inputs
+    landed, its history); freeze_policy.py compares the spread of those levels in each mode with the reference
+    processes' (T.wider_levels: a permutation test of the ratio of standard deviations, each side centred on
+    its own median), in the result's "levels" and a line under the table. Run 49 on an H100: the shortest
+    kernel's levels spread 0.77 points under krex at 16 agents against 0.44 alone (p = 0.009)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+        import throughput as T
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import random
+
+    rng = random.Random(3)
+
+    def command(level, n=3, size=1024):
+        """A command of sum@SIZE/0 whose candidate sits at LEVEL percent above 1 ms, timed n times."""
+        ms = [1.0 * (1 + (level + rng.gauss(0, 0.05)) / 100) for _ in range(n)]
+        return {"size": size, "variant": 0, "op": "sum", "candidate_all_ms": ms, "reference_all_ms": [2.0] * n,
+                "candidate_ms": ms[0], "reference_ms": 2.0, "regions_clean": [True] * (2 * n), "exit": 0}
+
+    alone = [rng.gauss(0, 0.3) for _ in range(20)]
+    wide = [rng.gauss(0, 1.0) for _ in range(30)]
+    same = [rng.gauss(0, 0.3) for _ in range(30)]
+    shifted = [x + 2.0 for x in same]
+    stable = {("sum@1024", 0, "candidate"): 1.0}
+    levels = T.command_levels([command(x) for x in wide] + [command(5.0, n=1)], stable)   # one timing: no level
+    assert len(levels[("sum@1024", 0, "candidate")]) == 30
+    assert levels[("sum@1024", 0, "candidate")][0] == pytest.approx(wide[0], abs=0.2)
+    w = T.wider_levels(wide, alone)
+    assert w["p_wider"] < 0.01 and w["sd_pct"] > 2 * w["reference_sd_pct"] and w["commands"] == 30
+    assert T.wider_levels(same, alone)["p_wider"] > 0.05
+    s = T.wider_levels(shifted, alone)                      # a shift is not a wider spread, and is said apart
+    assert s["p_wider"] > 0.05 and s["median_shift_pct"] == pytest.approx(2.0, abs=0.3)
+    assert T.wider_levels(wide[:2], alone) is None and T.wider_levels(wide, alone[:2]) is None
+    assert T.wider_levels(wide, alone) == w                 # seeded: the same answer again
+    # through freeze_policy's analysis and table: the reference processes are the reference mode's rows
+    runs = [{"mode": "krexsolobusy", "agents": 1, "commands": 10, "failed": 0, "commands_per_min": 1.0,
+             "rows": [command(x, n=2) for x in alone[:10]]},
+            {"mode": "krexprewait", "agents": 16, "commands": 30, "failed": 0, "commands_per_min": 1.0,
+             "rows": [command(x) for x in wide]},
+            {"mode": "krexsolobusy", "agents": 1, "commands": 10, "failed": 0, "commands_per_min": 1.0,
+             "rows": [command(x, n=2) for x in alone[10:]]}]
+    result = fp.analyse(runs, 1000.0, "krexsolobusy")
+    row = next(r for r in result["rows"] if r["mode"] == "krexprewait")
+    got = row["levels"]["sum@1024/0/candidate"]
+    assert got["reference_processes"] == 20 and got["commands"] == 30 and got["p_wider"] < 0.01, got
+    line = next(ln for ln in fp.table(result).splitlines() if ln.startswith("per-process levels"))
+    assert "busy+prewait:16 sum@1024/0/candidate" in line and f"p={got['p_wider']:.3f}" in line, line
