@@ -320,14 +320,15 @@ def rowsum(x):
 CUDA_SUM_VARIANTS = [(256, 8), (512, 4), (128, 16), (1024, 2)]
 CUDA_SUM = r"""
 #include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_fp16.h>
 
 // NONCE @NONCE@: a new candidate, a new source, a new build
 
-__global__ void rowsum_kernel(const __half2* __restrict__ x, float* __restrict__ out, long long rows,
-                              int half2_cols, int passes) {
+// at most 32 registers: every variant's blocks per SM (2048 threads) resident at once
+__global__ void __launch_bounds__(1024, 2) rowsum_kernel(const __half2* __restrict__ x, float* __restrict__ out,
+                                                         long long rows, int half2_cols, int passes) {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -349,31 +350,40 @@ torch::Tensor rowsum(torch::Tensor x, int64_t blocks, int64_t threads, int64_t p
     TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kHalf && x.is_contiguous() && x.dim() == 2
                 && x.size(1) % 2 == 0, "rowsum: a contiguous fp16 CUDA matrix with an even number of columns");
     auto out = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
-    rowsum_kernel<<<(unsigned)blocks, (unsigned)threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    rowsum_kernel<<<(unsigned)blocks, (unsigned)threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<const __half2*>(x.data_ptr<at::Half>()), out.data_ptr<float>(), x.size(0),
         (int)(x.size(1) / 2), (int)passes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
 }
+
+int64_t rowsum_regs() {   // the registers the kernel was built with (the Triton candidate's n_regs)
+    cudaFuncAttributes a;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&a, rowsum_kernel));
+    return a.numRegs;
+}
 """
 if args.op == "sum" and args.compiler == "cuda":
     THREADS, BPS = CUDA_SUM_VARIANTS[args.variant % len(CUDA_SUM_VARIANTS)]
     SOURCE = f'''
+import types
 import torch
 from torch.utils.cpp_extension import load_inline
 
 NONCE = {args.nonce}  # a new candidate: a new source, a new build
 CUDA_SRC = {CUDA_SUM.replace("@NONCE@", str(args.nonce))!r}
-CPP_SRC = "torch::Tensor rowsum(torch::Tensor x, int64_t blocks, int64_t threads, int64_t passes);"
+CPP_SRC = ("torch::Tensor rowsum(torch::Tensor x, int64_t blocks, int64_t threads, int64_t passes);\\n"
+           "int64_t rowsum_regs();")
 EXT, LAST, GRID = None, None, None
 PROGRAMS = {BPS} * torch.cuda.get_device_properties(0).multi_processor_count
 
 def rowsum(x):
     """Built at the first call (nvcc and g++ through ninja), in BUILD (set by the caller)."""
-    global EXT, GRID, LAST_OUT
+    global EXT, GRID, LAST, LAST_OUT
     if EXT is None:
         EXT = load_inline(name="krex_cand_{args.nonce}", cpp_sources=CPP_SRC, cuda_sources=CUDA_SRC,
-                          functions=["rowsum"], build_directory=BUILD, extra_cuda_cflags=["-O3"])
+                          functions=["rowsum", "rowsum_regs"], build_directory=BUILD, extra_cuda_cflags=["-O3"])
+        LAST = types.SimpleNamespace(n_regs=EXT.rowsum_regs())
     GRID = min(PROGRAMS, -(-x.shape[0] * 32 // {THREADS}))
     out = EXT.rowsum(x, GRID, {THREADS}, {SUM_PASSES})
     LAST_OUT = out.data_ptr()

@@ -86,6 +86,10 @@ def read_result(ap, path: str) -> dict:
         ap.error(f"--reanalyse: cannot read {path}: {e}")
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         ap.error(f"--reanalyse: {path} is not a benchmark result (no runs)")
+    if any(isinstance(r, dict) and "rows" not in r for r in data["runs"]):   # bench/reduce_result.py --drop-rows
+        whole = (data.get("reduced_from") or {}).get("whole")
+        ap.error(f"--reanalyse: {path} keeps its summary only, not its runs' rows" +
+                 (f"; the whole result: {whole}" if whole else ""))
     return data
 
 
@@ -729,10 +733,9 @@ FLOOR_PRIVATE = ("floor_values",)   # reference_passes' keys that stay out of re
 
 
 def command_levels(rows: list, stable: dict, clean=None) -> dict:
-    """Per stable kernel (size, variant, kind): the median inflation (percent) of each command that timed it more
-    than once, in the rows clean accepts: the level a process's placement or history set for it. (A median of as
-    many timings as the command took: --repeat in the shared modes, --reference-repeat in the reference passes;
-    of 2 or 3 normal timings, as noisy within a few percent.)"""
+    """Per stable kernel (size, variant, kind): the inflations (percent, in order) of each command that timed it
+    more than once, in the rows clean accepts. Their median is the command's level: what a process's placement or
+    history set for the kernel (wider_levels)."""
     by_command: dict = {}
     for row in rows:
         mine: dict = {}
@@ -740,31 +743,45 @@ def command_levels(rows: list, stable: dict, clean=None) -> dict:
             mine.setdefault(key, []).append((t / ref - 1) * 100)
         for key, xs in mine.items():
             if len(xs) >= 2:
-                by_command.setdefault(key, []).append(statistics.median(xs))
+                by_command.setdefault(key, []).append(xs)
     return by_command
 
 
 def wider_levels(shared: list, alone: list, n: int = 20000, seed: int = 7) -> Optional[dict]:
     """Are the commands' levels of a kernel spread wider when shared than in the reference processes? Each
-    list: per command or process, its median inflation (command_levels). The standard deviations (points), each
-    median's shift from the other's and p_wider: a permutation test of the ratio of standard deviations (each
-    list centred on its own median first, so a shift of the levels does not count as a spread; one-sided,
-    seeded). None with fewer than three on either side."""
+    list: per command or process, its timings' inflations (command_levels); a level is the median of the first k
+    of them, k the fewest any command on either side took (so that a side with more timings per command is not
+    made narrower by them: --repeat against --reference-repeat); non-finite levels are left out. Returns the
+    standard deviations of the levels (points), how many on each side, k, the shift of the medians and p_wider:
+    a permutation test of the ratio of standard deviations, each side centred on its own median first (a shift
+    is not a spread), one-sided, seeded, (hits + 1) / (n + 1). None with fewer than three levels on a side."""
     import numpy as np
 
-    if len(shared) < 3 or len(alone) < 3:
+    k = min((len(x) for x in [*shared, *alone]), default=0)
+    levels = [np.array([np.median(x[:k]) for x in side], dtype=float) for side in (shared, alone)]
+    a, b = (x[np.isfinite(x)] for x in levels)
+    if k < 2 or len(a) < 3 or len(b) < 3:
         return None
-    a = np.asarray(shared, dtype=float) - np.median(shared)
-    b = np.asarray(alone, dtype=float) - np.median(alone)
-    observed = a.std(ddof=1) / max(b.std(ddof=1), 1e-12)
-    pool, rng, hits = np.concatenate([a, b]), np.random.default_rng(seed), 0
+    ca, cb = a - np.median(a), b - np.median(b)
+    observed = ca.std(ddof=1) / max(cb.std(ddof=1), 1e-12)
+    pool, rng, hits = np.concatenate([ca, cb]), np.random.default_rng(seed), 0
     for done in range(0, n, 2000):       # 2000 permutations at a time, as index rows
         perm = pool[rng.random((min(2000, n - done), len(pool))).argsort(axis=1)]
-        ratio = perm[:, :len(a)].std(axis=1, ddof=1) / np.maximum(perm[:, len(a):].std(axis=1, ddof=1), 1e-12)
-        hits += int((ratio >= observed * (1 - 1e-9)).sum())
-    return {"sd_pct": round(float(np.std(shared, ddof=1)), 2), "reference_sd_pct": round(float(np.std(alone, ddof=1)), 2),
-            "commands": len(shared), "reference_processes": len(alone),
-            "median_shift_pct": round(float(np.median(shared) - np.median(alone)), 2), "p_wider": round(hits / n, 3)}
+        ratio = perm[:, :len(ca)].std(axis=1, ddof=1) / np.maximum(perm[:, len(ca):].std(axis=1, ddof=1), 1e-12)
+        hits += int((ratio >= observed * (1 - 1e-9)).sum())   # ties count as hits
+    return {"sd_pct": round(float(a.std(ddof=1)), 2), "reference_sd_pct": round(float(b.std(ddof=1)), 2),
+            "commands": len(a), "reference_processes": len(b), "timings_each": k,
+            "median_shift_pct": round(float(np.median(a) - np.median(b)), 2), "p_wider": round((hits + 1) / (n + 1), 4)}
+
+
+def holm(ps: dict) -> dict:
+    """Holm's step-down adjustment of a family of p-values ({name: p}): each p times the number of tests not
+    smaller than it, kept monotone, at most 1."""
+    out, worst = {}, 0.0
+    for i, (name, p) in enumerate(sorted(ps.items(), key=lambda kv: kv[1])):
+        worst = max(worst, min(1.0, (len(ps) - i) * p))
+        out[name] = round(worst, 4)
+    return out
 
 
 def excess_interval(groups: list, floor: list, points: float = 0.25, n: int = 2000, seed: int = 7) -> list:

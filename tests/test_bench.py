@@ -508,6 +508,15 @@ def test_a_kernel_left_out_by_name_leaves_the_judgement_and_the_floor_and_is_nam
                           "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
     assert bad.returncode == 2 and "--reanalyse: cannot read" in bad.stderr.strip().splitlines()[-1], bad.stderr
     assert not (tmp_path / "o.json").exists()
+    # a result whose rows bench/reduce_result.py --drop-rows took: one line naming where the whole one is
+    (tmp_path / "kept.json").write_text(json.dumps({"runs": [{"mode": "naive", "agents": 8, "commands": 3}],
+                                                    "reduced_from": {"whole": "git show abc:bench/results/x.json"}}))
+    for bench in ("freeze_policy.py", "ray_fleet.py"):
+        bad = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--reanalyse", str(tmp_path / "kept.json"),
+                              "--out", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=60)
+        last = bad.stderr.strip().splitlines()[-1]
+        assert bad.returncode == 2 and last.endswith("keeps its summary only, not its runs' rows; the whole result: "
+                                                     "git show abc:bench/results/x.json"), (bench, bad.stderr)
 
 
 def _specs_of(T, mix: list) -> list:
@@ -1044,9 +1053,9 @@ def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
 def test_levels_wider_under_sharing_are_told_from_a_shift_and_from_chance():
     """Each command's median inflation of a kernel it timed more than once is its level (where its inputs
     landed, its history); freeze_policy.py compares the spread of those levels in each mode with the reference
-    processes' (T.wider_levels: a permutation test of the ratio of standard deviations, each side centred on
-    its own median), in the result's "levels" and a line under the table. Run 49 on an H100: the shortest
-    kernel's levels spread 0.77 points under krex at 16 agents against 0.44 alone (p = 0.009)."""
+    processes' (T.wider_levels: levels of as many timings on both sides, a permutation test of the ratio of
+    standard deviations, each side centred on its own median, Holm-adjusted over a mode's kernels), in the
+    result's "levels" and a line under the table."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import freeze_policy as fp
@@ -1057,27 +1066,43 @@ def test_levels_wider_under_sharing_are_told_from_a_shift_and_from_chance():
 
     rng = random.Random(3)
 
-    def command(level, n=3, size=1024):
+    def command(level, n=3, size=1024, clean=True):
         """A command of sum@SIZE/0 whose candidate sits at LEVEL percent above 1 ms, timed n times."""
         ms = [1.0 * (1 + (level + rng.gauss(0, 0.05)) / 100) for _ in range(n)]
         return {"size": size, "variant": 0, "op": "sum", "candidate_all_ms": ms, "reference_all_ms": [2.0] * n,
-                "candidate_ms": ms[0], "reference_ms": 2.0, "regions_clean": [True] * (2 * n), "exit": 0}
+                "candidate_ms": ms[0], "reference_ms": 2.0, "regions_clean": [clean] * (2 * n), "exit": 0}
+
+    def lv(levels, n=2):
+        return [[x] * n for x in levels]       # each command's timings all at its level
 
     alone = [rng.gauss(0, 0.3) for _ in range(20)]
     wide = [rng.gauss(0, 1.0) for _ in range(30)]
     same = [rng.gauss(0, 0.3) for _ in range(30)]
     shifted = [x + 2.0 for x in same]
     stable = {("sum@1024", 0, "candidate"): 1.0}
-    levels = T.command_levels([command(x) for x in wide] + [command(5.0, n=1)], stable)   # one timing: no level
-    assert len(levels[("sum@1024", 0, "candidate")]) == 30
-    assert levels[("sum@1024", 0, "candidate")][0] == pytest.approx(wide[0], abs=0.2)
-    w = T.wider_levels(wide, alone)
-    assert w["p_wider"] < 0.01 and w["sd_pct"] > 2 * w["reference_sd_pct"] and w["commands"] == 30
-    assert T.wider_levels(same, alone)["p_wider"] > 0.05
-    s = T.wider_levels(shifted, alone)                      # a shift is not a wider spread, and is said apart
+    key = ("sum@1024", 0, "candidate")
+    rows = [command(x) for x in wide] + [command(5.0, n=1), command(9.0, clean=False)]
+    clean = lambda row: all(row["regions_clean"])   # noqa: E731
+    levels = T.command_levels(rows, stable, clean)   # one timing: no level; a row clean() refuses: none either
+    assert len(levels[key]) == 30 and all(len(x) == 3 for x in levels[key])
+    assert statistics.median(levels[key][0]) == pytest.approx(wide[0], abs=0.2)
+    assert len(T.command_levels(rows, stable)[key]) == 31
+    w = T.wider_levels(lv(wide), lv(alone))
+    assert w["p_wider"] < 0.01 and w["sd_pct"] > 2 * w["reference_sd_pct"] and w["commands"] == 30, w
+    assert T.wider_levels(lv(alone), lv(wide))["p_wider"] > 0.5                      # one-sided: narrower is not
+    assert T.wider_levels(lv(same), lv(alone))["p_wider"] > 0.05
+    assert T.wider_levels(lv(same), lv(alone)) == T.wider_levels(lv(same), lv(alone))   # seeded
+    s = T.wider_levels(lv(shifted), lv(alone))            # a shift is not a wider spread, and is said apart
     assert s["p_wider"] > 0.05 and s["median_shift_pct"] == pytest.approx(2.0, abs=0.3)
-    assert T.wider_levels(wide[:2], alone) is None and T.wider_levels(wide, alone[:2]) is None
-    assert T.wider_levels(wide, alone) == w                 # seeded: the same answer again
+    assert T.wider_levels(lv([0.0] * 5), lv([0.0] * 5))["p_wider"] == 1.0          # ties: no spread is no flag
+    assert T.wider_levels(lv(wide[:2]), lv(alone)) is None and T.wider_levels(lv(wide), lv(alone[:2])) is None
+    # as many timings on both sides: timings past the other side's two move no level
+    third = [[x, x, x + 50.0, x + 50.0] for x in same]
+    assert T.wider_levels(third, lv(alone)) == T.wider_levels(lv(same), lv(alone))
+    assert T.wider_levels(third, lv(alone))["timings_each"] == 2
+    nan = T.wider_levels(lv(same + [float("nan")] * 3), lv(alone))                   # non-finite levels left out
+    assert nan["commands"] == 30 and nan["p_wider"] == T.wider_levels(lv(same), lv(alone))["p_wider"]
+    assert T.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == {"a": 0.03, "c": 0.06, "b": 0.06}
     # through freeze_policy's analysis and table: the reference processes are the reference mode's rows
     runs = [{"mode": "krexsolobusy", "agents": 1, "commands": 10, "failed": 0, "commands_per_min": 1.0,
              "rows": [command(x, n=2) for x in alone[:10]]},
@@ -1089,5 +1114,6 @@ def test_levels_wider_under_sharing_are_told_from_a_shift_and_from_chance():
     row = next(r for r in result["rows"] if r["mode"] == "krexprewait")
     got = row["levels"]["sum@1024/0/candidate"]
     assert got["reference_processes"] == 20 and got["commands"] == 30 and got["p_wider"] < 0.01, got
+    assert got["p_wider_holm"] == pytest.approx(min(1.0, len(row["levels"]) * got["p_wider"]), abs=1e-4)
     line = next(ln for ln in fp.table(result).splitlines() if ln.startswith("per-process levels"))
     assert "busy+prewait:16 sum@1024/0/candidate" in line and f"p={got['p_wider']:.3f}" in line, line

@@ -37,16 +37,21 @@ make -s shim || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/freeze-policy.log
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a $OUT/freeze-policy.log
 cpu_topology | tee -a $OUT/freeze-policy.log
-if [ "${COMPILER:-triton}" = cuda ]; then
+LIMIT=${LIMIT:-520}
+if [ "${COMPILER:-triton}" = cuda ]; then   # a mix freeze_policy.py would refuse is refused before the build
+  case ",${MIX:-}" in ,|*,[0-9]*) echo "freeze_policy: COMPILER=cuda needs a MIX of sum@ kernels only" | tee -a $OUT/freeze-policy.log; exit 2;; esac
+  t0=$SECONDS
+  python3 -c 'from torch.utils.cpp_extension import CUDA_HOME; print("CUDA_HOME", CUDA_HOME)' 2>&1 | tee -a $OUT/freeze-policy.log
   timeout 120 python3 bench/candidate.py --op sum --size 128 --variant 0 --nonce $(( ${NONCE_OFFSET:-0} + 999 )) \
     --compiler cuda > $L/smoke.txt 2>&1
   rc=$?; tail -3 $L/smoke.txt | tee -a $OUT/freeze-policy.log
   [ $rc -eq 0 ] || { echo "freeze_policy: the cuda candidate alone failed (rc=$rc)" | tee -a $OUT/freeze-policy.log; tail -40 $L/smoke.txt; exit 1; }
+  LIMIT=$(( LIMIT - (SECONDS - t0) ))      # the build's time comes off the plan's: the call's limit holds both
 fi
 TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 \
   > $OUT/freeze-policy-smi.csv & SMI=$!   # UTC: bench/freeze_policy.py --smi reads its times so
-timeout ${LIMIT:-520} python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
-  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --compiler ${COMPILER:-triton} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( ${LIMIT:-520} - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-400} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
+timeout $LIMIT python3 bench/freeze_policy.py --scales ${SCALES:-4,8,16} --budget ${BUDGET:-20} \
+  --repeat ${REPEAT:-2} --reference-repeat ${REF_REPEAT:-0} --reference-processes ${REF_PROCS:-1} --reference-processes-for "${REF_PROCS_FOR:-}" --reference-holder-gib ${REF_HOLDER_GIB:-0} $([ -n "${MIX:-}" ] && echo --mix $MIX) --warmup-ms ${WARMUP_MS:-25} --min-reps ${MIN_REPS:-0} --timer ${TIMER:-events} --compiler ${COMPILER:-triton} --scatter-gib ${SCATTER_GIB:-0} --nonce-offset ${NONCE_OFFSET:-0} $([ "${HOST_BOUND:-0}" = 1 ] && echo --host-bound-check) --variants ${VARIANTS:-2} --reference ${REFERENCE:-solo} $([ -n "${NEIGHBOUR_LOAD:-}" ] && echo --neighbour-load $NEIGHBOUR_LOAD) --metrics-port 9470 --policies ${POLICIES:-all,none,busy} $([ "${SKIP_NAIVE:-0}" = 1 ] && echo --skip-naive) --gate-lifecycle $([ "${GATES:-1}" = 1 ] && echo on || echo off) --deadline $(( LIMIT - 15 )) --controller-args="${CTL_ARGS:-}" --prewait-ms ${PREWAIT_MS:-400} --logs $L --out $OUT/freeze-policy.json --md $OUT/freeze-policy.md \
   >> $OUT/freeze-policy.log 2>&1
 rc=$?
 echo "freeze_policy rc=$rc" | tee -a $OUT/freeze-policy.log
