@@ -669,3 +669,144 @@ def test_a_gang_is_not_starved_by_its_users_single_gpu_loops():
         loops.run(30)
         assert len(loops.waits[gang]) >= 10 and loops.longest_wait(gang) <= 0.5, (offset, loops.waits[gang][:5],
                                                                                loops.longest_wait(gang))
+
+
+def _ev(event, device=0):
+    from types import SimpleNamespace
+    return SimpleNamespace(event=event, device=device, bytes=0)
+
+
+def test_a_request_that_waited_for_its_share_prewaits_anew_after_the_region_it_waited_for():
+    """The prewait's bound counts from when a request first waited, gates open, for other jobs' lifecycle work:
+    a request then deferred for its fair share while another job's region ran had spent it by that region's
+    end, so it closed the gates at once on a context creation that region's gate had held (GATE_WAIT). A
+    region ended on its GPUs since it first waited: a new bound, as a fresh request gets (the control)."""
+    w = world(lifecycle_prewait_ms=100.0, freeze_policy="busy")
+    a = uclient(w, 10, Job(1), uid=1)
+    ra = region_of(w.run_to_grant(w.request(a)))
+    w.now += 4.0
+    w.book.leave(ra, a, C.KREX_END_NORMAL, 2, w.now)
+    w.now += 0.5
+    c = uclient(w, 30, Job(3), uid=3)
+    w.life.event(c, _ev(C.KREX_LIFE_CTX_CREATE_BEGIN), w.now)
+    assert kinds(w.request(a, seq=3)) == ["Recheck"]                 # prewaits: c's context is being made
+    w.now += 0.02
+    b = uclient(w, 20, Job(2), uid=2)
+    assert "CloseGates" not in kinds(w.request(b))                   # prewaits too; a is over its share now
+    assert a.request.id in w.book.deferred
+    w.now += 0.03
+    w.life.event(c, _ev(C.KREX_LIFE_CTX_CREATE_END), w.now)
+    out = w.closed(w.book.lifecycle_ended(w.now))
+    rb = region_of(out)
+    assert rb.owner is b
+    w.run_to_grant(out)
+    g = uclient(w, 40, Job(4), uid=4, devices=0)
+    w.life.event(g, _ev(C.KREX_LIFE_GATE_WAIT), w.now)              # held at b's gate, to make a context on GPU 0
+    w.now += 1.0
+    out = w.closed(w.book.leave(rb, b, C.KREX_END_NORMAL, 2, w.now))
+    assert kinds(out)[-1] == "Recheck" and not any(isinstance(e, P.CloseGates) for e in out), kinds(out)
+    # the control: a fresh request in the same place prewaits for the gated process
+    w = world(lifecycle_prewait_ms=100.0, freeze_policy="busy")
+    b = uclient(w, 20, Job(2), uid=2)
+    rb = region_of(w.run_to_grant(w.request(b)))
+    a = uclient(w, 10, Job(1), uid=1)
+    assert w.request(a, seq=3) == []
+    g = uclient(w, 40, Job(4), uid=4, devices=0)
+    w.life.event(g, _ev(C.KREX_LIFE_GATE_WAIT), w.now)
+    w.now += 1.0
+    out = w.closed(w.book.leave(rb, b, C.KREX_END_NORMAL, 2, w.now))
+    assert kinds(out)[-1] == "Recheck" and not any(isinstance(e, P.CloseGates) for e in out), kinds(out)
+
+
+def _grant_with_drains(w, effects, busy_us):
+    """run_to_grant, with every drained client saying it had busy_us of GPU work left at the drain."""
+    seen, todo = [], list(w.closed(effects))
+    while todo or (todo := w.read_pass()):
+        e = todo.pop(0)
+        seen.append(e)
+        if isinstance(e, P.SendDrain):
+            for c in e.clients:
+                todo += w.closed(w.book.drained(e.region, c, busy_us, w.now))
+        elif isinstance(e, P.Freeze):
+            todo += w.book.frozen(e.region, e.clients, "", w.now)
+        elif isinstance(e, P.Arm) and e.event is P.Event.STOPPED:
+            todo += w.book.stop_poll(e.region, [], w.now)
+        elif isinstance(e, P.Arm) and e.event is P.Event.SETTLED:
+            todo += w.closed(w.book.settle_poll(e.region, w.now))
+    return seen
+
+
+def test_a_process_that_left_during_a_region_is_no_contender_after_it():
+    """B, busy at A's drain, is held off by A's region and exits while A holds the GPU. At the region's end its
+    user was counted as a contender again (from the region's list of busy siblings, after gone() had cleared
+    it): A, alone on the GPU and past its share, then waited for a share nobody would use, the GPU idle."""
+    w = world(freeze_policy="none")
+    a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
+    w.book.fair.charge(("user", 1), 1, 4.0, w.now)       # A has had the GPU a while, alone
+    w.book.fair.charge(("job", a.job), 1, 4.0, w.now)
+    r = region_of(_grant_with_drains(w, w.request(a), busy_us=5000))
+    assert r.state is State.HELD and b in r.busy
+    w.now += 1.0
+    w.clients.remove(b)
+    w.book.gone(b, w.now)                                # B exits while A holds the GPU
+    w.now += 1.0
+    w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
+    assert all(not units for units in w.book.held_off.values()), w.book.held_off
+    w.now += 0.5
+    seen = _grant_with_drains(w, w.request(a, seq=3), busy_us=0)
+    assert any(isinstance(e, P.Grant) for e in seen), kinds(seen)
+
+
+def test_a_rank_gone_while_left_out_of_its_jobs_region_lets_no_rank_past_a_waiter():
+    """Job 1's rank p2 was frozen (by job 3's region on GPU 1) when job 1's region started, so the region
+    remembered its request to take it in once thawed (ungathered). p2 was then killed while stopped: its
+    request went, the id stayed, and every scheduling pass took any queued request of job 1 into the region,
+    past the _join_waits rule: p1, asking again, joined while job 4 waited. Now the id goes with the request."""
+    w = world(freeze_policy="all")
+    J = Job(1)
+    l = uclient(w, 5, Job(2), 2)
+    rl = region_of(w.run_to_grant(w.request(l)))
+    p1, p2, p3 = uclient(w, 11, J, 1), uclient(w, 12, J, 1), uclient(w, 13, J, 1)
+    for i, p in enumerate((p1, p2, p3)):
+        assert w.request(p, seq=i + 1) == []                 # queued behind job 2's region
+    p2.devices = 0b11                                        # another thread of p2 made a context on GPU 1
+    k = uclient(w, 30, Job(3), 3, devices=0b10)
+    rk = region_of(w.run_to_grant(w.request(k, mask=0b10)))
+    assert rk.state is State.HELD and w.book.freezes.frozen(p2)
+    out = w.book.leave(rl, l, C.KREX_END_NORMAL, 2, w.now)
+    r = next(e.region for e in out if isinstance(e, P.CloseGates))
+    w.run_to_grant([e for e in out if not isinstance(e, P.Finish)])
+    assert set(r.members) == {p1, p3} and r.ungathered
+    w.clients.remove(p2)
+    w.book.gone(p2, w.now)                                   # killed while stopped
+    m = uclient(w, 40, Job(4), 4)
+    assert w.request(m) == []                                # another job waits for GPU 0
+    w.now += 0.01
+    w.book.leave(r, p1, 0, 1, w.now)
+    w.request(p1, seq=9)                                     # p1 again: it queues behind m
+    assert p1 not in r.members and not r.ungathered, r.ungathered
+
+
+def test_with_the_fair_share_off_new_processes_of_a_job_queue_behind_a_waiting_job():
+    """--fair-window 0 (plain FIFO): job 1's region began with o, which left while p11 was inside; job 2's
+    request waits. Each new process of job 1 (a worker per candidate) that asked joined the region instead of
+    queueing behind job 2's earlier request, so the region lived until its time limit. Now a process not inside
+    yet queues behind another job's waiting request."""
+    w = World(fair_window_s=0.0)
+    j1 = Job(1)
+    o = w.client(10, j1)
+    k = w.client(20, Job(2))
+    r = region_of(w.run_to_grant(w.request(o)))
+    prev = w.client(11, j1)
+    w.book.request(prev, 1, "c", 0, 1, w.now)
+    assert prev in r.members                             # o is inside: its child joins
+    w.book.leave(r, o, C.KREX_END_NORMAL, 2, w.now)      # the process that began it left
+    assert w.request(k) == []                            # job 2 waits for the region's end
+    w.now += 0.5
+    p = w.client(12, j1)
+    w.book.request(p, 1, "c", 0, 1, w.now)
+    assert p not in r.members                            # queued behind job 2
+    out = w.closed(w.book.leave(r, prev, C.KREX_END_NORMAL, 2, w.now))
+    assert not w.book.live(r)
+    granted = [e.region.owner for e in w.run_to_grant(out) if isinstance(e, P.Grant)]
+    assert granted[:1] == [k], granted                   # job 2's earlier request goes first

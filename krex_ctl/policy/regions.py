@@ -397,7 +397,8 @@ class Regions:
         left lives on joins alone): a member that was inside already and asks again always (else a gang's ranks could
         take turns inside it for ever, its region never ending while others wait), a process not inside yet once
         this region has been held longer than its job's share of a window (else a job that starts a process per
-        candidate would keep its region). A rank not inside yet otherwise joins: its collectives need it there
+        candidate would keep its region; with the fair share off, fair_window 0, as soon as another job's request
+        waits on its GPUs: plain FIFO). A rank not inside yet otherwise joins: its collectives need it there
         (a rank more than a share late would wait for the region's end, its ranks for it, until the time limit).
         Queued, it waits for the region to end and starts the next one, its job's other queued ranks with it."""
         mine = jobs.own_jobs(region, self.command_job)
@@ -410,8 +411,11 @@ class Regions:
             return False       # the process that began it is inside, and may be waiting for this one (its child)
         if client.pid in region.pids:
             return True
-        if not self.fair.on or not region.held_since:
+        if not region.held_since:
             return False
+        if not self.fair.on:       # plain FIFO: behind any other job's request already waiting on its GPUs
+            return any(q.gpu_mask & region.gpu_mask and not mine & {q.owner.job, self.command_job(q.owner)}
+                       for q in self.queue)
         unit = self.unit_of(client)
         return now - region.held_since > self.fair.job_share(unit, region.gpu_mask, lambda g: others.get(g, set()))
 
@@ -695,7 +699,9 @@ class Regions:
         """Start every request that may start: FIFO per GPU (scheduler.py); a request whose owner is frozen by
         a live region waits (it could not use its grant)."""
         out: list = []
+        queued = {q.id for q in self.queue}
         for r in list(self.regions.values()):     # a rank left out of its job's region while frozen, thawed now
+            r.ungathered &= queued                # (one cancelled or gone meanwhile: nothing left to take)
             if r.ungathered and self.live(r):
                 out += self._gather(r, now)
         live = [(r, jobs.own_jobs(r, self.command_job), r.holds) for r in self.regions.values()]
@@ -755,12 +761,16 @@ class Regions:
         or exit is under way on its GPUs, its gates still open (0: start it now). The lifecycle barrier waits
         such work out after the drain, gates closed, when no GPU work of other jobs runs; waiting before the
         gates close lets theirs run meanwhile. Bounded: once lifecycle_prewait_ms have passed since it first
-        waited, the request starts and the barrier waits as before. Not polled: the controller schedules again when
+        waited (or since a region last ended on its GPUs, when one ran meanwhile: work released by that region's
+        gates is new), the request starts and the barrier waits as before. Not polled: the controller schedules again when
         lifecycle work ends (lifecycle_ended), and a Recheck comes when the bound is reached."""
         limit = self._prewait_limit()
         if limit <= 0 or not self.cfg.lifecycle_barrier or self.lifecycle is None:
             return 0.0
         since = self.prewait_since.get(req.id, now)
+        if any(self.last_end.get(g, (0.0,))[0] > since for g in mask_to_list(req.gpu_mask)):
+            since = now                        # a region ended on its GPUs since it first waited (it waited for
+            self.prewait_since.pop(req.id, None)   # its share or that region): their gates opened anew, a new bound
         left = since + limit - now
         if left <= 1e-6:                       # its time is up (a Recheck at the bound lands on it)
             return 0.0
@@ -1174,7 +1184,8 @@ class Regions:
             held = now - region.held_since
             self.fair.charge(("user", user), region.gpu_mask, held, now)
             self.fair.charge(("job", job), region.gpu_mask, held, now)
-        off = {self.unit_of(c) for c in self.freezes.by_region(region.id) + region.busy}
+        connected = set(self.clients())        # one that left during the region contends no more
+        off = {self.unit_of(c) for c in self.freezes.by_region(region.id) + region.busy if c in connected}
         for g in mask_to_list(region.gpu_mask):
             self.held_off[g] = off
             recent = self.recent.setdefault(g, {})
