@@ -110,6 +110,38 @@ def test_the_gate_file_is_ours_alone(krex, tmp_path):
     assert not gate.exists()
 
 
+# the resumer, forked as the controller starts, slowed between its fork and its closing of what it inherited (a
+# loaded machine does that: its copies of the listening socket and the lock outlived a SIGKILLed controller)
+SLOW_RESUMER = """
+import os, time
+_closerange, _controller = os.closerange, os.getpid()
+def closerange(lo, hi):
+    if os.getpid() != _controller:
+        time.sleep(0.5)
+    _closerange(lo, hi)
+os.closerange = closerange
+"""
+
+
+def test_a_killed_controllers_socket_and_lock_go_with_it(krex, tmp_path):
+    """Once a controller that answered is SIGKILLed and reaped, nothing listens at its socket and its lock is
+    free: no process it forked (its resumer) still holds them. A connection that reached a copy held on would
+    be reset when that copy closed (a `krex status` right after a new controller's start, seen once in CI), and
+    a controller started meanwhile found the lock held or the old socket answering (exit status 4)."""
+    import fcntl
+
+    ctl = krex.start_controller(prelude=SLOW_RESUMER)
+    krex.status()
+    ctl.kill()
+    ctl.wait()
+    assert not krex.answers()
+    fd = os.open(str(krex.socket) + ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
 def test_a_live_socket_is_not_taken_over(krex, tmp_path):
     krex.start_controller()
     r = controller(krex, krex.socket)

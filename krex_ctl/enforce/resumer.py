@@ -23,6 +23,8 @@ from ..wire.frames import recv_with_fds
 
 log = logging.getLogger("krex.controller")
 MAX_FDS = 250          # per datagram (SCM_MAX_FD is 253)
+READY = b"+"           # resumer -> controller, once: it has closed every descriptor it inherited
+READY_TIMEOUT_S = 10.0
 
 
 def _serve(sock: socket.socket) -> None:
@@ -79,12 +81,31 @@ class Resumer:
                 os.closerange(3, keep)
                 os.closerange(keep + 1, 1 << 16)
                 os.setsid()                      # out of the controller's process group (a terminal's ^C)
+                theirs.send(READY)               # it holds nothing of the controller's any more (start)
                 _serve(theirs)
             except BaseException:  # noqa: B902 (a forked child never returns into the controller)
                 code = 1
             finally:
                 os._exit(code)
         theirs.close()
+        # Until the child has closed what it inherited, it holds our listening socket and lock file too: were we
+        # SIGKILLed then, they would outlive us (a connection made meanwhile reset when the child closes them, a
+        # successor finding the lock held). Wait for it, so that nobody is answered before it is done.
+        try:
+            ours.settimeout(READY_TIMEOUT_S)
+            ready = ours.recv(16) == READY
+        except OSError:
+            ready = False
+        if not ready:
+            log.error("the resumer (pid %d) did not start; frozen processes rely on the state file", pid)
+            ours.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            return False
+        ours.settimeout(None)
         self.sock, self.pid = ours, pid
         return True
 
