@@ -762,8 +762,8 @@ class Regions:
         such work out after the drain, gates closed, when no GPU work of other jobs runs; waiting before the
         gates close lets theirs run meanwhile. Bounded: once lifecycle_prewait_ms have passed since it first
         waited (or since a region last ended on its GPUs, when one ran meanwhile: work released by that region's
-        gates is new), the request starts and the barrier waits as before. Not polled: the controller schedules again when
-        lifecycle work ends (lifecycle_ended), and a Recheck comes when the bound is reached."""
+        gates is new), the request starts and the barrier waits as before. Not polled: the controller schedules
+        again when lifecycle work ends (lifecycle_ended), and a Recheck comes when the bound is reached."""
         limit = self._prewait_limit()
         if limit <= 0 or not self.cfg.lifecycle_barrier or self.lifecycle is None:
             return 0.0
