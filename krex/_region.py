@@ -302,7 +302,7 @@ class region(contextlib.ContextDecorator):
         self.on_timeout = on_timeout
         self.status: Optional[int] = None
         self.info: Optional[RegionInfo] = None
-        self._entries: list = []         # (opened, pid) of each entering not yet left
+        self._entries: list = []         # [opened, pid, thread, the shim's functions] of each entering not yet left
 
     def __call__(self, func):
         """As a decorator: a generator or coroutine function is refused (the region would cover only the call
@@ -322,11 +322,12 @@ class region(contextlib.ContextDecorator):
         # only the one that leaves it last has its verdict); `opened` says it did, for any exception below. One
         # entry per entering (an object used again inside itself, or by two threads at once, has several)
         opened = ffi.new("int *")
-        entry = (opened, os.getpid())
-        self._entries.append(entry)
+        entry = [opened, os.getpid(), threading.get_ident(), None]
         try:
+            self._entries.append(entry)
             self.status, ran_out = _begin(self.name, self.gpus, self.timeout, opened)
             if opened[0]:
+                entry[3] = _shim()      # what the block's end calls first
                 _legacy_enter()
             if self.status == -3 and self.on_timeout == "raise":
                 self._leave_unused(entry)
@@ -342,17 +343,26 @@ class region(contextlib.ContextDecorator):
             raise
         return self
 
+    def _own(self):
+        """This thread's innermost entering not yet left (another thread's may come later in the list), or None."""
+        me = threading.get_ident()
+        return next((e for e in reversed(self._entries) if e[2] == me), None)
+
     def __exit__(self, *exc) -> bool:
-        entry = self._entries.pop() if self._entries else None
-        if entry is None or not entry[0][0]:
-            return False        # never counted (no shim)
-        opened, pid = entry
-        if pid != os.getpid():
-            opened[0] = 0       # a child forked inside the block: the region is its parent's (the shim has none)
+        entry = self._own()
+        if entry is None:
             return False
-        krex_region_end()       # every begin, granted or not, is paired with an end (nesting depth) ...
-        opened[0] = 0           # ... and only one (an exception between the two loses this block's verdict only)
-        self._left(_legacy_leave())
+        opened, pid, _, lib = entry
+        if opened[0] and pid == os.getpid():
+            # the shim's end first, before any other call where a signal's exception could land (Ctrl-C): every
+            # begin, granted or not, is paired with an end (nesting depth) ...
+            krex_region_end() if lib is None else lib.krex_region_end()
+            opened[0] = 0       # ... and only one (an exception between the two loses this block's verdict only)
+            _remove(self._entries, entry)
+            self._left(_legacy_leave())
+            return False
+        opened[0] = 0           # never counted (no shim), or a child forked inside the block (the region is its
+        _remove(self._entries, entry)   # parent's: the shim has none)
         return False
 
     def close_unused(self, refused: bool = False) -> None:
@@ -360,7 +370,7 @@ class region(contextlib.ContextDecorator):
         says `cancelled` (RegionTimeout), which no summary counts as a timing, or with refused (a hook's strict
         refusal) `refused`, which `krex run --strict` fails the run for, whether or not the caller's error was
         caught on the way (an autotuner drops the choice whose benchmark raised, and goes on)."""
-        self._leave_unused(self._entries.pop() if self._entries else None, refused)
+        self._leave_unused(self._own(), refused)
 
     def _leave_unused(self, entry, refused: bool = False) -> None:
         if entry is not None:

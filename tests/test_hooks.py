@@ -334,3 +334,22 @@ def test_a_warm_up_count_passed_through_kwargs_is_seen():
     assert not no_warmup(bench, (print,), {"num_warmup": 2}, names) and not no_warmup(bench, (print,), {}, names)
     assert no_warmup(explicit, (print, 0), {}, names) and not no_warmup(explicit, (print,), {}, names)
     assert no_warmup(explicit, (print,), {"num_warmup": -1}, names)
+
+
+def test_a_reloaded_target_stays_hooked(krex, tmp_path):
+    """importlib.reload of a hooked module (or its re-import after leaving sys.modules) runs it again with its
+    original functions: the hook patches it again, so its timings stay regions."""
+    krex.start_controller()
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent("""
+        import importlib, triton.testing
+        print("before", hasattr(triton.testing.do_bench, "__krex_original__"))
+        importlib.reload(triton.testing)
+        print("after", hasattr(triton.testing.do_bench, "__krex_original__"))
+        triton.testing.do_bench(lambda: None)
+    """))
+    env = {"KREX_HOOKS": "triton", "PYTHONPATH": os.pathsep.join([str(ROOT / "hooks"), str(FAKES), str(ROOT)])}
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["before", "True", "after", "True"], out.stdout
+    assert [r["name"] for r in report_of(tmp_path / "r.json")["regions"]] == ["triton.do_bench"]

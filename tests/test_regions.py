@@ -642,23 +642,26 @@ def test_the_last_region_is_unknown_inside_a_region(krex):
 INTERRUPTED_AT = """
 import os, sys, json, krex, krex._region as kr
 where = sys.argv[1]
-real_request, real_end = kr._request, kr.krex_region_end
+real_request, real_lib = kr._request, kr.native.lib   # (a block's end calls the shim's functions it began with)
 def request_then_interrupt(*a):
     r = real_request(*a)
     raise KeyboardInterrupt          # as a signal's exception lands when the native call returns
-def end_then_interrupt():
-    r = real_end()
-    raise KeyboardInterrupt
+class EndThenInterrupt:              # the shim's functions, its end raising as it returns
+    def __getattr__(self, name):
+        return getattr(real_lib(), name)
+    def krex_region_end(self):
+        real_lib().krex_region_end()
+        raise KeyboardInterrupt
 if where == "request":
     kr._request = request_then_interrupt
 else:
-    kr.krex_region_end = end_then_interrupt
+    kr.native.lib = EndThenInterrupt
 try:
     with krex.region("interrupted"):
         pass
 except KeyboardInterrupt:
     print("interrupted")
-kr._request, kr.krex_region_end = real_request, real_end
+kr._request, kr.native.lib = real_request, real_lib
 with krex.region("next") as r:
     pass
 print("next", r.granted, r.info.name)
@@ -962,3 +965,47 @@ def test_a_hipsetdevice_that_makes_no_context_holds_no_region_at_the_gate(krex, 
     hip.communicate("", timeout=30)
     holder.communicate(timeout=30)
     assert nxt.returncode == 0 and status["lifecycle_prewaits"] == 0, status
+
+
+SHARED_INTERLEAVED = """
+import threading, krex, krex._region as kr
+shared = krex.region("shared")
+a_in, b_appended, a_out = threading.Event(), threading.Event(), threading.Event()
+real_mask = kr._gpu_mask
+def mask(g):                       # B's __enter__ between its entry and its request (a thread switch there)
+    if threading.current_thread().name == "B":
+        b_appended.set()
+        a_out.wait()
+    return real_mask(g)
+kr._gpu_mask = mask
+def a():
+    with shared:
+        a_in.set()
+        b_appended.wait()
+    a_out.set()
+def b():
+    a_in.wait()
+    with shared:
+        pass
+ts = [threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")]
+[t.start() for t in ts]
+[t.join() for t in ts]
+kr._gpu_mask = real_mask
+with krex.region("after") as r:
+    pass
+print("after", r.info is not None and r.info.name)
+print("still-open", kr.krex_region_end())
+"""
+
+
+def test_a_region_object_shared_by_threads_ends_each_threads_own_block(krex, tmp_path):
+    """One krex.region object used by two threads at once: A leaving while B has entered but not yet asked took
+    B's entry (the last in the list), found it not counted and ended nothing; B then ended A's, one end was
+    lost, the process's region stayed open, and every later block folded into it with no verdict. Each thread
+    now leaves its own entry."""
+    krex.start_controller()
+    script = tmp_path / "t2.py"
+    script.write_text(SHARED_INTERLEAVED)
+    out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["after", "after", "still-open", "-1"], out.stdout + out.stderr[-2000:]

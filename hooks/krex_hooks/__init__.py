@@ -52,8 +52,8 @@ class _PostImportFinder:
     finder needs only find_spec (importlib.abc.MetaPathFinder would cost every command ~8 ms to import)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _pending:
-            return None
+        if fullname not in _pending and fullname not in _installed:
+            return None            # _installed: a reload (or a re-import) of a patched target is patched again
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
@@ -73,7 +73,9 @@ class _PostImportFinder:
 
 def _run_patchers(name: str, module) -> None:
     with _lock:
-        patchers = _pending.pop(name, [])
+        patchers = _pending.pop(name, None)
+        if patchers is None:   # executed again (importlib.reload, or re-imported after leaving sys.modules)
+            patchers = [_patcher(m) for m in _installed.get(name, [])]
     for patch in patchers:
         try:
             patch(module)
