@@ -718,24 +718,6 @@ def test_a_request_that_waited_for_its_share_prewaits_anew_after_the_region_it_w
     assert kinds(out)[-1] == "Recheck" and not any(isinstance(e, P.CloseGates) for e in out), kinds(out)
 
 
-def _grant_with_drains(w, effects, busy_us):
-    """run_to_grant, with every drained client saying it had busy_us of GPU work left at the drain."""
-    seen, todo = [], list(w.closed(effects))
-    while todo or (todo := w.read_pass()):
-        e = todo.pop(0)
-        seen.append(e)
-        if isinstance(e, P.SendDrain):
-            for c in e.clients:
-                todo += w.closed(w.book.drained(e.region, c, busy_us, w.now))
-        elif isinstance(e, P.Freeze):
-            todo += w.book.frozen(e.region, e.clients, "", w.now)
-        elif isinstance(e, P.Arm) and e.event is P.Event.STOPPED:
-            todo += w.book.stop_poll(e.region, [], w.now)
-        elif isinstance(e, P.Arm) and e.event is P.Event.SETTLED:
-            todo += w.closed(w.book.settle_poll(e.region, w.now))
-    return seen
-
-
 def test_a_process_that_left_during_a_region_is_no_contender_after_it():
     """B, busy at A's drain, is held off by A's region and exits while A holds the GPU. At the region's end its
     user was counted as a contender again (from the region's list of busy siblings, after gone() had cleared
@@ -744,7 +726,7 @@ def test_a_process_that_left_during_a_region_is_no_contender_after_it():
     a, b = uclient(w, 1, Job(1), 1), uclient(w, 2, Job(2), 2)
     w.book.fair.charge(("user", 1), 1, 4.0, w.now)       # A has had the GPU a while, alone
     w.book.fair.charge(("job", a.job), 1, 4.0, w.now)
-    r = region_of(_grant_with_drains(w, w.request(a), busy_us=5000))
+    r = region_of(w.run_to_grant(w.request(a), busy_us=5000))
     assert r.state is State.HELD and b in r.busy
     w.now += 1.0
     w.clients.remove(b)
@@ -753,7 +735,7 @@ def test_a_process_that_left_during_a_region_is_no_contender_after_it():
     w.book.leave(r, a, C.KREX_END_NORMAL, 2, w.now)
     assert all(not units for units in w.book.held_off.values()), w.book.held_off
     w.now += 0.5
-    seen = _grant_with_drains(w, w.request(a, seq=3), busy_us=0)
+    seen = w.run_to_grant(w.request(a, seq=3))
     assert any(isinstance(e, P.Grant) for e in seen), kinds(seen)
 
 

@@ -75,17 +75,18 @@ class World:
         """One pass of the server's event loop, its select() begun now, every ready client read: the effects."""
         return self.closed(self.book.read_pass_done(self.tick(), self.now))
 
-    def run_to_grant(self, effects, timed=False):
+    def run_to_grant(self, effects, timed=False, busy_us=0):
         """Carry out effects as a server would, everyone draining and stopping at once, a read pass whenever
         nothing else is to be done; the effects seen. timed: time passes by each settle poll's delay (else a
-        settle that waits would be polled at the same instant for ever)."""
+        settle that waits would be polled at the same instant for ever). busy_us: the GPU work each drained
+        client says it had left at the drain."""
         seen, todo = [], list(self.closed(effects))
         while todo or (todo := self.read_pass()):
             e = todo.pop(0)
             seen.append(e)
             if isinstance(e, P.SendDrain):
                 for c in e.clients:
-                    todo += self.closed(self.book.drained(e.region, c, 0, self.now))
+                    todo += self.closed(self.book.drained(e.region, c, busy_us, self.now))
             elif isinstance(e, P.Freeze):
                 todo += self.book.frozen(e.region, e.clients, "", self.now)
             elif isinstance(e, P.Arm) and e.event is Event.STOPPED:
