@@ -1184,8 +1184,7 @@ class Regions:
             held = now - region.held_since
             self.fair.charge(("user", user), region.gpu_mask, held, now)
             self.fair.charge(("job", job), region.gpu_mask, held, now)
-        connected = set(self.clients())        # one that left during the region contends no more
-        off = {self.unit_of(c) for c in self.freezes.by_region(region.id) + region.busy if c in connected}
+        off = {self.unit_of(c) for c in self.freezes.by_region(region.id) + region.busy}
         for g in mask_to_list(region.gpu_mask):
             self.held_off[g] = off
             recent = self.recent.setdefault(g, {})
@@ -1212,6 +1211,7 @@ class Regions:
             for loops in self.looping.values():
                 loops.discard(unit)
         for region in list(self.regions.values()):
+            region.busy = [c for c in region.busy if c is not client]   # no sibling it holds off any more
             if client in region.members:
                 out += self.leave(region, client, C.KREX_END_OWNER_GONE, 0, now)
             elif client in region.pending_drain:
