@@ -703,17 +703,10 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
     what happens during one timing."""
     per: dict = {}
     bound: dict = {}               # timings whose region was host-bound (KREX_HOST_BOUND), per kernel
-    by_command: dict = {}          # per kernel, each command's timings (inflation, %)
-    for row in rows:
-        if clean is not None and not clean(row):
-            continue
-        mine: dict = {}
-        for key, ref, t, flag in flagged_timings([row], stable):
-            per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
-            bound[key] = bound.get(key, 0) + flag
-            mine.setdefault(key, []).append(per[key][1][-1])
-        for key, xs in mine.items():
-            by_command.setdefault(key, []).append(xs)
+    for key, ref, t, flag in flagged_timings(rows, stable, clean):
+        per.setdefault(key, (ref, []))[1].append((t / ref - 1) * 100)
+        bound[key] = bound.get(key, 0) + flag
+    by_command = command_levels(rows, stable, clean)   # per kernel, the timings of each command that took two or more
     out = {}
     for key in sorted(per, key=lambda k: per[k][0]):
         ref, xs = per[key]
@@ -721,7 +714,7 @@ def per_kernel(rows: list, stable: dict, clean=None, far_pct: float = 5.0) -> di
             "ref_ms": round(ref, 5), "n": len(xs), "median_pct": round(statistics.median(xs), 2),
             "min_pct": round(min(xs), 2), "max_pct": round(max(xs), 2),
             "far": sum(abs(x) > far_pct for x in xs), "host_bound": bound.get(key, 0)}
-        cmds = [c for c in by_command.get(key, []) if len(c) >= 2]   # commands that timed it more than once
+        cmds = by_command.get(key, [])
         if len(cmds) >= 2:
             medians = [statistics.median(c) for c in cmds]
             k.update(commands=len(cmds), within_pct=round(max(max(c) - min(c) for c in cmds), 2),
