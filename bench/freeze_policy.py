@@ -58,7 +58,7 @@ POLICIES = {"krex": "all", "krexnofreeze": "none", "krexbusy": "busy",
             # while regions wait for them (run 40), which the prewait waits for with the gates open
             "krexwarmprewait": "busy+warm+prewait"}
 COLD = ("all", "none", "busy")   # the default --policies
-REFERENCES = {"solo": "krexsolo", "isolated": "isolated", "solo-busy": "krexsolobusy"}
+REFERENCES = {"solo": "krexsolo", "isolated": "isolated", "solo-busy": "krexsolobusy", "none": None}
 TAIL_S = 20.0   # after its budget a shared mode still finishes the commands it started (about one command's time)
 
 
@@ -136,7 +136,9 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
             **({"left_out": ref["left_out"]} if leave_out else {}),
             "rows": rows, "best_policy": best[0] if best else None,
             "best_reason": (f"every scale met the fidelity goal with >= 50 kernels per bucket; lowest throughput "
-                            f"against naive {best[1]}") if best else "no policy met the goal at every scale"}
+                            f"against naive {best[1]}") if best else
+                           "no reference passes (--reference none): throughput only, no timing judged" if reference is None
+                           else "no policy met the goal at every scale"}
 
 
 PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "lifecycle_wait", "frozen")
@@ -334,6 +336,8 @@ def check_references(ap, text: str) -> None:
     names = text.split(",")
     if any(x not in REFERENCES for x in names) or len(set(names)) != len(names):
         ap.error(f"--reference: a comma list of distinct ones of {', '.join(sorted(REFERENCES))}, not {text!r}")
+    if "none" in names and len(names) > 1:
+        ap.error(f"--reference: none stands alone (no reference passes), not {text!r}")
 
 
 def stored_option(argv: list, name: str):
@@ -424,7 +428,9 @@ def main() -> None:
                     help="the two reference passes: solo (each command alone under a krex controller of its own, so "
                          "each timing starts from the clock settle every region gets), isolated (alone, no krex) or "
                          "solo-busy (solo beside a GPU neighbour, --neighbour, frozen in every region: a GPU that is "
-                         "busy between the commands); a comma list runs each, the first judging, the others shown "
+                         "busy between the commands); a comma list runs each, the first judging, the others shown; "
+                         "none: no reference passes, throughput against naive sharing only (a plan of commands too "
+                         "long to run alone twice, e.g. --compiler cuda's; no fidelity is judged) "
                          "(default solo; with --reanalyse, the run's own)")
     ap.add_argument("--neighbour", default=None,
                     help="solo-busy's neighbour script (args STOP READY [LOAD]; default bench/contender.py, bf16 matmuls)")
@@ -466,7 +472,7 @@ def main() -> None:
         except ValueError:
             args.stable_pct = 2.0
     check_references(ap, args.reference)
-    refs = [REFERENCES[x] for x in args.reference.split(",")]
+    refs = [REFERENCES[x] for x in args.reference.split(",") if REFERENCES[x]]   # none: no passes
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
     if args.neighbour_load is not None:
@@ -530,7 +536,7 @@ def main() -> None:
                     print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s{cut}", flush=True)
             finally:
                 ctls.stop()
-    ref_mode = refs[0]
+    ref_mode = refs[0] if refs else None   # none: throughput only, no timing judged
     if args.reanalyse and not any(r["mode"] == ref_mode for r in runs):
         ref_mode = next((m for m in T.REFERENCE_MODES if any(r["mode"] == m for r in runs)), ref_mode)
     if args.split_reference:

@@ -1023,6 +1023,30 @@ def test_freeze_policy_deadline_foresees_a_gpu_bound_modes_tail():
     assert fp.expected_tail([], 16) == fp.TAIL_S
 
 
+def test_freeze_policy_reference_none_is_throughput_only(tmp_path):
+    """--reference none: no reference passes (commands too long to run alone twice, a CUDA build each), the shared
+    modes only; the rows give throughput against naive sharing and no fidelity, no policy is called best. none
+    with another reference is one line and exit status 2."""
+    out = tmp_path / "fp.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "4",
+                        "--specs", "2", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
+                        "--logs", str(tmp_path), "--out", str(out)],
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["runs"]] == ["naive", "krexprewait"]
+    rows = {r["policy"]: r for r in data["rows"]}
+    assert set(rows) == {"naive", "busy+prewait"} and rows["naive"]["vs_naive"] == 1.0
+    assert rows["busy+prewait"]["commands"] >= 2 and rows["busy+prewait"]["vs_naive"] > 0
+    assert not rows["busy+prewait"]["fidelity_goal"] and data["best_policy"] is None
+    assert "| busy+prewait | 2 |" in p.stdout and "no reference passes (--reference none)" in p.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reference", "none,solo",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "none stands alone" in bad.stderr.strip().splitlines()[-1], bad.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
     """--prewait-ms is what busy+prewait's controller gets as --lifecycle-prewait-ms (the other modes keep
     theirs); 0 or less is one line and exit status 2 (that mode would be busy under another name)."""
