@@ -353,3 +353,51 @@ def test_a_reloaded_target_stays_hooked(krex, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["before", "True", "after", "True"], out.stdout
     assert [r["name"] for r in report_of(tmp_path / "r.json")["regions"]] == ["triton.do_bench"]
+
+
+def test_the_timed_callable_a_harness_gets_is_the_users_in_all_but_its_call(krex, tmp_path):
+    """After-first-call hooks hand the harness a stand-in for the user's callable: the harness sees that callable's
+    name, attributes, class and signature. A functools.partial has no __name__, so cupyx's benchmark fails on it
+    without krex, and must fail alike with krex (it once succeeded, its result named after krex's wrapper); a
+    callable object (a module) keeps its class and attributes, and what the harness sets on it lands on it."""
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import functools, inspect
+        from krex_hooks._region import after_first_call
+        from cupyx.profiler import benchmark
+        from _log import log
+
+        def user(x, scale=2):
+            "the user's kernel"
+            log("user")
+        try:
+            benchmark(functools.partial(user, 1), n_repeat=2)
+            print("partial: no error")
+        except AttributeError as e:
+            print("partial:", type(e).__name__)
+
+        class Model:
+            def __init__(self):
+                self.weight = 7
+            def __call__(self):
+                log("user")
+                return self.weight
+
+        def harness(kernel_fn, n=3):           # what a harness may do with the callable it times
+            seen = (isinstance(kernel_fn, Model), kernel_fn.weight, type(kernel_fn).__name__ != "Model")
+            kernel_fn.touched = True
+            return seen, [kernel_fn() for _ in range(n)]
+
+        model = Model()
+        print("model:", after_first_call("x.harness", harness, fn_kw="kernel_fn")(model), model.touched)
+        def sig(fn):
+            fn(1)
+            return str(inspect.signature(fn)), fn.__name__, fn.__doc__
+        print("function:", after_first_call("x.sig", sig)(user))
+    """, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"])
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert lines["partial"] == "AttributeError", out.stdout
+    assert lines["model"] == "((True, 7, True), [7, 7, 7]) True", out.stdout
+    assert lines["function"] == "('(x, scale=2)', 'user', \"the user's kernel\")", out.stdout
+    # the partial's first call ran before cupyx read its name: that region ended with the error
+    assert [r["name"] for r in rep["regions"]] == ["cupyx.benchmark", "x.harness", "x.sig"], rep["regions"]
