@@ -34,7 +34,8 @@ WAIT_SLICE_MS = 100
 MIN_TIMEOUT_S = 0.001               # a bounded wait's least: 0 (or what rounds to 0 ms) would never be granted
 _lock = threading.Lock()
 _open = {"warned": False}          # warnings said once in this process
-_names: dict = {}                   # requested_ns -> name of the last region a krex.region block in this process ended
+_names: dict = {}                   # requested_ns -> name of the last region this process ended
+_pending: dict = {}                 # "name": the first function-form block's name in the region open now
 _host_bound_warned: set = set()     # (job, region name) already warned of as host-bound in this process: per job,
                                     # so that a reused warm worker's next command is warned again
 
@@ -134,7 +135,11 @@ def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] =
     wait was given up by another thread's timeout (a region is the process's): the request was cancelled at
     the controller and the region runs unprotected, marked not_granted (end it with krex_region_end as
     always). An exception while waiting (Ctrl-C) cancels the request and propagates."""
-    return _begin(name, gpu, timeout)[0]
+    r = _begin(name, gpu, timeout)[0]
+    if r in (0, -3):         # a region runs: its name, the first of the blocks in it, for last_region()
+        with _lock:
+            _pending.setdefault("name", name)
+    return r
 
 
 def _request(lib, name: bytes, mask: int, opened) -> int:
@@ -220,6 +225,7 @@ def _legacy_leave() -> bool:
 
 def _forked() -> None:
     _legacy["n"] = 0     # the shim resets its region in the child (pthread_atfork)
+    _pending.clear()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -235,7 +241,25 @@ def _cancel_opened(lib, opened) -> None:
 def krex_region_end() -> int:
     """0: ended; 1: it had been revoked (time limit); -1: no region was open."""
     lib = _shim()
-    return -1 if lib is None else lib.krex_region_end()
+    if lib is None:
+        return -1
+    r = lib.krex_region_end()
+    if r in (0, 1):
+        info = ffi.new("struct krex_region_info *")
+        if lib.krex_region_last(info) == 0:   # the region is over (the last block left it): name it
+            _name_last(int(info.requested_ns), None)
+    return r
+
+
+def _name_last(requested_ns: int, name) -> None:
+    """last_region() names the region that began at requested_ns: name, or (None) the first function-form
+    block's that opened it; either way the pending function-form name goes (a with block's region is its own)."""
+    with _lock:
+        pending = _pending.pop("name", None)
+        name = pending if name is None else name
+        if name is not None:
+            _names.clear()      # the last one's only (the shim's record has no name)
+            _names[requested_ns] = name
 
 
 def last_region() -> Optional[RegionInfo]:
@@ -397,9 +421,7 @@ class region(contextlib.ContextDecorator):
         self.info = last_region() if outermost else None
         if self.info is not None:
             self.info.name = self.name
-            with _lock:
-                _names.clear()      # the last one's only: last_region() names it (the shim's record has no name)
-                _names[self.info.requested_ns] = self.name
+            _name_last(self.info.requested_ns, self.name)
             _warn_host_bound(self.name, self.info)
 
     def _recreate_cm(self) -> "region":

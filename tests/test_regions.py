@@ -639,6 +639,37 @@ def test_the_last_region_is_unknown_inside_a_region(krex):
     assert r.stdout.splitlines() == ["nested None None", "after outer"], r.stdout
 
 
+FUNCTION_FORM_NAMES = """
+import krex
+krex.krex_region_begin("fn-outer"); krex.krex_region_begin("fn-inner"); krex.krex_region_end(); krex.krex_region_end()
+print("function", krex.last_region().name)
+with krex.region("block"):
+    pass
+print("block", krex.last_region().name)
+krex.krex_region_begin("fn-around")
+with krex.region("block-inside"):
+    pass
+krex.krex_region_end()
+print("around", krex.last_region().name)
+with krex.region("block-around"):
+    krex.krex_region_begin("fn-inside"); krex.krex_region_end()
+print("block-around", krex.last_region().name)
+krex.krex_region_begin("fn-again"); krex.krex_region_end()
+print("again", krex.last_region().name)
+"""
+
+
+def test_the_last_region_is_named_after_its_first_block_in_either_form(krex):
+    """krex.last_region().name is the name the region was asked for (its first block's, as the report says), also
+    after the function form krex_region_begin/krex_region_end (it was '' there), and a name left from a region
+    one form opened does not stick to the next one."""
+    krex.start_controller()
+    r = krex.python(FUNCTION_FORM_NAMES)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["function fn-outer", "block block", "around fn-around",
+                                     "block-around block-around", "again fn-again"], r.stdout
+
+
 INTERRUPTED_AT = """
 import os, sys, json, krex, krex._region as kr
 where = sys.argv[1]
