@@ -229,22 +229,25 @@ def table(result) -> str:
     out = ["| policy | agents | commands | vs naive | " + " | ".join(f"p95 abs {x} (%)" for x in b)
            + " | timings per bucket | goal |", "|---" * (5 + len(b)) + "|"]
     ref = result.get("reference", "isolated")
+    judged_any = ref is not None       # --reference none: no floor, no timing judged, no goal to meet
     if result.get("reference_split"):
         ref = f"{ref}, one pass split by process"
-    out.append(f"| floor ({ref} x2, per timing) | 1 | - | - | "
-               + " | ".join(fmt(result["floors_pct"][x]) for x in b)
-               + " | " + "/".join(str((result.get("floor_timings") or result["floor_kernels"])[x]) for x in b) + " | |")
-    if result.get("floors_medians_pct"):
+    if judged_any:
+        out.append(f"| floor ({ref} x2, per timing) | 1 | - | - | "
+                   + " | ".join(fmt(result["floors_pct"][x]) for x in b)
+                   + " | " + "/".join(str((result.get("floor_timings") or result["floor_kernels"])[x]) for x in b)
+                   + " | |")
+    if judged_any and result.get("floors_medians_pct"):
         out.append(f"| floor ({ref} x2, pass medians) | 1 | - | - | "
                    + " | ".join(fmt(result["floors_medians_pct"][x]) for x in b)
                    + " | " + "/".join(f"{result['floor_kernels'][x]} kernels" for x in b) + " | |")
-    if result.get("repeat_spread_pct"):
+    if judged_any and result.get("repeat_spread_pct"):
         out.append(f"| one process's repeats ({ref}, max/min - 1) | 1 | - | - | "
                    + " | ".join(fmt(result["repeat_spread_pct"][x]) for x in b) + " | | |")
     def judged(j: dict) -> str:     # a judgement's cells: p95 per bucket, timings per bucket, the goal
         return (" | ".join(fmt(j["p95_abs_inflation_pct"][x]) for x in b) + " | "
                 + "/".join(str(j["kernels"][x]) for x in b) + " | "
-                + ("met" if j["fidelity_goal"] and j["enough_kernels"] else "not met") + " |")
+                + (("met" if j["fidelity_goal"] and j["enough_kernels"] else "not met") if judged_any else "-") + " |")
     for r in result["rows"]:
         out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | " + judged(r))
         if r.get("without_host_bound"):
@@ -473,6 +476,18 @@ def main() -> None:
             args.stable_pct = 2.0
     check_references(ap, args.reference)
     refs = [REFERENCES[x] for x in args.reference.split(",") if REFERENCES[x]]   # none: no passes
+    if not refs and not args.reanalyse:
+        if args.skip_naive:
+            ap.error("--reference none with --skip-naive: no reference passes and no naive sharing, so nothing the "
+                     "plan runs is measured against anything")
+        given = [o for o, v in (("--reference-repeat", args.reference_repeat != 0),
+                                ("--reference-processes", args.reference_processes != 1),
+                                ("--reference-processes-for", bool(args.reference_processes_for)),
+                                ("--reference-holder-gib", bool(args.reference_holder_gib)),
+                                ("--neighbour", args.neighbour is not None),
+                                ("--neighbour-load", args.neighbour_load is not None)) if v]
+        if given:
+            ap.error(f"--reference none runs no reference passes: {', '.join(given)} would do nothing")
     if args.neighbour:
         T.NEIGHBOUR[:] = [str(Path(args.neighbour).resolve())]
     if args.neighbour_load is not None:
@@ -516,11 +531,13 @@ def main() -> None:
                 t_plan = time.monotonic()
                 for i, (mode, n) in enumerate(plan):
                     budget = args.budget
-                    if args.deadline and mode not in T.REFERENCE_MODES and runs:
+                    if args.deadline and mode not in T.REFERENCE_MODES:   # --reference none: the first one too
                         first = sum(r["wall_s"] for r in runs[:len(refs)])   # the last passes take as long
                         left = args.deadline - (time.monotonic() - t_plan) - 1.2 * first
                         shared_left = sum(1 for m, _ in plan[i:] if m not in T.REFERENCE_MODES)
-                        budget = max(5.0, min(budget, left / shared_left - expected_tail(runs[:len(refs)], n)))
+                        # a command's wall time: alone, from the first passes; with none, from the shared modes so far
+                        tail = expected_tail(runs[:len(refs)] if refs else runs, n)
+                        budget = max(5.0, min(budget, left / shared_left - tail))
                     runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1) + args.nonce_offset,
                                            ctls))
                     runs[-1]["budget_s"] = budget

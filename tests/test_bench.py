@@ -1141,3 +1141,69 @@ def test_levels_wider_under_sharing_are_told_from_a_shift_and_from_chance():
     assert got["p_wider_holm"] == pytest.approx(min(1.0, len(row["levels"]) * got["p_wider"]), abs=1e-4)
     line = next(ln for ln in fp.table(result).splitlines() if ln.startswith("per-process levels"))
     assert "busy+prewait:16 sum@1024/0/candidate" in line and f"p={got['p_wider']:.3f}" in line, line
+
+
+def test_freeze_policy_reference_none_keeps_to_the_deadline(tmp_path, monkeypatch):
+    """--reference none --deadline (the device script always passes --deadline): with no reference pass first, the
+    first shared mode took the whole --budget (the deadline was applied only once a run had been made), and every
+    mode's tail was foreseen as the fixed 20 s, though a command here takes 45 s (a CUDA build each): the plan ran
+    past its deadline. A stand-in for run_mode and a clock that each mode advances by its budget and one command."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    now = [0.0]
+
+    class Ctls:
+        def __init__(self, *a, **k): pass
+        def scrape(self, mode): return ""
+        def stop(self, mode=None): pass
+
+    def run_mode(mode, n, specs, budget, tmp, nonce, ctls):
+        now[0] += budget + 45.0                      # the commands in flight at the budget's end finish
+        return {"mode": mode, "agents": n, "commands": n, "failed": 0, "commands_per_min": 1.0,
+                "wall_s": budget + 45.0, "rows": [{"idx": i, "size": 2048, "variant": 0, "exit": 0, "wall_s": 45.0}
+                                                  for i in range(n)]}
+    monkeypatch.setattr(fp.T, "run_mode", run_mode)
+    monkeypatch.setattr(fp.T, "Controllers", Ctls)
+    monkeypatch.setattr(fp, "time", argparse.Namespace(monotonic=lambda: now[0]))   # fp's clock only
+    monkeypatch.setattr(sys, "argv", ["freeze_policy.py", "--reference", "none", "--scales", "8", "--policies", "busy",
+                                      "--budget", "200", "--deadline", "300", "--out", str(tmp_path / "fp.json")])
+    fp.main()
+    runs = json.loads((tmp_path / "fp.json").read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["naive", "krexbusy"]
+    assert runs[0]["budget_s"] < 200 and now[0] <= 300, ([r["budget_s"] for r in runs], now[0])
+
+
+def test_freeze_policy_reference_none_refuses_a_plan_that_measures_nothing(tmp_path):
+    """--reference none with --skip-naive: no reference (no fidelity) and no naive sharing (no throughput against
+    it): nothing the plan runs would be measured against anything; and options of the reference passes it does not
+    run did nothing, silently. One line and exit status 2 each, nothing written."""
+    short = ["--candidate", str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "1", "--specs", "1",
+             "--budget", "1", "--policies", "busy", "--logs", str(tmp_path)]   # were it accepted: a short plan
+    for extra, said in ((["--skip-naive"], "--skip-naive: no reference passes and no naive sharing"),
+                        (["--reference-processes", "3", "--neighbour-load", "sum@1024"],
+                         "runs no reference passes: --reference-processes, --neighbour-load would do nothing")):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--reference", "none", *extra,
+                            *short, "--out", str(tmp_path / "x.json")], env=bench_env(tmp_path), capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and said in p.stderr.strip().splitlines()[-1], p.stderr
+        assert not (tmp_path / "x.json").exists()
+
+
+def test_freeze_policy_reference_none_table_claims_no_floor_and_no_verdict(tmp_path):
+    """A --reference none result's table: no floor rows (they read "floor (None x2, ...)", all "-") and no goal
+    verdict ("not met" on every row, naive's too, where no timing was judged)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = [{"idx": i, "size": 2048, "variant": 0, "exit": 0, "wall_s": 1.0, "candidate_ms": 0.05,
+             "reference_ms": 0.05, "regions_clean": [True, True]} for i in range(2)]
+    runs = [{"mode": m, "agents": 2, "commands": 2, "failed": 0, "commands_per_min": c, "wall_s": 1.0, "rows": rows}
+            for m, c in (("naive", 10.0), ("krexbusy", 8.0))]
+    md = fp.table(fp.analyse(runs, 2.0, None))
+    assert "None" not in md.split("best:")[0] and "floor" not in md, md
+    assert "not met" not in md and "| busy | 2 | 2 | 0.80 |" in md, md
