@@ -135,8 +135,10 @@ def krex_region_begin(name: str = "region", gpu=None, timeout: Optional[float] =
     wait was given up by another thread's timeout (a region is the process's): the request was cancelled at
     the controller and the region runs unprotected, marked not_granted (end it with krex_region_end as
     always). An exception while waiting (Ctrl-C) cancels the request and propagates."""
-    r = _begin(name, gpu, timeout)[0]
-    if r in (0, -3):         # a region runs: its name, the first of the blocks in it, for last_region()
+    opened = ffi.new("int *")
+    r = _begin(name, gpu, timeout, opened)[0]
+    if opened[0]:            # the shim counted the block, granted or not (-1, -2, -3 are regions too, ended by
+        _legacy_enter()      # krex_region_end): the region's name, the first of its blocks, for last_region()
         with _lock:
             _pending.setdefault("name", name)
     return r
@@ -244,7 +246,7 @@ def krex_region_end() -> int:
     if lib is None:
         return -1
     r = lib.krex_region_end()
-    if r in (0, 1):
+    if r in (0, 1) and _legacy_leave():     # an older shim's krex_region_last gives an earlier region while one is open
         info = ffi.new("struct krex_region_info *")
         if lib.krex_region_last(info) == 0:   # the region is over (the last block left it): name it
             _name_last(int(info.requested_ns), None)

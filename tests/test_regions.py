@@ -1040,3 +1040,52 @@ def test_a_region_object_shared_by_threads_ends_each_threads_own_block(krex, tmp
     out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["after", "after", "still-open", "-1"], out.stdout + out.stderr[-2000:]
+
+
+NOT_GRANTED_NAMES = """
+import krex, sys
+r = krex.krex_region_begin("fn-" + sys.argv[1], gpu=63 if sys.argv[1] == "refused" else None)
+krex.krex_region_end()
+info = krex.last_region()
+print(r, info.granted, info.name)
+"""
+
+
+def test_a_function_form_region_not_granted_is_named_too(krex, tmp_path):
+    """A function-form region that was not granted (-2 refused, -1 no controller answered) is still a region: the
+    shim counts the block, krex_region_end ends it, the report names it and krex.last_region() gives its record;
+    its name was '' there (only 0 and -3 left a pending name), where a with block's is its own."""
+    krex.start_controller()
+    script = tmp_path / "ng.py"
+    script.write_text(NOT_GRANTED_NAMES)
+    r = krex.run([sys.executable, str(script), "refused"], env={"KREX_LOG_LEVEL": "error"})
+    assert r.returncode == 0 and r.stdout.split() == ["-2", "False", "fn-refused"], r.stdout + r.stderr
+    env = dict(krex.env, KREX_SOCKET=str(tmp_path / "none.sock"), KREX_LOG_LEVEL="error")
+    r = subprocess.run([sys.executable, str(script), "none"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["-1", "False", "fn-none"], r.stdout + r.stderr
+
+
+def test_with_an_older_shim_a_nested_function_form_end_names_no_earlier_region(monkeypatch):
+    """An older shim gives the last finished region while one is open: a nested krex_region_end took that earlier
+    region for the one it left, gave it the outer region's pending name and dropped it (the outer region ended
+    nameless); and a with block nested in a function-form region, the function form not counting its blocks in
+    this process's count, took the earlier region's verdict for its own."""
+    import krex
+    import krex._region as kr
+
+    lib = OlderShim()
+    monkeypatch.setattr(kr, "_shim", lambda: lib)
+    monkeypatch.setattr(kr, "_pending", {})
+    monkeypatch.setattr(kr, "_names", {})
+    monkeypatch.setitem(kr._legacy, "n", 0)
+    krex.krex_region_begin("first")
+    krex.krex_region_end()
+    krex.krex_region_begin("outer")
+    krex.krex_region_begin("inner")
+    krex.krex_region_end()
+    with krex.region("block") as block:
+        pass
+    assert block.info is None
+    krex.krex_region_end()
+    info = krex.last_region()
+    assert (info.region_id, info.name) == (2, "outer")
