@@ -401,3 +401,97 @@ def test_the_timed_callable_a_harness_gets_is_the_users_in_all_but_its_call(krex
     assert lines["function"] == "('(x, scale=2)', 'user', \"the user's kernel\")", out.stdout
     # the partial's first call ran before cupyx read its name: that region ended with the error
     assert [r["name"] for r in rep["regions"]] == ["cupyx.benchmark", "x.harness", "x.sig"], rep["regions"]
+
+
+def test_a_model_the_harness_puts_in_eval_mode_is_still_timed_in_a_region(krex, tmp_path):
+    """KernelBench times a torch.nn.Module; a timing function may chain its methods (`m = m.eval().to(device)`),
+    each of which returns the module itself. The stand-in's methods returned the user's module, not the stand-in,
+    so every later call went around it: no region began, the timings ran unprotected and nothing said so (not
+    even strict mode: a call whose region never began returns as it is)."""
+    pytest.importorskip("torch")
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import torch
+        from krex_hooks._region import after_first_call
+        from _log import log
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                log("user")
+                return x
+
+        def harness(kernel_fn, *args, num_trials=3):     # what a timing function may do with the module it times
+            kernel_fn = kernel_fn.eval().to("cpu").requires_grad_(False)
+            return isinstance(kernel_fn, torch.nn.Module), len([kernel_fn(*args) for _ in range(1 + num_trials)])
+
+        print("model:", after_first_call("x.harness", harness, fn_kw="kernel_fn")(Model(), torch.zeros(1)))
+    """, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"])
+    assert "model: (True, 4)" in out.stdout, out.stdout
+    [region] = rep["regions"]
+    calls = user_calls(tmp_path)
+    assert region["name"] == "x.harness" and calls[0] < region["requested_ns"] < calls[1], (rep["regions"], calls)
+
+
+def test_the_timed_callable_keeps_its_module_binding_copies_pickles_and_weak_references(krex, tmp_path):
+    """What else a harness may do with the callable it times behaves as without krex: its __module__ (and so
+    inspect.getmodule, and functools.wraps applied on top) is the user's, not krex_hooks._region; a function
+    stored on a class binds as a method; copy.copy and copy.deepcopy (a RecursionError), pickle and weakref.ref
+    (a TypeError) work."""
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, """
+        import copy, functools, inspect, pickle, weakref
+        from krex_hooks._region import after_first_call
+        from _log import log
+
+        def user(*args):
+            log("user")
+            return len(args)
+
+        def harness(fn):
+            fn()
+            seen = [fn.__module__, functools.wraps(fn)(lambda: 0).__module__, inspect.getmodule(fn).__name__,
+                    type("Case", (), {"run": fn})().run()]          # bound: the instance is its argument
+            for name, op in (("copy", copy.copy), ("deepcopy", copy.deepcopy), ("weakref", lambda f: weakref.ref(f)()),
+                             ("pickle", lambda f: pickle.loads(pickle.dumps(f)))):
+                try:
+                    seen.append(f"{name}={op(fn)()}")
+                except Exception as e:
+                    seen.append(f"{name}={type(e).__name__}")
+            return seen
+
+        print("without:", harness(user))
+        print("with:", after_first_call("x.h", harness)(user))
+    """, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"])
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert lines["without"] == "['__main__', '__main__', '__main__', 1, 'copy=0', 'deepcopy=0', 'weakref=0', " \
+                               "'pickle=0']", out.stdout
+    assert lines["with"] == lines["without"], out.stdout
+
+
+def test_a_harness_that_times_a_copy_of_the_callable_is_said_to_be_unprotected(krex, tmp_path):
+    """A harness that times a copy of the callable it was given (copy and pickle give the user's own, not krex's
+    stand-in) runs those timings with no region: one stderr line says so (once per hook), and strict mode raises
+    krex.StrictError instead of returning the result."""
+    krex.start_controller()
+    code = """
+        import copy, krex
+        from krex_hooks._region import after_first_call
+        def harness(fn):
+            twin = copy.copy(fn)
+            return [twin() for _ in range(3)]
+        def user():
+            return 1
+        for _ in range(2):
+            try:
+                print("result", after_first_call("x.copy", harness)(user))
+            except krex.StrictError as e:
+                print("strict", e)
+    """
+    out, rep = run_py(krex, tmp_path, code, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"])
+    assert out.stdout.splitlines() == ["result [1, 1, 1]"] * 2 and rep["regions"] == [], (out.stdout, rep["regions"])
+    said = [line for line in out.stderr.splitlines() if "x.copy" in line]
+    assert len(said) == 1 and "not protected" in said[0], out.stderr
+    out, rep = run_py(krex, tmp_path, code, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"],
+                      env={"KREX_STRICT": "1"})
+    assert [line.split()[0] for line in out.stdout.splitlines()] == ["strict"] * 2, out.stdout
+    assert "never began" in out.stdout, out.stdout

@@ -13,8 +13,10 @@ already is that region's; only its grant is checked."""
 
 import functools
 import inspect
+import operator
 import os
 import sys
+import types
 
 import krex
 from krex._region import env_timeout
@@ -53,6 +55,21 @@ def check_exclusive(r: krex.region, name: str) -> None:
     """After the hooked call and its retries: strict mode raises krex.StrictError for a region not exclusive."""
     if r.info is not None and not r.info.exclusive and strict():
         raise not_protected(name, f"was not exclusive ({', '.join(r.info.taints) or 'not granted'})")
+
+
+_warned_unused: set = set()
+
+
+def unused(name: str) -> None:
+    """The hooked harness returned without calling the stand-in it was given for the timed callable: whatever it
+    timed (a copy of the callable: copy, deepcopy and pickle give the user's own) ran with no region. Strict mode
+    raises krex.StrictError; otherwise one stderr line per hook name: a timing krex did not protect is said."""
+    if strict():
+        raise not_protected(name, "never began: the harness did not call the function it was given (a copy of it?)")
+    if name not in _warned_unused:
+        _warned_unused.add(name)
+        print(f"krex: {name}: the harness returned without calling the function it was given (it may have timed a "
+              "copy of it): no region, that timing was not protected", file=sys.stderr)
 
 
 RETRY_LIMIT = 64             # KREX_RETRY_TAINTED's range is 0 to this (krex run refuses more)
@@ -157,7 +174,7 @@ def no_warmup(original, args, kwargs, names: tuple) -> bool:
 # or set its attributes (a module's), check its class (isinstance follows __class__) or read its signature (inspect
 # follows __wrapped__). Its __doc__ is fn's too, so the class has none of its own: this comment stands for it.
 class Forwarding:
-    __slots__ = ("_krex_fn", "_krex_call")
+    __slots__ = ("_krex_fn", "_krex_call", "__weakref__")   # weakref.ref works, as on a function or a module
 
     def __init__(self, fn, call):
         object.__setattr__(self, "_krex_fn", fn)
@@ -167,7 +184,23 @@ class Forwarding:
         return self._krex_call(*args, **kwargs)
 
     def __getattr__(self, attr):             # only what this object lacks: every attribute but the call
-        return getattr(self._krex_fn, attr)
+        if attr.startswith("_krex_"):        # not set (an object made without __init__): no recursion
+            raise AttributeError(attr)
+        fn = self._krex_fn
+        value = getattr(fn, attr)
+        if not attr.startswith("__") and callable(value) and getattr(value, "__self__", None) is fn:
+            # a method of fn's: where it returns fn itself (a module's eval(), to(), cuda(), train()), the caller
+            # gets this stand-in back, so that the calls it goes on to time still pass through it
+            return Forwarding(value, lambda *a, **k: self if (r := value(*a, **k)) is fn else r)
+        return value
+
+    def __get__(self, obj, objtype=None):    # stored on a class: binds as fn would (a function does, others not)
+        if obj is None or not isinstance(self._krex_fn, types.FunctionType):
+            return self
+        return types.MethodType(self, obj)
+
+    def __reduce_ex__(self, protocol):       # copy, deepcopy, pickle: of fn itself (a copy is not timed in a region)
+        return operator.getitem, ((self._krex_fn,), 0)
 
     def __setattr__(self, attr, value):
         setattr(self._krex_fn, attr, value)
@@ -189,6 +222,10 @@ class Forwarding:
     @property
     def __doc__(self):
         return getattr(self._krex_fn, "__doc__", None)
+
+    @property
+    def __module__(self):                    # the class's own would shadow fn's (inspect.getmodule, functools.wraps)
+        return self._krex_fn.__module__
 
 
 def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", warmups: tuple = ()):
@@ -231,6 +268,7 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", 
                 if state["region"] is not None:
                     state["region"].__exit__(None, None, None)
             if state["region"] is None:
+                unused(name)        # the harness timed something other than the stand-in (a copy of it?)
                 return result
             if not worth_another(state["region"].info, attempt, name):
                 check_exclusive(state["region"], name)
