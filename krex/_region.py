@@ -226,6 +226,8 @@ def _legacy_leave() -> bool:
 
 
 def _forked() -> None:
+    global _lock
+    _lock = threading.Lock()   # another thread may have held it at the fork: the child's would stay held
     _legacy["n"] = 0     # the shim resets its region in the child (pthread_atfork)
     _pending.clear()
 

@@ -1089,3 +1089,39 @@ def test_with_an_older_shim_a_nested_function_form_end_names_no_earlier_region(m
     krex.krex_region_end()
     info = krex.last_region()
     assert (info.region_id, info.name) == (2, "outer")
+
+
+FORK_WHILE_LOCKED = """
+import os, sys, threading, time, krex, krex._region as kr
+held, release = threading.Event(), threading.Event()
+def holder():
+    with kr._lock:
+        held.set()
+        release.wait(10)
+threading.Thread(target=holder, daemon=True).start()
+held.wait(10)
+pid = os.fork()
+if pid == 0:   # the child: the thread holding the lock is not here
+    krex.krex_region_begin("child"); krex.krex_region_end()
+    print("child", krex.last_region().name, flush=True)
+    os._exit(0)
+release.set()
+for _ in range(200):          # 20 s, then the child is taken as hung
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, 9)
+    done, status = os.waitpid(pid, 0)
+print("parent", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_another_thread_holds_the_region_lock_can_mark_regions(krex):
+    """A fork while another thread holds the region API's lock (naming the last region) left the child a lock
+    nobody would release: its first region's begin or end hung. The child gets a new lock."""
+    krex.start_controller()
+    r = krex.python(FORK_WHILE_LOCKED)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["child", "child", "parent", "0"], r.stdout
