@@ -419,6 +419,11 @@ def main() -> None:
                          + " (+warm: commands in warm workers)")
     ap.add_argument("--skip-naive", action="store_true",
                     help="no naive sharing step (no throughput against naive): for a fidelity-only run")
+    ap.add_argument("--stagger", type=float, default=0.0, metavar="S",
+                    help="each shared mode's agent starts its first command after a delay of its own, uniform in "
+                         "[0, S] and the same in every mode (seeded by the agent): agents not in step, as a fleet's "
+                         "that think between commands; without it they start together and commands of like length "
+                         "reach their timings in bursts (default 0)")
     ap.add_argument("--controller-args", default="",
                     help="more options for every krex controller of the plan, one string (e.g. \"--region-gap-ms 200\")")
     ap.add_argument("--prewait-ms", type=float, default=T.PREWAIT_MS, metavar="MS",
@@ -510,6 +515,9 @@ def main() -> None:
         T.REFERENCE_PROCESSES_FOR.update(T.parse_kernel_counts(args.reference_processes_for, ap,
                                                                "--reference-processes-for", T.MIX, args.variants))
         T.HOST_BOUND[0] = args.host_bound_check
+        if not 0 <= args.stagger < args.budget:
+            ap.error(f"--stagger: seconds from 0 up to the budget ({args.budget:g}), not {args.stagger:g}")
+        T.STAGGER_S[0] = args.stagger
         scales = [int(x) for x in args.scales.split(",")]
         wanted = args.policies.split(",")
         if any(w not in POLICIES.values() for w in wanted):

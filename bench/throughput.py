@@ -310,6 +310,15 @@ def reference_specs(specs: list, processes: int = 0) -> list[dict]:
     return [s for r in range(max(counts, default=0)) for s, n in zip(specs, counts) if n > r]
 
 
+STAGGER_S = [0.0]   # a shared mode's agent starts its first command after a delay drawn for it, uniform in [0, this]
+
+
+def stagger_delay(aid: int) -> float:
+    """Agent aid's delay before its first command (freeze_policy --stagger): seeded by the agent alone, so every
+    shared mode of a plan starts its agents alike; 0 without --stagger."""
+    return random.Random(f"stagger-{aid}").uniform(0.0, STAGGER_S[0]) if STAGGER_S[0] > 0 else 0.0
+
+
 HOST_BOUND = [False]   # KREX_HOST_BOUND=1 in the krex commands (freeze_policy --host-bound-check): each timing's
                       # region says whether the GPU waited for the host (candidate.py's *_host_bound lists)
 
@@ -415,6 +424,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     t_start, started_unix = time.monotonic(), time.time()
 
     def agent(aid: int) -> None:
+        if mode not in REFERENCE_MODES:   # agents not in step (--stagger): within the budget, alike in every mode
+            time.sleep(stagger_delay(aid))
         while True:
             with lock:
                 if not todo or time.monotonic() - t_start > budget_s:
@@ -492,6 +503,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                      warm_commands=sum(1 for r in rows if r.get("import_s", 9) < 1.0))   # cold: >= 2.9 s
     if mode in ctls.argv:
         extra["controller_argv"] = ctls.argv[mode]
+    if STAGGER_S[0] > 0 and mode not in REFERENCE_MODES:
+        extra["stagger_s"] = [round(stagger_delay(i), 3) for i in range(agents)]
     return {"mode": mode, "agents": agents, "wall_s": wall, "commands": len(ok), "failed": len(rows) - len(ok),
             "commands_per_min": 60 * len(ok) / wall if wall else 0.0, "rows": rows,
             # when the mode ran (the node's clock): what else was sampled then, e.g. NVML's power state

@@ -1047,6 +1047,31 @@ def test_freeze_policy_reference_none_is_throughput_only(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_freeze_policy_stagger_starts_every_modes_agents_alike_and_out_of_step(tmp_path):
+    """--stagger S: each shared mode's agent takes its first command after a delay of its own in [0, S], the same
+    delays in every mode (the run lists them); a value outside [0, budget) is one line and exit status 2."""
+    out = tmp_path / "fp.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "3", "--budget", "6",
+                        "--specs", "3", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
+                        "--stagger", "3", "--logs", str(tmp_path), "--out", str(out)],
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    delays = [r["stagger_s"] for r in runs]
+    assert len(runs) == 2 and delays[0] == delays[1] and len(delays[0]) == 3, delays
+    assert all(0 <= d <= 3 for d in delays[0]) and len(set(delays[0])) == 3, delays
+    for r in runs:      # an agent's first command starts after its delay
+        for aid, d in enumerate(delays[0]):
+            starts = [row["start_s"] for row in r["rows"] if row["agent"] == aid]
+            assert not starts or min(starts) >= d, (r["mode"], aid, d, starts)
+    for bad in ("-1", "6"):
+        q = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--budget", "6", "--stagger", bad,
+                            "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+        assert q.returncode == 2 and "--stagger:" in q.stderr.strip().splitlines()[-1], q.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
     """--prewait-ms is what busy+prewait's controller gets as --lifecycle-prewait-ms (the other modes keep
     theirs); 0 or less is one line and exit status 2 (that mode would be busy under another name)."""
