@@ -421,7 +421,8 @@ def main() -> None:
                     help="no naive sharing step (no throughput against naive): for a fidelity-only run")
     ap.add_argument("--stagger", type=float, default=0.0, metavar="S",
                     help="each shared mode's agent starts its first command after a delay of its own, uniform in "
-                         "[0, S] and the same in every mode (seeded by the agent): agents not in step, as a fleet's "
+                         "[0, S] and the same in every mode (seeded by the agent), and takes work for the budget "
+                         "from then (--deadline keeps S aside): agents not in step, as a fleet's "
                          "that think between commands; without it they start together and commands of like length "
                          "reach their timings in bursts (default 0)")
     ap.add_argument("--controller-args", default="",
@@ -545,7 +546,8 @@ def main() -> None:
                         shared_left = sum(1 for m, _ in plan[i:] if m not in T.REFERENCE_MODES)
                         # a command's wall time: alone, from the first passes; with none, from the shared modes so far
                         tail = expected_tail(runs[:len(refs)] if refs else runs, n)
-                        budget = max(5.0, min(budget, left / shared_left - tail))
+                        # --stagger: an agent takes work for the budget from its own start, up to S later
+                        budget = max(5.0, min(budget, left / shared_left - tail - args.stagger))
                     runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1) + args.nonce_offset,
                                            ctls))
                     runs[-1]["budget_s"] = budget

@@ -310,7 +310,8 @@ def reference_specs(specs: list, processes: int = 0) -> list[dict]:
     return [s for r in range(max(counts, default=0)) for s, n in zip(specs, counts) if n > r]
 
 
-STAGGER_S = [0.0]   # a shared mode's agent starts its first command after a delay drawn for it, uniform in [0, this]
+STAGGER_S = [0.0]   # a shared mode's agent starts its first command after a delay drawn for it, uniform in [0, this],
+                    # and takes work for the mode's budget from then
 
 
 def stagger_delay(aid: int) -> float:
@@ -424,11 +425,13 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
     t_start, started_unix = time.monotonic(), time.time()
 
     def agent(aid: int) -> None:
-        if mode not in REFERENCE_MODES:   # agents not in step (--stagger): within the budget, alike in every mode
-            time.sleep(stagger_delay(aid))
+        t_own = t_start
+        if mode not in REFERENCE_MODES:   # agents not in step (--stagger), alike in every mode: each takes work for
+            t_own += stagger_delay(aid)   # the budget from its own start, so a budget shorter than its delay (cut
+            time.sleep(t_own - t_start)   # by --deadline) still has it run, and every mode loses the same time
         while True:
             with lock:
-                if not todo or time.monotonic() - t_start > budget_s:
+                if not todo or time.monotonic() - t_own > budget_s:
                     return
                 idx, spec = todo.pop(0)
             nonce = nonce_base + idx

@@ -1072,6 +1072,26 @@ def test_freeze_policy_stagger_starts_every_modes_agents_alike_and_out_of_step(t
     assert not (tmp_path / "x.json").exists()
 
 
+def test_freeze_policy_stagger_under_a_deadline_keeps_every_agent(tmp_path):
+    """--stagger with --deadline (the device script always passes it): a budget the deadline cut below an agent's
+    delay left that agent no time to take work (it woke past the budget), so a mode of N agents ran fewer, and
+    modes whose budgets the deadline cut apart lost different shares of their agents' time to the stagger. Each
+    agent takes work for the mode's budget from its own start: every agent runs in every mode."""
+    out = tmp_path / "fp.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "3", "--budget", "20",
+                        "--specs", "60", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
+                        "--stagger", "10", "--deadline", "30", "--logs", str(tmp_path), "--out", str(out)],
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["naive", "krexprewait"]
+    for r in runs:
+        assert r["budget_s"] < max(r["stagger_s"]), (r["budget_s"], r["stagger_s"])   # the case: a cut budget
+        ran = {row["agent"] for row in r["rows"]}
+        assert ran == {0, 1, 2}, (r["mode"], r["budget_s"], r["stagger_s"], sorted(ran))
+
+
 def test_freeze_policy_prewait_ms_sets_busy_prewaits_bound(tmp_path):
     """--prewait-ms is what busy+prewait's controller gets as --lifecycle-prewait-ms (the other modes keep
     theirs); 0 or less is one line and exit status 2 (that mode would be busy under another name)."""
