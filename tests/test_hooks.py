@@ -495,3 +495,85 @@ def test_a_harness_that_times_a_copy_of_the_callable_is_said_to_be_unprotected(k
                       env={"KREX_STRICT": "1"})
     assert [line.split()[0] for line in out.stdout.splitlines()] == ["strict"] * 2, out.stdout
     assert "never began" in out.stdout, out.stdout
+
+
+def test_a_harness_that_calls_the_stand_in_and_goes_on_past_its_error_is_not_said_to_time_a_copy(krex, tmp_path):
+    """A harness that catches the error of the timed callable's first call and returns (a timing of inf, a
+    choice dropped) did call the stand-in: nothing was timed, so nothing ran unprotected. It was said to have
+    timed a copy (stderr), and strict mode raised krex.StrictError in place of the harness's own result."""
+    krex.start_controller()
+    code = """
+        import krex
+        from krex_hooks._region import after_first_call
+        def harness(fn):
+            try:
+                fn()
+            except ValueError:
+                return float("inf")
+            return [fn() for _ in range(3)]
+        def user():
+            raise ValueError("does not build")
+        try:
+            print("result", after_first_call("x.raises", harness)(user))
+        except krex.StrictError as e:
+            print("strict", e)
+    """
+    for env in ({}, {"KREX_STRICT": "1"}):
+        out, rep = run_py(krex, tmp_path, code, hooks="cupyx", extra_path=[FAKES, ROOT / "hooks"], env=env)
+        assert out.stdout.splitlines() == ["result inf"], (env, out.stdout)
+        assert rep["regions"] == [] and "x.raises" not in out.stderr, (env, out.stderr)
+
+
+def test_a_harness_timing_a_copy_is_said_again_in_the_next_job_of_a_reused_process(capsys, monkeypatch):
+    """The line that says a harness timed a copy was said once per hook name and process; a warm worker that runs
+    several commands (--worker-reuse) is one process, so a later command's harness that timed a copy ran
+    unprotected without a word. Once per job and hook name, as a host-bound region's line."""
+    sys.path.insert(0, str(ROOT / "hooks"))
+    try:
+        from krex_hooks import _region as hr
+    finally:
+        sys.path.remove(str(ROOT / "hooks"))
+    monkeypatch.delenv("KREX_STRICT", raising=False)
+    monkeypatch.setattr(hr, "_warned_unused", set())
+    said = []
+    for job in ("7", "7", "8"):
+        monkeypatch.setenv("KREX_JOB", job)
+        hr.unused("x.copy")
+        said.append(capsys.readouterr().err.count("x.copy"))
+    assert said == [1, 0, 1], said
+
+
+FORK_WHILE_HOOKS_LOCKED = """
+import os, sys, threading, time, krex_hooks
+held, release = threading.Event(), threading.Event()
+def holder():
+    with krex_hooks._lock:
+        held.set()
+        release.wait(10)
+threading.Thread(target=holder, daemon=True).start()
+held.wait(10)
+pid = os.fork()
+if pid == 0:   # the child: the thread holding the hooks' lock is not here
+    import triton.testing
+    print("child", triton.testing.do_bench.__name__, hasattr(triton.testing.do_bench, "__krex_original__"), flush=True)
+    os._exit(0)
+release.set()
+for _ in range(200):          # 20 s, then the child is taken as hung
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, 9)
+    done, status = os.waitpid(pid, 0)
+print("parent", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_another_thread_holds_the_hooks_lock_can_import_a_hooked_module(krex, tmp_path):
+    """A fork while another thread holds the hooks' lock (a target being imported and patched in that thread)
+    left the child a lock nobody would release: its first import of a hooked target hung. The child gets a new
+    lock, as the region API's does."""
+    krex.start_controller()
+    out, rep = run_py(krex, tmp_path, FORK_WHILE_HOOKS_LOCKED, hooks="triton", extra_path=[FAKES, ROOT / "hooks"])
+    assert out.stdout.split() == ["child", "do_bench", "True", "parent", "0"], (out.stdout, out.stderr)

@@ -36,6 +36,14 @@ _installed: dict[str, list[str]] = {}   # target module -> the hook modules that
 _lock = threading.RLock()
 
 
+def _forked() -> None:
+    global _lock
+    _lock = threading.RLock()   # another thread may have held it at the fork: the child's would stay held
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def selected(spec: str) -> list[str]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if "all" in names:

@@ -57,17 +57,19 @@ def check_exclusive(r: krex.region, name: str) -> None:
         raise not_protected(name, f"was not exclusive ({', '.join(r.info.taints) or 'not granted'})")
 
 
-_warned_unused: set = set()
+_warned_unused: set = set()   # (job, hook name): per job, so that a reused warm worker's next command is told too
 
 
 def unused(name: str) -> None:
     """The hooked harness returned without calling the stand-in it was given for the timed callable: whatever it
     timed (a copy of the callable: copy, deepcopy and pickle give the user's own) ran with no region. Strict mode
-    raises krex.StrictError; otherwise one stderr line per hook name: a timing krex did not protect is said."""
+    raises krex.StrictError; otherwise one stderr line per job and hook name: a timing krex did not protect is
+    said."""
     if strict():
         raise not_protected(name, "never began: the harness did not call the function it was given (a copy of it?)")
-    if name not in _warned_unused:
-        _warned_unused.add(name)
+    key = (os.environ.get("KREX_JOB"), name)
+    if key not in _warned_unused:
+        _warned_unused.add(key)
         print(f"krex: {name}: the harness returned without calling the function it was given (it may have timed a "
               "copy of it): no region, that timing was not protected", file=sys.stderr)
 
@@ -247,11 +249,12 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", 
             return original(*args, **kwargs)
         attempt = 0
         while True:
-            state = {"region": None}
+            state = {"region": None, "called": False}
 
             def first_then_region(*a, **k):
                 if state["region"] is not None:
                     return fn(*a, **k)
+                state["called"] = True      # a first call that raises (the harness may go on past it) timed nothing
                 result = fn(*a, **k)
                 synchronize()
                 state["region"] = begin(name)
@@ -268,7 +271,8 @@ def after_first_call(name: str, original, fn_index: int = 0, fn_kw: str = "fn", 
                 if state["region"] is not None:
                     state["region"].__exit__(None, None, None)
             if state["region"] is None:
-                unused(name)        # the harness timed something other than the stand-in (a copy of it?)
+                if not state["called"]:
+                    unused(name)    # the harness timed something other than the stand-in (a copy of it?)
                 return result
             if not worth_another(state["region"].info, attempt, name):
                 check_exclusive(state["region"], name)
