@@ -363,3 +363,35 @@ def start_fake_controller(tmp_path: Path, script: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.update(KREX_SOCKET=str(sock), LD_PRELOAD=str(BUILD / "libkrex.so"))
     return server, env
+
+
+def fork_while_held(imports: str, lock: str, child: str) -> str:
+    """A script in which another thread holds `lock` while the main thread forks: the child runs `child` (its
+    lines print what it did, flushed) and the parent prints `parent` and the child's exit status, having killed
+    it after 20 s as hung (a lock copied held into the child is never released there)."""
+    body = "\n".join("    " + line for line in child.strip().splitlines())
+    return f"""
+import os, sys, threading, time
+{imports}
+held, release = threading.Event(), threading.Event()
+def holder():
+    with {lock}:
+        held.set()
+        release.wait(10)
+threading.Thread(target=holder, daemon=True).start()
+held.wait(10)
+pid = os.fork()
+if pid == 0:   # the child: the thread holding the lock is not here
+{body}
+    os._exit(0)
+release.set()
+for _ in range(200):          # 20 s, then the child is taken as hung
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, 9)
+    done, status = os.waitpid(pid, 0)
+print("parent", os.waitstatus_to_exitcode(status))
+"""

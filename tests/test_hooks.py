@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SNIP, report_of, wait_for
+from conftest import ROOT, SNIP, fork_while_held, report_of, wait_for
 
 FAKES = ROOT / "tests" / "harness_fakes"
 
@@ -543,31 +543,10 @@ def test_a_harness_timing_a_copy_is_said_again_in_the_next_job_of_a_reused_proce
     assert said == [1, 0, 1], said
 
 
-FORK_WHILE_HOOKS_LOCKED = """
-import os, sys, threading, time, krex_hooks
-held, release = threading.Event(), threading.Event()
-def holder():
-    with krex_hooks._lock:
-        held.set()
-        release.wait(10)
-threading.Thread(target=holder, daemon=True).start()
-held.wait(10)
-pid = os.fork()
-if pid == 0:   # the child: the thread holding the hooks' lock is not here
-    import triton.testing
-    print("child", triton.testing.do_bench.__name__, hasattr(triton.testing.do_bench, "__krex_original__"), flush=True)
-    os._exit(0)
-release.set()
-for _ in range(200):          # 20 s, then the child is taken as hung
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    time.sleep(0.1)
-else:
-    os.kill(pid, 9)
-    done, status = os.waitpid(pid, 0)
-print("parent", os.waitstatus_to_exitcode(status))
-"""
+FORK_WHILE_HOOKS_LOCKED = fork_while_held("import krex_hooks", "krex_hooks._lock", """
+import triton.testing
+print("child", triton.testing.do_bench.__name__, hasattr(triton.testing.do_bench, "__krex_original__"), flush=True)
+""")
 
 
 def test_a_child_forked_while_another_thread_holds_the_hooks_lock_can_import_a_hooked_module(krex, tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SNIP, overlaps, proc_state, report_of, wait_for
+from conftest import ROOT, SNIP, fork_while_held, overlaps, proc_state, report_of, wait_for
 
 
 def test_no_sibling_kernel_inside_any_region(krex, tmp_path):
@@ -1091,31 +1091,10 @@ def test_with_an_older_shim_a_nested_function_form_end_names_no_earlier_region(m
     assert (info.region_id, info.name) == (2, "outer")
 
 
-FORK_WHILE_LOCKED = """
-import os, sys, threading, time, krex, krex._region as kr
-held, release = threading.Event(), threading.Event()
-def holder():
-    with kr._lock:
-        held.set()
-        release.wait(10)
-threading.Thread(target=holder, daemon=True).start()
-held.wait(10)
-pid = os.fork()
-if pid == 0:   # the child: the thread holding the lock is not here
-    krex.krex_region_begin("child"); krex.krex_region_end()
-    print("child", krex.last_region().name, flush=True)
-    os._exit(0)
-release.set()
-for _ in range(200):          # 20 s, then the child is taken as hung
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        break
-    time.sleep(0.1)
-else:
-    os.kill(pid, 9)
-    done, status = os.waitpid(pid, 0)
-print("parent", os.waitstatus_to_exitcode(status))
-"""
+FORK_WHILE_LOCKED = fork_while_held("import krex, krex._region as kr", "kr._lock", """
+krex.krex_region_begin("child"); krex.krex_region_end()
+print("child", krex.last_region().name, flush=True)
+""")
 
 
 def test_a_child_forked_while_another_thread_holds_the_region_lock_can_mark_regions(krex):
