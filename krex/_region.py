@@ -269,6 +269,13 @@ def _name_last(requested_ns: int, name) -> None:
 def last_region() -> Optional[RegionInfo]:
     """The last region this process finished, or None (also inside a region: a block nested in another has no
     verdict of its own until the outermost one ends)."""
+    return _last_region()
+
+
+def _last_region(own: Optional[str] = None) -> Optional[RegionInfo]:
+    """last_region(), named by the shim (the region's first block's name, as the report has it) unless this
+    process has the same name in full (own: the block ending it, else the one recorded; the shim's is cut to
+    KREX_NAME_MAX - 1 bytes); from a shim without krex_region_last_name, the recorded one."""
     lib = _shim()
     info = ffi.new("struct krex_region_info *")
     if lib is None or lib.krex_region_last(info) != 0:
@@ -276,7 +283,8 @@ def last_region() -> Optional[RegionInfo]:
     flags = int(info.flags)
     attested = bool(flags & C.KREX_REGION_ATTESTED)
     checked, late = _last_timings(lib)
-    return RegionInfo(name=_names.get(int(info.requested_ns), ""),
+    recorded = own if own is not None else _names.get(int(info.requested_ns))
+    return RegionInfo(name=_resolve_name(recorded, _last_name(lib)),
                       granted=bool(flags & C.KREX_REGION_GRANTED), exclusive=bool(flags & C.KREX_REGION_EXCLUSIVE),
                       clean=bool(flags & C.KREX_REGION_CLEAN), attested=attested,
                       revoked=info.end_reason == C.KREX_END_TIME_LIMIT or bool(info.taints & C.KREX_TAINT_REVOKED),
@@ -285,6 +293,29 @@ def last_region() -> Optional[RegionInfo]:
                       region_id=int(info.region_id), gpus=[i for i in range(64) if info.gpu_mask >> i & 1],
                       requested_ns=int(info.requested_ns), granted_ns=int(info.granted_ns),
                       ended_ns=int(info.ended_ns), timings_checked=checked, timings_late=late)
+
+
+def _cut(name: str) -> str:
+    """name as the shim keeps it: its UTF-8 cut to KREX_NAME_MAX - 1 bytes (a character cut in two dropped)."""
+    return name.encode()[:C.KREX_NAME_MAX - 1].decode("utf-8", "ignore")
+
+
+def _last_name(lib) -> Optional[str]:
+    """The shim's name of the last finished region, or None (a shim without krex_region_last_name, or none)."""
+    try:
+        fn = lib.krex_region_last_name
+    except cdefs.missing_symbol():
+        return None
+    buf = ffi.new("char[]", C.KREX_NAME_MAX)
+    return ffi.string(buf).decode("utf-8", "ignore") if fn(buf, C.KREX_NAME_MAX) == 0 else None
+
+
+def _resolve_name(recorded: Optional[str], shim: Optional[str]) -> str:
+    """The region's name: the shim's, which is the first block's whichever thread or form it came from, unless the
+    recorded one is that name in full; without the shim's, the recorded one."""
+    if shim is None:
+        return recorded or ""
+    return recorded if recorded is not None and _cut(recorded) == shim else shim
 
 
 def _last_timings(lib) -> tuple:
@@ -422,10 +453,9 @@ class region(contextlib.ContextDecorator):
         """After this block's end: the region's verdict where it was the last block to leave it (the shim has no
         verdict while another block, nested or another thread's, is still in the region; with an older shim,
         which gives the last finished region's, this process's count of open blocks decides)."""
-        self.info = last_region() if outermost else None
-        if self.info is not None:
-            self.info.name = self.name
-            _name_last(self.info.requested_ns, self.name)
+        self.info = _last_region(own=self.name) if outermost else None
+        if self.info is not None:   # the region's name: this block's where it was the first, else the first's
+            _name_last(self.info.requested_ns, self.info.name)
             _warn_host_bound(self.name, self.info)
 
     def _recreate_cm(self) -> "region":

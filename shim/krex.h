@@ -5,6 +5,7 @@
  * test `if (krex_region_begin)` first). Installed with krex as krex_ctl/_lib/krex.h, next to libkrex.so. */
 #ifndef KREX_H
 #define KREX_H
+#include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
@@ -72,6 +73,9 @@ int krex_region_last(struct krex_region_info *info) KREX_WEAK;
  * interval or more.
  * 0 and both filled (0 with the check off); -1 none yet, or krex absent */
 int krex_region_last_timings(uint32_t *checked, uint32_t *late) KREX_WEAK;
+/* the last finished region's name (its first block's, as the report has it), into buf of len bytes, cut to fit:
+ * 0; -1 as krex_region_last (buf then "") */
+int krex_region_last_name(char *buf, size_t len) KREX_WEAK;
 
 #ifndef KREX_SHIM_INTERNAL
 static inline int krex_begin(const char *name) { return krex_region_begin ? krex_region_begin(name) : -1; }

@@ -42,6 +42,7 @@ static struct {
     char name[KREX_NAME_MAX];
 } R;
 static struct krex_region_info last;
+static char last_name[KREX_NAME_MAX];     /* the last region's name: its first block's, as the report has it */
 static int exiting;               /* finish_locked called by krex_region_at_exit (region_lock held) */
 static uint32_t last_checked, last_late;     /* the host-bound check's counts of the last region (hostbound.c) */
 static int have_last;
@@ -155,6 +156,7 @@ static void finish_locked(uint32_t reason) {
     last = (struct krex_region_info){R.state == R_HELD ? R.region_id : 0, R.gpu_mask, R.requested_ns,
                                      R.state == R_HELD ? R.granted_ns : 0, ended, flags, taints, R.clock_min,
                                      R.clock_max, reason, R.state == R_HELD ? R.controller_pid : 0};
+    memcpy(last_name, R.name, sizeof last_name);
     if (exiting) last_checked = last_late = 0;   /* its lock is held across driver calls: not at exit */
     else krex_hostbound_end(&last_checked, &last_late);
     have_last = 1;
@@ -428,6 +430,17 @@ KREX_EXPORT int krex_region_last_timings(uint32_t *checked, uint32_t *late) {
     int r = have_last && R.depth == 0 ? 0 : -1;
     if (checked) *checked = r == 0 ? last_checked : 0;
     if (late) *late = r == 0 ? last_late : 0;
+    pthread_mutex_unlock(&region_lock);
+    return r;
+}
+
+/* the last finished region's name (its first block's, the one the controller and the report have), into buf of
+ * len bytes (cut to fit, NUL-terminated): 0, or -1 as krex_region_last (buf then ""). A function of its own for
+ * the same reason as krex_region_last_timings. */
+KREX_EXPORT int krex_region_last_name(char *buf, size_t len) {
+    lock();
+    int r = have_last && R.depth == 0 ? 0 : -1;
+    if (buf && len) snprintf(buf, len, "%s", r == 0 ? last_name : "");
     pthread_mutex_unlock(&region_lock);
     return r;
 }

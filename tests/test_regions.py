@@ -659,6 +659,52 @@ print("again", krex.last_region().name)
 """
 
 
+MIXED_NAMES = """
+import threading, krex
+LONG = "k" * 100                       # past the shim's KREX_NAME_MAX: the name in full all the same
+with krex.region(LONG) as r:
+    pass
+print("long", r.info.name == LONG, krex.last_region().name == LONG)
+inside, leave = threading.Event(), threading.Event()
+def later_function_form():             # joins the region the with block opened, and leaves it last
+    krex.krex_region_begin("fn-joined")
+    inside.set()
+    leave.wait(10)
+    krex.krex_region_end()
+t = threading.Thread(target=later_function_form)
+with krex.region("with-first") as w:
+    t.start()
+    inside.wait(10)
+leave.set()
+t.join()
+print("mixed", w.info, krex.last_region().name)
+def later_with_block():                # joins the region the function form opened, and leaves it last
+    with krex.region("with-joined") as j:
+        inside.set()
+        leave.wait(10)
+    print("joined", j.info.name, krex.last_region().name)
+inside.clear(); leave.clear()
+krex.krex_region_begin("fn-first")
+t = threading.Thread(target=later_with_block)
+t.start()
+inside.wait(10)
+krex.krex_region_end()
+leave.set()
+t.join()
+"""
+
+
+def test_a_region_is_named_after_its_first_block_whichever_thread_and_form_leaves_it_last(krex):
+    """A region's name is its first block's, as the report has it (the shim records it): a function-form block of
+    another thread that joined a with block's region and left it last named it after itself, and a with block
+    that joined a function-form region and left it last gave its own name; a name longer than the shim keeps
+    stays whole."""
+    krex.start_controller()
+    r = krex.python(MIXED_NAMES)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["long True True", "mixed None with-first", "joined fn-first fn-first"], r.stdout
+
+
 def test_the_last_region_is_named_after_its_first_block_in_either_form(krex):
     """krex.last_region().name is the name the region was asked for (its first block's, as the report says), also
     after the function form krex_region_begin/krex_region_end (it was '' there), and a name left from a region

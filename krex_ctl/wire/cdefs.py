@@ -34,6 +34,7 @@ int krex_region_give_up(void);
 int krex_region_end(void);
 int krex_region_last(struct krex_region_info *info);
 int krex_region_last_timings(uint32_t *checked, uint32_t *late);
+int krex_region_last_name(char *buf, size_t len);
 long krex_gate_wake(uint32_t *word);
 int krex_parent_death_signal(int sig);
 """
