@@ -262,7 +262,7 @@ def _name_last(requested_ns: int, name) -> None:
         pending = _pending.pop("name", None)
         name = pending if name is None else name
         if name is not None:
-            _names.clear()      # the last one's only (the shim's record has no name)
+            _names.clear()      # the last one's only (a shim without krex_region_last_name has no name for it)
             _names[requested_ns] = name
 
 
