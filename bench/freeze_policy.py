@@ -486,12 +486,9 @@ def main() -> None:
         if args.skip_naive:
             ap.error("--reference none with --skip-naive: no reference passes and no naive sharing, so nothing the "
                      "plan runs is measured against anything")
-        given = [o for o, v in (("--reference-repeat", args.reference_repeat != 0),
-                                ("--reference-processes", args.reference_processes != 1),
-                                ("--reference-processes-for", bool(args.reference_processes_for)),
-                                ("--reference-holder-gib", bool(args.reference_holder_gib)),
-                                ("--neighbour", args.neighbour is not None),
-                                ("--neighbour-load", args.neighbour_load is not None)) if v]
+        given = [o for o in ("--reference-repeat", "--reference-processes", "--reference-processes-for",
+                             "--reference-holder-gib", "--neighbour", "--neighbour-load")
+                 if getattr(args, o[2:].replace("-", "_")) != ap.get_default(o[2:].replace("-", "_"))]
         if given:
             ap.error(f"--reference none runs no reference passes: {', '.join(given)} would do nothing")
     if args.neighbour:
