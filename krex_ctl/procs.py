@@ -4,6 +4,7 @@ stop state, and CPU affinity of every thread."""
 import os
 import select
 import signal
+import time
 from typing import Callable, Iterable, Optional
 
 
@@ -210,6 +211,23 @@ def environ_value(pid: int, name: str) -> Optional[str]:
     return None
 
 
+def thread_group(tid: int) -> list[int]:
+    """Every thread of the process thread tid belongs to (/proc/TID/task: any thread's id opens it)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{tid}/task")]
+    except (OSError, ValueError):
+        return []
+
+
+def made_by(tid: int) -> list[int]:
+    """The live child processes thread tid made (/proc/TID/task/TID/children; none where the kernel lacks it)."""
+    try:
+        with open(f"/proc/{tid}/task/{tid}/children", "rb") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def threads(pid: int) -> list[int]:
     import psutil
     try:
@@ -304,6 +322,19 @@ class Mask(set):
     took its tid since (the root controller would otherwise reset another user's affinity)."""
 
     start: Optional[int] = None
+
+
+class Saved(dict):
+    """One reservation's saved masks (tid -> Mask), and since: the clock tick (the unit of /proc/PID/stat's start
+    times) when its cores were taken. A thread or process a moved one made since then inherited the moved mask
+    and is in none of them (enforce/isolate.py, Isolation.free_newcomers)."""
+
+    since: int = 0
+
+
+def ticks_now() -> int:
+    """Now, in the clock ticks since boot that start_time counts."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def thread_start(tid: int) -> Optional[int]:

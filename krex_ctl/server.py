@@ -274,6 +274,8 @@ class Controller(RegionEffects):
         self.beat()
         self.every(1.0, self.beat)
         self.every(1.0, self.isolation.flush_saved)
+        # what threads moved off reserved cores made meanwhile: their masks back a moment after the cores are freed
+        self.every(0.25, lambda: self.isolation.free_newcomers(self.book.regions.values()))
         try:
             while self.running:
                 timeout = None

@@ -37,8 +37,14 @@ class Table:
         self.thr = threads or {}
         self.kids = kids or {}
         monkeypatch.setattr(procs, "threads", lambda pid: list(self.thr.get(pid, [pid] if pid in self.masks else [])))
-        monkeypatch.setattr(procs, "thread_start", lambda tid: 1)
+        self.started = {}                # tid -> its start tick (default 1: before any region)
+        self.made = {}                   # tid -> the child processes that thread made
+        monkeypatch.setattr(procs, "thread_start", lambda tid: self.started.get(tid, 1))
+        monkeypatch.setattr(procs, "ticks_now", lambda: 100)
         monkeypatch.setattr(procs, "descendants", lambda pid: list(self.kids.get(pid, [])))
+        monkeypatch.setattr(procs, "made_by", lambda tid: list(self.made.get(tid, [])))
+        monkeypatch.setattr(procs, "thread_group", lambda tid: next(
+            (list(ts) for ts in self.thr.values() if tid in ts), [tid] if tid in self.masks else []))
         fake_os = types.SimpleNamespace(sched_getaffinity=lambda t: set(self.masks[t]), getpid=lambda: 1,
                                         sched_setaffinity=lambda t, m: self.masks.__setitem__(t, set(m)))
         monkeypatch.setattr(procs, "os", fake_os)
@@ -229,3 +235,57 @@ def test_a_successor_puts_back_only_masks_krex_left(monkeypatch):
     monkeypatch.setattr(isolate.runtime, "read_reserved", lambda *a: {6})
     isolation({0: {6}})
     assert t.masks == {10: ALL, 30: ALL, 31: ALL - {6}}, t.masks   # the owner and the one moved off: back
+
+
+def test_what_moved_threads_make_during_a_region_gets_its_cores_back(monkeypatch):
+    """A thread another job's process started inside a region, and a process (with a child of its own) that one of
+    its threads made then, inherited the mask without the reserved core and were in no saved mask: they stayed off
+    it for good (a compiler a build started then ran its whole life on fewer CPUs). At the end they get the
+    maker's own mask back; a thread that was there before the region, and a mask the program set itself, stay."""
+    t = Table(monkeypatch, {10: ALL, 30: ALL, 31: ALL - {6}, 32: ALL - {6}, 40: ALL - {6}, 41: ALL - {6},
+                            50: ALL - {6}, 60: {0, 1}},
+              threads={30: [30, 31, 32], 40: [40, 41]}, kids={40: [50]})
+    iso, _ = isolation({0: {6}})
+    a = region(1, 0, [10])
+    held = [a]
+    iso.isolate(a, [10], set(), lambda: {10, 30}, held)
+    assert t.masks[30] == ALL - {6} and set(a.saved_affinity) == {10, 30}
+    # made inside the region (started after it took the core): thread 31 of process 30 and process 40 (thread 41)
+    # that thread 31 made, with its child 50; thread 32 was there before, without core 6 (its own choice); 60, also
+    # made then, set a mask of its own
+    t.started.update({31: 200, 40: 200, 41: 200, 50: 200, 60: 200})
+    t.made.update({31: [40, 60]})
+    end(iso, a, held)
+    assert t.masks[30] == ALL and t.masks[31] == ALL - {6}           # the saved one back at once
+    iso.free_newcomers(held)
+    assert {x: t.masks[x] for x in (31, 40, 41, 50)} == {x: ALL for x in (31, 40, 41, 50)}, t.masks
+    assert t.masks[32] == ALL - {6} and t.masks[60] == {0, 1}
+    iso.free_newcomers(held)                                          # done once: nothing pending
+    assert iso.freed == []
+
+
+def test_what_was_made_during_a_handed_over_region_waits_for_the_last_one(monkeypatch):
+    """Back-to-back regions hand the core over: a newcomer stays off it until the last of them ends; a region held
+    then on another GPU keeps its own core, and gives the newcomer it back at its end."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 31: ALL - {6}})
+    t.thr[30] = [30, 31]
+    iso, _ = isolation({0: {6}, 1: {7}})
+    a, a2 = region(1, 0, [10]), region(2, 0, [10])
+    held = [a]
+    managed = lambda: {10, 20, 30}                               # noqa: E731
+    iso.isolate(a, [10], set(), managed, held)
+    t.started[31] = 200
+    end(iso, a, held, waiting=True)                              # handed over: nothing freed yet
+    iso.free_newcomers(held)
+    assert t.masks[31] == ALL - {6}
+    held.append(a2)
+    iso.isolate(a2, [10], set(), managed, held)
+    b = region(3, 1, [20])
+    held.append(b)
+    iso.isolate(b, [20], set(), managed, held)                   # core 7, held past a2's end
+    assert t.masks[31] == ALL - {6, 7}
+    end(iso, a2, held)
+    iso.free_newcomers(held)
+    assert t.masks[31] == ALL - {7}                              # core 6 back; 7 is b's
+    end(iso, b, held)
+    assert t.masks[31] == ALL and t.masks[30] == ALL, t.masks

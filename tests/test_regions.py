@@ -311,6 +311,62 @@ def test_threads_and_children_made_inside_a_region_leave_the_reserved_cores(krex
     assert r["after"] == {"main": r["before"], "thread": r["before"], "child": r["before"]}, r
 
 
+MAKER_SCRIPT = """
+import json, os, subprocess, sys, threading, time
+from pathlib import Path
+go, done = Path(sys.argv[1]), Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.02)
+ev = threading.Event()
+tid = []
+t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), ev.wait()))
+t.start()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+while not tid:
+    time.sleep(0.01)
+during = {"thread": sorted(os.sched_getaffinity(tid[0])), "child": sorted(os.sched_getaffinity(child.pid))}
+while not done.exists():
+    time.sleep(0.02)
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline and not (os.sched_getaffinity(tid[0]) == os.sched_getaffinity(0)
+                                           == os.sched_getaffinity(child.pid)):
+    time.sleep(0.05)
+after = {"main": sorted(os.sched_getaffinity(0)), "thread": sorted(os.sched_getaffinity(tid[0])),
+         "child": sorted(os.sched_getaffinity(child.pid))}
+ev.set(); t.join(); child.kill(); child.wait()
+print(json.dumps({"during": during, "after": after}))
+"""
+
+
+def test_what_another_job_makes_during_a_region_gets_the_reserved_cores_back(krex, tmp_path, cpus):
+    """A job running beside a region starts a thread and a process while the region holds the reserved core: they
+    inherit its mask without the core and were in no saved mask, so they stayed off it for good (a build's
+    compiler ran its whole life on fewer CPUs). A moment after the end they have it back."""
+    import json
+    import sys
+
+    krex.start_controller()
+    go, done, release = tmp_path / "go", tmp_path / "done", tmp_path / "release"
+    script = tmp_path / "maker.py"
+    script.write_text(MAKER_SCRIPT)
+    job = krex.popen([sys.executable, str(script), str(go), str(done)])
+    wait_for(lambda: krex.status()["jobs"], what="the job registered")
+    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+                                               "SNIPPET_HOLD_FILE": str(release)})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    wait_for(lambda: cpus[-1] not in os.sched_getaffinity(job.pid), what="the job off the reserved core")
+    go.touch()
+    time.sleep(1.0)
+    release.touch()
+    owner.communicate(timeout=30)
+    done.touch()
+    out, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["during"] == {"thread": cpus[:-1], "child": cpus[:-1]}, r
+    assert r["after"] == {"main": cpus, "thread": cpus, "child": cpus}, r
+
+
 def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_path, cpus):
     from krex_ctl import procs
 

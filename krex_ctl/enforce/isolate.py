@@ -29,6 +29,7 @@ class Isolation:
         self.handover: Optional[tuple[set[int], dict[int, set[int]]]] = None   # (cores, saved masks)
         self.saved_from: list = []            # the regions whose saved masks SOCKET.affinity is to hold
         self.saved_dirty = False
+        self.freed: list = []                 # (cores, saved masks) put back, their newcomers not yet (free_newcomers)
         self.restore_predecessors()
         if runtime.read_reserved(socket_path):
             # a dead predecessor's (its directory kept over a restart: heartbeat.py): no region holds cores now, and
@@ -79,6 +80,9 @@ class Isolation:
         handed_over = self.handover is not None
         if handed_over:
             region.saved_affinity, self.handover = self.handover[1], None
+        elif not isinstance(region.saved_affinity, procs.Saved):
+            region.saved_affinity = procs.Saved(region.saved_affinity)
+            region.saved_affinity.since = procs.ticks_now() - 1     # a tick early: /proc counts whole ticks
         # a thread another held region moved already: its own mask is the one that region saved
         prior = {t: m for r in others_held for t, m in r.saved_affinity.items()}
         # the owner confined to the reserved cores with all its threads, or on its own CPUs and the reserved
@@ -186,6 +190,8 @@ class Isolation:
                         self.owe(tid, own, others)
             self.handover = (region.reserved, region.saved_affinity)
         else:
+            if region.reserved:
+                self.note_freed(region.reserved, region.saved_affinity)
             self.put_back(region.saved_affinity, held_regions, region)
         if region.reserved:
             self.publish(held_regions, exclude=region)
@@ -222,11 +228,77 @@ class Isolation:
                     except OSError:
                         pass
 
+    def note_freed(self, cores, saved: dict) -> None:
+        """Masks about to go back as their cores are freed: free_newcomers looks for what their threads made."""
+        if cores and saved:
+            self.freed.append((frozenset(cores), dict(saved), getattr(saved, "since", 0)))
+
+    def free_newcomers(self, held_regions) -> None:
+        """Threads and processes that threads moved off reserved cores made while the cores were held inherited
+        the moved mask and are in no saved mask: without this they stayed off those cores for good (a compiler
+        a build started during a region ran its whole life on fewer CPUs). Each one started since the cores
+        were taken whose mask is exactly its maker's own less those cores gets that own mask back, less the
+        cores regions hold now (and owed to them, as put_back does). A mask set otherwise is the program's and
+        stays. The server calls this a moment after the end, off the end's path: it reads /proc for every saved
+        thread (each process's task list once, each thread's children)."""
+        pending, self.freed = self.freed, []
+        if not pending:
+            return
+        others = live(held_regions)
+        taken = self.held_elsewhere(held_regions)
+        for cores, saved, since in pending:
+            seen: set = set()
+            for tid in saved:
+                if tid in seen:
+                    continue
+                group = procs.thread_group(tid)
+                seen.update(group)
+                own = [saved[t] for t in group if t in saved]
+                if not own:
+                    continue
+                made = [t for t in group if t not in saved]
+                for k in (k for t in group for k in procs.made_by(t) if k not in saved):
+                    for p in [k] + procs.descendants(k):
+                        made.extend(procs.threads(p))
+                self.free_made(made, own, cores, since, taken, others, set(saved))
+
+    def free_made(self, tids, own: list, cores: frozenset, since: int, taken: set, others, skip: set) -> None:
+        """free_newcomers for the threads one saved process made (own: its saved masks). A held region (or the
+        hand-over) that moved such a thread again saved the inherited mask as its own: that saving becomes the
+        maker's mask, for it to put back at its end."""
+        savings = [r.saved_affinity for r in others] + ([self.handover[1]] if self.handover is not None else [])
+        for tid in tids:
+            if tid in skip or any(tid in r.member_tids for r in others):
+                continue
+            try:
+                start = procs.thread_start(tid)
+                if start is None or start < since:
+                    continue
+                holders = [sv for sv in savings if tid in sv]
+                inherited = set(holders[0][tid]) if holders else os.sched_getaffinity(tid)
+                base = next((set(m) for m in own if set(m) - cores == inherited), None)
+                if base is None or inherited & cores:
+                    continue
+                mask = procs.Mask(base)
+                mask.start = start
+                for sv in holders:
+                    sv[tid] = mask
+                new = base - taken
+                if new and new != os.sched_getaffinity(tid):
+                    os.sched_setaffinity(tid, new)
+            except OSError:
+                continue
+            if base & taken:        # off cores other regions hold now: theirs to give back at their end
+                self.owe(tid, mask, others)
+            if holders or base & taken:
+                self.saved_dirty = True
+
     def release(self, held_regions) -> None:
         """Nobody took the handed-over cores: everyone's masks back."""
         if self.handover is not None:
-            saved = self.handover[1]
+            cores, saved = self.handover
             self.handover = None
+            self.note_freed(cores, saved)
             self.put_back(saved, held_regions)
             self.publish(held_regions)
 
