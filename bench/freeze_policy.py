@@ -8,7 +8,7 @@ The workload is bench/throughput.py's: agents running compile-heavy Triton candi
 each bucket gets enough kernels. Plan, per scale N: naive:N (unless --skip-naive), then one mode per policy of
 --policies (all: krex:N, none: krexnofreeze:N, busy: krexbusy:N, all+warm: krexwarm:N, busy+warm:
 krexwarmbusy:N, busy+prewait: krexprewait:N, busy+warm+prewait: krexwarmprewait:N; the +warm ones run each command in a warm worker of the controller, its pool filled before the
-mode's clock starts); one
+mode's clock starts), --rounds R times (every other round in the reverse order); one
 reference pass first and one last (--reference solo, the default: each command alone under a krex controller
 of its own, krexsolo; --reference isolated: alone without krex). A solo reference times each kernel as every
 region does (after the clock settle, on the owner's own CPUs), with nobody else there. In H200 run 2 the
@@ -86,6 +86,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
     ref = T.reference_passes([r["rows"] for r in runs if r["mode"] == reference], stable_pct, leave_out)
     floors = ref["floors_pct"]
     naive = {r["agents"]: r["commands_per_min"] for r in runs if r["mode"] == "naive"}
+    naive_in = {(r["agents"], r.get("round", 0)): r["commands_per_min"] for r in runs if r["mode"] == "naive"}
     alone = T.command_levels([row for r in runs if r["mode"] == reference for row in r["rows"]], ref["stable"])
     rows = []
     for r in runs:
@@ -109,16 +110,19 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
             fid["without_host_bound"] = {k: v for k, v in T.judge(r["rows"], ref, clean, skip_host_bound=True).items()
                                          if k in ("p95_abs_inflation_pct", "kernels", "fidelity_goal", "enough_kernels",
                                                   "excess_ci_points")}
+        against = naive_in.get((r["agents"], r.get("round", 0))) or naive.get(r["agents"])   # its own round's
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
+                     **({"round": r["round"]} if "round" in r else {}),
                      "commands": r["commands"], "failed": r["failed"],
                      "commands_per_min": round(r["commands_per_min"], 2),
-                     "vs_naive": round(r["commands_per_min"] / naive[r["agents"]], 4) if naive.get(r["agents"]) else None,
+                     "vs_naive": round(r["commands_per_min"] / against, 4) if against else None,
                      **fid, "metrics": r.get("metrics")})
     best = None
     for policy in POLICIES.values():
         mine = [x for x in rows if x["policy"] == policy]
         if mine and all(x["fidelity_goal"] and x["enough_kernels"] for x in mine):
-            score = min(x["vs_naive"] or 0 for x in mine)
+            pooled = {x["agents"]: x["vs_naive"] for x in pool_rounds(runs) if x["policy"] == policy}
+            score = min((pooled[x["agents"]] if x["agents"] in pooled else x["vs_naive"]) or 0 for x in mine)
             if best is None or score > best[1]:
                 best = (policy, score)
     by_mode: dict = {}      # a mode run twice (the reference's two passes): one summary of both
@@ -129,6 +133,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
            for r in runs if "node_cpu_busy_pct" in r and r["mode"] not in T.REFERENCE_MODES}
     phases = {k: p for k, rows_ in by_mode.items() if (p := command_phases(rows_))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
+            **({"pooled": pooled} if (pooled := pool_rounds(runs)) else {}),
             "region_clock_mhz": clocks, **({"command_phases_s": phases} if phases else {}),
             **({"cpu_use": cpu} if cpu else {}),
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
@@ -139,6 +144,33 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
                             f"against naive {best[1]}") if best else
                            "no reference passes (--reference none): throughput only, no timing judged" if reference is None
                            else "no policy met the goal at every scale"}
+
+
+def pool_rounds(runs) -> list:
+    """--rounds: each shared mode's runs at one scale taken together (commands over wall time summed), against
+    naive sharing's taken together, with each round's own ratio; empty for a plan of one round. The rounds run the
+    modes in alternate orders (ABBA), so that a drift of the node over the plan (the builds took 43 s at its start
+    and 50 s later in run 53) weighs on every mode alike."""
+    by: dict = {}
+    for r in runs:
+        if "round" in r and r["mode"] not in T.REFERENCE_MODES:
+            by.setdefault((r["mode"], r["agents"]), []).append(r)
+    if not any(len(v) > 1 for v in by.values()):
+        return []
+    def per_min(rs) -> float:
+        wall = sum(r["wall_s"] for r in rs)
+        return 60.0 * sum(r["commands"] for r in rs) / wall if wall > 0 else 0.0
+    out = []
+    for (mode, agents), rs in by.items():
+        naive = by.get(("naive", agents))
+        own = {r["round"]: r["commands_per_min"] for r in naive or ()}
+        out.append({"mode": mode, "policy": POLICIES.get(mode, "naive"), "agents": agents, "rounds": len(rs),
+                    "commands": sum(r["commands"] for r in rs), "failed": sum(r["failed"] for r in rs),
+                    "wall_s": round(sum(r["wall_s"] for r in rs), 1), "commands_per_min": round(per_min(rs), 3),
+                    "vs_naive": round(per_min(rs) / per_min(naive), 4) if naive and per_min(naive) else None,
+                    "vs_naive_rounds": [round(r["commands_per_min"] / own[r["round"]], 4)
+                                        if own.get(r["round"]) else None for r in rs]})
+    return out
 
 
 PHASES = ("before", "import", "inside", "after", "region_wait", "gate_wait", "lifecycle_wait", "frozen")
@@ -249,10 +281,15 @@ def table(result) -> str:
                 + "/".join(str(j["kernels"][x]) for x in b) + " | "
                 + (("met" if j["fidelity_goal"] and j["enough_kernels"] else "not met") if judged_any else "-") + " |")
     for r in result["rows"]:
-        out.append(f"| {r['policy']} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | " + judged(r))
+        label = r["policy"] + (f" (round {r['round'] + 1})" if "round" in r else "")
+        out.append(f"| {label} | {r['agents']} | {r['commands']} | {fmt(r['vs_naive'])} | " + judged(r))
         if r.get("without_host_bound"):
             out.append(f"| {r['policy']}, less {r['host_bound_timings']} host-bound timings | {r['agents']} | - | - | "
                        + judged(r["without_host_bound"]))
+    for r in result.get("pooled", []):
+        rounds = ", ".join(fmt(x) for x in r["vs_naive_rounds"])
+        out.append(f"| {r['policy']}, {r['rounds']} rounds together (each round: {rounds}) | {r['agents']} | "
+                   f"{r['commands']} | {fmt(r['vs_naive'])} | " + " | ".join("-" for _ in b) + " | | |")
     out.append("")
     cis = [r for r in result["rows"] if any((r.get("excess_ci_points") or {}).values())]
     if cis:   # how far past the goal each bucket is, with the sampling noise of both p95s (throughput.excess_interval)
@@ -419,6 +456,10 @@ def main() -> None:
                          + " (+warm: commands in warm workers)")
     ap.add_argument("--skip-naive", action="store_true",
                     help="no naive sharing step (no throughput against naive): for a fidelity-only run")
+    ap.add_argument("--rounds", type=int, default=1, metavar="R",
+                    help="run each scale's shared modes R times, every other round in the reverse order (ABBA), and "
+                         "give each mode's throughput over the rounds together: a node's drift over the plan weighs "
+                         "on every mode alike")
     ap.add_argument("--stagger", type=float, default=0.0, metavar="S",
                     help="each shared mode's agent starts its first command after a delay of its own, uniform in "
                          "[0, S] and the same in every mode (seeded by the agent), and takes work for the budget "
@@ -522,7 +563,12 @@ def main() -> None:
             ap.error("--policies: a comma list of " + ", ".join(POLICIES.values()))
         modes = ([] if args.skip_naive else ["naive"]) + [m for m, pol in POLICIES.items() if pol in wanted]
         # each reference's two passes: one before everything, one after (in the reverse order)
-        plan = [(m, 1) for m in refs] + [(m, n) for n in scales for m in modes] + [(m, 1) for m in refs[::-1]]
+        if args.rounds < 1:
+            ap.error(f"--rounds: 1 or more, not {args.rounds}")
+        # --rounds: each scale's shared modes R times, every other round reversed (ABBA)
+        shared = [(m, n, k) for n in scales for k in range(args.rounds) for m in (modes if k % 2 == 0 else modes[::-1])]
+        rounds = [None] * len(refs) + [k for _, _, k in shared] + [None] * len(refs)
+        plan = [(m, 1) for m in refs] + [(m, n) for m, n, _ in shared] + [(m, 1) for m in refs[::-1]]
         specs = T.make_specs(args.specs, 11, max(1, min(4, args.variants)))
         runs = []
         if not args.prewait_ms > 0:
@@ -548,6 +594,8 @@ def main() -> None:
                     runs.append(T.run_mode(mode, n, specs, budget, Path(td), 1000 * (i + 1) + args.nonce_offset,
                                            ctls))
                     runs[-1]["budget_s"] = budget
+                    if args.rounds > 1 and rounds[i] is not None:
+                        runs[-1]["round"] = rounds[i]
                     page = ctls.scrape(mode)
                     if page:   # the controller lives for the whole plan: its counters are cumulative
                         (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)
@@ -557,7 +605,9 @@ def main() -> None:
                     Path(args.out).write_text(json.dumps({"partial": True, "runs": runs, "argv": sys.argv}, indent=1))
                     cut = (f" (its budget cut from {args.budget:g} to {budget:.0f} s by --deadline: fewer timings)"
                            if budget < args.budget else "")
-                    print(f"{mode}:{n}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s{cut}", flush=True)
+                    rnd = f" (round {rounds[i] + 1})" if "round" in runs[-1] else ""
+                    print(f"{mode}:{n}{rnd}: {runs[-1]['commands']} commands in {runs[-1]['wall_s']:.1f} s{cut}",
+                          flush=True)
             finally:
                 ctls.stop()
     ref_mode = refs[0] if refs else None   # none: throughput only, no timing judged

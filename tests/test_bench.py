@@ -1252,3 +1252,50 @@ def test_freeze_policy_reference_none_table_claims_no_floor_and_no_verdict(tmp_p
     md = fp.table(fp.analyse(runs, 2.0, None))
     assert "None" not in md.split("best:")[0] and "floor" not in md, md
     assert "not met" not in md and "| busy | 2 | 2 | 0.80 |" in md, md
+
+
+def test_freeze_policy_rounds_alternate_the_modes_and_pool_each_modes_throughput(tmp_path, monkeypatch):
+    """--rounds R: each scale's shared modes R times, every other round reversed (naive, busy | busy, naive), so that
+    a node's drift over the plan (run 53: the builds took 43 s at its start, 50 s later) weighs on both alike; each
+    run is judged against its own round's naive, and each mode's throughput is also given over its rounds together
+    (commands over wall time summed). 0 rounds is one line and exit status 2."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    order = []
+    walls = iter([100.0, 120.0, 110.0, 90.0])        # naive, busy | busy, naive: the node slower mid-plan
+
+    class Ctls:
+        def __init__(self, *a, **k): pass
+        def scrape(self, mode): return ""
+        def stop(self, mode=None): pass
+
+    def run_mode(mode, n, specs, budget, tmp, nonce, ctls):
+        order.append((mode, nonce))
+        wall = next(walls)
+        return {"mode": mode, "agents": n, "commands": 10, "failed": 0, "commands_per_min": 600.0 / wall,
+                "wall_s": wall, "rows": []}
+    monkeypatch.setattr(fp.T, "run_mode", run_mode)
+    monkeypatch.setattr(fp.T, "Controllers", Ctls)
+    monkeypatch.setattr(sys, "argv", ["freeze_policy.py", "--reference", "none", "--scales", "4", "--policies", "busy",
+                                      "--rounds", "2", "--out", str(tmp_path / "fp.json"), "--md", str(tmp_path / "fp.md")])
+    fp.main()
+    assert [m for m, _ in order] == ["naive", "krexbusy", "krexbusy", "naive"]
+    assert len({nonce for _, nonce in order}) == 4                     # a build of its own in every run
+    data = json.loads((tmp_path / "fp.json").read_text())
+    assert [r["round"] for r in data["runs"]] == [0, 0, 1, 1]
+    by_round = {(r["policy"], r["round"]): r["vs_naive"] for r in data["rows"]}
+    assert by_round[("busy", 0)] == round(100 / 120, 4) and by_round[("busy", 1)] == round(90 / 110, 4)
+    pooled = {r["policy"]: r for r in data["pooled"]}
+    assert pooled["busy"]["vs_naive"] == round(190 / 230, 4) and pooled["busy"]["commands"] == 20   # 20 in 230 s, 190
+    assert pooled["busy"]["wall_s"] == 230.0 and pooled["naive"]["wall_s"] == 190.0
+    assert pooled["busy"]["vs_naive_rounds"] == [round(100 / 120, 4), round(90 / 110, 4)]
+    md = (tmp_path / "fp.md").read_text()
+    assert "| busy (round 2) | 4 | 10 | 0.82 |" in md and "| naive (round 1) | 4 | 10 | 1.00 |" in md, md
+    assert "| busy, 2 rounds together (each round: 0.83, 0.82) | 4 | 20 | 0.83 |" in md, md
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--rounds", "0",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--rounds:" in bad.stderr.strip().splitlines()[-1], bad.stderr
+    assert not (tmp_path / "x.json").exists()
