@@ -219,15 +219,6 @@ def thread_group(tid: int) -> list[int]:
         return []
 
 
-def made_by(tid: int) -> list[int]:
-    """The live child processes thread tid made (/proc/TID/task/TID/children; none where the kernel lacks it)."""
-    try:
-        with open(f"/proc/{tid}/task/{tid}/children", "rb") as f:
-            return [int(c) for c in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def threads(pid: int) -> list[int]:
     import psutil
     try:

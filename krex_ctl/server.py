@@ -1117,6 +1117,7 @@ class Controller(RegionEffects):
         keep_gate_file = any(c.role in REGION_ROLES and c.devices for c in self.clients.values())
         self.apply(self.book.shutdown(time.monotonic()))
         self.isolation.release(())
+        self.isolation.free_newcomers(())  # what moved threads made during the regions just ended: no timer now
         self.isolation.flush_saved()     # every mask put back: none left for a successor
         self.pool.shutdown()
         for c in list(self.clients.values()):

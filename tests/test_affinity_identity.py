@@ -42,7 +42,8 @@ class Table:
         monkeypatch.setattr(procs, "thread_start", lambda tid: self.started.get(tid, 1))
         monkeypatch.setattr(procs, "ticks_now", lambda: 100)
         monkeypatch.setattr(procs, "descendants", lambda pid: list(self.kids.get(pid, [])))
-        monkeypatch.setattr(procs, "made_by", lambda tid: list(self.made.get(tid, [])))
+        monkeypatch.setattr(procs, "children",
+                            lambda pid: [k for t in procs.thread_group(pid) for k in self.made.get(t, [])])
         monkeypatch.setattr(procs, "thread_group", lambda tid: next(
             (list(ts) for ts in self.thr.values() if tid in ts), [tid] if tid in self.masks else []))
         fake_os = types.SimpleNamespace(sched_getaffinity=lambda t: set(self.masks[t]), getpid=lambda: 1,
@@ -289,3 +290,73 @@ def test_what_was_made_during_a_handed_over_region_waits_for_the_last_one(monkey
     assert t.masks[31] == ALL - {7}                              # core 6 back; 7 is b's
     end(iso, b, held)
     assert t.masks[31] == ALL and t.masks[30] == ALL, t.masks
+
+
+def two_gpus_newcomer(monkeypatch):
+    """A (core 6) and B (core 7) held at once; process 30, moved off both, starts thread 31 (ALL - {6, 7})."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 30: ALL, 31: ALL - {6, 7}})
+    t.thr[30] = [30, 31]
+    iso, _ = isolation({0: {6}, 1: {7}})
+    a, b = region(1, 0, [10]), region(2, 1, [20])
+    managed = lambda: {10, 20, 30}                               # noqa: E731
+    held = [a]
+    iso.isolate(a, [10], set(), managed, held)
+    held.append(b)
+    iso.isolate(b, [20], set(), managed, held)
+    t.started[31] = 200
+    return t, iso, a, b, held
+
+
+def test_a_newcomer_made_while_two_gpus_regions_are_held_gets_both_cores_back(monkeypatch):
+    """Its mask lacks both regions' cores: neither end found it "its maker's own less my cores" (ALL - {6} or
+    ALL - {7}), and it stayed off both for good."""
+    t, iso, a, b, held = two_gpus_newcomer(monkeypatch)
+    end(iso, a, held)
+    iso.free_newcomers(held)
+    assert t.masks[31] == ALL - {7}                  # core 6 back; 7 is B's, owed by it
+    end(iso, b, held)
+    iso.free_newcomers(held)
+    assert t.masks[30] == ALL and t.masks[31] == ALL, t.masks
+
+
+def test_a_newcomer_of_two_regions_that_end_within_one_look_gets_both_cores_back(monkeypatch):
+    """Both ends before free_newcomers runs: one walk for both, matched against both regions' cores."""
+    t, iso, a, b, held = two_gpus_newcomer(monkeypatch)
+    end(iso, a, held)
+    end(iso, b, held)
+    iso.free_newcomers(held)
+    assert t.masks[31] == ALL, t.masks
+
+
+def test_a_stale_saving_of_a_reused_tid_is_replaced_by_the_newcomers_own(monkeypatch):
+    """B's saving under the newcomer's tid was a thread's that is gone (another start time): it is not the
+    newcomer's inherited mask, and B's end would not give it back (not the same thread); the newcomer's own
+    mask takes its place there."""
+    t, iso, a, b, held = two_gpus_newcomer(monkeypatch)
+    b.saved_affinity[31] = procs.Mask(ALL - {6, 7, 5})
+    b.saved_affinity[31].start = 3
+    end(iso, a, held)
+    iso.free_newcomers(held)
+    assert t.masks[31] == ALL - {7} and b.saved_affinity[31] == ALL and b.saved_affinity[31].start == 200
+    end(iso, b, held)
+    assert t.masks[31] == ALL, t.masks
+
+
+def test_a_thread_an_owner_made_before_another_gpus_region_is_not_left_off_its_core(monkeypatch):
+    """B (core 7) held, its owner 20 starts thread 21 (on {7}); then A (core 6) is granted; at B's end 21 gets
+    its process's mask less A's core, which nobody owed it: A's end (21 started before A) left it so for good."""
+    t = Table(monkeypatch, {10: ALL, 20: ALL, 21: {7}, 30: ALL}, threads={20: [20]})
+    iso, _ = isolation({0: {6}, 1: {7}})
+    a, b = region(1, 0, [10]), region(2, 1, [20])
+    managed = lambda: {10, 20, 30}                               # noqa: E731
+    held = [b]
+    iso.isolate(b, [20], set(), managed, held)
+    t.thr[20] = [20, 21]
+    t.started[21] = 50
+    held.append(a)
+    iso.isolate(a, [10], set(), managed, held)
+    end(iso, b, held)
+    assert t.masks[21] == ALL - {6}
+    end(iso, a, held)
+    iso.free_newcomers(held)
+    assert t.masks[21] == ALL, t.masks

@@ -158,7 +158,8 @@ class Isolation:
     def leave(self, region, pid: int, held_regions=()) -> None:
         """A member left a region that goes on: its CPUs back now."""
         if region.reserved:
-            self.unpin_newcomers(region, [pid], taken=self.held_elsewhere(held_regions, region))
+            self.unpin_newcomers(region, [pid], taken=self.held_elsewhere(held_regions, region),
+                                 others=live(held_regions, region))
             mine = {}
             for tid in procs.threads(pid):
                 region.member_tids.discard(tid)     # no longer the region's: another region's end puts it back
@@ -174,7 +175,8 @@ class Isolation:
             self.release(held_regions)     # one hand-over at a time: the earlier one's masks go back first
         taken = self.held_elsewhere(held_regions, region) if region.reserved else set()
         if region.reserved:
-            self.unpin_newcomers(region, region.pids, off=others_waiting, taken=taken)
+            self.unpin_newcomers(region, region.pids, off=others_waiting, taken=taken,
+                                 others=live(held_regions, region))
         if region.reserved and others_waiting:
             saved = region.saved_affinity
             away = region.reserved | taken
@@ -196,8 +198,7 @@ class Isolation:
         if region.reserved:
             self.publish(held_regions, exclude=region)
 
-    @staticmethod
-    def unpin_newcomers(region, pids, off: bool = False, taken: frozenset = frozenset()) -> None:
+    def unpin_newcomers(self, region, pids, off: bool = False, taken: frozenset = frozenset(), others=()) -> None:
         """Threads and child processes a member made inside the region inherited its confinement and are in no
         saved mask: each on the reserved cores gets the mask its process had before the region (its main
         thread's, saved, or left as it was: --owner-cpus own-and-reserved adds cores only to those lacking
@@ -221,10 +222,12 @@ class Isolation:
                         if new and new != cur:
                             start = procs.thread_start(tid)
                             os.sched_setaffinity(tid, new)
+                            kept = procs.Mask(base)
+                            kept.start = start
                             if off:
-                                kept = procs.Mask(base)
-                                kept.start = start
                                 saved[tid] = kept
+                            elif base & taken:      # kept off other regions' cores: theirs to give back
+                                self.owe(tid, kept, others)
                     except OSError:
                         pass
 
@@ -237,30 +240,44 @@ class Isolation:
         """Threads and processes that threads moved off reserved cores made while the cores were held inherited
         the moved mask and are in no saved mask: without this they stayed off those cores for good (a compiler
         a build started during a region ran its whole life on fewer CPUs). Each one started since the cores
-        were taken whose mask is exactly its maker's own less those cores gets that own mask back, less the
-        cores regions hold now (and owed to them, as put_back does). A mask set otherwise is the program's and
-        stays. The server calls this a moment after the end, off the end's path: it reads /proc for every saved
-        thread (each process's task list once, each thread's children)."""
+        were taken whose mask is its maker's own less some of those cores (and maybe less cores other regions
+        still hold) gets that own mask back, less the cores regions hold now (owed to them, as put_back does). A
+        mask set otherwise is the program's and stays; one set to exactly what krex would leave (all but the
+        reserved cores) cannot be told from it. The server calls this a moment after the end, off the end's
+        path, and at its stop: it reads /proc for every saved thread (each process's task list and children
+        once)."""
         pending, self.freed = self.freed, []
         if not pending:
             return
+        # one walk for every reservation freed since the last call (each saved every moved thread: a walk each
+        # cost ~45 ms per 2000 threads), matched against all their cores: a newcomer made while regions on several
+        # GPUs held cores lacks all of them
+        cores = frozenset().union(*(c for c, _, _ in pending))
+        since = min(s for _, _, s in pending)
+        saved: dict = {}
+        for _, sv, _ in pending:
+            for t, m in sv.items():
+                saved.setdefault(t, m)
         others = live(held_regions)
         taken = self.held_elsewhere(held_regions)
-        for cores, saved, since in pending:
-            seen: set = set()
-            for tid in saved:
-                if tid in seen:
-                    continue
-                group = procs.thread_group(tid)
-                seen.update(group)
-                own = [saved[t] for t in group if t in saved]
-                if not own:
-                    continue
-                made = [t for t in group if t not in saved]
-                for k in (k for t in group for k in procs.made_by(t) if k not in saved):
+        seen: set = set()
+        for tid in saved:
+            if tid in seen:
+                continue
+            group = procs.thread_group(tid)
+            seen.update(group)
+            own = [saved[t] for t in group if t in saved]
+            if not own:
+                continue
+            made = [t for t in group if t not in saved]
+            kids = procs.children(tid)
+            if kids is None:        # a kernel without /proc/PID/task/TID/children: one scan of /proc
+                kids = procs.descendants(tid)
+            for k in kids:
+                if k not in saved:
                     for p in [k] + procs.descendants(k):
                         made.extend(procs.threads(p))
-                self.free_made(made, own, cores, since, taken, others, set(saved))
+            self.free_made(made, own, cores, since, taken, others, saved.keys())
 
     def free_made(self, tids, own: list, cores: frozenset, since: int, taken: set, others, skip: set) -> None:
         """free_newcomers for the threads one saved process made (own: its saved masks). A held region (or the
@@ -274,14 +291,18 @@ class Isolation:
                 start = procs.thread_start(tid)
                 if start is None or start < since:
                     continue
-                holders = [sv for sv in savings if tid in sv]
+                having = [sv for sv in savings if tid in sv]
+                # (a saving of a thread whose tid another has taken since is not its; it is replaced below)
+                holders = [sv for sv in having if getattr(sv[tid], "start", start) == start]
                 inherited = set(holders[0][tid]) if holders else os.sched_getaffinity(tid)
-                base = next((set(m) for m in own if set(m) - cores == inherited), None)
+                # its maker's own less freed cores, and maybe less cores other regions still hold
+                base = next((set(m) for m in own if inherited < set(m) and set(m) - inherited <= cores | taken
+                             and (set(m) - inherited) & cores), None)
                 if base is None or inherited & cores:
                     continue
                 mask = procs.Mask(base)
                 mask.start = start
-                for sv in holders:
+                for sv in having:
                     sv[tid] = mask
                 new = base - taken
                 if new and new != os.sched_getaffinity(tid):
@@ -290,7 +311,7 @@ class Isolation:
                 continue
             if base & taken:        # off cores other regions hold now: theirs to give back at their end
                 self.owe(tid, mask, others)
-            if holders or base & taken:
+            if having or base & taken:
                 self.saved_dirty = True
 
     def release(self, held_regions) -> None:
