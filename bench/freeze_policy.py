@@ -169,7 +169,8 @@ def pool_rounds(runs) -> list:
                     "wall_s": round(sum(r["wall_s"] for r in rs), 1), "commands_per_min": round(per_min(rs), 3),
                     "vs_naive": round(per_min(rs) / per_min(naive), 4) if naive and per_min(naive) else None,
                     "vs_naive_rounds": [round(r["commands_per_min"] / own[r["round"]], 4)
-                                        if own.get(r["round"]) else None for r in rs]})
+                                        if own.get(r["round"]) else None for r in rs],
+                    "budgets_s": [round(float(r["budget_s"]), 1) for r in rs if "budget_s" in r]})
     return out
 
 
@@ -291,6 +292,12 @@ def table(result) -> str:
         out.append(f"| {r['policy']}, {r['rounds']} rounds together (each round: {rounds}) | {r['agents']} | "
                    f"{r['commands']} | {fmt(r['vs_naive'])} | " + " | ".join("-" for _ in b) + " | | |")
     out.append("")
+    budgets = {b_ for r in result.get("pooled", []) for b_ in r.get("budgets_s", [])}
+    if len(budgets) > 1:    # --deadline cut some: their agents took less work, which weighs on their throughput
+        out.append("the runs pooled had different budgets (--deadline cut some): " + "; ".join(
+            f"{r['policy']}:{r['agents']} " + ", ".join(f"{x:g}" for x in r["budgets_s"]) + " s"
+            for r in result["pooled"]) + "; a mode with less work per agent finishes nearer its last start")
+        out.append("")
     cis = [r for r in result["rows"] if any((r.get("excess_ci_points") or {}).values())]
     if cis:   # how far past the goal each bucket is, with the sampling noise of both p95s (throughput.excess_interval)
         out.append("p95 past the floor + 0.25, 90% bootstrap interval in points (timings resampled; a kernel's "

@@ -1292,7 +1292,11 @@ def test_freeze_policy_rounds_alternate_the_modes_and_pool_each_modes_throughput
     assert pooled["busy"]["vs_naive"] == round(190 / 230, 4) and pooled["busy"]["commands"] == 20   # 20 in 230 s, 190
     assert pooled["busy"]["wall_s"] == 230.0 and pooled["naive"]["wall_s"] == 190.0
     assert pooled["busy"]["vs_naive_rounds"] == [round(100 / 120, 4), round(90 / 110, 4)]
+    assert pooled["busy"]["budgets_s"] == [30.0, 30.0]
     md = (tmp_path / "fp.md").read_text()
+    assert "different budgets" not in md
+    data["pooled"][1]["budgets_s"] = [30.0, 12.5]        # as if --deadline had cut the second round's
+    assert "different budgets (--deadline cut some): naive:4 30, 30 s; busy:4 30, 12.5 s" in fp.table(data)
     assert "| busy (round 2) | 4 | 10 | 0.82 |" in md and "| naive (round 1) | 4 | 10 | 1.00 |" in md, md
     assert "| busy, 2 rounds together (each round: 0.83, 0.82) | 4 | 20 | 0.83 |" in md, md
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--rounds", "0",
