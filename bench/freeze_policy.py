@@ -110,7 +110,8 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
             fid["without_host_bound"] = {k: v for k, v in T.judge(r["rows"], ref, clean, skip_host_bound=True).items()
                                          if k in ("p95_abs_inflation_pct", "kernels", "fidelity_goal", "enough_kernels",
                                                   "excess_ci_points")}
-        against = naive_in.get((r["agents"], r.get("round", 0))) or naive.get(r["agents"])   # its own round's
+        # its own round's naive only: a round whose naive never ran (a plan cut short) has no ratio
+        against = naive_in.get((r["agents"], r["round"])) if "round" in r else naive.get(r["agents"])
         rows.append({"mode": r["mode"], "policy": POLICIES.get(r["mode"], "naive"), "agents": r["agents"],
                      **({"round": r["round"]} if "round" in r else {}),
                      "commands": r["commands"], "failed": r["failed"],
@@ -129,7 +130,8 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
     for r in runs:
         by_mode.setdefault(f"{r['mode']}:{r['agents']}", []).extend(r["rows"])
     clocks = {k: c for k, rows_ in by_mode.items() if (c := T.region_clocks(rows_))}
-    cpu = {f"{r['mode']}:{r['agents']}": {k: r[k] for k in ("node_cpu_busy_pct", "controller_cpu_s", "wall_s") if k in r}
+    cpu = {f"{r['mode']}:{r['agents']}" + (f"#{r['round'] + 1}" if "round" in r else ""):
+           {k: r[k] for k in ("node_cpu_busy_pct", "controller_cpu_s", "wall_s") if k in r}
            for r in runs if "node_cpu_busy_pct" in r and r["mode"] not in T.REFERENCE_MODES}
     phases = {k: p for k, rows_ in by_mode.items() if (p := command_phases(rows_))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
@@ -150,7 +152,7 @@ def pool_rounds(runs) -> list:
     """--rounds: each shared mode's runs at one scale taken together (commands over wall time summed), against
     naive sharing's taken together, with each round's own ratio; empty for a plan of one round. The rounds run the
     modes in alternate orders (ABBA), so that a drift of the node over the plan (the builds took 43 s at its start
-    and 50 s later in run 53) weighs on every mode alike."""
+    and up to 51 s later in run 53) weighs on every mode alike."""
     by: dict = {}
     for r in runs:
         if "round" in r and r["mode"] not in T.REFERENCE_MODES:
@@ -162,12 +164,13 @@ def pool_rounds(runs) -> list:
         return 60.0 * sum(r["commands"] for r in rs) / wall if wall > 0 else 0.0
     out = []
     for (mode, agents), rs in by.items():
-        naive = by.get(("naive", agents))
-        own = {r["round"]: r["commands_per_min"] for r in naive or ()}
+        own = {r["round"]: r["commands_per_min"] for r in by.get(("naive", agents), ())}
+        both = [r for r in rs if r["round"] in own]          # the rounds that ran both: ABBA kept
+        naive = [x for x in by.get(("naive", agents), ()) if x["round"] in {r["round"] for r in both}]
         out.append({"mode": mode, "policy": POLICIES.get(mode, "naive"), "agents": agents, "rounds": len(rs),
                     "commands": sum(r["commands"] for r in rs), "failed": sum(r["failed"] for r in rs),
                     "wall_s": round(sum(r["wall_s"] for r in rs), 1), "commands_per_min": round(per_min(rs), 3),
-                    "vs_naive": round(per_min(rs) / per_min(naive), 4) if naive and per_min(naive) else None,
+                    "vs_naive": round(per_min(both) / per_min(naive), 4) if naive and per_min(naive) else None,
                     "vs_naive_rounds": [round(r["commands_per_min"] / own[r["round"]], 4)
                                         if own.get(r["round"]) else None for r in rs],
                     "budgets_s": [round(float(r["budget_s"]), 1) for r in rs if "budget_s" in r]})
@@ -292,8 +295,10 @@ def table(result) -> str:
         out.append(f"| {r['policy']}, {r['rounds']} rounds together (each round: {rounds}) | {r['agents']} | "
                    f"{r['commands']} | {fmt(r['vs_naive'])} | " + " | ".join("-" for _ in b) + " | | |")
     out.append("")
-    budgets = {b_ for r in result.get("pooled", []) for b_ in r.get("budgets_s", [])}
-    if len(budgets) > 1:    # --deadline cut some: their agents took less work, which weighs on their throughput
+    budgets: dict = {}       # per scale: the ratios pooled compare one scale's modes
+    for r in result.get("pooled", []):
+        budgets.setdefault(r["agents"], set()).update(r.get("budgets_s", []))
+    if any(len(v) > 1 for v in budgets.values()):    # --deadline cut some: less work per agent weighs on throughput
         out.append("the runs pooled had different budgets (--deadline cut some): " + "; ".join(
             f"{r['policy']}:{r['agents']} " + ", ".join(f"{x:g}" for x in r["budgets_s"]) + " s"
             for r in result["pooled"]) + "; a mode with less work per agent finishes nearer its last start")
@@ -570,8 +575,8 @@ def main() -> None:
             ap.error("--policies: a comma list of " + ", ".join(POLICIES.values()))
         modes = ([] if args.skip_naive else ["naive"]) + [m for m, pol in POLICIES.items() if pol in wanted]
         # each reference's two passes: one before everything, one after (in the reverse order)
-        if args.rounds < 1:
-            ap.error(f"--rounds: 1 or more, not {args.rounds}")
+        if args.rounds < 1 or args.rounds > 1 and args.rounds % 2:
+            ap.error(f"--rounds: 1, or an even number (each order as often as the other), not {args.rounds}")
         # --rounds: each scale's shared modes R times, every other round reversed (ABBA)
         shared = [(m, n, k) for n in scales for k in range(args.rounds) for m in (modes if k % 2 == 0 else modes[::-1])]
         rounds = [None] * len(refs) + [k for _, _, k in shared] + [None] * len(refs)

@@ -1256,9 +1256,10 @@ def test_freeze_policy_reference_none_table_claims_no_floor_and_no_verdict(tmp_p
 
 def test_freeze_policy_rounds_alternate_the_modes_and_pool_each_modes_throughput(tmp_path, monkeypatch):
     """--rounds R: each scale's shared modes R times, every other round reversed (naive, busy | busy, naive), so that
-    a node's drift over the plan (run 53: the builds took 43 s at its start, 50 s later) weighs on both alike; each
+    a node's drift over the plan (run 53: the builds took 43 s at its start, 51 s later) weighs on both alike; each
     run is judged against its own round's naive, and each mode's throughput is also given over its rounds together
-    (commands over wall time summed). 0 rounds is one line and exit status 2."""
+    (commands over wall time summed). 0 rounds, or an odd number above 1 (ABA: unbalanced), is one line
+    and exit status 2."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import freeze_policy as fp
@@ -1299,7 +1300,73 @@ def test_freeze_policy_rounds_alternate_the_modes_and_pool_each_modes_throughput
     assert "different budgets (--deadline cut some): naive:4 30, 30 s; busy:4 30, 12.5 s" in fp.table(data)
     assert "| busy (round 2) | 4 | 10 | 0.82 |" in md and "| naive (round 1) | 4 | 10 | 1.00 |" in md, md
     assert "| busy, 2 rounds together (each round: 0.83, 0.82) | 4 | 20 | 0.83 |" in md, md
-    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--rounds", "0",
-                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--rounds:" in bad.stderr.strip().splitlines()[-1], bad.stderr
+    for n in ("0", "3"):
+        bad = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--rounds", n,
+                              "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "--rounds:" in bad.stderr.strip().splitlines()[-1], bad.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def _fp():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import freeze_policy as fp
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return fp
+
+
+class _Ctls:
+    def __init__(self, *a, **k): pass
+    def scrape(self, mode): return ""
+    def stop(self, mode=None): pass
+
+
+def test_freeze_policy_rounds_cut_short_pair_each_run_only_with_its_own_rounds_naive(tmp_path, monkeypatch):
+    """A plan cut by the device script's timeout in round 2 (busy, naive: naive is last) leaves busy's round 2
+    without its naive. --reanalyse of the partial JSON must not judge it against round 1's naive, and the pooled
+    ratio must not set two busy rounds against one naive round (ABBA broken)."""
+    fp = _fp()
+    walls = iter([100.0, 120.0, 110.0])                # naive r1, busy r1 | busy r2, then the timeout
+
+    def run_mode(mode, n, specs, budget, tmp, nonce, ctls):
+        try:
+            wall = next(walls)
+        except StopIteration:
+            raise SystemExit("timeout")                  # as `timeout $LIMIT` ends the plan
+        return {"mode": mode, "agents": n, "commands": 10, "failed": 0, "commands_per_min": 600.0 / wall,
+                "wall_s": wall, "rows": []}
+    monkeypatch.setattr(fp.T, "run_mode", run_mode)
+    monkeypatch.setattr(fp.T, "Controllers", _Ctls)
+    out = tmp_path / "fp.json"
+    monkeypatch.setattr(sys, "argv", ["freeze_policy.py", "--reference", "none", "--scales", "4", "--policies", "busy",
+                                      "--rounds", "2", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        fp.main()
+    assert json.loads(out.read_text())["partial"]
+    monkeypatch.setattr(sys, "argv", ["freeze_policy.py", "--reanalyse", str(out), "--out", str(tmp_path / "re.json")])
+    fp.main()
+    data = json.loads((tmp_path / "re.json").read_text())
+    row = next(r for r in data["rows"] if r["policy"] == "busy" and r["round"] == 1)
+    pooled = next(r for r in data["pooled"] if r["policy"] == "busy")
+    assert row["vs_naive"] == pooled["vs_naive_rounds"][1], (row["vs_naive"], pooled["vs_naive_rounds"])
+    assert pooled["vs_naive"] == round(100 / 120, 4), pooled      # only the round that has both
+
+
+def test_freeze_policy_rounds_keep_each_rounds_cpu_use(tmp_path):
+    """cpu_use per run: keyed MODE:AGENTS alone, the second round overwrote the first."""
+    fp = _fp()
+    runs = [{"mode": m, "agents": 4, "round": k, "commands": 10, "failed": 0, "commands_per_min": 6.0, "wall_s": 100.0,
+             "rows": [], "node_cpu_busy_pct": busy} for m, k, busy in
+            (("naive", 0, 50.0), ("krexbusy", 0, 60.0), ("krexbusy", 1, 70.0), ("naive", 1, 80.0))]
+    cpu = fp.analyse(runs, 2.0, None)["cpu_use"]
+    assert len(cpu) == 4, cpu
+
+
+def test_freeze_policy_rounds_budget_note_only_for_unequal_budgets_within_a_scale():
+    """Each scale's modes had like budgets (scale 8's all cut alike to 5 s): its pooled ratios compare like with like."""
+    fp = _fp()
+    runs = [{"mode": m, "agents": n, "round": k, "commands": 10, "failed": 0, "commands_per_min": 6.0, "wall_s": 100.0,
+             "rows": [], "budget_s": b} for n, b in ((4, 30.0), (8, 5.0)) for k in (0, 1) for m in ("naive", "krexbusy")]
+    md = fp.table(fp.analyse(runs, 2.0, None))
+    assert "different budgets" not in md, md
