@@ -259,6 +259,11 @@ def split_pass(runs: list, ref: dict) -> list:
     return [made[0] if r is ref else r for r in runs] + [made[1]]
 
 
+def row_label(r: dict) -> str:
+    """POLICY:AGENTS, and the round where the plan had several (--rounds)."""
+    return f"{r['policy']}:{r['agents']}" + (f"#{r['round'] + 1}" if "round" in r else "")
+
+
 def table(result) -> str:
     b = [name for name, _, _ in T.BUCKETS]
     fmt = lambda x: "-" if x is None else f"{x:.2f}"   # noqa: E731
@@ -307,7 +312,7 @@ def table(result) -> str:
     if cis:   # how far past the goal each bucket is, with the sampling noise of both p95s (throughput.excess_interval)
         out.append("p95 past the floor + 0.25, 90% bootstrap interval in points (timings resampled; a kernel's "
                    "shift is not, so the truth is wider; past the goal beyond noise only where the lower end is above 0): "
-                   + "; ".join(f"{r['policy']}:{r['agents']} " + " ".join(
+                   + "; ".join(f"{row_label(r)} " + " ".join(
                        f"{x} [{c[0]:+.2f}, {c[1]:+.2f}]" for x in b if (c := r["excess_ci_points"].get(x)))
                                for r in cis))
         out.append("")
@@ -315,13 +320,13 @@ def table(result) -> str:
     if tails:   # which side each p95 of |inflation| comes from (throughput.judge)
         out.append("signed inflation, 5th and 95th percentiles in % (negative: faster than in the reference passes; "
                    "a p95 of |inflation| set by the 5th percentile is a level the reference passes had, not a "
-                   "slowdown under krex): " + "; ".join(f"{r['policy']}:{r['agents']} " + " ".join(
+                   "slowdown under krex): " + "; ".join(f"{row_label(r)} " + " ".join(
                        f"{x} [{t[0]:+.2f}, {t[1]:+.2f}]" for x in b if (t := r["signed_p5_p95_pct"].get(x)))
                        for r in tails))
         out.append("")
     for r in result["rows"]:
         if r.get("metrics"):
-            out.append(f"controller metrics after {r['policy']}:{r['agents']} (cumulative over the plan): "
+            out.append(f"controller metrics after {row_label(r)} (cumulative over the plan): "
                        + ", ".join(f"{k.replace('krex_', '')}={v:g}" for k, v in sorted(r["metrics"].items())))
     if result.get("region_clock_mhz"):
         out.append("lowest SM clock per region (MHz; median, 10th percentile, regions): " + ", ".join(
@@ -355,7 +360,7 @@ def table(result) -> str:
         out += ["", "per kernel: median signed inflation % (lowest .. highest), timings, beyond 5%; with several "
                 "commands timing it more than once, the largest spread within one command / the spread of the "
                 "commands' medians (points; host-bound timings included)", "",
-                "| kernel | " + " | ".join(f"{r['policy']}:{r['agents']}" for r in kernel_rows) + " |",
+                "| kernel | " + " | ".join(row_label(r) for r in kernel_rows) + " |",
                 "|---" * (1 + len(kernel_rows)) + "|"]
         for k in names:
             cells = []
@@ -366,12 +371,12 @@ def table(result) -> str:
                              + (f" host-bound={x['host_bound']}" if x.get("host_bound") else "")
                              + (f" in/across {x['within_pct']:.1f}/{x['between_pct']:.1f}" if "within_pct" in x else ""))
             out.append(f"| {k} | " + " | ".join(cells) + " |")
-    wide = [f"{r['policy']}:{r['agents']} {k} {x['sd_pct']:.2f} against {x['reference_sd_pct']:.2f} "
+    wide = [f"{row_label(r)} {k} {x['sd_pct']:.2f} against {x['reference_sd_pct']:.2f} "
             f"({x['commands']}/{x['reference_processes']}), median {x['median_shift_pct']:+.2f}, "
             f"p={x['p_wider']:.3f} (Holm {x.get('p_wider_holm', x['p_wider']):.3f})"
             for r in result["rows"] for k, x in (r.get("levels") or {}).items()
             if x.get("p_wider_holm", x["p_wider"]) < 0.05]
-    tested = [f"{r['policy']}:{r['agents']} {len(r['levels'])}" for r in result["rows"] if r.get("levels")]
+    tested = [f"{row_label(r)} {len(r['levels'])}" for r in result["rows"] if r.get("levels")]
     if tested:
         out += ["", "per-process levels (each command's median inflation of a kernel it timed more than once, of as "
                 "many timings on both sides): spread wider than in the reference processes by a permutation test "
@@ -610,7 +615,8 @@ def main() -> None:
                         runs[-1]["round"] = rounds[i]
                     page = ctls.scrape(mode)
                     if page:   # the controller lives for the whole plan: its counters are cumulative
-                        (Path(args.logs or td) / f"metrics-{mode}-{n}.prom").write_text(page)
+                        rnd = f"-round{rounds[i] + 1}" if args.rounds > 1 and rounds[i] is not None else ""
+                        (Path(args.logs or td) / f"metrics-{mode}-{n}{rnd}.prom").write_text(page)
                         runs[-1]["metrics"] = metrics_summary(page)
                     if mode in T.WARM_MODES:   # its idle workers' contexts would taint the next steps' regions
                         ctls.stop(mode)        # (other_controller); the next scale starts and fills it again

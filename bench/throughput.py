@@ -440,7 +440,8 @@ def run_mode(mode: str, agents: int, specs: list, budget_s: float, tmp: Path, no
                   (["--op", spec["op"]] if spec.get("op") else []) + CANDIDATE_ARGS + \
                   (REFERENCE_ARGS if mode in REFERENCE_MODES else [])
             env = dict(os.environ)
-            report = tmp / f"{mode}-{agents}-{idx}.json"
+            report = tmp / f"{mode}-{agents}-{nonce}.json"   # its own: a run of the same mode again (--rounds)
+                                                              # never reads an earlier run's report
             if mode == "cmdlock":
                 cmd = ["flock", str(tmp / "gpu.lock")] + cmd
             elif mode.startswith("krex"):

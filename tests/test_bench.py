@@ -1294,6 +1294,9 @@ def test_freeze_policy_rounds_alternate_the_modes_and_pool_each_modes_throughput
     assert pooled["busy"]["wall_s"] == 230.0 and pooled["naive"]["wall_s"] == 190.0
     assert pooled["busy"]["vs_naive_rounds"] == [round(100 / 120, 4), round(90 / 110, 4)]
     assert pooled["busy"]["budgets_s"] == [30.0, 30.0]
+    busy2 = next(r for r in data["rows"] if r["policy"] == "busy" and r["round"] == 1)
+    busy2["metrics"] = {"krex_regions_granted_total": 3.0}
+    assert "controller metrics after busy:4#2 (cumulative" in fp.table({**data, "rows": [busy2]})
     md = (tmp_path / "fp.md").read_text()
     assert "different budgets" not in md
     data["pooled"][1]["budgets_s"] = [30.0, 12.5]        # as if --deadline had cut the second round's
