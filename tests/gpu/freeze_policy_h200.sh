@@ -15,6 +15,7 @@
 # PREWAIT_MS (400, the controller's default): busy+prewait's --lifecycle-prewait-ms.
 # STAGGER (0): bench/freeze_policy.py --stagger S, each agent's first command after a delay of its own in [0, S].
 # ROUNDS (1): bench/freeze_policy.py --rounds R, the shared modes R times, every other round reversed (ABBA).
+# SMOKE (1): with COMPILER=cuda, one candidate built and run alone first (~45 s; its failure ends the call); 0: not.
 # HOST_BOUND=1: KREX_HOST_BOUND=1 in the krex commands (each timing says whether its region was host-bound).
 # TIMER (events): the candidates' timer, events (do_bench) or graph (do_bench_cudagraph: no host launches in it).
 # COMPILER (triton): the candidates' compiler, triton or cuda (the sum candidate in CUDA C++ built by nvcc through
@@ -42,6 +43,8 @@ cpu_topology | tee -a $OUT/freeze-policy.log
 LIMIT=${LIMIT:-520}
 if [ "${COMPILER:-triton}" = cuda ]; then   # a mix freeze_policy.py would refuse is refused before the build
   case ",${MIX:-}" in ,|*,[0-9]*) echo "freeze_policy: COMPILER=cuda needs a MIX of sum@ kernels only" | tee -a $OUT/freeze-policy.log; exit 2;; esac
+fi
+if [ "${COMPILER:-triton}" = cuda ] && [ "${SMOKE:-1}" = 1 ]; then
   t0=$SECONDS
   python3 -c 'from torch.utils.cpp_extension import CUDA_HOME; print("CUDA_HOME", CUDA_HOME)' 2>&1 | tee -a $OUT/freeze-policy.log
   timeout 120 python3 bench/candidate.py --op sum --size 128 --variant 0 --nonce $(( ${NONCE_OFFSET:-0} + 999 )) \
