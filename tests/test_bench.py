@@ -1373,3 +1373,29 @@ def test_freeze_policy_rounds_budget_note_only_for_unequal_budgets_within_a_scal
              "rows": [], "budget_s": b} for n, b in ((4, 30.0), (8, 5.0)) for k in (0, 1) for m in ("naive", "krexbusy")]
     md = fp.table(fp.analyse(runs, 2.0, None))
     assert "different budgets" not in md, md
+
+
+def test_freeze_policy_rounds_run_for_real_with_a_warm_pool_restarted_each_round(tmp_path):
+    """--rounds 2 end to end on the fake driver: naive, warm | warm, naive, the warm mode's controller (stopped after
+    each run, its idle workers' contexts would taint the next run's regions) started and filled again for its second
+    round; every command a candidate of its own (no nonce twice), each row in its round, pooled figures for both."""
+    out = tmp_path / "fp.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "3",
+                        "--specs", "4", "--repeat", "1", "--policies", "busy+warm+prewait", "--reference", "none",
+                        "--rounds", "2", "--logs", str(tmp_path), "--out", str(out)],
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [(r["mode"], r["round"]) for r in data["runs"]] == [("naive", 0), ("krexwarmprewait", 0),
+                                                                ("krexwarmprewait", 1), ("naive", 1)]
+    nonces = [row["nonce"] for r in data["runs"] for row in r["rows"]]
+    assert len(nonces) == len(set(nonces)) and all(r["commands"] >= 2 for r in data["runs"]), nonces
+    warm = [r for r in data["runs"] if r["mode"] == "krexwarmprewait"]
+    assert all(row.get("regions_clean") and all(row["regions_clean"]) for r in warm for row in r["rows"])
+    # each round's pool filled before its clock, and its commands ran in its workers
+    assert all(r["warmup_s"] > 0 and r["workers_replaced"] >= 1 for r in warm), \
+        [(r["warmup_s"], r["workers_replaced"]) for r in warm]
+    pooled = {r["policy"]: r for r in data["pooled"]}
+    assert pooled["busy+warm+prewait"]["rounds"] == 2 and pooled["busy+warm+prewait"]["vs_naive"] > 0
+    assert "(round 2)" in p.stdout and "2 rounds together" in p.stdout
