@@ -326,7 +326,9 @@ def table(result) -> str:
         out.append("")
     for r in result["rows"]:
         if r.get("metrics"):
-            out.append(f"controller metrics after {row_label(r)} (cumulative over the plan): "
+            since = "since its controller started, for this run" if r["mode"] in T.WARM_MODES else \
+                "cumulative over the plan"     # a warm mode's controller is stopped after each run
+            out.append(f"controller metrics after {row_label(r)} ({since}): "
                        + ", ".join(f"{k.replace('krex_', '')}={v:g}" for k, v in sorted(r["metrics"].items())))
     if result.get("region_clock_mhz"):
         out.append("lowest SM clock per region (MHz; median, 10th percentile, regions): " + ", ".join(
