@@ -1023,16 +1023,21 @@ def test_freeze_policy_deadline_foresees_a_gpu_bound_modes_tail():
     assert fp.expected_tail([], 16) == fp.TAIL_S
 
 
+def freeze_policy_standin(tmp_path, *args: str, timeout: int = 200) -> subprocess.CompletedProcess:
+    """bench/freeze_policy.py on the candidate stand-in with --reference none (throughput only), its logs and its
+    result (tmp_path/fp.json) in tmp_path."""
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
+                           str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--repeat", "1",
+                           "--reference", "none", *args, "--logs", str(tmp_path), "--out", str(tmp_path / "fp.json")],
+                          env=bench_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+
+
 def test_freeze_policy_reference_none_is_throughput_only(tmp_path):
     """--reference none: no reference passes (commands too long to run alone twice, a CUDA build each), the shared
     modes only; the rows give throughput against naive sharing and no fidelity, no policy is called best. none
     with another reference is one line and exit status 2."""
     out = tmp_path / "fp.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
-                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "4",
-                        "--specs", "2", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
-                        "--logs", str(tmp_path), "--out", str(out)],
-                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    p = freeze_policy_standin(tmp_path, "--scales", "2", "--budget", "4", "--specs", "2", "--policies", "busy+prewait")
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert [r["mode"] for r in data["runs"]] == ["naive", "krexprewait"]
@@ -1051,11 +1056,8 @@ def test_freeze_policy_stagger_starts_every_modes_agents_alike_and_out_of_step(t
     """--stagger S: each shared mode's agent takes its first command after a delay of its own in [0, S], the same
     delays in every mode (the run lists them); a value outside [0, budget) is one line and exit status 2."""
     out = tmp_path / "fp.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
-                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "3", "--budget", "6",
-                        "--specs", "3", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
-                        "--stagger", "3", "--logs", str(tmp_path), "--out", str(out)],
-                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    p = freeze_policy_standin(tmp_path, "--scales", "3", "--budget", "6", "--specs", "3", "--policies", "busy+prewait",
+                              "--stagger", "3")
     assert p.returncode == 0, p.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     delays = [r["stagger_s"] for r in runs]
@@ -1078,11 +1080,8 @@ def test_freeze_policy_stagger_under_a_deadline_keeps_every_agent(tmp_path):
     modes whose budgets the deadline cut apart lost different shares of their agents' time to the stagger. Each
     agent takes work for the mode's budget from its own start: every agent runs in every mode."""
     out = tmp_path / "fp.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
-                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "3", "--budget", "20",
-                        "--specs", "60", "--repeat", "1", "--policies", "busy+prewait", "--reference", "none",
-                        "--stagger", "10", "--deadline", "30", "--logs", str(tmp_path), "--out", str(out)],
-                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=200)
+    p = freeze_policy_standin(tmp_path, "--scales", "3", "--budget", "20", "--specs", "60", "--policies",
+                              "busy+prewait", "--stagger", "10", "--deadline", "30")
     assert p.returncode == 0, p.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["mode"] for r in runs] == ["naive", "krexprewait"]
@@ -1380,11 +1379,8 @@ def test_freeze_policy_rounds_run_for_real_with_a_warm_pool_restarted_each_round
     each run, its idle workers' contexts would taint the next run's regions) started and filled again for its second
     round; every command a candidate of its own (no nonce twice), each row in its round, pooled figures for both."""
     out = tmp_path / "fp.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "freeze_policy.py"), "--candidate",
-                        str(ROOT / "tests" / "snippets" / "candidate_standin.py"), "--scales", "2", "--budget", "3",
-                        "--specs", "4", "--repeat", "1", "--policies", "busy+warm+prewait", "--reference", "none",
-                        "--rounds", "2", "--logs", str(tmp_path), "--out", str(out)],
-                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=300)
+    p = freeze_policy_standin(tmp_path, "--scales", "2", "--budget", "3", "--specs", "4", "--policies",
+                              "busy+warm+prewait", "--rounds", "2", timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     assert [(r["mode"], r["round"]) for r in data["runs"]] == [("naive", 0), ("krexwarmprewait", 0),
