@@ -360,3 +360,25 @@ def test_a_thread_an_owner_made_before_another_gpus_region_is_not_left_off_its_c
     end(iso, a, held)
     iso.free_newcomers(held)
     assert t.masks[21] == ALL, t.masks
+
+
+def test_one_process_that_fails_the_walk_leaves_the_others_newcomers_freed(monkeypatch):
+    """An error reading one process (here its children) is logged once and the walk goes on: the newcomers of the
+    other processes moved for the region still get their cores back."""
+    t = Table(monkeypatch, {10: ALL, 30: ALL, 31: ALL - {6}, 40: ALL, 41: ALL - {6}},
+              threads={30: [30, 31], 40: [40, 41]})
+    iso, logged = isolation({0: {6}})
+    a = region(1, 0, [10])
+    held = [a]
+    iso.isolate(a, [10], set(), lambda: {10, 30, 40}, held)
+    t.started.update({31: 200, 41: 200})
+    real = procs.children
+    def children(pid):
+        if pid in (30, 31):
+            raise RuntimeError("a /proc read gone wrong")
+        return real(pid)
+    monkeypatch.setattr(procs, "children", children)
+    end(iso, a, held)
+    iso.free_newcomers(held)
+    assert t.masks[41] == ALL and t.masks[31] == ALL - {6}, t.masks
+    assert any("could not give the reserved cores back" in x[2] for x in logged), logged

@@ -264,20 +264,24 @@ class Isolation:
         for tid in saved:
             if tid in seen:
                 continue
-            group = procs.thread_group(tid)
-            seen.update(group)
-            own = [saved[t] for t in group if t in saved]
-            if not own:
-                continue
-            made = [t for t in group if t not in saved]
-            kids = procs.children(tid)
-            if kids is None:        # a kernel without /proc/PID/task/TID/children: one scan of /proc
-                kids = procs.descendants(tid)
-            for k in kids:
-                if k not in saved:
-                    for p in [k] + procs.descendants(k):
-                        made.extend(procs.threads(p))
-            self.free_made(made, own, cores, since, taken, others, saved.keys())
+            try:        # one process's trouble (a /proc read gone wrong) leaves the others' newcomers to be freed
+                group = procs.thread_group(tid)
+                seen.update(group)
+                own = [saved[t] for t in group if t in saved]
+                if not own:
+                    continue
+                made = [t for t in group if t not in saved]
+                kids = procs.children(tid)
+                if kids is None:        # a kernel without /proc/PID/task/TID/children: one scan of /proc
+                    kids = procs.descendants(tid)
+                for k in kids:
+                    if k not in saved:
+                        for p in [k] + procs.descendants(k):
+                            made.extend(procs.threads(p))
+                self.free_made(made, own, cores, since, taken, others, saved.keys())
+            except Exception as e:
+                self.rate_log("free_newcomers", logging.ERROR, "could not give the reserved cores back to what "
+                              "thread %d's process made during a region: %r", tid, e)
 
     def free_made(self, tids, own: list, cores: frozenset, since: int, taken: set, others, skip: set) -> None:
         """free_newcomers for the threads one saved process made (own: its saved masks). A held region (or the
