@@ -1080,7 +1080,7 @@ def test_freeze_policy_stagger_under_a_deadline_keeps_every_agent(tmp_path):
     modes whose budgets the deadline cut apart lost different shares of their agents' time to the stagger. Each
     agent takes work for the mode's budget from its own start: every agent runs in every mode."""
     out = tmp_path / "fp.json"
-    p = freeze_policy_standin(tmp_path, "--scales", "3", "--budget", "20", "--specs", "60", "--policies",
+    p = freeze_policy_standin(tmp_path, "--scales", "3", "--budget", "20", "--specs", "400", "--policies",
                               "busy+prewait", "--stagger", "10", "--deadline", "30")
     assert p.returncode == 0, p.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
