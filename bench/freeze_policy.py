@@ -118,12 +118,12 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
                      "commands_per_min": round(r["commands_per_min"], 2),
                      "vs_naive": round(r["commands_per_min"] / against, 4) if against else None,
                      **fid, "metrics": r.get("metrics")})
-    best = None
+    best, pooled = None, pool_rounds(runs)
     for policy in POLICIES.values():
         mine = [x for x in rows if x["policy"] == policy]
         if mine and all(x["fidelity_goal"] and x["enough_kernels"] for x in mine):
-            pooled = {x["agents"]: x["vs_naive"] for x in pool_rounds(runs) if x["policy"] == policy}
-            score = min((pooled[x["agents"]] if x["agents"] in pooled else x["vs_naive"]) or 0 for x in mine)
+            over = {x["agents"]: x["vs_naive"] for x in pooled if x["policy"] == policy}   # --rounds: pooled
+            score = min((over[x["agents"]] if x["agents"] in over else x["vs_naive"]) or 0 for x in mine)
             if best is None or score > best[1]:
                 best = (policy, score)
     by_mode: dict = {}      # a mode run twice (the reference's two passes): one summary of both
@@ -135,7 +135,7 @@ def analyse(runs, stable_pct: float, reference: str = "isolated", leave_out=()) 
            for r in runs if "node_cpu_busy_pct" in r and r["mode"] not in T.REFERENCE_MODES}
     phases = {k: p for k, rows_ in by_mode.items() if (p := command_phases(rows_))}
     return {"reference": reference, "floors_pct": floors, "floor_timings": ref["floor_timings"],
-            **({"pooled": pooled} if (pooled := pool_rounds(runs)) else {}),
+            **({"pooled": pooled} if pooled else {}),
             "region_clock_mhz": clocks, **({"command_phases_s": phases} if phases else {}),
             **({"cpu_use": cpu} if cpu else {}),
             "floors_medians_pct": ref["floors_medians_pct"], "floor_kernels": ref["floor_kernels"],
