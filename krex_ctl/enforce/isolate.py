@@ -272,12 +272,13 @@ class Isolation:
                     continue
                 made = [t for t in group if t not in saved]
                 kids = procs.children(tid)
-                if kids is None:        # a kernel without /proc/PID/task/TID/children: one scan of /proc
-                    kids = procs.descendants(tid)
-                for k in kids:
-                    if k not in saved:
-                        for p in [k] + procs.descendants(k):
-                            made.extend(procs.threads(p))
+                # the processes it made and theirs (a saved child's are walked with its own group); a kernel
+                # without /proc/PID/task/TID/children: every descendant, from one scan of /proc
+                tree = procs.descendants(tid) if kids is None else \
+                    [p for k in kids if k not in saved for p in [k] + procs.descendants(k)]
+                for p in tree:
+                    if p not in saved:
+                        made.extend(procs.threads(p))
                 self.free_made(made, own, cores, since, taken, others, saved.keys())
             except Exception as e:
                 self.rate_log("free_newcomers", logging.ERROR, "could not give the reserved cores back to what "
