@@ -357,7 +357,8 @@ def test_a_controller_that_died_holding_cores_has_the_masks_put_back_by_the_next
         krex.start_controller("--reserved-cores", str(cpus[-1]), "--no-freeze")
         wait_for(lambda: os.sched_getaffinity(owner.pid) == set(cpus) == os.sched_getaffinity(other.pid),
                  timeout=30, what="the masks put back")
-        assert "put back the CPU masks of" in krex.ctl_log.read_text()
+        # (said just after it puts them back: read once the line is there)
+        wait_for(lambda: "put back the CPU masks of" in krex.ctl_log.read_text(), timeout=10, what="its log line")
     finally:
         release.touch()
         krex.stop_hogs()
