@@ -5,7 +5,12 @@
 
 /* The controller closed the gates of mask and asks this process to finish its work there: threads that
  * passed the gate before it closed finish their submission first (the in-flight count, gate.c), then every
- * context of this process on those GPUs is synchronized. 0, or the first driver error met. */
+ * context of this process on those GPUs is synchronized. 0, or the first driver error met.
+ * *sync_us, the synchronize's wall time, is how busy the controller takes the process to be (busy_before_us: the
+ * busy freeze policy stops it, the attestation notes its load): 0 for a process with nothing that can be on a GPU
+ * (krex_gpu_idle: no submission since its last context-wide synchronize), whose synchronize is long only when
+ * the host descheduled its thread. A drain that synchronized the process's one context with no submission
+ * meanwhile is a quiet point itself, so an idle process drained once is known idle at its next drain. */
 static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
     int64_t t0 = krex_now_ns();
     while (krex_inflight() > 0 && krex_now_ns() - t0 < 2000000000LL) {
@@ -14,6 +19,8 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
     }
     *waited_us = (uint32_t)((krex_now_ns() - t0) / 1000);
     krex_pools_sync_begin();   /* the drain's synchronize may give a pool's memory back: read around it */
+    int idle = krex_gpu_idle();
+    uint64_t before = krex_quiet_begin();
     int64_t t1 = krex_now_ns();
     struct krex_ctx_ref snap[KREX_MAX_CONTEXTS];
     int n = krex_contexts_on(mask, snap, KREX_MAX_CONTEXTS);
@@ -42,7 +49,8 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
          * already torn down, so nothing of it can still be running */
         if (r && r != 4 && !status) status = r;
     }
-    *sync_us = (uint32_t)((krex_now_ns() - t1) / 1000);
+    *sync_us = idle ? 0 : (uint32_t)((krex_now_ns() - t1) / 1000);
+    if (n > 0) krex_quiet_end(before, status == 0);   /* krex_quiet_since: only for a process with one context */
     krex_pools_sync_end(0);
     return status;
 }

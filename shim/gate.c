@@ -169,6 +169,14 @@ int64_t krex_quiet_since(void) {
     return t;
 }
 
+/* nothing of this process can still be on a GPU: it never submitted anything, or nothing since a quiet point
+ * (drain.c: an idle sibling's synchronize, slow on a loaded host, does not make it busy) */
+int krex_gpu_idle(void) {
+    uint64_t n;
+    if (submissions(&n) != 0 || __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST)) return 0;
+    return n == 0 || krex_quiet_since() != 0;
+}
+
 /* a free record in the job's table of regions (struct krex_local_region), or NULL (no file, or full) */
 struct krex_local_region *krex_local_region_claim(void) {
     krex_counters();

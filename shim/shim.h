@@ -81,6 +81,7 @@ int krex_kernels_launched(uint64_t *n);   /* kernel, graph, copy and memset laun
 uint64_t krex_quiet_begin(void);          /* before a context-wide synchronize: the launches so far (or UINT64_MAX) */
 void krex_quiet_end(uint64_t before, int ok);   /* after it: a quiet point if it succeeded with no launch meanwhile */
 int64_t krex_quiet_since(void);           /* the last quiet point with no launch since (0: none or not known) */
+int krex_gpu_idle(void);                  /* 1: nothing of this process can be on a GPU (no submission, or none since a quiet point) */
 void krex_context_made(int local_device, int primary);   /* a context (primary: a device's primary one) */
 void krex_context_gate(int vendor, int local_device, int announced); /* before a context is created on that GPU;
                                                                        * announced: its CTX_CREATE_BEGIN follows */

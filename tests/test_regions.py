@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SNIP, fork_while_held, overlaps, proc_state, report_of, wait_for
+from conftest import ROOT, SNIP, fork_while_held, overlaps, proc_state, report_of, stderr_until, wait_for
 
 
 def test_no_sibling_kernel_inside_any_region(krex, tmp_path):
@@ -164,6 +164,39 @@ def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leave
     busy.communicate(timeout=30)
     idle.communicate(timeout=30)
     assert busy.returncode == idle.returncode == 0
+
+
+def test_the_busy_policy_takes_a_slow_synchronize_of_an_idle_sibling_for_the_host_not_for_gpu_work(krex, tmp_path):
+    """On a loaded host the drain's synchronize of an idle sibling can take a millisecond (its thread descheduled:
+    here KREX_FAKE_SYNC_US, 5 ms per synchronize). One whose kernels are done and that synchronized its context
+    since, or that never launched, has nothing on the GPU: it is not busy and not stopped. One whose last kernels
+    it waited for only on their stream cannot be told from one with work left: busy, stopped. A second region finds
+    it idle (the first drain's synchronize was a quiet point), so only the first region stops it."""
+    krex.start_controller(default_freeze=True)
+    slow = {"KREX_FAKE_SYNC_US": "5000", "SNIPPET_MS": "30000", "SNIPPET_STREAMS": "0", "SNIPPET_US": "1000"}
+    synced, synced_pid = krex.start_sibling(**slow, SNIPPET_LAUNCH="3")
+    unsynced, unsynced_pid = krex.start_sibling(**slow, SNIPPET_LAUNCH="3", SNIPPET_CTX_SYNC="0")
+    never, never_pid = krex.start_sibling(**slow)
+    for p in (synced, unsynced):
+        assert "hog idle" in stderr_until(p, "hog idle", timeout=30)
+    wait_for(lambda: {c["pid"] for c in krex.status()["clients"] if c["gpus"]} >= {synced_pid, unsynced_pid, never_pid},
+             what="the siblings' contexts")
+    for i in range(2):
+        owner = krex.popen([SNIP / "region"], report=tmp_path / f"o{i}.json",
+                           env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
+        wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
+                 what="grant")
+        states = {pid: proc_state(pid) in ("T", "t") for pid in (synced_pid, unsynced_pid, never_pid)}
+        owner.communicate(timeout=30)
+        (region,) = report_of(tmp_path / f"o{i}.json")["regions"]
+        assert region["exclusive"]
+        assert states == {synced_pid: False, unsynced_pid: i == 0, never_pid: False}, (i, states)
+        assert region["frozen"] == (1 if i == 0 else 0)
+        wait_for(lambda: proc_state(unsynced_pid) not in ("T", "t"), what="the stopped sibling resumed")
+    krex.stop_hogs()
+    for p in (synced, unsynced, never):
+        p.communicate(timeout=30)
+        assert p.returncode == 0
 
 
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):

@@ -2,7 +2,8 @@
  * streams (one thread each) until SNIPPET_MS milliseconds pass (2000; counted while it is frozen too), keeping
  * at most 4 kernels queued per stream. SNIPPET_STOP names a file: once it exists, the hog stops sooner.
  * SNIPPET_STREAMS=0: an idle GPU process, its context held and nothing launched, for SNIPPET_MS (or until the
- * stop file). */
+ * stop file); with SNIPPET_LAUNCH=N, N kernels launched first and waited for by a context-wide synchronize
+ * (SNIPPET_CTX_SYNC=1, the default) or by their stream's (0), then idle. */
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +51,13 @@ int main(void) {
     if (streams > 64) streams = 64;
     if (streams <= 0) {
         double end = now() + seconds;
+        int n = env_int("SNIPPET_LAUNCH", 0);
+        for (int k = 0; k < n; k++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        if (n > 0) {
+            if (env_int("SNIPPET_CTX_SYNC", 1)) CHECK(cuCtxSynchronize());
+            else CHECK(cuStreamSynchronize(NULL));
+            fprintf(stderr, "hog idle\n");
+        }
         while (go_on(end)) usleep(10000);
     }
     for (int i = 0; i < streams; i++) pthread_create(&t[i], NULL, worker, (void *)(long)i);
