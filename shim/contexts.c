@@ -167,12 +167,19 @@ void krex_register_current_device(int vendor) {
         CUresult (*get_ctx)(CUcontext *) = krex_real(KREX_H_cuCtxGetCurrent);
         CUdevice d;
         CUcontext c = NULL;
-        if (get_dev && get_ctx && get_dev(&d) == CUDA_SUCCESS && get_ctx(&c) == CUDA_SUCCESS && c)
+        /* a context made where the shim did not see it (a green context, one made before the shim): whether it is
+         * a device's primary one is not known, so no quiet point (gate.c) holds for this process */
+        if (get_dev && get_ctx && get_dev(&d) == CUDA_SUCCESS && get_ctx(&c) == CUDA_SUCCESS && c) {
+            krex_context_made(vendor, d, 0);
             krex_register_context(vendor, d, c);
+        }
     } else {
         hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
         int d;
-        if (get_dev && get_dev(&d) == hipSuccess) krex_register_context(vendor, d, (void *)(intptr_t)d);
+        if (get_dev && get_dev(&d) == hipSuccess) {   /* HIP's implicit device (no hipSetDevice): its primary context */
+            krex_context_made(vendor, d, 1);
+            krex_register_context(vendor, d, (void *)(intptr_t)d);
+        }
     }
 }
 

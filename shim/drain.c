@@ -25,6 +25,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
     struct krex_ctx_ref snap[KREX_MAX_CONTEXTS];
     int n = krex_contexts_on(mask, snap, KREX_MAX_CONTEXTS);
     int32_t status = 0;
+    int synced = 0;   /* contexts synchronized (a missing driver entry point leaves one out) */
     for (int i = 0; i < n; i++) {
         int r;
         if (snap[i].vendor == KREX_VENDOR_CUDA) {
@@ -37,6 +38,7 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
             if (r == CUDA_SUCCESS) {
                 r = sync();
                 pop(&old);
+                synced += r == CUDA_SUCCESS;
             }
         } else {
             hipError_t (*set)(int) = krex_real(KREX_H_hipSetDevice);
@@ -44,13 +46,14 @@ static int32_t drain(uint64_t mask, uint32_t *waited_us, uint32_t *sync_us) {
             if (!set || !sync) continue;
             r = set((int)(intptr_t)snap[i].ctx);
             if (r == hipSuccess) r = sync();
+            synced += r == hipSuccess;
         }
         /* 4 (CUDA_ERROR_DEINITIALIZED, hipErrorDeinitialized): the process is exiting and its driver is
          * already torn down, so nothing of it can still be running */
         if (r && r != 4 && !status) status = r;
     }
     *sync_us = idle ? 0 : (uint32_t)((krex_now_ns() - t1) / 1000);
-    if (n > 0) krex_quiet_end(before, status == 0);   /* krex_quiet_since: only for a process with one context */
+    if (n > 0) krex_quiet_end(before, synced == n);   /* krex_quiet_since: only for a process with one context */
     krex_pools_sync_end(0);
     return status;
 }

@@ -199,6 +199,29 @@ def test_the_busy_policy_takes_a_slow_synchronize_of_an_idle_sibling_for_the_hos
         assert p.returncode == 0
 
 
+def test_the_busy_policy_stops_a_hip_sibling_with_work_on_its_implicit_device_after_a_synchronize_elsewhere(krex, tmp_path):
+    """A HIP process launches 10 x 200 ms kernels on its implicit device 0 (no hipSetDevice(0)), then
+    hipSetDevice(1) and hipDeviceSynchronize() there. That synchronize says nothing of device 0: a drain on GPU 0
+    waits for the kernels, so the process is busy and stopped (the implicit device's context counts among its
+    contexts, and a HIP process is judged by its synchronize's time: not every HIP submission call is counted)."""
+    krex.start_controller(default_freeze=True)
+    before = {c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"}
+    hog = krex.popen([SNIP / "hip_idle_hog"], env={"SNIPPET_LAUNCH": "10", "SNIPPET_US": "200000"})
+    pid = wait_for(lambda: next((c["pid"] for c in krex.status()["clients"]
+                                 if c["role"] == "shim" and c["pid"] not in before), None), what="registered")
+    assert "hog idle" in stderr_until(hog, "hog idle", timeout=30)
+    wait_for(lambda: any(c["pid"] == pid and c["gpus"] for c in krex.status()["clients"]), what="its contexts")
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    frozen = proc_state(pid) in ("T", "t")
+    owner.communicate(timeout=30)
+    (region,) = report_of(tmp_path / "o.json")["regions"]
+    krex.stop_hogs()
+    hog.communicate(timeout=30)
+    assert frozen and region["frozen"] == 1, (frozen, region["frozen"])
+
+
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")
