@@ -18,6 +18,31 @@ typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void 
 typedef struct { uint32_t x, y, z; } dim3;
 typedef int hipDriverProcAddressQueryResult;
 typedef struct hipUUID_t { char bytes[16]; } hipUUID;
+/* the copies' and memsets' types: device pointers, arrays (opaque), and the pitched pointer and extent that
+ * hipMemset3D[Async] take by value (so their layout must be HIP's) */
+typedef void *hipDeviceptr_t;
+typedef struct hipArray *hipArray_t;
+typedef const struct hipArray *hipArray_const_t;
+typedef struct hipPitchedPtr { void *ptr; size_t pitch; size_t xsize; size_t ysize; } hipPitchedPtr;
+typedef struct hipExtent { size_t width; size_t height; size_t depth; } hipExtent;
+/* one device's launch of the multi-device launches (hipLaunchCooperativeKernelMultiDevice,
+ * hipExtLaunchMultiKernelMultiDevice; hipModuleLaunchCooperativeKernelMultiDevice's by function) */
+typedef struct hipLaunchParams_t {
+    void *func;
+    dim3 gridDim;
+    dim3 blockDim;
+    void **args;
+    size_t sharedMem;
+    hipStream_t stream;
+} hipLaunchParams;
+typedef struct hipFunctionLaunchParams_t {
+    hipFunction_t function;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    hipStream_t hStream;
+    void **kernelParams;
+} hipFunctionLaunchParams;
 /* where managed memory goes (hipMemPrefetchAsync_v2): a hipMemLocationType and an id */
 typedef struct hipMemLocation { int type; int id; } hipMemLocation;
 /* hipGraphInstantiateWithParams's parameters (not CUDA's order); hipGraphInstantiateFlagUpload uploads the graph

@@ -260,8 +260,123 @@
     X(HIP, COPY, hipMemPrefetchAsync_v2, (const void *d, size_t n, hipMemLocation loc, unsigned fl, hipStream_t s), \
       (d, n, loc, fl, s), s) \
     KREX_SPT(X, HIP, COPY, hipMemcpy, (void *d, const void *sr, size_t n, int k), (d, sr, n, k), NULL) \
-    X(HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemset, (void *d, int v, size_t n), (d, v, n), NULL) \
+    KREX_HIP_SUBMISSIONS_MORE(X) \
+    KREX_HIP_SUBMISSIONS_SYNC(X) \
     KREX_HIP_MEMORY(X)
+
+/* HIP's other copies and memsets (2D, 3D, peer, symbol, array, batch: HIP 4.2 to 7.1; a _spt twin where HIP
+ * exports one), its stream memory operations and its multi-device and pre-configured launches. The parameter
+ * structs go through as pointers (const void *, as CUDA's); hipMemcpyKind is an int. */
+#define KREX_P_H2D (void *d, size_t dp, const void *sr, size_t sp, size_t w, size_t h, int k)
+#define KREX_A_H2D (d, dp, sr, sp, w, h, k)
+#define KREX_P_H2DA (void *d, size_t dp, const void *sr, size_t sp, size_t w, size_t h, int k, hipStream_t s)
+#define KREX_A_H2DA (d, dp, sr, sp, w, h, k, s)
+#define KREX_P_H2TOA (hipArray_t d, size_t wo, size_t ho, const void *sr, size_t sp, size_t w, size_t h, int k)
+#define KREX_A_H2TOA (d, wo, ho, sr, sp, w, h, k)
+#define KREX_P_H2TOAA (hipArray_t d, size_t wo, size_t ho, const void *sr, size_t sp, size_t w, size_t h, int k, \
+                       hipStream_t s)
+#define KREX_A_H2TOAA (d, wo, ho, sr, sp, w, h, k, s)
+#define KREX_P_H2FROMA (void *d, size_t dp, hipArray_const_t sr, size_t wo, size_t ho, size_t w, size_t h, int k)
+#define KREX_A_H2FROMA (d, dp, sr, wo, ho, w, h, k)
+#define KREX_P_H2FROMAA (void *d, size_t dp, hipArray_const_t sr, size_t wo, size_t ho, size_t w, size_t h, int k, \
+                         hipStream_t s)
+#define KREX_A_H2FROMAA (d, dp, sr, wo, ho, w, h, k, s)
+#define KREX_P_HTOSYM (const void *sym, const void *sr, size_t n, size_t off, int k)
+#define KREX_P_HTOSYMA (const void *sym, const void *sr, size_t n, size_t off, int k, hipStream_t s)
+#define KREX_P_HFROMSYM (void *d, const void *sym, size_t n, size_t off, int k)
+#define KREX_P_HFROMSYMA (void *d, const void *sym, size_t n, size_t off, int k, hipStream_t s)
+#define KREX_P_HSET2D (void *d, size_t p, int v, size_t w, size_t h)
+#define KREX_P_HSET2DA (void *d, size_t p, int v, size_t w, size_t h, hipStream_t s)
+#define KREX_A_HSET2D (d, p, v, w, h)
+#define KREX_A_HSET2DA (d, p, v, w, h, s)
+#define KREX_P_HWAITV32 (hipStream_t s, void *a, uint32_t v, unsigned fl, uint32_t m)
+#define KREX_P_HWAITV64 (hipStream_t s, void *a, uint64_t v, unsigned fl, uint64_t m)
+#define KREX_A_HWAITV (s, a, v, fl, m)
+#define KREX_P_HWRITEV32 (hipStream_t s, void *a, uint32_t v, unsigned fl)
+#define KREX_P_HWRITEV64 (hipStream_t s, void *a, uint64_t v, unsigned fl)
+#define KREX_P_HMULTI (hipLaunchParams *l, int n, unsigned fl)
+#define KREX_S_HMULTI (l && n > 0 ? l[0].stream : NULL)
+#define KREX_HIP_SUBMISSIONS_MORE(X) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2DAsync, KREX_P_H2DA, KREX_A_H2DA, s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2DToArrayAsync, KREX_P_H2TOAA, KREX_A_H2TOAA, s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2DFromArrayAsync, KREX_P_H2FROMAA, KREX_A_H2FROMAA, s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy3DAsync, (const void *p, hipStream_t s), (p, s), s) \
+    X(HIP, COPY, hipDrvMemcpy3DAsync, (const void *p, hipStream_t s), (p, s), s) \
+    X(HIP, COPY, hipMemcpyParam2DAsync, (const void *p, hipStream_t s), (p, s), s) \
+    X(HIP, COPY, hipMemcpy3DPeerAsync, (const void *p, hipStream_t s), (p, s), s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyToSymbolAsync, KREX_P_HTOSYMA, (sym, sr, n, off, k, s), s) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyFromSymbolAsync, KREX_P_HFROMSYMA, (d, sym, n, off, k, s), s) \
+    X(HIP, COPY, hipMemcpyPeerAsync, (void *d, int dd, const void *sr, int sd, size_t n, hipStream_t s), \
+      (d, dd, sr, sd, n, s), s) \
+    /* blocking, on the stream given */ \
+    X(HIP, COPY, hipMemcpyWithStream, (void *d, const void *sr, size_t n, int k, hipStream_t s), (d, sr, n, k, s), s) \
+    X(HIP, COPY, hipMemcpyAtoHAsync, (void *d, hipArray_t sr, size_t off, size_t n, hipStream_t s), \
+      (d, sr, off, n, s), s) \
+    X(HIP, COPY, hipMemcpyHtoAAsync, (hipArray_t d, size_t off, const void *sr, size_t n, hipStream_t s), \
+      (d, off, sr, n, s), s) \
+    X(HIP, COPY, hipMemcpyBatchAsync, (void **d, void **sr, size_t *sz, size_t n, void *at, size_t *ai, size_t na, \
+      size_t *fail, hipStream_t s), (d, sr, sz, n, at, ai, na, fail, s), s) \
+    X(HIP, COPY, hipMemcpy3DBatchAsync, (size_t n, void *ops, size_t *fail, unsigned long long fl, hipStream_t s), \
+      (n, ops, fail, fl, s), s) \
+    KREX_SPT(X, HIP, COPY, hipMemset2DAsync, KREX_P_HSET2DA, KREX_A_HSET2DA, s) \
+    KREX_SPT(X, HIP, COPY, hipMemset3DAsync, (hipPitchedPtr p, int v, hipExtent e, hipStream_t s), (p, v, e, s), s) \
+    X(HIP, COPY, hipMemsetD2D8Async, (void *d, size_t p, unsigned char v, size_t w, size_t h, hipStream_t s), \
+      KREX_A_HSET2DA, s) \
+    X(HIP, COPY, hipMemsetD2D16Async, (void *d, size_t p, unsigned short v, size_t w, size_t h, hipStream_t s), \
+      KREX_A_HSET2DA, s) \
+    X(HIP, COPY, hipMemsetD2D32Async, (void *d, size_t p, unsigned int v, size_t w, size_t h, hipStream_t s), \
+      KREX_A_HSET2DA, s) \
+    /* stream memory operations: other */ \
+    X(HIP, OTHER, hipStreamWaitValue32, KREX_P_HWAITV32, KREX_A_HWAITV, s) \
+    X(HIP, OTHER, hipStreamWaitValue64, KREX_P_HWAITV64, KREX_A_HWAITV, s) \
+    X(HIP, OTHER, hipStreamWriteValue32, KREX_P_HWRITEV32, (s, a, v, fl), s) \
+    X(HIP, OTHER, hipStreamWriteValue64, KREX_P_HWRITEV64, (s, a, v, fl), s) \
+    X(HIP, OTHER, hipStreamBatchMemOp, (hipStream_t s, unsigned n, void *ops, unsigned fl), (s, n, ops, fl), s) \
+    /* one kernel counted per call, as cuLaunchCooperativeKernelMultiDevice; hipLaunchByPtr launches what \
+     * hipConfigureCall set up, on a stream the shim does not see (the capture check asks the null stream) */ \
+    X(HIP, KERNEL, hipLaunchCooperativeKernelMultiDevice, KREX_P_HMULTI, (l, n, fl), KREX_S_HMULTI) \
+    X(HIP, KERNEL, hipExtLaunchMultiKernelMultiDevice, KREX_P_HMULTI, (l, n, fl), KREX_S_HMULTI) \
+    X(HIP, KERNEL, hipModuleLaunchCooperativeKernelMultiDevice, (hipFunctionLaunchParams *l, unsigned n, \
+      unsigned fl), (l, n, fl), (l && n ? l[0].hStream : NULL)) \
+    X(HIP, KERNEL, hipLaunchByPtr, (const void *fn), (fn), NULL)
+
+/* HIP's synchronous copies and memsets (on the null stream, or the per-thread one for _spt) */
+#define KREX_HIP_SUBMISSIONS_SYNC(X) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2D, KREX_P_H2D, KREX_A_H2D, NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2DToArray, KREX_P_H2TOA, KREX_A_H2TOA, NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy2DFromArray, KREX_P_H2FROMA, KREX_A_H2FROMA, NULL) \
+    X(HIP, COPY, hipMemcpy2DArrayToArray, (hipArray_t d, size_t wd, size_t hd, hipArray_const_t sr, size_t ws, \
+      size_t hs, size_t w, size_t h, int k), (d, wd, hd, sr, ws, hs, w, h, k), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpy3D, (const void *p), (p), NULL) \
+    X(HIP, COPY, hipDrvMemcpy3D, (const void *p), (p), NULL) \
+    X(HIP, COPY, hipMemcpyParam2D, (const void *p), (p), NULL) \
+    X(HIP, COPY, hipDrvMemcpy2DUnaligned, (const void *p), (p), NULL) \
+    X(HIP, COPY, hipMemcpy3DPeer, (const void *p), (p), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyToSymbol, KREX_P_HTOSYM, (sym, sr, n, off, k), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyFromSymbol, KREX_P_HFROMSYM, (d, sym, n, off, k), NULL) \
+    X(HIP, COPY, hipMemcpyHtoD, (void *d, const void *sr, size_t n), (d, sr, n), NULL) \
+    X(HIP, COPY, hipMemcpyDtoH, (void *d, void *sr, size_t n), (d, sr, n), NULL) \
+    X(HIP, COPY, hipMemcpyDtoD, (void *d, void *sr, size_t n), (d, sr, n), NULL) \
+    X(HIP, COPY, hipMemcpyPeer, (void *d, int dd, const void *sr, int sd, size_t n), (d, dd, sr, sd, n), NULL) \
+    X(HIP, COPY, hipMemcpyToArray, (hipArray_t d, size_t wo, size_t ho, const void *sr, size_t n, int k), \
+      (d, wo, ho, sr, n, k), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemcpyFromArray, (void *d, hipArray_const_t sr, size_t wo, size_t ho, size_t n, int k), \
+             (d, sr, wo, ho, n, k), NULL) \
+    X(HIP, COPY, hipMemcpyAtoH, (void *d, hipArray_t sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    X(HIP, COPY, hipMemcpyHtoA, (hipArray_t d, size_t off, const void *sr, size_t n), (d, off, sr, n), NULL) \
+    X(HIP, COPY, hipMemcpyAtoD, (void *d, hipArray_t sr, size_t off, size_t n), (d, sr, off, n), NULL) \
+    X(HIP, COPY, hipMemcpyDtoA, (hipArray_t d, size_t off, void *sr, size_t n), (d, off, sr, n), NULL) \
+    X(HIP, COPY, hipMemcpyAtoA, (hipArray_t d, size_t doff, hipArray_t sr, size_t soff, size_t n), \
+      (d, doff, sr, soff, n), NULL) \
+    X(HIP, COPY, hipMemsetD8, (void *d, unsigned char v, size_t n), (d, v, n), NULL) \
+    X(HIP, COPY, hipMemsetD16, (void *d, unsigned short v, size_t n), (d, v, n), NULL) \
+    X(HIP, COPY, hipMemsetD32, (void *d, int v, size_t n), (d, v, n), NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemset2D, KREX_P_HSET2D, KREX_A_HSET2D, NULL) \
+    KREX_SPT(X, HIP, COPY, hipMemset3D, (hipPitchedPtr p, int v, hipExtent e), (p, v, e), NULL) \
+    X(HIP, COPY, hipMemsetD2D8, (void *d, size_t p, unsigned char v, size_t w, size_t h), KREX_A_HSET2D, NULL) \
+    X(HIP, COPY, hipMemsetD2D16, (void *d, size_t p, unsigned short v, size_t w, size_t h), KREX_A_HSET2D, NULL) \
+    X(HIP, COPY, hipMemsetD2D32, (void *d, size_t p, unsigned int v, size_t w, size_t h), KREX_A_HSET2D, NULL)
 
 #define KREX_HIP_MEMORY(X) \
     X(HIP, MEMORY, hipHostMalloc, (void **p, size_t n, unsigned fl), (p, n, fl), NULL) \

@@ -49,10 +49,39 @@ def test_launch_from_library_constructor(krex, tmp_path):
     check(krex, [SNIP / "ctor_main"], tmp_path)
 
 
-@pytest.mark.parametrize("mode", ["direct", "dlsym", "procaddr"])
+@pytest.mark.parametrize("mode", ["direct", "dlsym", "procaddr", "more-direct", "more-dlsym", "more-procaddr"])
 def test_hip_entry_path(krex, tmp_path, mode):
+    """more-*: HIP's 2D, 3D, peer, symbol, array and batch copies, its memsets of every width and shape (each
+    synchronous and asynchronous form, each _spt twin HIP exports), its stream memory operations and its
+    multi-device and pre-configured launches, by the linked name, by dlsym and by hipGetProcAddress: each counted
+    once, in its kind (hip_paths.c's MORE_CALLS, written apart from the shim's list)."""
     krex.start_controller()
     check(krex, [SNIP / "hip_paths", mode], tmp_path)
+
+
+def test_every_further_hip_submission_waits_at_another_jobs_closed_gate(krex, tmp_path):
+    """Each call of hip_paths' MORE_CALLS, made by a thread of its own while another job's region holds the GPU
+    (its gate closed, nobody frozen), returns only after the region ended: none of them runs ungated beside a
+    timing. And each is counted."""
+    from conftest import wait_for
+
+    krex.start_controller("--no-freeze")
+    go = tmp_path / "go"
+    proc = krex.popen([SNIP / "hip_paths", "more-gated", go], report=tmp_path / "r.json")
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1500000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    go.write_text("")
+    out, err = proc.communicate(timeout=60)
+    owner.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    [region] = report_of(tmp_path / "own.json")["regions"]
+    done = {name: int(t) for name, t in re.findall(r"^done (\S+) (\d+)$", out, re.M)}
+    assert len(done) == sum(expected(out).values()), out
+    assert [n for n, t in done.items() if t < region["ended_ns"]] == [], "ran inside another job's region"
+    rep = report_of(tmp_path / "r.json")
+    assert rep["submissions"] == expected(out) and rep["gate_waited_ns"] > 0
 
 
 def test_counts_without_controller(krex, tmp_path):

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "../../shim/hip_defs.h"
 #include "engine.h"
 
@@ -11,7 +12,7 @@
 
 __attribute__((constructor)) static void trace_at_load(void) { fk_trace_open(); }
 
-enum { OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_DEVICE = 101, E_HANDLE = 400, E_NOT_FOUND = 500,
+enum { OK = 0, E_VALUE = 1, E_MEMORY = 2, E_NOT_INIT = 3, E_MISSING_CONFIGURATION = 52, E_DEVICE = 101, E_HANDLE = 400, E_NOT_FOUND = 500,
        E_NOT_READY = 600, E_CAPTURE_UNSUPPORTED = 900, E_NOT_CAPTURED = 906 };
 
 struct ihipCtx_t { struct fk_ctx *fk; };
@@ -339,6 +340,231 @@ EXPORT hipError_t hipMemset(void *d, int v, size_t n) {
     if (r == OK) fk_stream_sync(stream_of(NULL));
     return r;
 }
+EXPORT hipError_t hipMemset_spt(void *d, int v, size_t n) { return hipMemset(d, v, n); }
+
+/* The other copies and memsets. Linear memory is the fake's heap (hipMalloc), so 2D and 3D ones go row by row and
+ * a peer or symbol copy is a plain one (a symbol is its variable's address). An array is opaque to the fake, and
+ * so is a copy described by a parameter struct (hipMemcpy3DParms, HIP_MEMCPY3D, hip_Memcpy2D, the batch ops): they
+ * move nothing the fake can see, in stream order as any copy. A synchronous one waits for its stream, as
+ * hipMemcpy. */
+static hipError_t synced(hipError_t r, hipStream_t s) {
+    if (r == OK) fk_stream_sync(stream_of(s));
+    return r;
+}
+static hipError_t opaque(const void *p, hipStream_t s) {
+    if (!p) return E_VALUE;
+    fk_empty_op(stream_of(s));
+    return OK;
+}
+static hipError_t copy2d(void *d, size_t dp, const void *sr, size_t sp, size_t w, size_t h, hipStream_t s) {
+    if (w > dp || w > sp || ((!d || !sr) && w && h)) return E_VALUE;
+    for (size_t i = 0; i < h && w; i++) fk_copy(stream_of(s), (char *)d + i * dp, (const char *)sr + i * sp, w);
+    return OK;
+}
+/* w in elements of ELEM bytes (hipMemset2D: bytes) */
+static hipError_t set2d(void *d, size_t pitch, int v, size_t elem, size_t w, size_t h, hipStream_t s) {
+    if (w * elem > pitch || (!d && w && h)) return E_VALUE;
+    for (size_t i = 0; i < h && w; i++) fk_set(stream_of(s), (char *)d + i * pitch, v, elem, w);
+    return OK;
+}
+static hipError_t set3d(hipPitchedPtr p, int v, hipExtent e, hipStream_t s) {
+    if (e.width > p.pitch || (e.depth > 1 && e.height > p.ysize) || (!p.ptr && e.width && e.height && e.depth))
+        return E_VALUE;
+    for (size_t z = 0; z < e.depth; z++)
+        for (size_t y = 0; y < e.height && e.width; y++)
+            fk_set(stream_of(s), (char *)p.ptr + (z * p.ysize + y) * p.pitch, v, 1, e.width);
+    return OK;
+}
+static hipError_t copy1d(void *d, const void *sr, size_t n, hipStream_t s) { return hipMemcpyAsync(d, sr, n, 4, s); }
+#define H2D_P void *d, size_t dp, const void *sr, size_t sp, size_t w, size_t h, int k
+EXPORT hipError_t hipMemcpy2DAsync(H2D_P, hipStream_t s) { return copy2d(d, dp, sr, sp, w, h, s); }
+EXPORT hipError_t hipMemcpy2DAsync_spt(H2D_P, hipStream_t s) { return copy2d(d, dp, sr, sp, w, h, s); }
+EXPORT hipError_t hipMemcpy2D(H2D_P) { return synced(copy2d(d, dp, sr, sp, w, h, NULL), NULL); }
+EXPORT hipError_t hipMemcpy2D_spt(H2D_P) { return hipMemcpy2D(d, dp, sr, sp, w, h, k); }
+#define TOA_P hipArray_t d, size_t wo, size_t ho, const void *sr, size_t sp, size_t w, size_t h, int k
+#define FROMA_P void *d, size_t dp, hipArray_const_t sr, size_t wo, size_t ho, size_t w, size_t h, int k
+EXPORT hipError_t hipMemcpy2DToArrayAsync(TOA_P, hipStream_t s) { return sr ? opaque(d, s) : E_VALUE; }
+EXPORT hipError_t hipMemcpy2DToArrayAsync_spt(TOA_P, hipStream_t s) { return hipMemcpy2DToArrayAsync(d, wo, ho, sr, sp, w, h, k, s); }
+EXPORT hipError_t hipMemcpy2DToArray(TOA_P) { return synced(hipMemcpy2DToArrayAsync(d, wo, ho, sr, sp, w, h, k, NULL), NULL); }
+EXPORT hipError_t hipMemcpy2DToArray_spt(TOA_P) { return hipMemcpy2DToArray(d, wo, ho, sr, sp, w, h, k); }
+EXPORT hipError_t hipMemcpy2DFromArrayAsync(FROMA_P, hipStream_t s) { return d ? opaque(sr, s) : E_VALUE; }
+EXPORT hipError_t hipMemcpy2DFromArrayAsync_spt(FROMA_P, hipStream_t s) { return hipMemcpy2DFromArrayAsync(d, dp, sr, wo, ho, w, h, k, s); }
+EXPORT hipError_t hipMemcpy2DFromArray(FROMA_P) { return synced(hipMemcpy2DFromArrayAsync(d, dp, sr, wo, ho, w, h, k, NULL), NULL); }
+EXPORT hipError_t hipMemcpy2DFromArray_spt(FROMA_P) { return hipMemcpy2DFromArray(d, dp, sr, wo, ho, w, h, k); }
+EXPORT hipError_t hipMemcpy2DArrayToArray(hipArray_t d, size_t wd, size_t hd, hipArray_const_t sr, size_t ws, size_t hs,
+                                          size_t w, size_t h, int k) {
+    return d ? synced(opaque(sr, NULL), NULL) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpyToArray(hipArray_t d, size_t wo, size_t ho, const void *sr, size_t n, int k) {
+    return sr ? synced(opaque(d, NULL), NULL) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpyFromArray(void *d, hipArray_const_t sr, size_t wo, size_t ho, size_t n, int k) {
+    return d ? synced(opaque(sr, NULL), NULL) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpyFromArray_spt(void *d, hipArray_const_t sr, size_t wo, size_t ho, size_t n, int k) {
+    return hipMemcpyFromArray(d, sr, wo, ho, n, k);
+}
+EXPORT hipError_t hipMemcpyAtoHAsync(void *d, hipArray_t sr, size_t off, size_t n, hipStream_t s) {
+    return d ? opaque(sr, s) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpyHtoAAsync(hipArray_t d, size_t off, const void *sr, size_t n, hipStream_t s) {
+    return sr ? opaque(d, s) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpyAtoH(void *d, hipArray_t sr, size_t off, size_t n) { return synced(hipMemcpyAtoHAsync(d, sr, off, n, NULL), NULL); }
+EXPORT hipError_t hipMemcpyHtoA(hipArray_t d, size_t off, const void *sr, size_t n) { return synced(hipMemcpyHtoAAsync(d, off, sr, n, NULL), NULL); }
+EXPORT hipError_t hipMemcpyAtoD(void *d, hipArray_t sr, size_t off, size_t n) { return synced(hipMemcpyAtoHAsync(d, sr, off, n, NULL), NULL); }
+EXPORT hipError_t hipMemcpyDtoA(hipArray_t d, size_t off, void *sr, size_t n) { return synced(hipMemcpyHtoAAsync(d, off, sr, n, NULL), NULL); }
+EXPORT hipError_t hipMemcpyAtoA(hipArray_t d, size_t doff, hipArray_t sr, size_t soff, size_t n) {
+    return d ? synced(opaque(sr, NULL), NULL) : E_VALUE;
+}
+EXPORT hipError_t hipMemcpy3DAsync(const void *p, hipStream_t s) { return opaque(p, s); }
+EXPORT hipError_t hipMemcpy3DAsync_spt(const void *p, hipStream_t s) { return opaque(p, s); }
+EXPORT hipError_t hipMemcpy3D(const void *p) { return synced(opaque(p, NULL), NULL); }
+EXPORT hipError_t hipMemcpy3D_spt(const void *p) { return hipMemcpy3D(p); }
+EXPORT hipError_t hipDrvMemcpy3DAsync(const void *p, hipStream_t s) { return opaque(p, s); }
+EXPORT hipError_t hipDrvMemcpy3D(const void *p) { return synced(opaque(p, NULL), NULL); }
+EXPORT hipError_t hipMemcpyParam2DAsync(const void *p, hipStream_t s) { return opaque(p, s); }
+EXPORT hipError_t hipMemcpyParam2D(const void *p) { return synced(opaque(p, NULL), NULL); }
+EXPORT hipError_t hipDrvMemcpy2DUnaligned(const void *p) { return synced(opaque(p, NULL), NULL); }
+EXPORT hipError_t hipMemcpy3DPeerAsync(const void *p, hipStream_t s) { return opaque(p, s); }
+EXPORT hipError_t hipMemcpy3DPeer(const void *p) { return synced(opaque(p, NULL), NULL); }
+#define TOSYM_P const void *sym, const void *sr, size_t n, size_t off, int k
+#define FROMSYM_P void *d, const void *sym, size_t n, size_t off, int k
+EXPORT hipError_t hipMemcpyToSymbolAsync(TOSYM_P, hipStream_t s) { return sym ? copy1d((char *)sym + off, sr, n, s) : E_VALUE; }
+EXPORT hipError_t hipMemcpyToSymbolAsync_spt(TOSYM_P, hipStream_t s) { return hipMemcpyToSymbolAsync(sym, sr, n, off, k, s); }
+EXPORT hipError_t hipMemcpyToSymbol(TOSYM_P) { return synced(hipMemcpyToSymbolAsync(sym, sr, n, off, k, NULL), NULL); }
+EXPORT hipError_t hipMemcpyToSymbol_spt(TOSYM_P) { return hipMemcpyToSymbol(sym, sr, n, off, k); }
+EXPORT hipError_t hipMemcpyFromSymbolAsync(FROMSYM_P, hipStream_t s) { return sym ? copy1d(d, (const char *)sym + off, n, s) : E_VALUE; }
+EXPORT hipError_t hipMemcpyFromSymbolAsync_spt(FROMSYM_P, hipStream_t s) { return hipMemcpyFromSymbolAsync(d, sym, n, off, k, s); }
+EXPORT hipError_t hipMemcpyFromSymbol(FROMSYM_P) { return synced(hipMemcpyFromSymbolAsync(d, sym, n, off, k, NULL), NULL); }
+EXPORT hipError_t hipMemcpyFromSymbol_spt(FROMSYM_P) { return hipMemcpyFromSymbol(d, sym, n, off, k); }
+EXPORT hipError_t hipMemcpyPeerAsync(void *d, int dd, const void *sr, int sd, size_t n, hipStream_t s) {
+    return DEV_OK(dd) && DEV_OK(sd) ? copy1d(d, sr, n, s) : E_DEVICE;
+}
+EXPORT hipError_t hipMemcpyPeer(void *d, int dd, const void *sr, int sd, size_t n) {
+    return synced(hipMemcpyPeerAsync(d, dd, sr, sd, n, NULL), NULL);
+}
+EXPORT hipError_t hipMemcpyWithStream(void *d, const void *sr, size_t n, int k, hipStream_t s) {
+    return synced(hipMemcpyAsync(d, sr, n, k, s), s);
+}
+EXPORT hipError_t hipMemcpyHtoD(void *d, const void *sr, size_t n) { return hipMemcpy(d, sr, n, 1); }
+EXPORT hipError_t hipMemcpyDtoH(void *d, void *sr, size_t n) { return hipMemcpy(d, sr, n, 2); }
+EXPORT hipError_t hipMemcpyDtoD(void *d, void *sr, size_t n) { return hipMemcpy(d, sr, n, 3); }
+/* HIP 7.1's batches: the 1D one copies each; the attributes are hints (none kept) */
+EXPORT hipError_t hipMemcpyBatchAsync(void **d, void **sr, size_t *sz, size_t n, void *at, size_t *ai, size_t na,
+                                      size_t *fail, hipStream_t s) {
+    if (fail) *fail = SIZE_MAX;
+    if (!n || !d || !sr || !sz || (na && (!at || !ai))) return E_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        hipError_t r = copy1d(d[i], sr[i], sz[i], s);
+        if (r != OK) {
+            if (fail) *fail = i;
+            return r;
+        }
+    }
+    return OK;
+}
+EXPORT hipError_t hipMemcpy3DBatchAsync(size_t n, void *ops, size_t *fail, unsigned long long fl, hipStream_t s) {
+    if (fail) *fail = SIZE_MAX;
+    return n && !fl ? opaque(ops, s) : E_VALUE;
+}
+#define SET2D_P(T) void *d, size_t p, T v, size_t w, size_t h
+EXPORT hipError_t hipMemset2DAsync(SET2D_P(int), hipStream_t s) { return set2d(d, p, v, 1, w, h, s); }
+EXPORT hipError_t hipMemset2DAsync_spt(SET2D_P(int), hipStream_t s) { return set2d(d, p, v, 1, w, h, s); }
+EXPORT hipError_t hipMemset2D(SET2D_P(int)) { return synced(set2d(d, p, v, 1, w, h, NULL), NULL); }
+EXPORT hipError_t hipMemset2D_spt(SET2D_P(int)) { return hipMemset2D(d, p, v, w, h); }
+EXPORT hipError_t hipMemset3DAsync(hipPitchedPtr p, int v, hipExtent e, hipStream_t s) { return set3d(p, v, e, s); }
+EXPORT hipError_t hipMemset3DAsync_spt(hipPitchedPtr p, int v, hipExtent e, hipStream_t s) { return set3d(p, v, e, s); }
+EXPORT hipError_t hipMemset3D(hipPitchedPtr p, int v, hipExtent e) { return synced(set3d(p, v, e, NULL), NULL); }
+EXPORT hipError_t hipMemset3D_spt(hipPitchedPtr p, int v, hipExtent e) { return hipMemset3D(p, v, e); }
+EXPORT hipError_t hipMemsetD2D8Async(SET2D_P(unsigned char), hipStream_t s) { return set2d(d, p, v, 1, w, h, s); }
+EXPORT hipError_t hipMemsetD2D16Async(SET2D_P(unsigned short), hipStream_t s) { return set2d(d, p, v, 2, w, h, s); }
+EXPORT hipError_t hipMemsetD2D32Async(SET2D_P(unsigned int), hipStream_t s) { return set2d(d, p, (int)v, 4, w, h, s); }
+EXPORT hipError_t hipMemsetD2D8(SET2D_P(unsigned char)) { return synced(set2d(d, p, v, 1, w, h, NULL), NULL); }
+EXPORT hipError_t hipMemsetD2D16(SET2D_P(unsigned short)) { return synced(set2d(d, p, v, 2, w, h, NULL), NULL); }
+EXPORT hipError_t hipMemsetD2D32(SET2D_P(unsigned int)) { return synced(set2d(d, p, (int)v, 4, w, h, NULL), NULL); }
+EXPORT hipError_t hipMemsetD8(void *d, unsigned char v, size_t n) { return synced(set_async(d, v, 1, n, NULL), NULL); }
+EXPORT hipError_t hipMemsetD16(void *d, unsigned short v, size_t n) { return synced(set_async(d, v, 2, n, NULL), NULL); }
+EXPORT hipError_t hipMemsetD32(void *d, int v, size_t n) { return synced(set_async(d, v, 4, n, NULL), NULL); }
+
+/* Stream memory operations, in stream order: a write stores its value; a wait holds its stream until the masked
+ * word meets the condition (hipStreamWaitValueGte 0, Eq 1, And 2, Nor 3); a batch (of up to 256) moves nothing the
+ * fake can see. */
+struct stream_value { void *a; uint64_t v, m; unsigned fl; int wide; };
+static void write_value(void *arg) {
+    struct stream_value *w = arg;
+    if (w->wide) __atomic_store_n((uint64_t *)w->a, w->v, __ATOMIC_SEQ_CST);
+    else __atomic_store_n((uint32_t *)w->a, (uint32_t)w->v, __ATOMIC_SEQ_CST);
+    free(w);
+}
+static int value_met(const struct stream_value *w) {
+    uint64_t x = (w->wide ? __atomic_load_n((uint64_t *)w->a, __ATOMIC_SEQ_CST)
+                          : __atomic_load_n((uint32_t *)w->a, __ATOMIC_SEQ_CST)) & w->m;
+    switch (w->fl) {
+    case 0: return x >= w->v;
+    case 1: return x == w->v;
+    case 2: return (x & w->v) != 0;
+    default: return (~(x | (w->v & w->m)) & w->m) != 0;
+    }
+}
+static void wait_value(void *arg) {
+    struct stream_value *w = arg;
+    struct timespec ts = {0, 20000};
+    while (!value_met(w)) nanosleep(&ts, NULL);
+    free(w);
+}
+static hipError_t stream_value(hipStream_t s, void *a, uint64_t v, uint64_t m, unsigned fl, int wide, int wait) {
+    if (!a || (wait ? fl > 3 : fl != 0)) return E_VALUE;
+    struct stream_value *w = malloc(sizeof *w);
+    if (!w) return E_MEMORY;
+    *w = (struct stream_value){a, v, wide ? m : (uint32_t)m, fl, wide};
+    fk_hostfn(stream_of(s), wait ? wait_value : write_value, w);
+    return OK;
+}
+EXPORT hipError_t hipStreamWriteValue32(hipStream_t s, void *a, uint32_t v, unsigned fl) { return stream_value(s, a, v, 0, fl, 0, 0); }
+EXPORT hipError_t hipStreamWriteValue64(hipStream_t s, void *a, uint64_t v, unsigned fl) { return stream_value(s, a, v, 0, fl, 1, 0); }
+EXPORT hipError_t hipStreamWaitValue32(hipStream_t s, void *a, uint32_t v, unsigned fl, uint32_t m) { return stream_value(s, a, v, m, fl, 0, 1); }
+EXPORT hipError_t hipStreamWaitValue64(hipStream_t s, void *a, uint64_t v, unsigned fl, uint64_t m) { return stream_value(s, a, v, m, fl, 1, 1); }
+EXPORT hipError_t hipStreamBatchMemOp(hipStream_t s, unsigned n, void *ops, unsigned fl) {
+    if (!n || n > 256 || !ops || fl) return E_VALUE;
+    fk_empty_op(stream_of(s));
+    return OK;
+}
+
+/* multi-device launches: each entry's kernel on its own stream */
+static hipError_t launch_each(hipLaunchParams *l, int n) {
+    if (!l || n < 1 || n > fk_hip_device_count()) return E_VALUE;
+    for (int i = 0; i < n; i++) {
+        hipError_t r = hipLaunchKernel(l[i].func, l[i].gridDim, l[i].blockDim, l[i].args, l[i].sharedMem, l[i].stream);
+        if (r != OK) return r;
+    }
+    return OK;
+}
+EXPORT hipError_t hipLaunchCooperativeKernelMultiDevice(hipLaunchParams *l, int n, unsigned fl) { return launch_each(l, n); }
+EXPORT hipError_t hipExtLaunchMultiKernelMultiDevice(hipLaunchParams *l, int n, unsigned fl) { return launch_each(l, n); }
+EXPORT hipError_t hipModuleLaunchCooperativeKernelMultiDevice(hipFunctionLaunchParams *l, unsigned n, unsigned fl) {
+    if (!l || !n || n > (unsigned)fk_hip_device_count()) return E_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        hipError_t r = hipModuleLaunchKernel(l[i].function, l[i].gridDimX, l[i].gridDimY, l[i].gridDimZ, l[i].blockDimX,
+                                             l[i].blockDimY, l[i].blockDimZ, l[i].sharedMemBytes, l[i].hStream,
+                                             l[i].kernelParams, NULL);
+        if (r != OK) return r;
+    }
+    return OK;
+}
+/* the launch hipConfigureCall set up (the thread's last), as the old <<<>>> lowering made it */
+static __thread struct { dim3 g, b; size_t smem; hipStream_t s; int set; } configured;
+EXPORT hipError_t hipConfigureCall(dim3 g, dim3 b, size_t smem, hipStream_t s) {
+    configured.g = g, configured.b = b, configured.smem = smem, configured.s = s, configured.set = 1;
+    return OK;
+}
+EXPORT hipError_t hipSetupArgument(const void *arg, size_t size, size_t off) { return arg || !size ? OK : E_VALUE; }
+EXPORT hipError_t hipLaunchByPtr(const void *fn) {
+    if (!configured.set) return E_MISSING_CONFIGURATION;
+    configured.set = 0;
+    return hipLaunchKernel(fn, configured.g, configured.b, NULL, configured.smem, configured.s);
+}
+
 EXPORT const char *hipGetErrorString(hipError_t e) {
     switch (e) {
     case OK: return "no error";
@@ -370,8 +596,25 @@ EXPORT hipError_t hipGetProcAddress(const char *sym, void **pfn, int ver, uint64
     X(hipGraphInstantiateWithParams) X(hipMemMapArrayAsync) X(hipMemPoolTrimTo) X(hipDeviceGraphMemTrim) \
     X(hipMemPoolGetAttribute) X(hipDeviceGetGraphMemAttribute) \
     X(hipWaitExternalSemaphoresAsync) X(hipMallocAsync) X(hipMallocFromPoolAsync) X(hipFreeAsync) \
-    X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipGetErrorString) \
-    X(hipGetErrorName) X(hipGetProcAddress)
+    X(hipMemsetD8Async) X(hipMemsetD16Async) X(hipMemsetD32Async) X(hipMemset) X(hipMemset_spt) \
+    X(hipMemcpy2DAsync) X(hipMemcpy2DAsync_spt) X(hipMemcpy2D) X(hipMemcpy2D_spt) X(hipMemcpy2DToArrayAsync) \
+    X(hipMemcpy2DToArrayAsync_spt) X(hipMemcpy2DToArray) X(hipMemcpy2DToArray_spt) X(hipMemcpy2DFromArrayAsync) \
+    X(hipMemcpy2DFromArrayAsync_spt) X(hipMemcpy2DFromArray) X(hipMemcpy2DFromArray_spt) X(hipMemcpy2DArrayToArray) \
+    X(hipMemcpyToArray) X(hipMemcpyFromArray) X(hipMemcpyFromArray_spt) X(hipMemcpyAtoHAsync) X(hipMemcpyHtoAAsync) \
+    X(hipMemcpyAtoH) X(hipMemcpyHtoA) X(hipMemcpyAtoD) X(hipMemcpyDtoA) X(hipMemcpyAtoA) X(hipMemcpy3DAsync) \
+    X(hipMemcpy3DAsync_spt) X(hipMemcpy3D) X(hipMemcpy3D_spt) X(hipDrvMemcpy3DAsync) X(hipDrvMemcpy3D) \
+    X(hipMemcpyParam2DAsync) X(hipMemcpyParam2D) X(hipDrvMemcpy2DUnaligned) X(hipMemcpy3DPeerAsync) X(hipMemcpy3DPeer) \
+    X(hipMemcpyToSymbolAsync) X(hipMemcpyToSymbolAsync_spt) X(hipMemcpyToSymbol) X(hipMemcpyToSymbol_spt) \
+    X(hipMemcpyFromSymbolAsync) X(hipMemcpyFromSymbolAsync_spt) X(hipMemcpyFromSymbol) X(hipMemcpyFromSymbol_spt) \
+    X(hipMemcpyPeerAsync) X(hipMemcpyPeer) X(hipMemcpyWithStream) X(hipMemcpyHtoD) X(hipMemcpyDtoH) X(hipMemcpyDtoD) \
+    X(hipMemcpyBatchAsync) X(hipMemcpy3DBatchAsync) X(hipMemset2DAsync) X(hipMemset2DAsync_spt) X(hipMemset2D) \
+    X(hipMemset2D_spt) X(hipMemset3DAsync) X(hipMemset3DAsync_spt) X(hipMemset3D) X(hipMemset3D_spt) \
+    X(hipMemsetD2D8Async) X(hipMemsetD2D16Async) X(hipMemsetD2D32Async) X(hipMemsetD2D8) X(hipMemsetD2D16) \
+    X(hipMemsetD2D32) X(hipMemsetD8) X(hipMemsetD16) X(hipMemsetD32) X(hipStreamWriteValue32) \
+    X(hipStreamWriteValue64) X(hipStreamWaitValue32) X(hipStreamWaitValue64) X(hipStreamBatchMemOp) \
+    X(hipLaunchCooperativeKernelMultiDevice) X(hipExtLaunchMultiKernelMultiDevice) \
+    X(hipModuleLaunchCooperativeKernelMultiDevice) X(hipConfigureCall) X(hipSetupArgument) X(hipLaunchByPtr) \
+    X(hipGetErrorString) X(hipGetErrorName) X(hipGetProcAddress)
 static const struct { const char *name; void *fn; } table[] = {
 #define FK_ENTRY(n) {#n, (void *)&n},
     FK_TABLE(FK_ENTRY)
