@@ -886,6 +886,7 @@ def test_a_user_the_controller_refuses_is_told_why(krex, tmp_path):
     import grp  # noqa: F401   (imported before the fork: the child's user may not read the interpreter's files)
     import ctypes  # noqa: F401
     import pwd  # noqa: F401
+    import termios  # noqa: F401
 
     from krex_ctl import embedded
     from krex_ctl.cli import full
