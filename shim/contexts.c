@@ -170,14 +170,14 @@ void krex_register_current_device(int vendor) {
         /* a context made where the shim did not see it (a green context, one made before the shim): whether it is
          * a device's primary one is not known, so no quiet point (gate.c) holds for this process */
         if (get_dev && get_ctx && get_dev(&d) == CUDA_SUCCESS && get_ctx(&c) == CUDA_SUCCESS && c) {
-            krex_context_made(vendor, d, 0);
+            krex_context_made(d, 0);
             krex_register_context(vendor, d, c);
         }
     } else {
         hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
         int d;
         if (get_dev && get_dev(&d) == hipSuccess) {   /* HIP's implicit device (no hipSetDevice): its primary context */
-            krex_context_made(vendor, d, 1);
+            krex_context_made(d, 1);
             krex_register_context(vendor, d, (void *)(intptr_t)d);
         }
     }

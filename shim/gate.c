@@ -122,10 +122,8 @@ static uint64_t quiet_count = UINT64_MAX;
 static int64_t quiet_ns;
 static uint64_t context_devices;   /* local devices this process made or retained a context on */
 static int other_contexts;         /* a context not a device's primary one, or on a device past 63 */
-static int hip_contexts;           /* a HIP device used: not every HIP submission call is counted (hook_list.h) */
 
-void krex_context_made(int vendor, int local_device, int primary) {
-    if (vendor == KREX_VENDOR_HIP) __atomic_store_n(&hip_contexts, 1, __ATOMIC_RELAXED);
+void krex_context_made(int local_device, int primary) {
     if (!primary || local_device < 0 || local_device > 63)
         __atomic_store_n(&other_contexts, 1, __ATOMIC_RELAXED);
     else
@@ -172,13 +170,11 @@ int64_t krex_quiet_since(void) {
 }
 
 /* nothing of this process can still be on a GPU: it never submitted anything, or nothing since a quiet point
- * (drain.c: an idle sibling's synchronize, slow on a loaded host, does not make it busy). Never for a process
- * that used HIP: some HIP submission calls (2D/3D/peer copies, stream write-value) are not hooked, so not counted */
+ * (drain.c: an idle sibling's synchronize, slow on a loaded host, does not make it busy). It holds as far as every
+ * submission call is hooked, so counted (hook_list.h) */
 int krex_gpu_idle(void) {
     uint64_t n;
-    if (__atomic_load_n(&hip_contexts, __ATOMIC_RELAXED) || submissions(&n) != 0 ||
-        __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST))
-        return 0;
+    if (submissions(&n) != 0 || __atomic_load_n(&krex_inflight_count, __ATOMIC_SEQ_CST)) return 0;
     return n == 0 || krex_quiet_since() != 0;
 }
 

@@ -18,7 +18,7 @@ static void before_context(CUdevice d) {
 static CUresult after_context(CUresult r, CUcontext *c, CUdevice d, int primary) {
     if (r == CUDA_SUCCESS && c) {
         krex_count_context(KREX_VENDOR_CUDA);
-        krex_context_made(KREX_VENDOR_CUDA, d, primary);            /* gate.c: quiet points only with one primary context */
+        krex_context_made(d, primary);            /* gate.c: quiet points only with one primary context */
         krex_register_context(KREX_VENDOR_CUDA, d, *c);
     }
     krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_CUDA, d), 0);

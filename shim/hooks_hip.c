@@ -24,7 +24,7 @@ KREX_EXPORT hipError_t hipSetDevice(int d) {
     hipError_t r = REAL(hipSetDevice)(d);
     if (r == hipSuccess) {
         krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
-        krex_context_made(KREX_VENDOR_HIP, d, 1);   /* the device's primary context (gate.c: quiet points) */
+        krex_context_made(d, 1);   /* the device's primary context (gate.c: quiet points) */
     }
     if (first) krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);
     return r;
@@ -32,7 +32,7 @@ KREX_EXPORT hipError_t hipSetDevice(int d) {
 static hipError_t after_context(hipError_t r, hipDevice_t d, int primary) {
     if (r == hipSuccess) {
         krex_count_context(KREX_VENDOR_HIP);
-        krex_context_made(KREX_VENDOR_HIP, d, primary);
+        krex_context_made(d, primary);
         krex_register_context(KREX_VENDOR_HIP, d, (void *)(intptr_t)d);
     }
     krex_lifecycle(KREX_LIFE_CTX_CREATE_END, krex_physical_device(KREX_VENDOR_HIP, d), 0);

@@ -82,7 +82,7 @@ uint64_t krex_quiet_begin(void);          /* before a context-wide synchronize: 
 void krex_quiet_end(uint64_t before, int ok);   /* after it: a quiet point if it succeeded with no launch meanwhile */
 int64_t krex_quiet_since(void);           /* the last quiet point with no launch since (0: none or not known) */
 int krex_gpu_idle(void);                  /* 1: nothing of this process can be on a GPU (no submission, or none since a quiet point) */
-void krex_context_made(int vendor, int local_device, int primary);   /* a context (primary: a device's primary one) */
+void krex_context_made(int local_device, int primary);   /* a context (primary: a device's primary one) */
 void krex_context_gate(int vendor, int local_device, int announced); /* before a context is created on that GPU;
                                                                        * announced: its CTX_CREATE_BEGIN follows */
 void krex_exit_gate_arm(void);                 /* this process has contexts: exit waits for other jobs' regions */

@@ -202,8 +202,8 @@ def test_the_busy_policy_takes_a_slow_synchronize_of_an_idle_sibling_for_the_hos
 def test_the_busy_policy_stops_a_hip_sibling_with_work_on_its_implicit_device_after_a_synchronize_elsewhere(krex, tmp_path):
     """A HIP process launches 10 x 200 ms kernels on its implicit device 0 (no hipSetDevice(0)), then
     hipSetDevice(1) and hipDeviceSynchronize() there. That synchronize says nothing of device 0: a drain on GPU 0
-    waits for the kernels, so the process is busy and stopped (the implicit device's context counts among its
-    contexts, and a HIP process is judged by its synchronize's time: not every HIP submission call is counted)."""
+    waits for the kernels, so the process is busy and stopped: the implicit device's context counts among its
+    contexts, so a synchronize of another device's is no quiet point."""
     krex.start_controller(default_freeze=True)
     before = {c["pid"] for c in krex.status()["clients"] if c["role"] == "shim"}
     hog = krex.popen([SNIP / "hip_idle_hog"], env={"SNIPPET_LAUNCH": "10", "SNIPPET_US": "200000"})
