@@ -444,6 +444,9 @@ static int krex_stream_capturing(int vendor, void *stream, int id) {
         CUresult (*f)(CUstream, int *) = krex_real(ptsz ? KREX_H_cuStreamIsCapturing_ptsz : KREX_H_cuStreamIsCapturing);
         if (!f || f((CUstream)stream, &status) != CUDA_SUCCESS) return 0;
     } else {
+        /* an _spt entry's stream 0 is the per-thread default stream (hipStreamPerThread, (hipStream_t)2), which may
+         * be capturing while the legacy one (NULL) is not */
+        if (!stream && strstr(krex_hook_names[id], "_spt")) stream = (void *)(intptr_t)2;
         hipError_t (*f)(hipStream_t, int *) = krex_real(KREX_H_hipStreamIsCapturing);
         if (!f || f((hipStream_t)stream, &status) != hipSuccess) return 0;
     }

@@ -49,7 +49,8 @@ def test_launch_from_library_constructor(krex, tmp_path):
     check(krex, [SNIP / "ctor_main"], tmp_path)
 
 
-@pytest.mark.parametrize("mode", ["direct", "dlsym", "procaddr", "more-direct", "more-dlsym", "more-procaddr"])
+@pytest.mark.parametrize("mode", ["direct", "dlsym", "procaddr", "more-direct", "more-dlsym", "more-procaddr",
+                                  "capture-spt"])
 def test_hip_entry_path(krex, tmp_path, mode):
     """more-*: HIP's 2D, 3D, peer, symbol, array and batch copies, its memsets of every width and shape (each
     synchronous and asynchronous form, each _spt twin HIP exports), its stream memory operations and its

@@ -38,7 +38,12 @@ static struct ihipCtx_t *dev_ctx(int d) {
     pthread_mutex_unlock(&dev_mu);
     return devices[d];
 }
-static struct fk_stream *stream_of(hipStream_t s) { return s ? s->fk : dev_ctx(cur_dev)->fk->default_stream; }
+/* hipStreamPerThread ((hipStream_t)2): the thread's default stream, here the device's one (NULL is the legacy
+ * stream: the same work queue in this fake, but it is never capturing, as HIP's is not while the per-thread one is) */
+#define PER_THREAD ((hipStream_t)2)
+static struct fk_stream *stream_of(hipStream_t s) {
+    return s && s != PER_THREAD ? s->fk : dev_ctx(cur_dev)->fk->default_stream;
+}
 #define DEV_OK(d) ((d) >= 0 && (d) < fk_hip_device_count())
 
 EXPORT hipError_t hipInit(unsigned fl) { return fl ? E_VALUE : OK; }
@@ -81,20 +86,20 @@ EXPORT hipError_t hipStreamCreateWithPriority(hipStream_t *s, unsigned fl, int p
 EXPORT hipError_t hipStreamDestroy(hipStream_t s) { if (!s) return E_HANDLE; fk_stream_free(s->fk); free(s); return OK; }
 EXPORT hipError_t hipStreamSynchronize(hipStream_t s) { fk_stream_sync(stream_of(s)); fk_pool_sync(); return OK; }
 EXPORT hipError_t hipStreamQuery(hipStream_t s) { return fk_stream_idle(stream_of(s)) ? OK : E_NOT_READY; }
-EXPORT hipError_t hipStreamIsCapturing(hipStream_t s, int *st) { if (!st) return E_VALUE; *st = s && s->fk->capture; return OK; }
+EXPORT hipError_t hipStreamIsCapturing(hipStream_t s, int *st) { if (!st) return E_VALUE; *st = s && stream_of(s)->capture; return OK; }
 EXPORT hipError_t hipStreamBeginCapture(hipStream_t s, int mode) {
     if (!s) return E_CAPTURE_UNSUPPORTED;
-    if (s->fk->capture) return E_VALUE;
-    s->fk->capture = fk_graph_new();
+    if (stream_of(s)->capture) return E_VALUE;
+    stream_of(s)->capture = fk_graph_new();
     return OK;
 }
 EXPORT hipError_t hipStreamBeginCapture_spt(hipStream_t s, int mode) { return hipStreamBeginCapture(s, mode); }
 EXPORT hipError_t hipStreamEndCapture(hipStream_t s, hipGraph_t *g) {
-    if (!s || !s->fk->capture) return E_NOT_CAPTURED;
+    if (!s || !stream_of(s)->capture) return E_NOT_CAPTURED;
     if (!g) return E_VALUE;
     *g = calloc(1, sizeof(struct ihipGraph));
-    (*g)->fk = s->fk->capture;
-    s->fk->capture = NULL;
+    (*g)->fk = stream_of(s)->capture;
+    stream_of(s)->capture = NULL;
     return OK;
 }
 EXPORT hipError_t hipStreamEndCapture_spt(hipStream_t s, hipGraph_t *g) { return hipStreamEndCapture(s, g); }

@@ -2,7 +2,9 @@
  * hipLaunchKernel, hipExtModuleLaunchKernel, graph launch); prints the expected counts.
  * more-direct, more-dlsym, more-procaddr: every call of MORE_CALLS once, through that path;
  * more-gated GO: each call of MORE_CALLS made by a thread of its own once the file GO exists, each printing
- * "done NAME T" (T: CLOCK_MONOTONIC ns when it returned). */
+ * "done NAME T" (T: CLOCK_MONOTONIC ns when it returned).
+ * capture-spt: a capture of the per-thread default stream (hipStreamPerThread) by the _spt calls a program built
+ * with per-thread default streams makes, stream 0 in each: captured, not counted, then its graph launched. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -26,6 +28,11 @@ hipError_t hipMemcpyAsync(void *, const void *, size_t, int, hipStream_t);
 hipError_t hipMalloc(void **, size_t);
 hipError_t hipGraphCreate(hipGraph_t *, unsigned);
 hipError_t hipGraphInstantiate(hipGraphExec_t *, hipGraph_t, void *, char *, size_t);
+hipError_t hipStreamBeginCapture_spt(hipStream_t, int);
+hipError_t hipStreamEndCapture_spt(hipStream_t, hipGraph_t *);
+hipError_t hipLaunchKernel_spt(const void *, dim3, dim3, void **, size_t, hipStream_t);
+hipError_t hipMemcpyAsync_spt(void *, const void *, size_t, int, hipStream_t);
+hipError_t hipGraphLaunch_spt(hipGraphExec_t, hipStream_t);
 
 void hip_stub_kernel(void) {}
 
@@ -205,7 +212,7 @@ static void stream_cb(hipStream_t s, hipError_t r, void *arg) { (void)s, (void)r
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "direct";
-    int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0, other = 0;
+    int n = env_int("SNIPPET_N", 4), kernels = 0, copies = 0, other = 0, graphs = 0, captured = 0;
     hipModule_t m;
     hipFunction_t f;
     CHECK(hipSetDevice(0));
@@ -285,6 +292,21 @@ int main(int argc, char **argv) {
         CHECK(((hipError_t(*)(hipStream_t, void (*)(hipStream_t, hipError_t, void *), void *, unsigned))p)(
             NULL, stream_cb, NULL, 0));
         kernels = n, copies = 3, other = 7;
+    } else if (!strcmp(mode, "capture-spt")) {
+        hipStream_t per_thread = (hipStream_t)2;   /* hipStreamPerThread */
+        void *d;
+        char h[16] = {0};
+        CHECK(hipMalloc(&d, 16));
+        CHECK(hipStreamBeginCapture_spt(per_thread, 0));
+        dim3 g = {5, 1, 1}, b = {1, 1, 1};
+        for (int i = 0; i < n; i++) CHECK(hipLaunchKernel_spt((const void *)hip_stub_kernel, g, b, NULL, 0, NULL));
+        CHECK(hipMemcpyAsync_spt(d, h, 16, 1, NULL));
+        hipGraph_t graph;
+        hipGraphExec_t e;
+        CHECK(hipStreamEndCapture_spt(per_thread, &graph));
+        CHECK(hipGraphInstantiate(&e, graph, NULL, NULL, 0));
+        CHECK(hipGraphLaunch_spt(e, NULL));
+        graphs = 1, captured = n + 1;
     } else if (!strncmp(mode, "more-", 5)) {
         more_setup(f);
         void *lib = dlopen("libamdhip64.so", RTLD_NOW | RTLD_NOLOAD);
@@ -319,6 +341,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     CHECK(hipDeviceSynchronize());
-    printf("expect kernels=%d graphs=0 copies=%d other=%d captured=0\n", kernels, copies, other);
+    printf("expect kernels=%d graphs=%d copies=%d other=%d captured=%d\n", kernels, graphs, copies, other, captured);
     return 0;
 }
