@@ -888,6 +888,7 @@ def test_a_user_the_controller_refuses_is_told_why(krex, tmp_path):
     import pwd  # noqa: F401
     import termios  # noqa: F401
 
+    import krex_ctl.server  # noqa: F401   (what `krex status` and ensure_controller may import lazily)
     from krex_ctl import embedded
     from krex_ctl.cli import full
     from krex_ctl.errors import KrexCommandError

@@ -18,6 +18,6 @@ L=/tmp/idle-drain-logs; mkdir -p $L
 timeout ${LIMIT:-400} python3 tests/gpu/idle_drain_probe.py --out $OUT/idle-drain.json ${old:+--old-shim $old} \
   --regions ${REGIONS:-12} --hogs ${HOGS:-32} --logs $L >> $OUT/idle-drain.log 2>&1
 echo "idle_drain rc=$?" | tee -a $OUT/idle-drain.log
-pkill -f 'while True: pass' 2>/dev/null
+pkill -f krex-idle-drain-hog 2>/dev/null   # the probe's busy loops, were it killed before its own cleanup
 tar czf $OUT/idle-drain-logs.tgz -C $L . 2>/dev/null
 tail -12 $OUT/idle-drain.log

@@ -6,7 +6,7 @@ context-wide synchronize answers with no GPU time, however long its synchronize 
 
 For each shim (this tree's build/libkrex.so, and PATH when given) and each load (none, then --hogs busy-looping
 processes outside krex), a fresh controller (the default policy, busy) and four torch siblings under `krex run`:
-  busy      bf16 8192 matmuls back to back, 4 queued at a time (GPU work in flight at every drain)
+  busy      bf16 8192 matmuls in batches of four, each batch waited for on its stream (work in flight at most drains)
   synced    a few matmuls, torch.cuda.synchronize() (context-wide), then asleep
   unsynced  a few matmuls, waited for on their stream only, then asleep (busy until a drain synchronizes it)
   never     a context and its memory (torch.empty), no kernel, asleep
@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("busy", "synced", "unsynced", "never")
+HOG = "while True: pass  # krex-idle-drain-hog"     # the script's pkill names it
 
 
 def sibling(kind: str, ready: str) -> int:
@@ -100,6 +101,8 @@ def case(shim: str, hogs: int, regions: int, tmp: Path) -> dict:
     try:
         while not sock.exists() and time.monotonic() - started < 30:
             time.sleep(0.1)
+        if not sock.exists():   # else `krex run` would start a controller of its own, which nothing here stops
+            return {"error": "the controller did not start within 30 s; see its log"}
         run = [sys.executable, "-m", "krex_ctl", "run", "--"]
         for kind in KINDS:
             ready = tmp / f"{kind}.ready"
@@ -110,12 +113,15 @@ def case(shim: str, hogs: int, regions: int, tmp: Path) -> dict:
             if not wait_file(ready, 120, [p]):
                 return {"error": f"sibling {kind} did not get ready (rc {p.poll()}); see the controller log"}
             pids[kind] = int(ready.read_text())
-        hog_procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+        hog_procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
         time.sleep(2 if hogs else 0.5)
         report, seen = tmp / "owner-report.json", tmp / "owner-seen.json"
-        o = subprocess.run(run[:-1] + ["--report", str(report), "--", sys.executable, __file__, "owner", "--pids",
-                                        ",".join(f"{k}={v}" for k, v in pids.items()), "--regions", str(regions),
-                                        "--out", str(seen)], env=env, capture_output=True, text=True, timeout=300)
+        try:
+            o = subprocess.run(run[:-1] + ["--report", str(report), "--", sys.executable, __file__, "owner", "--pids",
+                                            ",".join(f"{k}={v}" for k, v in pids.items()), "--regions", str(regions),
+                                            "--out", str(seen)], env=env, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return {"error": "the owner did not finish within 300 s"}
         if o.returncode != 0:
             return {"error": f"owner rc {o.returncode}: {o.stderr[-2000:]}"}
         states = json.loads(seen.read_text())
@@ -132,6 +138,8 @@ def case(shim: str, hogs: int, regions: int, tmp: Path) -> dict:
     finally:
         for p in hog_procs:
             p.kill()
+        for p in hog_procs:
+            p.wait()
         for kind, (p, ready) in sibs.items():
             Path(str(ready) + ".stop").touch()
         for kind, (p, ready) in sibs.items():
