@@ -167,7 +167,7 @@ void krex_register_current_device(int vendor) {
         CUresult (*get_ctx)(CUcontext *) = krex_real(KREX_H_cuCtxGetCurrent);
         CUdevice d;
         CUcontext c = NULL;
-        /* a context made where the shim did not see it (a green context, one made before the shim): whether it is
+        /* a context made where the shim did not see it (one made before the shim was loaded): whether it is
          * a device's primary one is not known, so no quiet point (gate.c) holds for this process */
         if (get_dev && get_ctx && get_dev(&d) == CUDA_SUCCESS && get_ctx(&c) == CUDA_SUCCESS && c) {
             krex_context_made(d, 0);

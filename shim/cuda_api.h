@@ -22,4 +22,7 @@ CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 CUresult cuGetErrorString(CUresult err, const char **text);
 CUresult cuMemAllocAsync(CUdeviceptr *ptr, size_t bytes, CUstream stream);
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream);
+CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice dev, unsigned flags);
+CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx g);
+CUresult cuGreenCtxDestroy(CUgreenCtx g);
 #endif

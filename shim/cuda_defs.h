@@ -9,6 +9,8 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef uint64_t cuuint64_t;
 typedef struct CUctx_st *CUcontext;
+typedef struct CUgreenCtx_st *CUgreenCtx;             /* a green context: an SM partition of a device (12.4+) */
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
 typedef struct CUstream_st *CUstream;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUkern_st *CUkernel;          /* a context-less kernel; the driver also takes one cast to CUfunction */

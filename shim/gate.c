@@ -112,7 +112,7 @@ int krex_kernels_launched(uint64_t *n) {
  * hipDeviceSynchronize) that succeeded with no submission of this process in flight when it was called and none
  * counted between its call and its return leaves every GPU work of the process done when it returned, as long as
  * the process has one context: contexts on one local device only and none but its primary one (cuCtxCreate,
- * hipCtxCreate: none since the process began; green contexts are not seen). The point holds while the count of
+ * hipCtxCreate, cuGreenCtxCreate: none since the process began). The point holds while the count of
  * submissions (kernels, graphs, copies, memsets and the other kinds) is still the one it was taken at: at a
  * region's end that says the member's own work was all over before then, so a child's first GPU activity after it
  * cannot have run beside that work (Regions._ran_beside). One lock for the pair: syncs are rare, the reader is the

@@ -393,6 +393,8 @@
     X(CUDA, cuCtxCreate_v4, CUresult, (CUcontext *c, void *p, unsigned fl, CUdevice d)) \
     X(CUDA, cuDevicePrimaryCtxRetain, CUresult, (CUcontext *c, CUdevice d)) \
     X(CUDA, cuCtxDestroy_v2, CUresult, (CUcontext c)) \
+    X(CUDA, cuGreenCtxCreate, CUresult, (CUgreenCtx *g, CUdevResourceDesc desc, CUdevice d, unsigned fl)) \
+    X(CUDA, cuGreenCtxDestroy, CUresult, (CUgreenCtx g)) \
     X(CUDA, cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice d)) \
     X(CUDA, cuDevicePrimaryCtxReset_v2, CUresult, (CUdevice d)) \
     X(CUDA, cuMemAlloc_v2, CUresult, (CUdeviceptr *p, size_t n)) \
@@ -483,6 +485,7 @@
     X(CUDA, cuCtxPopCurrent_v2, CUresult, (CUcontext *c)) \
     X(CUDA, cuCtxGetDevice, CUresult, (CUdevice *d)) \
     X(CUDA, cuCtxGetCurrent, CUresult, (CUcontext *c)) \
+    X(CUDA, cuCtxFromGreenCtx, CUresult, (CUcontext *c, CUgreenCtx g)) \
     X(CUDA, cuStreamIsCapturing, CUresult, (CUstream s, int *st)) \
     X(CUDA, cuStreamIsCapturing_ptsz, CUresult, (CUstream s, int *st)) \
     X(CUDA, cuDeviceGet, CUresult, (CUdevice *d, int ordinal)) \

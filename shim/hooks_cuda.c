@@ -52,14 +52,45 @@ KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     before_context(d);
     return after_context(REAL(cuDevicePrimaryCtxRetain)(c, d), c, d, 1);
 }
-KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
-    if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
-    int dev = krex_forget_context(c);     /* its own GPU, not the current context's; -1: all of this process's */
+/* a context's teardown announced: c's own GPU, not the current context's (-1: all of this process's) */
+static int before_destroy(CUcontext c) {
+    int dev = krex_forget_context(c);
     krex_settle_forget(c);
     krex_hostbound_forget_all();          /* its events go with it */
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_BEGIN, dev, krex_memory_live());
+    return dev;
+}
+KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    if (!REAL(cuCtxDestroy_v2)) return NO_DRIVER;
+    int dev = before_destroy(c);
     CUresult r = REAL(cuCtxDestroy_v2)(c);
     krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
+    return r;
+}
+
+/* A green context (an SM partition of a device, CUDA 12.4+) is a context of its own: made at the gate like any
+ * other, and registered by the context cuCtxFromGreenCtx gives, so that a drain synchronizes the work queued in it
+ * (unseen, that work ran on into another job's region). The process has more than its device's primary context
+ * then: no quiet point holds for it (gate.c). */
+static CUcontext green_context(CUgreenCtx g) {
+    CUresult (*from)(CUcontext *, CUgreenCtx) = krex_real(KREX_H_cuCtxFromGreenCtx);
+    CUcontext c = NULL;
+    return g && from && from(&c, g) == CUDA_SUCCESS ? c : NULL;
+}
+KREX_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice d, unsigned fl) {
+    if (!REAL(cuGreenCtxCreate)) return NO_DRIVER;
+    before_context(d);
+    CUresult r = REAL(cuGreenCtxCreate)(g, desc, d, fl);
+    CUcontext c = r == CUDA_SUCCESS && g ? green_context(*g) : NULL;
+    if (r == CUDA_SUCCESS && !c) krex_context_made(d, 0);   /* not registered, but no quiet point either */
+    return after_context(r, c ? &c : NULL, d, 0);
+}
+KREX_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    if (!REAL(cuGreenCtxDestroy)) return NO_DRIVER;
+    CUcontext c = green_context(g);
+    int dev = c ? before_destroy(c) : -1;
+    CUresult r = REAL(cuGreenCtxDestroy)(g);
+    if (c) krex_lifecycle(KREX_LIFE_CTX_DESTROY_END, dev, 0);
     return r;
 }
 /* releasing the last reference to a primary context, or resetting it, destroys it: announced as teardown.

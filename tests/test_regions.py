@@ -222,6 +222,31 @@ def test_the_busy_policy_stops_a_hip_sibling_with_work_on_its_implicit_device_af
     assert frozen and region["frozen"] == 1, (frozen, region["frozen"])
 
 
+def test_work_queued_in_a_green_context_is_drained_before_another_jobs_region(krex, tmp_path):
+    """A process launches 5 x 100 ms kernels in a green context (an SM partition, cuGreenCtxCreate), makes its
+    primary context current again and synchronizes that one (which leaves the green context's kernels running).
+    The green context is registered like any context, so the drain of another job's region synchronizes it: the
+    process is busy and stopped, and none of its kernels runs inside the region (unseen, the drain found the
+    process idle and its kernels ran on into the region)."""
+    krex.start_controller(default_freeze=True)
+    hog, pid = krex.start_sibling(SNIPPET_MS="30000", SNIPPET_STREAMS="0", SNIPPET_LAUNCH="5", SNIPPET_US="100000",
+                                  SNIPPET_GREEN="1")
+    assert "hog idle" in stderr_until(hog, "hog idle", timeout=30)
+    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
+                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    frozen = proc_state(pid) in ("T", "t")
+    owner.communicate(timeout=30)
+    (region,) = report_of(tmp_path / "o.json")["regions"]
+    krex.stop_hogs()
+    hog.communicate(timeout=30)
+    assert hog.returncode == 0
+    trace = krex.trace_lines()
+    assert sum(1 for t in trace if t[0] == pid and t[4] == "hog") == 5
+    assert overlaps(trace, [region]) == [] and region["exclusive"], region
+    assert frozen and region["frozen"] == 1, (frozen, region["frozen"])
+
+
 def test_owner_sigkilled_inside_region_resumes_siblings(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")

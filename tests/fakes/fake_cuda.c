@@ -33,6 +33,7 @@ enum {
 };
 
 struct CUctx_st { struct fk_ctx *fk; };
+struct CUgreenCtx_st { struct CUctx_st *ctx; };   /* a green context: a context of its own here */
 struct CUstream_st { struct fk_stream *fk; };
 struct CUmod_st { int loaded; };
 struct CUfunc_st { char name[96]; int regs, static_smem, max_threads, max_dyn, noname, cluster; };
@@ -160,6 +161,34 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     fk_ctx_free(c->fk);
     for (int i = 0; i < ctx_depth; i++)
         if (ctx_stack[i] == c) ctx_stack[i] = ctx_stack[--ctx_depth];
+    return OK;
+}
+/* green contexts: made on the device's engine like any other context (no SM partition is modelled), not made
+ * current; cuCtxFromGreenCtx gives the context to make current or to synchronize */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice d, unsigned fl) {
+    NEED_INIT();
+    if (!g) return E_VALUE;
+    if (d < 0 || d >= fk_device_count()) return E_DEVICE;
+    ctx_delay();
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    c->fk = fk_ctx_new(d, 0);
+    c->fk->gpu = fk_physical("CUDA_VISIBLE_DEVICES", d);
+    *g = calloc(1, sizeof **g);
+    (*g)->ctx = c;
+    return OK;
+}
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *c, CUgreenCtx g) {
+    NEED_INIT();
+    if (!c || !g) return E_VALUE;
+    *c = g->ctx;
+    return OK;
+}
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    NEED_INIT();
+    if (!g || !g->ctx->fk->valid) return E_CONTEXT;
+    fk_ctx_free(g->ctx->fk);
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == g->ctx) ctx_stack[i] = ctx_stack[--ctx_depth];
     return OK;
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
@@ -833,7 +862,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
 #define FK_TABLE(X) X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) \
     X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2) X(cuDeviceGetPCIBusId) X(cuCtxCreate) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
-    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
+    X(cuGreenCtxCreate) X(cuCtxFromGreenCtx) X(cuGreenCtxDestroy) X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) \
     X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemPoolSetAttribute) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuDeviceSetMemPool) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamGetDevice) X(cuCtxGetStreamPriorityRange) \
     X(cuStreamGetPriority) X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) \
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_v2_ptsz) \

@@ -3,7 +3,9 @@
  * at most 4 kernels queued per stream. SNIPPET_STOP names a file: once it exists, the hog stops sooner.
  * SNIPPET_STREAMS=0: an idle GPU process, its context held and nothing launched, for SNIPPET_MS (or until the
  * stop file); with SNIPPET_LAUNCH=N, N kernels launched first and waited for by a context-wide synchronize
- * (SNIPPET_CTX_SYNC=1, the default) or by their stream's (0), then idle. */
+ * (SNIPPET_CTX_SYNC=1, the default) or by their stream's (0), then idle; SNIPPET_GREEN=1: those N launched in a
+ * green context of the device, then the device's primary context made current again and synchronized (which
+ * leaves the green context's kernels running). */
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,7 +54,18 @@ int main(void) {
     if (streams <= 0) {
         double end = now() + seconds;
         int n = env_int("SNIPPET_LAUNCH", 0);
+        CUgreenCtx green = NULL;
+        if (env_int("SNIPPET_GREEN", 0)) {
+            CUcontext gctx;
+            CHECK(cuGreenCtxCreate(&green, NULL, env_int("SNIPPET_DEVICE", 0), 1));
+            CHECK(cuCtxFromGreenCtx(&gctx, green));
+            CHECK(cuCtxSetCurrent(gctx));
+            CUmodule m;
+            CHECK(cuModuleLoadData(&m, "image"));
+            CHECK(cuModuleGetFunction(&f, m, "hog"));
+        }
         for (int k = 0; k < n; k++) CHECK(cuLaunchKernel(f, (unsigned)us, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        if (green) CHECK(cuCtxSetCurrent(ctx));
         if (n > 0) {
             if (env_int("SNIPPET_CTX_SYNC", 1)) CHECK(cuCtxSynchronize());
             else CHECK(cuStreamSynchronize(NULL));
