@@ -224,10 +224,11 @@ def test_the_busy_policy_stops_a_hip_sibling_with_work_on_its_implicit_device_af
 
 def test_work_queued_in_a_green_context_is_drained_before_another_jobs_region(krex, tmp_path):
     """A process launches 5 x 100 ms kernels in a green context (an SM partition, cuGreenCtxCreate), makes its
-    primary context current again and synchronizes that one (which leaves the green context's kernels running).
-    The green context is registered like any context, so the drain of another job's region synchronizes it: the
-    process is busy and stopped, and none of its kernels runs inside the region (unseen, the drain found the
-    process idle and its kernels ran on into the region)."""
+    primary context current again and synchronizes that one, which on the fake driver leaves the green context's
+    kernels running. The green context is registered like any context, so the drain of another job's region
+    synchronizes it: the process is busy and stopped, and none of its kernels runs inside the region (unseen, the
+    drain found the process idle and its kernels ran on into the region). On an H100 with driver 580 a synchronize
+    of the primary context waited for the green context's work too (docs/measurements/interception.md)."""
     krex.start_controller(default_freeze=True)
     hog, pid = krex.start_sibling(SNIPPET_MS="30000", SNIPPET_STREAMS="0", SNIPPET_LAUNCH="5", SNIPPET_US="100000",
                                   SNIPPET_GREEN="1")
