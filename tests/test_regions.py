@@ -166,6 +166,17 @@ def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leave
     assert busy.returncode == idle.returncode == 0
 
 
+def stopped_during_a_region(krex, report, pids) -> tuple:
+    """Another job's region (the region snippet, held 0.8 s): which of pids were stopped while it was held, and its
+    record."""
+    owner = krex.popen([SNIP / "region"], report=report, env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
+    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    stopped = {pid: proc_state(pid) in ("T", "t") for pid in pids}
+    owner.communicate(timeout=30)
+    (region,) = report_of(report)["regions"]
+    return stopped, region
+
+
 def test_the_busy_policy_takes_a_slow_synchronize_of_an_idle_sibling_for_the_host_not_for_gpu_work(krex, tmp_path):
     """On a loaded host the drain's synchronize of an idle sibling can take a millisecond (its thread descheduled:
     here KREX_FAKE_SYNC_US, 5 ms per synchronize). One whose kernels are done and that synchronized its context
@@ -182,13 +193,7 @@ def test_the_busy_policy_takes_a_slow_synchronize_of_an_idle_sibling_for_the_hos
     wait_for(lambda: {c["pid"] for c in krex.status()["clients"] if c["gpus"]} >= {synced_pid, unsynced_pid, never_pid},
              what="the siblings' contexts")
     for i in range(2):
-        owner = krex.popen([SNIP / "region"], report=tmp_path / f"o{i}.json",
-                           env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
-        wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]),
-                 what="grant")
-        states = {pid: proc_state(pid) in ("T", "t") for pid in (synced_pid, unsynced_pid, never_pid)}
-        owner.communicate(timeout=30)
-        (region,) = report_of(tmp_path / f"o{i}.json")["regions"]
+        states, region = stopped_during_a_region(krex, tmp_path / f"o{i}.json", (synced_pid, unsynced_pid, never_pid))
         assert region["exclusive"]
         assert states == {synced_pid: False, unsynced_pid: i == 0, never_pid: False}, (i, states)
         assert region["frozen"] == (1 if i == 0 else 0)
@@ -211,12 +216,8 @@ def test_the_busy_policy_stops_a_hip_sibling_with_work_on_its_implicit_device_af
                                  if c["role"] == "shim" and c["pid"] not in before), None), what="registered")
     assert "hog idle" in stderr_until(hog, "hog idle", timeout=30)
     wait_for(lambda: any(c["pid"] == pid and c["gpus"] for c in krex.status()["clients"]), what="its contexts")
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
-    frozen = proc_state(pid) in ("T", "t")
-    owner.communicate(timeout=30)
-    (region,) = report_of(tmp_path / "o.json")["regions"]
+    stopped, region = stopped_during_a_region(krex, tmp_path / "o.json", [pid])
+    frozen = stopped[pid]
     krex.stop_hogs()
     hog.communicate(timeout=30)
     assert frozen and region["frozen"] == 1, (frozen, region["frozen"])
@@ -233,12 +234,8 @@ def test_work_queued_in_a_green_context_is_drained_before_another_jobs_region(kr
     hog, pid = krex.start_sibling(SNIPPET_MS="30000", SNIPPET_STREAMS="0", SNIPPET_LAUNCH="5", SNIPPET_US="100000",
                                   SNIPPET_GREEN="1")
     assert "hog idle" in stderr_until(hog, "hog idle", timeout=30)
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
-    frozen = proc_state(pid) in ("T", "t")
-    owner.communicate(timeout=30)
-    (region,) = report_of(tmp_path / "o.json")["regions"]
+    stopped, region = stopped_during_a_region(krex, tmp_path / "o.json", [pid])
+    frozen = stopped[pid]
     krex.stop_hogs()
     hog.communicate(timeout=30)
     assert hog.returncode == 0

@@ -11,15 +11,14 @@ prober was stopped, and the region's record (exclusive, frozen, taints)."""
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_controller import ROOT, RUN, controller, keep_log, wait_or_kill  # noqa: E402
 
 
 def owner(go: str, out: str) -> int:
@@ -42,42 +41,34 @@ def owner(go: str, out: str) -> int:
 
 
 def case(binary: str, shim: str, launches: int, ms: int, blocks: int, tmp: Path) -> dict:
-    sock = tmp / "krex.sock"
-    env = dict(os.environ, KREX_SOCKET=str(sock), PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT)))
-    if shim:
-        env["KREX_SHIM"] = shim
-    log = open(tmp / "controller.log", "ab")
-    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--state-file",
-                            str(tmp / "ctl.state")], env=env, stdout=log, stderr=log)
-    stop, prober = tmp / "stop", None
-    try:
-        t0 = time.monotonic()
-        while not sock.exists() and time.monotonic() - t0 < 30:
-            time.sleep(0.1)
-        if not sock.exists():
+    with controller(tmp, shim) as env:
+        if env is None:
             return {"error": "the controller did not start within 30 s"}
-        run = [sys.executable, "-m", "krex_ctl", "run"]
-        report, seen, go = tmp / "owner.json", tmp / "seen.json", tmp / "go"
+        return case_with(env, binary, launches, ms, blocks, tmp)
+
+
+def case_with(env: dict, binary: str, launches: int, ms: int, blocks: int, tmp: Path) -> dict:
+    stop, prober, own = tmp / "stop", None, None
+    report, seen, go = tmp / "owner.json", tmp / "seen.json", tmp / "go"
+    try:
         # the owner first, ready to ask for its region the moment the prober has queued its green work
-        own = subprocess.Popen(run + ["--report", str(report), "--", sys.executable, __file__, "owner", "--go",
+        own = subprocess.Popen(RUN + ["--report", str(report), "--", sys.executable, __file__, "owner", "--go",
                                       str(go), "--out", str(seen)], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         if own.stdout.readline().strip() != "ready":
-            own.kill()
-            return {"error": f"the owner did not get ready: {own.communicate()[1][-2000:]}"}
-        prober = subprocess.Popen(run + ["--", binary, str(launches), str(ms), str(blocks), str(stop)], env=env,
-                                  stdout=subprocess.PIPE, stderr=log, text=True)
+            return {"error": "the owner did not get ready"}
+        with open(tmp / "prober.log", "ab") as log:
+            prober = subprocess.Popen(RUN + ["--", binary, str(launches), str(ms), str(blocks), str(stop)], env=env,
+                                      stdout=subprocess.PIPE, stderr=log, text=True)
         idle = prober.stdout.readline().split()
         if not idle or idle[0] != "idle":
-            own.kill()
-            return {"error": f"the prober did not get idle (rc {prober.poll()}); see the controller log"}
+            return {"error": f"the prober did not get idle (rc {prober.poll()}); see prober.log"}
         tmp_go = tmp / "go.tmp"
         tmp_go.write_text(idle[5] if len(idle) > 5 else str(prober.pid))   # the prober's own pid, not its wrapper's
         tmp_go.rename(go)
         try:
             _, err = own.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            own.kill()
             return {"error": "the owner did not finish within 120 s"}
         if own.returncode != 0:
             return {"error": f"owner rc {own.returncode}: {err[-2000:]}"}
@@ -100,17 +91,10 @@ def case(binary: str, shim: str, launches: int, ms: int, blocks: int, tmp: Path)
         }
     finally:
         stop.touch()
-        if prober is not None:
-            try:
-                prober.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                prober.kill()
-        ctl.send_signal(signal.SIGTERM)
-        try:
-            ctl.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            ctl.kill()
-        log.close()
+        go.touch()          # an owner still waiting for its go goes on (and ends)
+        for p in (prober, own):
+            if p is not None:
+                wait_or_kill(p)
 
 
 def main() -> int:
@@ -134,11 +118,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="krex-green-") as d:
             r = case(a.bin, shim, a.launches, a.ms, a.blocks, Path(d))
             r["shim"] = name
-            if a.logs:
-                Path(a.logs).mkdir(parents=True, exist_ok=True)
-                log = Path(d) / "controller.log"
-                if log.exists():
-                    (Path(a.logs) / f"controller-{name.replace(' ', '-')}.log").write_bytes(log.read_bytes())
+            keep_log(Path(d), a.logs, name)
         result["cases"].append(r)
         print(json.dumps(r), flush=True)
         Path(a.out).write_text(json.dumps(result, indent=1))

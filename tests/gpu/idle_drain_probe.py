@@ -17,14 +17,14 @@ owner's regions as its report records them (frozen, exclusive, taints)."""
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_controller import RUN, controller, keep_log, wait_or_kill  # noqa: E402
 KINDS = ("busy", "synced", "unsynced", "never")
 HOG = "while True: pass  # krex-idle-drain-hog"     # the script's pkill names it
 
@@ -90,36 +90,32 @@ def wait_file(path: Path, timeout: float, procs) -> bool:
 
 
 def case(shim: str, hogs: int, regions: int, tmp: Path) -> dict:
-    sock = tmp / "krex.sock"
-    env = dict(os.environ, KREX_SOCKET=str(sock), PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT)))
-    if shim:
-        env["KREX_SHIM"] = shim
-    log = open(tmp / "controller.log", "ab")
-    ctl = subprocess.Popen([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(sock), "--state-file",
-                            str(tmp / "ctl.state")], env=env, stdout=log, stderr=log)
-    started, hog_procs, sibs = time.monotonic(), [], {}
-    try:
-        while not sock.exists() and time.monotonic() - started < 30:
-            time.sleep(0.1)
-        if not sock.exists():   # else `krex run` would start a controller of its own, which nothing here stops
+    with controller(tmp, shim) as env:
+        if env is None:
             return {"error": "the controller did not start within 30 s; see its log"}
-        run = [sys.executable, "-m", "krex_ctl", "run", "--"]
-        for kind in KINDS:
-            ready = tmp / f"{kind}.ready"
-            sibs[kind] = (subprocess.Popen(run + [sys.executable, __file__, "sibling", "--kind", kind, "--ready",
-                                                  str(ready)], env=env, stdout=log, stderr=log), ready)
+        return case_with(env, hogs, regions, tmp)
+
+
+def case_with(env: dict, hogs: int, regions: int, tmp: Path) -> dict:
+    hog_procs, sibs = [], {}
+    try:
+        with open(tmp / "siblings.log", "ab") as log:
+            for kind in KINDS:
+                ready = tmp / f"{kind}.ready"
+                sibs[kind] = (subprocess.Popen(RUN + ["--", sys.executable, __file__, "sibling", "--kind", kind,
+                                                      "--ready", str(ready)], env=env, stdout=log, stderr=log), ready)
         pids = {}
         for kind, (p, ready) in sibs.items():
             if not wait_file(ready, 120, [p]):
-                return {"error": f"sibling {kind} did not get ready (rc {p.poll()}); see the controller log"}
+                return {"error": f"sibling {kind} did not get ready (rc {p.poll()}); see siblings.log"}
             pids[kind] = int(ready.read_text())
         hog_procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
         time.sleep(2 if hogs else 0.5)
         report, seen = tmp / "owner-report.json", tmp / "owner-seen.json"
         try:
-            o = subprocess.run(run[:-1] + ["--report", str(report), "--", sys.executable, __file__, "owner", "--pids",
-                                            ",".join(f"{k}={v}" for k, v in pids.items()), "--regions", str(regions),
-                                            "--out", str(seen)], env=env, capture_output=True, text=True, timeout=300)
+            o = subprocess.run(RUN + ["--report", str(report), "--", sys.executable, __file__, "owner", "--pids",
+                                      ",".join(f"{k}={v}" for k, v in pids.items()), "--regions", str(regions),
+                                      "--out", str(seen)], env=env, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
             return {"error": "the owner did not finish within 300 s"}
         if o.returncode != 0:
@@ -143,16 +139,7 @@ def case(shim: str, hogs: int, regions: int, tmp: Path) -> dict:
         for kind, (p, ready) in sibs.items():
             Path(str(ready) + ".stop").touch()
         for kind, (p, ready) in sibs.items():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        ctl.send_signal(signal.SIGTERM)
-        try:
-            ctl.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            ctl.kill()
-        log.close()
+            wait_or_kill(p)
 
 
 def main() -> int:
@@ -183,11 +170,7 @@ def main() -> int:
                 t0 = time.monotonic()
                 r = case(shim, hogs, a.regions, Path(d))
                 r.update(shim=name, hogs=hogs, seconds=round(time.monotonic() - t0, 1))
-                if a.logs:
-                    Path(a.logs).mkdir(parents=True, exist_ok=True)
-                    log = Path(d) / "controller.log"
-                    if log.exists():
-                        (Path(a.logs) / f"controller-{name.replace(' ', '-')}-hogs{hogs}.log").write_bytes(log.read_bytes())
+                keep_log(Path(d), a.logs, f"{name}-hogs{hogs}")
             result["cases"].append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "states"}), flush=True)
             Path(a.out).write_text(json.dumps(result, indent=1))
