@@ -70,8 +70,9 @@ KREX_EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
 
 /* A green context (an SM partition of a device, CUDA 12.4+) is a context of its own: made at the gate like any
  * other, and registered by the context cuCtxFromGreenCtx gives, so that a drain synchronizes the work queued in it
- * (unseen, that work ran on into another job's region). The process has more than its device's primary context
- * then: no quiet point holds for it (gate.c). */
+ * (unseen, it ran on into another job's region wherever a synchronize of the primary context does not wait for
+ * it: the fake driver; on driver 580 it does, docs/measurements/interception.md). The process has more than its
+ * device's primary context then: no quiet point holds for it (gate.c). */
 static CUcontext green_context(CUgreenCtx g) {
     CUresult (*from)(CUcontext *, CUgreenCtx) = krex_real(KREX_H_cuCtxFromGreenCtx);
     CUcontext c = NULL;
