@@ -40,11 +40,17 @@ sys.path.insert(0, sys.argv[1])
 from krex_ctl.procs import descendants
 # orphans of the command come to this process (not to init, whatever init does with them)
 assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+def proc_file(q, name):    # "" once q is gone (a short-lived process of the tree can end between two reads)
+    try:
+        with open(f"/proc/{q}/{name}") as f:
+            return f.read()
+    except OSError:
+        return ""
 p = subprocess.Popen(sys.argv[2:])
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     tree = descendants(p.pid)
-    names = [open(f"/proc/{q}/comm").read().strip() for q in tree if os.path.exists(f"/proc/{q}")]
+    names = [proc_file(q, "comm").strip() for q in tree]
     if "hog" in names and os.path.exists(os.environ["KREX_FAKE_TRACE"]):
         break
     time.sleep(0.05)
@@ -59,7 +65,7 @@ while time.monotonic() < deadline:
                 break
         except ChildProcessError:
             break
-    left = [q for q in tree if os.path.exists(f"/proc/{q}") and open(f"/proc/{q}/stat").read().rsplit(") ", 1)[1][0] not in "ZX"]
+    left = [q for q in tree if (proc_file(q, "stat").rsplit(") ", 1) + ["Z"])[1][:1] not in ("", "Z", "X")]
     if not left:
         break
     time.sleep(0.05)
