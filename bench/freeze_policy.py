@@ -166,7 +166,8 @@ def pool_rounds(runs) -> list:
     for (mode, agents), rs in by.items():
         own = {r["round"]: r["commands_per_min"] for r in by.get(("naive", agents), ())}
         both = [r for r in rs if r["round"] in own]          # the rounds that ran both: ABBA kept
-        naive = [x for x in by.get(("naive", agents), ()) if x["round"] in {r["round"] for r in both}]
+        kept = {r["round"] for r in both}
+        naive = [x for x in by.get(("naive", agents), ()) if x["round"] in kept]
         out.append({"mode": mode, "policy": POLICIES.get(mode, "naive"), "agents": agents, "rounds": len(rs),
                     "commands": sum(r["commands"] for r in rs), "failed": sum(r["failed"] for r in rs),
                     "wall_s": round(sum(r["wall_s"] for r in rs), 1), "commands_per_min": round(per_min(rs), 3),

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_controller import ROOT, RUN, controller, keep_log, wait_or_kill  # noqa: E402
+from probe_controller import ROOT, RUN, controller, keep_log, proc_state, wait_or_kill  # noqa: E402
 
 
 def owner(go: str, out: str) -> int:
@@ -31,10 +31,7 @@ def owner(go: str, out: str) -> int:
         time.sleep(0.001)
     pid = int(Path(go).read_text())
     with krex.region("green"):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            state = "gone"
+        state = proc_state(pid)
         x.sum().item()
     Path(out).write_text(json.dumps({"state": state}))
     return 0

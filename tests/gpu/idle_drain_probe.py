@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_controller import RUN, controller, keep_log, wait_or_kill  # noqa: E402
+from probe_controller import RUN, controller, keep_log, proc_state, wait_or_kill  # noqa: E402
 KINDS = ("busy", "synced", "unsynced", "never")
 HOG = "while True: pass  # krex-idle-drain-hog"     # the script's pkill names it
 
@@ -65,12 +65,7 @@ def owner(pids: str, regions: int, out: str) -> int:
     seen = []
     for i in range(regions):
         with krex.region("idle-drain"):
-            states = {}
-            for kind, pid in who.items():
-                try:
-                    states[kind] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                except OSError:
-                    states[kind] = "gone"
+            states = {kind: proc_state(pid) for kind, pid in who.items()}
             x.sum().item()
         seen.append(states)
         time.sleep(0.3)

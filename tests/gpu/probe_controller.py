@@ -1,6 +1,6 @@
 """tests/gpu/probe_controller.py: what the probes that compare shims on a GPU share (idle_drain_probe.py,
 green_ctx_probe.py): a krex controller of their own with its defaults, waiting for a process with a time limit,
-and keeping a case's controller log."""
+keeping a case's controller log, and reading a process's state."""
 
 import contextlib
 import os
@@ -12,6 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, "-m", "krex_ctl", "run"]
+
+
+def proc_state(pid: int) -> str:
+    """A process's state letter (T: stopped), "gone" once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def wait_or_kill(p: subprocess.Popen, timeout: float = 30) -> None:
