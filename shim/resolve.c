@@ -155,7 +155,12 @@ KREX_EXPORT void *dlsym(void *handle, const char *name) {
     void *p = handle == RTLD_NEXT ? krex_dlsym_next(real_dlsym, name, __builtin_return_address(0))
                                   : real_dlsym(handle, name);
     int id = krex_hook_lookup(name);
-    if (!p || id < 0 || !krex_hook_wrappers[id] || krex_is_wrapper(id, p) || !krex_hook_wanted(id)) return p;
+    if (p && id >= 0 && krex_is_wrapper(id, p))
+        /* the lookup found our own export (RTLD_DEFAULT, or a handle whose scope holds the shim): it stands for
+         * the driver's function, so a program probing for a function its driver lacks (a newer ROCm's or
+         * CUDA's) gets NULL, as it would without the shim, not a wrapper that can only fail */
+        return krex_real(id) ? p : NULL;
+    if (!p || id < 0 || !krex_hook_wrappers[id] || !krex_hook_wanted(id)) return p;
     if (!krex_remember(id, p)) return p;
     return krex_hook_wrappers[id];
 }

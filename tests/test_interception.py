@@ -8,7 +8,7 @@ import pytest
 from conftest import SNIP, report_of
 
 CUDA_MODES = ["direct", "dlsym", "dlsym-versioned", "dlsym-next", "procaddr-v1", "procaddr-v2",
-              "procaddr-v2-nullstatus", "procaddr-ptsz", "procaddr-self", "capture", "all-kinds"]
+              "procaddr-v2-nullstatus", "procaddr-ptsz", "procaddr-self", "capture", "all-kinds", "dlsym-default"]
 
 
 def expected(stdout: str) -> dict:

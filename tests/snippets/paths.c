@@ -1,7 +1,9 @@
 /* paths.c: one way of reaching the CUDA driver per mode, each making a known number of submissions.
  * Prints "expect kernels=K graphs=G copies=C other=O captured=P" for the test to compare with the
  * shim's counts (krex run --report). Modes: direct dlsym dlsym-versioned procaddr-v1 procaddr-v2
- * procaddr-v2-nullstatus procaddr-ptsz procaddr-self capture all-kinds dlsym-next */
+ * procaddr-v2-nullstatus procaddr-ptsz procaddr-self capture all-kinds dlsym-next dlsym-default
+ * (dlsym-default: looked up in the global scope, where the shim's exports come first; a function the fake
+ * driver lacks, cuLaunchGrid, must be NULL there as it is without the shim: exit 12 if not) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
@@ -87,6 +89,14 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "dlsym")) launch = (launch_t)sym("cuLaunchKernel");
     else if (!strcmp(mode, "dlsym-versioned")) launch = (launch_t)sym("cuLaunchKernel_ptsz");
     else if (!strcmp(mode, "dlsym-next")) launch = (launch_t)dlsym(RTLD_NEXT, "cuLaunchKernel");
+    else if (!strcmp(mode, "dlsym-default")) {
+        void *missing = dlsym(RTLD_DEFAULT, "cuLaunchGrid");
+        if (missing) {
+            fprintf(stderr, "paths: cuLaunchGrid, which the driver lacks, resolved to %p\n", missing);
+            return 12;
+        }
+        launch = (launch_t)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
+    }
     else if (!strcmp(mode, "procaddr-v1")) {
         gpa1_t gpa1 = (gpa1_t)sym("cuGetProcAddress");
         void *p = NULL;
