@@ -1,11 +1,15 @@
 """One snippet program per entry path into the fake drivers: the shim must see exactly the submissions
 made (kernels, graph launches, copies, other), no more, no fewer."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import SNIP, report_of
+from conftest import BUILD, ROOT, SNIP, report_of
 
 CUDA_MODES = ["direct", "dlsym", "dlsym-versioned", "dlsym-next", "procaddr-v1", "procaddr-v2",
               "procaddr-v2-nullstatus", "procaddr-ptsz", "procaddr-self", "capture", "all-kinds", "dlsym-default"]
@@ -174,3 +178,19 @@ def test_launches_outside_regions_are_counted_in_the_process_slot(tmp_path):
         assert out.returncode == 0, out.stderr
         totals = read_counters(counters)
         assert (totals["kernels"], totals["outside_regions"]) == (kernels, outside), (name, totals)
+
+
+def test_global_scope_lookup_gives_null_for_what_the_driver_lacks(tmp_path):
+    """tests/gpu/global_scope.py on the fake driver (which lacks about half the names the shim exports): with the
+    shim preloaded, a lookup in the global scope gives the wrapper for every name the driver has, NULL for the
+    others, as without the shim. The same script runs on the GPU machine (run_all.sh's globalscope step)."""
+    out = tmp_path / "g.json"
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "global_scope.py"),
+                        str(BUILD / "fakes" / "libcuda.so.1"), "--out", str(out)],
+                       env=dict(os.environ, LD_PRELOAD=str(BUILD / "libkrex.so"), KREX_LOG_LEVEL="error"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(out.read_text())
+    assert got["wrong"] == [] and got["driver_lacks"] > 20 and got["driver_has"] > 50
+    assert got["null_given"] == got["driver_lacks"] and got["wrapper_given"] == got["driver_has"]
+    assert "cuLaunchGrid" in got["lacked"]

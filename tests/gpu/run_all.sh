@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/run_all.sh: the real-GPU checks of krex in one device call (logs and JSON under $OUT).
 # Default steps: interception coverage matrix, hook table vs libcuda exports, launch overhead,
-#   (resolver: the driver resolver's answers named by dladdr, as the shim routes them; trimsettle: whether memory
+#   (globalscope: dlsym in the global scope gives the wrapper for the driver's names, NULL for names it lacks;
+#   resolver: the driver resolver's answers named by dladdr, as the shim routes them; trimsettle: whether memory
 #   a stream-ordered pool gives back is waited for as a free is; allocoverhead: a stream-ordered allocation's cost,
 #   with OLD_SHIM=PATH an earlier libkrex.so beside it; stability: KERNELS of bench/candidate.py, PROCS processes
 #   each alone, one time per process or levels (tests/gpu/stability.py); none a default step)
@@ -44,6 +45,9 @@ for step in $STEPS; do
     nvcc -O2 -o $B/nvtx_bench tests/gpu/hooks/nvtx_bench.cu || exit 1 ;;
   exports)
     python3 tests/gpu/check_exports.py "$(cat $B/libcuda.path)" build/libkrex.so | tee $OUT/exports-check.txt ;;
+  globalscope)
+    # a lookup in the global scope under the shim: its wrapper where the driver has the name, NULL where it lacks it
+    LD_PRELOAD=$PWD/build/libkrex.so python3 tests/gpu/global_scope.py "$(cat $B/libcuda.path)" --out $OUT/global-scope.json ;;
   resolver)
     # does dladdr name every answer of the driver's resolver (the shim's routing), or is the fallback taken?
     python3 tests/gpu/resolver_names.py --out $OUT/resolver-names.json ;;
