@@ -82,7 +82,7 @@ def bucket_of(ms: float) -> str:
 
 
 def env(**extra) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") or k in ("KREX_SOCKET",)}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") or k in ("KREX_SOCKET", "KREX_REGISTRY_DIR")}
     e.update(SAFE, PYTHONUNBUFFERED="1", **extra)
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return e

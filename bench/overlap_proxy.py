@@ -44,6 +44,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -784,6 +785,7 @@ def orchestrate(args) -> None:
         print(f"no plot: {e}", file=sys.stderr)
     with tarfile.open(out / "overlap-logs.tgz", "w:gz") as t:
         t.add(logs, arcname="overlap-logs")
+    shutil.rmtree(logs, ignore_errors=True)     # all of it is in the archive
     print(json.dumps({"goals": summary["goals"], "best": {n: (c["best"], c["best_vs_serial"], c["best_comm_vs_alone"])
                                                           for n, c in summary["cases"].items()},
                       "worst_raw_vs_off": {n: (c["worst_raw"], c["worst_raw_vs_off"]) for n, c in summary["cases"].items()},

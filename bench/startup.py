@@ -14,6 +14,7 @@ directory), as a node's commands do. The result says whether the wire declaratio
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def main() -> None:
     finally:
         ctl.terminate()
         ctl.wait(30)
+    shutil.rmtree(tmp, ignore_errors=True)   # the controller's log: kept only when the controller did not start
     result = {"repeats": args.repeats, "python": sys.version.split()[0],
               "declarations": "compiled" if compiled.is_file() and "cffi.api" not in type(frames.ffi).__module__
               else "parsed at import",

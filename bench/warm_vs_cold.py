@@ -48,7 +48,7 @@ def main() -> None:
         tmp = Path(td)
         script = tmp / "bench_import_torch.py"
         script.write_text(SCRIPT)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") or k == "KREX_REGISTRY_DIR"}
         env.update(KREX_SOCKET=str(tmp / "ctl.sock"), XDG_RUNTIME_DIR=str(tmp),
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
         workers = max(1, args.concurrent)

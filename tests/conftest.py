@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +61,15 @@ def stderr_until(proc, text: str, timeout: float = 60.0) -> str:
             break
         data += chunk
     return data.decode(errors="replace")
+
+
+@pytest.fixture
+def short_tmp():
+    """A directory of a short path in the system's temporary directory (sockets made a few levels under it stay
+    within AF_UNIX's 107 bytes, where ones under tmp_path may not), removed after the test."""
+    d = Path(tempfile.mkdtemp(prefix="krex-t-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def new_user_env(tmp_path: Path) -> dict:

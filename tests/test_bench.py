@@ -105,12 +105,13 @@ def test_multigpu_example_plans_chunks_and_needs_two_gpus(tmp_path):
         assert out.returncode == 0 and "usage" in out.stdout
 
 
-def test_kernelbench_mix_harness_end_to_end(tmp_path):
+def test_kernelbench_mix_harness_end_to_end(tmp_path, short_tmp):
     """bench/kernelbench_mix.py with a CPU stand-in agent and the disturbers that run on the fake driver: every
     mode runs, krex modes carry region records, the analysis has buckets, the noise floor and throughput."""
     env = bench_env(tmp_path)
     env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "fakes")
     env["KREX_NVML"] = str(ROOT / "build" / "fakes" / "libnvidia-ml.so.1")
+    env["KBMIX_TMP"] = str(short_tmp)      # its controllers' sockets and logs, which it keeps
     out = tmp_path / "mix.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "kernelbench_mix.py"), "--agent",
                         str(ROOT / "tests" / "snippets" / "kb_standin.py"), "--item-list",

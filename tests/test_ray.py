@@ -9,8 +9,10 @@ not as it was when the shim was loaded (Ray sets it inside a running worker, per
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -194,6 +196,8 @@ def ray_cluster(tmp_path_factory):
 def _ray_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # every Ray address on the loopback
+    ray_tmp = tempfile.mkdtemp(prefix="krex-ray-")   # Ray's session files (else /tmp/ray, left behind); a short
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)        # path: Ray makes its sockets under it
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'krex[ray]')")
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -228,6 +232,7 @@ def _ray_cluster(tmp_path, monkeypatch):
             cluster.shutdown()
         for k in nodes:
             k.stop()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
         left = leftover_processes(marker.split("=", 1)[1])
         stopped = stopped_processes_under(str(tmp_path))
         resume_and_kill(left)
