@@ -104,7 +104,9 @@ class Watcher(threading.Thread):
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
         self.frozen: dict = {}       # freeze key (pid, region) -> the last entry seen of that freeze
-        self.frozen_ns: dict = {}
+        self.frozen_ns: dict = {}    # pid -> ns frozen, as the controller asked last counts it
+        self.banked: dict = {}       # pid -> ns frozen counted by controllers this command met before that one
+        self.controller = None       # the pid of the controller asked last (a new one counts from nothing)
         self.lock = threading.Lock()
 
     def ask(self) -> Optional[dict]:
@@ -117,10 +119,24 @@ class Watcher(threading.Thread):
             try:
                 if self.conn is None:
                     self.conn = Connection(self.socket_path, C.KREX_ROLE_CLI, timeout=5.0, io_timeout=5.0)
+                    self.met(self.conn.welcome.controller_pid)
                 return self.conn.request(ops.JOB_WAIT, timeout=5.0, job=self.job)
             except (ControllerError, KrexCommandError, OSError):
                 self.close_conn()
                 return None
+
+    def met(self, controller_pid: int) -> None:
+        """A connection to the controller of this pid: another than the last one (it restarted, or the socket's
+        controller was replaced) counts frozen time from nothing, so what the last one counted is banked."""
+        if self.controller is not None and controller_pid != self.controller:
+            for pid, ns in self.frozen_ns.items():
+                self.banked[pid] = self.banked.get(pid, 0) + ns
+            self.frozen_ns = {}
+        self.controller = controller_pid
+
+    def totals(self) -> dict:
+        """pid -> ns frozen over every controller this command met."""
+        return {pid: self.banked.get(pid, 0) + self.frozen_ns.get(pid, 0) for pid in {*self.banked, *self.frozen_ns}}
 
     def close_conn(self) -> None:
         if self.conn is not None:
@@ -158,14 +174,15 @@ class Watcher(threading.Thread):
             if key not in keys:
                 del self.said[key]
         seen = {freeze_key(f): f for f in reply.get("frozen", [])}
-        self.say_ended(seen, reply.get("frozen_ns", {}))
-        self.frozen = seen
         self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+        self.say_ended(seen)
+        self.frozen = seen
 
-    def say_ended(self, listed: dict, totals: dict) -> None:
+    def say_ended(self, listed: dict) -> None:
         """A line for each freeze seen before and no longer listed. A freeze is one region's, so that two
         regions that froze a process one after the other between two polls are two lines, each naming its
         own holder."""
+        totals = self.totals()
         for key, f in list(self.frozen.items()):
             if key not in listed:
                 still = next((g for k, g in listed.items() if k[0] == key[0]), None)
@@ -200,7 +217,7 @@ class Watcher(threading.Thread):
         held = f.get("since_s", 0.0)
         after = f"still paused by {describe_holder(still.get('by'))}" if still else "resumed"
         self.fb.say(f"this command's pid {pid} was paused (frozen) at least {held:.1f} s on GPU {gpus} by "
-                    f"{describe_holder(f.get('by'))}; {after}; {int(totals.get(str(pid), 0)) / 1e9:.1f} s frozen "
+                    f"{describe_holder(f.get('by'))}; {after}; {max(held, totals.get(pid, 0) / 1e9):.1f} s frozen "
                     f"in all")
 
     def stop(self) -> dict:
@@ -209,10 +226,10 @@ class Watcher(threading.Thread):
         self.join(timeout=10)
         reply = self.ask()
         if reply is not None:
-            self.say_ended({freeze_key(f): f for f in reply.get("frozen", [])}, reply.get("frozen_ns", {}))
             self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
+            self.say_ended({freeze_key(f): f for f in reply.get("frozen", [])})
         self.close_conn()
-        return dict(self.frozen_ns)
+        return self.totals()
 
 
 # ---- at exit -----------------------------------------------------------------------------------------------
