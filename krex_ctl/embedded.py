@@ -13,11 +13,11 @@ from .errors import KrexCommandError
 from .sockfiles import answers, reach
 
 
-def restarting(path: Path, err: Optional[int] = None) -> bool:
+def restarting(path: Path, err: Optional[int] = None, then: str = "") -> bool:
     """The controller at path is answering, or nothing listens there but it may come back: await_restart.
-    err: what reach(path) said already."""
+    err: what reach(path) said already; then: what the caller does if it does not come back (said then)."""
     err = reach(path) if err is None else err
-    return err == 0 or (err in heartbeat.NOTHING_LISTENS and await_restart(path))
+    return err == 0 or (err in heartbeat.NOTHING_LISTENS and await_restart(path, then))
 
 
 def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
@@ -60,7 +60,7 @@ def _ensure_at(path: Path, timeout: float) -> Path:
     return _start(path, timeout)
 
 
-def await_restart(path: Path) -> bool:
+def await_restart(path: Path, then: str = "") -> bool:
     """True once a controller restarting at path answers again: nothing listens there now, but its heartbeat
     (heartbeat.py) says it served less than its restart grace ago. Waits at most until that grace has passed,
     having said so in one line; False at once without a fresh heartbeat. Interrupted (SIGINT): exit 130, the
@@ -68,8 +68,8 @@ def await_restart(path: Path) -> bool:
     left = heartbeat.seconds_left(str(path))
     if not left:
         return False
-    print(f"krex: the controller at {path} does not answer; waiting up to {left:.0f} s for it to restart",
-          file=sys.stderr)
+    print(f"krex: the controller at {path} does not answer; waiting up to {left:.0f} s for it to restart (what is "
+          "left of its restart grace, counted from its last heartbeat)", file=sys.stderr)
     deadline = time.monotonic() + left
     try:
         while time.monotonic() < deadline:
@@ -80,7 +80,8 @@ def await_restart(path: Path) -> bool:
         print("krex: interrupted by SIGINT while waiting for the controller; the command did not start",
               file=sys.stderr)
         sys.exit(130)
-    print(f"krex: the controller at {path} did not come back within its restart grace", file=sys.stderr)
+    print(f"krex: the controller at {path} did not come back within its restart grace" + (f"; {then}" if then else ""),
+          file=sys.stderr)
     return False
 
 
@@ -106,7 +107,8 @@ def _ensure_controller(timeout: float, started: list) -> Path:
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
         err = reach(path)
-        if restarting(path, err):
+        if restarting(path, err, then="krex starts a controller of this user's there (its regions in its first 2 s "
+                      "are tainted unregistered: the last one's processes may not have reconnected yet)"):
             return path
         if err == errno.EACCES:
             raise KrexCommandError(f"the krex controller at {path} refuses this user ({who_may_not(path)})", 3)
@@ -114,7 +116,8 @@ def _ensure_controller(timeout: float, started: list) -> Path:
         return _start(path, timeout)
     node = paths.SYSTEM_SOCKET
     err = reach(node)
-    if restarting(node, err):
+    if restarting(node, err, then="this command uses a per-user controller, which keeps no other user's work off "
+                  "the GPU"):
         return node
     if err == errno.EACCES:
         print(f"krex: the node's krex controller at {node} refuses this user ({who_may_not(node)}); this command "

@@ -665,6 +665,26 @@ def test_a_command_begun_while_its_controller_restarts_waits_for_it(krex, tmp_pa
             kill(pid, signal.SIGTERM)
 
 
+def test_a_controller_that_does_not_come_back_within_its_grace_is_said_and_replaced(krex):
+    """Past the grace the wrapper said only that the controller did not come back, then ran the command under a
+    controller of its own, whose first regions were tainted unregistered without a word why."""
+    krex.start_controller("--restart-grace", "2")
+    from krex_ctl import heartbeat
+
+    wait_for(lambda: heartbeat.seconds_left(str(krex.socket)), what="the heartbeat")
+    krex.ctl.kill()
+    krex.ctl.wait()
+    try:
+        out = krex.run([sys.executable, "-c", "print('ran')"])
+        assert out.returncode == 0 and out.stdout == "ran\n", out.stderr
+        assert f"krex: the controller at {krex.socket} does not answer; waiting up to" in out.stderr, out.stderr
+        assert (f"krex: the controller at {krex.socket} did not come back within its restart grace; krex starts a "
+                "controller of this user's there (its regions in its first 2 s are tainted unregistered") in out.stderr
+    finally:
+        for pid in krex.processes():
+            kill(pid, signal.SIGTERM)
+
+
 def test_a_service_managed_controller_at_any_socket_has_a_restart_grace(krex):
     """A node controller at a socket of its own run by systemd (or as a container's entrypoint) without
     --restart-grace had none: a job that lost it started a per-user controller at that very socket, which kept the
