@@ -1140,6 +1140,7 @@ class Controller(RegionEffects):
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
         gpus = []
+        pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
         served = self.book.served_order(time.monotonic())
         for g in self.cfg.gpus:
             bit = 1 << g
@@ -1178,9 +1179,11 @@ class Controller(RegionEffects):
             # a job without a wrapper (the shim alone: Slurm's preload mode, a pod) is named by its root's command
             # line (a Slurm step's: slurmstepd's, `slurmstepd: [JOB.STEP]`); a Slurm job's id, where its root or
             # (a slurmstepd root) a member has one
+            # warm_pool: the job of a connection of the warm-worker pool's own processes (no command's)
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid,
                       "command": j.command or procs.cmdline(j.root_pid), "regions": len(j.regions),
-                      "gpus": mask_to_list(j.gpus), **({"slurm_job": v} if (v := j.slurm_job()) else {})}
+                      "gpus": mask_to_list(j.gpus), **({"slurm_job": v} if (v := j.slurm_job()) else {}),
+                      **({"warm_pool": True} if j.root_pid in pool else {})}
                      for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},
             "placement": server_placement.status_section(self),

@@ -536,6 +536,35 @@ def test_the_terminal_view_shows_the_warm_worker_pools_as_the_text_does():
     assert "on their way out: pids 77;" in view
 
 
+def test_status_counts_the_warm_worker_pool_apart_from_commands():
+    """Every connection of a warm worker or zygote (no `krex run` started them) is a job of its own: with two idle
+    workers and nothing running, `krex status` said '5 client(s), 5 job(s)' and listed each idle worker twice, as
+    two jobs of one pid."""
+    from rich.console import Console
+
+    from krex_ctl.commands import status
+
+    worker = ["/usr/bin/python3", "-m", "krex_ctl.worker"]
+    st = {"controller": {"pid": 1, "socket": "/s", "uptime_s": 3.0, "protocol": 1, "config": {}},
+          "gpus": [{"gpu": 0, "owner": None, "queue": [], "clients": [11, 12, 30]}],
+          "clients": [{"pid": 10, "role": "python", "job": 2}, {"pid": 11, "role": "shim", "job": 5},
+                      {"pid": 11, "role": "python", "job": 6}, {"pid": 12, "role": "shim", "job": 8},
+                      {"pid": 30, "role": "shim", "job": 9}, {"pid": 31, "role": "cli", "job": None}],
+          "jobs": [{"job": 2, "root_pid": 10, "uid": 0, "command": worker, "gpus": [], "warm_pool": True},
+                   {"job": 5, "root_pid": 11, "uid": 0, "command": worker, "gpus": [], "warm_pool": True},
+                   {"job": 6, "root_pid": 11, "uid": 0, "command": worker, "gpus": []},   # a controller before warm_pool
+                   {"job": 8, "root_pid": 12, "uid": 0, "command": worker, "gpus": [], "warm_pool": True},
+                   {"job": 9, "root_pid": 30, "uid": 0, "command": ["python3", "bench.py"], "gpus": [0]}],
+          "counters": {}, "zygotes": [{"gpu": 0, "pid": 10, "forks": True}],
+          "workers": [{"gpu": 0, "pid": 11, "state": "idle"}, {"gpu": 0, "pid": 12, "state": "idle"}]}
+    text = "\n".join(status.lines(st))
+    assert "1 client(s) (and 4 of the warm-worker pool), 1 job(s)" in text, text
+    assert "job 9 of" in text and "krex_ctl.worker" not in text, text
+    console = Console(record=True, width=160)
+    console.print(status.table(st))
+    assert "1 client(s) (and 4 of the warm-worker pool), 1 job(s)" in console.export_text()
+
+
 def test_status_hides_other_users_commands_and_stays_bounded():
     """One client could break `krex status` for everyone (a reply over 64 KiB: bad frame), and --json showed
     every user other users' argv (an --api-token=...)."""
@@ -552,7 +581,7 @@ def test_status_hides_other_users_commands_and_stays_bounded():
     from krex_ctl.commands.status import clients_line       # counted before the cut: it said "0 client(s)"
     st2 = dict(st, clients=st["clients"] + [{"id": 1000, "pid": 1000, "uid": 7, "role": "shim", "job": 1, "gpus": [0]}])
     assert clients_line(server_feedback.bound_status(json.loads(json.dumps(st2)), asker_uid=7)) == \
-        "1 client(s) (and 899 other krex command(s) connected)"
+        "1 client(s) (and 899 other krex command(s) connected), 69 job(s)"
     same = server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=7)
     assert same["jobs"][0]["command"] == ["b", "--api-token=x"]
     assert server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=0)["jobs"][0]["command"]

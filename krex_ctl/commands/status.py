@@ -17,14 +17,30 @@ from ..server_feedback import client_roles
 from ..wire.client import ControllerError, ask_status
 
 
+def pool_pids(st: dict) -> set:
+    """The warm-worker pool's processes (zygotes and workers, idle or busy): the controller's own, not commands."""
+    return {w.get("pid") for w in st.get("workers", [])} | {z.get("pid") for z in st.get("zygotes", [])}
+
+
+def command_jobs(st: dict) -> list:
+    """The jobs of commands: not those of the pool's processes (each connection of a worker or zygote, which no
+    `krex run` started, is a job of its own; a busy worker's command is its wrapper's job)."""
+    pool = pool_pids(st)
+    return [j for j in st.get("jobs", []) if not j.get("warm_pool") and j.get("root_pid") not in pool]
+
+
 def clients_line(st: dict) -> str:
-    """The clients that run or wrap commands, not the connections of krex's own commands (this one among them)."""
+    """The clients that run or wrap commands and their jobs, not the connections of krex's own commands (this one
+    among them) nor the warm-worker pool's."""
     roles = st.get("client_roles")     # every client, counted before a long list was cut for the reply
     if roles is None:                  # a controller from before client_roles
         roles = client_roles(st["clients"])
     cli = roles.get("cli", 0)
+    pool = pool_pids(st)
+    in_pool = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
     others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
-    return f"{sum(roles.values()) - cli} client(s){others}"
+    pooled = f" (and {in_pool} of the warm-worker pool)" if in_pool else ""
+    return f"{sum(roles.values()) - cli - in_pool} client(s){others}{pooled}, {len(command_jobs(st))} job(s)"
 
 
 def user_name(uid) -> str:
@@ -83,8 +99,8 @@ def lines(st: dict) -> list[str]:
             out.append(f"    {place}. waiting: region {q['region']} '{q['name']}' of pid {q['pid']} "
                        f"({user_name(q.get('uid'))}) for {q['waiting_s']:.3f} s"
                        + (" (for its job's fair share)" if q.get("fair_share") else ""))
-    out.append(f"{clients_line(st)}, {len(st['jobs'])} job(s)")
-    for j in st["jobs"]:
+    out.append(clients_line(st))
+    for j in command_jobs(st):
         where = f" on GPU {','.join(map(str, j['gpus']))}" if j.get("gpus") else ""
         slurm = f" (Slurm job {j['slurm_job']})" if j.get("slurm_job") else ""
         out.append(f"    job {j['job']} of {user_name(j.get('uid'))}, pid {j['root_pid']}{where}{slurm}: "
@@ -144,9 +160,9 @@ def table(st: dict):
                   command_text(o.get("command", job.get("command")), 40), o["state"], f"{o['held_s']:.2f}",
                   ", ".join(map(str, o["frozen"])) or "-", ", ".join(map(str, g.get("gated", []))) or "-", queue)
     placed = "\n".join(f"job {j['job']} ({user_name(j.get('uid'))}): GPU {','.join(map(str, j['gpus'])) or '-'}: "
-                       f"{command_text(j.get('command'), 50)}" for j in st["jobs"])
+                       f"{command_text(j.get('command'), 50)}" for j in command_jobs(st))
     pools = "\n".join(leaving_lines(st) + pool_lines(st))
-    return Group(t, Text(f"{clients_line(st)}, {len(st['jobs'])} job(s)\n" + placed + ("\n" + pools if pools else "")))
+    return Group(t, Text(f"{clients_line(st)}\n" + placed + ("\n" + pools if pools else "")))
 
 
 def fetch(socket_path) -> dict:
