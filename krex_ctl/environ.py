@@ -115,7 +115,7 @@ def check_environment(env: Mapping[str, str]) -> None:
     for name in FLAG_VARS:
         value = env.get(name)
         if value not in (None, "") and value.lower() not in FLAG_WORDS:
-            raise KrexCommandError(f"{name} must be 0 or 1 (or true/false), not {value!r}", 2)
+            raise KrexCommandError(f"{name} must be 1, true, yes or on, or 0, false, no or off, not {value!r}", 2)
     if env.get("KREX_GPU"):
         parse_gpus(env["KREX_GPU"], "KREX_GPU")
     level = env.get("KREX_LOG_LEVEL")

@@ -236,7 +236,7 @@ def test_unknown_option_is_refused_not_run(krex, tmp_path):
 def test_bad_krex_variables_stop_the_run(krex, tmp_path):
     krex.start_controller()
     marker = tmp_path / "ran"
-    for var, value, message in (("KREX_GATE_CONTEXTS", "false-ish", "KREX_GATE_CONTEXTS must be 0 or 1"),
+    for var, value, message in (("KREX_GATE_CONTEXTS", "false-ish", "KREX_GATE_CONTEXTS must be 1, true, yes or on, or 0"),
                                 ("KREX_GPU", "abc", "KREX_GPU: 'abc' is not a GPU index"),
                                 ("KREX_HOOKS", "tritonn", "KREX_HOOKS: unknown hook tritonn")):
         out = krex.run(["touch", marker], env={var: value})
@@ -425,6 +425,9 @@ def test_a_state_file_nobody_can_write_or_another_controller_writes_is_refused(k
     assert out.returncode == 2 and out.stderr.strip() == \
         f"krex: --state-file {missing}: the directory {missing.parent} does not exist"
     assert not (tmp_path / "a.sock").exists() and not (tmp_path / "a.sock.lock").exists()
+    out = krex_cli(krex, "controller", "--socket", str(missing.parent / "k.sock"))   # the state file beside it:
+    assert out.returncode == 2 and out.stderr.strip() == \
+        f"krex: --socket {missing.parent / 'k.sock'}: the directory {missing.parent} does not exist"  # not named
     state = tmp_path / "shared.state"
     sock = tmp_path / "first.sock"
     p = serve(krex, "--socket", sock, "--state-file", state, log=tmp_path / "first.log")

@@ -154,14 +154,14 @@ def test_environment_is_checked_before_a_run():
 
     check_environment({"KREX_GATE_CONTEXTS": "true", "KREX_GATE_EXIT": "0", "KREX_GPU": "0,1", "KREX_HOOKS": "all"})
     check_environment({"KREX_GATE_LIFECYCLE_WAIT": "2.5"})
-    for env, message in (({"KREX_GATE_CONTEXTS": "maybe"}, "KREX_GATE_CONTEXTS must be 0 or 1"),
+    for env, message in (({"KREX_GATE_CONTEXTS": "maybe"}, "KREX_GATE_CONTEXTS must be 1, true, yes or on, or 0, false"),
                          ({"KREX_GATE_LIFECYCLE_WAIT": "-1"}, "KREX_GATE_LIFECYCLE_WAIT must be a number of seconds"),
                          ({"KREX_GATE_LIFECYCLE_WAIT": "4000"}, "KREX_GATE_LIFECYCLE_WAIT must be a number of seconds"),
                          ({"KREX_GPU": "abc"}, "KREX_GPU: 'abc' is not a GPU index"),
                          ({"KREX_LOG_LEVEL": "loud"}, "KREX_LOG_LEVEL must be one of"),
                          ({"KREX_HOOKS": "triton,nope"}, "KREX_HOOKS: unknown hook nope"),
                          ({"KREX_WARM_WORKERS": "-3"}, "KREX_WARM_WORKERS must be a whole number"),
-                         ({"KREX_HOST_BOUND": "maybe"}, "KREX_HOST_BOUND must be 0 or 1")):
+                         ({"KREX_HOST_BOUND": "maybe"}, "KREX_HOST_BOUND must be 1, true, yes or on, or 0, false")):
         with pytest.raises(KrexCommandError, match=message) as e:
             check_environment(env)
         assert e.value.exit_code == 2

@@ -110,7 +110,7 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     if path == str(paths.user_socket()):
         paths.ensure_runtime_dir()
     sockfiles.refuse_non_socket(path)      # before PATH.lock is made next to it (bind)
-    check_state_file(str(cfg.state_file or runtime.state_path(path)))
+    check_state_file(str(cfg.state_file or runtime.state_path(path)), None if cfg.state_file else path)
     if cfg.restart_grace_s is None:
         cfg.restart_grace_s = heartbeat.default_grace(embedded, path)
     logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
@@ -143,13 +143,14 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
             o.close()
 
 
-def check_state_file(state: str) -> None:
+def check_state_file(state: str, socket=None) -> None:
     """Before anything is bound: the state file's directory exists (else no freeze could ever be recorded, and
     freezing would be off for the node with an error in the log alone), and no live controller writes that file
     (a second one would resume the first one's frozen processes inside its region and remove its record)."""
     parent = os.path.dirname(os.path.abspath(state)) or "/"
     if not os.path.isdir(parent):
-        raise KrexCommandError(f"--state-file {state}: the directory {parent} does not exist", 2)
+        what = f"--state-file {state}" if socket is None else f"--socket {socket}"   # its state file beside it
+        raise KrexCommandError(f"{what}: the directory {parent} does not exist", 2)
     owner = runtime.state_owner(state)
     if owner is not None:
         raise KrexCommandError(f"--state-file {state}: the controller pid {owner} records its frozen processes there; "
