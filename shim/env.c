@@ -19,7 +19,7 @@ int krex_env_flag(const char *name, int dflt) {
         if (!strcasecmp(v, on[i])) return 1;
         if (!strcasecmp(v, off[i])) return 0;
     }
-    krex_log(KREX_LOG_WARNING, "%s=%s is not 0 or 1 (or true/false); using %d", name, v, dflt);
+    krex_log(KREX_LOG_WARNING, "%s=%s is not 1, true, yes or on, nor 0, false, no or off; using %d", name, v, dflt);
     return dflt;
 }
 
