@@ -91,6 +91,12 @@ ap.add_argument("--fixed-out", action="store_true",
                      "(otherwise each call allocates its output, as torch.mm does, from torch's caching allocator: "
                      "where it lands can change between two do_bench calls); the JSON line gets the output's address "
                      "per timing, candidate_out_ptrs, either way")
+ap.add_argument("--fresh-inputs", action="store_true",
+                help="--op sum: before each round of timings (--repeat's), the input is copied to a new place in GPU "
+                     "memory (a pad of 2-512 MiB, drawn with --nonce as the seed, taken first and given back after, "
+                     "torch's cache emptied), so that each timing samples a placement of its own instead of the "
+                     "process's one (does a per-process level, docs/measurements/freeze-policy.md run 52, become a "
+                     "per-timing spread?); the JSON line gets input_ptrs, the input's address per round")
 ap.add_argument("--probe", action="store_true",
                 help="also report what could make the same kernel time differently in another process: CPU cost "
                      "per launch, gap-free and CUDA-graph timings, the compiled kernel's hash, heap size, CPUs")
@@ -112,6 +118,8 @@ if args.op == "sum":
         ap.error(f"--op sum: --size is the MiB read per call, 1-2048 or a multiple of 2048, not {args.size}")
     if args.pads or args.seeds or args.history or args.fixed_out or args.probe:
         ap.error("--op sum: --pads, --seeds, --history, --fixed-out and --probe are for --op matmul")
+elif args.fresh_inputs:
+    ap.error("--fresh-inputs: for --op sum")
 elif args.compiler == "cuda":
     ap.error("--compiler cuda: for --op sum (the matmul candidate is Triton's)")
 
@@ -483,7 +491,16 @@ with tempfile.TemporaryDirectory() as td:
     if os.environ.get("KREX_JOB") and os.environ.get("KREX_HOST_BOUND", "0").lower() in ("1", "true", "yes", "on"):
         from krex import last_region
     bound = {"candidate": [], "reference": []}
+    input_ptrs = []
+    fresh_rng = __import__("random").Random(args.nonce * 7919 + 1)
     for _ in range(max(1, args.repeat)):
+        if args.fresh_inputs:      # the kernels read the global x: a new copy of it, somewhere else
+            pad = torch.empty(fresh_rng.randrange(2, 513) << 20, dtype=torch.uint8, device="cuda")
+            x = x.clone()
+            del pad
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()       # the old copy and the pad back to the driver
+            input_ptrs.append(x.data_ptr())
         for name, fn in kernels:
             t = bench(name, fn, warmup=args.warmup_ms, rep=rep[name])
             timings.setdefault(name, t)
@@ -631,6 +648,7 @@ print(json.dumps({"size": args.size, "variant": args.variant, **({"op": "sum"} i
                   **({"candidate_all_ms": every["candidate"], "reference_all_ms": every["reference"]}
                      if args.repeat > 1 else {}),
                   "candidate_out_ptrs": out_ptrs, **({"fixed_out": True} if args.fixed_out else {}),
+                  **({"input_ptrs": input_ptrs} if args.fresh_inputs else {}),
                   **({"candidate_host_bound": bound["candidate"], "reference_host_bound": bound["reference"]}
                      if last_region is not None else {}),
                   "timer": args.timer, **({"compiler": "cuda"} if args.compiler == "cuda" else {}),

@@ -259,6 +259,10 @@ def add_timing_options(ap, unit: str) -> None:
                          "(bench/candidate.py --scatter-gib, seeded by its nonce), in every mode: its inputs land "
                          "between its own memory (which left sum@128's level as on an empty GPU; "
                          "--reference-holder-gib is what samples placement)")
+    ap.add_argument("--fresh-inputs", action="store_true",
+                    help=f"each {unit} copies its input to a new place in GPU memory before each round of timings "
+                         "(bench/candidate.py --fresh-inputs; sum@ kernels only), in every mode: each timing samples "
+                         "a placement, not one per process")
     ap.add_argument("--nonce-offset", type=int, default=0,
                     help=f"added to every {unit}'s nonce (its source, its inputs' seed and its --holder-gib or "
                          "--scatter-gib pattern, fixed otherwise by the mode's place in the plan and the index): "
@@ -274,14 +278,18 @@ def timing_args(ap, args) -> list:
         ap.error(f"--nonce-offset: 0 or more, not {args.nonce_offset}")
     return ["--warmup-ms", str(args.warmup_ms), "--min-reps", str(args.min_reps), "--timer", args.timer] + \
         (["--scatter-gib", str(args.scatter_gib)] if args.scatter_gib else []) + \
+        (["--fresh-inputs"] if getattr(args, "fresh_inputs", False) else []) + \
         (["--compiler", args.compiler] if args.compiler != "triton" else [])
 
 
 def check_compiler(ap, args, mix: list) -> None:
-    """One line and exit 2 for --compiler cuda with a kernel other than sum@ in the mix (parse_mix's list)."""
+    """One line and exit 2 for --compiler cuda or --fresh-inputs with a kernel other than sum@ in the mix
+    (parse_mix's list)."""
     sizes = [k[0] if isinstance(k, tuple) else k for k, _ in mix]
     if args.compiler == "cuda" and any(spec_of(size, 0).get("op") != "sum" for size in sizes):
         ap.error("--compiler cuda: the mix's kernels must all be sum@SIZE (the matmul candidate is Triton's)")
+    if getattr(args, "fresh_inputs", False) and any(spec_of(size, 0).get("op") != "sum" for size in sizes):
+        ap.error("--fresh-inputs: the mix's kernels must all be sum@SIZE (bench/candidate.py copies a sum's input)")
 
 
 def check_reference_options(ap, args) -> None:

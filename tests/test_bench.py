@@ -587,6 +587,14 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
                             "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
         assert p.returncode == 2 and "--mix: [OP@]SIZE[/VARIANT]:WEIGHT" in p.stderr, (bad, p.stderr)
     assert not (tmp_path / "o.json").exists()
+    timing = argparse.ArgumentParser()
+    T.add_timing_options(timing, "command")
+    assert "--fresh-inputs" in T.timing_args(timing, timing.parse_args(["--fresh-inputs"]))   # to every command
+    assert "--fresh-inputs" not in T.timing_args(timing, timing.parse_args([]))
+    for script, mix in (("freeze_policy.py", "2048:0.5,sum@128/0:0.5"), ("ray_fleet.py", "8192/1:1")):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--mix", mix, "--fresh-inputs",
+                            "--out", str(tmp_path / "o.json")], capture_output=True, text=True)
+        assert p.returncode == 2 and "--fresh-inputs: the mix's kernels must all be sum@SIZE" in p.stderr, p.stderr
     # bench/candidate.py refuses what it cannot run before it imports torch (one line, exit status 2)
     for extra, says in ((["--op", "sum", "--size", "3000"], "1-2048 or a multiple of 2048, not 3000"),
                         (["--op", "sum", "--size", "0"], "1-2048 or a multiple of 2048, not 0"),
@@ -596,6 +604,7 @@ def test_a_mix_entry_can_name_the_memory_bound_op(tmp_path):
                         (["--scatter-gib", "-2"], "--scatter-gib: GiB, 0 or more, not -2.0"),
                         (["--scatter-gib", "nan"], "--scatter-gib: GiB, 0 or more, not nan"),
                         (["--compiler", "cuda"], "--compiler cuda: for --op sum"),
+                        (["--fresh-inputs"], "--fresh-inputs: for --op sum"),
                         (["--compiler", "nvcc"], "invalid choice: 'nvcc'")):
         argv = ["--variant", "0", "--nonce", "1", "--size", "1"] + extra     # the last --size wins
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "candidate.py")] + argv, capture_output=True,
