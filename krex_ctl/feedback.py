@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 STRICT_EXIT = 5           # docs/reference/exit-codes.md
 FIRST_WAIT_S = 1.0
@@ -97,42 +97,58 @@ class Watcher(threading.Thread):
     """Polls the controller about this job while the command runs; says what it waits for and when it was
     paused. Never fails the run: a controller it cannot ask is a controller it stops asking."""
 
-    def __init__(self, socket_path: str, job: int, fb: Feedback, counters: Optional[str] = None):
+    def __init__(self, socket_path: str, job: int, fb: Feedback, counters: Optional[str] = None,
+                 source: Optional[Callable[[], tuple]] = None):
+        """source: the wrapper's job connection as (how many times it was lost, its job id now, or None while it
+        is lost); without it, job throughout. A controller that took a lost one's place numbers its jobs anew and
+        counts frozen time from nothing."""
         super().__init__(daemon=True, name="krex-watcher")
         self.socket_path, self.job, self.fb, self.counters = socket_path, job, fb, counters
+        self.source = source
         self.done = threading.Event()
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
         self.frozen: dict = {}       # freeze key (pid, region) -> the last entry seen of that freeze
         self.frozen_ns: dict = {}    # pid -> ns frozen, as the controller asked last counts it
-        self.banked: dict = {}       # pid -> ns frozen counted by controllers this command met before that one
-        self.controller = None       # the pid of the controller asked last (a new one counts from nothing)
+        self.banked: dict = {}       # pid -> ns frozen counted by the controllers before it (the job connections lost)
+        self.losses = 0              # the job connection's losses banked
         self.lock = threading.Lock()
 
     def ask(self) -> Optional[dict]:
-        from .wire import ops
-        from .wire.client import Connection, ControllerError
-        from .wire.frames import C
+        """The controller's JOB_WAIT reply for this job; an empty one while the wrapper has lost its controller
+        (the guardian resumed the job's processes: no freeze goes on, none is counted); None when it could not ask."""
+        from .wire.client import ControllerError
         from .errors import KrexCommandError
 
+        job = self.job
+        if self.source is not None:
+            losses, job = self.source()
+            if losses != self.losses or job is None:
+                self.bank()
+                self.losses = losses
+            if job is None:
+                return {"waits": [], "frozen": [], "frozen_ns": {}}
         with self.lock:
             try:
-                if self.conn is None:
-                    self.conn = Connection(self.socket_path, C.KREX_ROLE_CLI, timeout=5.0, io_timeout=5.0)
-                    self.met(self.conn.welcome.controller_pid)
-                return self.conn.request(ops.JOB_WAIT, timeout=5.0, job=self.job)
+                return self.request(job)
             except (ControllerError, KrexCommandError, OSError):
                 self.close_conn()
                 return None
 
-    def met(self, controller_pid: int) -> None:
-        """A connection to the controller of this pid: another than the last one (it restarted, or the socket's
-        controller was replaced) counts frozen time from nothing, so what the last one counted is banked."""
-        if self.controller is not None and controller_pid != self.controller:
-            for pid, ns in self.frozen_ns.items():
-                self.banked[pid] = self.banked.get(pid, 0) + ns
-            self.frozen_ns = {}
-        self.controller = controller_pid
+    def request(self, job: int) -> dict:
+        from .wire import ops
+        from .wire.client import Connection
+        from .wire.frames import C
+
+        if self.conn is None:
+            self.conn = Connection(self.socket_path, C.KREX_ROLE_CLI, timeout=5.0, io_timeout=5.0)
+        return self.conn.request(ops.JOB_WAIT, timeout=5.0, job=job)
+
+    def bank(self) -> None:
+        """The job's controller was lost: what it counted stays this command's; a new one counts from nothing."""
+        for pid, ns in self.frozen_ns.items():
+            self.banked[pid] = self.banked.get(pid, 0) + ns
+        self.frozen_ns = {}
 
     def totals(self) -> dict:
         """pid -> ns frozen over every controller this command met."""

@@ -781,26 +781,42 @@ def test_controller_says_ready_to_systemd(krex, tmp_path):
 def test_frozen_time_counted_by_a_controller_that_went_away_is_kept():
     """A controller that went away while it had the command's process frozen took its count of that time with it:
     the next controller's replies have no freeze and count from nothing, and the line and the summary said
-    'resumed; 0.0 s frozen in all' and 'frozen 0.00 s' after 'paused (frozen) at least 1.5 s'. What the last
-    controller counted is kept, and added to what the next one counts."""
+    'resumed; 0.0 s frozen in all' and 'frozen 0.00 s' after 'paused (frozen) at least 1.5 s'. What the lost
+    controller counted is kept and added to what the next one counts; the next one is asked about the job it gave
+    the wrapper (it numbers jobs anew: the old id may be another command's there), and nothing is asked while the
+    wrapper has no controller."""
     import io
 
     def reply(*frozen, total=None):
         return {"waits": [], "frozen": [dict(f, gpu=[0]) for f in frozen],
                 "frozen_ns": {} if total is None else {"901": int(total * 1e9)}}
 
+    wrapper = {"losses": 0, "job": 2}
+    replies, asked = [], []
+
+    class Asked(feedback.Watcher):
+        def request(self, job):
+            asked.append(job)
+            return replies.pop(0)
+
     out = io.StringIO()
-    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    w = Asked("unused.sock", 2, feedback.Feedback(out=out), source=lambda: (wrapper["losses"], wrapper["job"]))
     freeze = {"pid": 901, "region_id": 3, "since_s": 1.5, "by": {"pid": 812, "uid": os.getuid(), "region": "r"}}
-    w.met(4000)
-    w.take(reply(freeze, total=1.5))
-    w.met(4000)                          # the same controller again (a connection lost and made again)
-    w.take(reply(dict(freeze, since_s=1.6), total=1.6))
-    assert out.getvalue() == ""
-    w.met(4100)                          # another controller: it knows nothing of the freeze
-    w.take(reply())
-    assert out.getvalue().splitlines()[-1].endswith("; resumed; 1.6 s frozen in all"), out.getvalue()
-    w.take(reply(dict(freeze, region_id=1, since_s=0.5), total=0.5))
-    w.take(reply(total=0.7))
+    replies += [reply(freeze, total=1.5), reply(dict(freeze, since_s=1.6), total=1.6)]
+    w.take(w.ask())
+    w.take(w.ask())
+    assert out.getvalue() == "" and asked == [2, 2]
+    wrapper.update(losses=1, job=None)       # the controller is gone: the guardian resumed the job's processes
+    w.take(w.ask())
+    assert asked == [2] * 2 and out.getvalue().splitlines()[-1].endswith("; resumed; 1.6 s frozen in all")
+    wrapper["job"] = 1                        # connected again: job 1 of the controller that took its place
+    replies += [reply(dict(freeze, region_id=1, since_s=0.5), total=0.5), reply(total=0.7)]
+    w.take(w.ask())
+    w.take(w.ask())
+    assert asked == [2, 2, 1, 1]
     assert out.getvalue().splitlines()[-1].endswith("; resumed; 2.3 s frozen in all"), out.getvalue()
     assert w.totals() == {901: int(2.3e9)}
+    wrapper.update(losses=2, job=3)          # lost and connected again between two polls
+    replies.append(reply(total=0.2))
+    w.take(w.ask())
+    assert w.totals() == {901: int(2.5e9)} and asked[-1] == 3

@@ -226,7 +226,9 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
         job_root = job_root_of(told)
         if gpus and uuids is None:
             uuids = [(guardian.request(ops.GPU_UUID, gpu=g) or {}).get("uuid") for g in gpus]
-    watcher = feedback.Watcher(str(sock), job, fb, str(counters) if counters else None) if conn else None
+    watcher = feedback.Watcher(str(sock), job, fb, str(counters) if counters else None,
+                               source=lambda: (guardian.losses, None if guardian.lost.is_set() else guardian.conn.job)) \
+        if conn else None
     if watcher:
         watcher.start()
     run_facts = RunFacts(fb, watcher, strict, started_ns)
