@@ -157,9 +157,11 @@ KREX_EXPORT void *dlsym(void *handle, const char *name) {
     int id = krex_hook_lookup(name);
     if (p && id >= 0 && krex_is_wrapper(id, p))
         /* the lookup found our own export (RTLD_DEFAULT, or a handle whose scope holds the shim): it stands for
-         * the driver's function, so a program probing for a function its driver lacks (a newer ROCm's or
-         * CUDA's) gets NULL, as it would without the shim, not a wrapper that can only fail */
-        return krex_real(id) ? p : NULL;
+         * what the scope after the shim has, so a program probing for a function its driver lacks (a newer
+         * ROCm's or CUDA's), or whose driver is not in the global scope (not loaded, or loaded RTLD_LOCAL), gets
+         * NULL, as it would without the shim, not a wrapper that can only fail. RTLD_NEXT from here searches
+         * the loaded objects' symbol tables only (no file is opened, unlike krex_real's dlopen by name). */
+        return real_dlsym(RTLD_NEXT, name) ? p : NULL;
     if (!p || id < 0 || !krex_hook_wrappers[id] || !krex_hook_wanted(id)) return p;
     if (!krex_remember(id, p)) return p;
     return krex_hook_wrappers[id];

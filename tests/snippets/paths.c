@@ -2,8 +2,9 @@
  * Prints "expect kernels=K graphs=G copies=C other=O captured=P" for the test to compare with the
  * shim's counts (krex run --report). Modes: direct dlsym dlsym-versioned procaddr-v1 procaddr-v2
  * procaddr-v2-nullstatus procaddr-ptsz procaddr-self capture all-kinds dlsym-next dlsym-default
- * (dlsym-default: looked up in the global scope, where the shim's exports come first; a function the fake
- * driver lacks, cuLaunchGrid, must be NULL there as it is without the shim: exit 12 if not) */
+ * (dlsym-default: looked up in the global scope, where the shim's exports come first; the driver's functions
+ * while it is loaded RTLD_LOCAL, and one the fake driver lacks, cuLaunchGrid, must be NULL there as they are
+ * without the shim: exit 12 if not) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <string.h>
@@ -90,9 +91,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "dlsym-versioned")) launch = (launch_t)sym("cuLaunchKernel_ptsz");
     else if (!strcmp(mode, "dlsym-next")) launch = (launch_t)dlsym(RTLD_NEXT, "cuLaunchKernel");
     else if (!strcmp(mode, "dlsym-default")) {
+        /* the driver was loaded RTLD_LOCAL: not in the global scope, where nothing of it is found */
+        void *local = dlsym(RTLD_DEFAULT, "cuLaunchKernel");
+        dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);   /* now it is, as if linked */
         void *missing = dlsym(RTLD_DEFAULT, "cuLaunchGrid");
-        if (missing) {
-            fprintf(stderr, "paths: cuLaunchGrid, which the driver lacks, resolved to %p\n", missing);
+        if (local || missing) {
+            fprintf(stderr, "paths: in the global scope %s resolved to %p\n", local ? "cuLaunchKernel of a "
+                    "driver loaded RTLD_LOCAL" : "cuLaunchGrid, which the driver lacks,", local ? local : missing);
             return 12;
         }
         launch = (launch_t)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
