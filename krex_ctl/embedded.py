@@ -107,8 +107,10 @@ def _ensure_controller(timeout: float, started: list) -> Path:
     if os.environ.get("KREX_SOCKET"):
         path = Path(os.environ["KREX_SOCKET"])
         err = reach(path)
-        if restarting(path, err, then="krex starts a controller of this user's there (its regions in its first 2 s "
-                      "are tainted unregistered: the last one's processes may not have reconnected yet)"):
+        left = " (its regions in its first 2 s are tainted unregistered: the last one's processes may not have " \
+            "reconnected yet)" if err == errno.ECONNREFUSED or os.path.exists(f"{path}.gate") else ""
+        # (its socket left behind, or its gate file, which stays while it has processes: server.py, STALE)
+        if restarting(path, err, then=f"krex starts a controller of this user's there{left}"):
             return path
         if err == errno.EACCES:
             raise KrexCommandError(f"the krex controller at {path} refuses this user ({who_may_not(path)})", 3)

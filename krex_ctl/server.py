@@ -1233,9 +1233,9 @@ def bind(cfg: Config, path: str) -> tuple[socket.socket, int]:
     """Take the socket's lock file and bind. Two controllers on one socket: the second gets a clear error."""
     parent = os.path.dirname(os.path.abspath(path)) or "/"
     if not os.path.isdir(parent):
-        raise KrexCommandError(f"--socket {path}: the directory {parent} does not exist", 2)
-    if len(os.fsencode(path)) > 107:
-        raise KrexCommandError(f"--socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
+        raise KrexCommandError(f"the socket {path}: the directory {parent} does not exist", 2)
+    if len(os.fsencode(path)) > 107:   # (--socket, KREX_SOCKET or the config file's socket: each names it)
+        raise KrexCommandError(f"the socket {path}: longer than the 107 bytes a Unix socket path may have", 2)
     sockfiles.check_dir(path)
     made_lock = not os.path.lexists(path + ".lock")
     LOCKS[path] = lock_fd = sockfiles.take_lock(path)

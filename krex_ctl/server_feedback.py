@@ -153,6 +153,9 @@ def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
     hidden, and, if it is still too large, the per-process lists dropped."""
     omitted: dict = {}
     st["client_roles"] = client_roles(st.get("clients", []))   # before the list is cut: `krex status` counts them
+    pool = {w.get("pid") for w in st.get("workers", [])} | {z.get("pid") for z in st.get("zygotes", [])}
+    st["warm_pool_clients"] = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
+    st["command_jobs"] = sum(not j.get("warm_pool") for j in st.get("jobs", []))
     uid_of_job = {j["job"]: j.get("uid") for j in st.get("jobs", [])}
     for j in st.get("jobs", []):
         j["command"] = visible_command(j.get("command", []), j.get("uid", -1), asker_uid)

@@ -423,11 +423,11 @@ def test_a_state_file_nobody_can_write_or_another_controller_writes_is_refused(k
     missing = tmp_path / "nodir" / "k.state"
     out = krex_cli(krex, "controller", "--socket", str(tmp_path / "a.sock"), "--state-file", str(missing))
     assert out.returncode == 2 and out.stderr.strip() == \
-        f"krex: --state-file {missing}: the directory {missing.parent} does not exist"
+        f"krex: the state file {missing}: the directory {missing.parent} does not exist"
     assert not (tmp_path / "a.sock").exists() and not (tmp_path / "a.sock.lock").exists()
     out = krex_cli(krex, "controller", "--socket", str(missing.parent / "k.sock"))   # the state file beside it:
     assert out.returncode == 2 and out.stderr.strip() == \
-        f"krex: --socket {missing.parent / 'k.sock'}: the directory {missing.parent} does not exist"  # not named
+        f"krex: the socket {missing.parent / 'k.sock'}: the directory {missing.parent} does not exist"
     state = tmp_path / "shared.state"
     sock = tmp_path / "first.sock"
     p = serve(krex, "--socket", sock, "--state-file", state, log=tmp_path / "first.log")

@@ -564,6 +564,14 @@ def test_status_counts_the_warm_worker_pool_apart_from_commands():
     console = Console(record=True, width=160)
     console.print(status.table(st))
     assert "1 client(s) (and 4 of the warm-worker pool), 1 job(s)" in console.export_text()
+    # a node with more of each than a reply lists: counted before the lists are cut
+    big = dict(st, clients=[{"pid": 1000 + i, "role": "shim", "job": 9} for i in range(300)] + st["clients"],
+               workers=[{"gpu": 0, "pid": 1000 + i, "state": "idle"} for i in range(250)] + st["workers"],
+               jobs=[{"job": 100 + i, "root_pid": 1000 + i, "uid": 0, "command": worker, "gpus": [], "warm_pool": True}
+                     for i in range(250)] + st["jobs"])
+    seen = server_feedback.bound_status(json.loads(json.dumps(big)), asker_uid=0)
+    assert seen["omitted"]["clients"] > 0 and seen["omitted"]["jobs"] > 0
+    assert status.clients_line(seen) == "51 client(s) (and 254 of the warm-worker pool), 2 job(s)", status.clients_line(seen)
 
 
 def test_status_hides_other_users_commands_and_stays_bounded():

@@ -149,7 +149,8 @@ def check_state_file(state: str, socket=None) -> None:
     (a second one would resume the first one's frozen processes inside its region and remove its record)."""
     parent = os.path.dirname(os.path.abspath(state)) or "/"
     if not os.path.isdir(parent):
-        what = f"--state-file {state}" if socket is None else f"--socket {socket}"   # its state file beside it
+        # (from an option, KREX_SOCKET or the config file: named by what it is)
+        what = f"the state file {state}" if socket is None else f"the socket {socket}"   # its state file beside it
         raise KrexCommandError(f"{what}: the directory {parent} does not exist", 2)
     owner = runtime.state_owner(state)
     if owner is not None:

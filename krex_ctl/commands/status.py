@@ -36,11 +36,15 @@ def clients_line(st: dict) -> str:
     if roles is None:                  # a controller from before client_roles
         roles = client_roles(st["clients"])
     cli = roles.get("cli", 0)
-    pool = pool_pids(st)
-    in_pool = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
+    in_pool = st.get("warm_pool_clients")   # counted before a long list was cut
+    if in_pool is None:
+        pool = pool_pids(st)
+        in_pool = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
     others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
     pooled = f" (and {in_pool} of the warm-worker pool)" if in_pool else ""
-    return f"{sum(roles.values()) - cli - in_pool} client(s){others}{pooled}, {len(command_jobs(st))} job(s)"
+    jobs = st.get("command_jobs")          # likewise
+    jobs = len(command_jobs(st)) if jobs is None else jobs
+    return f"{sum(roles.values()) - cli - in_pool} client(s){others}{pooled}, {jobs} job(s)"
 
 
 def user_name(uid) -> str:
