@@ -92,6 +92,24 @@ def test_second_controller_on_the_same_socket_is_refused(krex):
     assert krex.answers()
 
 
+def test_second_controller_with_the_first_ones_metrics_address_is_refused_as_a_second_controller(krex, tmp_path):
+    """With the running controller's config (its metrics address among its settings, as the packaged example has),
+    a second start on the same socket failed on the port first: exit 2, 'cannot listen', not 4."""
+    import socket as socketmod
+
+    with socketmod.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    conf = tmp_path / "controller.json"
+    conf.write_text(json.dumps({"metrics": f"127.0.0.1:{port}"}))
+    krex.start_controller("--config", str(conf))
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "controller", "--socket", str(krex.socket),
+                          "--config", str(conf)], env=krex.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 4, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == f"krex: another krex controller is already serving {krex.socket}"
+    assert krex.answers()
+
+
 def test_stale_socket_file_is_replaced(krex):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(krex.socket))

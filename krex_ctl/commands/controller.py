@@ -120,6 +120,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     if unmanaged:
         log.warning("reserved_cores names GPU(s) %s, which this controller does not manage (gpus %s): not used",
                     config.format_cpu_list(unmanaged), config.format_cpu_list(cfg.gpus))
+    if sockfiles.answers(path):            # before the observers: their port is the live one's (exit 4, not 2)
+        raise KrexCommandError(f"another krex controller is already serving {path}", 4)
     m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
     # SIGTERM or SIGHUP from here until serve_forever has its handlers (a stop right after a start) is held, not
     # fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing is spawned before that
