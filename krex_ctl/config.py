@@ -289,6 +289,20 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         fail("socket_group", f"{g!r} is not a group id (0 to {2 ** 32 - 2})")
 
 
+class _KeyTwice(ValueError):
+    pass
+
+
+def _no_key_twice(pairs: list) -> dict:
+    """json's object_pairs_hook: a key given twice in one object is refused (json keeps the last, silently)."""
+    seen: set = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _KeyTwice(k)
+        seen.add(k)
+    return dict(pairs)
+
+
 def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Config:
     """Config(), then defaults ({key: (value, where it came from)}, e.g. an environment variable's: a value
     of None is no value), then the file at path, then the flags (None: not given); each overrides the last.
@@ -302,7 +316,9 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
             sources[k] = source
     if path:
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(), object_pairs_hook=_no_key_twice)
+        except _KeyTwice as e:
+            raise KrexCommandError(f"config {path}: the setting {e.args[0]!r} is given twice", 2) from None
         except OSError as e:
             raise KrexCommandError(f"cannot read config {path}: {e.strerror}", 2) from None
         except json.JSONDecodeError as e:
@@ -318,6 +334,8 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
                 near = difflib.get_close_matches(str(k), sorted(known), n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
                 raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
+            if (k in _SECONDS or k in _COUNTS) and isinstance(v, str):   # a flag's value is text; a file's is not
+                raise KrexCommandError(f"config {path}: {k}: must be a JSON number, not the string {v!r}", 2)
             setattr(cfg, k, v)
             from_file.add(k)
             sources.pop(k, None)
@@ -332,4 +350,8 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
         cfg.socket_mode = 0o660        # a group, from the file or a flag, and no mode anywhere: the group may use it
     _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else
            sources.get(name) or FLAGS.get(name, name))
+    if cfg.socket_group is not None and not cfg.socket_mode & 0o020:   # connecting needs write permission
+        import sys
+        print(f"krex: socket_mode {cfg.socket_mode:04o} with socket_group {cfg.socket_group}: the group's members "
+              "cannot connect (that needs the group's write permission: 0660)", file=sys.stderr)
     return cfg

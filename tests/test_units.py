@@ -123,10 +123,14 @@ def test_every_bad_flag_is_named(setting, value, message):
 
 
 @pytest.mark.parametrize("setting, value, message", [
-    ("max_clients", "x", "max_clients: must be a whole number, not 'x'"),
+    ("max_clients", "x", "max_clients: must be a JSON number, not the string 'x'"),
+    ("max_clients", "12", "max_clients: must be a JSON number, not the string '12'"),
     ("max_clients", 0, "max_clients: must be between 1 and"),
     ("max_clients", -1, "max_clients: must be between 1 and"),
-    ("region_time_limit_s", "abc", "region_time_limit_s: must be a number, not 'abc'"),
+    ("max_clients", 1.5, "max_clients: must be a whole number"),
+    ("region_time_limit_s", "abc", "region_time_limit_s: must be a JSON number, not the string 'abc'"),
+    ("region_time_limit_s", "60", "region_time_limit_s: must be a JSON number, not the string '60'"),
+    ("region_time_limit_s", [60], "region_time_limit_s: must be a number"),
     ("freeze", "yes", "freeze: must be true or false"),
     ("owner_cpus", "all", "owner_cpus: must be one of reserved, own-and-reserved, not 'all'"),
     ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
@@ -139,6 +143,21 @@ def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
     with pytest.raises(KrexCommandError) as e:
         load(str(cfg))
     assert str(e.value).startswith(f"config {cfg}: {message}") and e.value.exit_code == 2
+
+
+def test_a_config_key_given_twice_and_a_group_that_cannot_connect_are_told(tmp_path, capsys):
+    """json keeps the last of two equal keys without a word; a group given a socket it may not write to cannot
+    connect (0600 or 0640 with socket_group was taken silently)."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"region_time_limit_s": 60, "freeze": true, "region_time_limit_s": 5}')
+    with pytest.raises(KrexCommandError) as e:
+        load(str(cfg))
+    assert str(e.value) == f"config {cfg}: the setting 'region_time_limit_s' is given twice" and e.value.exit_code == 2
+    cfg.write_text('{"socket_group": "0", "socket_mode": "0640"}')
+    assert load(str(cfg)).socket_mode == 0o640
+    assert "socket_mode 0640 with socket_group 0: the group's members cannot connect" in capsys.readouterr().err
+    cfg.write_text('{"socket_group": "0"}')
+    assert load(str(cfg)).socket_mode == 0o660 and capsys.readouterr().err == ""
 
 
 def test_state_file_parsing():
