@@ -434,6 +434,12 @@ def test_a_state_file_nobody_can_write_or_another_controller_writes_is_refused(k
     try:
         wait_for(lambda: answers(sock), what="the first controller")
         assert krex_cli(krex, "status", "--socket", str(sock)).returncode == 0    # past its start (and its resume)
+        # nobody frozen: no state file, yet the first controller owns the name (it was taken then)
+        out = krex_cli(krex, "controller", "--socket", str(tmp_path / "second.sock"), "--state-file", str(state))
+        assert out.returncode == 2 and out.stderr.strip() == (
+            f"krex: --state-file {state}: the controller pid {p.pid} records its frozen processes there; each "
+            "controller needs a state file of its own"), out.stderr
+        assert not (tmp_path / "second.sock").exists()
         state.write_text(json.dumps({"controller_pid": p.pid, "frozen": [[os.getpid(), None]]}))   # as it writes
         state.chmod(0o600)
         out = krex_cli(krex, "controller", "--socket", str(tmp_path / "second.sock"), "--state-file", str(state))

@@ -122,6 +122,8 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
                     config.format_cpu_list(unmanaged), config.format_cpu_list(cfg.gpus))
     if sockfiles.answers(path):            # before the observers: their port is the live one's (exit 4, not 2)
         raise KrexCommandError(f"another krex controller is already serving {path}", 4)
+    if cfg.state_file:                     # (the socket's own state file is the socket lock's)
+        STATE_LOCKS.append(lock_state_file(str(cfg.state_file)))
     m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
     # SIGTERM or SIGHUP from here until serve_forever has its handlers (a stop right after a start) is held, not
     # fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing is spawned before that
@@ -143,6 +145,27 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     finally:
         for o in observers:
             o.close()
+
+
+STATE_LOCKS: list = []      # the descriptor of a --state-file's lock, held while this controller runs
+
+
+def lock_state_file(state: str) -> int:
+    """STATE.lock, flocked for this controller's life: a state file names no controller while nobody is frozen
+    (it is removed then), so another controller given the same one would only be refused while one was."""
+    import fcntl
+
+    lock = state + ".lock"
+    fd = sockfiles.open_private(lock, os.O_RDWR, "lock", flag="--state-file", readable_by_others=False)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = sockfiles.lock_holder(lock)
+        os.close(fd)
+        by = f"the controller pid {holder}" if holder else "another controller"
+        raise KrexCommandError(f"--state-file {state}: {by} records its frozen processes there; each controller "
+                               "needs a state file of its own", 2) from None
+    return fd
 
 
 def check_state_file(state: str, socket=None) -> None:
