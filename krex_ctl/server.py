@@ -256,8 +256,9 @@ class Controller(RegionEffects):
     # ---- event loop ------------------------------------------------------------------------------
     def serve_forever(self) -> None:
         signal.set_wakeup_fd(self._wake_w.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: None)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda *_: None)   # (SIGUSR1 and SIGUSR2 mean nothing here: by default they killed it,
+                                                  # its socket and gate file left behind, its jobs unresumed)
         # then whatever our starter blocked, and the stop signals held since before we bound (commands/controller.py):
         # one that came while we set up is delivered now, to the handlers above, and stops us cleanly
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -323,6 +324,9 @@ class Controller(RegionEffects):
             if any(b in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) for b in data):
                 log.info("signal received; stopping")
                 self.running = False
+            for b in set(data) & {signal.SIGUSR1, signal.SIGUSR2}:
+                log.warning("%s received: ignored (SIGTERM, SIGINT or SIGHUP stops the controller)",
+                            signal.Signals(b).name)
         elif kind == "client":
             assert client is not None
             if mask & selectors.EVENT_READ:

@@ -383,3 +383,14 @@ def test_a_controller_that_died_holding_cores_has_the_masks_put_back_by_the_next
         for p in (owner, other):
             p.kill()
             p.wait()
+
+
+def test_sigusr1_and_sigusr2_leave_the_controller_serving(krex):
+    """Their default action killed the controller (rc 138), leaving its socket behind: they mean nothing to it."""
+    krex.start_controller()
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        krex.ctl.send_signal(sig)
+    time.sleep(0.5)
+    assert krex.ctl.poll() is None and krex.answers()
+    log = krex.ctl_log.read_text()
+    assert "SIGUSR1 received: ignored" in log and "SIGUSR2 received: ignored" in log, log[-2000:]
