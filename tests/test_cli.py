@@ -124,8 +124,8 @@ def test_status_and_version(krex):
     assert "0 client(s), 0 job(s)" in out.stdout                    # its own connection is not a client
     st = json.loads(krex_cli(krex, "status", "--json").stdout)
     assert set(st) == {"controller", "gpus", "clients", "client_roles", "jobs", "counters", "workers", "zygotes",
-                       "zygotes_failed", "placement", "leaving"}
-    assert st["client_roles"] == {"cli": 1}
+                       "zygotes_failed", "placement", "leaving", "warm_pool_clients", "command_jobs"}
+    assert st["client_roles"] == {"cli": 1} and st["warm_pool_clients"] == st["command_jobs"] == 0
     out = krex_cli(krex, "--version")
     assert out.returncode == 0 and out.stdout.startswith("krex, version ")
 

@@ -590,7 +590,7 @@ def test_status_hides_other_users_commands_and_stays_bounded():
     from krex_ctl.commands.status import clients_line       # counted before the cut: it said "0 client(s)"
     st2 = dict(st, clients=st["clients"] + [{"id": 1000, "pid": 1000, "uid": 7, "role": "shim", "job": 1, "gpus": [0]}])
     assert clients_line(server_feedback.bound_status(json.loads(json.dumps(st2)), asker_uid=7)) == \
-        "1 client(s) (and 899 other krex command(s) connected), 69 job(s)"
+        "1 client(s) (and 899 connection(s) of krex's own: krex status, krex run's progress lines), 69 job(s)"
     same = server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=7)
     assert same["jobs"][0]["command"] == ["b", "--api-token=x"]
     assert server_feedback.bound_status(json.loads(json.dumps(st)), asker_uid=0)["jobs"][0]["command"]

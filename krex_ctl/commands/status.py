@@ -40,7 +40,7 @@ def clients_line(st: dict) -> str:
     if in_pool is None:
         pool = pool_pids(st)
         in_pool = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
-    others = f" (and {cli - 1} other krex command(s) connected)" if cli > 1 else ""
+    others = f" (and {cli - 1} connection(s) of krex's own: krex status, krex run's progress lines)" if cli > 1 else ""
     pooled = f" (and {in_pool} of the warm-worker pool)" if in_pool else ""
     jobs = st.get("command_jobs")          # likewise
     jobs = len(command_jobs(st)) if jobs is None else jobs
