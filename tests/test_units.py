@@ -435,9 +435,9 @@ def test_counts_and_gpu_lists_take_ascii_digits_only(tmp_path):
                          ({"gpus": "0-١"}, "gpus: '0-١' is not a GPU index"),
                          ({"reserved_cores": "²"}, "reserved_cores: '²' is not a CPU index"),
                          ({"reserved_cores": {"²": "0"}}, "reserved_cores: '²' is not a GPU index"),
-                         ({"warm_workers": "١"}, "warm_workers: must be a whole number, not '١'"),
-                         ({"worker_reuse": "1_0"}, "worker_reuse: must be a whole number, not '1_0'"),
-                         ({"drain_timeout_s": "١"}, "drain_timeout_s: must be a number, not '١'"),
+                         ({"warm_workers": "١"}, "warm_workers: must be a JSON number, not the string '١'"),
+                         ({"worker_reuse": "1_0"}, "worker_reuse: must be a JSON number, not the string '1_0'"),
+                         ({"drain_timeout_s": "١"}, "drain_timeout_s: must be a JSON number, not the string '١'"),
                          ({"metrics": "127.0.0.1:٩٤٦٤"}, "metrics: '127.0.0.1:٩٤٦٤' is not HOST:PORT")):
         f = tmp_path / "c.json"
         f.write_text(json.dumps(setting))
@@ -445,6 +445,12 @@ def test_counts_and_gpu_lists_take_ascii_digits_only(tmp_path):
             load(str(f))
         assert e.value.exit_code == 2 and str(e.value).startswith(f"config {f}: {why}"), str(e.value)
         assert "invalid literal" not in str(e.value)
+    for flags, why in (({"warm_workers": "١"}, "--warm-workers: must be a whole number, not '١'"),   # a flag's text
+                       ({"worker_reuse": "1_0"}, "--worker-reuse: must be a whole number, not '1_0'"),
+                       ({"drain_timeout_s": "١"}, "--drain-timeout: must be a number, not '١'")):
+        with pytest.raises(KrexCommandError) as e:
+            load(None, **flags)
+        assert e.value.exit_code == 2 and str(e.value).startswith(why), str(e.value)
 
 
 def test_hooked_retries_take_ascii_digits_from_0_to_64_and_never_raise(monkeypatch, capsys):
