@@ -299,7 +299,7 @@ def summary(rep: dict) -> str:
     return ", ".join(parts)
 
 
-def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> list[str]:
+def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None, why_none: str = "") -> list[str]:
     """Why this run's timings were not protected (empty when they were, or when nothing was timed on a GPU).
 
     Launches outside regions fail a run only where hooks were asked for and no GPU launch at all was inside a
@@ -311,8 +311,8 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
     launches = rep.get("launches", 0)
     outside = rep.get("launches_outside_regions", 0)
     out = []
-    if not controller and (regions or launches):
-        out.append("no controller")
+    if not controller and (regions or launches):     # why_none: what the wrapper was told at its start
+        out.append(f"no controller ({why_none})" if why_none else "no controller")
     granted = [r for r in regions if r.get("granted_ns")]
     if launches and not granted:
         hint = ""
@@ -355,13 +355,13 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None) -> lis
 
 
 def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int,
-            hooks: Optional[str] = None) -> int:
+            hooks: Optional[str] = None, why_none: str = "") -> int:
     """Say the summary (for a command that used a GPU: contexts, launches, regions or waits) and any warning;
     the exit status the run ends with."""
     if rep.get("regions") or rep.get("launches") or rep.get("context_creations") or rep.get("waited_ns") \
             or rep.get("frozen_ns"):
         fb.say(summary(rep))
-    why = unprotected(rep, controller, hooks)
+    why = unprotected(rep, controller, hooks, why_none)
     if why:
         fb.say("timings not protected: " + "; ".join(why), always=True)
         if strict and exit_code == 0:

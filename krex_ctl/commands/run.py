@@ -182,11 +182,13 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     sock = paths.default_socket()
     fb = feedback.Feedback(quiet or feedback.flag(os.environ, "KREX_QUIET"))
     strict = strict or feedback.flag(os.environ, "KREX_STRICT")
+    no_controller = ""
     try:
         sock = ensure_controller()
         conn = Connection(sock, C.KREX_ROLE_WRAPPER)
     except KrexCommandError as e:
         fb.say(f"{e}; running without region exclusivity", always=True)
+        no_controller = str(e)
     # from here on, signals for the command are taken by one thread (signals.py); the embedded controller
     # started above does not inherit that mask
     block()
@@ -232,6 +234,7 @@ def run(gpu_spec, want_gpus, report_path, cold, hooks, overlap, region_timeout, 
     if watcher:
         watcher.start()
     run_facts = RunFacts(fb, watcher, strict, started_ns)
+    run_facts.no_controller = no_controller
     env = preload_environ(os.environ, RunOptions(
         shim=str(shim), socket=str(sock), job=job, counters=str(counters) if counters else None, gpus=gpus,
         hooks=hooks, job_root=job_root, gpu_uuids=uuids, overlap=overlap,
@@ -325,6 +328,7 @@ class RunFacts:
     def __init__(self, fb, watcher, strict: bool, started_ns: int):
         self.fb, self.watcher, self.strict, self.started_ns = fb, watcher, strict, started_ns
         self.hooks: Optional[str] = None
+        self.no_controller = ""        # why the wrapper has no controller (said at its start), for the summary
 
 
 def finish(guardian, counters: Optional[Path], report_file: Optional[Path], command: list, exit_code: int,
@@ -375,7 +379,8 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     if facts is not None:
         report.add_run_facts(rep, wall_ns=time.monotonic_ns() - facts.started_ns, host=feedback.host(),
                              frozen=frozen, controller=guardian is not None)
-        exit_code = feedback.at_exit(facts.fb, rep, guardian is not None, facts.strict, exit_code, facts.hooks)
+        exit_code = feedback.at_exit(facts.fb, rep, guardian is not None, facts.strict, exit_code, facts.hooks,
+                                     why_none=facts.no_controller)
     if report_file is not None:
         try:
             report.write(report_file, rep)
