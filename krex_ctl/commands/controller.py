@@ -125,9 +125,10 @@ def controller(socket_path, config_file, gpus, reserved_cores, region_time_limit
     if cfg.state_file:                     # (the socket's own state file is the socket lock's)
         STATE_LOCKS.append(lock_state_file(str(cfg.state_file)))
     m, sink = open_observers(cfg)          # a port in use or a trace file that exists: refused before the socket
-    # SIGTERM or SIGHUP from here until serve_forever has its handlers (a stop right after a start) is held, not
-    # fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing is spawned before that
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    # SIGTERM or SIGHUP (or SIGUSR1/2, ignored there) from here until serve_forever has its handlers (a stop right
+    # after a start) is held, not fatal: a stop then removes the socket and keeps the heartbeat's meaning; nothing
+    # is spawned before that
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2})
     try:
         listener, _lock = bind(cfg, path)
         ctl = Controller(cfg, listener, path)
