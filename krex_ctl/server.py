@@ -218,7 +218,8 @@ class Controller(RegionEffects):
         self.last_on_gpu: dict = {}               # GPU -> what held it last (server_regions: previous_region)
         self.unregistered.readers = self.gate.readers
         if STALE.get(socket_path) or self.gate.replaced_stale_file:
-            log.info("a controller died here: regions in the next %.0f s are not exclusive (its processes may be "
+            log.info("a controller served here before (its socket or gate file left: a crash, or a stop while it had "
+                     "GPU processes): regions in the next %.0f s are not exclusive (its processes may be "
                      "reconnecting)", RECONNECT_GRACE_S)
             self.unregistered.after_a_dead_controller()
         SPILL_DIR[0] = os.path.dirname(os.path.abspath(socket_path))

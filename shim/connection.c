@@ -272,8 +272,9 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     refused_logged = 0;
     unreachable_logged = 0;
     krex_gatefile_release();   /* registered: the gate file, and our presence on it, go */
-    if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive again",
-                                 (unsigned)w->controller_pid);
+    if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive "
+                                 "again once the last controller's processes have reconnected (at most 2 s after its "
+                                 "start)", (unsigned)w->controller_pid);
     ever_connected = 1;
     krex_contexts_announce_locked(1);
     krex_log(KREX_LOG_DEBUG, "connected as client %u of job %d", w->client_id, w->job);

@@ -726,7 +726,7 @@ def test_controller_trace_and_metrics(krex, tmp_path):
 
 def test_controller_trace_never_replaces_a_file_and_metrics_address_is_checked(krex, tmp_path):
     """A bad --trace or --metrics is refused in one line before the controller binds its socket: no socket
-    files, no registry entry, no trace file made (the next start finds no 'controller died here')."""
+    files, no registry entry, no trace file made (the next start finds no 'controller served here before')."""
     precious = tmp_path / "precious"
     precious.write_text("mine")
     taken = socket.socket()
