@@ -346,6 +346,10 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
             from_file.discard(k)
             sources.pop(k, None)
             given.add(k)
+    # both from the file (no flag overrode either): --json said freeze_policy "all" while nothing was frozen
+    if {"freeze", "freeze_policy"} <= from_file and cfg.freeze is False and cfg.freeze_policy not in ("none", None):
+        raise KrexCommandError(f"config {path}: freeze false and freeze_policy {cfg.freeze_policy!r} disagree "
+                               "(freeze false is freeze_policy \"none\": give one of them)", 2)
     if cfg.socket_group is not None and "socket_mode" not in given:
         cfg.socket_mode = 0o660        # a group, from the file or a flag, and no mode anywhere: the group may use it
     _check(cfg, lambda name: f"config {path}: {name}" if name in from_file else

@@ -153,6 +153,12 @@ def test_a_config_key_given_twice_and_a_group_that_cannot_connect_are_told(tmp_p
     with pytest.raises(KrexCommandError) as e:
         load(str(cfg))
     assert str(e.value) == f"config {cfg}: the setting 'region_time_limit_s' is given twice" and e.value.exit_code == 2
+    cfg.write_text('{"freeze": false, "freeze_policy": "all"}')       # taken: --json said "all", the text "none"
+    with pytest.raises(KrexCommandError, match="freeze false and freeze_policy 'all' disagree"):
+        load(str(cfg))
+    assert load(str(cfg), freeze=True, freeze_policy="all").freeze_policy == "all"   # flags: --freeze-policy wins
+    cfg.write_text('{"freeze": false, "freeze_policy": "none"}')
+    assert load(str(cfg)).freeze is False
     cfg.write_text('{"socket_group": "0", "socket_mode": "0640"}')
     assert load(str(cfg)).socket_mode == 0o640
     assert "socket_mode 0640 with socket_group 0: the group's members cannot connect" in capsys.readouterr().err
