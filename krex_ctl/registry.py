@@ -112,6 +112,7 @@ class Registry:
         with os.fdopen(fd, "w") as f:
             json.dump(self.me, f)
         self.path, self.ino = path, os.stat(path).st_ino
+        self.sweep()
         for other in self.others(sum(1 << g for g in self.me["gpus"])):
             self.warn(other)
 
@@ -152,6 +153,28 @@ class Registry:
             return
         os.rename(tmp, self.path)
         self.ino = os.lstat(self.path).st_ino
+
+    def sweep(self) -> None:
+        """Remove the entries of this user's controllers that are gone without withdrawing theirs (SIGKILLed,
+        crashed): nobody else may (the directory is sticky), and they stayed until a controller of the same pid
+        announced itself. Only files of this user's, that are entries, whose controller is not alive."""
+        prefix = f"{PREFIX}{os.getuid()}-"
+        try:
+            names = [n for n in os.listdir(self.dir) if n.startswith(prefix)]
+        except OSError:
+            return
+        for name in names:
+            path = self.dir / name
+            if path == self.path:
+                continue
+            e = read_entry(str(path))
+            if e is not None and e["uid"] == os.getuid() and not self._alive(e):
+                try:
+                    os.unlink(path)
+                    log.info("removed the registry entry %s of controller pid %d, gone without removing it", path,
+                             e["pid"])
+                except OSError:
+                    pass
 
     def withdraw(self) -> None:
         """At a clean stop: remove our entry (only the file we created)."""

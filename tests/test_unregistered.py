@@ -248,6 +248,32 @@ def test_registry_entries_are_checked():
             zombie.wait()
 
 
+def test_a_controller_removes_the_entries_of_its_users_controllers_that_are_gone(tmp_path, monkeypatch):
+    """A SIGKILLed controller's registry entry stayed (/dev/shm by default) until a controller of the same pid
+    announced itself; the next controller of the same user removes it, and nothing else: not a live one's, not a
+    file that is no entry, not a link, not another user's."""
+    from krex_ctl import procs, registry
+
+    uid = os.getuid()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    monkeypatch.setenv("KREX_REGISTRY_DIR", str(tmp_path))
+    entry = {"uid": uid, "socket": "x", "gpus": [0]}
+    (tmp_path / f"krex-controller-{uid}-{gone.pid}").write_text(json.dumps(dict(entry, pid=gone.pid, start=1)))
+    live = tmp_path / f"krex-controller-{uid}-{os.getppid()}"
+    live.write_text(json.dumps(dict(entry, pid=os.getppid(), start=procs.start_time(os.getppid()))))
+    (tmp_path / f"krex-controller-{uid}-3").write_text("junk")
+    (tmp_path / f"krex-controller-{uid}-4").symlink_to(tmp_path / f"krex-controller-{uid}-{gone.pid}")
+    (tmp_path / f"krex-controller-{uid + 1}-5").write_text(json.dumps(dict(entry, uid=uid + 1, pid=gone.pid, start=1)))
+    reg = registry.Registry("/nowhere", [0], node=False)
+    reg.announce()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([f"krex-controller-{uid}-{os.getpid()}", live.name, f"krex-controller-{uid}-3",
+                           f"krex-controller-{uid}-4", f"krex-controller-{uid + 1}-5"]), left
+    reg.withdraw()
+    assert not (tmp_path / f"krex-controller-{uid}-{os.getpid()}").exists()
+
+
 def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
     """`krex run` on a per-user controller says in one line that another user's controller runs here."""
     if os.getuid() != 0:
