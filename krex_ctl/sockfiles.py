@@ -182,23 +182,32 @@ def remove_if_same(path: str, ident: Optional[tuple[int, int]], is_kind=stat.S_I
         return False
 
 
+def try_lock(lock: str, flag: str = "--socket") -> tuple[Optional[int], Optional[int]]:
+    """The lock file at lock, made 0600 if missing and flocked without waiting: (its descriptor, None), or, held
+    by another process, (None, that process's pid where /proc/locks shows it)."""
+    import fcntl
+
+    fd = open_private(lock, os.O_RDWR, "lock", flag=flag, readable_by_others=False)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd, None
+    except BlockingIOError:
+        holder = lock_holder(lock)
+        os.close(fd)
+        return None, holder
+
+
 def take_lock(path: str) -> int:
     """The socket's lock file, flocked: one controller per socket. Held by a controller that answers, or by a
     process of ours or root's: exit status 4. Held by another user's process (a planted lock: only possible
     where the file was once open to them): the file is replaced, with a warning."""
-    import fcntl
     import sys
 
     lock = path + ".lock"
     for attempt in (1, 2):
-        fd = open_private(lock, os.O_RDWR, "lock", readable_by_others=False)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd, holder = try_lock(lock)
+        if fd is not None:
             return fd
-        except BlockingIOError:
-            pass
-        holder = lock_holder(lock)
-        os.close(fd)
         if answers(path):
             raise KrexCommandError(f"another krex controller is already serving {path}", 4)
         try:

@@ -154,18 +154,11 @@ STATE_LOCKS: list = []      # the descriptor of a --state-file's lock, held whil
 def lock_state_file(state: str) -> int:
     """STATE.lock, flocked for this controller's life: a state file names no controller while nobody is frozen
     (it is removed then), so another controller given the same one would only be refused while one was."""
-    import fcntl
-
-    lock = state + ".lock"
-    fd = sockfiles.open_private(lock, os.O_RDWR, "lock", flag="--state-file", readable_by_others=False)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = sockfiles.lock_holder(lock)
-        os.close(fd)
+    fd, holder = sockfiles.try_lock(state + ".lock", flag="--state-file")
+    if fd is None:
         by = f"the controller pid {holder}" if holder else "another controller"
         raise KrexCommandError(f"--state-file {state}: {by} records its frozen processes there; each controller "
-                               "needs a state file of its own", 2) from None
+                               "needs a state file of its own", 2)
     return fd
 
 
