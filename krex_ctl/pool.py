@@ -205,6 +205,10 @@ class WorkerPool:
             if z.proc.poll() is None:
                 z.proc.terminate()
 
+    def pids(self) -> set:
+        """The pool's processes: its zygotes and workers (idle or busy)."""
+        return {w.pid for w in self.workers} | {z.proc.pid for z in self.zygotes.values()}
+
     def describe(self) -> list[dict]:
         return [{"pid": w.pid, "gpu": w.key[0], "state": w.state,
                  "serving": w.serving.id if w.serving else None} for w in self.workers]

@@ -454,7 +454,7 @@ class Controller(RegionEffects):
         return True
 
     def check_idle(self) -> None:
-        pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
+        pool = self.pool.pids()
         if any(c.pid not in pool for c in self.clients.values()):
             self.idle_since = time.monotonic()
         elif time.monotonic() - self.idle_since >= float(self.cfg.idle_exit_s or 0):
@@ -1145,7 +1145,7 @@ class Controller(RegionEffects):
     # ---- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
         gpus = []
-        pool = {w.pid for w in self.pool.workers} | {z.proc.pid for z in self.pool.zygotes.values()}
+        pool = self.pool.pids()
         served = self.book.served_order(time.monotonic())
         for g in self.cfg.gpus:
             bit = 1 << g

@@ -139,6 +139,17 @@ def bound_list(items: list, what: str, omitted: dict) -> list:
     return items
 
 
+def pool_pids(st: dict) -> set:
+    """The warm-worker pool's processes in a status reply (zygotes and workers, idle or busy)."""
+    return {w.get("pid") for w in st.get("workers", [])} | {z.get("pid") for z in st.get("zygotes", [])}
+
+
+def pool_clients(st: dict) -> int:
+    """The clients of a status reply that are the pool's own connections (not commands', nor krex's own)."""
+    pool = pool_pids(st)
+    return sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
+
+
 def client_roles(clients: list) -> dict:
     """role -> how many of the clients have it."""
     roles: dict = {}
@@ -153,8 +164,7 @@ def bound_status(st: dict, asker_uid: Optional[int]) -> dict:
     hidden, and, if it is still too large, the per-process lists dropped."""
     omitted: dict = {}
     st["client_roles"] = client_roles(st.get("clients", []))   # before the list is cut: `krex status` counts them
-    pool = {w.get("pid") for w in st.get("workers", [])} | {z.get("pid") for z in st.get("zygotes", [])}
-    st["warm_pool_clients"] = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
+    st["warm_pool_clients"] = pool_clients(st)
     st["command_jobs"] = sum(not j.get("warm_pool") for j in st.get("jobs", []))
     uid_of_job = {j["job"]: j.get("uid") for j in st.get("jobs", [])}
     for j in st.get("jobs", []):

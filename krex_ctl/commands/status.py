@@ -13,13 +13,8 @@ import click
 
 from .. import paths
 from ..errors import KrexCommandError
-from ..server_feedback import client_roles
+from ..server_feedback import client_roles, pool_clients, pool_pids
 from ..wire.client import ControllerError, ask_status
-
-
-def pool_pids(st: dict) -> set:
-    """The warm-worker pool's processes (zygotes and workers, idle or busy): the controller's own, not commands."""
-    return {w.get("pid") for w in st.get("workers", [])} | {z.get("pid") for z in st.get("zygotes", [])}
 
 
 def command_jobs(st: dict) -> list:
@@ -38,8 +33,7 @@ def clients_line(st: dict) -> str:
     cli = roles.get("cli", 0)
     in_pool = st.get("warm_pool_clients")   # counted before a long list was cut
     if in_pool is None:
-        pool = pool_pids(st)
-        in_pool = sum(c.get("pid") in pool for c in st.get("clients", []) if c.get("role") != "cli")
+        in_pool = pool_clients(st)
     others = f" (and {cli - 1} connection(s) of krex's own: krex status, krex run's progress lines)" if cli > 1 else ""
     pooled = f" (and {in_pool} of the warm-worker pool)" if in_pool else ""
     jobs = st.get("command_jobs")          # likewise
