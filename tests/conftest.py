@@ -193,6 +193,14 @@ class Krex:
         started per question cost the suite minutes (test_cli runs the command itself)."""
         return json.loads(json.dumps(fetch_status(self.env["KREX_SOCKET"])))
 
+    def held_region(self, report, hold_us: int) -> subprocess.Popen:
+        """The region snippet holding one region for hold_us us, returned once the controller shows it held."""
+        owner = self.popen([SNIP / "region"], report=report,
+                           env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": str(hold_us)})
+        wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in self.status()["gpus"]),
+                 what="grant")
+        return owner
+
     def trace_lines(self) -> list[tuple]:
         if not self.trace.exists():
             return []

@@ -68,15 +68,11 @@ def test_every_further_hip_submission_waits_at_another_jobs_closed_gate(krex, tm
     """Each call of hip_paths' MORE_CALLS, made by a thread of its own while another job's region holds the GPU
     (its gate closed, nobody frozen), returns only after the region ended: none of them runs ungated beside a
     timing. And each is counted."""
-    from conftest import wait_for
-
     krex.start_controller("--no-freeze")
     go = tmp_path / "go"
     proc = krex.popen([SNIP / "hip_paths", "more-gated", go], report=tmp_path / "r.json")
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1500000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "own.json", 1500000)
     go.write_text("")
     out, err = proc.communicate(timeout=60)
     owner.communicate(timeout=30)

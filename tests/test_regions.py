@@ -648,9 +648,7 @@ def test_memory_gate_can_be_turned_off(krex, tmp_path):
     script.write_text(QUIET_SCRIPT)
     proc = krex.popen([sys.executable, script, "alloc", go], env=env)
     assert proc.stdout.readline().strip() == "ready"
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "1000000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "own.json", 1000000)
     go.write_text("")
     out, err = proc.communicate(timeout=30)
     owner.communicate(timeout=30)
