@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -417,8 +418,6 @@ with tempfile.TemporaryDirectory() as td:
         torch.cuda.empty_cache()
     scattered, scatter_mib = [], None
     if args.scatter_gib > 0:
-        import random
-
         rng, total = random.Random(args.nonce), 0
         while total < args.scatter_gib * 1024:
             scattered.append(torch.empty(rng.choice((32, 64, 128, 256, 512)) << 20, dtype=torch.uint8, device="cuda"))
@@ -492,7 +491,7 @@ with tempfile.TemporaryDirectory() as td:
         from krex import last_region
     bound = {"candidate": [], "reference": []}
     input_ptrs = []
-    fresh_rng = __import__("random").Random(args.nonce * 7919 + 1)
+    fresh_rng = random.Random(args.nonce * 7919 + 1)
     for _ in range(max(1, args.repeat)):
         if args.fresh_inputs:      # the kernels read the global x: a new copy of it, somewhere else
             pad = torch.empty(fresh_rng.randrange(2, 513) << 20, dtype=torch.uint8, device="cuda")
@@ -548,8 +547,6 @@ with tempfile.TemporaryDirectory() as td:
                 torch.mm(heavy, heavy)
                 torch.cuda.synchronize()
     if STEPS:
-        import random
-
         for rnd in range(max(1, args.repeat)):
             order = STEPS[:]
             random.Random(args.nonce * 1000 + rnd).shuffle(order)
