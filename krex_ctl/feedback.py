@@ -3,9 +3,11 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
 
   while waiting    "krex: waiting 3.1 s for GPU 0: held by pid 812 (alice, region 'bench', python b.py); 2nd of 3"
                    after 1 s of waiting for a region or at a closed gate, then at most every 10 s
-  after a freeze   "krex: this command's pid 901 was paused (frozen) at least 3.0 s on GPU 0 by pid 812 (alice, region
-                   'bench', python b.py); resumed; 3.0 s frozen in all", one line per region that froze it ("still
-                   paused by ..." instead of "resumed" where another region has it frozen now)
+  after a pause    "krex: this command's pid 901 was paused (frozen) at least 3.0 s on GPU 0 by pid 812 (alice, region
+                   'bench', python b.py); resumed; 3.0 s frozen in all", one line per pause: a process frozen by one
+                   region after another without being resumed between two polls is one pause ("by 12 regions: pid
+                   812 (...) x10, pid 813 (...) x2"); a pause still going on is told after 10 s, then every 10 s
+                   ("krex: this command's pid 901 has been paused (frozen) 10.4 s so far on GPU 0, by pid 813 (...)")
   at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches (3 outside
                    regions), 2.10 s wall" (for a command that used a GPU; "outside regions": launches a process made
                    while it had no region open, for information: set-up, warm-ups and checks belong there)
@@ -93,6 +95,51 @@ def freeze_key(f: dict) -> tuple:
     return f["pid"], region
 
 
+class Pause:
+    """One process frozen without a break the watcher saw: by one region, or by several one after another (back-
+    to-back regions, resumed and frozen again between two polls)."""
+
+    def __init__(self, start_ns: int, said: float):
+        self.start_ns = start_ns      # the process's frozen total (ns) when this pause began
+        self.said = said              # monotonic time it was last told (or began: the first line comes 10 s in)
+        self.regions: dict = {}       # freeze key -> its last entry, in the order the regions came
+        self.gpus: list = []
+
+    def add(self, key: tuple, f: dict) -> None:
+        self.regions[key] = f
+        self.gpus += [g for g in f.get("gpu", []) if g not in self.gpus]
+
+    def held_s(self, total_ns: int) -> float:
+        """How long the process was frozen in this pause: from the controller's count where it has one (a
+        controller that lost the process's count gives less), never less than the longest region's own."""
+        longest = max((float(f.get("since_s", 0.0)) for f in self.regions.values()), default=0.0)
+        return max(longest, (total_ns - self.start_ns) / 1e9)
+
+    def holders(self) -> str:
+        """Who froze it: one holder, or 'N regions: <holder> xK, ...' in the order they came."""
+        if len(self.regions) == 1:
+            return describe_holder(next(iter(self.regions.values())).get("by"))
+        counts: dict = {}
+        for f in self.regions.values():
+            who = describe_holder(f.get("by"))
+            counts[who] = counts.get(who, 0) + 1
+        return f"{len(self.regions)} regions: " + ", ".join(f"{who} x{n}" for who, n in counts.items())
+
+    def where(self) -> str:
+        return ",".join(str(g) for g in sorted(self.gpus))
+
+    def over_line(self, pid: int, total_ns: int) -> str:
+        return (f"this command's pid {pid} was paused (frozen) at least {self.held_s(total_ns):.1f} s on GPU "
+                f"{self.where()} by {self.holders()}; resumed; {max(self.held_s(total_ns), total_ns / 1e9):.1f} s "
+                f"frozen in all")
+
+    def ongoing_line(self, pid: int, total_ns: int) -> str:
+        now_by = describe_holder(list(self.regions.values())[-1].get("by"))
+        more = f" (its {ordinal(len(self.regions))} region in a row)" if len(self.regions) > 1 else ""
+        return (f"this command's pid {pid} has been paused (frozen) {self.held_s(total_ns):.1f} s so far on GPU "
+                f"{self.where()}, by {now_by}{more}")
+
+
 class Watcher(threading.Thread):
     """Polls the controller about this job while the command runs; says what it waits for and when it was
     paused. Never fails the run: a controller it cannot ask is a controller it stops asking."""
@@ -109,6 +156,7 @@ class Watcher(threading.Thread):
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
         self.frozen: dict = {}       # freeze key (pid, region) -> the last entry seen of that freeze
+        self.pauses: dict = {}       # pid -> its Pause going on (frozen by one region or several in a row)
         self.frozen_ns: dict = {}    # pid -> ns frozen, as the controller asked last counts it
         self.banked: dict = {}       # pid -> ns frozen counted by the controllers before it (the job connections lost)
         self.losses = 0              # the job connection's losses banked
@@ -191,18 +239,27 @@ class Watcher(threading.Thread):
                 del self.said[key]
         seen = {freeze_key(f): f for f in reply.get("frozen", [])}
         self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
-        self.say_ended(seen)
+        self.follow_pauses(seen, now)
         self.frozen = seen
 
-    def say_ended(self, listed: dict) -> None:
-        """A line for each freeze seen before and no longer listed. A freeze is one region's, so that two
-        regions that froze a process one after the other between two polls are two lines, each naming its
-        own holder."""
+    def follow_pauses(self, listed: dict, now: float) -> None:
+        """Adds the freezes listed now to their process's pause, says each pause that is over (its process is
+        listed frozen by no region) and each that has gone on for REPEAT_WAIT_S since it was last said."""
         totals = self.totals()
-        for key, f in list(self.frozen.items()):
-            if key not in listed:
-                still = next((g for k, g in listed.items() if k[0] == key[0]), None)
-                self.resumed(key[0], f, totals, still)
+        for key, f in listed.items():
+            pid = key[0]
+            p = self.pauses.get(pid)
+            if p is None:
+                since = float(f.get("since_s", 0.0))
+                p = self.pauses[pid] = Pause(start_ns=totals.get(pid, 0) - int(since * 1e9),
+                                             said=now - since)
+            p.add(key, f)
+        for pid in [pid for pid in self.pauses if pid not in {k[0] for k in listed}]:
+            self.fb.say(self.pauses.pop(pid).over_line(pid, totals.get(pid, 0)))
+        for pid, p in self.pauses.items():
+            if now - p.said >= REPEAT_WAIT_S:
+                p.said = now
+                self.fb.say(p.ongoing_line(pid, totals.get(pid, 0)))
 
     def counted_gate_waits(self, reply: dict) -> list:
         """The gate waits the controller did not list, from the job's counters: a process blocked at a closed
@@ -226,16 +283,6 @@ class Watcher(threading.Thread):
                     out[g] = {"gpu": g, "kind": "gate", "since_s": since, "holder": held[str(g)], "queued": 0}
         return list(out.values())
 
-    def resumed(self, pid: int, f: dict, totals: dict, still: Optional[dict] = None) -> None:
-        """The line for one freeze that is over; still: the entry of another region that has the process
-        frozen now (it froze it too, or again since the last poll)."""
-        gpus = ",".join(str(g) for g in f.get("gpu", []))
-        held = f.get("since_s", 0.0)
-        after = f"still paused by {describe_holder(still.get('by'))}" if still else "resumed"
-        self.fb.say(f"this command's pid {pid} was paused (frozen) at least {held:.1f} s on GPU {gpus} by "
-                    f"{describe_holder(f.get('by'))}; {after}; {max(held, totals.get(pid, 0) / 1e9):.1f} s frozen "
-                    f"in all")
-
     def stop(self) -> dict:
         """Stop watching; the frozen time of each of the job's processes (pid -> ns), asked one last time."""
         self.done.set()
@@ -243,7 +290,7 @@ class Watcher(threading.Thread):
         reply = self.ask()
         if reply is not None:
             self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
-            self.say_ended({freeze_key(f): f for f in reply.get("frozen", [])})
+            self.follow_pauses({freeze_key(f): f for f in reply.get("frozen", [])}, float("-inf"))
         self.close_conn()
         return self.totals()
 

@@ -298,10 +298,12 @@ def test_a_region_for_two_gpus_waiting_for_one_is_told_what_it_waits_for(krex, t
         "waiting 2.0 s for GPU 0 (region 'r'): free; 1st of 1 in the queue, waiting for its job's fair share of the GPU"
 
 
-def test_each_freeze_is_told_with_its_own_holder():
-    """Two regions that froze a process one after the other between two polls of the watcher (the second
-    region started as the first ended) were one entry per pid: the 8 s freeze by the first region was told as
-    the second's, 'at least 0.1 s by pid <the second's owner>'."""
+def test_a_pause_is_told_once_with_every_region_that_froze_the_process():
+    """A process frozen by one region after another (back-to-back regions, resumed and frozen again between two
+    polls) is one pause, told once when it is over with each holder: it was one line per region, the first
+    'still paused by ...', 12 lines in 12 s of 0.5 s regions. Two regions that froze it one after the other were
+    one entry per pid before that, the 8 s freeze told as the second's, 'at least 0.1 s by pid <the second's
+    owner>'. A pause that goes on is told after 10 s, and every 10 s."""
     import io
 
     def by(pid, name):
@@ -318,18 +320,37 @@ def test_each_freeze_is_told_with_its_own_holder():
     w.take(reply(dict(first, since_s=8.4), total=int(8.4e9)))
     assert out.getvalue() == ""                                      # one freeze going on: nothing yet
     w.take(reply(second, total=int(8.6e9)))
+    assert out.getvalue() == ""                                      # frozen again by another: the same pause
     w.take(reply(total=int(8.7e9)))
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2, lines
-    assert "at least 8.4 s on GPU 0 by pid 812 (" in lines[0] and "region 'long'" in lines[0]
-    assert "; still paused by pid 813 (" in lines[0] and lines[0].endswith("; 8.6 s frozen in all")
-    assert "at least 0.1 s on GPU 0 by pid 813 (" in lines[1] and lines[1].endswith("; resumed; 8.7 s frozen in all")
+    assert len(lines) == 1, lines
+    assert "at least 8.7 s on GPU 0 by 2 regions: pid 812 (" in lines[0] and "region 'long'" in lines[0], lines
+    assert ") x1, pid 813 (" in lines[0] and lines[0].endswith("; resumed; 8.7 s frozen in all"), lines
     # a controller that sends no region id: the holder tells the freezes apart
     out = io.StringIO()
     w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
     w.take(reply({k: v for k, v in first.items() if k != "region_id"}))
     w.take(reply({k: v for k, v in second.items() if k != "region_id"}))
-    assert "by pid 812 (" in out.getvalue() and "; still paused by pid 813 (" in out.getvalue()
+    w.take(reply())
+    assert "by 2 regions: pid 812 (" in out.getvalue() and ", pid 813 (" in out.getvalue(), out.getvalue()
+    # 24 regions of one holder, 0.5 s each, polled at 0.5 s: one line 10 s in, one when it is over
+    out = io.StringIO()
+    w = feedback.Watcher("unused.sock", 1, feedback.Feedback(out=out))
+    t0 = 1000.0
+    for i in range(24):
+        w.frozen_ns = {901: int((i + 1) * 0.5e9)}
+        w.follow_pauses({(901, 20 + i): {"pid": 901, "region_id": 20 + i, "since_s": 0.5, "gpu": [1],
+                                         "by": by(812, "bench")}}, t0 + i * 0.5 + 0.5)
+    ongoing = out.getvalue().splitlines()
+    assert len(ongoing) == 1, ongoing
+    assert "has been paused (frozen) 10.0 s so far on GPU 1, by pid 812 (" in ongoing[0], ongoing
+    assert ongoing[0].endswith(" (its 20th region in a row)"), ongoing
+    w.frozen_ns = {901: int(12.1e9)}
+    w.follow_pauses({}, t0 + 12.6)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert "at least 12.1 s on GPU 1 by 24 regions: pid 812 (" in lines[1] and lines[1].count("pid 812") == 1, lines
+    assert ") x24; resumed; 12.1 s frozen in all" in lines[1], lines
 
 
 def test_a_command_held_at_the_context_gate_is_told_why(krex, tmp_path):
