@@ -1,4 +1,5 @@
-"""`krex controller --metrics HOST:PORT`: a Prometheus endpoint (prometheus-client) at http://HOST:PORT/metrics.
+"""`krex controller --metrics HOST:PORT`: a Prometheus endpoint (prometheus-client) at http://HOST:PORT/metrics
+(other paths: 404).
 
   krex_regions_granted_total{gpu}            regions granted
   krex_regions_ended_total{gpu,end}          regions ended, by how (normal, revoked, owner_gone, ...)
@@ -68,6 +69,22 @@ class EventCounters:
         yield fam
 
 
+METRICS_PATHS = ("/metrics", "/metrics/")
+
+
+def metrics_path_only(app):
+    """A WSGI app that serves app at /metrics (any query: prometheus-client's name[]= filter) and answers other
+    paths 404 with a line naming /metrics."""
+    def only(environ, start_response):
+        if environ.get("PATH_INFO", "") in METRICS_PATHS:
+            return app(environ, start_response)
+        body = b"krex controller: not found; the Prometheus metrics are at /metrics\n"
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+    return only
+
+
 class Metrics:
     def __init__(self, address: str):
         try:
@@ -104,6 +121,9 @@ class Metrics:
             self.server, self.thread = p.start_http_server(port, addr=host, registry=r)
         except OSError as e:
             raise KrexCommandError(f"--metrics {address}: cannot listen ({e.strerror})", 2) from None
+        # prometheus-client's server answers every path with the metrics; a wrong URL in a scrape config or a
+        # probe of another service's port should get a 404 that says where they are (wsgiref's set_app)
+        self.server.set_app(metrics_path_only(self.server.get_app()))
         self.address = f"{host}:{self.server.server_port}"
         self.seen: set = set()
 

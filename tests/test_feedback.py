@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -730,6 +731,10 @@ def test_controller_trace_and_metrics(krex, tmp_path):
                                 timeout=10) as r:            # a scrape of this metric alone finds it
         only = r.read().decode()
     assert 'krex_controller_events_total{event="regions_granted"} 3.0' in only and "krex_queue_length" not in only
+    for path in ("/", "/metricsx", "/favicon.ico", "/api/v1/query"):     # only /metrics serves them
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
+        assert e.value.code == 404 and b"/metrics" in e.value.read(), path
     # a region held now: how long, for an alert on one stuck toward its time limit (0 once it ended)
     held = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "4000000"})
 
