@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -193,10 +194,15 @@ class Krex:
         started per question cost the suite minutes (test_cli runs the command itself)."""
         return json.loads(json.dumps(fetch_status(self.env["KREX_SOCKET"])))
 
-    def held_region(self, report, hold_us: int) -> subprocess.Popen:
-        """The region snippet holding one region for hold_us us, returned once the controller shows it held."""
-        owner = self.popen([SNIP / "region"], report=report,
-                           env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": str(hold_us)})
+    def held_region(self, report=None, hold_us: Optional[int] = None, *, release=None, cmd=None,
+                    **env) -> subprocess.Popen:
+        """The region snippet (or cmd) holding one region of one launch (SNIPPET_REGIONS and SNIPPET_N 1 unless
+        env says otherwise) for hold_us us or until the file release exists, returned once the controller shows
+        a region held."""
+        e = {"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
+             **({"SNIPPET_HOLD_US": str(hold_us)} if hold_us is not None else {}),
+             **({"SNIPPET_HOLD_FILE": str(release)} if release is not None else {}), **env}
+        owner = self.popen(cmd or [SNIP / "region"], report=report, env=e)
         wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in self.status()["gpus"]),
                  what="grant")
         return owner

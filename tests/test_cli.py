@@ -496,10 +496,7 @@ def test_gate_flags_accept_words(krex, tmp_path):
     region is still held."""
     krex.start_controller()
     release = tmp_path / "release"           # the other job's region is held until the test is done with it
-    hold = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_FILE": str(release)})
-    from conftest import wait_for
-
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    hold = krex.held_region(release=release, SNIPPET_N="5")
     out = krex.run([SNIP / "churn"], env={"KREX_GATE_CONTEXTS": "false", "KREX_GATE_MEMORY": "off",
                                           "KREX_GATE_EXIT": "no", "SNIPPET_MB": "1", "SNIPPET_MS": "0"})
     assert out.returncode == 0, out.stderr

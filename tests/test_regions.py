@@ -92,9 +92,7 @@ def test_owner_cpus_own_and_reserved_keeps_the_owners_cpus_and_adds_the_reserved
     aff = tmp_path / "aff"
     pinned = [sys.executable, "-c", f"import os, sys; os.sched_setaffinity(0, {{{cpus[0]}}}); "
               f"os.execv({str(SNIP / 'region')!r}, [{str(SNIP / 'region')!r}])"]
-    owner = krex.popen(pinned, env={"SNIPPET_REGIONS": "2", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "600000",
-                                    "SNIPPET_AFFINITY_FILE": str(aff)})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(hold_us=600000, cmd=pinned, SNIPPET_REGIONS="2", SNIPPET_AFFINITY_FILE=str(aff))
     assert cpus[-1] not in os.sched_getaffinity(hog_pid)
     out, err = owner.communicate(timeout=30)
     assert owner.returncode == 0, err
@@ -111,8 +109,7 @@ def test_owner_cpus_own_and_reserved_keeps_the_owners_cpus_and_adds_the_reserved
 def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
     krex.start_controller()
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="4000")
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "800000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(hold_us=800000)
     assert proc_state(hog_pid) in ("T", "t")
     owner.communicate(timeout=30)
     wait_for(lambda: proc_state(hog_pid) not in ("T", "t"), timeout=2, what="hog resumed")
@@ -124,9 +121,7 @@ def test_sibling_is_frozen_inside_and_resumed_after(krex, tmp_path):
 def test_without_freezing_the_gate_alone_keeps_siblings_off_the_gpu(krex, tmp_path):
     krex.start_controller("--no-freeze")
     hog, hog_pid = krex.start_sibling(SNIPPET_MS="2500", SNIPPET_STREAMS="2", SNIPPET_US="400")
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "3", "SNIPPET_N": "2", "SNIPPET_HOLD_US": "300000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "own.json", 300000, SNIPPET_REGIONS="3", SNIPPET_N="2")
     assert proc_state(hog_pid) not in ("T", "t")          # it runs on (its CPU work), blocked at the gate
     owner.communicate(timeout=30)
     krex.stop_hogs()
@@ -151,9 +146,7 @@ def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leave
              what="both siblings' contexts")
     wait_for(lambda: any(t[0] == busy_pid and t[4] == "hog" for t in krex.trace_lines()),
              what="the busy sibling's first kernel")
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "o.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "1500000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "o.json", 1500000, SNIPPET_N="5")
     assert proc_state(busy_pid) in ("T", "t")
     assert proc_state(idle_pid) not in ("T", "t")
     owner.communicate(timeout=30)
@@ -169,8 +162,7 @@ def test_the_default_freeze_policy_stops_a_sibling_with_work_in_flight_and_leave
 def stopped_during_a_region(krex, report, pids) -> tuple:
     """Another job's region (the region snippet, held 0.8 s): which of pids were stopped while it was held, and its
     record."""
-    owner = krex.popen([SNIP / "region"], report=report, env={"SNIPPET_REGIONS": "1", "SNIPPET_HOLD_US": "800000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(report, 800000, SNIPPET_N="5")
     stopped = {pid: proc_state(pid) in ("T", "t") for pid in pids}
     owner.communicate(timeout=30)
     (region,) = report_of(report)["regions"]
@@ -321,9 +313,7 @@ def test_commands_started_during_a_region_stay_off_the_reserved_cores(krex, tmp_
 
     krex.start_controller()
     release = tmp_path / "release"           # the region is held until the probe is done
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
-                                               "SNIPPET_HOLD_FILE": str(release)})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(release=release)
     probe = [sys.executable, "-c", "import os, time; time.sleep(0.3); print(sorted(os.sched_getaffinity(0)))"]
     during = krex.run(probe)
     assert during.returncode == 0 and str(cpus[-1]) not in during.stdout.strip()[1:-1].split(", ")
@@ -430,9 +420,7 @@ def test_what_another_job_makes_during_a_region_gets_the_reserved_cores_back(kre
     script.write_text(MAKER_SCRIPT)
     job = krex.popen([sys.executable, str(script), str(go), str(done)])
     wait_for(lambda: krex.status()["jobs"], what="the job registered")
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
-                                               "SNIPPET_HOLD_FILE": str(release)})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(release=release)
     wait_for(lambda: cpus[-1] not in os.sched_getaffinity(job.pid), what="the job off the reserved core")
     go.touch()
     time.sleep(1.0)
@@ -452,9 +440,7 @@ def test_controller_publishes_the_reserved_cpus_for_starting_commands(krex, tmp_
     krex.start_controller()
     published = tmp_path / "ctl.sock.reserved"
     release = tmp_path / "release"           # the region is held until the checks inside it are done
-    owner = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
-                                               "SNIPPET_HOLD_FILE": str(release)})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(release=release)
     assert published.read_text() == str(cpus[-1])
     mine = os.sched_getaffinity(0)
     try:
@@ -560,9 +546,7 @@ def test_context_creation_allocation_and_exit_wait_for_another_jobs_region(krex,
                        "exit")}
     for p in procs.values():
         assert p.stdout.readline().strip() == "ready"
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_US": "2500000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "own.json", 2500000)
     procs["ctx"] = krex.popen([sys.executable, script, "ctx", go], env=env, report=tmp_path / "ctx.json")
     # the new command is under way, its context not yet made (it makes it at go: on a loaded machine its start
     # took more than the 0.9 s a 0.3-s sleep left it in a 1.2-s region, and its context never met the gate)
@@ -612,9 +596,7 @@ def test_a_context_made_into_another_jobs_region_taints_it(krex, tmp_path, env, 
     script.write_text(QUIET_SCRIPT)
     go.write_text("")
     release = tmp_path / "release"           # the region is held until the command is done
-    owner = krex.popen([SNIP / "region"], report=tmp_path / "own.json",
-                       env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(release)})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    owner = krex.held_region(tmp_path / "own.json", release=release)
     t0 = time.monotonic_ns()
     out = krex.run([sys.executable, script, "ctx", go], env={"LD_LIBRARY_PATH": str(ROOT / "build" / "fakes"),
                                                            "KREX_GATE_EXIT": "0", **env})
@@ -1100,10 +1082,7 @@ def test_a_context_creation_held_at_a_closed_gate_goes_through_before_the_next_r
     krex.start_controller("--lifecycle-prewait-ms", "5000")
     release = tmp_path / "release"
     # the holder stays 4 s after its region (its exit would hold the next region too, for its own reason)
-    holder = krex.popen([SNIP / "region"], report=tmp_path / "holder.json",
-                        env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1", "SNIPPET_HOLD_FILE": str(release),
-                             "SNIPPET_GAP_US": "4000000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    holder = krex.held_region(tmp_path / "holder.json", release=release, SNIPPET_GAP_US="4000000")
     script = tmp_path / "maker.py"
     script.write_text(MAKER.replace('print("making"', 'print("counters", __import__("os").environ["KREX_COUNTERS"])\n'
                                                       'print("making"'))
@@ -1163,9 +1142,7 @@ def test_a_hipsetdevice_that_makes_no_context_holds_no_region_at_the_gate(krex, 
     ready = hip.stdout.readline().split()
     assert ready[0] == "ready", hip.stderr.read()
     release = tmp_path / "release"
-    holder = krex.popen([SNIP / "region"], env={"SNIPPET_REGIONS": "1", "SNIPPET_N": "1",
-                                                "SNIPPET_HOLD_FILE": str(release), "SNIPPET_GAP_US": "4000000"})
-    wait_for(lambda: any(g["owner"] and g["owner"]["state"] == "held" for g in krex.status()["gpus"]), what="grant")
+    holder = krex.held_region(release=release, SNIPPET_GAP_US="4000000")
     hip.stdin.write("go\n")
     hip.stdin.flush()
     wait_for(lambda: counters_file.gate_waits(Path(ready[1])), what="hipSetDevice held at the closed gate")
