@@ -173,6 +173,17 @@ def test_report_path_is_checked_before_the_command_runs(krex, tmp_path):
         assert out.stderr.strip().splitlines() == [out.stderr.strip()] and why in out.stderr
     assert krex.run(["true"], report=tmp_path / "ok.json").returncode == 0
     assert [p.name for p in tmp_path.iterdir() if "krex-check" in p.name] == []   # the trial file went again
+    # the value left out: `--report -- cmd` wrote the report to a file named "--", `--report --quiet` to "--quiet"
+    for argv in (["--report", "--", "sh", "-c", f"touch {marker}"],
+                 ["--report", "--quiet", "--", "sh", "-c", f"touch {marker}"]):
+        out = subprocess.run([sys.executable, "-m", "krex_ctl", "run"] + argv, env=krex.env, capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode == 2 and not marker.exists(), out.stderr
+        assert "is an option, not a file" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert not (tmp_path / "--").exists() and not (tmp_path / "--quiet").exists()
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "trace", str(tmp_path / "ok.json"), "-o", "--"],
+                         env=krex.env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2 and "is an option, not a file" in out.stderr and not (tmp_path / "--").exists()
 
 
 def test_report_is_not_written_through_a_planted_link(krex, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import KrexCommandError
-from ..wire import trace as trace_format
+from ..wire import report, trace as trace_format
 from ..wire.runtime import write_atomic
 
 
@@ -69,6 +69,8 @@ def trace(reports, output) -> None:
     """Turn REPORTS (krex run --report files) into a Chrome/Perfetto trace."""
     if not output:
         raise KrexCommandError("-o: the path is empty (an unset variable?); '-' is standard output", 2)
+    if report.looks_like_option(output):
+        raise KrexCommandError(f"-o: {output!r} is an option, not a file (-o FILE; a file named so: ./{output})", 2)
     reps = [read_report(p) for p in reports]
     data = convert(list(reports), reps)
     text = json.dumps(data) + "\n"

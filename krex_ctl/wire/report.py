@@ -95,6 +95,12 @@ def _target_is_foreign(p: Path) -> bool:
         return False
 
 
+def looks_like_option(path: str) -> bool:
+    """A path argument that is "--" or starts with "-" (not "-" itself): the option's value was left out and the
+    next word taken for it (`--report -- cmd`, `--report --quiet`)."""
+    return path.startswith("-") and path != "-"
+
+
 def check_path(path: str) -> Path:
     """Before the command runs: the report can be written there (else exit status 2, nothing run); "-" is
     standard output. An existing file is replaced only if it is empty or a krex report; a link or a
@@ -104,6 +110,9 @@ def check_path(path: str) -> Path:
         return STDOUT
     if not path:
         raise KrexCommandError("--report: the path is empty (an unset variable?)", 2)
+    if looks_like_option(path):
+        raise KrexCommandError(f"--report: {path!r} is an option, not a file (--report FILE; a file named so: "
+                               f"./{path})", 2)
     p = Path(path)
     if p.is_symlink() or (p.exists() and not p.is_file() and not p.is_dir()):
         if p.is_dir():
