@@ -28,7 +28,7 @@ struct krex_region_info {
     uint32_t taints;               /* KREX_TAINT_* bits (krex_proto.h): why it is not clean */
     uint32_t sm_clock_min_mhz;     /* lowest / highest SM clock seen (0: not attested) */
     uint32_t sm_clock_max_mhz;
-    uint32_t end_reason;           /* 0 normal, 1 revoked (time limit), 2 owner gone, 3 cancelled */
+    uint32_t end_reason;           /* 0 normal, 1 revoked (time limit), 2 owner gone, 3 cancelled, 4 refused */
     uint32_t controller_pid;
 };
 /* the same bits as enum krex_region_flags of the wire format */
@@ -42,8 +42,10 @@ struct krex_region_info {
  * KREX_REGION_TIMEOUT, or another thread's timeout gave up this process's shared wait: a region is the
  * process's, its threads' calls fold into it (runs unprotected). Blocks until the region is exclusively granted. */
 int krex_region_begin(const char *name) KREX_WEAK;
-/* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i; 0 = every GPU of this job:
- * one request of a multi-GPU job covers all its GPUs, and its other processes' requests join it) */
+/* like krex_region_begin, on the GPUs of gpu_mask (bit i = node-wide GPU i, as nvidia-smi numbers them, not the
+ * process's device index under CUDA_VISIBLE_DEVICES; 0 = every GPU of this job: one request of a multi-GPU job
+ * covers all its GPUs, and its other processes' requests join it). A launch inside it on a GPU it does not hold
+ * makes it not exclusive (ungated_gpu). */
 int krex_region_begin_mask(const char *name, uint64_t gpu_mask) KREX_WEAK;
 /* 0: ended; 1: the controller had revoked it (time limit); -1: no region was open or krex absent */
 int krex_region_end(void) KREX_WEAK;

@@ -116,8 +116,9 @@ enum krex_taint {
     KREX_TAINT_LATE_CONTEXT = 32768,   /* a context announced before the gate closed was read only after the drain:
                                         * what that process launched before the close may have run inside */
     KREX_TAINT_UNGATED_GPU = 65536,    /* a member made a context inside the region on a GPU the region does not
-                                        * hold, or a block that joined it (nested, another thread's) named one:
-                                        * other jobs' work there was neither gated, drained nor frozen */
+                                        * hold or launched on one, or a block that joined it (nested, another
+                                        * thread's) named one: other jobs' work there was neither gated, drained
+                                        * nor frozen */
     KREX_TAINT_SHARED_GPU = 131072     /* two processes of the job were inside the region at once, each with a
                                         * context on one of its GPUs, or a process of the job in no block launched
                                         * on a GPU of the region where a member works (KREX_MSG_BESIDE): that work

@@ -47,6 +47,32 @@ static int exiting;               /* finish_locked called by krex_region_at_exit
 static uint32_t last_checked, last_late;     /* the host-bound check's counts of the last region (hostbound.c) */
 static int have_last;
 volatile int krex_region_open;   /* R.depth > 0, for the launch path (krex_count_outside), read without the lock */
+volatile uint64_t krex_region_held_mask;   /* the held region's GPUs, 0 while none is held (the launch path) */
+static uint64_t stray_mask;      /* GPUs outside the held region's that this process launched on inside it */
+
+/* "0,2" for a GPU mask (node-wide numbers) */
+static const char *gpu_list(char *buf, size_t n, uint64_t mask) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int d = 0; d < 64 && at + 4 < n; d++)
+        if (mask >> d & 1) at += (size_t)snprintf(buf + at, n - at, at ? ",%d" : "%d", d);
+    return buf;
+}
+
+/* the launch path, inside a held region, where this process has contexts on GPUs the region does not hold: is
+ * this launch on one of them? A process with one GPU launches there; one with several, on the calling thread's
+ * current one (a launch on a stream of another context is taken for the current one's, as krex_beside_check) */
+void krex_stray_check(int vendor, uint64_t held) {
+    uint64_t all = krex_dev_mask, bit;
+    if (!(all & (all - 1))) {
+        bit = all;
+    } else {
+        int d = krex_current_gpu(vendor);
+        if (d < 0 || d > 63) return;
+        bit = 1ull << d;
+    }
+    if (bit & ~held) __atomic_fetch_or(&stray_mask, bit, __ATOMIC_RELAXED);
+}
 
 static void init_cond(void) {
     pthread_condattr_t a;
@@ -77,6 +103,7 @@ void krex_region_reset_after_fork(void) {
     init_cond();
     memset(&R, 0, sizeof R);   /* the parent's region is not the child's (it asks for its own) */
     krex_region_open = 0;
+    krex_region_held_mask = 0, stray_mask = 0;
     krex_hostbound_reset_after_fork();
 }
 
@@ -92,6 +119,8 @@ void krex_region_deliver(int type, uint32_t seq, const void *payload, size_t len
             R.kernels_counted = krex_kernels_launched(&R.kernels_at_grant) == 0;
             R.flags |= g->flags;
             R.controller_pid = krex_controller_pid;
+            __atomic_store_n(&stray_mask, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&krex_region_held_mask, g->gpu_mask, __ATOMIC_RELEASE);
         } else {
             stale = g->region_id;      /* a grant nobody waits for: give it back at once */
         }
@@ -138,12 +167,23 @@ void krex_region_connection_lost(void) {
 
 /* caller holds region_lock: the region is over; keep its record, here and in the job's counters file */
 static void finish_locked(uint32_t reason) {
+    char held[200], other[200];
+    __atomic_store_n(&krex_region_held_mask, 0, __ATOMIC_RELEASE);
+    uint64_t stray = __atomic_exchange_n(&stray_mask, 0, __ATOMIC_ACQ_REL);
     if (R.state == R_HELD && (R.nested_mask & ~R.gpu_mask)) {
         R.taints |= KREX_TAINT_UNGATED_GPU;
-        krex_log(KREX_LOG_WARNING, "region '%s' holds GPUs 0x%llx; a block that joined it (nested, or another thread's) "
-                 "named GPUs 0x%llx it does not hold: other jobs' work there was not kept out; tainted ungated_gpu "
-                 "(not exclusive). Name every GPU in the first block.", R.name, (unsigned long long)R.gpu_mask,
-                 (unsigned long long)(R.nested_mask & ~R.gpu_mask));
+        krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s; a block that joined it (nested, or another thread's) "
+                 "named GPU %s, which it does not hold: other jobs' work there was not kept out; tainted ungated_gpu "
+                 "(not exclusive). Name every GPU in the first block.", R.name, gpu_list(held, sizeof held, R.gpu_mask),
+                 gpu_list(other, sizeof other, R.nested_mask & ~R.gpu_mask));
+    }
+    if (R.state == R_HELD && (stray & ~R.gpu_mask)) {
+        R.taints |= KREX_TAINT_UNGATED_GPU;
+        krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s, but this process launched on GPU %s inside it: other "
+                 "jobs' work there was not kept out; tainted ungated_gpu (not exclusive). GPUs are numbered node-wide, "
+                 "as nvidia-smi does, not as CUDA_VISIBLE_DEVICES renumbers them: name those the work runs on, or none "
+                 "(the process's own).", R.name, gpu_list(held, sizeof held, R.gpu_mask),
+                 gpu_list(other, sizeof other, stray & ~R.gpu_mask));
     }
     uint32_t taints = R.taints;
     uint32_t flags = R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED);
@@ -203,6 +243,14 @@ KREX_EXPORT int krex_region_request_opened(const char *name, uint64_t gpu_mask, 
     uint64_t fallback = krex_env_gpus();
     if (!fallback) fallback = krex_own_gpus();
     R.gpu_mask = gpu_mask ? gpu_mask : fallback ? fallback : 1;
+    uint64_t mine = krex_dev_mask;
+    if (gpu_mask && mine && !(gpu_mask & mine)) {
+        char named[200], have[200];
+        krex_log(KREX_LOG_WARNING, "region '%s' names GPU %s, but this process's contexts are on GPU %s: GPUs are "
+                 "numbered node-wide, as nvidia-smi does, not as CUDA_VISIBLE_DEVICES renumbers them; a launch on "
+                 "GPU %s inside it makes it not exclusive", R.name, gpu_list(named, sizeof named, gpu_mask),
+                 gpu_list(have, sizeof have, mine), have);
+    }
     struct krex_region_begin b = {gpu_mask, R.requested_ns, {0}, fallback ? fallback : 1};
     memcpy(b.name, R.name, sizeof b.name);
     if (krex_connect() == 0 && krex_send(KREX_MSG_REGION_BEGIN, &b, sizeof b, &R.begin_seq) == 0) {
@@ -266,8 +314,12 @@ KREX_EXPORT int krex_region_give_up(void) {
      * a grant that crosses the cancel must not be taken by another thread waiting in this region (it is given
      * back at once as one nobody waits for, and the controller's answer to the cancel ends it too) */
     R.state = R_LOCAL, R.taints |= KREX_TAINT_NOT_GRANTED, R.gave_up = 1, R.wait_ended_ns = krex_now_ns();
-    krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request is cancelled%s", R.name,
-             R.depth > 1 ? " (for every thread in this process's region)" : "");
+    if (R.depth > 1)
+        krex_log(KREX_LOG_WARNING, "region '%s' not granted within the timeout one of its blocks gave (this "
+                 "thread's, nested or not, or another thread's): the request is cancelled for every thread in this "
+                 "process's region", R.name);
+    else
+        krex_log(KREX_LOG_WARNING, "region '%s' not granted within its timeout: the request is cancelled", R.name);
     pthread_cond_broadcast(&region_cond);   /* other threads waiting in the same region: -3 for them too */
     struct krex_region_cancel c = {R.begin_seq, 0};
     ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
@@ -344,6 +396,8 @@ static int leave_unused(uint32_t reason) {
         struct krex_region_cancel c = {R.begin_seq, 0};
         ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
     }
+    if (R.state == R_WAITING)     /* cancelled before its grant (Ctrl-C in the wait): say why it is not clean */
+        R.taints |= KREX_TAINT_NOT_GRANTED;
     finish_locked(R.ran ? KREX_END_NORMAL : reason);   /* cancelled or refused: nothing ran in it */
     pthread_mutex_unlock(&region_lock);
     return 0;
@@ -405,9 +459,13 @@ KREX_EXPORT int krex_region_end(void) {
         ask_end_locked(KREX_MSG_REGION_END, &e, sizeof e);
     }
     int revoked = R.revoked;
+    char name[KREX_NAME_MAX];
+    memcpy(name, R.name, sizeof name);
     finish_locked(revoked ? KREX_END_TIME_LIMIT : KREX_END_NORMAL);
     pthread_mutex_unlock(&region_lock);
-    if (revoked) krex_log(KREX_LOG_WARNING, "region was revoked by the controller's time limit");
+    if (revoked)
+        krex_log(KREX_LOG_WARNING, "region '%s' was revoked by the controller's time limit: what ran after that was "
+                 "not protected", name);
     return revoked;
 }
 

@@ -49,6 +49,8 @@ extern volatile uint32_t krex_controller_pid; /* the controller instance we are 
 
 /* region.c */
 extern volatile int krex_region_open;         /* this process has a region open (begun and not yet ended) */
+extern volatile uint64_t krex_region_held_mask;   /* the GPUs of this process's held region, 0 while none is */
+void krex_stray_check(int vendor, uint64_t held);  /* inside a held region: note a launch on a GPU it does not hold */
 
 /* hostbound.c */
 extern volatile int krex_hostbound_armed;     /* this process holds a granted region and KREX_HOST_BOUND=1 */
@@ -94,10 +96,15 @@ struct krex_counter_slot *krex_counter_slot(void);         /* this process's cou
  * (entered) while this process had no region open is also counted in outside_regions. A relaxed load and,
  * outside regions, a relaxed add to the process's own slot: no lock, no system call. */
 static inline void krex_count_outside(int entered, int vendor) {
-    if (entered && !__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED)) {
+    if (!entered) return;
+    if (!__atomic_load_n(&krex_region_open, __ATOMIC_RELAXED)) {
         __atomic_fetch_add(&krex_counter_slot()->outside_regions, 1, __ATOMIC_RELAXED);
         krex_beside_check(vendor);
+        return;
     }
+    /* inside: a held region's GPUs that leave out one of this process's may not be where this launch goes */
+    uint64_t held = __atomic_load_n(&krex_region_held_mask, __ATOMIC_RELAXED);
+    if (KREX_UNLIKELY(held && (krex_dev_mask & ~held))) krex_stray_check(vendor, held);
 }
 
 /* env.c: the environment, checked */

@@ -5,6 +5,8 @@ marks the region not_granted."""
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -343,7 +345,7 @@ def test_bad_region_timeout_is_one_line_exit_2(krex):
 def test_the_c_wrappers_run_unchanged_without_krex(tmp_path):
     """krex.h's functions are weak (NULL without krex): its wrappers, the bounded-wait one included, return -1
     and the program goes on (a direct call of krex_region_begin_timeout crashed with SIGSEGV)."""
-    from conftest import ROOT
+    from krex_ctl import paths
 
     src = tmp_path / "nokrex.c"
     src.write_text('#include <stdio.h>\n#include "krex.h"\n'
@@ -352,7 +354,43 @@ def test_the_c_wrappers_run_unchanged_without_krex(tmp_path):
                    'krex_begin_timeout("c", 0, 100), krex_end(), krex_last_clean());\n'
                    '    return 0;\n}\n')
     exe = tmp_path / "nokrex"
-    subprocess.run(["gcc", "-Wall", "-Werror", "-I", str(ROOT / "shim"), "-o", str(exe), str(src)], check=True)
+    # the header's directory as the guide finds it (marking-regions.md)
+    subprocess.run(["gcc", "-Wall", "-Werror", "-I", str(paths.header_dir()), "-o", str(exe), str(src)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30,
                          env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and out.stdout == "-1 -1 -1 -1 -1\n", out
+
+
+INTERRUPTED_WAIT = """
+import os, sys, krex
+print(os.getpid(), flush=True)
+try:
+    with krex.region("waiter"):
+        pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_region_whose_wait_is_interrupted_says_why_it_is_not_clean(krex, tmp_path):
+    """Ctrl-C in the wait for a grant: the region was recorded cancelled, clean false and no taint, where a
+    RegionTimeout's cancel says not_granted: a harness that keys on the taints saw an unexplained unclean region."""
+    krex.start_controller()
+    release = tmp_path / "release"
+    holder = hold_gpu(krex, release=release)
+    try:
+        rep = tmp_path / "i.json"
+        script = tmp_path / "i.py"
+        script.write_text(INTERRUPTED_WAIT)
+        p = krex.popen([sys.executable, str(script)], report=rep)
+        pid = int(p.stdout.readline())
+        wait_for(lambda: queued(krex) == 1, timeout=60, what="the request queued")
+        os.kill(pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out.split() == ["interrupted"], (out, err)
+        [r] = report_of(rep)["regions"]
+        assert r["end"] == "cancelled" and r["taints"] == ["not_granted"] and not r["clean"], r
+        assert "1 cancelled before a grant (nothing timed)" in err, err
+    finally:
+        release.touch()
+        holder.communicate(timeout=60)

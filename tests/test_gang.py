@@ -53,7 +53,8 @@ def test_multi_gpu_requests_never_deadlock_and_never_overlap(krex, tmp_path):
     rng = random.Random(7)
     asks = ["0,1", "1,0", "0", "1", "0,1", "1"]
     jobs = [run_gpu(krex, "0,1", [SNIP / "region"], report=tmp_path / f"j{i}.json",
-                    env={"SNIPPET_GPUS": a, "SNIPPET_REGIONS": "15", "SNIPPET_N": "1", "SNIPPET_US": "300",
+                    env={"SNIPPET_GPUS": a, "SNIPPET_DEVICE": a[0],   # its kernels on a GPU it asks for
+                         "SNIPPET_REGIONS": "15", "SNIPPET_N": "1", "SNIPPET_US": "300",
                          "SNIPPET_GAP_US": str(rng.randint(0, 3000))}) for i, a in enumerate(asks)]
     for j in jobs:
         out, err = j.communicate(timeout=120)
@@ -553,3 +554,32 @@ def test_a_parent_sharing_its_counter_slot_with_its_child_is_not_taken_for_launc
                                   {"ONE_SLOT": "1", "CHILD_OUTLIVES": "1", "PARENT_SLEEP": "0.5",
                                    "CHILD_ENV": "SNIPPET_STREAMS=1 SNIPPET_MS=1500 SNIPPET_US=2000"})
     assert said == "PARENT True -", (said, regs)
+
+
+def test_a_region_for_a_gpu_its_process_does_not_launch_on_is_not_exclusive(krex, tmp_path):
+    """`krex run --gpu 1` and a region for GPU 0, the process's own "cuda:0" (the node's GPU 1 behind its
+    CUDA_VISIBLE_DEVICES): its kernels ran on GPU 1 beside another job's hog there, ungated, and the region said
+    exclusive and clean. A launch inside a held region on a GPU it does not hold taints it ungated_gpu, and the
+    request warns that GPUs are numbered node-wide."""
+    krex.start_controller()
+    hog = run_gpu(krex, "1", [SNIP / "hog"], env={"SNIPPET_MS": "20000", "SNIPPET_US": "300"})
+    wait_for(lambda: any(c["role"] == "shim" and c["gpus"] == [1] for c in krex.status()["clients"]),
+             what="the hog on GPU 1")
+    env = {"SNIPPET_REGIONS": "1", "SNIPPET_N": "3", "SNIPPET_US": "20000"}
+    p = run_gpu(krex, "1", [SNIP / "region"], report=tmp_path / "wrong.json", env=dict(env, SNIPPET_GPUS="0"))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    [r] = report_of(tmp_path / "wrong.json")["regions"]
+    assert r["gpu"] == [0] and "ungated_gpu" in r["taints"] and not r["exclusive"], r
+    assert "exclusive=0" in out, out
+    assert "names GPU 0, but this process's contexts are on GPU 1" in err, err
+    assert "holds GPU 0, but this process launched on GPU 1 inside it" in err, err
+    # naming the GPU it runs on: exclusive, no word
+    p = run_gpu(krex, "1", [SNIP / "region"], report=tmp_path / "right.json", env=dict(env, SNIPPET_GPUS="1"))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    [r] = report_of(tmp_path / "right.json")["regions"]
+    assert r["gpu"] == [1] and r["exclusive"] and r["clean"], r
+    assert "numbered node-wide" not in err, err
+    krex.stop_hogs()
+    hog.communicate(timeout=30)

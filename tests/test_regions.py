@@ -937,7 +937,8 @@ def test_a_block_that_joins_a_region_naming_other_gpus_makes_it_not_exclusive(kr
     out = krex.run([sys.executable, str(script)], report=tmp_path / "r.json")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "['ungated_gpu']", "True", "[]"], out.stdout + out.stderr
-    assert "named GPUs 0x2 it does not hold" in out.stderr
+    assert "holds GPU 0; a block that joined it (nested, or another thread's) named GPU 1, which it does not hold" \
+        in out.stderr, out.stderr
     outer = report_of(tmp_path / "r.json")["regions"][0]
     assert outer["name"] == "outer" and "ungated_gpu" in outer["taints"] and not outer["exclusive"], outer
 

@@ -5,7 +5,7 @@
  *   violation GPU POLICY NS   cumulative violation time of a perf policy (0 power, 1 thermal, ...)
  *   clock GPU MHZ             current SM clock (default 1980)
  *   samples GPU MHZ...        SM clock samples taken since the caller's timestamp (default: the current clock)
- *   process GPU PID BYTES     a process with a context on the GPU (besides those of KREX_FAKE_NVML_PIDS)
+ *   process GPU PID BYTES     a process with a context on the GPU
  *   xid GPU CODE              an XID error event, delivered once to each process that waits for events
  *   temperature GPU C / power GPU MW
  *   memfree GPU BYTES         free device memory (default 80 GiB of 80 GiB)
