@@ -33,6 +33,11 @@ def shim_library() -> Path:
     return _first_existing(_PKG / "_lib" / "libkrex.so", _REPO / "build" / "libkrex.so")
 
 
+def header_dir() -> Path:
+    """The directory of krex.h, for a C harness's -I: inside the package, or shim/ in the source tree."""
+    return _first_existing(_PKG / "_lib" / "krex.h", _REPO / "shim" / "krex.h").parent
+
+
 def exec_helper() -> Path:
     """krex-exec, which starts a `krex run` command so that it dies with its wrapper (shim/krex_exec.c)."""
     return _first_existing(_PKG / "_lib" / "krex-exec", _REPO / "build" / "krex-exec")
