@@ -471,6 +471,12 @@ def test_status_watch_redraws_plain_text_when_not_a_terminal(krex):
         out, err = p.communicate(timeout=30)
     assert out.count("controller pid") >= 2 and "---" in out, (out, err)
     assert p.returncode == 0 and "Traceback" not in err
+    # a reader that stops reading (`krex status --watch | head -1`): it ends at once, status 0, nothing said
+    p = subprocess.Popen(KREX + ["status", "--watch", "0.2"], env=krex.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("controller pid")
+    p.stdout.close()
+    assert p.wait(timeout=30) == 0 and p.stderr.read() == ""
 
 
 def test_status_watch_goes_on_through_a_controller_restart(krex):

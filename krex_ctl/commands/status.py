@@ -5,6 +5,7 @@ and prints the plain text again, each block after a `---` line, when it is not (
 users' commands are shown only to root and to their own user (the controller decides: server_feedback)."""
 
 import json
+import os
 import pwd
 import sys
 import time
@@ -206,6 +207,9 @@ def watch(socket_path, period: float) -> None:
                 first = False
                 time.sleep(period)
     except KeyboardInterrupt:
+        return
+    except BrokenPipeError:        # `krex status --watch | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
         return
 
 
