@@ -329,9 +329,10 @@ def _last_timings(lib) -> tuple:
 
 
 def _warn_host_bound(name: str, info: RegionInfo) -> None:
-    """One stderr line the first time a region of this name ends host-bound in this process."""
-    key = (os.environ.get("KREX_JOB"), name)
-    if not info.host_bound or key in _host_bound_warned:
+    """One stderr line the first time a region of this name ends host-bound in this process; under `krex run`
+    its wrapper says them at the end, for every process of the job and whatever marked the regions."""
+    key = name
+    if not info.host_bound or key in _host_bound_warned or os.environ.get("KREX_JOB"):
         return
     _host_bound_warned.add(key)
     print(f"krex: region {name!r}: in {info.timings_late} of {info.timings_checked} timings the GPU waited for the "
@@ -346,7 +347,7 @@ class region(contextlib.ContextDecorator):
     block, and for a block nested in another (it is part of the outer one). A region belongs to the process:
     blocks open at once in several threads fold into one region, and only the block that leaves it last gets
     r.info (the others None: read krex.last_region() after the last has left). A region that ends host-bound
-    is said on stderr (once per job and region name)."""
+    is said on stderr (under `krex run` by its wrapper at the end, once per region name)."""
 
     def __init__(self, name: str = "region", gpu=None, gpus=None, timeout: Optional[float] = None,
                  on_timeout: str = "raise"):

@@ -8,7 +8,9 @@ KREX_QUIET=1; warnings that a timing was not protected are said even then, in on
                    region after another without being resumed between two polls is one pause ("by 12 regions: pid
                    812 (...) x10, pid 813 (...) x2"); a pause still going on is told after 10 s, then every 10 s
                    ("krex: this command's pid 901 has been paused (frozen) 10.4 s so far on GPU 0, by pid 813 (...)")
-  at exit          "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches (3 outside
+  at exit          with KREX_HOST_BOUND=1, one line per region name with host-bound regions ("krex: region 'mm' (2 of 5
+                   regions): in 20 of 50 timings the GPU waited for the host ..."), then
+                   "krex: 3 regions (3 exclusive, 3 clean), waited 0.41 s, frozen 0.00 s, 15 launches (3 outside
                    regions), 2.10 s wall" (for a command that used a GPU; "outside regions": launches a process made
                    while it had no region open, for information: set-up, warm-ups and checks belong there)
                    then "krex: timings not protected: ..." when the command made GPU launches and no region was
@@ -392,6 +394,14 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None, why_no
     if strict_refused:
         names = sorted({r.get("name", "") for r in strict_refused})
         out.append(f"{len(strict_refused)} timing(s) refused by strict mode, not granted ({', '.join(names)[:80]})")
+    bare = rep.get("processes_without_shim", [])
+    if bare:          # the controller saw them on a GPU (NVML): nothing of theirs was gated, counted or timed
+        first = bare[0]
+        who = f"pid {first['pid']} ({' '.join(first.get('command', []))[:60]}) on GPU " + \
+            ",".join(str(g) for g in first.get("gpus", []))
+        more = f" and {len(bare) - 1} more" if len(bare) > 1 else ""
+        out.append(f"{len(bare)} process(es) of the command used a GPU without krex's shim ({who}{more}; "
+                   "LD_PRELOAD dropped from their environment?): their launches were neither gated nor counted")
     lost = rep.get("regions_unrecorded_by_processes", 0)
     if lost:          # what a process saw of these (a timeout, a refusal, the controller's loss) is unknown
         from .wire.frames import C
@@ -401,10 +411,31 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None, why_no
     return out
 
 
+def host_bound_lines(regions: list) -> list:
+    """KREX_HOST_BOUND: one line per region name with host-bound regions (the GPU waited for the host in at least
+    half of 8 or more timings), whatever marked them (krex.region, C, a hook)."""
+    by_name: dict = {}
+    for r in regions:
+        if r.get("host_bound"):
+            n = by_name.setdefault(r.get("name", ""), {"regions": 0, "checked": 0, "late": 0})
+            n["regions"] += 1
+            n["checked"] += r.get("timings_checked", 0)
+            n["late"] += r.get("timings_late", 0)
+    out = []
+    for name, n in by_name.items():
+        every = sum(1 for r in regions if r.get("name", "") == name and r.get("timings_checked"))
+        which = f" ({n['regions']} of {every} regions)" if every > 1 else ""
+        out.append(f"region {name!r}{which}: in {n['late']} of {n['checked']} timings the GPU waited for the host "
+                   "(a launch or the end record); they include host time (host-bound)")
+    return out
+
+
 def at_exit(fb: Feedback, rep: dict, controller: bool, strict: bool, exit_code: int,
             hooks: Optional[str] = None, why_none: str = "") -> int:
     """Say the summary (for a command that used a GPU: contexts, launches, regions or waits) and any warning;
     the exit status the run ends with."""
+    for line in host_bound_lines(rep.get("regions", [])):
+        fb.say(line)
     if rep.get("regions") or rep.get("launches") or rep.get("context_creations") or rep.get("waited_ns") \
             or rep.get("frozen_ns"):
         fb.say(summary(rep))

@@ -137,6 +137,7 @@ class Job:
         self.command: list[str] = []
         self.gpus = 0                 # GPUs the wrapper declared (`krex run --gpu 0,1`)
         self.stepd = False            # rooted at a Slurm step's slurmstepd: not a process of the job
+        self.unshimmed: dict = {}     # pid -> what was seen of a process of the job on a GPU without the shim
         self._slurm_job: Optional[str] = None
 
     def slurm_job(self) -> Optional[str]:
@@ -273,6 +274,8 @@ class Controller(RegionEffects):
         self.every(1.0, self.note_activity)       # a refused process found gone ends our activity
         if self.attest.source is not None:        # the GPUs' process lists while regions are held
             self.every(attest.SAMPLE_S, self.sample_held_regions)
+        if getattr(self.attest, "nv", None) is not None:   # a job's processes on a GPU without the shim
+            self.every(1.0, lambda: server_feedback.find_unshimmed(self))
         self.beat()
         self.every(1.0, self.beat)
         self.every(1.0, self.isolation.flush_saved)
@@ -1044,6 +1047,8 @@ class Controller(RegionEffects):
                 reply = server_feedback.job_wait(self, client, req)
             elif op == ops.JOB_REPORT:
                 reply = job_report_page(client.job, int(req.get("offset", 0)))
+                if client.job is not None and client.job.unshimmed:
+                    reply["unshimmed"] = list(client.job.unshimmed.values())[:server_feedback.UNSHIMMED_MAX]
                 reply["shared"] = bool(client.job is not None and client.job.stepd)   # several wrappers: keep yours
             elif op == ops.JOB_COMMAND:
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:

@@ -1,13 +1,19 @@
 """What the controller tells a waiting `krex run` about its job (ops.JOB_WAIT), how long each of a job's
-processes was frozen, and the bounds on what `krex status` sends.
+processes was frozen, which of its processes use a GPU without the shim, and the bounds on what `krex status`
+sends.
 
-Pure reads of the controller's state (server.py passes itself in): nothing here decides or sends."""
+Reads of the controller's state (server.py passes itself in): nothing here decides or sends; find_unshimmed
+notes on a job what it found."""
 
 import json
+import logging
 import time
 from typing import Optional
 
+from . import procs
 from .wire import ops
+
+log = logging.getLogger("krex.controller")
 
 
 def now_ns() -> int:
@@ -96,6 +102,53 @@ def frozen_ns(ctl, job) -> dict:
         if c.job is job and getattr(c, "frozen_at", None):
             out[str(c.pid)] = out.get(str(c.pid), 0) + now_ns() - c.frozen_at
     return out
+
+
+UNSHIMMED_MAX = 16        # processes without the shim a job keeps (and its report names)
+UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as not to walk /proc for them each second
+
+
+def find_unshimmed(ctl) -> None:
+    """Every second, where the controller reads NVML: a process of a job (a descendant of its root) with a context
+    on a GPU while krex's shim is not in it. Its environment lost LD_PRELOAD (`env -i`, a subprocess given a
+    clean env, a statically linked program): its launches were neither gated nor counted, no region of its own
+    was exclusive, and its wrapper would have counted nothing and said nothing. The job keeps it (its wrapper says
+    so at the end: timings not protected), logged once. A warm worker's command is not under its wrapper: a child
+    of it that drops the shim is not found."""
+    from .enforce.attest import krex_managed
+
+    jobs = [j for j in ctl.jobs.values() if j.root_pid > 1]
+    if not jobs:
+        return
+    cache = ctl.__dict__.setdefault("unshimmed_cache", {})
+    if len(cache) > UNSHIMMED_CACHE:
+        cache.clear()
+    known = {c.pid for c in ctl.clients.values()}
+    nv = ctl.attest.nv
+    for g in ctl.cfg.gpus:
+        for pid in nv.processes(g):
+            if pid in known or pid <= 1:
+                continue
+            started = procs.start_time(pid)
+            if started is None or cache.get(pid) == started:
+                continue
+            job = next((j for j in jobs if procs.start_time(j.root_pid) == j.root_start
+                        and procs.is_descendant(pid, j.root_pid)), None)
+            if job is None:
+                cache[pid] = started        # not a job's: another user's program, a foreign process
+                continue
+            if krex_managed(pid):
+                continue                    # the shim is in it (its HELLO still to come)
+            seen = job.unshimmed.get(pid)
+            if seen is None:
+                if len(job.unshimmed) >= UNSHIMMED_MAX:
+                    continue
+                seen = job.unshimmed[pid] = {"pid": pid, "gpus": [], "command": procs.cmdline(pid, 8)}
+                log.warning("job %d: its pid %d (%s) has a context on GPU %d without krex's shim (LD_PRELOAD dropped "
+                            "from its environment?): its launches are neither gated nor counted", job.id, pid,
+                            " ".join(seen["command"])[:80], g)
+            if g not in seen["gpus"]:
+                seen["gpus"].append(g)
 
 
 def mark_frozen(clients) -> None:

@@ -815,3 +815,38 @@ def test_strict_hooks_raise_for_a_region_not_exclusive_after_the_retries(krex, t
     assert out.stdout == "" and (
         "krex.StrictError: krex strict mode (krex run --strict / KREX_STRICT=1): region 'triton.do_bench' was not "
         "exclusive (foreign_process); not returning a timing krex did not protect") in out.stderr.splitlines()
+
+
+def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_path):
+    """`krex run -- env -u LD_PRELOAD bench` (or a harness starting its workers with a clean environment): the
+    process ran its GPU work outside krex, and krex run said nothing, its report counted 0 launches and --strict
+    exited 0. The controller finds a process of the job on a GPU (NVML's process list) without the shim: the run
+    says its timings were not protected, --strict fails it, the report names the process."""
+    krex.start_controller()
+    rep, pidfile, go = tmp_path / "r.json", tmp_path / "pid", tmp_path / "go"
+    body = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done"
+    p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--strict", "--report", str(rep), "--",
+                          "env", "-u", "LD_PRELOAD", "sh", "-c", body], env=krex.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   what="the command's pid")
+    krex.nvml.write_text(f"process 0 {pid} 1000\n")             # its context on GPU 0, no shim in it
+    wait_for(lambda: "without krex's shim" in krex.ctl_log.read_text(), what="the controller's line")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 5, err
+    assert f"1 process(es) of the command used a GPU without krex's shim (pid {pid} (sh -c echo" in err, err
+    assert "on GPU 0; LD_PRELOAD dropped from their environment?)" in err, err
+    [bare] = report_of(rep)["processes_without_shim"]
+    assert bare["pid"] == pid and bare["gpus"] == [0] and bare["command"][:2] == ["sh", "-c"], bare
+    # the same with the shim in the process, as every command's: nothing said
+    pidfile.unlink()
+    p = krex.popen(["sh", "-c", body.replace(str(go), str(go) + "2")], report=rep)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   what="the command's pid")
+    krex.nvml.write_text(f"process 0 {pid} 1000\n")
+    time.sleep(2.5)                                              # two of the controller's one-second looks
+    (tmp_path / "go2").touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and "without krex's shim" not in err, err
+    assert "processes_without_shim" not in report_of(rep)

@@ -35,6 +35,10 @@ def test_every_record_entry_path_is_checked(krex, tmp_path, mode):
     assert report_of(rep)["regions_host_bound"] == 1
     if mode == "direct":
         assert "1 exclusive, 1 clean, 1 host-bound" in out.stderr   # krex run's summary line
+        # the line naming the region, said by the wrapper for a C harness too (only krex.region said it)
+        said = [line for line in out.stderr.splitlines() if "waited for the host" in line]
+        assert said == ["krex: region 'timed': in 10 of 10 timings the GPU waited for the host (a launch or the end "
+                        "record); they include host time (host-bound)"], out.stderr
 
 
 @pytest.mark.parametrize("pattern, n", [("gpu", 10), ("sync", 10), ("idle", 10), ("flushdone", 6), ("endbusy", 4),
@@ -196,8 +200,8 @@ for attempt in range(2):            # the second host-bound region of the same n
 
 
 def test_region_object_and_one_warning_per_name(krex, tmp_path):
-    """krex.region's timings_checked, timings_late and host_bound; a host-bound region is said on stderr
-    once per region name and process, a GPU-bound one never."""
+    """krex.region's timings_checked, timings_late and host_bound; host-bound regions are said on stderr once per
+    region name (by the wrapper, at the end), GPU-bound ones never."""
     krex.start_controller()
     script = tmp_path / "bench.py"
     script.write_text(PY_REGION)
@@ -205,8 +209,8 @@ def test_region_object_and_one_warning_per_name(krex, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["gpu True 10 0 False", "host True 10 10 True"] * 2
     warnings = [line for line in out.stderr.splitlines() if "waited for the host" in line]
-    assert warnings == ["krex: region 'host': in 10 of 10 timings the GPU waited for the host (a launch or the end "
-                        "record); they include host time (host-bound)"]
+    assert warnings == ["krex: region 'host' (2 of 2 regions): in 20 of 20 timings the GPU waited for the host (a "
+                        "launch or the end record); they include host time (host-bound)"], out.stderr
     assert "(4 exclusive, 4 clean, 2 host-bound)" in out.stderr            # krex run's summary line
 
 

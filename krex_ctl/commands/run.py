@@ -335,7 +335,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
            extra: dict, extra_regions: list, overlap: Optional[str] = None, facts: Optional[RunFacts] = None):
     """Collect the job's regions and counters, write the report, say the summary, exit with the command's
     status (or --strict's)."""
-    regions, dropped, shared = [], 0, False
+    regions, dropped, shared, unshimmed = [], 0, False, {}
     frozen = facts.watcher.stop() if facts and facts.watcher else {}
     if guardian:
         offset: Optional[int] = 0
@@ -347,6 +347,7 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
             shared = shared or bool(reply.get("shared"))
             offset = reply.get("next")
             dropped = int(reply.get("dropped", 0))   # records the controller could not keep
+            unshimmed.update({u["pid"]: u for u in reply.get("unshimmed", []) if isinstance(u, dict) and "pid" in u})
         guardian.done.set()
         try:
             guardian.conn.close()
@@ -369,6 +370,8 @@ def finish(guardian, counters: Optional[Path], report_file: Optional[Path], comm
     rep = report.build(command, exit_code, totals, report.merge_regions(regions, local), lost)
     if dropped:
         rep["regions_dropped"] = dropped   # older records past what the controller keeps per job
+    if unshimmed:
+        rep["processes_without_shim"] = list(unshimmed.values())   # on a GPU, their launches never seen
     if overlap:
         rep["overlap"] = ov = report.overlap_section(overlap, totals)
         if ("noguard" not in overlap.split(",") and totals.get("kernels") and facts is not None
