@@ -134,6 +134,26 @@ def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
     return False
 
 
+def ancestors(pid: int, max_depth: int = 64) -> list[int]:
+    """pid's parent, its parent's parent, ... up to (not including) init, nearest first."""
+    out: list[int] = []
+    p = parent(pid)
+    while p is not None and p > 1 and len(out) < max_depth:
+        out.append(p)
+        p = parent(p)
+    return out
+
+
+def maps_library(pid: int, name: bytes) -> Optional[bool]:
+    """Whether a library whose path holds name is mapped in pid (/proc/pid/maps); None when that cannot be read
+    (gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(name in line for line in f)
+    except OSError:
+        return None
+
+
 def children(pid: int) -> Optional[list[int]]:
     """Direct children from /proc/pid/task/*/children (None when the kernel lacks that file)."""
     out: list[int] = []

@@ -235,7 +235,7 @@ class Controller(RegionEffects):
         self.idle_since = time.monotonic()
         self.counters = {"clients_total": 0, "owner_deaths": 0, "bad_frames": 0, "refused_connections": 0,
                          "handshake_timeouts": 0, "clock_settle_waited": 0, "clock_settle_timed_out": 0,
-                         "process_samples": 0, "process_sample_us": 0}
+                         "process_samples": 0, "process_sample_us": 0, "unshimmed_scans": 0, "unshimmed_scan_us": 0}
         self.logged: dict[str, list] = {}          # rate_log: key -> [last time, suppressed count]
         self.state_path = str(cfg.state_file or runtime.state_path(socket_path))
         self.freezer = Freezer(self.state_path, self.rate_log)
@@ -1048,7 +1048,7 @@ class Controller(RegionEffects):
             elif op == ops.JOB_REPORT:
                 reply = job_report_page(client.job, int(req.get("offset", 0)))
                 if client.job is not None and client.job.unshimmed:
-                    reply["unshimmed"] = list(client.job.unshimmed.values())[:server_feedback.UNSHIMMED_MAX]
+                    reply["unshimmed"] = server_feedback.unshimmed_for(client.job, client.pid)
                 reply["shared"] = bool(client.job is not None and client.job.stepd)   # several wrappers: keep yours
             elif op == ops.JOB_COMMAND:
                 if client.job is not None and client.role == C.KREX_ROLE_WRAPPER:

@@ -7,6 +7,7 @@ notes on a job what it found."""
 
 import json
 import logging
+import os
 import time
 from typing import Optional
 
@@ -109,46 +110,65 @@ UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as no
 
 
 def find_unshimmed(ctl) -> None:
-    """Every second, where the controller reads NVML: a process of a job (a descendant of its root) with a context
-    on a GPU while krex's shim is not in it. Its environment lost LD_PRELOAD (`env -i`, a subprocess given a
-    clean env, a statically linked program): its launches were neither gated nor counted, no region of its own
-    was exclusive, and its wrapper would have counted nothing and said nothing. The job keeps it (its wrapper says
-    so at the end: timings not protected), logged once. A warm worker's command is not under its wrapper: a child
-    of it that drops the shim is not found."""
-    from .enforce.attest import krex_managed
-
-    jobs = [j for j in ctl.jobs.values() if j.root_pid > 1]
+    """Every second, where the controller reads NVML: a process of a job with a context on a GPU while krex's shim
+    is not mapped in it. Its environment lost LD_PRELOAD (`env -i`, a subprocess given a clean env, a statically
+    linked program): its launches were neither gated nor counted, no region of its own was exclusive, and its
+    wrapper would have counted nothing and said nothing. A process is the job's whose nearest ancestor that roots a
+    job roots that one (a `krex run` inside another: the inner one's); the walk stops at the controller (a warm
+    worker's command, a child of the pool, is not under its wrapper: a child of it that drops the shim is not
+    found). Not judged: clients, processes that have disconnected lately or are on their way out (their context
+    outlives their connection, their maps are gone), and any whose maps cannot be read. The job keeps each (with
+    its ancestors, so that each wrapper of a Slurm step's job takes only its own); logged once; its cost is
+    counted (unshimmed_scans, unshimmed_scan_us)."""
+    jobs = {j.root_pid: j for j in ctl.jobs.values() if j.root_pid > 1}
     if not jobs:
         return
+    t0 = time.perf_counter()
     cache = ctl.__dict__.setdefault("unshimmed_cache", {})
-    if len(cache) > UNSHIMMED_CACHE:
-        cache.clear()
-    known = {c.pid for c in ctl.clients.values()}
+    key = frozenset(jobs)
+    if len(cache) > UNSHIMMED_CACHE or ctl.__dict__.get("unshimmed_roots") != key:
+        cache.clear()                       # a new job may root processes judged no job's before
+        ctl.unshimmed_roots = key
+    known = {c.pid for c in ctl.clients.values()} | set(getattr(ctl, "departed", {}))
+    me = os.getpid()
     nv = ctl.attest.nv
     for g in ctl.cfg.gpus:
         for pid in nv.processes(g):
             if pid in known or pid <= 1:
                 continue
             started = procs.start_time(pid)
-            if started is None or cache.get(pid) == started:
+            if started is None or cache.get(pid) == started or procs.exit_state(pid, started) != "running":
                 continue
-            job = next((j for j in jobs if procs.start_time(j.root_pid) == j.root_start
-                        and procs.is_descendant(pid, j.root_pid)), None)
-            if job is None:
+            chain = procs.ancestors(pid)
+            if me in chain:
+                chain = chain[:chain.index(me)]     # under the controller (its warm pool): no wrapper's
+            root = next((a for a in chain if a in jobs), None)
+            job = jobs.get(root) if root is not None else None
+            if job is None or procs.start_time(root) != job.root_start:
                 cache[pid] = started        # not a job's: another user's program, a foreign process
                 continue
-            if krex_managed(pid):
-                continue                    # the shim is in it (its HELLO still to come)
+            if procs.maps_library(pid, b"libkrex") is not False:
+                continue                    # the shim is in it (its HELLO still to come), or unreadable
             seen = job.unshimmed.get(pid)
             if seen is None:
                 if len(job.unshimmed) >= UNSHIMMED_MAX:
                     continue
-                seen = job.unshimmed[pid] = {"pid": pid, "gpus": [], "command": procs.cmdline(pid, 8)}
+                seen = job.unshimmed[pid] = {"pid": pid, "gpus": [], "command": procs.cmdline(pid, 8),
+                                             "ancestors": chain[:chain.index(root) + 1]}
                 log.warning("job %d: its pid %d (%s) has a context on GPU %d without krex's shim (LD_PRELOAD dropped "
                             "from its environment?): its launches are neither gated nor counted", job.id, pid,
                             " ".join(seen["command"])[:80], g)
             if g not in seen["gpus"]:
                 seen["gpus"].append(g)
+    ctl.counters["unshimmed_scans"] += 1
+    ctl.counters["unshimmed_scan_us"] += int((time.perf_counter() - t0) * 1e6)
+
+
+def unshimmed_for(job, wrapper_pid: int) -> list:
+    """What find_unshimmed found of job for one of its wrappers: those under that wrapper where several share the
+    job (a Slurm step's), every one otherwise; without the ancestors."""
+    return [{k: v for k, v in u.items() if k != "ancestors"} for u in job.unshimmed.values()
+            if not job.stepd or wrapper_pid in u.get("ancestors", ())][:UNSHIMMED_MAX]
 
 
 def mark_frozen(clients) -> None:

@@ -842,9 +842,29 @@ def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_pa
     assert "on GPU 0; LD_PRELOAD dropped from their environment?)" in err, err
     [bare] = report_of(rep)["processes_without_shim"]
     assert bare["pid"] == pid and bare["gpus"] == [0] and bare["command"][:2] == ["sh", "-c"], bare
-    # the same with the shim in the process, as every command's: nothing said
-    pidfile.unlink()
-    p = krex.popen(["sh", "-c", body.replace(str(go), str(go) + "2")], report=rep)
+    # `krex run` inside `krex run`: the inner one's process, said by the inner wrapper only
+    for f in (pidfile, go):
+        f.unlink()
+    krex.nvml.write_text("")
+    outer_rep = tmp_path / "outer.json"
+    p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--report", str(outer_rep), "--",
+                          sys.executable, "-m", "krex_ctl", "run", "--strict", "--report", str(rep), "--",
+                          "env", "-u", "LD_PRELOAD", "sh", "-c", body], env=krex.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   what="the inner command's pid")
+    krex.nvml.write_text(f"process 0 {pid} 1000\n")
+    wait_for(lambda: krex.ctl_log.read_text().count("without krex's shim") == 2, what="the controller's line")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 5 and err.count("without krex's shim") == 1, err     # the inner's line, not the outer's
+    assert [u["pid"] for u in report_of(rep)["processes_without_shim"]] == [pid]
+    assert "processes_without_shim" not in report_of(outer_rep)
+    # the shim in the process, as every command's (KREX_JOB gone too, as a Slurm task prolog leaves it): nothing
+    for f in (pidfile, go):
+        f.unlink()
+    krex.nvml.write_text("")
+    p = krex.popen(["env", "-u", "KREX_JOB", "sh", "-c", body.replace(str(go), str(go) + "2")], report=rep)
     pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
                    what="the command's pid")
     krex.nvml.write_text(f"process 0 {pid} 1000\n")
