@@ -17,6 +17,8 @@ struct krex_ctx_rec { int vendor, device, local; void *ctx; uint8_t uuid[16]; in
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct krex_ctx_rec ctxs[KREX_MAX_CONTEXTS];
 static int nctxs;
+static unsigned ctx_gen = 1;           /* bumped under ctx_lock whenever ctxs changes: krex_current_gpu's cache */
+static __thread struct { unsigned gen; int vendor; void *key; int dev; } current;   /* this thread's last answer */
 static uint64_t announced;             /* GPUs the current connection was told of (under the connection's lock) */
 
 /* the connection's lock is held: tell the controller of the contexts it was not told of on this connection
@@ -64,6 +66,7 @@ int krex_contexts_on(uint64_t mask, struct krex_ctx_ref *out, int max) {
 void krex_contexts_reset_after_fork(void) {
     pthread_mutex_init(&ctx_lock, NULL);
     nctxs = 0, announced = 0;
+    __atomic_add_fetch(&ctx_gen, 1, __ATOMIC_RELEASE);
     krex_dev_mask = 0, krex_device_known = 0;
 }
 
@@ -140,6 +143,7 @@ void krex_register_context(int vendor, int local_device, void *ctx) {
         struct krex_ctx_rec *c = &ctxs[nctxs++];
         *c = (struct krex_ctx_rec){vendor, dev, local_device, ctx, {0}, has_uuid};
         memcpy(c->uuid, uuid, 16);
+        __atomic_add_fetch(&ctx_gen, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ctx_lock);
     if (dev < 0) krex_log(KREX_LOG_WARNING, "GPU %d of this process is not one the controller manages", local_device);
@@ -156,6 +160,7 @@ int krex_forget_context(void *ctx) {
             dev = ctxs[i].device;
             ctxs[i--] = ctxs[--nctxs];
         }
+    __atomic_add_fetch(&ctx_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ctx_lock);
     return dev;
 }
@@ -183,21 +188,38 @@ void krex_register_current_device(int vendor) {
     }
 }
 
+/* The calling thread's current context's (CUDA) or device's (HIP) node-wide GPU. On the launch path inside a
+ * region (krex_stray_check) and outside one (krex_beside_check) of a process with several GPUs: the thread's last
+ * answer is kept while the contexts the shim knows are unchanged (ctx_gen), so a launch costs the driver's
+ * current-context query, not the lock and the scan (nor, for HIP, the UUID lookup). */
 int krex_current_gpu(int vendor) {
+    void *key;
     if (vendor == KREX_VENDOR_CUDA) {
         CUresult (*get_ctx)(CUcontext *) = krex_real(KREX_H_cuCtxGetCurrent);
         CUcontext c = NULL;
         if (!get_ctx || get_ctx(&c) != CUDA_SUCCESS || !c) return -1;
-        int dev = -1;
-        pthread_mutex_lock(&ctx_lock);
-        for (int i = 0; i < nctxs && dev < 0; i++)
-            if (ctxs[i].vendor == vendor && ctxs[i].ctx == c) dev = ctxs[i].device;
-        pthread_mutex_unlock(&ctx_lock);
-        return dev;
+        key = c;
+    } else {
+        hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
+        int d;
+        if (!get_dev || get_dev(&d) != hipSuccess) return -1;
+        key = (void *)(intptr_t)(d + 1);
     }
-    hipError_t (*get_dev)(int *) = krex_real(KREX_H_hipGetDevice);
-    int d;
-    return get_dev && get_dev(&d) == hipSuccess ? krex_physical_device(vendor, d) : -1;
+    unsigned gen = __atomic_load_n(&ctx_gen, __ATOMIC_ACQUIRE);
+    if (current.gen == gen && current.vendor == vendor && current.key == key) return current.dev;
+    int dev = -1;
+    if (vendor == KREX_VENDOR_CUDA) {
+        pthread_mutex_lock(&ctx_lock);
+        gen = ctx_gen;
+        for (int i = 0; i < nctxs && dev < 0; i++)
+            if (ctxs[i].vendor == vendor && ctxs[i].ctx == key) dev = ctxs[i].device;
+        pthread_mutex_unlock(&ctx_lock);
+    } else {
+        dev = krex_physical_device(vendor, (int)(intptr_t)key - 1);
+    }
+    if (dev >= 0)      /* -1 (not known yet): asked again next time */
+        current.gen = gen, current.vendor = vendor, current.key = key, current.dev = dev;
+    return dev;
 }
 
 /* GPUs a region of this process is on when the caller names none: those it has contexts on */

@@ -59,6 +59,22 @@ static const char *gpu_list(char *buf, size_t n, uint64_t mask) {
     return buf;
 }
 
+/* region_lock held: 1 the first time a warning of this kind (0 a request naming none of the process's GPUs, 1 a
+ * launch on a GPU the region does not hold, 2 a joining block naming one) comes for a region of this name in this
+ * process (its first 32 names; none after): an autotuner's thousands of regions give one line, every region
+ * its taint */
+static int first_warning(int kind, const char *name) {
+    static uint32_t seen[3][32];
+    static int n[3];
+    uint32_t h = 2166136261u;
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    for (int i = 0; i < n[kind]; i++)
+        if (seen[kind][i] == h) return 0;
+    if (n[kind] >= 32) return 0;
+    seen[kind][n[kind]++] = h;
+    return 1;
+}
+
 /* the launch path, inside a held region, where this process has contexts on GPUs the region does not hold: is
  * this launch on one of them? A process with one GPU launches there; one with several, on the calling thread's
  * current one (a launch on a stream of another context is taken for the current one's, as krex_beside_check) */
@@ -172,18 +188,21 @@ static void finish_locked(uint32_t reason) {
     uint64_t stray = __atomic_exchange_n(&stray_mask, 0, __ATOMIC_ACQ_REL);
     if (R.state == R_HELD && (R.nested_mask & ~R.gpu_mask)) {
         R.taints |= KREX_TAINT_UNGATED_GPU;
-        krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s; a block that joined it (nested, or another thread's) "
-                 "named GPU %s, which it does not hold: other jobs' work there was not kept out; tainted ungated_gpu "
-                 "(not exclusive). Name every GPU in the first block.", R.name, gpu_list(held, sizeof held, R.gpu_mask),
-                 gpu_list(other, sizeof other, R.nested_mask & ~R.gpu_mask));
+        if (first_warning(2, R.name))
+            krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s; a block that joined it (nested, or another "
+                     "thread's) named GPU %s, which it does not hold: other jobs' work there was not kept out; tainted "
+                     "ungated_gpu (not exclusive). Name every GPU in the first block (said once per region name).",
+                     R.name, gpu_list(held, sizeof held, R.gpu_mask),
+                     gpu_list(other, sizeof other, R.nested_mask & ~R.gpu_mask));
     }
     if (R.state == R_HELD && (stray & ~R.gpu_mask)) {
         R.taints |= KREX_TAINT_UNGATED_GPU;
-        krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s, but this process launched on GPU %s inside it: other "
-                 "jobs' work there was not kept out; tainted ungated_gpu (not exclusive). GPUs are numbered node-wide, "
-                 "as nvidia-smi does, not as CUDA_VISIBLE_DEVICES renumbers them: name those the work runs on, or none "
-                 "(the process's own).", R.name, gpu_list(held, sizeof held, R.gpu_mask),
-                 gpu_list(other, sizeof other, stray & ~R.gpu_mask));
+        if (first_warning(1, R.name))
+            krex_log(KREX_LOG_WARNING, "region '%s' holds GPU %s, but this process launched on GPU %s inside it: "
+                     "other jobs' work there was not kept out; tainted ungated_gpu (not exclusive). GPUs are numbered "
+                     "node-wide, as nvidia-smi does, not as CUDA_VISIBLE_DEVICES renumbers them: name those the work "
+                     "runs on, or none (the process's own) (said once per region name).", R.name,
+                     gpu_list(held, sizeof held, R.gpu_mask), gpu_list(other, sizeof other, stray & ~R.gpu_mask));
     }
     uint32_t taints = R.taints;
     uint32_t flags = R.flags & (KREX_REGION_GRANTED | KREX_REGION_JOINED);
@@ -244,12 +263,12 @@ KREX_EXPORT int krex_region_request_opened(const char *name, uint64_t gpu_mask, 
     if (!fallback) fallback = krex_own_gpus();
     R.gpu_mask = gpu_mask ? gpu_mask : fallback ? fallback : 1;
     uint64_t mine = krex_dev_mask;
-    if (gpu_mask && mine && !(gpu_mask & mine)) {
+    if (gpu_mask && mine && !(gpu_mask & mine) && first_warning(0, R.name)) {
         char named[200], have[200];
         krex_log(KREX_LOG_WARNING, "region '%s' names GPU %s, but this process's contexts are on GPU %s: GPUs are "
                  "numbered node-wide, as nvidia-smi does, not as CUDA_VISIBLE_DEVICES renumbers them; a launch on "
-                 "GPU %s inside it makes it not exclusive", R.name, gpu_list(named, sizeof named, gpu_mask),
-                 gpu_list(have, sizeof have, mine), have);
+                 "GPU %s inside it makes it not exclusive (said once per region name)", R.name,
+                 gpu_list(named, sizeof named, gpu_mask), gpu_list(have, sizeof have, mine), have);
     }
     struct krex_region_begin b = {gpu_mask, R.requested_ns, {0}, fallback ? fallback : 1};
     memcpy(b.name, R.name, sizeof b.name);
@@ -446,6 +465,7 @@ KREX_EXPORT int krex_region_end(void) {
     if (R.state == R_WAITING) {           /* ended without waiting for the grant: it is a cancel */
         struct krex_region_cancel c = {R.begin_seq, 0};
         ask_end_locked(KREX_MSG_REGION_CANCEL, &c, sizeof c);
+        if (R.state == R_WAITING) R.taints |= KREX_TAINT_NOT_GRANTED;   /* why it is not clean */
         finish_locked(KREX_END_CANCELLED);
         pthread_mutex_unlock(&region_lock);
         return 0;

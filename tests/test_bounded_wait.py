@@ -391,6 +391,13 @@ def test_a_region_whose_wait_is_interrupted_says_why_it_is_not_clean(krex, tmp_p
         [r] = report_of(rep)["regions"]
         assert r["end"] == "cancelled" and r["taints"] == ["not_granted"] and not r["clean"], r
         assert "1 cancelled before a grant (nothing timed)" in err, err
+        # the same for a C harness's krex_region_end on a request still waiting
+        script.write_text("import krex._region as kr\nlib = kr.native.lib()\n"
+                          "print(lib.krex_region_request(b'waiter', 0), lib.krex_region_end())\n")
+        out = krex.run([sys.executable, str(script)], report=rep)
+        assert out.returncode == 0 and out.stdout.split() == ["1", "0"], (out.stdout, out.stderr)
+        [r] = report_of(rep)["regions"]
+        assert r["end"] == "cancelled" and r["taints"] == ["not_granted"], r
     finally:
         release.touch()
         holder.communicate(timeout=60)
