@@ -157,7 +157,6 @@ class Watcher(threading.Thread):
         self.done = threading.Event()
         self.conn = None
         self.said: dict = {}         # wait key -> monotonic time last said
-        self.frozen: dict = {}       # freeze key (pid, region) -> the last entry seen of that freeze
         self.pauses: dict = {}       # pid -> its Pause going on (frozen by one region or several in a row)
         self.frozen_ns: dict = {}    # pid -> ns frozen, as the controller asked last counts it
         self.banked: dict = {}       # pid -> ns frozen counted by the controllers before it (the job connections lost)
@@ -242,7 +241,6 @@ class Watcher(threading.Thread):
         seen = {freeze_key(f): f for f in reply.get("frozen", [])}
         self.frozen_ns = {int(k): int(v) for k, v in reply.get("frozen_ns", {}).items()}
         self.follow_pauses(seen, now)
-        self.frozen = seen
 
     def follow_pauses(self, listed: dict, now: float) -> None:
         """Adds the freezes listed now to their process's pause, says each pause that is over (its process is
