@@ -132,7 +132,7 @@ def find_unshimmed(ctl) -> None:
     known = {c.pid for c in ctl.clients.values()} | set(getattr(ctl, "departed", {}))
     me = os.getpid()
     nv = ctl.attest.nv
-    for g in ctl.cfg.gpus:
+    for g in [g for g in ctl.cfg.gpus if g < nv.count]:     # cfg.gpus is 0-63 unless --gpus names them
         for pid in nv.processes(g):
             if pid in known or pid <= 1:
                 continue

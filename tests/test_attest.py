@@ -842,6 +842,10 @@ def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_pa
     assert "on GPU 0; LD_PRELOAD dropped from their environment?)" in err, err
     [bare] = report_of(rep)["processes_without_shim"]
     assert bare["pid"] == pid and bare["gpus"] == [0] and bare["command"][:2] == ["sh", "-c"], bare
+    # each second's look ran whole (over the node's 2 fake GPUs, not --gpus' default 0-63) and was counted
+    events = krex.status()["counters"]
+    assert events["unshimmed_scans"] >= 1 and events["unshimmed_scan_us"] > 0, events
+    assert "Traceback" not in krex.ctl_log.read_text(), krex.ctl_log.read_text()[-3000:]
     # `krex run` inside `krex run`: the inner one's process, said by the inner wrapper only
     for f in (pidfile, go):
         f.unlink()
