@@ -530,6 +530,18 @@ def test_task_prolog_waits_for_a_controller_that_restarts(krex, tmp_path):
     out, err = task.communicate(timeout=20)
     assert task.returncode == 0 and out.splitlines()[0] == f"export KREX_SOCKET={krex.socket}", (out, err)
     assert f"the krex controller at {krex.socket} is restarting; waiting up to" in err, err
+    # killed hard: its socket file stays, refusing connections; the task waited for nothing then and ran its
+    # first regions unprotected (its shim found no controller)
+    krex.ctl.kill()
+    krex.ctl.wait()
+    assert krex.socket.exists() and not krex.answers()
+    task = subprocess.Popen([str(PROLOG)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert task.poll() is None, task.communicate()      # waiting
+    krex.start_controller("--restart-grace", "20")
+    out, err = task.communicate(timeout=20)
+    assert task.returncode == 0 and out.splitlines()[0] == f"export KREX_SOCKET={krex.socket}", (out, err)
+    assert "is restarting; waiting up to" in err, err
     krex.ctl.terminate()
     krex.ctl.wait()
     beat = Path(str(krex.socket) + ".heartbeat")
