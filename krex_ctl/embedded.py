@@ -27,7 +27,7 @@ def ensure_controller(timeout: float = 10.0, at: Optional[Path] = None) -> Path:
     per-user one in its place would split the job between two controllers."""
     started = []
     path = _ensure_controller(timeout, started) if at is None else _ensure_at(at, timeout)
-    if at is None and path != paths.SYSTEM_SOCKET:
+    if at is None:
         warn_other_users(path)
     if at is None and not started and os.environ.get("KREX_WARM_WORKERS"):
         warn_warm_workers(path, os.environ["KREX_WARM_WORKERS"])
@@ -86,17 +86,28 @@ def await_restart(path: Path, then: str = "") -> bool:
 
 
 def warn_other_users(path: Path) -> None:
-    """A per-user controller cannot gate another user's processes: say so in one line when another user's
-    per-user controller runs on this node (its regions are tainted other_controller where they share a GPU)."""
+    """A controller cannot gate the processes of another user's per-user controller: say so in one line when one
+    runs on this node (regions are tainted other_controller where they share a GPU), in the words that fit the
+    controller at path: a per-user one (exclusive of this user's work only) or the node's (root's)."""
     from .registry import other_users_controllers
 
     others = other_users_controllers(path)
-    if others:
-        o = others[0]
+    if not others:
+        return
+    o = others[0]
+    try:
+        node = path == paths.SYSTEM_SOCKET or os.stat(path).st_uid == 0    # root's: the node controller
+    except OSError:
+        node = False
+    if node:
+        print(f"krex: another user's krex controller (uid {o['uid']}, pid {o['pid']}), a per-user one, runs beside "
+              "this node's controller: its processes are not gated by this one, and regions that share a GPU with "
+              "them while it has GPU processes are tainted other_controller", file=sys.stderr)
+    else:
         print(f"krex: another user's krex controller (uid {o['uid']}, pid {o['pid']}) runs on this node; regions are "
-              "exclusive only of this user's work and are tainted other_controller where the two share a GPU while it has "
-              "GPU processes: only "
-              "a node controller (`krex controller`, run by root) gives exclusivity across users", file=sys.stderr)
+              "exclusive only of this user's work and are tainted other_controller where the two share a GPU while it "
+              "has GPU processes: only a node controller (`krex controller`, run by root) gives exclusivity across "
+              "users", file=sys.stderr)
 
 
 def _ensure_controller(timeout: float, started: list) -> Path:

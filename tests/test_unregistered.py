@@ -275,7 +275,8 @@ def test_a_controller_removes_the_entries_of_its_users_controllers_that_are_gone
 
 
 def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
-    """`krex run` on a per-user controller says in one line that another user's controller runs here."""
+    """`krex run` says in one line that another user's per-user controller runs here (on a node controller it
+    said regions were exclusive only of this user's work)."""
     if os.getuid() != 0:
         import pytest
 
@@ -293,6 +294,8 @@ def test_krex_run_warns_of_another_users_controller(krex, tmp_path):
         assert res.returncode == 0
         lines = [ln for ln in res.stderr.splitlines() if "another user's krex controller" in ln]
         assert len(lines) == 1 and "uid 4242" in lines[0] and lines[0].startswith("krex: ")
+        # the test's controller is root's, a node controller: not "exclusive only of this user's work"
+        assert "a per-user one, runs beside this node's controller" in lines[0], lines[0]
     finally:
         sleeper.kill()
         sleeper.wait()
