@@ -70,7 +70,8 @@ def describe_holder(h: Optional[dict]) -> str:
         return "a region being handed over"
     what = f"pid {h['pid']} ({user_name(h.get('uid'))}, region '{h.get('region', '')}'"
     if h.get("command"):
-        what += f", {h['command'][:60]}"
+        cmd = h["command"]
+        what += f", {cmd[:60]}..." if len(cmd) > 60 else f", {cmd}"
     return what + ")"
 
 

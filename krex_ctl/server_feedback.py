@@ -28,7 +28,8 @@ def holder(region, asker_uid: Optional[int] = None) -> dict:
     job_uid = region.job.uid if region.job else owner.uid
     shown = asker_uid is None or asker_uid in (0, job_uid)
     return {"pid": owner.pid, "uid": owner.uid, "region": region.req.name,
-            "command": describe_command(region.job.command if region.job else []) if shown else "",
+            "command": describe_command((region.job.command or procs.cmdline(region.job.root_pid)) if region.job
+                                        else []) if shown else "",     # a preload task's: no wrapper named one
             "held_s": (now_ns() - region.granted_ns) / 1e9 if region.granted_ns else 0.0}
 
 

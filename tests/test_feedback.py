@@ -861,3 +861,23 @@ def test_frozen_time_counted_by_a_controller_that_went_away_is_kept():
     replies.append(reply(total=0.2))
     w.take(w.ask())
     assert w.totals() == {901: int(2.5e9)} and asked[-1] == 3
+
+def test_status_names_the_command_of_a_region_owner_no_wrapper_started(krex, tmp_path):
+    """A process under the shim with no `krex run` (a Slurm task the prolog preloaded) holding a region: `krex
+    status` showed its command empty ('alice: ;'), where its job's line had it."""
+    krex.start_controller()
+    release = tmp_path / "release"
+    env = dict(krex.env, LD_PRELOAD=str(ROOT / "build" / "libkrex.so"), SNIPPET_REGIONS="1", SNIPPET_N="1",
+               SNIPPET_HOLD_FILE=str(release))
+    for k in ("KREX_JOB", "KREX_COUNTERS"):
+        env.pop(k, None)
+    p = subprocess.Popen([str(SNIP / "region")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        owner = wait_for(lambda: next((g["owner"] for g in krex.status()["gpus"]
+                                       if g["owner"] and g["owner"]["state"] == "held"), None), what="its region")
+        assert owner["command"] and owner["command"][0].endswith("snippets/region"), owner
+        out = subprocess.run(KREX + ["status"], env=krex.env, capture_output=True, text=True, timeout=30)
+        assert "snippets/region" in out.stdout.split("region ", 1)[1], out.stdout
+    finally:
+        release.touch()
+        p.communicate(timeout=60)
