@@ -498,3 +498,13 @@ def test_the_ray_fleet_bench_refuses_more_repeats_for_the_throughput_baseline():
                           "--reference-repeat", "5", "--out", "/nonexistent/never.json"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "pergpu is also the throughput baseline" in run.stderr.strip().splitlines()[-1]
+
+
+def test_rays_gpu_detection_runs_on_the_fake_nvml():
+    """With LD_LIBRARY_PATH at build/fakes, as the fake-driver guide sets it, ray.init died in its GPU detection:
+    the fake NVML had no nvmlDeviceGetName. It counts and names the fake GPUs now."""
+    code = ("from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager as M\n"
+            "print(M.get_current_node_num_accelerators(), M.get_current_node_accelerator_type())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, LD_LIBRARY_PATH=str(FAKES), KREX_FAKE_GPUS="4"))
+    assert out.returncode == 0 and out.stdout.split() == ["4", "krex-fake-GPU"], (out.stdout, out.stderr[-2000:])

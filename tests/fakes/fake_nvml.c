@@ -118,6 +118,13 @@ EXPORT int nvmlDeviceGetUUID(struct nvml_device *h, char *out, unsigned int len)
              u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     return OK;
 }
+/* what Ray's GPU detection asks besides the count (ray/_private/accelerators/nvidia_gpu.py) */
+EXPORT int nvmlDeviceGetName(struct nvml_device *h, char *out, unsigned int len) {
+    DEVICE(h);
+    if (!out || !len) return E_INVALID;
+    snprintf(out, len, "krex fake GPU");
+    return OK;
+}
 EXPORT int nvmlDeviceGetCurrentClocksEventReasons(struct nvml_device *h, unsigned long long *r) {
     DEVICE(h);
     *r = lookup("reasons", h->index, 0, 0);
