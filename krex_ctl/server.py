@@ -22,6 +22,7 @@ instead of spinning on it."""
 
 import errno
 import fcntl
+import functools
 import heapq
 import itertools
 import json
@@ -1193,7 +1194,9 @@ class Controller(RegionEffects):
             # warm_pool: the job of a connection of the warm-worker pool's own processes (no command's)
             "jobs": [{"job": j.id, "root_pid": j.root_pid, "uid": j.uid,
                       "command": j.command or procs.cmdline(j.root_pid), "regions": len(j.regions),
-                      "gpus": mask_to_list(j.gpus), **({"slurm_job": v} if (v := j.slurm_job()) else {}),
+                      "gpus": mask_to_list(j.gpus),   # declared by its wrapper; where it has contexts:
+                      "context_gpus": mask_to_list(functools.reduce(lambda m, c: m | c.devices, j.clients, 0)),
+                      **({"slurm_job": v} if (v := j.slurm_job()) else {}),
                       **({"warm_pool": True} if j.root_pid in pool else {})}
                      for j in self.jobs.values()],
             "counters": {**self.counters, **self.book.counters},

@@ -876,6 +876,8 @@ def test_status_names_the_command_of_a_region_owner_no_wrapper_started(krex, tmp
         owner = wait_for(lambda: next((g["owner"] for g in krex.status()["gpus"]
                                        if g["owner"] and g["owner"]["state"] == "held"), None), what="its region")
         assert owner["command"] and owner["command"][0].endswith("snippets/region"), owner
+        [job] = [j for j in krex.status()["jobs"] if j["job"] == owner["job"]]
+        assert job["gpus"] == [] and job["context_gpus"] == [0], job     # no wrapper declared it; its context's
         out = subprocess.run(KREX + ["status"], env=krex.env, capture_output=True, text=True, timeout=30)
         assert "snippets/region" in out.stdout.split("region ", 1)[1], out.stdout
     finally:
