@@ -134,24 +134,40 @@ def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
     return False
 
 
+def stat_parent(pid: int) -> Optional[int]:
+    """Field 4 of /proc/pid/stat, the parent's pid (parent() without psutil's object per call); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[1])
+
+
 def ancestors(pid: int, max_depth: int = 64) -> list[int]:
     """pid's parent, its parent's parent, ... up to (not including) init, nearest first."""
     out: list[int] = []
-    p = parent(pid)
+    p = stat_parent(pid)
     while p is not None and p > 1 and len(out) < max_depth:
         out.append(p)
-        p = parent(p)
+        p = stat_parent(p)
     return out
 
 
 def maps_library(pid: int, name: bytes) -> Optional[bool]:
     """Whether a library whose path holds name is mapped in pid (/proc/pid/maps); None when that cannot be read
-    (gone, or not ours to read)."""
+    (gone, not ours to read, or empty: a process whose main thread has exited, or on its way out, has no maps
+    there)."""
+    seen = False
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            return any(name in line for line in f)
+            for line in f:
+                if name in line:
+                    return True
+                seen = True
     except OSError:
         return None
+    return False if seen else None
 
 
 def children(pid: int) -> Optional[list[int]]:

@@ -1165,7 +1165,8 @@ class Controller(RegionEffects):
                     "region": owner.id, "name": owner.req.name, "pid": owner.owner.pid, "job": owner.job.id,
                     "members": [m.pid for m in owner.members.values()], "gpus": mask_to_list(owner.gpu_mask),
                     "uid": owner.owner.uid,
-                    "command_argv": owner.job.command or procs.cmdline(owner.job.root_pid),   # as jobs[] says it
+                    # a job no wrapper named (a Slurm preload task): the owner's own command line (a live client)
+                    "command_argv": owner.job.command or procs.cmdline(owner.owner.pid),
                     "state": owner.state.value, "frozen": [c.pid for c in owner.frozen],
                     "held_s": (now_ns() - owner.granted_ns) / 1e9 if owner.granted_ns else 0.0},
                 # in the order they will be served; fair_share: waiting for its job's share (it steps aside)

@@ -28,8 +28,8 @@ def holder(region, asker_uid: Optional[int] = None) -> dict:
     job_uid = region.job.uid if region.job else owner.uid
     shown = asker_uid is None or asker_uid in (0, job_uid)
     return {"pid": owner.pid, "uid": owner.uid, "region": region.req.name,
-            "command": describe_command((region.job.command or procs.cmdline(region.job.root_pid)) if region.job
-                                        else []) if shown else "",     # a preload task's: no wrapper named one
+            "command": describe_command((region.job.command if region.job else []) or procs.cmdline(owner.pid))
+            if shown else "",     # a job no wrapper named (a Slurm preload task): the owner's own, a live client
             "held_s": (now_ns() - region.granted_ns) / 1e9 if region.granted_ns else 0.0}
 
 
@@ -112,55 +112,74 @@ UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as no
 
 def find_unshimmed(ctl) -> None:
     """Every second, where the controller reads NVML: a process of a job with a context on a GPU while krex's shim
-    is not mapped in it. Its environment lost LD_PRELOAD (`env -i`, a subprocess given a clean env, a statically
-    linked program): its launches were neither gated nor counted, no region of its own was exclusive, and its
-    wrapper would have counted nothing and said nothing. A process is the job's whose nearest ancestor that roots a
-    job roots that one (a `krex run` inside another: the inner one's); the walk stops at the controller (a warm
-    worker's command, a child of the pool, is not under its wrapper: a child of it that drops the shim is not
-    found). Not judged: clients, processes that have disconnected lately or are on their way out (their context
-    outlives their connection, their maps are gone), and any whose maps cannot be read. The job keeps each (with
-    its ancestors, so that each wrapper of a Slurm step's job takes only its own); logged once; its cost is
-    counted (unshimmed_scans, unshimmed_scan_us)."""
+    (a library whose path holds "libkrex") is not mapped in it. Its environment lost LD_PRELOAD (`env -i`, a
+    subprocess given a clean env, a statically linked program): its launches were neither gated nor counted, no
+    region of its own was exclusive, and its wrapper would have counted nothing and said nothing. A process is the
+    job's whose nearest ancestor that roots a job roots that one (a `krex run` inside another: the inner one's);
+    the walk stops at the controller (a warm worker's command, a child of the pool, is not under its wrapper: a
+    child of it that drops the shim is not found). Not judged: clients, processes that disconnected lately or are
+    on their way out (their context outlives their connection), and any whose maps cannot be read or are empty.
+    Each process is judged once (pid and start time: the verdict is kept, as is "no job's" until a job whose root
+    is older than it begins); the job keeps each found (with its ancestors, so that each wrapper of a Slurm step's
+    job takes only its own), logged once; the cost is counted (unshimmed_scans, unshimmed_scan_us)."""
     jobs = {j.root_pid: j for j in ctl.jobs.values() if j.root_pid > 1}
     if not jobs:
         return
     t0 = time.perf_counter()
-    cache = ctl.__dict__.setdefault("unshimmed_cache", {})
-    key = frozenset(jobs)
-    if len(cache) > UNSHIMMED_CACHE or ctl.__dict__.get("unshimmed_roots") != key:
-        cache.clear()                       # a new job may root processes judged no job's before
-        ctl.unshimmed_roots = key
-    known = {c.pid for c in ctl.clients.values()} | set(getattr(ctl, "departed", {}))
+    cache = ctl.__dict__.setdefault("unshimmed_cache", {})     # pid -> (start time, None: no job's, "shim", or
+    #                                                             its entry in its job's unshimmed)
+    roots = ctl.__dict__.get("unshimmed_roots", {})
+    new_roots = [j.root_start or 0 for r, j in jobs.items() if r not in roots]
+    if len(cache) > UNSHIMMED_CACHE:
+        cache.clear()
+    elif new_roots:        # processes started after a new root may be its: judged again
+        oldest = min(new_roots)
+        for pid in [p for p, (st, v) in cache.items() if v is None and st >= oldest]:
+            del cache[pid]
+    ctl.unshimmed_roots = {r: j.root_start for r, j in jobs.items()}
+    known = {c.pid for c in ctl.clients.values()}
+    departed = ctl.departed_now() if hasattr(ctl, "departed_now") else {}
     me = os.getpid()
     nv = ctl.attest.nv
+    on: dict = {}                                             # pid -> the GPUs NVML lists it on
     for g in [g for g in ctl.cfg.gpus if g < nv.count]:     # cfg.gpus is 0-63 unless --gpus names them
         for pid in nv.processes(g):
-            if pid in known or pid <= 1:
-                continue
-            started = procs.start_time(pid)
-            if started is None or cache.get(pid) == started or procs.exit_state(pid, started) != "running":
-                continue
-            chain = procs.ancestors(pid)
-            if me in chain:
-                chain = chain[:chain.index(me)]     # under the controller (its warm pool): no wrapper's
-            root = next((a for a in chain if a in jobs), None)
-            job = jobs.get(root) if root is not None else None
-            if job is None or procs.start_time(root) != job.root_start:
-                cache[pid] = started        # not a job's: another user's program, a foreign process
-                continue
-            if procs.maps_library(pid, b"libkrex") is not False:
-                continue                    # the shim is in it (its HELLO still to come), or unreadable
-            seen = job.unshimmed.get(pid)
-            if seen is None:
-                if len(job.unshimmed) >= UNSHIMMED_MAX:
-                    continue
-                seen = job.unshimmed[pid] = {"pid": pid, "gpus": [], "command": procs.cmdline(pid, 8),
-                                             "ancestors": chain[:chain.index(root) + 1]}
-                log.warning("job %d: its pid %d (%s) has a context on GPU %d without krex's shim (LD_PRELOAD dropped "
-                            "from its environment?): its launches are neither gated nor counted", job.id, pid,
-                            " ".join(seen["command"])[:80], g)
-            if g not in seen["gpus"]:
-                seen["gpus"].append(g)
+            if pid > 1 and pid not in known:
+                on.setdefault(pid, []).append(g)
+    for pid, gpus in on.items():
+        started = procs.start_time(pid)
+        if started is None or (pid in departed and departed[pid][0] == started):
+            continue
+        hit = cache.get(pid)
+        if hit is not None and hit[0] == started:
+            if isinstance(hit[1], dict):                      # found before: only its GPUs may grow
+                seen = hit[1]
+                seen["gpus"] += [g for g in gpus if g not in seen["gpus"]]
+            continue
+        if procs.exit_state(pid, started) != "running":
+            continue
+        chain = procs.ancestors(pid)
+        if me in chain:
+            chain = chain[:chain.index(me)]     # under the controller (its warm pool): no wrapper's
+        root = next((a for a in chain if a in jobs), None)
+        job = jobs.get(root) if root is not None else None
+        if job is None or procs.start_time(root) != job.root_start:
+            cache[pid] = (started, None)        # not a job's: another user's program, a foreign process
+            continue
+        shim = procs.maps_library(pid, b"libkrex")
+        if shim is not False:                   # the shim is in it (its HELLO still to come), or unreadable
+            if shim:
+                cache[pid] = (started, "shim")
+            continue
+        if len(job.unshimmed) >= UNSHIMMED_MAX:
+            cache[pid] = (started, None)
+            continue
+        seen = job.unshimmed[pid] = {"pid": pid, "gpus": list(gpus), "command": procs.cmdline(pid, 8),
+                                     "ancestors": chain[:chain.index(root) + 1]}
+        cache[pid] = (started, seen)
+        log.warning("job %d: its pid %d (%s) has a context on GPU %s without krex's shim (LD_PRELOAD dropped from "
+                    "its environment?): its launches are neither gated nor counted", job.id, pid,
+                    " ".join(seen["command"])[:80], ",".join(str(g) for g in gpus))
     ctl.counters["unshimmed_scans"] += 1
     ctl.counters["unshimmed_scan_us"] += int((time.perf_counter() - t0) * 1e6)
 

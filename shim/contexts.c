@@ -190,8 +190,8 @@ void krex_register_current_device(int vendor) {
 
 /* The calling thread's current context's (CUDA) or device's (HIP) node-wide GPU. On the launch path inside a
  * region (krex_stray_check) and outside one (krex_beside_check) of a process with several GPUs: the thread's last
- * answer is kept while the contexts the shim knows are unchanged (ctx_gen), so a launch costs the driver's
- * current-context query, not the lock and the scan (nor, for HIP, the UUID lookup). */
+ * CUDA answer is kept while the contexts the shim knows are unchanged (ctx_gen), so a launch costs the driver's
+ * current-context query, not the lock and the scan. */
 int krex_current_gpu(int vendor) {
     void *key;
     if (vendor == KREX_VENDOR_CUDA) {
@@ -217,7 +217,9 @@ int krex_current_gpu(int vendor) {
     } else {
         dev = krex_physical_device(vendor, (int)(intptr_t)key - 1);
     }
-    if (dev >= 0)      /* -1 (not known yet): asked again next time */
+    /* -1 (not known yet) is asked again next time; HIP's answer is not kept: it follows the gate page, which a
+     * reconnection replaces without a change of contexts */
+    if (dev >= 0 && vendor == KREX_VENDOR_CUDA)
         current.gen = gen, current.vendor = vendor, current.key = key, current.dev = dev;
     return dev;
 }

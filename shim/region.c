@@ -61,17 +61,23 @@ static const char *gpu_list(char *buf, size_t n, uint64_t mask) {
 
 /* region_lock held: 1 the first time a warning of this kind (0 a request naming none of the process's GPUs, 1 a
  * launch on a GPU the region does not hold, 2 a joining block naming one) comes for a region of this name in this
- * process (its first 32 names; none after): an autotuner's thousands of regions give one line, every region
- * its taint */
+ * process (its first 32 names, then one line saying the rest go unsaid): an autotuner's thousands of regions
+ * give one line, every region its taint */
+static uint32_t warned[3][32];
+static int nwarned[3];
 static int first_warning(int kind, const char *name) {
-    static uint32_t seen[3][32];
-    static int n[3];
     uint32_t h = 2166136261u;
     for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-    for (int i = 0; i < n[kind]; i++)
-        if (seen[kind][i] == h) return 0;
-    if (n[kind] >= 32) return 0;
-    seen[kind][n[kind]++] = h;
+    for (int i = 0; i < nwarned[kind]; i++)
+        if (warned[kind][i] == h) return 0;
+    if (nwarned[kind] > 32) return 0;
+    if (nwarned[kind] == 32) {
+        nwarned[kind]++;
+        krex_log(KREX_LOG_WARNING, "region '%s': more region names than krex warns of one by one; further warnings "
+                 "of this kind are not said (the regions' taints still are)", name);
+        return 0;
+    }
+    warned[kind][nwarned[kind]++] = h;
     return 1;
 }
 
@@ -120,6 +126,7 @@ void krex_region_reset_after_fork(void) {
     memset(&R, 0, sizeof R);   /* the parent's region is not the child's (it asks for its own) */
     krex_region_open = 0;
     krex_region_held_mask = 0, stray_mask = 0;
+    memset(nwarned, 0, sizeof nwarned);    /* the child's own regions are warned of afresh */
     krex_hostbound_reset_after_fork();
 }
 

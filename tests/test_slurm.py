@@ -542,6 +542,11 @@ def test_task_prolog_waits_for_a_controller_that_restarts(krex, tmp_path):
     out, err = task.communicate(timeout=20)
     assert task.returncode == 0 and out.splitlines()[0] == f"export KREX_SOCKET={krex.socket}", (out, err)
     assert "is restarting; waiting up to" in err, err
+    # a python3 that cannot run the probe (PYTHONHOME wrong) leaves it to the socket file: no wait, the export
+    t0 = time.monotonic()
+    out = prolog(dict(env, PYTHONHOME="/nonexistent"))
+    assert out.stdout.splitlines()[0] == f"export KREX_SOCKET={krex.socket}", out
+    assert "restarting" not in out.stderr and time.monotonic() - t0 < 5, out
     krex.ctl.terminate()
     krex.ctl.wait()
     beat = Path(str(krex.socket) + ".heartbeat")

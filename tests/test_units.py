@@ -587,3 +587,31 @@ def test_an_orphaned_warm_worker_is_killed_unless_its_wrapper_came_back_as_a_new
     for t in (pool.ORPHAN_S, pool.ORPHAN_S + 5):
         p.release_orphans({3: job(3, root=(501, 7))}, 200.0 + t)
     assert signalled == [signal.SIGKILL]                     # killed once
+
+
+def test_maps_library_says_unknown_for_a_process_without_maps():
+    """A process whose main thread has exited while another runs reads an empty /proc/PID/maps: that is not a
+    process without the shim (find_unshimmed reported such a shimmed process as shimless)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from krex_ctl import procs
+
+    assert procs.maps_library(os.getpid(), b"libc") is True
+    assert procs.maps_library(os.getpid(), b"no-such-library-name") is False
+    code = ("import ctypes, threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=False).start()\n"
+            "print('ready', flush=True)\nctypes.CDLL(None).pthread_exit(None)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while procs.maps_library(p.pid, b"libc") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs.maps_library(p.pid, b"libc") is None and p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+    assert procs.maps_library(p.pid, b"libc") is None                     # gone
+    assert procs.stat_parent(os.getpid()) == os.getppid()
