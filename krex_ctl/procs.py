@@ -11,16 +11,22 @@ from typing import Callable, Iterable, Optional
 from .wire import runtime
 
 
-def start_time(pid: int) -> Optional[int]:
-    """Field 22 of /proc/pid/stat (clock ticks since boot): with the pid, a process's identity. Read here
-    rather than through psutil, whose create_time is that count turned into float seconds of wall time (it
-    moves with the boot time's estimate); the state file compares it exactly."""
+def _stat_after_name(pid: int) -> Optional[list[bytes]]:
+    """/proc/pid/stat's fields after the command name (field 3, the state, first); None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+    return data[data.rindex(b")") + 2:].split()
+
+
+def start_time(pid: int) -> Optional[int]:
+    """Field 22 of /proc/pid/stat (clock ticks since boot): with the pid, a process's identity. Read here
+    rather than through psutil, whose create_time is that count turned into float seconds of wall time (it
+    moves with the boot time's estimate); the state file compares it exactly."""
+    fields = _stat_after_name(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 PF_EXITING = 0x4   # the kernel's task flag, set when do_exit begins (include/linux/sched.h)
@@ -136,12 +142,8 @@ def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
 
 def stat_parent(pid: int) -> Optional[int]:
     """Field 4 of /proc/pid/stat, the parent's pid (parent() without psutil's object per call); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[1])
+    fields = _stat_after_name(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def ancestors(pid: int, max_depth: int = 64) -> list[int]:
