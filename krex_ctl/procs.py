@@ -122,11 +122,10 @@ def state(pid: int) -> Optional[str]:
 
 
 def parent(pid: int) -> Optional[int]:
-    import psutil
-    try:
-        return psutil.Process(pid).ppid()
-    except (psutil.Error, ValueError):
-        return None
+    """Field 4 of /proc/pid/stat, the parent's pid (what psutil's ppid() reads, without its object per call); None
+    if gone."""
+    fields = _stat_after_name(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
@@ -140,19 +139,13 @@ def is_descendant(pid: int, ancestor: int, max_depth: int = 64) -> bool:
     return False
 
 
-def stat_parent(pid: int) -> Optional[int]:
-    """Field 4 of /proc/pid/stat, the parent's pid (parent() without psutil's object per call); None if gone."""
-    fields = _stat_after_name(pid)
-    return int(fields[1]) if fields is not None else None
-
-
 def ancestors(pid: int, max_depth: int = 64) -> list[int]:
     """pid's parent, its parent's parent, ... up to (not including) init, nearest first."""
     out: list[int] = []
-    p = stat_parent(pid)
+    p = parent(pid)
     while p is not None and p > 1 and len(out) < max_depth:
         out.append(p)
-        p = stat_parent(p)
+        p = parent(p)
     return out
 
 

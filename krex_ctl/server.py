@@ -206,6 +206,8 @@ class Controller(RegionEffects):
         self.heartbeat_lost = False
         self.lock_fd: Optional[int] = LOCKS.get(socket_path)    # ours while we serve: a removed socket is bound again
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
+        self.unshimmed_cache: dict = {}        # server_feedback.find_unshimmed: pid -> (start time, its verdict)
+        self.unshimmed_roots: dict = {}        # the job roots it last looked under (root pid -> start time)
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
         self.lifecycle.forget = self.forget_pidfd

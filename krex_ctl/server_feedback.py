@@ -126,10 +126,8 @@ def find_unshimmed(ctl) -> None:
     if not jobs:
         return
     t0 = time.perf_counter()
-    cache = ctl.__dict__.setdefault("unshimmed_cache", {})     # pid -> (start time, None: no job's, "shim", or
-    #                                                             its entry in its job's unshimmed)
-    roots = ctl.__dict__.get("unshimmed_roots", {})
-    new_roots = [j.root_start or 0 for r, j in jobs.items() if r not in roots]
+    cache = ctl.unshimmed_cache      # pid -> (start time, None: no job's, "shim", or its entry in job.unshimmed)
+    new_roots = [j.root_start or 0 for r, j in jobs.items() if r not in ctl.unshimmed_roots]
     if len(cache) > UNSHIMMED_CACHE:
         cache.clear()
     elif new_roots:        # processes started after a new root may be its: judged again
@@ -138,7 +136,7 @@ def find_unshimmed(ctl) -> None:
             del cache[pid]
     ctl.unshimmed_roots = {r: j.root_start for r, j in jobs.items()}
     known = {c.pid for c in ctl.clients.values()}
-    departed = ctl.departed_now() if hasattr(ctl, "departed_now") else {}
+    departed = ctl.departed_now()
     me = os.getpid()
     nv = ctl.attest.nv
     on: dict = {}                                             # pid -> the GPUs NVML lists it on

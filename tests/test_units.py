@@ -614,4 +614,4 @@ def test_maps_library_says_unknown_for_a_process_without_maps():
         p.kill()
         p.wait()
     assert procs.maps_library(p.pid, b"libc") is None                     # gone
-    assert procs.stat_parent(os.getpid()) == os.getppid()
+    assert procs.parent(os.getpid()) == os.getppid()
