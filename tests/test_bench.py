@@ -86,6 +86,23 @@ def test_warm_vs_cold_reports_both_paths(tmp_path):
     assert r["cold_check"]["output"][0] == r["warm_check"]["output"][0] == "1024.0"
 
 
+@pytest.mark.parametrize("in_region", [False, True])
+def test_launch_overhead_times_the_launch_path_outside_regions_and_inside_one(tmp_path, in_region):
+    """bench/launch_overhead.py on the fake driver: both configurations give a rate; with --in-region every run
+    under the shim was granted its region (spin_bench -i says so in its line) and the plain runs had none."""
+    out = tmp_path / "overhead.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "launch_overhead.py"), "--bin",
+                        str(ROOT / "build" / "snippets" / "spin_bench"), "--launches", "2000", "--repeats", "2",
+                        "--out", str(out)] + (["--in-region"] if in_region else []),
+                       env=bench_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["in_region"] is in_region and r["ns_per_launch_plain"] > 0 and r["ns_per_launch_shim"] > 0
+    assert [x["in_region"] for x in r["runs"]["shim"]] == [int(in_region)] * 2
+    assert [x["krex_begin"] for x in r["runs"]["shim"]] == [0 if in_region else -1] * 2
+    assert [x["krex_begin"] for x in r["runs"]["plain"]] == [-1] * 2
+
+
 def test_multigpu_example_plans_chunks_and_needs_two_gpus(tmp_path):
     """The overlapped AG+GEMM example on a machine without two GPUs: it says so and exits 0 (its timing runs
     on nvidia-h200-x2, bench/multigpu_overlap.py); its chunking covers the shard exactly."""

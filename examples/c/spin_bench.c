@@ -4,9 +4,10 @@
  * `us` microseconds of %globaltimer have passed; launched with gridDimX = us blocks, it takes the
  * same time on a real GPU as on krex's fake driver, where a kernel lasts gridDimX microseconds.
  *
- *   spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a]
+ *   spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a] [-i]
  *   (-e: empty kernels, launch-rate mode; -a: n stream-ordered allocations of 256 bytes, each freed at once, from
- *   the device's current pool: the allocation path's rate, host time only)
+ *   the device's current pool: the allocation path's rate, host time only; -i: with -e or -a, the timed loop runs
+ *   inside one region, the path a launch takes while its process holds the GPU)
  * Prints one JSON line per region: the event-timed milliseconds of its n kernels. Without krex the
  * region calls are no-ops (krex.h is weak-linked) and the program runs unchanged. */
 #include <stdio.h>
@@ -44,20 +45,25 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
-    int regions = 3, n = 10, us = 1000, empty = 0, allocs = 0, opt;
-    while ((opt = getopt(argc, argv, "r:n:u:ea")) != -1) {
+    int regions = 3, n = 10, us = 1000, empty = 0, allocs = 0, inside = 0, opt;
+    while ((opt = getopt(argc, argv, "r:n:u:eai")) != -1) {
         if (opt == 'r') regions = atoi(optarg);
         else if (opt == 'n') n = atoi(optarg);
         else if (opt == 'u') us = atoi(optarg);
         else if (opt == 'e') empty = 1;
         else if (opt == 'a') allocs = 1;
+        else if (opt == 'i') inside = 1;
         else {
-            fprintf(stderr, "usage: spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a]\n");
+            fprintf(stderr, "usage: spin_bench [-r regions] [-n kernels] [-u us] [-e] [-a] [-i]\n");
             return 2;
         }
     }
     if (empty && allocs) {
         fprintf(stderr, "spin_bench: -e and -a are two modes: one at a time\n");
+        return 2;
+    }
+    if (inside && !empty && !allocs) {
+        fprintf(stderr, "spin_bench: -i times the -e or -a loop inside a region: give one of them\n");
         return 2;
     }
     if (regions < 0 || n <= 0 || us <= 0) {
@@ -83,12 +89,14 @@ int main(int argc, char **argv) {
     if (empty) {   /* launch rate: n empty kernels back to back, host time only */
         for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(nothing, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         CHECK(cuStreamSynchronize(s));
+        int st = inside ? krex_begin("launch-rate") : -1;
         double t0 = now_s();
         for (int i = 0; i < n; i++) CHECK(cuLaunchKernel(nothing, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         double t1 = now_s();
         CHECK(cuStreamSynchronize(s));
-        printf("{\"launches\": %d, \"seconds\": %.6f, \"launches_per_s\": %.0f, \"ns_per_launch\": %.1f}\n", n,
-               t1 - t0, n / (t1 - t0), (t1 - t0) * 1e9 / n);
+        if (inside) krex_end();
+        printf("{\"launches\": %d, \"seconds\": %.6f, \"launches_per_s\": %.0f, \"ns_per_launch\": %.1f, "
+               "\"in_region\": %d, \"krex_begin\": %d}\n", n, t1 - t0, n / (t1 - t0), (t1 - t0) * 1e9 / n, inside, st);
         return 0;
     }
     if (allocs) {  /* allocation rate: n stream-ordered allocations, each freed at once, host time only */
@@ -98,6 +106,7 @@ int main(int argc, char **argv) {
             CHECK(cuMemFreeAsync(p, s));
         }
         CHECK(cuStreamSynchronize(s));
+        int st = inside ? krex_begin("allocation-rate") : -1;
         double t0 = now_s();
         for (int i = 0; i < n; i++) {
             CHECK(cuMemAllocAsync(&p, 256, s));
@@ -105,8 +114,9 @@ int main(int argc, char **argv) {
         }
         double t1 = now_s();
         CHECK(cuStreamSynchronize(s));
-        printf("{\"allocations\": %d, \"seconds\": %.6f, \"ns_per_allocation\": %.1f}\n", n, t1 - t0,
-               (t1 - t0) * 1e9 / n);
+        if (inside) krex_end();
+        printf("{\"allocations\": %d, \"seconds\": %.6f, \"ns_per_allocation\": %.1f, \"in_region\": %d, "
+               "\"krex_begin\": %d}\n", n, t1 - t0, (t1 - t0) * 1e9 / n, inside, st);
         return 0;
     }
     unsigned long long ns = (unsigned long long)us * 1000ull;

@@ -64,7 +64,9 @@ for step in $STEPS; do
   coverage)
     python3 tests/gpu/coverage.py --build $B --out $OUT/interception.json --log $OUT/coverage.log ;;
   overhead)
-    python3 bench/launch_overhead.py --bin $B/spin_bench --out $OUT/overhead.json ;;
+    # outside regions, then inside one (the path a launch takes while its process holds the GPU)
+    python3 bench/launch_overhead.py --bin $B/spin_bench --out $OUT/overhead.json
+    python3 bench/launch_overhead.py --bin $B/spin_bench --in-region --out $OUT/overhead-region.json ;;
   allocoverhead)
     # a stream-ordered allocation's cost (it reads the device's current pool, shim/memory.c); OLD_SHIM: an earlier
     # build of libkrex.so measured beside it
