@@ -394,12 +394,12 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None, why_no
         names = sorted({r.get("name", "") for r in strict_refused})
         out.append(f"{len(strict_refused)} timing(s) refused by strict mode, not granted ({', '.join(names)[:80]})")
     bare = rep.get("processes_without_shim", [])
-    if bare:          # the controller saw them on a GPU (NVML): nothing of theirs was gated, counted or timed
-        first = bare[0]
-        who = f"pid {first['pid']} ({' '.join(first.get('command', []))[:60]}) on GPU " + \
-            ",".join(str(g) for g in first.get("gpus", []))
+    if bare:          # on a GPU (NVML), or asking for regions with the shim not preloaded: nothing of theirs was
+        first = bare[0]   # gated or counted
+        gpus = ",".join(str(g) for g in first.get("gpus", []))
+        who = f"pid {first['pid']} ({' '.join(first.get('command', []))[:60]})" + (f" on GPU {gpus}" if gpus else "")
         more = f" and {len(bare) - 1} more" if len(bare) > 1 else ""
-        out.append(f"{len(bare)} process(es) of the command used a GPU without krex's shim ({who}{more}; "
+        out.append(f"{len(bare)} process(es) of the command ran GPU work without krex's shim ({who}{more}; "
                    "LD_PRELOAD dropped from their environment?): their launches were neither gated nor counted")
     lost = rep.get("regions_unrecorded_by_processes", 0)
     if lost:          # what a process saw of these (a timeout, a refusal, the controller's loss) is unknown

@@ -91,6 +91,7 @@ class Client:
         self.pidfd: Optional[procs.Pidfd] = None
         self.accepted = time.monotonic()
         self.role = 0
+        self.local = False              # a shim loaded for the region API only (KREX_HELLO_LOCAL): it interposes nothing
         self.job: Optional["Job"] = None
         self.devices = 0                # GPU mask with contexts
         self.inbuf = bytearray()
@@ -824,12 +825,15 @@ class Controller(RegionEffects):
         self.unpend(client)
         self.unregistered.registered(client.pid)
         client.role = hello.role
+        client.local = bool(hello.flags & C.KREX_HELLO_LOCAL) and hello.role == C.KREX_ROLE_SHIM
         if client.role in GPU_ROLES:
             self.gpu_clients += 1
             self.note_activity()   # before the WELCOME: no launch of this client precedes our entry saying so
         if client.role != C.KREX_ROLE_CLI:
             client.job = self.place(client, int(hello.job), int(hello.job_root))
             client.job.clients.add(client)
+            if client.local:
+                server_feedback.local_shim(self, client)
             if self.cfg.isolate_cpus:
                 self.isolation.keep_off(client, self.book.regions.values())
         ro = self.gate.readonly_fd()

@@ -110,9 +110,40 @@ UNSHIMMED_MAX = 16        # processes without the shim a job keeps (and its repo
 UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as not to walk /proc for them each second
 
 
+def local_shim(ctl, client) -> None:
+    """A client whose shim was loaded for the region API, not preloaded (KREX_HELLO_LOCAL: `krex.region` in a
+    process whose LD_PRELOAD was dropped): in a command's job (not a process alone, outside `krex run`) it is one
+    of the command's processes without the shim, found at once, with or without NVML; find_unshimmed adds the
+    GPUs NVML lists it on."""
+    job = client.job
+    if job is None or job.root_pid <= 1 or job.root_pid == client.pid:
+        return
+    ctl.unshimmed_cache.pop(client.pid, None)        # judged again by the next look, as shimless
+    chain = procs.ancestors(client.pid)
+    keep = chain[:chain.index(job.root_pid) + 1] if job.root_pid in chain else [job.root_pid]
+    _note_unshimmed(job, client.pid, [], keep, "asked for regions without the shim preloaded")
+
+
+def _note_unshimmed(job, pid: int, gpus: list, ancestors: list, what: str) -> Optional[dict]:
+    """Keep what was seen of a process of job without the shim (at most UNSHIMMED_MAX), logged once."""
+    seen = job.unshimmed.get(pid)
+    if seen is not None:
+        seen["gpus"] += [g for g in gpus if g not in seen["gpus"]]
+        return seen
+    if len(job.unshimmed) >= UNSHIMMED_MAX:
+        return None
+    seen = job.unshimmed[pid] = {"pid": pid, "gpus": list(gpus), "command": procs.cmdline(pid, 8),
+                                 "ancestors": ancestors}
+    where = f" on GPU {','.join(str(g) for g in gpus)}" if gpus else ""
+    log.warning("job %d: its pid %d (%s) %s%s (LD_PRELOAD dropped from its environment?): its launches are neither "
+                "gated nor counted", job.id, pid, " ".join(seen["command"])[:80], what, where)
+    return seen
+
+
 def find_unshimmed(ctl) -> None:
     """Every second, where the controller reads NVML: a process of a job with a context on a GPU while krex's shim
-    (a library whose path holds "libkrex") is not mapped in it. Its environment lost LD_PRELOAD (`env -i`, a
+    (a library whose path holds "libkrex") is not mapped in it, or only loaded for the region API (a client that
+    said so, local_shim). Its environment lost LD_PRELOAD (`env -i`, a
     subprocess given a clean env, a statically linked program): its launches were neither gated nor counted, no
     region of its own was exclusive, and its wrapper would have counted nothing and said nothing. A process is the
     job's whose nearest ancestor that roots a job roots that one (a `krex run` inside another: the inner one's);
@@ -135,7 +166,8 @@ def find_unshimmed(ctl) -> None:
         for pid in [p for p, (st, v) in cache.items() if v is None and st >= oldest]:
             del cache[pid]
     ctl.unshimmed_roots = {r: j.root_start for r, j in jobs.items()}
-    known = {c.pid for c in ctl.clients.values()}
+    known = {c.pid for c in ctl.clients.values() if not c.local}
+    local = {c.pid for c in ctl.clients.values() if c.local} - known
     departed = ctl.departed_now()
     me = os.getpid()
     nv = ctl.attest.nv
@@ -164,20 +196,13 @@ def find_unshimmed(ctl) -> None:
         if job is None or procs.start_time(root) != job.root_start:
             cache[pid] = (started, None)        # not a job's: another user's program, a foreign process
             continue
-        shim = procs.maps_library(pid, b"libkrex")
+        shim = False if pid in local else procs.maps_library(pid, b"libkrex")
         if shim is not False:                   # the shim is in it (its HELLO still to come), or unreadable
             if shim:
                 cache[pid] = (started, "shim")
             continue
-        if len(job.unshimmed) >= UNSHIMMED_MAX:
-            cache[pid] = (started, None)
-            continue
-        seen = job.unshimmed[pid] = {"pid": pid, "gpus": list(gpus), "command": procs.cmdline(pid, 8),
-                                     "ancestors": chain[:chain.index(root) + 1]}
+        seen = _note_unshimmed(job, pid, gpus, chain[:chain.index(root) + 1], "has a context without krex's shim")
         cache[pid] = (started, seen)
-        log.warning("job %d: its pid %d (%s) has a context on GPU %s without krex's shim (LD_PRELOAD dropped from "
-                    "its environment?): its launches are neither gated nor counted", job.id, pid,
-                    " ".join(seen["command"])[:80], ",".join(str(g) for g in gpus))
     ctl.counters["unshimmed_scans"] += 1
     ctl.counters["unshimmed_scan_us"] += int((time.perf_counter() - t0) * 1e6)
 

@@ -70,7 +70,9 @@ enum krex_error_code {
 
 /* flags of struct krex_hello */
 enum krex_hello_flags {
-    KREX_HELLO_RECONNECT = 1       /* this process was connected before (to this or an earlier controller) */
+    KREX_HELLO_RECONNECT = 1,      /* this process was connected before (to this or an earlier controller) */
+    KREX_HELLO_LOCAL = 2           /* the shim was loaded for the region API (dlopen), not preloaded: it interposes
+                                    * no GPU call of this process, whose launches are neither gated nor counted */
 };
 
 /* flags of struct krex_context */

@@ -820,6 +820,59 @@ def test_strict_hooks_raise_for_a_region_not_exclusive_after_the_retries(krex, t
         "exclusive (foreign_process); not returning a timing krex did not protect") in out.stderr.splitlines()
 
 
+def test_a_process_of_the_command_whose_region_api_loaded_the_shim_itself_is_said(krex, tmp_path):
+    """`krex run -- env -u LD_PRELOAD python bench.py` where bench.py calls krex.region: the region API loads the
+    shim itself (RTLD_LOCAL), which interposes nothing, yet it connected as a client, so the look for shimless
+    processes passed it over and the run said its regions were exclusive and clean. The shim now says so in its
+    HELLO: the process warns at once, the run says its launches were not seen (without NVML too), --strict fails
+    it, the report names it, and NVML's GPUs for it are added. Preloaded, or outside krex run: nothing."""
+    krex.start_controller()
+    rep, pidfile, go = tmp_path / "r.json", tmp_path / "pid", tmp_path / "go"
+    prog = ("import os, sys, time, krex\n"
+            "with krex.region('bare') as r:\n"
+            f"    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            f"    while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+            "print('granted', r.granted)\n")
+    p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--strict", "--report", str(rep), "--",
+                          "env", "-u", "LD_PRELOAD", sys.executable, "-c", prog], env=krex.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   what="the command's pid")
+    wait_for(lambda: "asked for regions without the shim preloaded" in krex.ctl_log.read_text(),
+             what="the controller's line")
+    krex.nvml.write_text(f"process 1 {pid} 1000\n")              # its context on GPU 1, the shim mapped but local
+    wait_for(lambda: krex.status()["counters"]["unshimmed_scans"] >= 2, what="two looks")
+    time.sleep(1.2)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 5 and "granted True" in out, (out, err)
+    assert "runs under krex run without krex's shim preloaded" in err, err
+    assert f"1 process(es) of the command ran GPU work without krex's shim (pid {pid} (" in err, err
+    [bare] = report_of(rep)["processes_without_shim"]
+    assert bare["pid"] == pid and bare["gpus"] == [1], bare
+    assert "Traceback" not in krex.ctl_log.read_text(), krex.ctl_log.read_text()[-3000:]
+    # preloaded, as krex run leaves it: nothing said
+    for f in (pidfile, go):
+        f.unlink()
+    krex.nvml.write_text("")
+    p = krex.popen([sys.executable, "-c", prog], report=rep)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   what="the command's pid")
+    krex.nvml.write_text(f"process 1 {pid} 1000\n")
+    time.sleep(2.5)
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and "without krex's shim" not in err, err
+    assert "processes_without_shim" not in report_of(rep)
+    # outside krex run: the region API's documented case (granted; its own launches unseen), no warning
+    for f in (pidfile, go):
+        f.unlink()
+    env = {k: v for k, v in krex.env.items() if k not in ("LD_PRELOAD", "KREX_JOB", "KREX_JOB_ROOT")}
+    go.touch()
+    q = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+    assert q.returncode == 0 and "granted True" in q.stdout and "without krex's shim" not in q.stderr, q.stderr
+
+
 def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_path):
     """`krex run -- env -u LD_PRELOAD bench` (or a harness starting its workers with a clean environment): the
     process ran its GPU work outside krex, and krex run said nothing, its report counted 0 launches and --strict
@@ -838,7 +891,7 @@ def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_pa
     go.touch()
     out, err = p.communicate(timeout=60)
     assert p.returncode == 5, err
-    assert f"1 process(es) of the command used a GPU without krex's shim (pid {pid} (sh -c echo" in err, err
+    assert f"1 process(es) of the command ran GPU work without krex's shim (pid {pid} (sh -c echo" in err, err
     assert "on GPU 0; LD_PRELOAD dropped from their environment?)" in err, err
     [bare] = report_of(rep)["processes_without_shim"]
     assert bare["pid"] == pid and bare["gpus"] == [0] and bare["command"][:2] == ["sh", "-c"], bare
