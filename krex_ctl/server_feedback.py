@@ -146,9 +146,9 @@ def find_unshimmed(ctl) -> None:
     said so, local_shim). Its environment lost LD_PRELOAD (`env -i`, a
     subprocess given a clean env, a statically linked program): its launches were neither gated nor counted, no
     region of its own was exclusive, and its wrapper would have counted nothing and said nothing. A process is the
-    job's whose nearest ancestor that roots a job roots that one (a `krex run` inside another: the inner one's);
-    the walk stops at the controller (a warm worker's command, a child of the pool, is not under its wrapper: a
-    child of it that drops the shim is not found). Not judged: clients, processes that disconnected lately or are
+    job's whose nearest ancestor that roots a job roots that one (a `krex run` inside another: the inner one's),
+    or that is a warm worker running a job's command (the command runs in the worker, a child of the pool, not
+    under its wrapper); the walk stops at the controller. Not judged: clients, processes that disconnected lately or are
     on their way out (their context outlives their connection), and any whose maps cannot be read or are empty.
     Each process is judged once (pid and start time: the verdict is kept, as is "no job's" until a job whose root
     is older than it begins); the job keeps each found (with its ancestors, so that each wrapper of a Slurm step's
@@ -170,6 +170,8 @@ def find_unshimmed(ctl) -> None:
     local = {c.pid for c in ctl.clients.values() if c.local} - known
     departed = ctl.departed_now()
     me = os.getpid()
+    serving = {w.pid: w.serving for w in ctl.pool.workers     # a warm worker runs its job's command itself
+               if w.state == "busy" and w.serving is not None and ctl.jobs.get(w.serving.id) is w.serving}
     nv = ctl.attest.nv
     on: dict = {}                                             # pid -> the GPUs NVML lists it on
     for g in [g for g in ctl.cfg.gpus if g < nv.count]:     # cfg.gpus is 0-63 unless --gpus names them
@@ -190,10 +192,15 @@ def find_unshimmed(ctl) -> None:
             continue
         chain = procs.ancestors(pid)
         if me in chain:
-            chain = chain[:chain.index(me)]     # under the controller (its warm pool): no wrapper's
-        root = next((a for a in chain if a in jobs), None)
-        job = jobs.get(root) if root is not None else None
-        if job is None or procs.start_time(root) != job.root_start:
+            chain = chain[:chain.index(me)]     # under the controller: a warm worker's, or nobody's
+        root = next((a for a in chain if a in jobs or a in serving), None)
+        if root in serving:                     # a child of a warm worker busy with a command: that command's
+            job = serving[root]                 # (not the job the worker's own shim is in)
+        else:
+            job = jobs.get(root) if root is not None else None
+            if job is not None and procs.start_time(root) != job.root_start:
+                job = None
+        if job is None:
             cache[pid] = (started, None)        # not a job's: another user's program, a foreign process
             continue
         shim = False if pid in local else procs.maps_library(pid, b"libkrex")

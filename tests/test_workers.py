@@ -989,3 +989,30 @@ def test_krex_warm_workers_for_a_controller_that_already_serves_is_said_not_igno
         line = (f"krex: KREX_WARM_WORKERS={asked} applies to a controller krex run starts; the one at {krex.socket} "
                 f"(pid {krex.ctl.pid}) already serves with 0 warm workers per GPU")
         assert (line in out.stderr) == said, out.stderr
+
+
+def test_a_child_of_a_warm_command_without_the_shim_is_said(warm, tmp_path):
+    """A warm command runs in a worker, a child of the controller's pool, not under its wrapper: a child it starts
+    with LD_PRELOAD dropped, on a GPU (NVML), was nobody's to the look for shimless processes, and the run said
+    nothing. The worker busy with the command roots the walk: the run says it, the report names it."""
+    worker = idle_worker(warm)["pid"]
+    pidfile, go, rep = tmp_path / "child.pid", tmp_path / "go", tmp_path / "warm.json"
+    script = tmp_path / "spawns.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, subprocess
+        print(os.getpid())
+        subprocess.run(["env", "-u", "LD_PRELOAD", "sh", "-c",
+                        "echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done"], check=True)
+    """))
+    p = warm.popen([sys.executable, str(script)], report=rep)
+    child = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                     what="the child's pid")
+    warm.nvml.write_text(f"process 0 {child} 1000\n")
+    wait_for(lambda: "without krex's shim" in warm.ctl_log.read_text(), what="the controller's line")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and int(out.split()[0]) == worker, (out, err)          # it ran warm
+    assert f"1 process(es) of the command ran GPU work without krex's shim (pid {child} (sh -c echo" in err, err
+    [bare] = report_of(rep)["processes_without_shim"]
+    assert bare["pid"] == child and bare["gpus"] == [0], bare
+    assert "Traceback" not in warm.ctl_log.read_text(), warm.ctl_log.read_text()[-3000:]
