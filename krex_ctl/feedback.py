@@ -399,7 +399,8 @@ def unprotected(rep: dict, controller: bool, hooks: Optional[str] = None, why_no
         gpus = ",".join(str(g) for g in first.get("gpus", []))
         who = f"pid {first['pid']} ({' '.join(first.get('command', []))[:60]})" + (f" on GPU {gpus}" if gpus else "")
         more = f" and {len(bare) - 1} more" if len(bare) > 1 else ""
-        out.append(f"{len(bare)} process(es) of the command ran GPU work without krex's shim ({who}{more}; "
+        did = "ran GPU work" if any(u.get("gpus") for u in bare) else "asked for regions"   # NVML never listed them
+        out.append(f"{len(bare)} process(es) of the command {did} without krex's shim ({who}{more}; "
                    "LD_PRELOAD dropped from their environment?): their launches were neither gated nor counted")
     lost = rep.get("regions_unrecorded_by_processes", 0)
     if lost:          # what a process saw of these (a timeout, a refusal, the controller's loss) is unknown

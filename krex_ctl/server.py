@@ -209,6 +209,7 @@ class Controller(RegionEffects):
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.unshimmed_cache: dict = {}        # server_feedback.find_unshimmed: pid -> (start time, its verdict)
         self.unshimmed_roots: dict = {}        # the job roots it last looked under (root pid -> start time)
+        self.local_shims: dict = {}            # pid -> start time of clients whose shim was loaded locally
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
         self.lifecycle.forget = self.forget_pidfd
@@ -833,7 +834,7 @@ class Controller(RegionEffects):
             client.job = self.place(client, int(hello.job), int(hello.job_root))
             client.job.clients.add(client)
             if client.local:
-                server_feedback.local_shim(self, client)
+                server_feedback.local_shim(self, client, int(hello.job))
             if self.cfg.isolate_cpus:
                 self.isolation.keep_off(client, self.book.regions.values())
         ro = self.gate.readonly_fd()

@@ -110,18 +110,30 @@ UNSHIMMED_MAX = 16        # processes without the shim a job keeps (and its repo
 UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as not to walk /proc for them each second
 
 
-def local_shim(ctl, client) -> None:
+def local_shim(ctl, client, claimed: int) -> None:
     """A client whose shim was loaded for the region API, not preloaded (KREX_HELLO_LOCAL: `krex.region` in a
-    process whose LD_PRELOAD was dropped): in a command's job (not a process alone, outside `krex run`) it is one
-    of the command's processes without the shim, found at once, with or without NVML; find_unshimmed adds the
-    GPUs NVML lists it on."""
-    job = client.job
-    if job is None or job.root_pid <= 1 or job.root_pid == client.pid:
-        return
+    process whose LD_PRELOAD was dropped). Remembered (its children forked without exec map the same copy); in a
+    `krex run` command's job (KREX_JOB claimed, not a process alone) it is one of the command's processes without
+    the shim, found at once, with or without NVML; find_unshimmed adds the GPUs NVML lists it on."""
+    if len(ctl.local_shims) > UNSHIMMED_CACHE:
+        ctl.local_shims.clear()
+    ctl.local_shims[client.pid] = procs.start_time(client.pid)
     ctl.unshimmed_cache.pop(client.pid, None)        # judged again by the next look, as shimless
+    job = client.job
+    if job is None or claimed <= 0 or job.root_pid <= 1 or job.root_pid == client.pid:
+        return
     chain = procs.ancestors(client.pid)
     keep = chain[:chain.index(job.root_pid) + 1] if job.root_pid in chain else [job.root_pid]
     _note_unshimmed(job, client.pid, [], keep, "asked for regions without the shim preloaded")
+
+
+def _forked_local(ctl, pid: int, chain: list) -> bool:
+    """Whether pid maps libkrex only as a child of a process whose region API loaded it (local_shim): forked
+    from one, without LD_PRELOAD naming a libkrex in its environment (unreadable: not judged so)."""
+    if not any(ctl.local_shims.get(a, -1) == procs.start_time(a) for a in chain if a in ctl.local_shims):
+        return False
+    env = procs.environ_entries(pid)
+    return bool(env) and env != [b""] and not any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e for e in env)
 
 
 def _note_unshimmed(job, pid: int, gpus: list, ancestors: list, what: str) -> Optional[dict]:
@@ -204,6 +216,8 @@ def find_unshimmed(ctl) -> None:
             cache[pid] = (started, None)        # not a job's: another user's program, a foreign process
             continue
         shim = False if pid in local else procs.maps_library(pid, b"libkrex")
+        if shim and _forked_local(ctl, pid, chain[:chain.index(root) + 1]):
+            shim = False
         if shim is not False:                   # the shim is in it (its HELLO still to come), or unreadable
             if shim:
                 cache[pid] = (started, "shim")

@@ -221,7 +221,7 @@ static int dial_with_room(int *fd_out, const struct krex_gate **gates, struct kr
     const char *job = getenv("KREX_JOB"), *root = getenv("KREX_JOB_ROOT");
     struct krex_hello hello = {KREX_MAGIC, KREX_PROTO_VERSION, KREX_ROLE_SHIM, job ? atoi(job) : 0,
                                root ? atoi(root) : 0,
-                               (ever_connected ? KREX_HELLO_RECONNECT : 0) | (krex_interposing() ? 0 : KREX_HELLO_LOCAL)};
+                               (ever_connected ? KREX_HELLO_RECONNECT : 0) | (krex_loaded_local ? KREX_HELLO_LOCAL : 0)};
     struct krex_frame_hdr h = {KREX_MAGIC, KREX_MSG_HELLO, 0, sizeof hello, 0};
     char buf[sizeof h + sizeof hello];
     memcpy(buf, &h, sizeof h);
@@ -259,6 +259,13 @@ static int dial_with_room(int *fd_out, const struct krex_gate **gates, struct kr
     return 0;
 }
 
+int krex_loaded_local;   /* set once, before the first connection, by the loader that dlopen'ed the shim */
+
+/* The region API's loader (krex_ctl/wire/native.py) calls this right after it dlopen'ed the shim RTLD_LOCAL in a
+ * process that has none preloaded: this copy interposes nothing, and its HELLO says so (KREX_HELLO_LOCAL). A
+ * forked child keeps the mark, as it keeps the mapping. */
+KREX_EXPORT void krex_shim_local(void) { krex_loaded_local = 1; }
+
 /* caller holds conn_lock: take a fresh connection into use */
 static void install_locked(int fd, const struct krex_gate *gates, const struct krex_welcome *w) {
     conn_fd = fd;
@@ -276,9 +283,9 @@ static void install_locked(int fd, const struct krex_gate *gates, const struct k
     if (ever_connected) krex_log(KREX_LOG_WARNING, "connected to the controller again (pid %u): regions are exclusive "
                                  "again once the last controller's processes have reconnected (at most 2 s after its "
                                  "start)", (unsigned)w->controller_pid);
-    if (!ever_connected && !krex_interposing() && getenv("KREX_JOB"))
+    if (!ever_connected && krex_loaded_local && getenv("KREX_JOB"))
         krex_log(KREX_LOG_WARNING, "this process runs under krex run without krex's shim preloaded (LD_PRELOAD "
-                 "dropped from its environment?): its regions are granted, but its own GPU launches are neither "
+                 "dropped from its environment?): its regions can be granted, but its own GPU launches are neither "
                  "gated nor counted and can land in other commands' regions");
     ever_connected = 1;
     krex_contexts_announce_locked(1);

@@ -57,21 +57,6 @@ static krex_dlsym_fn krex_real_dlsym(void) {
     return f;
 }
 
-int krex_interposing(void) {
-    /* the main program's handle searches what was loaded at start-up (LD_PRELOAD, /etc/ld.so.preload, a program
-     * linked against the shim) and what was dlopen'ed RTLD_GLOBAL, whatever the caller: a shim dlopen'ed
-     * RTLD_LOCAL (krex.region in a process without the preload) finds no krex_shim_loaded there, or another copy */
-    static int known = -1;
-    int v = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (v < 0) {
-        void *main_handle = dlopen(NULL, RTLD_LAZY);
-        krex_dlsym_fn real = krex_real_dlsym();
-        v = main_handle && real && real(main_handle, "krex_shim_loaded") == (void *)krex_shim_loaded;
-        __atomic_store_n(&known, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
-
 int krex_hook_lookup(const char *name) {
     if (!name || !((name[0] == 'c' && name[1] == 'u') || (name[0] == 'h' && name[1] == 'i' && name[2] == 'p')))
         return -1;

@@ -64,8 +64,7 @@ extern volatile int krex_device_known;        /* a device was registered, or loo
 /* resolve.c */
 void *krex_real(int id);                      /* the driver's own function, resolved lazily */
 int krex_hook_lookup(const char *name);        /* exact name -> id, or -1 */
-int krex_interposing(void);                     /* 1: preloaded (or linked), its wrappers reach the program; 0: dlopen'ed */
-int krex_shim_loaded(void);                     /* region.c: the export that says the shim is in a process */
+extern int krex_loaded_local;                  /* connection.c: loaded by the region API, not preloaded (krex_shim_local) */
 void *krex_route(const char *name, void *real, int per_thread); /* wrapper for a resolved pointer */
 
 /* log.c */

@@ -873,6 +873,43 @@ def test_a_process_of_the_command_whose_region_api_loaded_the_shim_itself_is_sai
     assert q.returncode == 0 and "granted True" in q.stdout and "without krex's shim" not in q.stderr, q.stderr
 
 
+def test_a_child_forked_from_a_process_whose_region_api_loaded_the_shim_is_said_too(krex, tmp_path):
+    """The child of such a process forked without exec maps the same copy of the shim, which interposes nothing:
+    it was taken for a shimmed process. Recorded too, with its GPU; and a process that names a job root
+    (KREX_JOB_ROOT) without being a krex run command's (no KREX_JOB) is not said to be one."""
+    krex.start_controller()
+    rep, pidfile, go = tmp_path / "r.json", tmp_path / "pid", tmp_path / "go"
+    prog = ("import os, sys, time, krex\n"
+            "with krex.region('bare'):\n"
+            "    pass\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            f"    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            f"    while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+            "    os._exit(0)\n"
+            "os.waitpid(child, 0)\n")
+    p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--report", str(rep), "--",
+                          "env", "-u", "LD_PRELOAD", sys.executable, "-c", prog], env=krex.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                     what="the child's pid")
+    krex.nvml.write_text(f"process 0 {child} 1000\n")
+    wait_for(lambda: "has a context without krex's shim on GPU 0" in krex.ctl_log.read_text(),
+             what="the controller's line for the child")
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    found = {u["pid"]: u["gpus"] for u in report_of(rep)["processes_without_shim"]}
+    assert found.get(child) == [0] and len(found) == 2, found
+    # a job root named, no krex run: not a command's process
+    before = krex.ctl_log.read_text().count("asked for regions")
+    env = {k: v for k, v in krex.env.items() if k not in ("LD_PRELOAD", "KREX_JOB", "KREX_JOB_ROOT")}
+    q = subprocess.run(["sh", "-c", f"KREX_JOB_ROOT=$$ {sys.executable} -c \"import krex\nwith krex.region('r'): "
+                        "pass\"; true"], env=env, capture_output=True, text=True, timeout=60)
+    assert q.returncode == 0 and "without krex's shim" not in q.stderr, q.stderr
+    assert krex.ctl_log.read_text().count("asked for regions") == before
+
+
 def test_a_process_of_the_command_on_a_gpu_without_the_shim_is_said(krex, tmp_path):
     """`krex run -- env -u LD_PRELOAD bench` (or a harness starting its workers with a clean environment): the
     process ran its GPU work outside krex, and krex run said nothing, its report counted 0 launches and --strict

@@ -150,6 +150,19 @@ def test_strict_with_hooks_fails_a_run_whose_launches_were_all_outside_regions(k
     assert out.returncode == 0 and "all 7 GPU launches were outside every region" in out.stderr, out.stderr
 
 
+def test_processes_without_the_shim_are_said_by_what_was_seen_of_them():
+    """On a GPU by NVML: "ran GPU work ... on GPU N"; only asking for regions through a shim it loaded itself (no
+    NVML, or not listed): "asked for regions", no GPU named."""
+    seen = {"pid": 7, "gpus": [1], "command": ["python3", "w.py"]}
+    asked = {"pid": 8, "gpus": [], "command": ["python3", "r.py"]}
+    [line] = feedback.unprotected({"processes_without_shim": [seen, asked]}, True)
+    assert line.startswith("2 process(es) of the command ran GPU work without krex's shim (pid 7 (python3 w.py) "
+                           "on GPU 1 and 1 more;"), line
+    [line] = feedback.unprotected({"processes_without_shim": [asked]}, True)
+    assert line.startswith("1 process(es) of the command asked for regions without krex's shim (pid 8 (python3 "
+                           "r.py);"), line
+
+
 def test_launches_outside_regions_fail_only_with_hooks_and_only_when_all_are_outside():
     region = {"name": "triton.do_bench", "granted_ns": 2, "exclusive": True, "taints": []}
     rep = {"launches": 7, "launches_outside_regions": 7, "regions": [region]}

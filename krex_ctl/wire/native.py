@@ -25,7 +25,12 @@ def lib() -> Any:
             glob.krex_shim_loaded      # noqa: B018 (raises when the shim is not in the process: AttributeError from
             _lib, _preloaded = glob, True   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
         except cdefs.missing_symbol():
-            _lib, _preloaded = ffi.dlopen(str(paths.shim_library())), False
+            local = ffi.dlopen(str(paths.shim_library()))
+            try:
+                local.krex_shim_local()   # before its first connection: its HELLO says it interposes nothing
+            except cdefs.missing_symbol():   # an older shim
+                pass
+            _lib, _preloaded = local, False
     return _lib
 
 
