@@ -81,8 +81,11 @@ def preload_environ(base: Mapping[str, str], opts: RunOptions) -> dict[str, str]
     if hooks:
         env["KREX_HOOKS"] = hooks
         names = {h.strip() for h in hooks.split(",")}
-        if names & {"all", "nvtx"} and not env.get("NVTX_INJECTION64_PATH"):
-            env["NVTX_INJECTION64_PATH"] = opts.shim   # the shim is also an NVTX injection library
+        injection = env.get("NVTX_INJECTION64_PATH", "")
+        # the shim is also an NVTX injection library; another copy of it (a Slurm prolog's beside a pip install's)
+        # would open the ranges' regions in a copy that sees none of the launches: this one's, as preloaded
+        if names & {"all", "nvtx"} and (not injection or os.path.basename(injection).startswith("libkrex")):
+            env["NVTX_INJECTION64_PATH"] = opts.shim
     return env
 
 

@@ -56,6 +56,9 @@ def test_hooks_put_the_site_directory_first_once():
     assert env["NVTX_INJECTION64_PATH"] == "/opt/krex/libkrex.so"
     assert "NVTX_INJECTION64_PATH" not in preload_environ({}, opts(hooks="triton"))
     assert preload_environ({"NVTX_INJECTION64_PATH": "/nsys.so"}, opts(hooks="nvtx"))["NVTX_INJECTION64_PATH"] == "/nsys.so"
+    # another copy of the shim (a Slurm prolog's): the preloaded one's, whose wrappers see the launches
+    other = preload_environ({"NVTX_INJECTION64_PATH": "/usr/local/lib/krex/libkrex.so"}, opts(hooks="nvtx"))
+    assert other["NVTX_INJECTION64_PATH"] == "/opt/krex/libkrex.so"
 
 
 def req(i, gpus):
