@@ -803,6 +803,15 @@ class Controller(RegionEffects):
         if hello.magic != frames.MAGIC:
             raise frames.ProtocolError("bad HELLO magic")
         if hello.version != frames.VERSION:
+            if hello.role not in (C.KREX_ROLE_CLI, C.KREX_ROLE_WRAPPER):
+                # a GPU process of another krex runs free (it cannot read our gate page): every region beside
+                # its life is tainted unregistered, as for any refused process
+                self.unregistered.note(client.pid)
+                self.note_activity()
+            self.rate_log(f"version-{client.uid}", logging.WARNING,
+                          "pid %d (uid %d) speaks krex protocol %d, this controller %d: refused; a GPU process of "
+                          "another krex version runs ungated, and regions beside it are tainted unregistered",
+                          client.pid, client.uid, hello.version, frames.VERSION)
             self.send_error(client, C.KREX_ERR_VERSION,
                             f"this controller speaks krex protocol {frames.VERSION} but the client speaks "
                             f"{hello.version}; install one krex version for both")

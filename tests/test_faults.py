@@ -52,6 +52,34 @@ def test_version_mismatch_is_one_clear_sentence(krex):
     assert krex.status()["controller"]["protocol"] == frames.VERSION
 
 
+def test_a_gpu_process_of_another_protocol_taints_the_regions_beside_it(krex, tmp_path):
+    """A shim of another krex version is refused and runs ungated (it cannot read this controller's gate page):
+    the regions beside its life were said exclusive and clean, with its kernels inside them, and the controller
+    logged it only at debug level. Now it is remembered as unregistered (every region beside it tainted, as for
+    any refused process) and said at warning level. A wrapper or CLI of another version launches nothing."""
+    krex.start_controller()
+
+    def hello(role):
+        s = raw_client(krex)             # this test's own process stands for the other version's
+        s.sendall(frames.pack(MSG["HELLO"], frames.encode("struct krex_hello", magic=frames.MAGIC,
+                                                        version=frames.VERSION + 1, role=role, job=0)))
+        assert read_frame(s)[0] == MSG["ERROR"] and read_frame(s) is None
+
+    def taints():
+        rep = tmp_path / "r.json"
+        out = krex.run([SNIP / "region"], report=rep, env={"SNIPPET_REGIONS": "1"})
+        assert out.returncode == 0, out.stderr
+        [region] = report_of(rep)["regions"]
+        return region["taints"]
+
+    hello(C.KREX_ROLE_CLI)
+    assert "unregistered" not in taints()
+    hello(C.KREX_ROLE_SHIM)
+    assert "unregistered" in taints()
+    log = krex.ctl_log.read_text()
+    assert f"speaks krex protocol {frames.VERSION + 1}, this controller {frames.VERSION}: refused" in log, log
+
+
 def test_garbage_frames_get_an_error_and_the_controller_lives(krex):
     krex.start_controller()
     rng = random.Random(1234)
