@@ -422,3 +422,18 @@ def test_sigusr1_and_sigusr2_leave_the_controller_serving(krex):
     assert krex.ctl.poll() is None and krex.answers()
     log = krex.ctl_log.read_text()
     assert "SIGUSR1 received: ignored" in log and "SIGUSR2 received: ignored" in log, log[-2000:]
+
+
+def test_the_resumer_takes_stray_signals_quietly_and_names_itself(krex):
+    """SIGUSR1 to the resumer (`pkill -USR1 -f 'krex controller'` reaches it: it has the controller's arguments)
+    wrote to the controller's signal wakeup descriptor, closed in it: a traceback in the controller's log. It
+    ignores such signals, and its name (comm) says what it is."""
+    krex.start_controller()
+    pid = krex.status()["controller"]["resumer_pid"]
+    assert pid and open(f"/proc/{pid}/comm").read().strip() == "krex-resumer"
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
+        os.kill(pid, sig)
+    time.sleep(0.5)
+    assert proc_state(pid) not in (None, "Z"), proc_state(pid)
+    log = krex.ctl_log.read_text()
+    assert "Exception ignored" not in log and "Traceback" not in log, log[-2000:]

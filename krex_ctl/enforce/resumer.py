@@ -29,8 +29,15 @@ READY_TIMEOUT_S = 10.0
 
 def _serve(sock: socket.socket) -> None:
     """The resumer's whole life: hold pidfds, resume them all on EOF."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+    signal.set_wakeup_fd(-1)                     # the controller's, closed here: a signal would write to nothing
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
+                signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)       # it leaves when the controller does, not before
+    try:
+        with open("/proc/self/comm", "w") as f:  # `ps -o comm`, `pgrep krex-resumer` (its arguments are the
+            f.write("krex-resumer")              # controller's: `pkill -f 'krex controller'` signals it too)
+    except OSError:
+        pass
     held: dict[int, list[int]] = {}
     while True:
         fds: list[int] = []
