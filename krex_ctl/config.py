@@ -171,13 +171,18 @@ def _reserved_from(value) -> dict[int, list[int]]:
     raise ValueError("must be a CPU list such as '60-63' or a {\"gpu\": \"cpus\"} object")
 
 
+def _shown(value) -> str:
+    """A value as the config file spells it (true, null), else as Python's repr."""
+    return json.dumps(value) if isinstance(value, bool) or value is None else repr(value)
+
+
 def _number(name: str, value, low: float, high: float, exclusive: bool) -> float:
     if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):   # float('١') is 1.0
-        raise ValueError(f"must be a number, not {value!r}")
+        raise ValueError(f"must be a number, not {_shown(value)}")
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"must be a number, not {value!r}") from None
+        raise ValueError(f"must be a number, not {_shown(value)}") from None
     if not math.isfinite(x) or (x <= low if exclusive else x < low) or x > high:
         bound = f"above {low:g}" if exclusive else f"at least {low:g}"
         raise ValueError(f"must be a finite number {bound} and at most {high:g}, not {value!r}")
@@ -187,7 +192,7 @@ def _number(name: str, value, low: float, high: float, exclusive: bool) -> float
 def _count(value, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or \
             (isinstance(value, str) and not re.fullmatch(r"\s*[-+]?[0-9]+\s*", value)):
-        raise ValueError(f"must be a whole number, not {value!r}")
+        raise ValueError(f"must be a whole number, not {_shown(value)}")
     n = int(value)
     if not low <= n <= high:
         raise ValueError(f"must be between {low} and {high}, not {value!r}")
@@ -233,7 +238,9 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         if isinstance(mode, bool) or not isinstance(mode, int):
             raise ValueError
     except ValueError:
-        fail("socket_mode", f"must be an octal mode such as 0660, not {cfg.socket_mode!r}")
+        fail("socket_mode", f"must be an octal mode such as 0660, not {_shown(cfg.socket_mode)}")
+    if isinstance(cfg.socket_mode, int) and mode > 0o777 and set(str(mode)) <= set("01234567"):
+        fail("socket_mode", f"{mode} is a decimal number ({mode:#o}); write the mode as a string, \"0{mode}\"")
     if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
         fail("socket_mode", f"{mode:#o} must be at most 0777 and let the owner read and write (0600)")
     if mode & 0o007:
@@ -287,6 +294,13 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
     g = cfg.socket_group
     if g is not None and g.isdigit() and (not g.isascii() or int(g) >= 2 ** 32 - 1):
         fail("socket_group", f"{g!r} is not a group id (0 to {2 ** 32 - 2})")
+    if g is not None and not g.isdigit():
+        import grp
+
+        try:
+            grp.getgrnam(g)
+        except KeyError:
+            fail("socket_group", f"no group named {g!r} on this node")
 
 
 class _KeyTwice(ValueError):

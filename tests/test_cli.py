@@ -481,8 +481,8 @@ def test_an_unknown_socket_group_from_the_config_file_is_not_blamed_on_a_flag(kr
     conf = tmp_path / "g.json"
     conf.write_text(json.dumps({"socket_group": "no-such-group-krex"}))
     out = krex_cli(krex, "controller", "--socket", str(tmp_path / "g.sock"), "--config", str(conf))
-    assert out.returncode == 2 and out.stderr.strip() == ("krex: socket group (--socket-group or the config's "
-                                                          "socket_group): no group named 'no-such-group-krex'")
+    assert out.returncode == 2 and out.stderr.strip() == (f"krex: config {conf}: socket_group: no group named "
+                                                          "'no-such-group-krex' on this node")
 
 
 def test_reserved_cores_of_a_gpu_not_managed_are_named_at_start(krex, tmp_path):

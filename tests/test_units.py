@@ -137,6 +137,9 @@ def test_every_bad_flag_is_named(setting, value, message):
     ("freeze", "yes", "freeze: must be true or false"),
     ("owner_cpus", "all", "owner_cpus: must be one of reserved, own-and-reserved, not 'all'"),
     ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
+    ("socket_mode", 660, 'socket_mode: 660 is a decimal number (0o1224); write the mode as a string, "0660"'),
+    ("drain_timeout_s", True, "drain_timeout_s: must be a number, not true"),
+    ("socket_group", "no-such-group-krex", "socket_group: no group named 'no-such-group-krex' on this node"),
 ])
 def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
     import json
