@@ -126,6 +126,8 @@ def test_status_and_version(krex):
     assert set(st) == {"controller", "gpus", "clients", "client_roles", "jobs", "counters", "workers", "zygotes",
                        "zygotes_failed", "placement", "leaving", "warm_pool_clients", "command_jobs"}
     assert st["client_roles"] == {"cli": 1} and st["warm_pool_clients"] == st["command_jobs"] == 0
+    from krex_ctl.config import default_reserved       # the cores the default reserves, shown beside the config's {}
+    assert st["controller"]["reserved_cores_default"] == sorted(default_reserved(os.sched_getaffinity(0)))
     out = krex_cli(krex, "--version")
     assert out.returncode == 0 and out.stdout.startswith("krex, version ")
 
