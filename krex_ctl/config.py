@@ -217,14 +217,14 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             fail(name, str(e))
     for name in _BOOLS:
         if not isinstance(getattr(cfg, name), bool):
-            fail(name, f"must be true or false, not {getattr(cfg, name)!r}")
+            fail(name, f"must be true or false, not {_shown(getattr(cfg, name))}")
     try:
         if isinstance(cfg.gpus, str):
             cfg.gpus = parse_cpu_list(cfg.gpus, "GPU")
         elif isinstance(cfg.gpus, list) and all(isinstance(g, int) and not isinstance(g, bool) for g in cfg.gpus):
             cfg.gpus = sorted(set(cfg.gpus))
         else:
-            raise ValueError(f"must be a list of GPU indices such as '0-7', not {cfg.gpus!r}")
+            raise ValueError(f"must be a list of GPU indices such as '0-7', not {_shown(cfg.gpus)}")
     except ValueError as e:
         fail("gpus", str(e))
     if not cfg.gpus:
@@ -239,8 +239,6 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             raise ValueError
     except ValueError:
         fail("socket_mode", f"must be an octal mode such as 0660, not {_shown(cfg.socket_mode)}")
-    if isinstance(cfg.socket_mode, int) and mode > 0o777 and set(str(mode)) <= set("01234567"):
-        fail("socket_mode", f"{mode} is a decimal number ({mode:#o}); write the mode as a string, \"0{mode}\"")
     if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
         fail("socket_mode", f"{mode:#o} must be at most 0777 and let the owner read and write (0600)")
     if mode & 0o007:
@@ -263,13 +261,13 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
         if cores and not usable - set(cores):
             fail("reserved_cores", f"CPUs {format_cpu_list(cores)} are all the CPUs there are; leave some for the rest")
     if not isinstance(cfg.worker_preload, str):
-        fail("worker_preload", f"must be a comma-separated list of modules, not {cfg.worker_preload!r}")
+        fail("worker_preload", f"must be a comma-separated list of modules, not {_shown(cfg.worker_preload)}")
     if cfg.owner_cpus not in OWNER_CPUS:
-        fail("owner_cpus", f"must be one of {', '.join(OWNER_CPUS)}, not {cfg.owner_cpus!r}")
+        fail("owner_cpus", f"must be one of {', '.join(OWNER_CPUS)}, not {_shown(cfg.owner_cpus)}")
     if cfg.freeze_policy not in FREEZE_POLICIES:
-        fail("freeze_policy", f"must be one of {', '.join(FREEZE_POLICIES)}, not {cfg.freeze_policy!r}")
+        fail("freeze_policy", f"must be one of {', '.join(FREEZE_POLICIES)}, not {_shown(cfg.freeze_policy)}")
     if not isinstance(cfg.log_level, str) or cfg.log_level.lower() not in LOG_LEVELS:
-        fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
+        fail("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {_shown(cfg.log_level)}")
     cfg.log_level = cfg.log_level.lower()
     if cfg.restart_grace_s is not None:
         try:
@@ -290,7 +288,7 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
     for name in ("socket", "state_file", "socket_group", "trace"):
         value = getattr(cfg, name)
         if value is not None and (not isinstance(value, str) or not value):
-            fail(name, f"must be a non-empty string, not {value!r}")
+            fail(name, f"must be a non-empty string, not {_shown(value)}")
     g = cfg.socket_group
     if g is not None and g.isdigit() and (not g.isascii() or int(g) >= 2 ** 32 - 1):
         fail("socket_group", f"{g!r} is not a group id (0 to {2 ** 32 - 2})")
@@ -350,6 +348,9 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
                 raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
             if (k in _SECONDS or k in _COUNTS) and isinstance(v, str):   # a flag's value is text; a file's is not
                 raise KrexCommandError(f"config {path}: {k}: must be a JSON number, not the string {v!r}", 2)
+            if k == "socket_mode" and isinstance(v, int) and not isinstance(v, bool):   # 660 or 440: decimal
+                raise KrexCommandError(f"config {path}: socket_mode: must be an octal string such as \"0660\", not "
+                                       f"the number {v} (a JSON number is decimal: {v:#o})", 2)
             setattr(cfg, k, v)
             from_file.add(k)
             sources.pop(k, None)

@@ -542,6 +542,9 @@ class Controller(RegionEffects):
             return
         if len(self.clients) >= self.max_clients:
             self.counters["refused_connections"] += 1
+            self.rate_log("max-clients", logging.WARNING, "at the limit of %d clients: pid %d (uid %d) refused; "
+                          "its regions and the ones beside it are not exclusive (max_clients)", self.max_clients,
+                          client.pid, client.uid)
             self.refuse(client, f"controller is at its limit of {self.max_clients} clients")
             return
         waiting = self.pending.setdefault(client.uid, deque())
@@ -803,15 +806,18 @@ class Controller(RegionEffects):
         if hello.magic != frames.MAGIC:
             raise frames.ProtocolError("bad HELLO magic")
         if hello.version != frames.VERSION:
-            if hello.role not in (C.KREX_ROLE_CLI, C.KREX_ROLE_WRAPPER):
+            self.counters["refused_connections"] += 1
+            gpu = hello.role not in (C.KREX_ROLE_CLI, C.KREX_ROLE_WRAPPER)
+            if gpu:
                 # a GPU process of another krex runs free (it cannot read our gate page): every region beside
                 # its life is tainted unregistered, as for any refused process
                 self.unregistered.note(client.pid)
                 self.note_activity()
-            self.rate_log(f"version-{client.uid}", logging.WARNING,
-                          "pid %d (uid %d) speaks krex protocol %d, this controller %d: refused; a GPU process of "
-                          "another krex version runs ungated, and regions beside it are tainted unregistered",
-                          client.pid, client.uid, hello.version, frames.VERSION)
+            self.rate_log(f"version-{client.uid}-{int(gpu)}", logging.WARNING,
+                          "pid %d (uid %d) speaks krex protocol %d, this controller %d: refused%s",
+                          client.pid, client.uid, hello.version, frames.VERSION,
+                          "; it runs ungated, and regions beside it are tainted unregistered" if gpu else
+                          " (a krex run or krex status of another version)")
             self.send_error(client, C.KREX_ERR_VERSION,
                             f"this controller speaks krex protocol {frames.VERSION} but the client speaks "
                             f"{hello.version}; install one krex version for both")
@@ -827,6 +833,9 @@ class Controller(RegionEffects):
                 c.uid == client.uid and c.role not in (0, C.KREX_ROLE_CLI) for c in self.clients.values()) \
                 >= int(self.cfg.max_clients_per_uid):
             self.counters["refused_connections"] += 1
+            self.rate_log(f"per-uid-{client.uid}", logging.WARNING, "uid %d is at its limit of %d clients: pid %d "
+                          "refused; its regions and the ones beside it are not exclusive (max_clients_per_uid)",
+                          client.uid, int(self.cfg.max_clients_per_uid), client.pid)
             self.refuse_with_gates(client, f"uid {client.uid} is at its limit of "
                                    f"{self.cfg.max_clients_per_uid} clients of this controller")
             self.flush(client)
@@ -1200,7 +1209,8 @@ class Controller(RegionEffects):
                            "uptime_s": round(time.time() - self.started, 3), "config": self.cfg.to_json(),
                            "max_clients": self.max_clients, "attestation": self.attest.source,
                            "resumer_pid": self.freezer.resumer.pid or None,
-                           "reserved_cores_default": sorted(default_reserved(os.sched_getaffinity(0)))},
+                           "reserved_cores_default": sorted(set(self.cfg.reserved_cores.get(
+                               -1, default_reserved(os.sched_getaffinity(0)))) & os.sched_getaffinity(0))},
             "gpus": gpus,
             "clients": [c.describe() for c in self.clients.values() if c.role],
             # processes whose connection closed on their way out, followed until they exit (Lifecycle.leaving)

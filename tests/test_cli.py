@@ -550,3 +550,12 @@ def test_sigkill_of_the_wrapper_takes_the_command_with_it(krex, tmp_path):
     p.wait()
     # gone or a zombie (proc_state: None once /proc has no entry; no window between a check and a read)
     wait_for(lambda: proc_state(kids[0]) in (None, "Z"), timeout=5, what="command gone")
+
+
+def test_status_names_the_cores_a_gpu_without_an_entry_of_its_own_reserves(krex):
+    """`--reserved-cores 0` (every GPU's): status said the default's cores beside the config's {"*": [0]}."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    krex.start_controller("--reserved-cores", str(cpu))
+    st = json.loads(krex_cli(krex, "status", "--json").stdout)
+    assert st["controller"]["config"]["reserved_cores"] == {"*": [cpu]}
+    assert st["controller"]["reserved_cores_default"] == [cpu]

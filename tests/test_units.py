@@ -137,8 +137,12 @@ def test_every_bad_flag_is_named(setting, value, message):
     ("freeze", "yes", "freeze: must be true or false"),
     ("owner_cpus", "all", "owner_cpus: must be one of reserved, own-and-reserved, not 'all'"),
     ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
-    ("socket_mode", 660, 'socket_mode: 660 is a decimal number (0o1224); write the mode as a string, "0660"'),
+    ("socket_mode", 660, 'socket_mode: must be an octal string such as "0660", not the number 660 (a JSON number '
+                         'is decimal: 0o1224)'),
+    ("socket_mode", 440, 'socket_mode: must be an octal string such as "0660", not the number 440'),
     ("drain_timeout_s", True, "drain_timeout_s: must be a number, not true"),
+    ("freeze", None, "freeze: must be true or false, not null"),
+    ("log_level", None, "log_level: must be one of error, warning, info, debug, not null"),
     ("socket_group", "no-such-group-krex", "socket_group: no group named 'no-such-group-krex' on this node"),
 ])
 def test_every_bad_config_key_is_named(tmp_path, setting, value, message):
