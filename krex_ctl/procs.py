@@ -149,18 +149,20 @@ def ancestors(pid: int, max_depth: int = 64) -> list[int]:
     return out
 
 
-def maps_library(pid: int, name: bytes) -> Optional[bool]:
-    """Whether a library whose path holds name is mapped in pid (/proc/pid/maps); None when that cannot be read
-    (gone, not ours to read, or empty: a process whose main thread has exited, or on its way out, has no maps
-    there)."""
+def maps_library(pid: int, name: bytes):
+    """Where a library whose path holds name is mapped in pid (/proc/pid/maps): its first mapping's (start
+    address, inode), which a child forked without exec shares and a process that loaded it on its own does not
+    (address randomization); False when it is not mapped; None when the maps cannot be read (gone, not ours to
+    read, or empty: a process whose main thread has exited, or on its way out, has no maps there)."""
     seen = False
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             for line in f:
                 if name in line:
-                    return True
+                    fields = line.split()
+                    return int(fields[0].split(b"-")[0], 16), int(fields[4])
                 seen = True
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return False if seen else None
 

@@ -209,7 +209,7 @@ class Controller(RegionEffects):
         self.departed: dict[int, tuple] = {}   # pid -> (start time, when, its job ids) of GPU clients dropped
         self.unshimmed_cache: dict = {}        # server_feedback.find_unshimmed: pid -> (start time, its verdict)
         self.unshimmed_roots: dict = {}        # the job roots it last looked under (root pid -> start time)
-        self.local_shims: dict = {}            # pid -> start time of clients whose shim was loaded locally
+        self.local_shims: dict = {}            # where a locally loaded shim is mapped (address, inode) -> its pid
         self.attest = attest.make(cfg, lambda: {c.pid for c in self.clients.values()}, self.departed_now)
         self.lifecycle = Lifecycle(cfg)
         self.lifecycle.forget = self.forget_pidfd

@@ -112,13 +112,17 @@ UNSHIMMED_CACHE = 4096    # pids judged no job's process on a GPU, kept so as no
 
 def local_shim(ctl, client, claimed: int) -> None:
     """A client whose shim was loaded for the region API, not preloaded (KREX_HELLO_LOCAL: `krex.region` in a
-    process whose LD_PRELOAD was dropped). Remembered (its children forked without exec map the same copy); in a
+    process whose LD_PRELOAD was dropped). Where it maps the shim is remembered (its children forked without exec,
+    orphaned or not, map the same copy at the same address); in a
     `krex run` command's job (KREX_JOB claimed, not a process alone) it is one of the command's processes without
     the shim, found at once, with or without NVML; find_unshimmed adds the GPUs NVML lists it on."""
-    if len(ctl.local_shims) > UNSHIMMED_CACHE:
-        ctl.local_shims.clear()
-    ctl.local_shims[client.pid] = procs.start_time(client.pid)
-    ctl.unshimmed_cache.pop(client.pid, None)        # judged again by the next look, as shimless
+    where = procs.maps_library(client.pid, b"libkrex")
+    if where:                                        # its children forked without exec map it there too
+        if len(ctl.local_shims) > UNSHIMMED_CACHE:
+            ctl.local_shims.clear()
+        ctl.local_shims[where] = client.pid
+    for pid in [p for p, (_, v) in ctl.unshimmed_cache.items() if v == "shim" or p == client.pid]:
+        del ctl.unshimmed_cache[pid]                 # judged again by the next look (a child forked before this)
     job = client.job
     if job is None or claimed <= 0 or job.root_pid <= 1 or job.root_pid == client.pid:
         return
@@ -127,13 +131,10 @@ def local_shim(ctl, client, claimed: int) -> None:
     _note_unshimmed(job, client.pid, [], keep, "asked for regions without the shim preloaded")
 
 
-def _forked_local(ctl, pid: int, chain: list) -> bool:
-    """Whether pid maps libkrex only as a child of a process whose region API loaded it (local_shim): forked
-    from one, without LD_PRELOAD naming a libkrex in its environment (unreadable: not judged so)."""
-    if not any(ctl.local_shims.get(a, -1) == procs.start_time(a) for a in chain if a in ctl.local_shims):
-        return False
+def _preloaded(pid: int) -> bool:
+    """Whether pid's environment preloads a libkrex (unreadable: taken as yes, nothing is said of it)."""
     env = procs.environ_entries(pid)
-    return bool(env) and env != [b""] and not any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e for e in env)
+    return env is None or any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e for e in env)
 
 
 def _note_unshimmed(job, pid: int, gpus: list, ancestors: list, what: str) -> Optional[dict]:
@@ -216,8 +217,8 @@ def find_unshimmed(ctl) -> None:
             cache[pid] = (started, None)        # not a job's: another user's program, a foreign process
             continue
         shim = False if pid in local else procs.maps_library(pid, b"libkrex")
-        if shim and _forked_local(ctl, pid, chain[:chain.index(root) + 1]):
-            shim = False
+        if shim and shim in ctl.local_shims and not _preloaded(pid):
+            shim = False                        # forked from a process whose region API loaded the shim
         if shim is not False:                   # the shim is in it (its HELLO still to come), or unreadable
             if shim:
                 cache[pid] = (started, "shim")

@@ -259,11 +259,11 @@ static int dial_with_room(int *fd_out, const struct krex_gate **gates, struct kr
     return 0;
 }
 
-int krex_loaded_local;   /* set once, before the first connection, by the loader that dlopen'ed the shim */
+int krex_loaded_local;   /* set once, before the first connection, by what dlopen'ed the shim */
 
 /* The region API's loader (krex_ctl/wire/native.py) calls this right after it dlopen'ed the shim RTLD_LOCAL in a
- * process that has none preloaded: this copy interposes nothing, and its HELLO says so (KREX_HELLO_LOCAL). A
- * forked child keeps the mark, as it keeps the mapping. */
+ * process that has none preloaded (NVTX's injection sets the mark itself, nvtx.c): this copy interposes nothing,
+ * and its HELLO says so (KREX_HELLO_LOCAL). A forked child keeps the mark, as it keeps the mapping. */
 KREX_EXPORT void krex_shim_local(void) { krex_loaded_local = 1; }
 
 /* caller holds conn_lock: take a fresh connection into use */

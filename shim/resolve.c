@@ -57,6 +57,15 @@ static krex_dlsym_fn krex_real_dlsym(void) {
     return f;
 }
 
+int krex_shim_in_global_scope(void) {
+    /* the main program's handle searches what was loaded at start-up (LD_PRELOAD, /etc/ld.so.preload, a program
+     * linked against the shim) and what was dlopen'ed RTLD_GLOBAL, whoever asks: a copy dlopen'ed RTLD_LOCAL
+     * with no shim preloaded finds none there. It takes the loader's lock: never call it holding a lock of ours */
+    void *main_handle = dlopen(NULL, RTLD_LAZY);
+    krex_dlsym_fn real = krex_real_dlsym();
+    return main_handle && real && real(main_handle, "krex_shim_loaded") != NULL;
+}
+
 int krex_hook_lookup(const char *name) {
     if (!name || !((name[0] == 'c' && name[1] == 'u') || (name[0] == 'h' && name[1] == 'i' && name[2] == 'p')))
         return -1;

@@ -874,20 +874,24 @@ def test_a_process_of_the_command_whose_region_api_loaded_the_shim_itself_is_sai
 
 
 def test_a_child_forked_from_a_process_whose_region_api_loaded_the_shim_is_said_too(krex, tmp_path):
-    """The child of such a process forked without exec maps the same copy of the shim, which interposes nothing:
-    it was taken for a shimmed process. Recorded too, with its GPU; and a process that names a job root
+    """The child of such a process forked without exec (here an orphaned grandchild: no ancestor of it is that
+    process any more) maps the same copy of the shim at the same address, which interposes nothing: it was taken
+    for a shimmed process. Recorded too, with its GPU; and a process that names a job root
     (KREX_JOB_ROOT) without being a krex run command's (no KREX_JOB) is not said to be one."""
     krex.start_controller()
     rep, pidfile, go = tmp_path / "r.json", tmp_path / "pid", tmp_path / "go"
-    prog = ("import os, sys, time, krex\n"
+    prog = ("import os, sys, time, krex\n"       # the child forks a grandchild and leaves it an orphan
             "with krex.region('bare'):\n"
             "    pass\n"
             "child = os.fork()\n"
             "if child == 0:\n"
+            "    if os.fork():\n"
+            "        os._exit(0)\n"
             f"    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
             f"    while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
             "    os._exit(0)\n"
-            "os.waitpid(child, 0)\n")
+            "os.waitpid(child, 0)\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n")
     p = subprocess.Popen([sys.executable, "-m", "krex_ctl", "run", "--report", str(rep), "--",
                           "env", "-u", "LD_PRELOAD", sys.executable, "-c", prog], env=krex.env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -272,6 +272,25 @@ def test_nvtx_ranges_named_krex_are_regions(krex, tmp_path):
     timed = [t for t in krex.trace_lines() if t[4] == "timed"]
     first = rep["regions"][0]
     assert len(timed) == 3 and all(first["granted_ns"] <= s and e <= first["ended_ns"] for _, _, s, e, _ in timed)
+    assert "without krex's shim" not in out.stderr and "processes_without_shim" not in rep   # preloaded: one copy
+
+
+def test_an_nvtx_injected_shim_without_the_preload_says_so(krex, tmp_path):
+    """LD_PRELOAD dropped, NVTX_INJECTION64_PATH kept: NVTX dlopens the shim, which interposes nothing; its
+    ranges' regions were granted, exclusive and clean while none of the program's launches was seen."""
+    import subprocess
+
+    from conftest import SNIP
+
+    krex.start_controller()
+    rep = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--strict", "--hooks", "nvtx", "--report",
+                          str(rep), "--", "env", "-u", "LD_PRELOAD", str(SNIP / "nvtx_client")], env=krex.env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 5, out.stderr
+    assert "runs under krex run without krex's shim preloaded" in out.stderr, out.stderr
+    assert "process(es) of the command asked for regions without krex's shim" in out.stderr, out.stderr
+    assert len(report_of(rep)["processes_without_shim"]) == 1
 
 
 def test_hooks_option_of_krex_run(krex, tmp_path):
