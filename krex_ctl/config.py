@@ -239,6 +239,8 @@ def _check(cfg: Config, label=lambda name: FLAGS.get(name, name)) -> None:
             raise ValueError
     except ValueError:
         fail("socket_mode", f"must be an octal mode such as 0660, not {_shown(cfg.socket_mode)}")
+    if isinstance(cfg.socket_mode, int) and mode > 0o777 and set(str(mode)) <= set("01234567"):   # 660 in JSON
+        fail("socket_mode", f"the JSON number {mode} is decimal ({mode:#o}); write the mode as a string, \"0{mode}\"")
     if not 0 <= mode <= 0o777 or mode & 0o600 != 0o600:
         fail("socket_mode", f"{mode:#o} must be at most 0777 and let the owner read and write (0600)")
     if mode & 0o007:
@@ -348,9 +350,6 @@ def load(path: Optional[str], defaults: Optional[dict] = None, **flags) -> Confi
                 raise KrexCommandError(f"config {path}: unknown setting {k!r}{hint}", 2)
             if (k in _SECONDS or k in _COUNTS) and isinstance(v, str):   # a flag's value is text; a file's is not
                 raise KrexCommandError(f"config {path}: {k}: must be a JSON number, not the string {v!r}", 2)
-            if k == "socket_mode" and isinstance(v, int) and not isinstance(v, bool):   # 660 or 440: decimal
-                raise KrexCommandError(f"config {path}: socket_mode: must be an octal string such as \"0660\", not "
-                                       f"the number {v} (a JSON number is decimal: {v:#o})", 2)
             setattr(cfg, k, v)
             from_file.add(k)
             sources.pop(k, None)

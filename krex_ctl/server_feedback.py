@@ -121,7 +121,7 @@ def local_shim(ctl, client, claimed: int) -> None:
         if len(ctl.local_shims) > UNSHIMMED_CACHE:
             ctl.local_shims.clear()
         ctl.local_shims[where] = client.pid
-    for pid in [p for p, (_, v) in ctl.unshimmed_cache.items() if v == "shim" or p == client.pid]:
+    for pid in [p for p, (_, v) in ctl.unshimmed_cache.items() if p == client.pid or (where and v == where)]:
         del ctl.unshimmed_cache[pid]                 # judged again by the next look (a child forked before this)
     job = client.job
     if job is None or claimed <= 0 or job.root_pid <= 1 or job.root_pid == client.pid:
@@ -170,7 +170,8 @@ def find_unshimmed(ctl) -> None:
     if not jobs:
         return
     t0 = time.perf_counter()
-    cache = ctl.unshimmed_cache      # pid -> (start time, None: no job's, "shim", or its entry in job.unshimmed)
+    cache = ctl.unshimmed_cache      # pid -> (start time, None: no job's, where the shim is mapped, or its entry in
+    #                                         job.unshimmed)
     new_roots = [j.root_start or 0 for r, j in jobs.items() if r not in ctl.unshimmed_roots]
     if len(cache) > UNSHIMMED_CACHE:
         cache.clear()
@@ -221,7 +222,7 @@ def find_unshimmed(ctl) -> None:
             shim = False                        # forked from a process whose region API loaded the shim
         if shim is not False:                   # the shim is in it (its HELLO still to come), or unreadable
             if shim:
-                cache[pid] = (started, "shim")
+                cache[pid] = (started, shim)    # where: a local shim registering there later judges it again
             continue
         seen = _note_unshimmed(job, pid, gpus, chain[:chain.index(root) + 1], "has a context without krex's shim")
         cache[pid] = (started, seen)

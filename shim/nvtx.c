@@ -88,9 +88,9 @@ static void set(nvtx_fn **table, unsigned size, unsigned index, nvtx_fn fn) {
 }
 
 KREX_EXPORT int InitializeInjectionNvtx2(nvtx_get_export_table get_export_table) {
-    /* NVTX dlopen'ed us: with no shim preloaded (LD_PRELOAD dropped, NVTX_INJECTION64_PATH kept) this copy
-     * interposes nothing, and its HELLO says so. Called by NVTX after its dlopen returned, no lock of ours held */
-    if (!krex_shim_in_global_scope()) krex_loaded_local = 1;
+    /* NVTX dlopen'ed us: with no shim preloaded (LD_PRELOAD dropped, NVTX_INJECTION64_PATH kept) no copy
+     * interposes, this one neither, and its HELLO says so. Called by NVTX after its dlopen returned, no lock of ours held */
+    if (!krex_shim_interposing()) krex_loaded_local = 1;
     const struct nvtx_callbacks_table *cb = get_export_table ? get_export_table(NVTX_ETID_CALLBACKS) : NULL;
     if (!cb || cb->struct_size < sizeof *cb || !cb->get_module_table) return 0;
     nvtx_fn **t;

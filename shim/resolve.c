@@ -57,13 +57,16 @@ static krex_dlsym_fn krex_real_dlsym(void) {
     return f;
 }
 
-int krex_shim_in_global_scope(void) {
+KREX_EXPORT int krex_shim_interposing(void) {
     /* the main program's handle searches what was loaded at start-up (LD_PRELOAD, /etc/ld.so.preload, a program
-     * linked against the shim) and what was dlopen'ed RTLD_GLOBAL, whoever asks: a copy dlopen'ed RTLD_LOCAL
-     * with no shim preloaded finds none there. It takes the loader's lock: never call it holding a lock of ours */
+     * linked against the shim), libc among them after the preloads, then what was dlopen'ed RTLD_GLOBAL, whoever
+     * asks. A copy of the shim interposes when one is there and the first dlsym there is not libc's (a copy
+     * dlopen'ed RTLD_LOCAL is not there at all; one dlopen'ed RTLD_GLOBAL comes after libc). It takes the
+     * loader's lock: never call it holding a lock of ours */
     void *main_handle = dlopen(NULL, RTLD_LAZY);
     krex_dlsym_fn real = krex_real_dlsym();
-    return main_handle && real && real(main_handle, "krex_shim_loaded") != NULL;
+    if (!main_handle || !real || !real(main_handle, "krex_shim_loaded")) return 0;
+    return real(main_handle, "dlsym") != (void *)real;
 }
 
 int krex_hook_lookup(const char *name) {

@@ -873,6 +873,23 @@ def test_a_process_of_the_command_whose_region_api_loaded_the_shim_itself_is_sai
     assert q.returncode == 0 and "granted True" in q.stdout and "without krex's shim" not in q.stderr, q.stderr
 
 
+def test_a_shim_loaded_rtld_global_after_the_start_interposes_nothing_and_says_so(krex, tmp_path):
+    """A program that loads libkrex itself with RTLD_GLOBAL (ctypes) has a krex_shim_loaded in its global scope,
+    after libc: the region API took it for a preloaded shim, and the run passed --strict, clean."""
+    from krex_ctl import paths
+
+    krex.start_controller()
+    prog = ("import ctypes, os, krex\n"
+            f"ctypes.CDLL({str(paths.shim_library())!r}, mode=os.RTLD_GLOBAL | os.RTLD_NOW)\n"
+            "with krex.region('late'):\n"
+            "    pass\n")
+    out = subprocess.run([sys.executable, "-m", "krex_ctl", "run", "--strict", "--", "env", "-u", "LD_PRELOAD",
+                          sys.executable, "-c", prog], env=krex.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 5, out.stderr
+    assert "runs under krex run without krex's shim preloaded" in out.stderr, out.stderr
+    assert "asked for regions without krex's shim" in out.stderr, out.stderr
+
+
 def test_a_child_forked_from_a_process_whose_region_api_loaded_the_shim_is_said_too(krex, tmp_path):
     """The child of such a process forked without exec (here an orphaned grandchild: no ancestor of it is that
     process any more) maps the same copy of the shim at the same address, which interposes nothing: it was taken

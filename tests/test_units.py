@@ -137,9 +137,7 @@ def test_every_bad_flag_is_named(setting, value, message):
     ("freeze", "yes", "freeze: must be true or false"),
     ("owner_cpus", "all", "owner_cpus: must be one of reserved, own-and-reserved, not 'all'"),
     ("gpus", [0, "1"], "gpus: must be a list of GPU indices"),
-    ("socket_mode", 660, 'socket_mode: must be an octal string such as "0660", not the number 660 (a JSON number '
-                         'is decimal: 0o1224)'),
-    ("socket_mode", 440, 'socket_mode: must be an octal string such as "0660", not the number 440'),
+    ("socket_mode", 660, 'socket_mode: the JSON number 660 is decimal (0o1224); write the mode as a string, "0660"'),
     ("drain_timeout_s", True, "drain_timeout_s: must be a number, not true"),
     ("freeze", None, "freeze: must be true or false, not null"),
     ("log_level", None, "log_level: must be one of error, warning, info, debug, not null"),
@@ -169,6 +167,8 @@ def test_a_config_key_given_twice_and_a_group_that_cannot_connect_are_told(tmp_p
     assert load(str(cfg), freeze=True, freeze_policy="all").freeze_policy == "all"   # flags: --freeze-policy wins
     cfg.write_text('{"freeze": false, "freeze_policy": "none"}')
     assert load(str(cfg)).freeze is False
+    cfg.write_text('{"socket_mode": 432}')                      # a JSON number is decimal, as documented: 0660
+    assert load(str(cfg)).socket_mode == 0o660
     cfg.write_text('{"socket_group": "0", "socket_mode": "0640"}')
     assert load(str(cfg)).socket_mode == 0o640
     assert "socket_mode 0640 with socket_group 0: the group's members cannot connect" in capsys.readouterr().err

@@ -26,6 +26,7 @@ struct krex_region_info {
 };
 int krex_shim_loaded(void);
 void krex_shim_local(void);
+int krex_shim_interposing(void);
 int krex_region_request(const char *name, uint64_t gpu_mask);
 int krex_region_request_opened(const char *name, uint64_t gpu_mask, int *opened);
 int krex_region_wait(int timeout_ms);

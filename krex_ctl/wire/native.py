@@ -24,6 +24,12 @@ def lib() -> Any:
         try:
             glob.krex_shim_loaded      # noqa: B018 (raises when the shim is not in the process: AttributeError from
             _lib, _preloaded = glob, True   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
+            try:
+                if not glob.krex_shim_interposing():   # one loaded RTLD_GLOBAL after the start: it interposes
+                    glob.krex_shim_local()             # nothing (its HELLO says so)
+                    _preloaded = False
+            except cdefs.missing_symbol():   # an older shim
+                pass
         except cdefs.missing_symbol():
             local = ffi.dlopen(str(paths.shim_library()))
             try:
