@@ -41,7 +41,8 @@ def main() -> None:
     if args.compare_shim and not Path(args.compare_shim).is_file():
         ap.error(f"--compare-shim: no file {args.compare_shim}")
     key = KEY[args.mode]
-    base = [args.bin, "-e" if args.mode == "launch" else "-a", "-n", str(args.launches)] + (["-i"] if args.in_region else [])
+    base = [args.bin, "-e" if args.mode == "launch" else "-a", "-n", str(args.launches)]
+    base += ["-i"] if args.in_region else []
     wrapped = [sys.executable, "-m", "krex_ctl", "run", "--"] + base
     own = {k: v for k, v in os.environ.items() if k != "KREX_SHIM"}    # the shim krex run finds: this tree's
     runs = {"plain": [], "shim": [], "compare": []}
@@ -53,10 +54,12 @@ def main() -> None:
     if args.in_region:   # a run whose region was not granted timed the path outside regions
         refused = [r for k in ("shim", "compare") for r in runs[k] if r.get("krex_begin") != 0]
         if refused:
-            sys.exit(f"launch_overhead: {len(refused)} run(s) under the shim were not granted their region: {refused[0]}")
+            sys.exit(f"launch_overhead: {len(refused)} run(s) under the shim were not granted their region: "
+                     f"{refused[0]}")
     med = {k: statistics.median(r[key] for r in v) for k, v in runs.items() if v}
     spread = {k: [min(r[key] for r in v), max(r[key] for r in v)] for k, v in runs.items() if v}
-    result = {"mode": args.mode, "in_region": args.in_region, "launches" if args.mode == "launch" else "allocations": args.launches,
+    result = {"mode": args.mode, "in_region": args.in_region,
+              "launches" if args.mode == "launch" else "allocations": args.launches,
               "repeats": args.repeats,
               f"{key}_plain": med["plain"], f"{key}_shim": med["shim"], "added_ns": med["shim"] - med["plain"],
               "spread_ns": spread}

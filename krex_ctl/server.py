@@ -91,7 +91,7 @@ class Client:
         self.pidfd: Optional[procs.Pidfd] = None
         self.accepted = time.monotonic()
         self.role = 0
-        self.local = False              # a shim loaded for the region API only (KREX_HELLO_LOCAL): it interposes nothing
+        self.local = False              # a shim loaded after the start (KREX_HELLO_LOCAL): it interposes nothing
         self.job: Optional["Job"] = None
         self.devices = 0                # GPU mask with contexts
         self.inbuf = bytearray()

@@ -115,7 +115,8 @@ class Freezer:
                         if stopped:
                             log.warning("resumed pid %d left stopped by a previous controller", pid)
                         else:
-                            log.info("pid %d, frozen by a previous controller, runs already (resumed by its resumer or its krex run)", pid)
+                            log.info("pid %d, frozen by a previous controller, runs already (resumed by its "
+                                     "resumer or its krex run)", pid)
                     p.close()
                 except OSError:
                     pass
