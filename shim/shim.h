@@ -64,7 +64,7 @@ extern volatile int krex_device_known;        /* a device was registered, or loo
 /* resolve.c */
 void *krex_real(int id);                      /* the driver's own function, resolved lazily */
 int krex_hook_lookup(const char *name);        /* exact name -> id, or -1 */
-extern int krex_loaded_local;                  /* connection.c: loaded by the region API, not preloaded (krex_shim_local) */
+extern int krex_loaded_local;                  /* connection.c: loaded after the start (region API, NVTX): interposes nothing */
 int krex_shim_interposing(void);                 /* resolve.c: a copy of the shim interposes here (takes the loader lock) */
 void *krex_route(const char *name, void *real, int per_thread); /* wrapper for a resolved pointer */
 
