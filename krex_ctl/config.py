@@ -109,12 +109,17 @@ class Config:
     metrics: Optional[str] = None              # HOST:PORT of the Prometheus endpoint (metrics.py; None: none)
     trace: Optional[str] = None                # a Chrome/Perfetto trace file the regions are appended to
 
-    def reserved_for(self, gpu_mask: int) -> set[int]:
+    def reserved_for(self, gpu_mask: Optional[int]) -> set[int]:
+        """The cores a region on gpu_mask's GPUs reserves; None: those of a GPU without an entry of its own (the
+        "*" entry, else default_reserved)."""
         allowed = os.sched_getaffinity(0)
+        unlisted = self.reserved_cores.get(-1, default_reserved(allowed))
+        if gpu_mask is None:
+            return set(unlisted) & allowed
         out: set[int] = set()
         for g in range(gpu_mask.bit_length()):
             if gpu_mask >> g & 1:
-                out |= set(self.reserved_cores.get(g, self.reserved_cores.get(-1, default_reserved(allowed))))
+                out |= set(self.reserved_cores.get(g, unlisted))
         return out & allowed
 
     def to_json(self) -> dict:

@@ -225,6 +225,11 @@ def cmdline(pid: int, words: int = 64) -> list[str]:
     return [w.decode(errors="replace") for w in raw.split(b"\0") if w][:words]
 
 
+def preloads_krex(env: list[bytes]) -> bool:
+    """Whether an environment (environ_entries) preloads a libkrex."""
+    return any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e for e in env)
+
+
 def environ_entries(pid: int) -> Optional[list[bytes]]:
     """A process's environment as it started, NAME=value entries; None when it cannot be read (gone, or not
     ours to read)."""

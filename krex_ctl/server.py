@@ -53,7 +53,7 @@ from .unregistered import RECONNECT_GRACE_S, Unregistered
 from .policy.regions import Regions
 from .server_regions import RegionEffects, now_ns
 from .wire import client, frames, ops, runtime
-from .config import Config, default_reserved
+from .config import Config
 from .errors import KrexCommandError
 from .pool import WorkerPool
 from .wire.frames import MSG, SETTLE_STATUS, C
@@ -1209,8 +1209,7 @@ class Controller(RegionEffects):
                            "uptime_s": round(time.time() - self.started, 3), "config": self.cfg.to_json(),
                            "max_clients": self.max_clients, "attestation": self.attest.source,
                            "resumer_pid": self.freezer.resumer.pid or None,
-                           "reserved_cores_default": sorted(set(self.cfg.reserved_cores.get(
-                               -1, default_reserved(os.sched_getaffinity(0)))) & os.sched_getaffinity(0))},
+                           "reserved_cores_default": sorted(self.cfg.reserved_for(None))},
             "gpus": gpus,
             "clients": [c.describe() for c in self.clients.values() if c.role],
             # processes whose connection closed on their way out, followed until they exit (Lifecycle.leaving)

@@ -134,7 +134,7 @@ def local_shim(ctl, client, claimed: int) -> None:
 def _preloaded(pid: int) -> bool:
     """Whether pid's environment preloads a libkrex (unreadable: taken as yes, nothing is said of it)."""
     env = procs.environ_entries(pid)
-    return env is None or any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e for e in env)
+    return env is None or procs.preloads_krex(env)
 
 
 def _note_unshimmed(job, pid: int, gpus: list, ancestors: list, what: str) -> Optional[dict]:

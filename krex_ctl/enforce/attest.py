@@ -71,8 +71,7 @@ def krex_managed(pid: int) -> bool:
     env = procs.environ_entries(pid)
     if env is None:
         return procs.exit_state(pid, None) == "exited"
-    return any(e.startswith(b"KREX_JOB=") for e in env) and any(e.startswith(b"LD_PRELOAD=") and b"libkrex" in e
-                                                                 for e in env)
+    return any(e.startswith(b"KREX_JOB=") for e in env) and procs.preloads_krex(env)
 
 
 class NvmlAttestor(Attestor):

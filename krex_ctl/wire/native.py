@@ -23,20 +23,17 @@ def lib() -> Any:
         glob = ffi.dlopen(None)
         try:
             glob.krex_shim_loaded      # noqa: B018 (raises when the shim is not in the process: AttributeError from
-            _lib, _preloaded = glob, True   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
-            try:
-                if not glob.krex_shim_interposing():   # one loaded RTLD_GLOBAL after the start: it interposes
-                    glob.krex_shim_local()             # nothing (its HELLO says so)
-                    _preloaded = False
-            except cdefs.missing_symbol():   # an older shim
-                pass
+            found, interposes = glob, None   # a parsed FFI, ffi.error from the compiled one, wire/cdefs.py)
         except cdefs.missing_symbol():
-            local = ffi.dlopen(str(paths.shim_library()))
-            try:
-                local.krex_shim_local()   # before its first connection: its HELLO says it interposes nothing
-            except cdefs.missing_symbol():   # an older shim
-                pass
-            _lib, _preloaded = local, False
+            found, interposes = ffi.dlopen(str(paths.shim_library())), False
+        try:
+            if interposes is None:     # one loaded RTLD_GLOBAL after the start interposes nothing
+                interposes = bool(found.krex_shim_interposing())
+            if not interposes:
+                found.krex_shim_local()   # before its first connection: its HELLO says it interposes nothing
+        except cdefs.missing_symbol():   # an older shim: as it was preloaded or not
+            interposes = interposes is None
+        _lib, _preloaded = found, interposes
     return _lib
 
 
